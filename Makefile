@@ -1,0 +1,179 @@
+# bigbatch — build, test, sanitizers, fuzzing, demo.
+#
+#   make            build bin/bigbatch and lib/libbigbatch.a
+#   make test       install missing Debian packages, build, run every Criterion suite
+#   make demo       the main job on the embedded data (data/kjv)
+#   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
+#   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
+#   make deps       install the Debian packages the build and tests need
+#
+# Variables: CUDA=auto|0|1 (auto: use nvcc when found), OPT (-O2 -g), ARCH
+# (-march=native), CUDA_GENCODE (sm_90 and sm_80), BUILD (object directory).
+
+CC        ?= gcc
+CUDA      ?= auto
+OPT       ?= -O2 -g
+ARCH      ?= -march=native
+BUILD     ?= build/release
+BIN_DIR   ?= bin
+LIB_DIR   ?= lib
+SAN       ?=
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80
+
+ifeq ($(CUDA),auto)
+  USE_CUDA := $(if $(NVCC),1,0)
+else
+  USE_CUDA := $(CUDA)
+endif
+ifeq ($(USE_CUDA),1)
+  ifeq ($(NVCC),)
+    $(error CUDA=1 but nvcc was not found; install the CUDA toolkit or set NVCC=)
+  endif
+endif
+
+PKGS      := liburing libzstd libxxhash zlib
+DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+SAN_FLAGS := $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer,)
+# Option tables list leading fields and leave the rest zero on purpose.
+CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -Wall -Wextra -Werror -Wno-missing-field-initializers \
+             -Iinclude -D_GNU_SOURCE \
+             -MMD -MP $(SAN_FLAGS) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS    := $(PKG_LIBS) -lm -lpthread
+LDFLAGS   := $(SAN_FLAGS)
+
+SRC       := $(wildcard src/core/*.c src/data/*.c src/backend/*.c)
+CLI_SRC   := $(wildcard src/cli/*.c)
+CU_SRC    := $(wildcard kernels/*.cu)
+ifeq ($(USE_CUDA),1)
+  SRC     := $(filter-out src/backend/cuda_probe_none.c,$(SRC))
+  CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+  # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+endif
+OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+LIB       := $(LIB_DIR)/libbigbatch.a
+BIN       := $(BIN_DIR)/bigbatch
+
+TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
+
+.PHONY: all test check-tests demo deps asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist
+.DELETE_ON_ERROR:
+
+all: $(BIN) $(LIB)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(@D)
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Xcompiler -Wall,-Wextra,-Werror -c $< -o $@
+
+$(LIB): $(OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/%.c tests/test_util.h $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests $< $(LIB) $(TEST_LIBS) $(LDLIBS) $(LDFLAGS) -o $@
+
+# Runs every suite; the tests find the CLI through BIGBATCH_BIN. Passing
+# tests stay quiet; skipped ones are listed with their reason.
+SHELL := /bin/bash
+check-tests: $(TEST_BIN) $(BIN)
+	@failed=0; log=$$(mktemp); for t in $(TEST_BIN); do \
+	  echo "== $$t"; \
+	  BIGBATCH_BIN=$(abspath $(BIN)) $$t --jobs 2 --verbose $(TEST_ARGS) > $$log 2>&1 || failed=1; \
+	  grep -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' $$log; \
+	  if grep -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' $$log; then \
+	    echo "FAILED: a sanitizer reported an error in $$t"; failed=1; fi; \
+	done; rm -f $$log; \
+	if [ $$failed -ne 0 ]; then echo "FAILED: at least one suite failed"; exit 1; fi; \
+	echo "all suites passed"
+
+test: deps
+	@$(MAKE) --no-print-directory check-tests
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(BIN) version
+	$(BIN) inspect data/kjv --verify
+
+# Sanitizer builds keep their own objects and binaries under build/<name>.
+asan: deps
+	@$(MAKE) --no-print-directory check-tests CUDA=0 SAN=address,undefined BUILD=build/asan \
+	  BIN_DIR=build/asan/bin LIB_DIR=build/asan/lib OPT="-O1 -g" \
+	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
+# Criterion cannot start under TSan (Snaipe/Criterion#274): the threaded
+# paths run from plain programs, tests/tsan_*.c, and through the CLI.
+TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+tsan: deps
+	@$(MAKE) --no-print-directory tsan-run CUDA=0 SAN=thread BUILD=build/tsan \
+	  BIN_DIR=build/tsan/bin LIB_DIR=build/tsan/lib OPT="-O1 -g"
+TSAN_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/tsan_*.c))
+$(BUILD)/tests/tsan_%: tests/tsan_%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(LDFLAGS) -o $@
+tsan-run: $(TSAN_BIN) $(BIN)
+	@set -e; for t in $(TSAN_BIN); do echo "== $$t"; $(TSAN_ENV) $$t; done
+	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
+	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
+	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \
+	    --threads 4 --val-fraction 0.1 --out $$tmp/out >/dev/null && \
+	  $(TSAN_ENV) $(BIN) inspect $$tmp/out --verify >/dev/null; rc=$$?; rm -rf $$tmp; \
+	  [ $$rc -eq 0 ] && echo "tsan: clean" || { echo "FAILED: tsan run"; exit 1; }
+
+FUZZ_SECONDS ?= 60
+FUZZ_BIN := build/fuzz/fuzz_shard_reader
+fuzz: deps $(FUZZ_BIN)
+$(FUZZ_BIN): tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c include/bigbatch/*.h src/data/*.h)
+	@mkdir -p $(@D)
+	clang -std=gnu11 -O1 -g -D_GNU_SOURCE -Iinclude $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	  tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c) $(PKG_LIBS) -lm -lpthread -o $@
+fuzz-run: fuzz
+	@mkdir -p build/fuzz/corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus tests/fuzz_seeds
+
+# Installs what is missing, with sudo when not root. Debian/Ubuntu only.
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# Rebuilds the embedded default dataset (see data/README.md).
+data-kjv: deps all
+	bible -f gen1:1-rev22:21 > build/kjv.txt
+	$(BIN) pack --format text --in build/kjv.txt --seq-len 256 --val-fraction 0.1 --threads 1 --out data/kjv --force
+
+data-fmnist: deps all
+	@dpkg-query -W -f='$${Status}' dataset-fashion-mnist 2>/dev/null | grep -q "ok installed" || { \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null; }
+	$(BIN) pack --format fmnist --images /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
+	  --labels /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz --out data/fmnist/train --force
+	$(BIN) pack --format fmnist --images /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz \
+	  --labels /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz --out data/fmnist/test --force
+
+clean:
+	rm -rf build bin lib
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,187 @@
+/* core.h — status codes, error messages, check macros, logging, clocks and
+ * command-line helpers shared by every bigbatch module.
+ *
+ * How to use:
+ *   bb_status open_thing(const char *path) {
+ *       int fd = open(path, O_RDONLY);
+ *       if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+ *       BB_TRY(parse_thing(fd));          // propagate, keeping the message
+ *       ...
+ *   }
+ *   if (open_thing(p) != BB_OK) fprintf(stderr, "%s\n", bb_error_message());
+ *
+ * Errors are return values: 0 is success. The function that detects a
+ * failure describes it once with bb_fail(); callers propagate the status with
+ * BB_TRY/BB_TRY_GOTO, which record file:line at debug log level. The message
+ * lives in thread-local storage until the next bb_fail() on that thread.
+ * Library code never exits; only main() decides.
+ */
+#ifndef BIGBATCH_CORE_H
+#define BIGBATCH_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define BB_VERSION "0.1.0"
+
+typedef enum bb_status {
+    BB_OK = 0,
+    BB_ERR_ARG,         /* invalid argument, option or usage */
+    BB_ERR_IO,          /* open/read/write failed (errno in the message) */
+    BB_ERR_CORRUPT,     /* data fails an integrity check: checksum, sizes */
+    BB_ERR_FORMAT,      /* input is not in the expected format: magic, version */
+    BB_ERR_NOMEM,       /* host allocation failed */
+    BB_ERR_OOM,         /* device allocation over the cap or out of memory */
+    BB_ERR_UNSUPPORTED, /* valid request this build or machine cannot do */
+    BB_ERR_INTERRUPTED, /* stopped by a signal (Ctrl-C) */
+    BB_ERR_CLOSED,      /* the other side of a queue or pipeline shut down */
+    BB_ERR_DEVICE,      /* CUDA, cuBLAS or NCCL reported an error */
+    BB_ERR_INTERNAL,    /* a bug: an invariant of bigbatch itself broke */
+    BB_STATUS_COUNT
+} bb_status;
+
+/* Short human name of a status ("corrupt data"); never NULL. */
+const char *bb_status_name(bb_status status);
+
+/* Records `status` with a printf-style message for the calling thread and
+ * returns `status`, so that `return bb_fail(...)` reads naturally. */
+bb_status bb_error_set_at(bb_status status, const char *file, int line,
+                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Same, with ": <strerror(errno)>" appended (errno read before anything else). */
+bb_status bb_error_set_errno_at(bb_status status, const char *file, int line,
+                                const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define bb_fail(status, ...) bb_error_set_at((status), __FILE__, __LINE__, __VA_ARGS__)
+#define bb_fail_errno(status, ...) \
+    bb_error_set_errno_at((status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* The calling thread's last error message; the status name when a status was
+ * returned without a message; "" when no error was recorded. */
+const char *bb_error_message(void);
+/* "file.c:123" of the bb_fail() that set the message, "" when none. */
+const char *bb_error_origin(void);
+/* Forgets the calling thread's error. */
+void bb_error_clear(void);
+/* Used by the check macros: logs "<file>:<line>: <expr> failed" at debug level
+ * and makes sure a message exists for `status`. Returns `status`. */
+bb_status bb_error_trace(bb_status status, const char *file, int line, const char *expr);
+
+#define BB_TRY(expr)                                                   \
+    do {                                                               \
+        bb_status bb_try_status_ = (expr);                             \
+        if (bb_try_status_ != BB_OK)                                   \
+            return bb_error_trace(bb_try_status_, __FILE__, __LINE__, #expr); \
+    } while (0)
+
+#define BB_TRY_GOTO(expr, rc, label)                                   \
+    do {                                                               \
+        (rc) = (expr);                                                 \
+        if ((rc) != BB_OK) {                                           \
+            bb_error_trace((rc), __FILE__, __LINE__, #expr);           \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
+
+/* pthread_* functions return an errno value instead of setting errno. */
+#define BB_PTHREAD(expr)                                               \
+    do {                                                               \
+        int bb_pthread_err_ = (expr);                                  \
+        if (bb_pthread_err_ != 0)                                      \
+            return bb_fail(BB_ERR_INTERNAL, "%s: error %d", #expr, bb_pthread_err_); \
+    } while (0)
+
+/* ---- logging ----------------------------------------------------------
+ * BB_LOG=error|warn|info|debug selects what reaches stderr (default warn).
+ * Lines look like "bigbatch: warn: message". */
+typedef enum bb_log_level {
+    BB_LOG_ERROR = 0,
+    BB_LOG_WARN,
+    BB_LOG_INFO,
+    BB_LOG_DEBUG,
+} bb_log_level;
+
+bb_log_level bb_log_threshold(void);
+void bb_log_set_threshold(bb_log_level level);
+void bb_log(bb_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define BB_WARN(...) bb_log(BB_LOG_WARN, __VA_ARGS__)
+#define BB_INFO(...) bb_log(BB_LOG_INFO, __VA_ARGS__)
+#define BB_DEBUG(...) \
+    do { if (bb_log_threshold() >= BB_LOG_DEBUG) bb_log(BB_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* ---- clocks ----------------------------------------------------------- */
+/* Monotonic time (CLOCK_MONOTONIC) in nanoseconds and in seconds. */
+uint64_t bb_clock_ns(void);
+double bb_clock_seconds(void);
+
+/* ---- small helpers ---------------------------------------------------- */
+/* Formats `bytes` as "7.6 MiB" into buf (at least 16 bytes); returns buf. */
+const char *bb_format_bytes(uint64_t bytes, char *buf, size_t cap);
+/* Number of online CPUs, at least 1. */
+int bb_cpu_count(void);
+/* Writes `s` as a JSON string literal (with quotes and escapes) to `out`. */
+void bb_json_write_string(FILE *out, const char *s);
+
+/* ---- command-line parsing ---------------------------------------------
+ * A command describes its options in a table ending with {0}; bb_cli_parse()
+ * fills the destinations and bb_cli_help() prints --help from the same table,
+ * with each option's default taken from its destination's initial value.
+ *
+ *   int64_t level = 3; const char *out = NULL; bb_str_list in = {0};
+ *   const bb_opt opts[] = {
+ *       {"--level", BB_OPT_INT, &level, "L", "zstd level", .min = 1, .max = 19},
+ *       {"--in", BB_OPT_LIST, &in, "FILE...", "input files"},
+ *       {"--out", BB_OPT_STRING, &out, "DIR", "output directory", .required = true},
+ *       {0}};
+ *   BB_TRY(bb_cli_parse("pack", opts, argc, argv, &positional));
+ */
+typedef enum bb_opt_kind {
+    BB_OPT_FLAG,   /* bool*; no value */
+    BB_OPT_INT,    /* int64_t*; range [min, max] when min < max */
+    BB_OPT_DOUBLE, /* double*; range [min, max] when min < max */
+    BB_OPT_STRING, /* const char **; points into argv */
+    BB_OPT_LIST,   /* bb_str_list*; takes values up to the next "--option" */
+    BB_OPT_BYTES,  /* uint64_t*; accepts 1048576, 64K, 256MiB, 1.5G */
+    BB_OPT_CHOICE, /* const char **; value must be one of `choices` ("a|b|c") */
+} bb_opt_kind;
+
+typedef struct bb_str_list {
+    const char **items; /* pointers into argv; the array is heap-owned */
+    int count;
+} bb_str_list;
+
+typedef struct bb_opt {
+    const char *name;    /* "--level" */
+    bb_opt_kind kind;
+    void *dest;
+    const char *metavar; /* "L", "DIR", "FILE..." */
+    const char *help;    /* one sentence */
+    double min, max;     /* inclusive numeric range, used when min < max */
+    const char *choices; /* BB_OPT_CHOICE: "fmnist|text|llmc" */
+    bool required;
+} bb_opt;
+
+/* Parses argv[0..argc) (the arguments after the command name). Non-option
+ * arguments go to `positional` (may be NULL when none are allowed). "-h" and
+ * "--help" return BB_ERR_ARG with message "help". Fails with BB_ERR_ARG and a
+ * one-line message naming the option on unknown options, missing or malformed
+ * values, values out of range and missing required options. */
+bb_status bb_cli_parse(const char *command, const bb_opt *opts, int argc, char **argv,
+                       bb_str_list *positional);
+/* Prints usage, summary and the option table with defaults to `out`. */
+void bb_cli_help(FILE *out, const char *usage, const char *summary, const bb_opt *opts);
+/* True when the last bb_cli_parse() failure was a request for --help. */
+bool bb_cli_help_requested(void);
+/* Frees the arrays owned by BB_OPT_LIST destinations and `positional`. */
+void bb_cli_free(const bb_opt *opts, bb_str_list *positional);
+
+/* Parsers used by bb_cli_parse, exposed for other callers. They fail with
+ * BB_ERR_ARG and a message naming `what` (e.g. "--level"). */
+bb_status bb_parse_int(const char *what, const char *s, int64_t *out);
+bb_status bb_parse_double(const char *what, const char *s, double *out);
+bb_status bb_parse_bytes(const char *what, const char *s, uint64_t *out);
+
+#endif /* BIGBATCH_CORE_H */

@@ -1,0 +1,35 @@
+// cuda_probe.cu — asks the CUDA runtime what this machine has.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "bigbatch/backend.h"
+}
+
+extern "C" void bb_cuda_probe(bb_cuda_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->compiled = true;
+    cudaRuntimeGetVersion(&info->runtime_version);
+    cudaDriverGetVersion(&info->driver_version);
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count <= 0) {
+        snprintf(info->reason, sizeof info->reason, "%s",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+        cudaGetLastError(); // reset the last-error state so later calls do not report it
+        return;
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        snprintf(info->reason, sizeof info->reason, "cannot read device 0 properties");
+        cudaGetLastError();
+        return;
+    }
+    info->device_count = count;
+    snprintf(info->device_name, sizeof info->device_name, "%s", prop.name);
+    info->device_memory = prop.totalGlobalMem;
+    info->compute_major = prop.major;
+    info->compute_minor = prop.minor;
+}

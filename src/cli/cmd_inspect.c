@@ -1,0 +1,238 @@
+/* cmd_inspect.c — `bigbatch inspect`: describe and verify shards. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bigbatch/shard.h"
+#include "commands.h"
+
+static const char usage[] = "bigbatch inspect PATH [--verify] [--json]";
+static const char summary[] =
+    "Describes a shard, a dataset directory of shards, or a directory of splits\n"
+    "(e.g. data/kjv with train/ and val/): record kind and shape, record count,\n"
+    "frames, raw and compressed sizes. --verify decodes every frame and checks its\n"
+    "checksum, stopping with a non-zero exit at the first bad frame.\n\n"
+    "example: bigbatch inspect data/kjv --verify";
+
+typedef struct verify_result {
+    bool ran, ok;
+    uint64_t frames, bytes;
+    double seconds;
+} verify_result;
+
+static bb_status verify_dataset(const bb_dataset_t *ds, verify_result *v)
+{
+    v->ran = true;
+    double t0 = bb_clock_seconds();
+    bb_frame_decoder_t *dec = NULL;
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    bb_status rc;
+    BB_TRY_GOTO(bb_frame_decoder_create(&dec), rc, done);
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
+        const bb_shard_t *sh = bb_dataset_shard(ds, s);
+        if (bb_shard_max_frame_bytes(sh) > cap) {
+            free(buf);
+            cap = bb_shard_max_frame_bytes(sh);
+            if (!(buf = malloc(cap))) {
+                rc = bb_fail(BB_ERR_NOMEM, "cannot allocate %zu bytes for a frame", cap);
+                goto done;
+            }
+        }
+        for (uint32_t f = 0; f < bb_shard_frame_count(sh); f++) {
+            if (bb_cli_interrupted) {
+                rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted during --verify");
+                goto done;
+            }
+            BB_TRY_GOTO(bb_shard_read_frame(sh, f, dec, buf, cap), rc, done);
+            v->frames++;
+            v->bytes += bb_shard_frame_at(sh, f)->raw_size;
+        }
+    }
+    v->ok = true;
+done:
+    v->seconds = bb_clock_seconds() - t0;
+    free(buf);
+    bb_frame_decoder_destroy(dec);
+    return rc;
+}
+
+static uint64_t dataset_file_bytes(const bb_dataset_t *ds, uint32_t *frames)
+{
+    uint64_t bytes = 0;
+    *frames = 0;
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
+        bytes += bb_shard_file_size(bb_dataset_shard(ds, s));
+        *frames += bb_shard_frame_count(bb_dataset_shard(ds, s));
+    }
+    return bytes;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+static void print_text(const bb_dataset_t *ds, const verify_result *v, const char *error)
+{
+    const bb_shard_meta *m = bb_dataset_meta(ds);
+    uint32_t frames;
+    uint64_t file = dataset_file_bytes(ds, &frames), raw = bb_dataset_record_count(ds) * m->record_size;
+    char a[32], b[32];
+    printf("%s\n", bb_dataset_path(ds));
+    printf("  records  %llu x %s [", (unsigned long long)bb_dataset_record_count(ds), bb_record_kind_name(m->kind));
+    for (uint32_t i = 0; i < m->rank; i++) printf(i ? " x %u" : "%u", m->shape[i]);
+    printf("] (%u bytes), %s %u\n", m->record_size, m->kind == BB_RECORD_IMAGE_U8 ? "classes" : "vocabulary",
+           m->classes_or_vocab);
+    printf("  source   %s\n", m->source);
+    printf("  frames   %u in %u shard%s, %u records per frame\n", frames, bb_dataset_shard_count(ds),
+           bb_dataset_shard_count(ds) == 1 ? "" : "s", m->records_per_frame);
+    printf("  size     %s raw, %s on disk, ratio %.2f\n", bb_format_bytes(raw, a, sizeof a),
+           bb_format_bytes(file, b, sizeof b), (double)raw / (double)file);
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
+        const bb_shard_t *sh = bb_dataset_shard(ds, s);
+        const bb_shard_meta *sm = bb_shard_get_meta(sh);
+        printf("  %-18s records %llu..%llu, %u frames, %s\n", base_name(bb_shard_path(sh)),
+               (unsigned long long)sm->first_record, (unsigned long long)(sm->first_record + sm->record_count - 1),
+               bb_shard_frame_count(sh), bb_format_bytes(bb_shard_file_size(sh), a, sizeof a));
+    }
+    if (v->ran && v->ok)
+        printf("  verify   ok: %llu frames, %s decoded and checksummed in %.2f s (%.0f MB/s)\n",
+               (unsigned long long)v->frames, bb_format_bytes(v->bytes, a, sizeof a), v->seconds,
+               (double)v->bytes / 1e6 / (v->seconds > 0 ? v->seconds : 1e-9));
+    else if (v->ran)
+        printf("  verify   FAILED after %llu good frames: %s\n", (unsigned long long)v->frames, error);
+}
+
+static void print_json(const bb_dataset_t *ds, const verify_result *v, const char *error)
+{
+    const bb_shard_meta *m = bb_dataset_meta(ds);
+    uint32_t frames;
+    uint64_t file = dataset_file_bytes(ds, &frames), raw = bb_dataset_record_count(ds) * m->record_size;
+    bool image = m->kind == BB_RECORD_IMAGE_U8;
+    printf("{\"path\":");
+    bb_json_write_string(stdout, bb_dataset_path(ds));
+    printf(",\"kind\":\"%s\",\"shape\":[", bb_record_kind_name(m->kind));
+    for (uint32_t i = 0; i < m->rank; i++) printf(i ? ",%u" : "%u", m->shape[i]);
+    printf("],\"record_size\":%u,\"records\":%llu,\"%s\":%u,\"source\":", m->record_size,
+           (unsigned long long)bb_dataset_record_count(ds), image ? "classes" : "vocab_size", m->classes_or_vocab);
+    bb_json_write_string(stdout, m->source);
+    printf(",\"records_per_frame\":%u,\"frames\":%u,\"raw_bytes\":%llu,\"file_bytes\":%llu,\"ratio\":%.4f,\"shards\":[",
+           m->records_per_frame, frames, (unsigned long long)raw, (unsigned long long)file, (double)raw / (double)file);
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
+        const bb_shard_t *sh = bb_dataset_shard(ds, s);
+        const bb_shard_meta *sm = bb_shard_get_meta(sh);
+        printf("%s{\"path\":", s ? "," : "");
+        bb_json_write_string(stdout, bb_shard_path(sh));
+        printf(",\"shard_index\":%u,\"first_record\":%llu,\"records\":%llu,\"frames\":%u,\"raw_bytes\":%llu,\"file_bytes\":%llu}",
+               sm->shard_index, (unsigned long long)sm->first_record, (unsigned long long)sm->record_count,
+               bb_shard_frame_count(sh), (unsigned long long)bb_shard_raw_bytes(sh),
+               (unsigned long long)bb_shard_file_size(sh));
+    }
+    printf("],\"verified\":%s", v->ran && v->ok ? "true" : "false");
+    if (v->ran) {
+        printf(",\"verify\":{\"ok\":%s,\"frames\":%llu,\"bytes\":%llu,\"seconds\":%.6f", v->ok ? "true" : "false",
+               (unsigned long long)v->frames, (unsigned long long)v->bytes, v->seconds);
+        if (!v->ok) {
+            printf(",\"error\":");
+            bb_json_write_string(stdout, error);
+        }
+        printf("}");
+    }
+    printf("}");
+}
+
+static bool has_shards(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    size_t ext = strlen(BB_SHARD_EXT);
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        found = e->d_name[0] != '.' && n > ext && !strcmp(e->d_name + n - ext, BB_SHARD_EXT);
+    }
+    closedir(d);
+    return found;
+}
+
+static int is_visible_dir_entry(const struct dirent *e) { return e->d_name[0] != '.'; }
+
+/* Inspects one dataset and prints it, also when verification fails; only a
+ * dataset that cannot be opened prints nothing. In a JSON object of splits,
+ * `json_key` (and a comma unless it is the first) precedes the dataset. */
+static bb_status inspect_one(const char *path, bool verify, bool json, const char *json_key, int *printed)
+{
+    bb_dataset_t *ds;
+    BB_TRY(bb_dataset_open(path, &ds));
+    if (json_key) {
+        printf("%s", *printed ? "," : "");
+        bb_json_write_string(stdout, json_key);
+        printf(":");
+    } else if (!json && *printed) {
+        printf("\n");
+    }
+    ++*printed;
+    verify_result v = {0};
+    bb_status rc = verify ? verify_dataset(ds, &v) : BB_OK;
+    char error[1024] = "";
+    if (rc != BB_OK) snprintf(error, sizeof error, "%s", bb_error_message());
+    (json ? print_json : print_text)(ds, &v, error);
+    bb_dataset_close(ds);
+    return rc;
+}
+
+static bb_status inspect_path(const char *path, bool verify, bool json)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+    if (!S_ISDIR(st.st_mode) || has_shards(path)) {
+        int printed = 0;
+        bb_status rc = inspect_one(path, verify, json, NULL, &printed);
+        if (json && printed) printf("\n");
+        return rc;
+    }
+    /* A directory of splits: each subdirectory holding shards is a dataset. */
+    struct dirent **names;
+    int n = scandir(path, &names, is_visible_dir_entry, alphasort);
+    if (n < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", path);
+    bb_status rc = BB_OK;
+    int found = 0;
+    if (json) {
+        printf("{\"path\":");
+        bb_json_write_string(stdout, path);
+        printf(",\"splits\":{");
+    }
+    for (int i = 0; i < n && rc == BB_OK; i++) {
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s%s%s", path, path[strlen(path) - 1] == '/' ? "" : "/", names[i]->d_name);
+        if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode) || !has_shards(sub)) continue;
+        rc = inspect_one(sub, verify, json, json ? names[i]->d_name : NULL, &found);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (json) printf("}}\n");
+    if (rc == BB_OK && !found) return bb_fail(BB_ERR_ARG, "%s: no *%s shards here or in its subdirectories", path, BB_SHARD_EXT);
+    return rc;
+}
+
+int bb_cmd_inspect(int argc, char **argv)
+{
+    bool verify = false, json = false;
+    bb_str_list paths = {0};
+    const bb_opt opts[] = {
+        {"--verify", BB_OPT_FLAG, &verify, NULL, "decode every frame and check its checksum"},
+        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object (per PATH) instead of text"},
+        {0}};
+    bb_status rc = bb_cli_parse("inspect", opts, argc, argv, &paths);
+    if (rc == BB_OK && paths.count == 0) rc = bb_fail(BB_ERR_ARG, "inspect needs a PATH; see 'bigbatch inspect --help'");
+    for (int i = 0; rc == BB_OK && i < paths.count; i++) {
+        if (i && !json) printf("\n");
+        rc = inspect_path(paths.items[i], verify, json);
+    }
+    int code = bb_cli_report(rc, usage, summary, opts);
+    bb_cli_free(opts, &paths);
+    return code;
+}

@@ -1,0 +1,29 @@
+/* cmd_version.c — `bigbatch version`: version and what this build can use. */
+#include <zstd.h>
+
+#include "bigbatch/backend.h"
+#include "commands.h"
+
+int bb_cmd_version(int argc, char **argv)
+{
+    const bb_opt opts[] = {{0}};
+    bb_status rc = argc ? bb_cli_parse("version", opts, argc, argv, NULL) : BB_OK;
+    if (rc != BB_OK) return bb_cli_report(rc, "bigbatch version", "Prints the version and build.", opts);
+    printf("bigbatch %s (zstd %s, %d CPUs)\n", BB_VERSION, ZSTD_versionString(), bb_cpu_count());
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (!info.compiled) {
+        printf("cuda: %s\n", info.reason);
+    } else if (info.device_count == 0) {
+        printf("cuda: runtime %d.%d, no usable device: %s\n", info.runtime_version / 1000,
+               info.runtime_version % 1000 / 10, info.reason);
+    } else {
+        char mem[32];
+        printf("cuda: runtime %d.%d, driver %d.%d, %d device%s; device 0: %s (sm_%d%d, %s)\n",
+               info.runtime_version / 1000, info.runtime_version % 1000 / 10, info.driver_version / 1000,
+               info.driver_version % 1000 / 10, info.device_count, info.device_count == 1 ? "" : "s",
+               info.device_name, info.compute_major, info.compute_minor,
+               bb_format_bytes(info.device_memory, mem, sizeof mem));
+    }
+    return BB_EXIT_OK;
+}

@@ -1,0 +1,81 @@
+/* main.c — `bigbatch <command>`: dispatch, signals, exit codes. */
+#include <string.h>
+
+#include "commands.h"
+
+volatile sig_atomic_t bb_cli_interrupted;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    bb_cli_interrupted = 1;
+}
+
+static const struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"pack", bb_cmd_pack, "turn Fashion-MNIST, text or llm.c token files into .bbs shards"},
+    {"inspect", bb_cmd_inspect, "describe shards or a dataset; --verify checks every frame"},
+    {"version", bb_cmd_version, "print the version and what this build can run on"},
+};
+
+static void print_usage(FILE *out)
+{
+    fprintf(out, "usage: bigbatch <command> [options]\n\n"
+                 "bigbatch trains with batches larger than device memory: gradient accumulation,\n"
+                 "activation checkpointing and data parallel over streamed, compressed shards.\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'bigbatch <command> --help' explains a command's options.\n"
+                 "BB_LOG=error|warn|info|debug sets how much is logged to stderr (default warn).\n");
+}
+
+int bb_cli_report(bb_status status, const char *usage, const char *summary, const bb_opt *opts)
+{
+    if (status == BB_OK) return BB_EXIT_OK;
+    if (bb_cli_help_requested()) {
+        bb_cli_help(stdout, usage, summary, opts);
+        return BB_EXIT_OK;
+    }
+    fprintf(stderr, "bigbatch: error: %s\n", bb_error_message());
+    if (bb_log_threshold() >= BB_LOG_DEBUG) fprintf(stderr, "bigbatch: debug: raised at %s\n", bb_error_origin());
+    if (status == BB_ERR_INTERRUPTED) return BB_EXIT_INTERRUPTED;
+    return status == BB_ERR_ARG ? BB_EXIT_USAGE : BB_EXIT_ERROR;
+}
+
+int main(int argc, char **argv)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        print_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? BB_EXIT_USAGE : BB_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) return bb_cmd_version(0, NULL);
+    const char *name = argv[1];
+    bool help = !strcmp(name, "help");
+    if (help) {
+        if (argc < 3) {
+            print_usage(stdout);
+            return BB_EXIT_OK;
+        }
+        name = argv[2];
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+        if (strcmp(name, commands[i].name) != 0) continue;
+        if (help) {
+            char *args[] = {"--help", NULL};
+            return commands[i].run(1, args);
+        }
+        return commands[i].run(argc - 2, argv + 2);
+    }
+    fprintf(stderr, "bigbatch: error: unknown command '%s'\n\n", name);
+    print_usage(stderr);
+    return BB_EXIT_USAGE;
+}

@@ -1,0 +1,111 @@
+/* dataset.c — a dataset is a directory of shards that agree on their records. */
+#include "shard_format.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct bb_dataset {
+    char *path;
+    bb_shard_t **shards;
+    uint32_t shard_count;
+    uint64_t record_count;
+};
+
+static int is_shard_name(const struct dirent *e)
+{
+    size_t n = strlen(e->d_name), ext = strlen(BB_SHARD_EXT);
+    return e->d_name[0] != '.' && n > ext && strcmp(e->d_name + n - ext, BB_SHARD_EXT) == 0;
+}
+
+/* Shards of one dataset must describe the same records and follow each other
+ * without gaps, so a missing or foreign shard is caught before training. */
+static bb_status check_consistent(const bb_dataset_t *ds, uint32_t i)
+{
+    const bb_shard_meta *a = bb_shard_get_meta(ds->shards[0]), *b = bb_shard_get_meta(ds->shards[i]);
+    const char *pa = bb_shard_path(ds->shards[0]), *pb = bb_shard_path(ds->shards[i]);
+    if (a->kind != b->kind || a->rank != b->rank || memcmp(a->shape, b->shape, sizeof a->shape) != 0 ||
+        a->classes_or_vocab != b->classes_or_vocab)
+        return bb_fail(BB_ERR_FORMAT, "%s and %s hold different records (%s, %u classes/vocab vs %s, %u): "
+                       "they do not belong to one dataset", pa, pb, bb_record_kind_name(a->kind),
+                       a->classes_or_vocab, bb_record_kind_name(b->kind), b->classes_or_vocab);
+    if (b->shard_index != i || b->first_record != ds->record_count)
+        return bb_fail(BB_ERR_CORRUPT, "%s: shard index %u (first record %llu) found in position %u "
+                       "(expected first record %llu): a shard of %s is missing or foreign",
+                       pb, b->shard_index, (unsigned long long)b->first_record, i,
+                       (unsigned long long)ds->record_count, ds->path);
+    return BB_OK;
+}
+
+bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
+{
+    *out = NULL;
+    bb_status rc = BB_OK;
+    struct dirent **names = NULL;
+    int count = 0;
+    bb_dataset_t *ds = calloc(1, sizeof *ds);
+    if (!ds || !(ds->path = strdup(path))) {
+        free(ds);
+        return bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+        goto fail;
+    }
+    bool is_dir = S_ISDIR(st.st_mode);
+    if (is_dir) {
+        count = scandir(path, &names, is_shard_name, alphasort);
+        if (count < 0) {
+            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", path);
+            goto fail;
+        }
+        if (count == 0) {
+            rc = bb_fail(BB_ERR_ARG, "%s: no *%s shards in this directory", path, BB_SHARD_EXT);
+            goto fail;
+        }
+    }
+    uint32_t n = is_dir ? (uint32_t)count : 1;
+    ds->shards = calloc(n, sizeof *ds->shards);
+    if (!ds->shards) {
+        rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        char file[4096];
+        if (is_dir)
+            snprintf(file, sizeof file, "%s/%s", path, names[i]->d_name);
+        else
+            snprintf(file, sizeof file, "%s", path);
+        BB_TRY_GOTO(bb_shard_open(file, &ds->shards[i]), rc, fail);
+        ds->shard_count = i + 1;
+        if (is_dir) BB_TRY_GOTO(check_consistent(ds, i), rc, fail);
+        ds->record_count += bb_shard_get_meta(ds->shards[i])->record_count;
+    }
+    *out = ds;
+fail:
+    for (int i = 0; i < count; i++) free(names[i]);
+    free(names);
+    if (rc != BB_OK) bb_dataset_close(ds);
+    return rc;
+}
+
+void bb_dataset_close(bb_dataset_t *ds)
+{
+    if (!ds) return;
+    for (uint32_t i = 0; i < ds->shard_count; i++) bb_shard_close(ds->shards[i]);
+    free(ds->shards);
+    free(ds->path);
+    free(ds);
+}
+
+const char *bb_dataset_path(const bb_dataset_t *ds) { return ds->path; }
+uint32_t bb_dataset_shard_count(const bb_dataset_t *ds) { return ds->shard_count; }
+uint64_t bb_dataset_record_count(const bb_dataset_t *ds) { return ds->record_count; }
+const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds) { return bb_shard_get_meta(ds->shards[0]); }
+
+const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index)
+{
+    return index < ds->shard_count ? ds->shards[index] : NULL;
+}

@@ -1,0 +1,320 @@
+/* test_pack.c — `pack` through the library: round trips for text, llm.c and
+ * Fashion-MNIST (generated, and the real files when installed), splits,
+ * output replacement and interruption. */
+#include <dirent.h>
+#include <zlib.h>
+
+#include "bigbatch/pack.h"
+#include "test_util.h"
+
+TestSuite(pack);
+
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Reads every record of the dataset at `path` into one buffer. */
+static uint8_t *read_all_records(const char *path, uint64_t *count, bb_shard_meta *meta)
+{
+    bb_dataset_t *ds;
+    cr_assert_eq(bb_dataset_open(path, &ds), BB_OK, "%s", bb_error_message());
+    *meta = *bb_dataset_meta(ds);
+    *count = bb_dataset_record_count(ds);
+    uint8_t *all = malloc(*count * meta->record_size + 1), *p = all;
+    bb_frame_decoder_t *dec;
+    cr_assert_eq(bb_frame_decoder_create(&dec), BB_OK);
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
+        const bb_shard_t *sh = bb_dataset_shard(ds, s);
+        for (uint32_t f = 0; f < bb_shard_frame_count(sh); f++) {
+            cr_assert_eq(bb_shard_read_frame(sh, f, dec, p, bb_shard_frame_at(sh, f)->raw_size), BB_OK, "%s",
+                         bb_error_message());
+            p += bb_shard_frame_at(sh, f)->raw_size;
+        }
+    }
+    cr_assert_eq((uint64_t)(p - all), *count * meta->record_size);
+    bb_frame_decoder_destroy(dec);
+    bb_dataset_close(ds);
+    return all;
+}
+
+static bb_pack_options options(const char *out)
+{
+    bb_pack_options o = bb_pack_defaults();
+    o.out_dir = out;
+    o.writer.frame_bytes = 8192;
+    return o;
+}
+
+/* Checks record r of `records` against the token stream: tokens [r*T, r*T+T]. */
+static void assert_windows(const uint8_t *records, uint64_t count, uint64_t first, const uint16_t *stream,
+                           uint32_t seq_len)
+{
+    for (uint64_t r = 0; r < count; r++) {
+        const uint16_t *rec = (const uint16_t *)(const void *)(records + r * 2 * (seq_len + 1));
+        cr_assert_eq(memcmp(rec, stream + (first + r) * seq_len, 2 * (seq_len + 1)), 0, "record %llu",
+                     (unsigned long long)(first + r));
+    }
+}
+
+Test(pack, text_round_trip_with_split_across_files)
+{
+    char *dir = tu_temp_dir();
+    enum { N = 10000, T = 64 };
+    uint8_t text[N];
+    uint16_t stream[N];
+    tu_fill_random(text, N, 11);
+    for (int i = 0; i < N; i++) stream[i] = text[i];
+    char *a = tu_path(dir, "a.txt"), *b = tu_path(dir, "b.txt"), *out = tu_path(dir, "out");
+    tu_write_file(a, text, 6001);
+    tu_write_file(b, text + 6001, N - 6001);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {a, b};
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 2, o.seq_len = T, o.val_fraction = 0.2;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    uint64_t total = (N - 1) / T, val = total / 5;
+    cr_assert_eq(r.train.records, total - val);
+    cr_assert_eq(r.val.records, val);
+    cr_assert_eq(r.unused_tokens, N - 1 - total * T);
+
+    char *train_dir = tu_path(out, "train"), *val_dir = tu_path(out, "val");
+    bb_shard_meta m;
+    uint64_t n;
+    uint8_t *train = read_all_records(train_dir, &n, &m);
+    cr_assert_eq(n, total - val);
+    cr_assert_eq(m.kind, BB_RECORD_TOKENS_U16);
+    cr_assert_eq(m.shape[0], T + 1);
+    cr_assert_eq(m.classes_or_vocab, 256);
+    cr_assert_str_eq(m.source, "a.txt +1 more");
+    assert_windows(train, n, 0, stream, T);
+    uint8_t *valr = read_all_records(val_dir, &n, &m);
+    cr_assert_eq(n, val);
+    assert_windows(valr, n, total - val, stream, T); /* the tail of the input */
+    free(train), free(valr), free(train_dir), free(val_dir), free(a), free(b), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+static void write_llmc(const char *path, const uint16_t *tokens, int32_t count, int32_t magic)
+{
+    int32_t header[256] = {magic, 1, count};
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fwrite(header, sizeof header, 1, f);
+    fwrite(tokens, 2, (size_t)count, f);
+    fclose(f);
+}
+
+Test(pack, llmc_round_trip_across_files)
+{
+    char *dir = tu_temp_dir();
+    enum { N = 5000, T = 100, VOCAB = 50257 };
+    uint16_t stream[N];
+    tu_fill_random(stream, sizeof stream, 12);
+    for (int i = 0; i < N; i++) stream[i] %= VOCAB;
+    char *a = tu_path(dir, "a.bin"), *b = tu_path(dir, "b.bin"), *out = tu_path(dir, "out");
+    write_llmc(a, stream, 1234, 20240520);
+    write_llmc(b, stream + 1234, N - 1234, 20240520);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {a, b};
+    o.format = BB_PACK_LLMC, o.inputs = inputs, o.input_count = 2, o.seq_len = T, o.vocab = VOCAB;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    bb_shard_meta m;
+    uint64_t n;
+    uint8_t *records = read_all_records(out, &n, &m);
+    cr_assert_eq(n, (N - 1) / T);
+    cr_assert_eq(m.classes_or_vocab, VOCAB);
+    assert_windows(records, n, 0, stream, T);
+    free(records);
+
+    /* A token at or above --vocab names the file and byte offset. */
+    stream[1234 + 10] = VOCAB;
+    write_llmc(b, stream + 1234, N - 1234, 20240520);
+    char *out2 = tu_path(dir, "out2");
+    o.out_dir = out2;
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_CORRUPT);
+    cr_assert_not_null(strstr(bb_error_message(), b));
+    cr_assert_not_null(strstr(bb_error_message(), "token 50257 at offset 1044"), "%s", bb_error_message());
+    cr_assert_not(tu_exists(out2));
+    free(a), free(b), free(out), free(out2);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Writes IDX files (gzipped when gz) for `n` images of rows x cols. */
+static void write_idx(const char *images, const char *labels, const uint8_t *pix, const uint8_t *lab, uint32_t n,
+                      uint32_t rows, uint32_t cols, bool gz)
+{
+    uint8_t ih[16] = {0, 0, 8, 3, n >> 24, n >> 16, n >> 8, n, 0, 0, rows >> 8, rows, 0, 0, cols >> 8, cols};
+    uint8_t lh[8] = {0, 0, 8, 1, n >> 24, n >> 16, n >> 8, n};
+    gzFile fi = gzopen(images, gz ? "wb" : "wbT"), fl = gzopen(labels, gz ? "wb" : "wbT");
+    cr_assert(fi && fl);
+    gzwrite(fi, ih, sizeof ih);
+    gzwrite(fi, pix, n * rows * cols);
+    gzwrite(fl, lh, sizeof lh);
+    gzwrite(fl, lab, n);
+    gzclose(fi), gzclose(fl);
+}
+
+Test(pack, fmnist_round_trip_plain_and_gzipped)
+{
+    enum { N = 700, PX = 28 * 28 };
+    uint8_t *pix = malloc(N * PX), lab[N];
+    tu_fill_random(pix, N * PX, 13);
+    for (int i = 0; i < N; i++) lab[i] = (uint8_t)(i * 7 % 10);
+    for (int gz = 0; gz < 2; gz++) {
+        char *dir = tu_temp_dir();
+        char *im = tu_path(dir, "img"), *lb = tu_path(dir, "lab"), *out = tu_path(dir, "out");
+        write_idx(im, lb, pix, lab, N, 28, 28, gz);
+        bb_pack_options o = options(out);
+        o.format = BB_PACK_FMNIST, o.images = im, o.labels = lb;
+        bb_pack_report r;
+        cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+        bb_shard_meta m;
+        uint64_t n;
+        uint8_t *records = read_all_records(out, &n, &m);
+        cr_assert_eq(n, N);
+        cr_assert_eq(m.kind, BB_RECORD_IMAGE_U8);
+        cr_assert_eq(m.classes_or_vocab, 10);
+        cr_assert_eq(m.shape[0], 28);
+        cr_assert_eq(m.shape[1], 28);
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq(records[i * (PX + 1)], lab[i], "label %d", i);
+            cr_assert_eq(memcmp(records + i * (PX + 1) + 1, pix + i * PX, PX), 0, "image %d", i);
+        }
+        free(records), free(im), free(lb), free(out);
+        tu_rm_tree(dir);
+        free(dir);
+    }
+    free(pix);
+}
+
+/* Reads a real IDX.gz independently of the importer (plain zlib). */
+static uint8_t *gunzip_all(const char *path, size_t header, size_t *size)
+{
+    gzFile f = gzopen(path, "rb");
+    cr_assert_not_null(f);
+    size_t cap = 64 << 20;
+    uint8_t *buf = malloc(cap);
+    int n = gzread(f, buf, (unsigned)cap);
+    gzclose(f);
+    cr_assert_gt(n, (int)header);
+    *size = (size_t)n - header;
+    memmove(buf, buf + header, *size);
+    return buf;
+}
+
+Test(pack, fmnist_real_files_round_trip)
+{
+    if (access(FMNIST_DIR "/t10k-images-idx3-ubyte.gz", R_OK) != 0)
+        cr_skip_test("skipped: Debian's dataset-fashion-mnist is not installed (make data-fmnist installs it)");
+    const char *sets[][2] = {{FMNIST_DIR "/t10k-images-idx3-ubyte.gz", FMNIST_DIR "/t10k-labels-idx1-ubyte.gz"},
+                             {FMNIST_DIR "/train-images-idx3-ubyte.gz", FMNIST_DIR "/train-labels-idx1-ubyte.gz"}};
+    const uint64_t counts[] = {10000, 60000};
+    for (int k = 0; k < 2; k++) {
+        char *dir = tu_temp_dir(), *out = tu_path(dir, "out");
+        bb_pack_options o = options(out);
+        o.writer.frame_bytes = 256 << 10;
+        o.format = BB_PACK_FMNIST, o.images = sets[k][0], o.labels = sets[k][1];
+        bb_pack_report r;
+        cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+        size_t npix, nlab;
+        uint8_t *pix = gunzip_all(sets[k][0], 16, &npix), *lab = gunzip_all(sets[k][1], 8, &nlab);
+        cr_assert_eq(nlab, counts[k]);
+        cr_assert_eq(npix, counts[k] * 784);
+        bb_shard_meta m;
+        uint64_t n;
+        uint8_t *records = read_all_records(out, &n, &m);
+        cr_assert_eq(n, counts[k]);
+        for (uint64_t i = 0; i < n; i++) {
+            cr_assert_eq(records[i * 785], lab[i]);
+            cr_assert_eq(memcmp(records + i * 785 + 1, pix + i * 784, 784), 0, "image %llu", (unsigned long long)i);
+        }
+        free(records), free(pix), free(lab), free(out);
+        tu_rm_tree(dir);
+        free(dir);
+    }
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+Test(pack, existing_output_needs_force_and_only_holds_shards)
+{
+    char *dir = tu_temp_dir();
+    char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out"), *marker = tu_path(out, "notes.txt");
+    uint8_t text[3000];
+    tu_fill_random(text, sizeof text, 14);
+    tu_write_file(in, text, sizeof text);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {in};
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_ARG);
+    cr_assert_not_null(strstr(bb_error_message(), "--force"), "%s", bb_error_message());
+    o.force = true;
+    o.seq_len = 16; /* a different dataset replaces the old one */
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    bb_shard_meta m;
+    uint64_t n;
+    free(read_all_records(out, &n, &m));
+    cr_assert_eq(m.shape[0], 17);
+    tu_write_file(marker, "mine", 4);
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_ARG);
+    cr_assert_not_null(strstr(bb_error_message(), "not bigbatch shards"), "%s", bb_error_message());
+    cr_assert(tu_exists(marker));
+    cr_assert_eq(count_entries(dir), 2, "no temporary directory may remain");
+    free(in), free(out), free(marker);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(pack, interrupt_leaves_nothing_behind)
+{
+    char *dir = tu_temp_dir();
+    char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "new/deeper/out");
+    uint8_t text[3000];
+    tu_fill_random(text, sizeof text, 15);
+    tu_write_file(in, text, sizeof text);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {in};
+    volatile sig_atomic_t stop = 1;
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32, o.interrupted = &stop;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_INTERRUPTED);
+    cr_assert_eq(count_entries(dir), 1, "only the input may remain (created parents are removed too)");
+    stop = 0;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    cr_assert(tu_exists(out));
+    free(in), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(pack, val_fraction_must_leave_both_splits)
+{
+    char *dir = tu_temp_dir();
+    char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out");
+    tu_write_file(in, "abcdefghijklmnopqrstuvwxyz", 26); /* 5 records of 5 tokens */
+    bb_pack_options o = options(out);
+    const char *inputs[] = {in};
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 5, o.val_fraction = 0.1;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_ARG);
+    cr_assert_not_null(strstr(bb_error_message(), "empty split"), "%s", bb_error_message());
+    cr_assert_not(tu_exists(out));
+    o.val_fraction = 0.2;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(r.train.records, 4);
+    cr_assert_eq(r.val.records, 1);
+    free(in), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
