@@ -142,7 +142,8 @@ FUZZ_BIN := build/fuzz/fuzz_shard_reader
 fuzz: deps $(FUZZ_BIN)
 $(FUZZ_BIN): tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c include/bigbatch/*.h src/data/*.h)
 	@mkdir -p $(@D)
-	clang -std=gnu11 -O1 -g -D_GNU_SOURCE -Iinclude $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	clang -std=gnu11 -O1 -g -D_GNU_SOURCE -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION -Iinclude $(PKG_CFLAGS) \
+	  -fsanitize=fuzzer,address,undefined \
 	  tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c) $(PKG_LIBS) -lm -lpthread -o $@
 fuzz-run: fuzz
 	@mkdir -p build/fuzz/corpus
@@ -162,7 +163,7 @@ deps:
 # Rebuilds the embedded default dataset (see data/README.md).
 data-kjv: deps all
 	bible -f gen1:1-rev22:21 > build/kjv.txt
-	$(BIN) pack --format text --in build/kjv.txt --seq-len 256 --val-fraction 0.1 --threads 1 --out data/kjv --force
+	$(BIN) pack --format text --in build/kjv.txt --seq-len 256 --val-fraction 0.1 --out data/kjv --force
 
 data-fmnist: deps all
 	@dpkg-query -W -f='$${Status}' dataset-fashion-mnist 2>/dev/null | grep -q "ok installed" || { \

@@ -194,10 +194,16 @@ Test(cli, idx_wrong_magic_and_mismatched_counts)
     tu_assert_error(&r, im_short, "truncated", "offset 7072");
     assert_pack_fails_cleanly(&f, &r);
     tu_run_free(&r);
+    /* More images than the header announces. */
+    char *im_long = idx_file(&f, "images-long", images_h, 16, 11 * 784);
+    r = tu_bigbatch("pack", "--format", "fmnist", "--images", im_long, "--labels", lb, "--out", f.out);
+    tu_assert_error(&r, im_long, "data continues at offset 7856");
+    assert_pack_fails_cleanly(&f, &r);
+    tu_run_free(&r);
     r = tu_bigbatch("pack", "--format", "fmnist", "--images", im, "--labels", lb, "--out", f.out);
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    free(im), free(lb_bad), free(lb_9), free(lb), free(im_short);
+    free(im), free(lb_bad), free(lb_9), free(lb), free(im_short), free(im_long);
     teardown(&f);
 }
 

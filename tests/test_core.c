@@ -262,3 +262,39 @@ Test(core, cli_help_lists_options_with_defaults)
     cr_assert_null(strstr(text, "(default: 5)"));
     free(text);
 }
+
+Test(core, cli_help_wins_and_double_dash_ends_options)
+{
+    parsed p;
+    char *help_in_list[] = {"--out", "d", "--in", "a", "-h"};
+    cr_assert_eq(parse(&p, 5, help_in_list, NULL), BB_ERR_ARG);
+    cr_assert(bb_cli_help_requested(), "-h after a list is a help request, not a file");
+    bb_str_list pos = {0};
+    char *dashes[] = {"--out", "d", "--in", "a", "-", "-x", "--", "--flag", "-y"};
+    bb_status rc = parse(&p, 9, dashes, &pos);
+    /* "-x" ends the list and is positional; after "--" everything is. */
+    cr_assert_eq(rc, BB_OK, "%s", bb_error_message());
+    cr_assert_eq(p.in.count, 2);
+    cr_assert_str_eq(p.in.items[1], "-");
+    cr_assert_not(p.flag);
+    cr_assert_eq(pos.count, 3);
+    cr_assert_str_eq(pos.items[0], "-x");
+    cr_assert_str_eq(pos.items[1], "--flag");
+    const bb_opt opts[] = OPTS(p);
+    bb_cli_free(opts, &pos);
+}
+
+Test(core, cli_reports_given_options)
+{
+    int64_t v = 5;
+    bool given = false;
+    const bb_opt opts[] = {{"--v", BB_OPT_INT, &v, "N", "v", .given = &given}, {0}};
+    char *none[] = {"x"};
+    bb_str_list pos = {0};
+    cr_assert_eq(bb_cli_parse("t", opts, 1, none, &pos), BB_OK);
+    cr_assert_not(given);
+    char *same[] = {"--v", "5"};
+    cr_assert_eq(bb_cli_parse("t", opts, 2, same, NULL), BB_OK);
+    cr_assert(given, "given even when the value equals the default");
+    bb_cli_free(opts, &pos);
+}

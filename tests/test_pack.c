@@ -135,6 +135,12 @@ Test(pack, llmc_round_trip_across_files)
     cr_assert_not_null(strstr(bb_error_message(), b));
     cr_assert_not_null(strstr(bb_error_message(), "token 50257 at offset 1044"), "%s", bb_error_message());
     cr_assert_not(tu_exists(out2));
+    /* Also in the tail that fills no record: checked before any output. */
+    stream[1234 + 10] = 7;
+    stream[4990] = VOCAB;
+    write_llmc(b, stream + 1234, N - 1234, 20240520);
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_CORRUPT);
+    cr_assert_not_null(strstr(bb_error_message(), "at offset 8536"), "%s", bb_error_message());
     free(a), free(b), free(out), free(out2);
     tu_rm_tree(dir);
     free(dir);
@@ -290,6 +296,17 @@ Test(pack, interrupt_leaves_nothing_behind)
     bb_pack_report r;
     cr_assert_eq(bb_pack(&o, &r), BB_ERR_INTERRUPTED);
     cr_assert_eq(count_entries(dir), 1, "only the input may remain (created parents are removed too)");
+    /* Parents created before a later one fails are removed as well. */
+    char long_name[300];
+    memset(long_name, 'a', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    char *too_long = malloc(4096);
+    snprintf(too_long, 4096, "%s/new/%s/out", dir, long_name);
+    o.out_dir = too_long;
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_IO);
+    cr_assert_eq(count_entries(dir), 1, "%s", bb_error_message());
+    free(too_long);
+    o.out_dir = out;
     stop = 0;
     cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
     cr_assert(tu_exists(out));
@@ -315,6 +332,34 @@ Test(pack, val_fraction_must_leave_both_splits)
     cr_assert_eq(r.train.records, 4);
     cr_assert_eq(r.val.records, 1);
     free(in), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* The committed default data decodes to exactly the windows of the text
+ * that data/README.md names as its source. */
+Test(pack, embedded_kjv_matches_its_source)
+{
+    if (access("/usr/bin/bible", X_OK) != 0)
+        cr_skip_test("skipped: Debian's bible-kjv is not installed (make deps installs it)");
+    char *dir = tu_temp_dir(), *txt = tu_path(dir, "kjv.txt");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "bible -f gen1:1-rev22:21 > %s", txt);
+    cr_assert_eq(system(cmd), 0);
+    size_t n;
+    uint8_t *text = tu_read_file(txt, &n);
+    uint16_t *stream = malloc(n * sizeof *stream);
+    for (size_t i = 0; i < n; i++) stream[i] = text[i];
+    bb_shard_meta m;
+    uint64_t train_n, val_n;
+    uint8_t *train = read_all_records("data/kjv/train", &train_n, &m);
+    cr_assert_eq(m.shape[0], 257);
+    uint8_t *val = read_all_records("data/kjv/val", &val_n, &m);
+    cr_assert_eq(train_n + val_n, (n - 1) / 256);
+    cr_assert_eq(val_n, (train_n + val_n) / 10);
+    assert_windows(train, train_n, 0, stream, 256);
+    assert_windows(val, val_n, train_n, stream, 256);
+    free(train), free(val), free(stream), free(text), free(txt);
     tu_rm_tree(dir);
     free(dir);
 }

@@ -5,6 +5,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <sys/resource.h>
+
 #include "bigbatch/shard.h"
 #include "test_util.h"
 
@@ -66,6 +68,28 @@ static void assert_dataset_holds(const char *path, const uint8_t *records, uint6
     cr_assert_eq(seen, count);
     bb_frame_decoder_destroy(dec);
     bb_dataset_close(ds);
+}
+
+/* One dataset of random token records in a fresh directory, with small frames. */
+typedef struct sample {
+    char *dir, *path; /* the directory and its first shard */
+    uint8_t *records;
+    bb_shard_meta meta;
+} sample;
+
+static sample write_sample(uint32_t tokens_per_record, uint64_t count, uint64_t seed)
+{
+    sample s = {.dir = tu_temp_dir(), .meta = tokens_meta(tokens_per_record)};
+    bb_writer_options o = small_frames();
+    s.records = write_dataset(s.dir, &s.meta, &o, count, seed, NULL);
+    s.path = tu_path(s.dir, "shard-00000.bbs");
+    return s;
+}
+
+static void free_sample(sample *s)
+{
+    tu_rm_tree(s->dir);
+    free(s->dir), free(s->path), free(s->records);
 }
 
 Test(shard, round_trip_every_record_kind)
@@ -172,6 +196,13 @@ Test(shard, writer_rejects_bad_metadata_and_no_records)
     cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_ERR_ARG);
     cr_assert_not_null(strstr(bb_error_message(), "record size 65"), "%s", bb_error_message());
     m = tokens_meta(33);
+    m.shape[1] = 2; /* unused dimensions must be 0 */
+    cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_ERR_ARG);
+    m = tokens_meta(33);
+    m.classes_or_vocab = 70000; /* u16 tokens cannot reach it */
+    cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_ERR_ARG);
+    cr_assert_not_null(strstr(bb_error_message(), "70000 vocabulary"), "%s", bb_error_message());
+    m = tokens_meta(33);
     o.level = 99;
     cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_ERR_ARG);
     o.level = 3;
@@ -187,13 +218,9 @@ Test(shard, writer_rejects_bad_metadata_and_no_records)
  * frame with plain ZSTD_decompress and XXH64. */
 Test(shard, layout_matches_the_seekable_format)
 {
-    char *dir = tu_temp_dir();
-    bb_shard_meta m = tokens_meta(65);
-    bb_writer_options o = small_frames();
-    uint8_t *records = write_dataset(dir, &m, &o, 500, 4, NULL);
-    char *path = tu_path(dir, "shard-00000.bbs");
+    sample smp = write_sample(65, 500, 4);
     size_t size;
-    uint8_t *file = tu_read_file(path, &size);
+    uint8_t *file = tu_read_file(smp.path, &size);
 #define LE32(p) ((uint32_t)(p)[0] | (uint32_t)(p)[1] << 8 | (uint32_t)(p)[2] << 16 | (uint32_t)(p)[3] << 24)
     const uint8_t *footer = file + size - 9;
     cr_assert_eq(LE32(footer + 5), 0x8F92EAB1u);
@@ -218,49 +245,40 @@ Test(shard, layout_matches_the_seekable_format)
         cr_assert(!ZSTD_isError(got), "frame %u: %s", i, ZSTD_getErrorName(got));
         cr_assert_eq(got, LE32(e + 4));
         cr_assert_eq((uint32_t)XXH64(raw, got, 0), LE32(e + 8));
-        cr_assert_eq(memcmp(raw, records + raw_total, got), 0);
+        cr_assert_eq(memcmp(raw, smp.records + raw_total, got), 0);
         offset += LE32(e), raw_total += got;
     }
     cr_assert_eq(offset, (size_t)(table - file));
-    cr_assert_eq(raw_total, 500u * m.record_size);
+    cr_assert_eq(raw_total, 500u * smp.meta.record_size);
 #undef LE32
-    free(raw), free(file), free(records), free(path);
-    tu_rm_tree(dir);
-    free(dir);
+    free(raw), free(file);
+    free_sample(&smp);
 }
 
 Test(shard, zstd_cli_decodes_to_the_raw_records)
 {
-    char *dir = tu_temp_dir();
-    bb_shard_meta m = tokens_meta(257);
-    bb_writer_options o = small_frames();
-    uint8_t *records = write_dataset(dir, &m, &o, 300, 5, NULL);
-    char *path = tu_path(dir, "shard-00000.bbs"), *out = tu_path(dir, "decoded.raw");
-    tu_run t = tu_run_argv((char *const[]){"zstd", "-q", "-t", path, NULL});
+    sample smp = write_sample(257, 300, 5);
+    char *out = tu_path(smp.dir, "decoded.raw");
+    tu_run t = tu_run_argv((char *const[]){"zstd", "-q", "-t", smp.path, NULL});
     cr_assert_eq(t.exit_code, 0, "zstd -t rejected the shard: %s", t.err);
     tu_run_free(&t);
-    t = tu_run_argv((char *const[]){"zstd", "-q", "-d", "-f", path, "-o", out, NULL});
+    t = tu_run_argv((char *const[]){"zstd", "-q", "-d", "-f", smp.path, "-o", out, NULL});
     cr_assert_eq(t.exit_code, 0, "zstd -d failed: %s", t.err);
     tu_run_free(&t);
     size_t size;
     uint8_t *decoded = tu_read_file(out, &size);
-    cr_assert_eq(size, 300u * m.record_size);
-    cr_assert_eq(memcmp(decoded, records, size), 0);
-    free(decoded), free(records), free(path), free(out);
-    tu_rm_tree(dir);
-    free(dir);
+    cr_assert_eq(size, 300u * smp.meta.record_size);
+    cr_assert_eq(memcmp(decoded, smp.records, size), 0);
+    free(decoded), free(out);
+    free_sample(&smp);
 }
 
 Test(shard, decode_checks_arguments)
 {
-    char *dir = tu_temp_dir();
-    bb_shard_meta m = tokens_meta(33);
-    bb_writer_options o = small_frames();
-    free(write_dataset(dir, &m, &o, 100, 6, NULL));
-    char *path = tu_path(dir, "shard-00000.bbs");
+    sample smp = write_sample(33, 100, 6);
     bb_shard_t *sh;
     bb_frame_decoder_t *dec;
-    cr_assert_eq(bb_shard_open(path, &sh), BB_OK);
+    cr_assert_eq(bb_shard_open(smp.path, &sh), BB_OK);
     cr_assert_eq(bb_frame_decoder_create(&dec), BB_OK);
     uint8_t buf[8192];
     cr_assert_eq(bb_shard_read_frame(sh, 0, dec, buf, 100), BB_ERR_ARG);
@@ -269,26 +287,22 @@ Test(shard, decode_checks_arguments)
     bb_frame_decoder_destroy(dec);
     bb_shard_close(sh);
     bb_shard_close(NULL);
-    free(path);
-    tu_rm_tree(dir);
-    free(dir);
+    free_sample(&smp);
 }
 
 /* ---- damage: every kind is an error naming the file (frame, offset) ---- */
 
 typedef struct damaged {
-    char *dir, *path;
+    sample s;
+    const char *path;
     bb_shard_frame frames[4]; /* first frames, read before the damage */
     uint64_t size;
 } damaged;
 
 static damaged make_shard(void)
 {
-    damaged d = {.dir = tu_temp_dir()};
-    bb_shard_meta m = tokens_meta(33);
-    bb_writer_options o = small_frames();
-    free(write_dataset(d.dir, &m, &o, 1000, 7, NULL));
-    d.path = tu_path(d.dir, "shard-00000.bbs");
+    damaged d = {.s = write_sample(33, 1000, 7)};
+    d.path = d.s.path;
     bb_shard_t *sh;
     cr_assert_eq(bb_shard_open(d.path, &sh), BB_OK);
     for (uint32_t i = 0; i < 4; i++) d.frames[i] = *bb_shard_frame_at(sh, i);
@@ -297,11 +311,7 @@ static damaged make_shard(void)
     return d;
 }
 
-static void free_damaged(damaged *d)
-{
-    tu_rm_tree(d->dir);
-    free(d->dir), free(d->path);
-}
+static void free_damaged(damaged *d) { free_sample(&d->s); }
 
 static void assert_message_has(const char *const *needles)
 {
@@ -467,7 +477,6 @@ Test(shard, dataset_detects_missing_and_foreign_shards)
     char *second = tu_path(a, "shard-00001.bbs"), *foreign = tu_path(b, "shard-00000.bbs");
     /* A shard from another dataset. */
     size_t size;
-    uint8_t *saved = tu_read_file(second, &size);
     uint8_t *bytes = tu_read_file(foreign, &size);
     tu_write_file(second, bytes, size);
     free(bytes);
@@ -478,11 +487,82 @@ Test(shard, dataset_detects_missing_and_foreign_shards)
     cr_assert_eq(bb_dataset_open(a, &ds), BB_ERR_CORRUPT);
     cr_assert_not_null(strstr(bb_error_message(), "missing"), "%s", bb_error_message());
     cr_assert_null(ds);
-    free(saved), free(second), free(foreign);
+    free(second), free(foreign);
     /* An empty directory. */
     char *empty = tu_temp_dir();
     cr_assert_eq(bb_dataset_open(empty, &ds), BB_ERR_ARG);
     cr_assert_not_null(strstr(bb_error_message(), "no *.bbs shards"));
     tu_rm_tree(a), tu_rm_tree(b), tu_rm_tree(empty);
     free(a), free(b), free(empty);
+}
+
+Test(shard, unfinished_shard_never_reads_as_valid)
+{
+    char *dir = tu_temp_dir();
+    bb_shard_meta m = tokens_meta(33);
+    bb_writer_options o = small_frames();
+    o.threads = 1; /* 4 slots: 300 records fill them and force a write */
+    uint8_t records[300 * 66];
+    tu_fill_random(records, sizeof records, 16);
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_OK);
+    cr_assert_eq(bb_dataset_writer_add(w, records, 300), BB_OK);
+    bb_dataset_writer_destroy(w); /* no finish: as if the process died */
+    char *path = tu_path(dir, "shard-00000.bbs");
+    size_t size;
+    uint8_t *file = tu_read_file(path, &size);
+    cr_assert_gt(size, 136u);
+    for (int i = 8; i < 136; i++) cr_assert_eq(file[i], 0, "metadata payload byte %d", i);
+    bb_shard_t *sh;
+    cr_assert_neq(bb_shard_open(path, &sh), BB_OK);
+    free(file), free(path);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* A seek-table entry must cover exactly one zstd frame: an empty frame
+ * appended to data frame 0 decodes fine with zstd alone, and is refused. */
+Test(shard, entry_holding_two_zstd_frames_is_refused)
+{
+    sample smp = write_sample(33, 300, 17);
+    size_t size;
+    uint8_t *file = tu_read_file(smp.path, &size);
+    uint8_t empty[32];
+    size_t elen = ZSTD_compress(empty, sizeof empty, NULL, 0, 1);
+    cr_assert(!ZSTD_isError(elen));
+    uint32_t n, csize0;
+    memcpy(&n, file + size - 9, 4);
+    size_t table = size - (8 + 12 * (size_t)n + 9);
+    memcpy(&csize0, file + table + 8 + 12, 4);
+    uint8_t *out = malloc(size + elen);
+    size_t at = 136 + csize0;
+    memcpy(out, file, at);
+    memcpy(out + at, empty, elen);
+    memcpy(out + at + elen, file + at, size - at);
+    uint32_t grown = csize0 + (uint32_t)elen;
+    memcpy(out + elen + table + 8 + 12, &grown, 4);
+    tu_write_file(smp.path, out, size + elen);
+    assert_frame_fails(smp.path, 0, (const char *const[]){smp.path, "frame 0 at offset 136", "not one zstd frame", NULL});
+    free(file), free(out);
+    free_sample(&smp);
+}
+
+Test(shard, large_dataset_raises_the_open_file_limit)
+{
+    char *dir = tu_temp_dir();
+    bb_shard_meta m = tokens_meta(33);
+    bb_writer_options o = small_frames();
+    o.shard_bytes = 5000; /* one frame per shard: 81 shards */
+    free(write_dataset(dir, &m, &o, 5000, 18, NULL));
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 400) cr_skip_test("skipped: hard open-file limit %llu", (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = 40;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    bb_dataset_t *ds;
+    cr_assert_eq(bb_dataset_open(dir, &ds), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_shard_count(ds), 81);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
 }

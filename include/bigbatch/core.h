@@ -143,7 +143,7 @@ typedef enum bb_opt_kind {
     BB_OPT_INT,    /* int64_t*; range [min, max] when min < max */
     BB_OPT_DOUBLE, /* double*; range [min, max] when min < max */
     BB_OPT_STRING, /* const char **; points into argv */
-    BB_OPT_LIST,   /* bb_str_list*; takes values up to the next "--option" */
+    BB_OPT_LIST,   /* bb_str_list*; takes values up to the next argument starting with '-' */
     BB_OPT_BYTES,  /* uint64_t*; accepts 1048576, 64K, 256MiB, 1.5G */
     BB_OPT_CHOICE, /* const char **; value must be one of `choices` ("a|b|c") */
 } bb_opt_kind;
@@ -162,11 +162,13 @@ typedef struct bb_opt {
     double min, max;     /* inclusive numeric range, used when min < max */
     const char *choices; /* BB_OPT_CHOICE: "fmnist|text|llmc" */
     bool required;
+    bool *given;         /* optional: set to true when the option appears */
 } bb_opt;
 
 /* Parses argv[0..argc) (the arguments after the command name). Non-option
- * arguments go to `positional` (may be NULL when none are allowed). "-h" and
- * "--help" return BB_ERR_ARG with message "help". Fails with BB_ERR_ARG and a
+ * arguments go to `positional` (may be NULL when none are allowed); after a
+ * bare "--" every argument is positional. "-h" or "--help" anywhere returns
+ * BB_ERR_ARG and makes bb_cli_help_requested() true. Fails with BB_ERR_ARG and a
  * one-line message naming the option on unknown options, missing or malformed
  * values, values out of range and missing required options. */
 bb_status bb_cli_parse(const char *command, const bb_opt *opts, int argc, char **argv,

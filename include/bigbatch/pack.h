@@ -7,9 +7,11 @@
  *   bb_pack_report r;
  *   BB_TRY(bb_pack(&o, &r));
  *
- * All input is validated before any output is created, and output is written
- * under a temporary name renamed into place at the end: on any failure or
- * interrupt nothing is left behind at out_dir.
+ * Input headers, sizes and (for text and llm.c) every token are validated
+ * before any output is created; gzipped IDX contents (truncation, labels)
+ * are checked while streaming. Output is written under a temporary name and
+ * renamed into place at the end: on any failure or interrupt nothing is left
+ * behind at out_dir.
  */
 #ifndef BIGBATCH_PACK_H
 #define BIGBATCH_PACK_H
@@ -46,7 +48,7 @@ typedef struct bb_pack_report {
     double seconds;
 } bb_pack_report;
 
-/* Defaults: level 3, 256 KiB frames, 256 MiB shards, one thread per CPU, vocab 50257. */
+/* Defaults: level 3, 256 KiB frames, 256 MiB shards, one thread per CPU (at most 32), vocab 50257. */
 bb_pack_options bb_pack_defaults(void);
 
 /* Packs per `opts`. Fails with BB_ERR_ARG (bad options, out_dir not empty

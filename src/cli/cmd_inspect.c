@@ -94,9 +94,10 @@ static void print_text(const bb_dataset_t *ds, const verify_result *v, const cha
     for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
         const bb_shard_t *sh = bb_dataset_shard(ds, s);
         const bb_shard_meta *sm = bb_shard_get_meta(sh);
-        printf("  %-18s records %llu..%llu, %u frames, %s\n", base_name(bb_shard_path(sh)),
+        uint32_t nf = bb_shard_frame_count(sh);
+        printf("  %-18s records %llu..%llu, %u frame%s, %s\n", base_name(bb_shard_path(sh)),
                (unsigned long long)sm->first_record, (unsigned long long)(sm->first_record + sm->record_count - 1),
-               bb_shard_frame_count(sh), bb_format_bytes(bb_shard_file_size(sh), a, sizeof a));
+               nf, nf == 1 ? "" : "s", bb_format_bytes(bb_shard_file_size(sh), a, sizeof a));
     }
     if (v->ran && v->ok)
         printf("  verify   ok: %llu frames, %s decoded and checksummed in %.2f s (%.0f MB/s)\n",

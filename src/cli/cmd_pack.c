@@ -67,6 +67,7 @@ int bb_cmd_pack(int argc, char **argv)
     bb_pack_options o = bb_pack_defaults();
     const char *format = NULL;
     bb_str_list inputs = {0};
+    bool has_seq_len = false, has_vocab = false;
     int64_t seq_len = 0, vocab = o.vocab, level = o.writer.level, frame_kib = o.writer.frame_bytes >> 10,
             shard_mib = (int64_t)(o.writer.shard_bytes >> 20), threads = o.writer.threads;
     const bb_opt opts[] = {
@@ -75,21 +76,22 @@ int bb_cmd_pack(int argc, char **argv)
         {"--labels", BB_OPT_STRING, &o.labels, "FILE", "fmnist: IDX label file (.gz or plain)"},
         {"--in", BB_OPT_LIST, &inputs, "FILE...", "text, llmc: input files, concatenated in order"},
         {"--seq-len", BB_OPT_INT, &seq_len, "T", "text, llmc: tokens per sequence; a record holds T+1",
-         .min = 1, .max = (BB_SHARD_MAX_FRAME_BYTES / 2) - 1},
-        {"--vocab", BB_OPT_INT, &vocab, "V", "llmc: vocabulary size; every token must be below it", .min = 2, .max = 65536},
+         .min = 1, .max = (BB_SHARD_MAX_FRAME_BYTES / 2) - 1, .given = &has_seq_len},
+        {"--vocab", BB_OPT_INT, &vocab, "V", "llmc: vocabulary size; every token must be below it", .min = 2,
+         .max = 65536, .given = &has_vocab},
         {"--out", BB_OPT_STRING, &o.out_dir, "DIR", "output directory (created; must not exist or be empty)", .required = true},
         {"--val-fraction", BB_OPT_DOUBLE, &o.val_fraction, "F", "put the last F of the records in DIR/val, the rest in DIR/train",
          .min = 0, .max = 0.99},
         {"--level", BB_OPT_INT, &level, "L", "zstd compression level", .min = -7, .max = 22},
         {"--frame-kib", BB_OPT_INT, &frame_kib, "K", "raw KiB per zstd frame (whole records, at least one)", .min = 1, .max = 65536},
         {"--shard-mib", BB_OPT_INT, &shard_mib, "M", "start a new shard before a file exceeds M MiB", .min = 1, .max = 1 << 20},
-        {"--threads", BB_OPT_INT, &threads, "N", "frames compressed in parallel (output is identical for any N)", .min = 1, .max = 1024},
+        {"--threads", BB_OPT_INT, &threads, "N", "frames compressed in parallel (output is identical for any N)", .min = 1, .max = 256},
         {"--force", BB_OPT_FLAG, &o.force, NULL, "replace DIR if it holds only shards from an earlier pack"},
         {0}};
     bb_status rc = bb_cli_parse("pack", opts, argc, argv, NULL);
     o.inputs = inputs.items;
     o.input_count = inputs.count;
-    if (rc == BB_OK) rc = check_format_flags(format, &o, seq_len > 0, vocab != (int64_t)o.vocab);
+    if (rc == BB_OK) rc = check_format_flags(format, &o, has_seq_len, has_vocab);
     if (rc != BB_OK) {
         int code = bb_cli_report(rc, usage, summary, opts);
         bb_cli_free(opts, NULL);

@@ -41,7 +41,6 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
         return BB_EXIT_OK;
     }
     fprintf(stderr, "bigbatch: error: %s\n", bb_error_message());
-    if (bb_log_threshold() >= BB_LOG_DEBUG) fprintf(stderr, "bigbatch: debug: raised at %s\n", bb_error_origin());
     if (status == BB_ERR_INTERRUPTED) return BB_EXIT_INTERRUPTED;
     return status == BB_ERR_ARG ? BB_EXIT_USAGE : BB_EXIT_ERROR;
 }

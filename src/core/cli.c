@@ -174,14 +174,20 @@ bb_status bb_cli_parse(const char *command, const bb_opt *opts, int argc, char *
     while (opts[nopts].name) nopts++;
     bool seen[nopts ? nopts : 1];
     memset(seen, 0, sizeof seen);
-
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+    for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             help_requested = true;
             return bb_fail(BB_ERR_ARG, "help requested");
         }
-        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') {
+
+    bool options_ended = false;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!options_ended && strcmp(arg, "--") == 0) {
+            options_ended = true;
+            continue;
+        }
+        if (options_ended || strncmp(arg, "--", 2) != 0) {
             if (!positional)
                 return bb_fail(BB_ERR_ARG, "unexpected argument '%s'; see 'bigbatch %s --help'", arg,
                                command);
@@ -197,6 +203,7 @@ bb_status bb_cli_parse(const char *command, const bb_opt *opts, int argc, char *
             return unknown_option(command, opts, name);
         }
         seen[o - opts] = true;
+        if (o->given) *o->given = true;
         if (o->kind == BB_OPT_FLAG) {
             if (eq) return bb_fail(BB_ERR_ARG, "%s takes no value", o->name);
             *(bool *)o->dest = true;
@@ -209,8 +216,8 @@ bb_status bb_cli_parse(const char *command, const bb_opt *opts, int argc, char *
                 return bb_fail(BB_ERR_ARG, "%s needs a value (%s)", o->name, o->metavar);
             BB_TRY(store_value(o, argv[++i]));
         }
-        /* A list takes every following value up to the next option. */
-        while (o->kind == BB_OPT_LIST && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+        /* A list takes every following value up to the next option ("-" alone is a value). */
+        while (o->kind == BB_OPT_LIST && i + 1 < argc && (argv[i + 1][0] != '-' || argv[i + 1][1] == '\0'))
             BB_TRY(store_value(o, argv[++i]));
     }
     for (size_t k = 0; k < nopts; k++)

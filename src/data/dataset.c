@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 struct bb_dataset {
@@ -38,6 +39,18 @@ static bb_status check_consistent(const bb_dataset_t *ds, uint32_t i)
     return BB_OK;
 }
 
+/* Each open shard holds a descriptor: raise the soft limit toward the hard
+ * one when a large dataset needs it, as a user would with `ulimit -n`. */
+static void ensure_descriptors(uint32_t shards)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)shards + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) BB_INFO("raised the open-file limit to %llu for %u shards",
+                                                    (unsigned long long)rl.rlim_cur, shards);
+}
+
 bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
 {
     *out = NULL;
@@ -56,7 +69,8 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
     }
     bool is_dir = S_ISDIR(st.st_mode);
     if (is_dir) {
-        count = scandir(path, &names, is_shard_name, alphasort);
+        /* versionsort: shard-100000 comes after shard-99999, not after shard-10000. */
+        count = scandir(path, &names, is_shard_name, versionsort);
         if (count < 0) {
             rc = bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", path);
             goto fail;
@@ -67,6 +81,7 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
         }
     }
     uint32_t n = is_dir ? (uint32_t)count : 1;
+    ensure_descriptors(n);
     ds->shards = calloc(n, sizeof *ds->shards);
     if (!ds->shards) {
         rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);

@@ -38,6 +38,7 @@ struct bb_dataset_writer {
     atomic_int next_slot;    /* work distribution during a batch */
     open_shard shard;
     bb_dataset_summary total;
+    bb_status failed;        /* first error: the writer refuses further work */
 };
 
 #define U64(x) ((unsigned long long)(x))
@@ -113,9 +114,11 @@ static bb_status shard_begin(bb_dataset_writer_t *w)
     if (s->fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", s->path);
     s->entry_count = 0;
     s->records = 0;
-    /* Placeholder metadata: the counts are known only when the shard ends. */
-    uint8_t meta[BB_SHARD_META_FRAME_SIZE];
-    bb_shard_meta_encode(&w->meta, meta);
+    /* A skippable frame with an empty payload holds the place of the metadata,
+     * known only when the shard ends: an unfinished shard never reads as valid. */
+    uint8_t meta[BB_SHARD_META_FRAME_SIZE] = {0};
+    bb_put_le32(meta, BB_SHARD_META_MAGIC);
+    bb_put_le32(meta + 4, BB_SHARD_META_SIZE);
     BB_TRY(bb_write_all(s->fd, s->path, meta, sizeof meta, -1));
     s->bytes = sizeof meta;
     return push_entry(s, BB_SHARD_META_FRAME_SIZE, 0, bb_shard_checksum(NULL, 0));
@@ -214,7 +217,10 @@ bb_status bb_dataset_writer_create(const char *dir, const bb_shard_meta *meta,
     w->meta = m;
     w->opts = *opts;
     w->frame_cap = (size_t)m.records_per_frame * m.record_size;
-    w->slot_count = 4 * opts->threads; /* enough frames to keep every thread busy */
+    /* Enough frames to keep every thread busy, within a bounded footprint. */
+    w->slot_count = 4 * opts->threads;
+    size_t max_slots = (512u << 20) / w->frame_cap;
+    if ((size_t)w->slot_count > max_slots) w->slot_count = max_slots > 2 ? (int)max_slots : 2;
     if (!(w->dir = strdup(dir)) || !(w->slots = calloc((size_t)w->slot_count, sizeof *w->slots)) ||
         !(w->cctx = calloc((size_t)opts->threads, sizeof *w->cctx)))
         goto nomem;
@@ -242,9 +248,9 @@ fail:
     return rc;
 }
 
-bb_status bb_dataset_writer_add(bb_dataset_writer_t *w, const void *records, uint64_t count)
+static bb_status add_records(bb_dataset_writer_t *w, const uint8_t *p, uint64_t count)
 {
-    const uint8_t *p = records;
+    if (count > UINT64_MAX / w->meta.record_size) return bb_fail(BB_ERR_ARG, "%s: record count overflows", w->dir);
     uint64_t bytes = count * w->meta.record_size;
     while (bytes > 0) {
         frame_slot *s = &w->slots[w->filled];
@@ -258,15 +264,34 @@ bb_status bb_dataset_writer_add(bb_dataset_writer_t *w, const void *records, uin
     return BB_OK;
 }
 
-bb_status bb_dataset_writer_finish(bb_dataset_writer_t *w, bb_dataset_summary *summary)
+static bb_status finish(bb_dataset_writer_t *w, bb_dataset_summary *summary)
 {
     if (w->total.records == 0) return bb_fail(BB_ERR_ARG, "%s: no records to write", w->dir);
-    if (w->filled < w->slot_count && w->slots[w->filled].raw_size > 0) w->filled++;
+    if (w->slots[w->filled].raw_size > 0) w->filled++;
     BB_TRY(flush_batch(w));
     if (w->shard.fd >= 0) BB_TRY(shard_end(w));
     w->total.raw_bytes = w->total.records * w->meta.record_size;
     if (summary) *summary = w->total;
     return BB_OK;
+}
+
+/* After a failure the buffers are in an unknown state: repeat the error. */
+static bb_status sticky(bb_dataset_writer_t *w, bb_status rc)
+{
+    if (rc != BB_OK) w->failed = rc;
+    return rc;
+}
+
+bb_status bb_dataset_writer_add(bb_dataset_writer_t *w, const void *records, uint64_t count)
+{
+    if (w->failed) return bb_fail(w->failed, "%s: the writer failed earlier", w->dir);
+    return sticky(w, add_records(w, records, count));
+}
+
+bb_status bb_dataset_writer_finish(bb_dataset_writer_t *w, bb_dataset_summary *summary)
+{
+    if (w->failed) return bb_fail(w->failed, "%s: the writer failed earlier", w->dir);
+    return sticky(w, finish(w, summary));
 }
 
 void bb_dataset_writer_destroy(bb_dataset_writer_t *w)

@@ -96,6 +96,15 @@ static bb_status fmnist_read(bb_record_source *src, uint64_t count, uint8_t *dst
         done += n;
     }
     st->next += count;
+    if (st->next == src->record_count) { /* all records read: nothing may follow */
+        idx_file *files[] = {&st->images, &st->labels};
+        for (int i = 0; i < 2; i++) {
+            uint8_t extra;
+            if (gzread(files[i]->gz, &extra, 1) > 0)
+                return bb_fail(BB_ERR_FORMAT, "%s: data continues at offset %llu, after the %llu records its header announces",
+                               files[i]->path, (unsigned long long)files[i]->offset, (unsigned long long)src->record_count);
+        }
+    }
     return BB_OK;
 }
 

@@ -28,7 +28,7 @@ typedef struct token_state {
     token_file *files;
     int file_count;
     bool u16_input;    /* llm.c tokens; else one byte per token */
-    uint32_t vocab;    /* tokens must be below this */
+    uint32_t vocab;    /* every token is below this */
     uint32_t seq_len;
     uint64_t next_pos; /* stream position of the next record's first token */
     int file;          /* file holding next_pos */
@@ -38,7 +38,7 @@ typedef struct token_state {
 static bb_status map_file(token_file *f, const char *path)
 {
     f->path = path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
     if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -87,8 +87,31 @@ static bb_status check_llmc_header(token_file *f)
     return BB_OK;
 }
 
-/* Copies stream tokens [pos, pos+n) to dst as u16, checking the vocabulary. */
-static bb_status copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t *dst)
+/* Every token of the file must be below the vocabulary: checked before any
+ * output exists, tail tokens included. */
+static bb_status check_llmc_tokens(const token_file *f, uint32_t vocab)
+{
+    const uint8_t *p = f->tokens;
+    for (uint64_t start = 0; start < f->count; start += 4096) {
+        uint64_t n = f->count - start < 4096 ? f->count - start : 4096;
+        uint16_t max = 0;
+        for (uint64_t i = 0; i < n; i++) { /* branch-free, vectorizes */
+            uint16_t t = (uint16_t)(p[2 * (start + i)] | p[2 * (start + i) + 1] << 8);
+            max = t > max ? t : max;
+        }
+        if (max < vocab) continue;
+        for (uint64_t i = start;; i++) {
+            uint16_t t = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+            if (t >= vocab)
+                return bb_fail(BB_ERR_CORRUPT, "%s: token %u at offset %llu is not below the vocabulary size %u (see --vocab)",
+                               f->path, t, (unsigned long long)(f->data_offset + 2 * i), vocab);
+        }
+    }
+    return BB_OK;
+}
+
+/* Copies stream tokens [pos, pos+n) to dst as u16. */
+static void copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t *dst)
 {
     while (pos >= st->file_start + st->files[st->file].count) /* records only move forward */
         st->file_start += st->files[st->file++].count;
@@ -99,14 +122,7 @@ static bb_status copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t
         uint64_t off = pos - start, take = f->count - off;
         if (take > n) take = n;
         if (st->u16_input) {
-            const uint8_t *src = f->tokens + 2 * off;
-            for (uint64_t i = 0; i < take; i++) {
-                uint16_t t = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-                if (t >= st->vocab)
-                    return bb_fail(BB_ERR_CORRUPT, "%s: token %u at offset %llu is not below the vocabulary size %u (see --vocab)",
-                                   f->path, t, (unsigned long long)(f->data_offset + 2 * (off + i)), st->vocab);
-                dst[i] = t;
-            }
+            memcpy(dst, f->tokens + 2 * off, 2 * take); /* little-endian host, checked below */
         } else {
             for (uint64_t i = 0; i < take; i++) dst[i] = f->tokens[off + i];
         }
@@ -114,7 +130,6 @@ static bb_status copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t
         start += f->count;
         fi++;
     }
-    return BB_OK;
 }
 
 static bb_status tokens_read(bb_record_source *src, uint64_t count, uint8_t *dst)
@@ -122,7 +137,7 @@ static bb_status tokens_read(bb_record_source *src, uint64_t count, uint8_t *dst
     token_state *st = src->state;
     uint32_t len = st->seq_len + 1;
     for (uint64_t r = 0; r < count; r++) {
-        BB_TRY(copy_tokens(st, st->next_pos, len, (uint16_t *)(void *)(dst + r * 2 * (uint64_t)len)));
+        copy_tokens(st, st->next_pos, len, (uint16_t *)(void *)(dst + r * 2 * (uint64_t)len));
         st->next_pos += st->seq_len;
     }
     return BB_OK;
@@ -167,6 +182,7 @@ bb_status bb_import_tokens_open(const bb_pack_options *o, bb_record_source *out)
         BB_TRY_GOTO(map_file(f, o->inputs[i]), rc, fail);
         if (llmc) {
             BB_TRY_GOTO(check_llmc_header(f), rc, fail);
+            BB_TRY_GOTO(check_llmc_tokens(f, st->vocab), rc, fail);
         } else {
             f->tokens = f->map;
             f->count = f->map_size;

@@ -20,7 +20,7 @@ bb_pack_options bb_pack_defaults(void)
         .format = BB_PACK_TEXT,
         .vocab = 50257,
         .writer = {.level = 3, .frame_bytes = 256u << 10, .shard_bytes = 256ull << 20,
-                   .threads = bb_cpu_count()},
+                   .threads = bb_cpu_count() < 32 ? bb_cpu_count() : 32},
     };
 }
 
@@ -30,9 +30,9 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return remove(path);
 }
 
-static void remove_tree(const char *path)
+static int remove_tree(const char *path)
 {
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* True when `dir` holds only shards and split directories of shards, i.e.
@@ -72,6 +72,18 @@ static bool dir_is_empty(const char *dir)
     return n == 0;
 }
 
+/* Removes the parents that make_parents() created, deepest first. */
+static void remove_parents(const char *path, size_t created)
+{
+    if (!created) return;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = strrchr(buf, '/'); p && (size_t)(p - buf) >= created; p = strrchr(buf, '/')) {
+        *p = '\0';
+        rmdir(buf); /* every level down to `created` is ours or never existed; rmdir spares non-empty ones */
+    }
+}
+
 /* Creates the missing parents of `path` (like mkdir -p on its dirname) and
  * returns in *created the length of the shallowest one created (0: none). */
 static bb_status make_parents(const char *path, size_t *created)
@@ -85,23 +97,14 @@ static bb_status make_parents(const char *path, size_t *created)
         if (mkdir(buf, 0755) == 0) {
             if (!*created) *created = (size_t)(p - buf);
         } else if (errno != EEXIST) {
-            return bb_fail_errno(BB_ERR_IO, "%s: cannot create directory", buf);
+            bb_status rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create directory", buf);
+            remove_parents(path, *created);
+            *created = 0;
+            return rc;
         }
         *p = '/';
     }
     return BB_OK;
-}
-
-/* Removes the parents that make_parents() created, deepest first. */
-static void remove_parents(const char *path, size_t created)
-{
-    if (!created) return;
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = strrchr(buf, '/'); p && (size_t)(p - buf) >= created; p = strrchr(buf, '/')) {
-        *p = '\0';
-        if (rmdir(buf) != 0) break;
-    }
 }
 
 typedef struct output_plan {
@@ -138,6 +141,20 @@ static bb_status plan_output(const bb_pack_options *o, output_plan *plan)
     return make_parents(plan->temp, &plan->parents_created);
 }
 
+/* Makes the renames in `dir` durable. */
+static void sync_dir(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    int fd = open(slash ? (*dir ? dir : "/") : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
 /* Swaps the finished temporary directory into place. */
 static bb_status commit_output(const output_plan *plan)
 {
@@ -151,7 +168,9 @@ static bb_status commit_output(const output_plan *plan)
         if (plan->replace) rename(old, plan->final);
         return rc;
     }
-    if (plan->replace) remove_tree(old);
+    sync_dir(plan->final);
+    if (plan->replace && remove_tree(old) != 0)
+        BB_WARN("%s: could not remove the replaced dataset; delete it by hand", old);
     return BB_OK;
 }
 

@@ -45,8 +45,8 @@ static bb_status read_footer(bb_shard_t *sh, uint32_t *entries)
                        sh->path, U64(at + 5), magic, BB_SHARD_SEEKABLE_MAGIC);
     uint8_t descriptor = footer[4];
     if (!(descriptor & 0x80))
-        return bb_fail(BB_ERR_FORMAT, "%s: seek table at offset %llu has no checksums (descriptor 0x%02x); bigbatch requires them",
-                       sh->path, U64(at), descriptor);
+        return bb_fail(BB_ERR_FORMAT, "%s: seek table descriptor 0x%02x at offset %llu: no checksums; bigbatch requires them",
+                       sh->path, descriptor, U64(at + 4));
     if (descriptor & 0x7c)
         return bb_fail(BB_ERR_FORMAT, "%s: seek table descriptor 0x%02x at offset %llu sets reserved bits",
                        sh->path, descriptor, U64(at + 4));
@@ -76,7 +76,7 @@ static bb_status read_seek_table(bb_shard_t *sh, uint32_t entries)
         goto done;
     }
     const uint8_t *e = table + 8;
-    if (bb_le32(e) != BB_SHARD_META_FRAME_SIZE || bb_le32(e + 4) != 0) {
+    if (bb_le32(e) != BB_SHARD_META_FRAME_SIZE || bb_le32(e + 4) != 0 || bb_le32(e + 8) != bb_shard_checksum(NULL, 0)) {
         rc = bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch shard: seek table entry 0 is not a %d-byte metadata frame",
                      sh->path, BB_SHARD_META_FRAME_SIZE);
         goto done;
@@ -104,6 +104,11 @@ static bb_status read_seek_table(bb_shard_t *sh, uint32_t entries)
             rc = bb_fail(BB_ERR_CORRUPT, "%s: frame %u at offset %llu: compressed size %u runs past the seek table "
                          "at offset %llu (seek table sizes exceed the file)",
                          sh->path, i, U64(offset), f->compressed_size, U64(table_at));
+            goto done;
+        }
+        if (f->compressed_size > ZSTD_compressBound(f->raw_size)) {
+            rc = bb_fail(BB_ERR_CORRUPT, "%s: frame %u at offset %llu: compressed size %u exceeds what %u raw bytes can take",
+                         sh->path, i, U64(offset), f->compressed_size, f->raw_size);
             goto done;
         }
         offset += f->compressed_size;
@@ -152,7 +157,7 @@ bb_status bb_shard_open(const char *path, bb_shard_t **out)
         free(sh);
         return bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     }
-    sh->fd = open(path, O_RDONLY | O_CLOEXEC);
+    sh->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
     if (sh->fd < 0) {
         rc = bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
         goto fail;
@@ -230,6 +235,16 @@ bb_status bb_shard_decode_frame(const bb_shard_t *sh, uint32_t index, bb_frame_d
     if (!f) return bb_fail(BB_ERR_ARG, "%s: frame %u does not exist (%u frames)", sh->path, index, sh->frame_count);
     if (dst_cap < f->raw_size)
         return bb_fail(BB_ERR_ARG, "%s: frame %u needs %u bytes, buffer has %zu", sh->path, index, f->raw_size, dst_cap);
+    /* Exactly one zstd frame per entry, declaring its size (data/FORMAT.md):
+     * zstd alone would also accept concatenated or skippable frames. */
+    size_t framed = ZSTD_findFrameCompressedSize(compressed, f->compressed_size);
+    unsigned long long declared = ZSTD_getFrameContentSize(compressed, f->compressed_size);
+    if (ZSTD_isError(framed))
+        return bb_fail(BB_ERR_CORRUPT, "%s: frame %u at offset %llu: zstd cannot parse it: %s",
+                       sh->path, index, U64(f->offset), ZSTD_getErrorName(framed));
+    if (framed != f->compressed_size || declared != f->raw_size)
+        return bb_fail(BB_ERR_CORRUPT, "%s: frame %u at offset %llu: not one zstd frame of %u bytes declaring %u raw bytes",
+                       sh->path, index, U64(f->offset), f->compressed_size, f->raw_size);
     size_t n = ZSTD_decompressDCtx(dec->dctx, dst, f->raw_size, compressed, f->compressed_size);
     if (ZSTD_isError(n))
         return bb_fail(BB_ERR_CORRUPT, "%s: frame %u at offset %llu: zstd cannot decode it: %s",
