@@ -16,8 +16,10 @@ extern "C" void bb_cuda_probe(bb_cuda_info *info)
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count <= 0) {
-        snprintf(info->reason, sizeof info->reason, "%s",
-                 err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+        const char *why = err == cudaSuccess ? "no CUDA device"
+                          : info->driver_version == 0 ? "no NVIDIA driver (libcuda) on this machine"
+                                                      : cudaGetErrorString(err);
+        snprintf(info->reason, sizeof info->reason, "%s", why);
         cudaGetLastError(); // reset the last-error state so later calls do not report it
         return;
     }

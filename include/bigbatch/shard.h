@@ -122,6 +122,9 @@ bb_status bb_shard_read_frame(const bb_shard_t *shard, uint32_t index, bb_frame_
 /* ---- datasets: a directory of shards ----------------------------------- */
 typedef struct bb_dataset bb_dataset_t;
 
+/* True for the file names a dataset is made of: not hidden, ending in ".bbs". */
+bool bb_shard_is_file_name(const char *name);
+
 /* Opens every *.bbs in `path` (a directory, sorted by name) or the single
  * shard `path`. Fails when there is none, or when the shards disagree on
  * kind, shape, record size or classes/vocabulary (naming both files). */

@@ -150,11 +150,7 @@ static bool has_shards(const char *dir)
     DIR *d = opendir(dir);
     if (!d) return false;
     bool found = false;
-    size_t ext = strlen(BB_SHARD_EXT);
-    for (struct dirent *e; !found && (e = readdir(d));) {
-        size_t n = strlen(e->d_name);
-        found = e->d_name[0] != '.' && n > ext && !strcmp(e->d_name + n - ext, BB_SHARD_EXT);
-    }
+    for (struct dirent *e; !found && (e = readdir(d));) found = bb_shard_is_file_name(e->d_name);
     closedir(d);
     return found;
 }

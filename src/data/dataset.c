@@ -14,11 +14,13 @@ struct bb_dataset {
     uint64_t record_count;
 };
 
-static int is_shard_name(const struct dirent *e)
+bool bb_shard_is_file_name(const char *name)
 {
-    size_t n = strlen(e->d_name), ext = strlen(BB_SHARD_EXT);
-    return e->d_name[0] != '.' && n > ext && strcmp(e->d_name + n - ext, BB_SHARD_EXT) == 0;
+    size_t n = strlen(name), ext = strlen(BB_SHARD_EXT);
+    return name[0] != '.' && n > ext && strcmp(name + n - ext, BB_SHARD_EXT) == 0;
 }
+
+static int is_shard_entry(const struct dirent *e) { return bb_shard_is_file_name(e->d_name); }
 
 /* Shards of one dataset must describe the same records and follow each other
  * without gaps, so a missing or foreign shard is caught before training. */
@@ -70,7 +72,7 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
     bool is_dir = S_ISDIR(st.st_mode);
     if (is_dir) {
         /* versionsort: shard-100000 comes after shard-99999, not after shard-10000. */
-        count = scandir(path, &names, is_shard_name, versionsort);
+        count = scandir(path, &names, is_shard_entry, versionsort);
         if (count < 0) {
             rc = bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", path);
             goto fail;

@@ -41,8 +41,6 @@ struct bb_dataset_writer {
     bb_status failed;        /* first error: the writer refuses further work */
 };
 
-#define U64(x) ((unsigned long long)(x))
-
 static void compress_slot(bb_dataset_writer_t *w, ZSTD_CCtx *cctx, frame_slot *s)
 {
     s->checksum = bb_shard_checksum(s->raw, s->raw_size);

@@ -45,14 +45,13 @@ static bool holds_only_shards(const char *dir, int depth)
     struct dirent *e;
     while (ok && (e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        size_t n = strlen(e->d_name), ext = strlen(BB_SHARD_EXT);
         char sub[4096];
         snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(sub, &st) != 0)
             ok = false;
         else if (S_ISREG(st.st_mode))
-            ok = n > ext && !strcmp(e->d_name + n - ext, BB_SHARD_EXT);
+            ok = bb_shard_is_file_name(e->d_name);
         else
             ok = S_ISDIR(st.st_mode) && depth == 0 && holds_only_shards(sub, 1);
     }
