@@ -30,7 +30,7 @@ else
 endif
 ifeq ($(USE_CUDA),1)
   ifeq ($(NVCC),)
-    $(error CUDA=1 but nvcc was not found; install the CUDA toolkit or set NVCC=)
+    $(error CUDA=1 but nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc)
   endif
 endif
 
