@@ -1,6 +1,8 @@
 /* test_cli.c — the bigbatch binary: help, exit codes, and bad input as one
  * line naming the file (and frame and offset), with no output left behind. */
 #include <glob.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "test_util.h"
 
@@ -299,5 +301,48 @@ Test(cli, packed_shards_decode_with_stock_zstd)
             cr_assert_eq(tok, text[r * 64 + t], "record %zu token %zu", r, t);
         }
     free(raw), free(text), free(raw_path), free(in);
+    teardown(&f);
+}
+
+/* Patches `size` bytes at `offset` of the file. */
+static void patch(const char *path, long offset, const void *bytes, size_t size)
+{
+    FILE *fp = fopen(path, "r+b");
+    cr_assert_not_null(fp);
+    fseek(fp, offset, SEEK_SET);
+    cr_assert_eq(fwrite(bytes, 1, size, fp), size);
+    fclose(fp);
+}
+
+Test(cli, inspect_reports_inconsistent_seek_table_and_metadata)
+{
+    fixture f = setup();
+    char *shard = packed_shard(&f);
+    size_t size;
+    uint8_t *file = tu_read_file(shard, &size);
+    uint32_t frames;
+    memcpy(&frames, file + size - 9, 4);
+    long table = (long)size - (8 + 12 * (long)frames + 9);
+    /* Seek-table sizes exceeding the file: data frame 0 claims 16 MiB more. */
+    uint32_t huge = 16u << 20;
+    patch(shard, table + 8 + 12 + 0, &huge, 4);
+    tu_run r = tu_bigbatch("inspect", shard);
+    tu_assert_error(&r, shard, "frame 0 at offset 136", "runs past the seek table");
+    tu_run_free(&r);
+    tu_write_file(shard, file, size);
+    /* Metadata whose record size does not divide the frames: 65 tokens
+     * (130 bytes) becomes 66 (132), re-checksummed so only the sizes disagree. */
+    uint8_t payload[128];
+    memcpy(payload, file + 8, sizeof payload);
+    uint32_t tokens = 66, bytes = 132;
+    memcpy(payload + 16, &tokens, 4);
+    memcpy(payload + 32, &bytes, 4);
+    uint32_t sum = (uint32_t)XXH64(payload, 124, 0);
+    memcpy(payload + 124, &sum, 4);
+    patch(shard, 8, payload, sizeof payload);
+    r = tu_bigbatch("inspect", f.out, "--verify");
+    tu_assert_error(&r, shard, "frame 0 at offset 136", "not a whole number of 132-byte records");
+    tu_run_free(&r);
+    free(file), free(shard);
     teardown(&f);
 }
