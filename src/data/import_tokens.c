@@ -4,6 +4,7 @@
  * [r*T, r*T + T] (T+1 tokens: inputs and shifted targets), so consecutive
  * records share one token and the stream yields (N-1)/T records. */
 #include "import.h"
+#include "shard_format.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -62,14 +63,13 @@ static bb_status map_file(token_file *f, const char *path)
     return BB_OK;
 }
 
-static int32_t le_i32(const uint8_t *p) { return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24); }
-
 static bb_status check_llmc_header(token_file *f)
 {
     if (f->map_size < LLMC_HEADER_BYTES)
         return bb_fail(BB_ERR_FORMAT, "%s: %zu bytes is too small for an llm.c header (%d bytes)", f->path,
                        f->map_size, LLMC_HEADER_BYTES);
-    int32_t magic = le_i32(f->map), version = le_i32(f->map + 4), ntok = le_i32(f->map + 8);
+    int32_t magic = (int32_t)bb_le32(f->map), version = (int32_t)bb_le32(f->map + 4),
+            ntok = (int32_t)bb_le32(f->map + 8);
     if (magic != LLMC_MAGIC)
         return bb_fail(BB_ERR_FORMAT, "%s: not an llm.c token file: magic %d at offset 0, expected %d",
                        f->path, magic, LLMC_MAGIC);
@@ -96,12 +96,12 @@ static bb_status check_llmc_tokens(const token_file *f, uint32_t vocab)
         uint64_t n = f->count - start < 4096 ? f->count - start : 4096;
         uint16_t max = 0;
         for (uint64_t i = 0; i < n; i++) { /* branch-free, vectorizes */
-            uint16_t t = (uint16_t)(p[2 * (start + i)] | p[2 * (start + i) + 1] << 8);
+            uint16_t t = bb_le16(p + 2 * (start + i));
             max = t > max ? t : max;
         }
         if (max < vocab) continue;
         for (uint64_t i = start;; i++) {
-            uint16_t t = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+            uint16_t t = bb_le16(p + 2 * i);
             if (t >= vocab)
                 return bb_fail(BB_ERR_CORRUPT, "%s: token %u at offset %llu is not below the vocabulary size %u (see --vocab)",
                                f->path, t, (unsigned long long)(f->data_offset + 2 * i), vocab);
@@ -122,7 +122,7 @@ static void copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t *dst
         uint64_t off = pos - start, take = f->count - off;
         if (take > n) take = n;
         if (st->u16_input) {
-            memcpy(dst, f->tokens + 2 * off, 2 * take); /* little-endian host, checked below */
+            memcpy(dst, f->tokens + 2 * off, 2 * take); /* little-endian host: static-asserted at open */
         } else {
             for (uint64_t i = 0; i < take; i++) dst[i] = f->tokens[off + i];
         }

@@ -8,6 +8,7 @@
 /* Metadata frame as stored: skippable header (8 bytes) + payload. */
 #define BB_SHARD_META_FRAME_SIZE (8 + BB_SHARD_META_SIZE)
 
+static inline uint16_t bb_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t bb_le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
