@@ -48,7 +48,7 @@ CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -Wall -Wextra -Werror -Wno-missing-field-
 LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
-SRC       := $(wildcard src/core/*.c src/data/*.c src/backend/*.c)
+SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu)
 ifeq ($(USE_CUDA),1)
@@ -130,6 +130,7 @@ $(BUILD)/tests/tsan_%: tests/tsan_%.c $(LIB)
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(LDFLAGS) -o $@
 tsan-run: $(TSAN_BIN) $(BIN)
 	@set -e; for t in $(TSAN_BIN); do echo "== $$t"; $(TSAN_ENV) $$t; done
+	@echo "== $(BIN) bench queue"; $(TSAN_ENV) $(BIN) bench queue --seconds 0.05 --runs 1 >/dev/null
 	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
 	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \

@@ -20,5 +20,6 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
 int bb_cmd_pack(int argc, char **argv);
 int bb_cmd_inspect(int argc, char **argv);
 int bb_cmd_version(int argc, char **argv);
+int bb_cmd_bench(int argc, char **argv);
 
 #endif
