@@ -131,6 +131,7 @@ $(BUILD)/tests/tsan_%: tests/tsan_%.c $(LIB)
 tsan-run: $(TSAN_BIN) $(BIN)
 	@set -e; for t in $(TSAN_BIN); do echo "== $$t"; $(TSAN_ENV) $$t; done
 	@echo "== $(BIN) bench queue"; $(TSAN_ENV) $(BIN) bench queue --seconds 0.05 --runs 1 >/dev/null
+	@echo "== $(BIN) bench loader"; $(TSAN_ENV) $(BIN) bench loader --data data/kjv/train --seconds 0.3 >/dev/null
 	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
 	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \

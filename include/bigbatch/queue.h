@@ -36,7 +36,8 @@
 
 #define BB_CACHE_LINE 64
 
-/* Caller-owned; all fields are private. */
+/* Caller-owned; all fields are private. Its members are cache-line
+ * aligned: a heap object holding one needs aligned_alloc(BB_CACHE_LINE, ...). */
 typedef struct bb_spsc {
     /* read-only after init */
     alignas(BB_CACHE_LINE) void **items;

@@ -1,0 +1,140 @@
+/* loader.h — the deterministic sampler and the streaming loader: shard
+ * frames read with io_uring (or pread), decompressed once per epoch, records
+ * copied into batch slots and handed to each device's worker over lock-free
+ * rings.
+ *
+ * How to use (one consumer thread per device):
+ *   bb_loader_options o;
+ *   bb_loader_defaults(&o);
+ *   o.devices = 2; o.accumulation = 4; o.micro_batch = 32;   // G = 256
+ *   bb_loader_t *l;
+ *   BB_TRY(bb_loader_create(ds, &o, &l));
+ *   bb_batch b;                                   // on device d's thread:
+ *   while (bb_loader_next(l, d, &b) == BB_OK) {   // BB_ERR_CLOSED: all steps done
+ *       train_on(b.data, b.count);                // b.step, b.micro_step, b.record_ids
+ *       bb_loader_release(l, &b);
+ *   }
+ *   bb_loader_destroy(l);                         // also fine mid-epoch
+ *
+ * The epoch order is a pure function of (seed, epoch, dataset layout):
+ *   1. the dataset's data frames (all shards, in order) are permuted with a
+ *      Fisher-Yates shuffle driven by splitmix64(seed, epoch);
+ *   2. consecutive runs of `shuffle_frames` frames of that permutation form
+ *      windows; the records of window w are shuffled among themselves
+ *      (splitmix64(seed, epoch, w)); the epoch's order is window 0's records,
+ *      then window 1's, and so on.
+ * Global step s of an epoch owns positions [s*G, (s+1)*G) with
+ * G = devices * accumulation * micro_batch; micro-step m of device d takes
+ * positions s*G + (m*devices + d)*micro_batch onward. The set of records in a
+ * step therefore does not depend on how G is split, nor on thread count, io
+ * backend or timing. The last N mod G records of each epoch are dropped.
+ */
+#ifndef BIGBATCH_LOADER_H
+#define BIGBATCH_LOADER_H
+
+#include "bigbatch/shard.h"
+
+/* ---- the sampler ------------------------------------------------------- */
+typedef struct bb_sampler bb_sampler_t;
+
+/* Describes `ds` (which must outlive the sampler) for ordering. Fails with
+ * BB_ERR_ARG when shuffle_frames is 0, BB_ERR_NOMEM. */
+bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuffle_frames,
+                            bb_sampler_t **out);
+void bb_sampler_destroy(bb_sampler_t *s);
+uint64_t bb_sampler_record_count(const bb_sampler_t *s);
+uint32_t bb_sampler_frame_count(const bb_sampler_t *s);
+/* Dataset-wide record indices at positions [first, first + count) of
+ * `epoch`'s order. Fails with BB_ERR_ARG past the end, BB_ERR_NOMEM. */
+bb_status bb_sampler_epoch_ids(const bb_sampler_t *s, uint64_t epoch, uint64_t first, uint64_t count,
+                               uint64_t *ids);
+
+/* ---- the loader -------------------------------------------------------- */
+typedef enum bb_io_mode {
+    BB_IO_AUTO = 0, /* io_uring; pread with one warning when io_uring cannot start */
+    BB_IO_URING,    /* io_uring or fail */
+    BB_IO_PREAD,
+} bb_io_mode;
+
+/* "auto", "uring", "pread"; and the parser for --io. */
+const char *bb_io_mode_name(bb_io_mode mode);
+bb_status bb_io_mode_parse(const char *s, bb_io_mode *out);
+
+typedef struct bb_loader_options {
+    uint64_t seed;
+    uint32_t shuffle_frames;  /* frames per shuffle window (default 8) */
+    uint32_t devices;         /* consumers, one per device (default 1) */
+    uint32_t accumulation;    /* micro-steps per step (default 1) */
+    uint32_t micro_batch;     /* records per batch (default 32) */
+    uint64_t start_epoch;     /* first batch delivered: (start_epoch, start_step) */
+    uint64_t start_step;
+    uint64_t steps;           /* global steps to deliver; 0: until destroyed */
+    uint32_t threads;         /* loader threads (default 2) */
+    uint32_t prefetch;        /* batches prepared ahead per device; 0 (default): 16,
+                                 fewer for batches over 4 MiB */
+    bb_io_mode io;
+    uint32_t io_depth;        /* reads in flight per thread (default 8) */
+    bool direct;              /* O_DIRECT reads through aligned buffers */
+    /* Slot memory (pinned on CUDA); NULL: page-aligned host memory. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *ptr, size_t bytes);
+    void *host_ctx;
+} bb_loader_options;
+
+void bb_loader_defaults(bb_loader_options *o);
+
+typedef struct bb_loader bb_loader_t;
+
+/* Starts the loader threads on `ds` (which must outlive the loader). Fails
+ * with BB_ERR_ARG on bad options or when the dataset holds fewer records
+ * than one global batch, BB_ERR_UNSUPPORTED when io is BB_IO_URING and
+ * io_uring cannot start or --direct is not supported by the filesystem,
+ * BB_ERR_IO, BB_ERR_NOMEM. */
+bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, bb_loader_t **out);
+/* Stops and joins every thread, frees every slot and buffer; accepts NULL.
+ * Batches not yet released become invalid. */
+void bb_loader_destroy(bb_loader_t *l);
+
+typedef struct bb_batch {
+    uint64_t epoch;
+    uint64_t step;             /* within the epoch */
+    uint32_t micro_step;       /* 0 .. accumulation-1 */
+    uint32_t device;
+    uint32_t count;            /* records: the micro-batch size */
+    uint32_t record_size;      /* bytes per record */
+    const uint8_t *data;       /* (count, record_size) in slot memory */
+    const uint64_t *record_ids; /* (count) dataset-wide record indices */
+    uint64_t wait_ns;          /* time bb_loader_next waited for this batch */
+    void *slot;                /* private */
+} bb_batch;
+
+/* Waits for device's next batch (micro-steps in order, step after step).
+ * Call it and bb_loader_release for one device from one thread at a time.
+ * Fails with BB_ERR_CLOSED after the last requested step, or with the error
+ * a loader thread met (e.g. BB_ERR_CORRUPT naming file, frame and offset);
+ * every later call fails the same way. */
+bb_status bb_loader_next(bb_loader_t *l, uint32_t device, bb_batch *batch);
+/* Gives the batch's slot back to the loader. */
+void bb_loader_release(bb_loader_t *l, bb_batch *batch);
+
+uint64_t bb_loader_steps_per_epoch(const bb_loader_t *l);
+/* Records dropped at the end of every epoch (N mod G). */
+uint64_t bb_loader_dropped_per_epoch(const bb_loader_t *l);
+/* The io in use after any fallback: "io_uring", "io_uring (registered
+ * buffers)" or "pread", with " O_DIRECT" appended when direct. */
+const char *bb_loader_io_description(const bb_loader_t *l);
+
+typedef struct bb_loader_stats {
+    uint64_t frames;           /* frames read and decompressed */
+    uint64_t compressed_bytes; /* bytes read from shards */
+    uint64_t raw_bytes;        /* bytes decompressed */
+    uint64_t batches;          /* batches handed to consumers */
+    uint64_t wait_ns;          /* total time consumers waited in bb_loader_next */
+    uint64_t frame_wait_ns;    /* loader threads waiting for frames other threads read */
+    uint64_t slot_wait_ns;     /* loader threads waiting for consumers to free a slot */
+} bb_loader_stats;
+
+/* Counters so far (exact once the threads are idle). */
+void bb_loader_get_stats(const bb_loader_t *l, bb_loader_stats *stats);
+
+#endif /* BIGBATCH_LOADER_H */

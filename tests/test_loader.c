@@ -1,0 +1,424 @@
+/* test_loader.c — the sampler and the loader: every record exactly once, in
+ * the same per-step sets whatever the split, threads or io; determinism;
+ * exact resume; errors at the consumer; io_uring fallback; shutdown. */
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#include "../src/data/sampler.h"
+#include "bigbatch/loader.h"
+#include "test_util.h"
+
+/* The test dataset: RECORDS records of 4 u32 tokens; record i holds i, then
+ * three words derived from i, so a payload names its record. Frames hold 7
+ * records (the last of each shard fewer) and shards are small, so frames and
+ * shards of different sizes all appear. */
+enum { RECORDS = 1000, RECORD_WORDS = 4, RECORD_SIZE = 16 };
+
+static void make_record(uint64_t id, uint32_t *words)
+{
+    words[0] = (uint32_t)id;
+    for (int k = 1; k < RECORD_WORDS; k++) words[k] = (uint32_t)((id + 1) * 2654435761u * (uint32_t)k) ^ 0x5bd1e995u;
+}
+
+static char *make_dataset(void)
+{
+    char *dir = tu_temp_dir();
+    bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U32, .rank = 1, .shape = {RECORD_WORDS}, .record_size = RECORD_SIZE,
+                       .classes_or_vocab = UINT32_MAX};
+    bb_writer_options o = {.level = 1, .frame_bytes = 7 * RECORD_SIZE, .shard_bytes = 3000, .threads = 1};
+    uint32_t *records = malloc((size_t)RECORDS * RECORD_SIZE);
+    for (uint64_t i = 0; i < RECORDS; i++) make_record(i, records + i * RECORD_WORDS);
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_add(w, records, RECORDS), BB_OK);
+    bb_dataset_summary sum;
+    cr_assert_eq(bb_dataset_writer_finish(w, &sum), BB_OK, "%s", bb_error_message());
+    bb_dataset_writer_destroy(w);
+    cr_assert_gt(sum.shards, 3, "the test wants several shards, got %u", sum.shards);
+    free(records);
+    return dir;
+}
+
+static bb_dataset_t *open_dataset(const char *dir)
+{
+    bb_dataset_t *ds;
+    cr_assert_eq(bb_dataset_open(dir, &ds), BB_OK, "%s", bb_error_message());
+    return ds;
+}
+
+/* ---- sampler ----------------------------------------------------------- */
+static uint64_t *epoch_ids(const bb_dataset_t *ds, uint64_t seed, uint32_t window, uint64_t epoch)
+{
+    bb_sampler_t *s;
+    cr_assert_eq(bb_sampler_create(ds, seed, window, &s), BB_OK);
+    uint64_t *ids = malloc(RECORDS * sizeof *ids);
+    cr_assert_eq(bb_sampler_epoch_ids(s, epoch, 0, RECORDS, ids), BB_OK, "%s", bb_error_message());
+    bb_sampler_destroy(s);
+    return ids;
+}
+
+Test(sampler, order_is_a_permutation_and_a_function_of_seed_and_epoch)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    uint64_t *a = epoch_ids(ds, 7, 8, 0), *again = epoch_ids(ds, 7, 8, 0);
+    uint64_t *seed2 = epoch_ids(ds, 8, 8, 0), *epoch1 = epoch_ids(ds, 7, 8, 1);
+    cr_assert_eq(memcmp(a, again, RECORDS * sizeof *a), 0, "same (seed, epoch), different order");
+    cr_assert_neq(memcmp(a, seed2, RECORDS * sizeof *a), 0, "another seed gave the same order");
+    cr_assert_neq(memcmp(a, epoch1, RECORDS * sizeof *a), 0, "another epoch gave the same order");
+    bool seen[RECORDS] = {0};
+    size_t in_place = 0;
+    for (int i = 0; i < RECORDS; i++) {
+        cr_assert_lt(a[i], RECORDS);
+        cr_assert_not(seen[a[i]], "record %llu appears twice", (unsigned long long)a[i]);
+        seen[a[i]] = true;
+        in_place += a[i] == (uint64_t)i;
+    }
+    cr_assert_lt(in_place, 50, "%zu of %d records kept their place: not shuffled", in_place, RECORDS);
+    free(a), free(again), free(seed2), free(epoch1);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Window w's positions hold exactly the records of the window's frames: the
+ * shuffle stays local, so a loader decompresses a few frames at a time.
+ * (Checked through the private order, src/data/sampler.h.) */
+Test(sampler, records_mix_only_within_a_window_of_frames)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    const uint32_t window = 4;
+    bb_sampler_t *s;
+    cr_assert_eq(bb_sampler_create(ds, 3, window, &s), BB_OK);
+    uint64_t *ids = epoch_ids(ds, 3, window, 2);
+    bb_epoch_order_t *o;
+    cr_assert_eq(bb_epoch_order_create(s, 2, &o), BB_OK);
+    uint32_t frames = bb_sampler_frame_count(s);
+    for (uint32_t w = 0; w * window < frames; w++) {
+        uint32_t first = w * window, end = first + window < frames ? first + window : frames;
+        uint64_t records = 0;
+        for (uint64_t p = o->first_pos[first]; p < o->first_pos[end]; p++, records++) {
+            bool inside = false;
+            for (uint32_t j = first; j < end; j++) {
+                const bb_sampler_frame *f = bb_sampler_frame_at(s, o->frames[j]);
+                inside |= ids[p] >= f->first_id && ids[p] < f->first_id + f->records;
+            }
+            cr_assert(inside, "position %llu (record %llu) is outside window %u's frames", (unsigned long long)p,
+                      (unsigned long long)ids[p], w);
+        }
+        cr_assert_gt(records, 0);
+    }
+    cr_assert_eq(o->first_pos[frames], RECORDS);
+    bb_epoch_order_destroy(o);
+    bb_sampler_destroy(s);
+    free(ids);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* ---- loader: exactly once, same step sets ------------------------------ */
+typedef struct split {
+    uint32_t devices, accumulation, micro_batch;
+} split;
+
+static const split splits[] = {{1, 1, 32}, {2, 2, 8}, {4, 1, 8}, {1, 4, 8}, {2, 4, 4}, {4, 8, 1}};
+
+/* Consumes `steps` steps starting at (epoch, step) as the trainer would (for
+ * each step, each micro-step, each device) and checks every batch against
+ * the sampler's order and every payload against its id. Returns how many
+ * records came, and marks each id in `seen` (may be NULL). */
+static uint64_t consume_and_check(bb_loader_t *l, const bb_dataset_t *ds, const bb_loader_options *o, uint64_t epoch,
+                                  uint64_t step, uint64_t steps, uint32_t *seen)
+{
+    uint64_t G = (uint64_t)o->devices * o->accumulation * o->micro_batch, S = RECORDS / G;
+    bb_sampler_t *s;
+    cr_assert_eq(bb_sampler_create(ds, o->seed, o->shuffle_frames, &s), BB_OK);
+    uint64_t *expect = malloc(G * sizeof *expect), records = 0;
+    for (uint64_t n = 0; n < steps; n++, step++) {
+        if (step == S) epoch++, step = 0;
+        cr_assert_eq(bb_sampler_epoch_ids(s, epoch, step * G, G, expect), BB_OK);
+        for (uint32_t m = 0; m < o->accumulation; m++)
+            for (uint32_t d = 0; d < o->devices; d++) {
+                bb_batch b;
+                cr_assert_eq(bb_loader_next(l, d, &b), BB_OK, "epoch %llu step %llu micro %u device %u: %s",
+                             (unsigned long long)epoch, (unsigned long long)step, m, d, bb_error_message());
+                cr_assert_eq(b.epoch, epoch);
+                cr_assert_eq(b.step, step);
+                cr_assert_eq(b.micro_step, m);
+                cr_assert_eq(b.device, d);
+                cr_assert_eq(b.count, o->micro_batch);
+                cr_assert_eq(b.record_size, RECORD_SIZE);
+                uint64_t base = ((uint64_t)m * o->devices + d) * o->micro_batch;
+                for (uint32_t i = 0; i < b.count; i++) {
+                    cr_assert_eq(b.record_ids[i], expect[base + i], "step %llu position %llu",
+                                 (unsigned long long)step, (unsigned long long)(base + i));
+                    uint32_t words[RECORD_WORDS];
+                    make_record(b.record_ids[i], words);
+                    cr_assert_eq(memcmp(b.data + (size_t)i * RECORD_SIZE, words, RECORD_SIZE), 0,
+                                 "payload of record %llu", (unsigned long long)b.record_ids[i]);
+                    if (seen) seen[b.record_ids[i]]++;
+                }
+                records += b.count;
+                bb_loader_release(l, &b);
+            }
+    }
+    free(expect);
+    bb_sampler_destroy(s);
+    return records;
+}
+
+static void check_one_epoch(const char *dir, split sp, uint32_t threads, bb_io_mode io, bool direct)
+{
+    bb_dataset_t *ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.seed = 11;
+    o.devices = sp.devices, o.accumulation = sp.accumulation, o.micro_batch = sp.micro_batch;
+    o.threads = threads, o.io = io, o.direct = direct;
+    uint64_t G = (uint64_t)sp.devices * sp.accumulation * sp.micro_batch, S = RECORDS / G;
+    o.steps = S;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_loader_steps_per_epoch(l), S);
+    cr_assert_eq(bb_loader_dropped_per_epoch(l), RECORDS - S * G);
+    uint32_t seen[RECORDS] = {0};
+    uint64_t got = consume_and_check(l, ds, &o, 0, 0, S, seen);
+    cr_assert_eq(got, S * G);
+    uint64_t once = 0;
+    for (int i = 0; i < RECORDS; i++) {
+        cr_assert_leq(seen[i], 1, "record %d delivered %u times", i, seen[i]);
+        once += seen[i];
+    }
+    cr_assert_eq(once, RECORDS - bb_loader_dropped_per_epoch(l));
+    bb_batch b;
+    for (uint32_t d = 0; d < sp.devices; d++) {
+        cr_assert_eq(bb_loader_next(l, d, &b), BB_ERR_CLOSED, "device %u: a batch past the last step", d);
+        cr_assert(strstr(bb_error_message(), "every requested step"), "%s", bb_error_message());
+    }
+    /* Each frame was read and decompressed once in the epoch: the frames
+     * holding only dropped records not at all. */
+    bb_loader_stats st;
+    bb_loader_get_stats(l, &st);
+    uint32_t frames = 0;
+    for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) frames += bb_shard_frame_count(bb_dataset_shard(ds, s));
+    cr_assert_leq(st.frames, frames, "%llu frames decompressed, the dataset has %u", (unsigned long long)st.frames,
+                  frames);
+    cr_assert_geq(st.frames + (RECORDS - S * G), frames, "too few frames decompressed: %llu of %u",
+                  (unsigned long long)st.frames, frames);
+    cr_assert_eq(st.batches, S * sp.accumulation * sp.devices);
+    bb_loader_destroy(l);
+    bb_dataset_close(ds);
+}
+
+static void every_split(uint32_t threads, bb_io_mode io, bool direct)
+{
+    char *dir = make_dataset();
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) check_one_epoch(dir, splits[i], threads, io, direct);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(loader, exactly_once_1_thread_pread) { every_split(1, BB_IO_PREAD, false); }
+Test(loader, exactly_once_2_threads_pread) { every_split(2, BB_IO_PREAD, false); }
+Test(loader, exactly_once_4_threads_pread) { every_split(4, BB_IO_PREAD, false); }
+Test(loader, exactly_once_1_thread_uring) { every_split(1, BB_IO_URING, false); }
+Test(loader, exactly_once_2_threads_uring) { every_split(2, BB_IO_URING, false); }
+Test(loader, exactly_once_4_threads_uring) { every_split(4, BB_IO_URING, false); }
+Test(loader, exactly_once_o_direct) { every_split(2, BB_IO_URING, true), every_split(3, BB_IO_PREAD, true); }
+
+/* Several epochs with a small prefetch: epoch tables are recycled while
+ * threads straddle epochs; the epoch after is another permutation. */
+Test(loader, many_epochs_in_one_run)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.devices = 2, o.accumulation = 3, o.micro_batch = 16, o.threads = 3, o.prefetch = 1, o.shuffle_frames = 3;
+    uint64_t S = RECORDS / 96;
+    o.steps = 4 * S + 3;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(consume_and_check(l, ds, &o, 0, 0, o.steps, NULL), o.steps * 96);
+    bb_loader_destroy(l);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Starting at (epoch, step) yields what the full run yields there: the
+ * batches are checked against the sampler's order, which the full runs
+ * above match. */
+Test(loader, resume_at_epoch_and_step)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.seed = 5, o.devices = 2, o.accumulation = 2, o.micro_batch = 8;
+    o.start_epoch = 3, o.start_step = 29, o.steps = 6; /* crosses into epoch 4 */
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(consume_and_check(l, ds, &o, 3, 29, 6, NULL), 6 * 32);
+    bb_loader_destroy(l);
+
+    o.start_step = RECORDS / 32;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "past the epoch"), "%s", bb_error_message());
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(loader, rejects_a_global_batch_larger_than_the_dataset)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.devices = 2, o.accumulation = 4, o.micro_batch = 200;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "fewer than one global batch of 1600"), "%s", bb_error_message());
+    o.micro_batch = 0;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* A corrupt frame in the middle of the epoch: the batches before it arrive
+ * intact, then the consumer gets the error naming file and frame. */
+static void corrupt_frame_reaches_consumer(bb_io_mode io, uint32_t threads)
+{
+    char *dir = make_dataset();
+    char *shard = tu_path(dir, "shard-00002.bbs");
+    bb_dataset_t *ds = open_dataset(dir);
+    const bb_shard_frame *f = bb_shard_frame_at(bb_dataset_shard(ds, 2), 3);
+    long offset = (long)(f->offset + f->compressed_size / 2);
+    bb_dataset_close(ds);
+    tu_flip_byte(shard, offset, 0x5a);
+    ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.micro_batch = 10, o.threads = threads, o.io = io, o.steps = RECORDS / 10;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_batch b;
+    bb_status rc;
+    uint64_t good = 0;
+    while ((rc = bb_loader_next(l, 0, &b)) == BB_OK) {
+        good++;
+        bb_loader_release(l, &b);
+    }
+    cr_assert_eq(rc, BB_ERR_CORRUPT, "got %s: %s", bb_status_name(rc), bb_error_message());
+    cr_assert_lt(good, RECORDS / 10, "every batch arrived despite the corrupt frame");
+    cr_assert(strstr(bb_error_message(), "shard-00002.bbs"), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "frame 3"), "%s", bb_error_message());
+    cr_assert_eq(bb_loader_next(l, 0, &b), BB_ERR_CORRUPT, "a later call must fail the same way");
+    bb_loader_destroy(l);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(shard), free(dir);
+}
+
+Test(loader, corrupt_frame_surfaces_at_the_consumer_uring) { corrupt_frame_reaches_consumer(BB_IO_URING, 2); }
+Test(loader, corrupt_frame_surfaces_at_the_consumer_pread) { corrupt_frame_reaches_consumer(BB_IO_PREAD, 3); }
+
+/* A truncated shard (its seek table intact elsewhere is impossible, so cut
+ * a frame's bytes out from under the loader after opening) is a read error
+ * naming the file. */
+Test(loader, shard_shrunk_under_the_loader_is_an_io_error)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    char *shard = tu_path(dir, "shard-00001.bbs");
+    tu_truncate(shard, 40);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.micro_batch = 10, o.steps = RECORDS / 10;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_batch b;
+    bb_status rc;
+    while ((rc = bb_loader_next(l, 0, &b)) == BB_OK) bb_loader_release(l, &b);
+    cr_assert_eq(rc, BB_ERR_IO, "got %s: %s", bb_status_name(rc), bb_error_message());
+    cr_assert(strstr(bb_error_message(), "shard-00001.bbs: frame"), "%s", bb_error_message());
+    bb_loader_destroy(l);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(shard), free(dir);
+}
+
+/* Destroying mid-epoch, with a batch still held and threads blocked on full
+ * rings, joins everything and frees everything (ASan checks the frees). */
+Test(loader, destroy_mid_epoch)
+{
+    char *dir = make_dataset();
+    bb_dataset_t *ds = open_dataset(dir);
+    for (uint32_t threads = 1; threads <= 4; threads++) {
+        bb_loader_options o;
+        bb_loader_defaults(&o);
+        o.devices = 2, o.micro_batch = 4, o.threads = threads;
+        bb_loader_t *l;
+        cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+        bb_batch held, b;
+        cr_assert_eq(bb_loader_next(l, 0, &held), BB_OK);
+        cr_assert_eq(bb_loader_next(l, 1, &b), BB_OK);
+        bb_loader_release(l, &b);
+        cr_assert_eq(bb_loader_next(l, 0, &b), BB_OK);
+        bb_loader_release(l, &b);
+        bb_loader_destroy(l);
+    }
+    bb_loader_destroy(NULL);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* ---- io_uring refused: seccomp makes io_uring_setup fail --------------- */
+static void deny_io_uring(int err)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof filter / sizeof *filter, filter};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0, "cannot install the seccomp filter");
+}
+
+static void falls_back_when_io_uring_fails(int err, const char *reason)
+{
+    char *dir = make_dataset();
+    deny_io_uring(err); /* this test's process and the CLI it starts */
+    bb_log_set_threshold(BB_LOG_ERROR); /* the CLI below checks the warning */
+    check_one_epoch(dir, splits[1], 2, BB_IO_AUTO, false);
+
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--seconds", "0.2", "--micro-batch", "8", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "\"io\": \"pread\""), "stdout: %s", r.out);
+    cr_assert(strncmp(r.err, "bigbatch: warn: io_uring is not available", 41) == 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, reason) && strstr(r.err, "reading with pread"), "stderr: %s", r.err);
+    cr_assert_null(strchr(r.err, '\n') ? strchr(strchr(r.err, '\n') + 1, '\n') : NULL, "one warning line: %s",
+                   r.err);
+    tu_run_free(&r);
+
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "uring", "--seconds", "0.2");
+    tu_assert_error(&r, "--io uring", "io_uring cannot start", reason);
+    tu_run_free(&r);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(loader, falls_back_to_pread_on_enosys) { falls_back_when_io_uring_fails(ENOSYS, "Function not implemented"); }
+Test(loader, falls_back_to_pread_on_eperm) { falls_back_when_io_uring_fails(EPERM, "Operation not permitted"); }
+Test(loader, falls_back_to_pread_on_enomem) { falls_back_when_io_uring_fails(ENOMEM, "Cannot allocate memory"); }
