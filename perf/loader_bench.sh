@@ -74,7 +74,7 @@ bench() {
     for key in "${keys[@]}"; do
         R[$key]=$(echo "${raw[$key]}" | tr ' ' '\n' | grep . | median)
         C[$key]=$(echo "${comp[$key]}" | tr ' ' '\n' | grep . | median)
-        N[$key]=$(echo "${rec[$key]}" | tr ' ' '\n' | grep . | median)
+        N[$key]=$(echo "${rec[$key]}" | tr ' ' '\n' | grep . | median | awk '{printf "%.0f", $1}')
     done
     row() { echo "| $name | $1 | ${N[$2]} | ${R[$2]} | ${C[$2]} | $3 | $4 | $(ratio "$5" "$4") | $6 |"; }
     row "1 thread, io_uring" t1_uring '`zstd -d` (raw)' "$zstd_med" "${R[t1_uring]}" ">= 0.85"

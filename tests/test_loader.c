@@ -2,10 +2,12 @@
  * the same per-step sets whatever the split, threads or io; determinism;
  * exact resume; errors at the consumer; io_uring fallback; shutdown. */
 #include <errno.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include "../src/data/sampler.h"
@@ -378,6 +380,77 @@ Test(loader, destroy_mid_epoch)
     }
     bb_loader_destroy(NULL);
     bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Registered io_uring buffers count against RLIMIT_MEMLOCK: with a limit
+ * that fits the ring but not 8 buffers of 4 KiB or more (and CAP_IPC_LOCK
+ * dropped, which would bypass it) the loader reads into unregistered
+ * buffers, and the data is the same. */
+Test(loader, unregistered_reads_when_memlock_is_too_small)
+{
+    char *dir = make_dataset();
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[2];
+    cr_assert_eq(syscall(SYS_capget, &header, caps), 0);
+    caps[0].effective &= ~(1u << CAP_IPC_LOCK);
+    cr_assert_eq(syscall(SYS_capset, &header, caps), 0, "cannot drop CAP_IPC_LOCK");
+    struct rlimit small = {24 << 10, 24 << 10};
+    cr_assert_eq(setrlimit(RLIMIT_MEMLOCK, &small), 0);
+    bb_dataset_t *ds = open_dataset(dir);
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.io = BB_IO_URING, o.micro_batch = 8, o.steps = RECORDS / 8;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    cr_assert_str_eq(bb_loader_io_description(l), "io_uring");
+    cr_assert_eq(consume_and_check(l, ds, &o, 0, 0, o.steps, NULL), o.steps * 8);
+    bb_loader_destroy(l);
+    bb_dataset_close(ds);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* ---- bigbatch bench loader ---------------------------------------------- */
+static double json_number(const char *json, const char *key)
+{
+    char needle[64];
+    snprintf(needle, sizeof needle, "\"%s\": ", key);
+    const char *p = strstr(json, needle);
+    cr_assert_not_null(p, "no %s in %s", key, json);
+    return strtod(p + strlen(needle), NULL);
+}
+
+Test(loader, bench_loader_json_and_errors)
+{
+    char *dir = make_dataset();
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--seconds", "0.2", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    double records = json_number(r.out, "records_per_s"), raw = json_number(r.out, "raw_mb_per_s");
+    cr_assert_gt(records, 0);
+    cr_assert_gt(json_number(r.out, "compressed_mb_per_s"), 0);
+    cr_assert_eq(json_number(r.out, "threads"), 2);
+    cr_assert(strstr(r.out, "\"io\": \"io_uring"), "%s", r.out);
+    cr_assert_float_eq(raw, records * RECORD_SIZE / 1e6, raw * 0.01 + 0.1, "raw MB/s %g vs %g records/s", raw, records);
+    tu_run_free(&r);
+
+    /* --cold reads exactly one epoch: RECORDS / 16 batches of 16. */
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--cold", "--io", "pread", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "\"io\": \"pread\"") && strstr(r.out, "\"cold\": true"), "%s", r.out);
+    cr_assert_eq(json_number(r.out, "records"), RECORDS / 16 * 16, "%s", r.out);
+    tu_run_free(&r);
+
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "5000");
+    tu_assert_error(&r, dir, "1000 records", "fewer than one global batch of 5000");
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--seconds", "1");
+    tu_assert_error(&r, "--data");
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "mmap");
+    tu_assert_error(&r, "--io", "mmap");
+    tu_run_free(&r);
     tu_rm_tree(dir);
     free(dir);
 }

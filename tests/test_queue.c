@@ -236,3 +236,25 @@ Test(queue, blocked_consumer_sleeps, .timeout = 20)
     cr_assert_eq(b.status, BB_OK, "the pushed item woke the consumer");
     bb_spsc_fini(&q);
 }
+
+/* `bigbatch bench queue --json`: the keys perf/ and users read, with
+ * plausible values (the figures themselves belong in perf/RESULTS.md). */
+Test(queue, bench_queue_json, .timeout = 60)
+{
+    tu_run r = tu_bigbatch("bench", "queue", "--json", "--seconds", "0.02", "--runs", "1");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    const char *keys[] = {"spsc_items_per_s", "mutex_items_per_s", "idle_consumer_cpu_pct"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *k = strstr(r.out, keys[i]);
+        cr_assert_not_null(k, "no %s in %s", keys[i], r.out);
+        double v = strtod(k + strlen(keys[i]) + 3, NULL);
+        if (i < 2)
+            cr_assert_gt(v, 1e5, "%s = %g", keys[i], v);
+        else
+            cr_assert(v >= 0 && v < 10, "a blocked consumer used %g%% of a core", v);
+    }
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "queue", "--capacity", "1000");
+    tu_assert_error(&r, "power of two");
+    tu_run_free(&r);
+}

@@ -123,9 +123,9 @@ int bb_bench_loader(int argc, char **argv)
         printf("{\"records_per_s\": %.0f, \"raw_mb_per_s\": %.1f, \"compressed_mb_per_s\": %.1f, \"io\": ",
                records_per_s, raw, compressed);
         bb_json_write_string(stdout, r.io);
-        printf(", \"threads\": %lld, \"micro_batch\": %lld, \"seconds\": %.3f, \"cold\": %s, \"data_wait_pct\": %.1f, "
+        printf(", \"threads\": %lld, \"micro_batch\": %lld, \"records\": %.0f, \"seconds\": %.4f, \"cold\": %s, \"data_wait_pct\": %.1f, "
                "\"disk_read_mb\": %.1f}\n",
-               (long long)threads, (long long)micro_batch, r.seconds, cold ? "true" : "false", wait_pct,
+               (long long)threads, (long long)micro_batch, r.records, r.seconds, cold ? "true" : "false", wait_pct,
                r.disk_bytes / 1e6);
     } else {
         const bb_shard_meta *m = bb_dataset_meta(ds);
