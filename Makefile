@@ -2,7 +2,7 @@
 #
 #   make            build bin/bigbatch and lib/libbigbatch.a
 #   make test       install missing Debian packages, build, run every Criterion suite
-#   make demo       the main job on the embedded data (data/kjv)
+#   make demo       the main job on the embedded data (data/kjv): verify it, stream it
 #   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need
@@ -112,6 +112,7 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BIN) version
 	$(BIN) inspect data/kjv --verify
+	$(BIN) bench loader --data data/kjv/train --seconds 1
 
 # Sanitizer builds keep their own objects and binaries under build/<name>.
 asan: deps

@@ -72,6 +72,7 @@ typedef struct bb_loader_options {
     uint32_t threads;         /* loader threads (default 2) */
     uint32_t prefetch;        /* batches prepared ahead per device; 0 (default): 16,
                                  fewer for batches over 4 MiB */
+    uint32_t hold;            /* batches a device may keep unreleased at once (default 2) */
     bb_io_mode io;
     uint32_t io_depth;        /* reads in flight per thread (default 8) */
     bool direct;              /* O_DIRECT reads through aligned buffers */
@@ -91,8 +92,14 @@ typedef struct bb_loader bb_loader_t;
  * io_uring cannot start or --direct is not supported by the filesystem,
  * BB_ERR_IO, BB_ERR_NOMEM. */
 bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, bb_loader_t **out);
-/* Stops and joins every thread, frees every slot and buffer; accepts NULL.
- * Batches not yet released become invalid. */
+/* Stops the loader without freeing it: every thread blocked in
+ * bb_loader_next() returns BB_ERR_CLOSED. Call it when a device's thread
+ * gives up (the others would wait for ever for batches stuck behind it),
+ * then join the device threads, then destroy. */
+void bb_loader_stop(bb_loader_t *l);
+/* Stops and joins the loader threads, frees every slot and buffer; accepts
+ * NULL. No thread may be inside bb_loader_next/release (see
+ * bb_loader_stop). Batches not yet released become invalid. */
 void bb_loader_destroy(bb_loader_t *l);
 
 typedef struct bb_batch {
@@ -110,9 +117,10 @@ typedef struct bb_batch {
 
 /* Waits for device's next batch (micro-steps in order, step after step).
  * Call it and bb_loader_release for one device from one thread at a time.
- * Fails with BB_ERR_CLOSED after the last requested step, or with the error
- * a loader thread met (e.g. BB_ERR_CORRUPT naming file, frame and offset);
- * every later call fails the same way. */
+ * Fails with BB_ERR_CLOSED after the last requested step or after
+ * bb_loader_stop, with the error a loader thread met (e.g. BB_ERR_CORRUPT
+ * naming file, frame and offset; every later call fails the same way), or
+ * with BB_ERR_ARG when the device already holds `hold` unreleased batches. */
 bb_status bb_loader_next(bb_loader_t *l, uint32_t device, bb_batch *batch);
 /* Gives the batch's slot back to the loader. */
 void bb_loader_release(bb_loader_t *l, bb_batch *batch);

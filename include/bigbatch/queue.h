@@ -24,7 +24,9 @@
  *
  * bb_spsc_close() may be called by either side or by a third thread; it wakes
  * both sides. After it, pushes fail with BB_ERR_CLOSED, and pops return the
- * items still queued, then BB_ERR_CLOSED.
+ * items still queued, then BB_ERR_CLOSED. (A push racing with a close from a
+ * third thread may still land after the consumer saw BB_ERR_CLOSED: a
+ * shutdown, not a hand-over.)
  */
 #ifndef BIGBATCH_QUEUE_H
 #define BIGBATCH_QUEUE_H
@@ -88,8 +90,9 @@ bb_status bb_spsc_push_n(bb_spsc *q, void *const *items, uint32_t n, uint32_t *p
 /* Waits for an item. Fails with BB_ERR_CLOSED when the ring is closed and
  * empty. */
 bb_status bb_spsc_pop(bb_spsc *q, void **item);
-/* Waits for at least one item, then takes up to n; *popped gets the count.
- * Fails with BB_ERR_CLOSED when the ring is closed and empty. */
+/* Waits for at least one item, then takes up to n (>= 1, else BB_ERR_ARG);
+ * *popped gets the count. Fails with BB_ERR_CLOSED when the ring is closed
+ * and empty. */
 bb_status bb_spsc_pop_n(bb_spsc *q, void **out, uint32_t n, uint32_t *popped);
 
 /* Marks the ring closed and wakes both sides. Idempotent. */
@@ -100,6 +103,8 @@ bool bb_spsc_is_closed(const bb_spsc *q);
 /* Sleeps while *word == expected (returns at once otherwise; spurious
  * returns are possible: callers re-check their condition). */
 void bb_futex_wait(_Atomic uint32_t *word, uint32_t expected);
+/* Same, for at most timeout_ns nanoseconds (0: no limit). */
+void bb_futex_wait_timeout(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);
 /* Wakes up to `count` threads sleeping on word (INT32_MAX: all). */
 void bb_futex_wake(_Atomic uint32_t *word, int count);
 /* A CPU hint for spin loops (x86 `pause`). */

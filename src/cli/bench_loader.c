@@ -41,6 +41,7 @@ static uint64_t disk_read_bytes(void)
 
 typedef struct bench_result {
     double seconds, records, raw_bytes, wait_seconds;
+    uint64_t steps_per_epoch, dropped;
     bb_loader_stats stats;
     uint64_t disk_bytes;
     char io[64];
@@ -59,6 +60,8 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
     bb_loader_t *l;
     BB_TRY(bb_loader_create(ds, &lo, &l));
     snprintf(r->io, sizeof r->io, "%s", bb_loader_io_description(l));
+    r->steps_per_epoch = bb_loader_steps_per_epoch(l);
+    r->dropped = bb_loader_dropped_per_epoch(l);
     uint64_t deadline = t0 + (uint64_t)(seconds * 1e9);
     bb_status rc;
     bb_batch b;
@@ -133,6 +136,8 @@ int bb_bench_loader(int argc, char **argv)
                (unsigned long long)bb_dataset_record_count(ds), m->record_size, bb_record_kind_name(m->kind));
         printf("  %s, %lld thread%s, micro-batch %lld, %.2f s%s\n", r.io, (long long)threads, threads == 1 ? "" : "s",
                (long long)micro_batch, r.seconds, cold ? ", one cold epoch" : "");
+        printf("  %llu batches per epoch, %llu records dropped at the end of each\n",
+               (unsigned long long)r.steps_per_epoch, (unsigned long long)r.dropped);
         printf("  records/s        %12.0f\n", records_per_s);
         printf("  raw MB/s         %12.1f\n", raw);
         printf("  compressed MB/s  %12.1f\n", compressed);

@@ -16,6 +16,7 @@ struct bb_io {
     bool direct;
     bool registered;
     bool ring_ready;
+    bool broken;      /* reads may still be in flight: buffers must not be freed */
     uint8_t *buffers; /* depth * buffer_bytes, IO_ALIGN-aligned */
     struct io_uring ring;
 };
@@ -90,7 +91,11 @@ void bb_io_destroy(bb_io_t *io)
 {
     if (!io) return;
     if (io->ring_ready) io_uring_queue_exit(&io->ring);
-    free(io->buffers);
+    if (io->broken)
+        BB_WARN("io_uring failed with reads in flight; leaking %zu bytes of read buffers",
+                io->depth * io->buffer_bytes);
+    else
+        free(io->buffers);
     free(io);
 }
 
@@ -117,6 +122,7 @@ static bb_status finish_with_pread(const bb_io_t *io, const bb_io_request *r, ui
     uint64_t start;
     size_t length, skip;
     span(io, r, &start, &length, &skip);
+    if (io->direct) got = got / IO_ALIGN * IO_ALIGN; /* O_DIRECT continues at aligned positions */
     while (got < skip + r->length) {
         ssize_t n = pread(r->fd, buf + got, length - got, (off_t)(start + got));
         if (n < 0 && errno == EINTR) continue;
@@ -158,35 +164,57 @@ static void prepare(bb_io_t *io, const bb_io_request *r, uint32_t i)
     io_uring_sqe_set_data64(sqe, i);
 }
 
+/* Submits every prepared SQE; returns how many are now in flight, or a
+ * negative errno when the kernel refuses (the rest stay unsubmitted, and
+ * the ring is marked broken). */
+static int submit_all(bb_io_t *io, int prepared)
+{
+    int in_flight = 0;
+    while (in_flight < prepared) {
+        int n = io_uring_submit(&io->ring);
+        if (n == -EINTR || n == -EAGAIN || n == -EBUSY) continue;
+        if (n <= 0) {
+            io->broken = true;
+            return in_flight ? in_flight : (n < 0 ? n : -EIO);
+        }
+        in_flight += n;
+    }
+    return in_flight;
+}
+
 static bb_status read_with_uring(bb_io_t *io, const bb_io_request *requests, uint32_t n, bb_io_done_fn done,
                                  void *ctx)
 {
+    if (io->broken) return bb_fail(BB_ERR_IO, "%s: io_uring failed earlier", requests[0].path);
     for (uint32_t i = 0; i < n; i++) prepare(io, &requests[i], i);
-    int submitted = io_uring_submit(&io->ring);
-    if (submitted < 0) {
-        errno = -submitted;
+    int in_flight = submit_all(io, (int)n);
+    if (in_flight < 0) {
+        errno = -in_flight;
         return bb_fail_errno(BB_ERR_IO, "%s: io_uring_submit failed", requests[0].path);
     }
-    bb_status rc = BB_OK;
-    /* Every read is reaped before returning, even after an error: the
-     * kernel may still write into the buffers until it completes. */
-    for (uint32_t pending = n; pending > 0;) {
+    bb_status rc = in_flight == (int)n ? BB_OK
+                                        : bb_fail(BB_ERR_IO, "%s: io_uring took %d of %u reads", requests[0].path,
+                                                  in_flight, n);
+    /* Every read in flight is reaped before returning, even after an error:
+     * the kernel may write into the buffers until it completes. */
+    while (in_flight > 0) {
         struct io_uring_cqe *cqe;
         int w = io_uring_wait_cqe(&io->ring, &cqe);
         if (w == -EINTR) continue;
         if (w < 0) {
+            io->broken = true;
             errno = -w;
             return bb_fail_errno(BB_ERR_IO, "%s: io_uring_wait_cqe failed", requests[0].path);
         }
         uint32_t i = (uint32_t)io_uring_cqe_get_data64(cqe);
         int res = cqe->res;
         io_uring_cqe_seen(&io->ring, cqe);
-        if (res == -EAGAIN || res == -EINTR) {
+        if ((res == -EAGAIN || res == -EINTR) && rc == BB_OK) {
             prepare(io, &requests[i], i);
-            io_uring_submit(&io->ring);
-            continue;
+            if (submit_all(io, 1) == 1) continue;
+            res = -EIO;
         }
-        pending--;
+        in_flight--;
         if (rc != BB_OK) continue;
         const bb_io_request *r = &requests[i];
         uint8_t *buf = io->buffers + i * io->buffer_bytes;

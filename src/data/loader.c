@@ -25,7 +25,7 @@ bb_status bb_io_mode_parse(const char *s, bb_io_mode *out)
 void bb_loader_defaults(bb_loader_options *o)
 {
     *o = (bb_loader_options){.shuffle_frames = 8, .devices = 1, .accumulation = 1, .micro_batch = 32,
-                             .threads = 2, .prefetch = 0, .io = BB_IO_AUTO, .io_depth = 8};
+                             .threads = 2, .prefetch = 0, .hold = 2, .io = BB_IO_AUTO, .io_depth = 8};
 }
 
 /* ---- host memory for slots --------------------------------------------- */
@@ -87,6 +87,36 @@ void bb_loader_record_error(struct bb_loader *l, bb_status status)
 }
 
 /* ---- epoch tables ------------------------------------------------------ */
+/* Takes `count` records at epoch positions from `first` out of the frames'
+ * remaining counts: the records this run will never copy. */
+static bb_status forget_positions(epoch_table *t, uint64_t first, uint64_t count)
+{
+    bb_order_cursor c;
+    bb_order_cursor_init(&c, t->order);
+    bb_record_ref refs[256];
+    bb_status rc = BB_OK;
+    for (uint64_t done = 0; done < count && rc == BB_OK; done += 256) {
+        uint32_t n = count - done < 256 ? (uint32_t)(count - done) : 256;
+        rc = bb_order_cursor_get(&c, first + done, n, refs);
+        for (uint32_t i = 0; rc == BB_OK && i < n; i++)
+            atomic_fetch_sub_explicit(&t->entries[refs[i].order_frame].remaining, 1, memory_order_relaxed);
+    }
+    bb_order_cursor_fini(&c);
+    return rc;
+}
+
+/* A run resumed at (epoch, step) starts the first epoch's claims at the
+ * window holding its first position, and forgets the records before that
+ * position in the window, so that nothing before the resume point is read. */
+static bb_status skip_before_start(struct bb_loader *l, epoch_table *t, uint32_t *first_claim)
+{
+    uint64_t start = l->opt.start_step * l->global_batch;
+    uint64_t window = bb_epoch_order_window_of(t->order, start);
+    *first_claim = (uint32_t)(window * bb_sampler_window_frames(l->sampler));
+    uint64_t window_start = t->order->first_pos[*first_claim];
+    return forget_positions(t, window_start, start - window_start);
+}
+
 /* Makes `t` describe `epoch`: its order, and for each frame the records the
  * epoch will take from it (all but those in the dropped tail). */
 static bb_status reset_table(struct bb_loader *l, epoch_table *t, uint64_t epoch)
@@ -105,19 +135,11 @@ static bb_status reset_table(struct bb_loader *l, epoch_table *t, uint64_t epoch
         atomic_store_explicit(&t->entries[j].remaining,
                               bb_sampler_frame_at(l->sampler, t->order->frames[j])->records, memory_order_relaxed);
     }
-    if (l->dropped) {
-        bb_order_cursor c;
-        bb_order_cursor_init(&c, t->order);
-        bb_record_ref *refs = malloc(l->dropped * sizeof *refs);
-        bb_status rc = refs ? bb_order_cursor_get(&c, l->steps_per_epoch * l->global_batch, (uint32_t)l->dropped, refs)
-                            : bb_fail(BB_ERR_NOMEM, "out of memory");
-        for (uint64_t i = 0; rc == BB_OK && i < l->dropped; i++)
-            atomic_fetch_sub_explicit(&t->entries[refs[i].order_frame].remaining, 1, memory_order_relaxed);
-        free(refs);
-        bb_order_cursor_fini(&c);
-        BB_TRY(rc);
-    }
-    atomic_store_explicit(&t->claim_cursor, 0, memory_order_relaxed);
+    BB_TRY(forget_positions(t, l->steps_per_epoch * l->global_batch, l->dropped));
+    uint32_t first_claim = 0;
+    if (epoch == l->opt.start_epoch && l->opt.start_step > 0)
+        BB_TRY(skip_before_start(l, t, &first_claim));
+    atomic_store_explicit(&t->claim_cursor, first_claim, memory_order_relaxed);
     t->epoch = epoch;
     return BB_OK;
 }
@@ -132,8 +154,12 @@ static uint64_t slowest_thread_epoch(const struct bb_loader *l)
 
 /* Records that `thread` works in `epoch` from now on (UINT64_MAX: it is
  * done) and returns the epoch's table, preparing it when this thread is the
- * first to arrive. A table is recycled for epoch e+2 only after every thread
- * has left epoch e. Fails with BB_ERR_CLOSED when the loader stops. */
+ * first to arrive. The table of parity e % 2 may take epoch e once no thread
+ * can still need epoch e-2 or an earlier one of that parity: when the
+ * slowest thread has reached e-1. (A thread may skip epochs when threads
+ * outnumber the units of an epoch, so "nobody is in the old epoch" is not
+ * enough.) The slowest thread never waits here, so this cannot deadlock.
+ * Fails with BB_ERR_CLOSED when the loader stops. */
 bb_status bb_loader_enter_epoch(struct bb_loader *l, uint32_t thread, uint64_t epoch, epoch_table **table)
 {
     pthread_mutex_lock(&l->epoch_lock);
@@ -145,7 +171,7 @@ bb_status bb_loader_enter_epoch(struct bb_loader *l, uint32_t thread, uint64_t e
         while (t->epoch != epoch && rc == BB_OK) {
             if (atomic_load(&l->stopping))
                 rc = BB_ERR_CLOSED;
-            else if (t->epoch == UINT64_MAX || slowest_thread_epoch(l) > t->epoch)
+            else if (slowest_thread_epoch(l) + 1 >= epoch)
                 rc = reset_table(l, t, epoch);
             else
                 pthread_cond_wait(&l->epoch_changed, &l->epoch_lock);
@@ -165,7 +191,13 @@ static bb_status check_options(const bb_dataset_t *ds, const bb_loader_options *
     if (o->prefetch > 1024) return bb_fail(BB_ERR_ARG, "prefetch must be in 0 (auto)..1024");
     if (o->io_depth < 1 || o->io_depth > 256) return bb_fail(BB_ERR_ARG, "io depth must be in 1..256");
     if (o->shuffle_frames < 1) return bb_fail(BB_ERR_ARG, "--shuffle-frames must be at least 1");
-    uint64_t g = (uint64_t)o->devices * o->accumulation * o->micro_batch;
+    if (o->hold < 1 || o->hold > 1024) return bb_fail(BB_ERR_ARG, "hold must be in 1..1024");
+    uint64_t g, units;
+    if (__builtin_mul_overflow((uint64_t)o->devices * o->accumulation, o->micro_batch, &g) || g > UINT32_MAX)
+        return bb_fail(BB_ERR_ARG, "global batch devices %u x accumulation %u x micro-batch %u is too large",
+                       o->devices, o->accumulation, o->micro_batch);
+    if (__builtin_mul_overflow(o->steps, (uint64_t)o->devices * o->accumulation, &units))
+        return bb_fail(BB_ERR_ARG, "%llu steps is too many", (unsigned long long)o->steps);
     if (g > bb_dataset_record_count(ds))
         return bb_fail(BB_ERR_ARG,
                        "%s holds %llu records, fewer than one global batch of %llu (devices %u x accumulation %u "
@@ -191,7 +223,9 @@ static bb_status open_direct(struct bb_loader *l)
     return BB_OK;
 }
 
-/* One io and decoder per thread; the first io decides any fallback. */
+/* One io and decoder per thread. Under --io auto, when io_uring cannot
+ * start for some thread (ring memory may count against RLIMIT_MEMLOCK, per
+ * user), every thread reads with pread: one backend, one warning. */
 static bb_status create_thread_state(struct bb_loader *l)
 {
     uint32_t max_compressed = 0;
@@ -210,11 +244,21 @@ static bb_status create_thread_state(struct bb_loader *l)
         if (fell_back) {
             BB_WARN("%s; reading with pread (--io pread silences this)", bb_error_message());
             mode = BB_IO_PREAD;
+            for (uint32_t k = 0; k < t; k++) {
+                bb_io_destroy(l->threads[k].io);
+                l->threads[k].io = NULL;
+                BB_TRY(bb_io_create(mode, 1, max_compressed, l->opt.direct, &l->threads[k].io, &fell_back));
+            }
         }
         BB_TRY(bb_frame_decoder_create(&ts->decoder));
     }
-    snprintf(l->io_description, sizeof l->io_description, "%s%s", bb_io_describe(l->threads[0].io),
-             l->opt.direct ? " O_DIRECT" : "");
+    /* Describe the least capable thread (registration may fail for some);
+     * the descriptions grow with capability: pread, io_uring, io_uring
+     * (registered buffers). */
+    const char *io = bb_io_describe(l->threads[0].io);
+    for (uint32_t t = 1; t < l->opt.threads; t++)
+        if (strlen(bb_io_describe(l->threads[t].io)) < strlen(io)) io = bb_io_describe(l->threads[t].io);
+    snprintf(l->io_description, sizeof l->io_description, "%s%s", io, l->opt.direct ? " O_DIRECT" : "");
     return BB_OK;
 }
 
@@ -228,23 +272,25 @@ static uint32_t power_of_two_at_least(uint32_t n)
 }
 
 /* Automatic prefetch: 16 batches per device, fewer when batches are large
- * (at most 64 MiB of slots per device). Fewer than ~12 let the loader
- * threads stall whenever the consumer waits for a CPU (perf/RESULTS.md). */
+ * (64 MiB of them at most). Fewer than ~12 let the loader threads stall
+ * whenever the consumer waits for a CPU (perf/RESULTS.md). */
 static uint32_t auto_prefetch(size_t batch_bytes)
 {
     size_t n = ((size_t)64 << 20) / (batch_bytes ? batch_bytes : 1);
     return n >= 16 ? 16 : n < 2 ? 2 : (uint32_t)n;
 }
 
-/* Slots for each (thread, device) pair that carries units: enough that
- * `prefetch` batches per device can wait ready, plus the one in use. */
+/* Slots for each (thread, device) pair that carries units: its share of
+ * `prefetch` ready batches, plus `hold` that the device may keep unreleased
+ * (they may all come from one pair). A device therefore has about
+ * prefetch + hold x (threads serving it) slots. */
 static bb_status create_pairs(struct bb_loader *l)
 {
     uint32_t T = l->opt.threads, D = l->opt.devices, g = gcd(T, D);
     size_t data_bytes = (size_t)l->opt.micro_batch * l->record_size;
     if (l->opt.prefetch == 0) l->opt.prefetch = auto_prefetch(data_bytes);
     uint32_t serving = T / g; /* threads that fill units for one device */
-    uint32_t per_pair = (l->opt.prefetch + serving - 1) / serving + 1;
+    uint32_t per_pair = (l->opt.prefetch + serving - 1) / serving + l->opt.hold;
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t d = 0; d < D; d++) {
             pair_rings *p = &l->pairs[t * D + d];
@@ -295,7 +341,12 @@ bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, b
                      (unsigned long long)l->steps_per_epoch);
         goto fail;
     }
-    l->first_unit_step = o->start_epoch * l->steps_per_epoch + o->start_step;
+    if (__builtin_mul_overflow(o->start_epoch, l->steps_per_epoch, &l->first_unit_step) ||
+        l->first_unit_step > UINT64_MAX / 2) {
+        rc = bb_fail(BB_ERR_ARG, "start epoch %llu is too large", (unsigned long long)o->start_epoch);
+        goto fail;
+    }
+    l->first_unit_step += o->start_step;
     l->total_units = o->steps ? o->steps * o->accumulation * D : UINT64_MAX;
 
     l->threads = calloc(T, sizeof *l->threads);
@@ -303,10 +354,11 @@ bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, b
     size_t pairs_bytes = (size_t)T * D * sizeof *l->pairs;
     if ((l->pairs = aligned_alloc(BB_CACHE_LINE, pairs_bytes))) memset(l->pairs, 0, pairs_bytes);
     l->next_unit = calloc(D, sizeof *l->next_unit);
+    l->held = calloc(D, sizeof *l->held);
     l->wait_ns = calloc(D, sizeof *l->wait_ns);
     l->thread_epoch = malloc(T * sizeof *l->thread_epoch);
     for (int i = 0; i < 2; i++) l->tables[i].entries = calloc(l->frames, sizeof(frame_entry));
-    if (!l->threads || !l->pairs || !l->next_unit || !l->wait_ns || !l->thread_epoch || !l->tables[0].entries ||
+    if (!l->threads || !l->pairs || !l->next_unit || !l->held || !l->wait_ns || !l->thread_epoch || !l->tables[0].entries ||
         !l->tables[1].entries) {
         rc = bb_fail(BB_ERR_NOMEM, "out of memory for the loader");
         goto fail;
@@ -333,9 +385,8 @@ fail:
     return rc;
 }
 
-void bb_loader_destroy(bb_loader_t *l)
+void bb_loader_stop(bb_loader_t *l)
 {
-    if (!l) return;
     atomic_store(&l->stopping, true);
     uint32_t T = l->opt.threads, D = l->opt.devices;
     if (l->pairs)
@@ -346,6 +397,13 @@ void bb_loader_destroy(bb_loader_t *l)
     pthread_mutex_lock(&l->epoch_lock);
     pthread_cond_broadcast(&l->epoch_changed);
     pthread_mutex_unlock(&l->epoch_lock);
+}
+
+void bb_loader_destroy(bb_loader_t *l)
+{
+    if (!l) return;
+    bb_loader_stop(l);
+    uint32_t T = l->opt.threads, D = l->opt.devices;
     for (uint32_t t = 0; l->threads && t < T; t++) {
         if (l->threads[t].started) pthread_join(l->threads[t].thread, NULL);
         bb_io_destroy(l->threads[t].io);
@@ -375,6 +433,7 @@ void bb_loader_destroy(bb_loader_t *l)
     free(l->threads);
     free(l->pairs);
     free(l->next_unit);
+    free(l->held);
     free(l->wait_ns);
     free(l->thread_epoch);
     bb_sampler_destroy(l->sampler);
@@ -404,6 +463,9 @@ bb_status bb_loader_next(bb_loader_t *l, uint32_t device, bb_batch *batch)
     if (unit >= l->total_units)
         return stored_error_or(l, BB_ERR_CLOSED, "the loader has delivered every requested step");
     pair_rings *p = &l->pairs[unit % l->opt.threads * D + device];
+    if (l->held[device] == l->opt.hold)
+        return bb_fail(BB_ERR_ARG, "device %u holds %u unreleased batches, the most the loader allows (hold); "
+                       "release one before taking the next", device, l->opt.hold);
     slot *s;
     uint64_t waited = 0;
     if (!bb_spsc_try_pop(&p->ready, (void **)&s)) {
@@ -424,6 +486,7 @@ bb_status bb_loader_next(bb_loader_t *l, uint32_t device, bb_batch *batch)
         return bb_fail(BB_ERR_INTERNAL, "device %u expected unit %llu, got %llu", device, (unsigned long long)unit,
                        (unsigned long long)s->unit);
     l->next_unit[device]++;
+    l->held[device]++;
     atomic_fetch_add_explicit(&l->batches, 1, memory_order_relaxed);
     *batch = (bb_batch){.epoch = s->epoch, .step = s->step, .micro_step = s->micro_step, .device = device,
                         .count = l->opt.micro_batch, .record_size = l->record_size, .data = s->data,
@@ -435,6 +498,7 @@ void bb_loader_release(bb_loader_t *l, bb_batch *batch)
 {
     slot *s = batch->slot;
     if (!s) return;
+    l->held[s->device]--;
     bb_spsc_try_push(&l->pairs[s->thread * l->opt.devices + s->device].free, s);
     batch->slot = NULL;
 }

@@ -12,8 +12,9 @@
  * next few frames of the epoch's frame order (a CAS on `claim_cursor`),
  * reads them in one io batch and publishes each as READY; threads needing a
  * claimed frame sleep on its state word. A claimer never waits for anything
- * while it holds claims, so no thread waits in a cycle. Each frame counts
- * the records still to be copied out of it and is freed when that reaches 0.
+ * while it holds claims, so frame waits never form a cycle (and epoch waits
+ * cannot either, see bb_loader_enter_epoch). Each frame counts the records
+ * still to be copied out of it and is freed when that reaches 0.
  */
 #ifndef BIGBATCH_DATA_LOADER_INTERNAL_H
 #define BIGBATCH_DATA_LOADER_INTERNAL_H
@@ -81,6 +82,7 @@ struct bb_loader {
     thread_state *threads;
     pair_rings *pairs;                         /* [thread * devices + device] */
     uint64_t *next_unit;                       /* (devices) each consumer's next unit */
+    uint32_t *held;                            /* (devices) batches taken, not yet released */
     _Atomic uint64_t *wait_ns;                 /* (devices) */
     _Atomic uint64_t batches;
 

@@ -102,7 +102,8 @@ static bb_status load_frames(thread_state *ts, epoch_table *table, unit_scratch 
 static bb_status claim_next(thread_state *ts, epoch_table *table, unit_scratch *u, uint32_t limit, bool *claimed)
 {
     struct bb_loader *l = ts->loader;
-    uint32_t batch = (l->opt.shuffle_frames + l->opt.threads - 1) / l->opt.threads;
+    uint32_t window = bb_sampler_window_frames(l->sampler);
+    uint32_t batch = window / l->opt.threads + (window % l->opt.threads != 0);
     if (batch > bb_io_depth(ts->io)) batch = bb_io_depth(ts->io);
     uint32_t cursor = atomic_load_explicit(&table->claim_cursor, memory_order_relaxed);
     *claimed = false;
@@ -128,7 +129,8 @@ static bb_status frames_ready(thread_state *ts, epoch_table *table, unit_scratch
     for (uint32_t k = 0; k < u->use_count; k++)
         if (u->uses[k] > last) last = u->uses[k];
     for (bool claimed = true; claimed;) BB_TRY(claim_next(ts, table, u, last, &claimed));
-    uint32_t lookahead = last + ts->loader->opt.shuffle_frames;
+    uint64_t ahead = (uint64_t)last + bb_sampler_window_frames(ts->loader->sampler);
+    uint32_t lookahead = ahead < ts->loader->frames ? (uint32_t)ahead : ts->loader->frames;
     for (uint32_t k = 0; k < u->use_count; k++) {
         frame_entry *e = &table->entries[u->uses[k]];
         uint32_t state;
@@ -211,8 +213,8 @@ void *bb_loader_thread_main(void *arg)
     bb_status rc = scratch_init(l, ts, &u);
     if (rc != BB_OK) bb_loader_record_error(l, rc);
     for (uint64_t unit = ts->index; rc == BB_OK && unit < l->total_units; unit += T) {
-        if (atomic_load_explicit(&l->stopping, memory_order_relaxed) ||
-            atomic_load_explicit(&l->failed, memory_order_relaxed))
+        if (atomic_load_explicit(&l->stopping, memory_order_acquire) ||
+            atomic_load_explicit(&l->failed, memory_order_acquire))
             break;
         uint32_t d = (uint32_t)(unit % D);
         pair_rings *p = &l->pairs[ts->index * D + d];

@@ -54,9 +54,10 @@ bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuf
     bb_sampler_t *s = calloc(1, sizeof *s);
     if (!s) return bb_fail(BB_ERR_NOMEM, "out of memory");
     s->seed = seed;
-    s->window_frames = shuffle_frames;
     for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++)
         s->frame_count += bb_shard_frame_count(bb_dataset_shard(ds, i));
+    /* A window wider than the dataset is the whole dataset: same order. */
+    s->window_frames = shuffle_frames < s->frame_count ? shuffle_frames : s->frame_count;
     s->frames = malloc((size_t)s->frame_count * sizeof *s->frames);
     if (!s->frames) {
         uint32_t n = s->frame_count;
@@ -178,10 +179,10 @@ static bb_status load_window(bb_order_cursor *c, uint64_t w)
 
 /* The window holding epoch position p: the last window whose first record
  * is at or before p (binary search over window starts). */
-static uint64_t window_of(const bb_epoch_order_t *o, uint64_t p)
+uint64_t bb_epoch_order_window_of(const bb_epoch_order_t *o, uint64_t p)
 {
     const bb_sampler_t *s = o->sampler;
-    uint64_t windows = (s->frame_count + s->window_frames - 1) / s->window_frames;
+    uint64_t windows = ((uint64_t)s->frame_count + s->window_frames - 1) / s->window_frames;
     uint64_t lo = 0, hi = windows - 1;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo + 1) / 2;
@@ -198,7 +199,7 @@ bb_status bb_order_cursor_get(bb_order_cursor *c, uint64_t first, uint32_t count
     for (uint32_t i = 0; i < count;) {
         uint64_t p = first + i;
         if (c->window == UINT64_MAX || p < c->window_start || p >= c->window_start + c->window_count)
-            BB_TRY(load_window(c, window_of(c->order, p)));
+            BB_TRY(load_window(c, bb_epoch_order_window_of(c->order, p)));
         uint64_t offset = p - c->window_start;
         uint64_t take = c->window_count - offset;
         if (take > count - i) take = count - i;

@@ -32,11 +32,14 @@ typedef struct bb_epoch_order {
 } bb_epoch_order_t;
 
 const bb_sampler_frame *bb_sampler_frame_at(const bb_sampler_t *s, uint32_t frame);
+/* Frames per window: shuffle_frames, or the frame count when smaller. */
 uint32_t bb_sampler_window_frames(const bb_sampler_t *s);
 
 /* Computes the frame permutation of `epoch`. Fails with BB_ERR_NOMEM. */
 bb_status bb_epoch_order_create(const bb_sampler_t *s, uint64_t epoch, bb_epoch_order_t **out);
 void bb_epoch_order_destroy(bb_epoch_order_t *order);
+/* The window holding epoch position p (< the record count). */
+uint64_t bb_epoch_order_window_of(const bb_epoch_order_t *order, uint64_t p);
 
 typedef struct bb_order_cursor {
     const bb_epoch_order_t *order;

@@ -137,8 +137,10 @@ static void sleep_until_change(bb_spsc *q, _Atomic uint32_t *sleeping, _Atomic u
 {
     uint32_t seen = atomic_load_explicit(seq, memory_order_acquire);
     atomic_store_explicit(sleeping, 1, memory_order_seq_cst);
-    if (q->asymmetric) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-    if (!ready(q)) bb_futex_wait(seq, seen);
+    bool fenced = !q->asymmetric || syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+    /* Without the barrier (membarrier refused, e.g. by a seccomp policy set
+     * after the probe) a wake-up may be missed: sleep 1 ms at most. */
+    if (!ready(q)) bb_futex_wait_timeout(seq, seen, fenced ? 0 : 1000000);
     atomic_store_explicit(sleeping, 0, memory_order_relaxed);
 }
 
@@ -177,6 +179,7 @@ bb_status bb_spsc_push(bb_spsc *q, void *item) { return bb_spsc_push_n(q, &item,
 bb_status bb_spsc_pop_n(bb_spsc *q, void **out, uint32_t n, uint32_t *popped)
 {
     *popped = 0;
+    if (n == 0) return bb_fail(BB_ERR_ARG, "bb_spsc_pop_n: n must be at least 1");
     for (unsigned spin = 0;; spin++) {
         uint32_t k = bb_spsc_try_pop_n(q, out, n);
         if (k) {
