@@ -79,9 +79,15 @@ $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Xcompiler -Wall,-Wextra,-Werror -c $< -o $@
 
-$(LIB): $(OBJ)
+# The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
+# is re-archived without (or with) the CUDA objects.
+CUDA_STAMP := $(BUILD)/cuda-$(USE_CUDA).stamp
+$(CUDA_STAMP):
+	@mkdir -p $(@D) && rm -f $(BUILD)/cuda-*.stamp && touch $@
+
+$(LIB): $(OBJ) $(CUDA_STAMP)
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $(OBJ)
 
 $(BIN): $(CLI_OBJ) $(LIB)
 	@mkdir -p $(@D)

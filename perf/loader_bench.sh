@@ -11,8 +11,9 @@
 # warm, one consumer taking and releasing batches of 256) vs `zstd -q -d -c`
 # of the same files, repeated so that zstd decodes >= 200 MB per run. Raw
 # MB/s = record bytes delivered per second. Cold rows: one epoch after
-# posix_fadvise(DONTNEED) of every shard, io_uring vs pread, through the page
-# cache and with --direct; `cat` after the same drop is the disk's pace.
+# posix_fadvise(DONTNEED) of every shard (3 per round, so 3 x RUNS samples),
+# io_uring vs pread, through the page cache and with --direct; `cat` after
+# the same drop is the disk's pace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -60,10 +61,14 @@ bench() {
                 direct_*) args+=(--cold --direct) ;;
             esac
             args+=(--io "${key#*_}")
-            local out; out=$("$BIN" bench loader "${args[@]}")
-            raw[$key]+="$(echo "$out" | field raw_mb_per_s) "
-            rec[$key]+="$(echo "$out" | field records_per_s) "
-            comp[$key]+="$(echo "$out" | field compressed_mb_per_s) "
+            # A cold epoch of a small dataset lasts milliseconds: take 3 per round.
+            local reps=1; case $key in cold_* | direct_*) reps=3 ;; esac
+            for ((k = 0; k < reps; k++)); do
+                local out; out=$("$BIN" bench loader "${args[@]}")
+                raw[$key]+="$(echo "$out" | field raw_mb_per_s) "
+                rec[$key]+="$(echo "$out" | field records_per_s) "
+                comp[$key]+="$(echo "$out" | field compressed_mb_per_s) "
+            done
         done
     done
     local zstd_med cat_med cat_cold_med

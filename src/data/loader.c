@@ -358,8 +358,8 @@ bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, b
     l->wait_ns = calloc(D, sizeof *l->wait_ns);
     l->thread_epoch = malloc(T * sizeof *l->thread_epoch);
     for (int i = 0; i < 2; i++) l->tables[i].entries = calloc(l->frames, sizeof(frame_entry));
-    if (!l->threads || !l->pairs || !l->next_unit || !l->held || !l->wait_ns || !l->thread_epoch || !l->tables[0].entries ||
-        !l->tables[1].entries) {
+    if (!l->threads || !l->pairs || !l->next_unit || !l->held || !l->wait_ns || !l->thread_epoch ||
+        !l->tables[0].entries || !l->tables[1].entries) {
         rc = bb_fail(BB_ERR_NOMEM, "out of memory for the loader");
         goto fail;
     }
