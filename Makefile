@@ -132,7 +132,7 @@ tsan: deps
 	@$(MAKE) --no-print-directory tsan-run CUDA=0 SAN=thread BUILD=build/tsan \
 	  BIN_DIR=build/tsan/bin LIB_DIR=build/tsan/lib OPT="-O1 -g"
 TSAN_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/tsan_*.c))
-$(BUILD)/tests/tsan_%: tests/tsan_%.c $(LIB)
+$(BUILD)/tests/tsan_%: tests/tsan_%.c tests/tsan_check.h $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(LDFLAGS) -o $@
 tsan-run: $(TSAN_BIN) $(BIN)

@@ -29,32 +29,49 @@ static void make_record(uint64_t id, uint32_t *words)
 
 static char *make_dataset(void)
 {
-    char *dir = tu_temp_dir();
+    char *path = tu_temp_dir();
     bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U32, .rank = 1, .shape = {RECORD_WORDS}, .record_size = RECORD_SIZE,
                        .classes_or_vocab = UINT32_MAX};
     bb_writer_options o = {.level = 1, .frame_bytes = 7 * RECORD_SIZE, .shard_bytes = 3000, .threads = 1};
     uint32_t *records = malloc((size_t)RECORDS * RECORD_SIZE);
     for (uint64_t i = 0; i < RECORDS; i++) make_record(i, records + i * RECORD_WORDS);
     bb_dataset_writer_t *w;
-    cr_assert_eq(bb_dataset_writer_create(dir, &m, &o, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_create(path, &m, &o, &w), BB_OK, "%s", bb_error_message());
     cr_assert_eq(bb_dataset_writer_add(w, records, RECORDS), BB_OK);
     bb_dataset_summary sum;
     cr_assert_eq(bb_dataset_writer_finish(w, &sum), BB_OK, "%s", bb_error_message());
     bb_dataset_writer_destroy(w);
     cr_assert_gt(sum.shards, 3, "the test wants several shards, got %u", sum.shards);
     free(records);
-    return dir;
+    return path;
 }
 
-static bb_dataset_t *open_dataset(const char *dir)
+static bb_dataset_t *open_dataset(const char *path)
 {
-    bb_dataset_t *ds;
-    cr_assert_eq(bb_dataset_open(dir, &ds), BB_OK, "%s", bb_error_message());
-    return ds;
+    bb_dataset_t *opened;
+    cr_assert_eq(bb_dataset_open(path, &opened), BB_OK, "%s", bb_error_message());
+    return opened;
 }
+
+/* Every test gets a fresh dataset in its own directory. */
+static char *dir;
+static bb_dataset_t *ds;
+
+static void dataset_up(void)
+{
+    dir = make_dataset();
+    ds = open_dataset(dir);
+}
+
+static void dataset_down(void)
+{
+}
+
+TestSuite(sampler, .init = dataset_up, .fini = dataset_down);
+TestSuite(loader, .init = dataset_up, .fini = dataset_down);
 
 /* ---- sampler ----------------------------------------------------------- */
-static uint64_t *epoch_ids(const bb_dataset_t *ds, uint64_t seed, uint32_t window, uint64_t epoch)
+static uint64_t *epoch_ids(uint64_t seed, uint32_t window, uint64_t epoch)
 {
     bb_sampler_t *s;
     cr_assert_eq(bb_sampler_create(ds, seed, window, &s), BB_OK);
@@ -66,10 +83,8 @@ static uint64_t *epoch_ids(const bb_dataset_t *ds, uint64_t seed, uint32_t windo
 
 Test(sampler, order_is_a_permutation_and_a_function_of_seed_and_epoch)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
-    uint64_t *a = epoch_ids(ds, 7, 8, 0), *again = epoch_ids(ds, 7, 8, 0);
-    uint64_t *seed2 = epoch_ids(ds, 8, 8, 0), *epoch1 = epoch_ids(ds, 7, 8, 1);
+    uint64_t *a = epoch_ids(7, 8, 0), *again = epoch_ids(7, 8, 0);
+    uint64_t *seed2 = epoch_ids(8, 8, 0), *epoch1 = epoch_ids(7, 8, 1);
     cr_assert_eq(memcmp(a, again, RECORDS * sizeof *a), 0, "same (seed, epoch), different order");
     cr_assert_neq(memcmp(a, seed2, RECORDS * sizeof *a), 0, "another seed gave the same order");
     cr_assert_neq(memcmp(a, epoch1, RECORDS * sizeof *a), 0, "another epoch gave the same order");
@@ -83,27 +98,19 @@ Test(sampler, order_is_a_permutation_and_a_function_of_seed_and_epoch)
     }
     cr_assert_lt(in_place, 50, "%zu of %d records kept their place: not shuffled", in_place, RECORDS);
     free(a), free(again), free(seed2), free(epoch1);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* A window wider than the dataset is the whole dataset. */
 Test(sampler, huge_windows_are_the_whole_dataset)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_sampler_t *s;
     cr_assert_eq(bb_sampler_create(ds, 1, 1, &s), BB_OK);
     uint32_t frames = bb_sampler_frame_count(s);
     bb_sampler_destroy(s);
-    uint64_t *all = epoch_ids(ds, 9, frames, 4), *huge = epoch_ids(ds, 9, UINT32_MAX, 4);
+    uint64_t *all = epoch_ids(9, frames, 4), *huge = epoch_ids(9, UINT32_MAX, 4);
     cr_assert_eq(memcmp(all, huge, RECORDS * sizeof *all), 0);
     free(all), free(huge);
     cr_assert_eq(bb_sampler_create(ds, 1, 0, &s), BB_ERR_ARG);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* Window w's positions hold exactly the records of the window's frames: the
@@ -111,12 +118,10 @@ Test(sampler, huge_windows_are_the_whole_dataset)
  * (Checked through the private order, src/data/sampler.h.) */
 Test(sampler, records_mix_only_within_a_window_of_frames)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     const uint32_t window = 4;
     bb_sampler_t *s;
     cr_assert_eq(bb_sampler_create(ds, 3, window, &s), BB_OK);
-    uint64_t *ids = epoch_ids(ds, 3, window, 2);
+    uint64_t *ids = epoch_ids(3, window, 2);
     bb_epoch_order_t *o;
     cr_assert_eq(bb_epoch_order_create(s, 2, &o), BB_OK);
     uint32_t frames = bb_sampler_frame_count(s);
@@ -138,12 +143,15 @@ Test(sampler, records_mix_only_within_a_window_of_frames)
     bb_epoch_order_destroy(o);
     bb_sampler_destroy(s);
     free(ids);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* ---- loader: exactly once, same step sets ------------------------------ */
+static bb_loader_t *start(const bb_loader_options *o)
+{
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, o, &l), BB_OK, "%s", bb_error_message());
+    return l;
+}
 typedef struct split {
     uint32_t devices, accumulation, micro_batch;
 } split;
@@ -154,7 +162,7 @@ static const split splits[] = {{1, 1, 32}, {2, 2, 8}, {4, 1, 8}, {1, 4, 8}, {2, 
  * each step, each micro-step, each device) and checks every batch against
  * the sampler's order and every payload against its id. Returns how many
  * records came, and marks each id in `seen` (may be NULL). */
-static uint64_t consume_and_check(bb_loader_t *l, const bb_dataset_t *ds, const bb_loader_options *o, uint64_t epoch,
+static uint64_t consume_and_check(bb_loader_t *l, const bb_loader_options *o, uint64_t epoch,
                                   uint64_t step, uint64_t steps, uint32_t *seen)
 {
     uint64_t G = (uint64_t)o->devices * o->accumulation * o->micro_batch, S = RECORDS / G;
@@ -194,9 +202,8 @@ static uint64_t consume_and_check(bb_loader_t *l, const bb_dataset_t *ds, const 
     return records;
 }
 
-static void check_one_epoch(const char *dir, split sp, uint32_t threads, bb_io_mode io, bool direct)
+static void check_one_epoch(split sp, uint32_t threads, bb_io_mode io, bool direct)
 {
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.seed = 11;
@@ -204,12 +211,11 @@ static void check_one_epoch(const char *dir, split sp, uint32_t threads, bb_io_m
     o.threads = threads, o.io = io, o.direct = direct;
     uint64_t G = (uint64_t)sp.devices * sp.accumulation * sp.micro_batch, S = RECORDS / G;
     o.steps = S;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_loader_t *l = start(&o);
     cr_assert_eq(bb_loader_steps_per_epoch(l), S);
     cr_assert_eq(bb_loader_dropped_per_epoch(l), RECORDS - S * G);
     uint32_t seen[RECORDS] = {0};
-    uint64_t got = consume_and_check(l, ds, &o, 0, 0, S, seen);
+    uint64_t got = consume_and_check(l, &o, 0, 0, S, seen);
     cr_assert_eq(got, S * G);
     uint64_t once = 0;
     for (int i = 0; i < RECORDS; i++) {
@@ -234,15 +240,11 @@ static void check_one_epoch(const char *dir, split sp, uint32_t threads, bb_io_m
                   (unsigned long long)st.frames, frames);
     cr_assert_eq(st.batches, S * sp.accumulation * sp.devices);
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
 }
 
 static void every_split(uint32_t threads, bb_io_mode io, bool direct)
 {
-    char *dir = make_dataset();
-    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) check_one_epoch(dir, splits[i], threads, io, direct);
-    tu_rm_tree(dir);
-    free(dir);
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) check_one_epoch(splits[i], threads, io, direct);
 }
 
 Test(loader, exactly_once_1_thread_pread) { every_split(1, BB_IO_PREAD, false); }
@@ -257,20 +259,14 @@ Test(loader, exactly_once_o_direct) { every_split(2, BB_IO_URING, true), every_s
  * threads straddle epochs; the epoch after is another permutation. */
 Test(loader, many_epochs_in_one_run)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.devices = 2, o.accumulation = 3, o.micro_batch = 16, o.threads = 3, o.prefetch = 1, o.shuffle_frames = 3;
     uint64_t S = RECORDS / 96;
     o.steps = 4 * S + 3;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(consume_and_check(l, ds, &o, 0, 0, o.steps, NULL), o.steps * 96);
+    bb_loader_t *l = start(&o);
+    cr_assert_eq(consume_and_check(l, &o, 0, 0, o.steps, NULL), o.steps * 96);
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* Starting at (epoch, step) yields what the full run yields there: the
@@ -278,23 +274,17 @@ Test(loader, many_epochs_in_one_run)
  * above match. */
 Test(loader, resume_at_epoch_and_step)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.seed = 5, o.devices = 2, o.accumulation = 2, o.micro_batch = 8;
     o.start_epoch = 3, o.start_step = 29, o.steps = 6; /* crosses into epoch 4 */
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(consume_and_check(l, ds, &o, 3, 29, 6, NULL), 6 * 32);
+    bb_loader_t *l = start(&o);
+    cr_assert_eq(consume_and_check(l, &o, 3, 29, 6, NULL), 6 * 32);
     bb_loader_destroy(l);
 
     o.start_step = RECORDS / 32;
     cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "past the epoch"), "%s", bb_error_message());
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* More threads than units in an epoch: a thread's next unit can lie two or
@@ -302,36 +292,27 @@ Test(loader, resume_at_epoch_and_step)
  * anyone waiting in a cycle. */
 Test(loader, more_threads_than_units_per_epoch, .timeout = 60)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     const uint32_t micro_batches[] = {1000, 500, 400};
     for (uint32_t threads = 3; threads <= 8; threads++)
         for (size_t k = 0; k < 3; k++) {
             bb_loader_options o;
             bb_loader_defaults(&o);
             o.micro_batch = micro_batches[k], o.threads = threads, o.steps = 3 * threads + 1;
-            bb_loader_t *l;
-            cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
-            cr_assert_eq(consume_and_check(l, ds, &o, 0, 0, o.steps, NULL), o.steps * o.micro_batch);
+            bb_loader_t *l = start(&o);
+            cr_assert_eq(consume_and_check(l, &o, 0, 0, o.steps, NULL), o.steps * o.micro_batch);
             bb_loader_destroy(l);
         }
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* Resuming near the end of an epoch reads only the frames around the
  * resume point, not everything before it. */
 Test(loader, resume_reads_only_what_it_needs)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.micro_batch = 10, o.start_step = 95, o.steps = 5, o.threads = 1;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(consume_and_check(l, ds, &o, 0, 95, 5, NULL), 50);
+    bb_loader_t *l = start(&o);
+    cr_assert_eq(consume_and_check(l, &o, 0, 95, 5, NULL), 50);
     bb_loader_stats st;
     bb_loader_get_stats(l, &st);
     /* 50 records span at most 2 windows of 8 frames; one more window may be
@@ -339,22 +320,16 @@ Test(loader, resume_reads_only_what_it_needs)
     cr_assert_leq(st.frames, 24, "resuming at step 95 of 100 decompressed %llu frames",
                   (unsigned long long)st.frames);
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* A device may keep `hold` batches unreleased; asking for more fails at
  * once instead of waiting for ever for a slot it holds itself. */
 Test(loader, holding_too_many_batches_is_an_error_not_a_hang, .timeout = 20)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.micro_batch = 4, o.threads = 1, o.prefetch = 1, o.hold = 3;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_loader_t *l = start(&o);
     bb_batch held[3], extra;
     for (int i = 0; i < 3; i++) cr_assert_eq(bb_loader_next(l, 0, &held[i]), BB_OK, "batch %d", i);
     cr_assert_eq(bb_loader_next(l, 0, &extra), BB_ERR_ARG);
@@ -363,9 +338,6 @@ Test(loader, holding_too_many_batches_is_an_error_not_a_hang, .timeout = 20)
     cr_assert_eq(bb_loader_next(l, 0, &extra), BB_OK, "%s", bb_error_message());
     cr_assert_eq(extra.step, 3, "the refused call must not skip a batch");
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* When one device's thread stops consuming, another device's thread ends
@@ -389,13 +361,10 @@ static void *consume_device_1(void *arg)
 
 Test(loader, stop_wakes_a_device_blocked_behind_another, .timeout = 20)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.devices = 2, o.micro_batch = 4, o.threads = 1, o.prefetch = 1;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_loader_t *l = start(&o);
     struct device_thread t = {.loader = l};
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, consume_device_1, &t), 0);
@@ -406,15 +375,10 @@ Test(loader, stop_wakes_a_device_blocked_behind_another, .timeout = 20)
     cr_assert_eq(t.status, BB_ERR_CLOSED);
     cr_assert_lt(t.batches, 100, "device 1 should have stalled behind device 0");
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 Test(loader, rejects_a_global_batch_larger_than_the_dataset)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.devices = 2, o.accumulation = 4, o.micro_batch = 200;
@@ -423,28 +387,19 @@ Test(loader, rejects_a_global_batch_larger_than_the_dataset)
     cr_assert(strstr(bb_error_message(), "fewer than one global batch of 1600"), "%s", bb_error_message());
     o.micro_batch = 0;
     cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* A corrupt frame in the middle of the epoch: the batches before it arrive
  * intact, then the consumer gets the error naming file and frame. */
 static void corrupt_frame_reaches_consumer(bb_io_mode io, uint32_t threads)
 {
-    char *dir = make_dataset();
     char *shard = tu_path(dir, "shard-00002.bbs");
-    bb_dataset_t *ds = open_dataset(dir);
     const bb_shard_frame *f = bb_shard_frame_at(bb_dataset_shard(ds, 2), 3);
-    long offset = (long)(f->offset + f->compressed_size / 2);
-    bb_dataset_close(ds);
-    tu_flip_byte(shard, offset, 0x5a);
-    ds = open_dataset(dir);
+    tu_flip_byte(shard, (long)(f->offset + f->compressed_size / 2), 0x5a); /* under the open dataset */
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.micro_batch = 10, o.threads = threads, o.io = io, o.steps = RECORDS / 10;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_loader_t *l = start(&o);
     bb_batch b;
     bb_status rc;
     uint64_t good = 0;
@@ -458,9 +413,7 @@ static void corrupt_frame_reaches_consumer(bb_io_mode io, uint32_t threads)
     cr_assert(strstr(bb_error_message(), "frame 3"), "%s", bb_error_message());
     cr_assert_eq(bb_loader_next(l, 0, &b), BB_ERR_CORRUPT, "a later call must fail the same way");
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(shard), free(dir);
+    free(shard);
 }
 
 Test(loader, corrupt_frame_surfaces_at_the_consumer_uring) { corrupt_frame_reaches_consumer(BB_IO_URING, 2); }
@@ -471,32 +424,25 @@ Test(loader, corrupt_frame_surfaces_at_the_consumer_pread) { corrupt_frame_reach
  * naming the file. */
 Test(loader, shard_shrunk_under_the_loader_is_an_io_error)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     char *shard = tu_path(dir, "shard-00001.bbs");
     tu_truncate(shard, 40);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.micro_batch = 10, o.steps = RECORDS / 10;
-    bb_loader_t *l;
-    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+    bb_loader_t *l = start(&o);
     bb_batch b;
     bb_status rc;
     while ((rc = bb_loader_next(l, 0, &b)) == BB_OK) bb_loader_release(l, &b);
     cr_assert_eq(rc, BB_ERR_IO, "got %s: %s", bb_status_name(rc), bb_error_message());
     cr_assert(strstr(bb_error_message(), "shard-00001.bbs: frame"), "%s", bb_error_message());
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(shard), free(dir);
+    free(shard);
 }
 
 /* Destroying mid-epoch, with a batch still held and threads blocked on full
  * rings, joins everything and frees everything (ASan checks the frees). */
 Test(loader, destroy_mid_epoch)
 {
-    char *dir = make_dataset();
-    bb_dataset_t *ds = open_dataset(dir);
     for (uint32_t threads = 1; threads <= 4; threads++) {
         bb_loader_options o;
         bb_loader_defaults(&o);
@@ -512,9 +458,6 @@ Test(loader, destroy_mid_epoch)
         bb_loader_destroy(l);
     }
     bb_loader_destroy(NULL);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* Registered io_uring buffers count against RLIMIT_MEMLOCK: with a limit
@@ -523,7 +466,6 @@ Test(loader, destroy_mid_epoch)
  * buffers, and the data is the same. */
 Test(loader, unregistered_reads_when_memlock_is_too_small)
 {
-    char *dir = make_dataset();
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct caps[2];
     cr_assert_eq(syscall(SYS_capget, &header, caps), 0);
@@ -531,7 +473,6 @@ Test(loader, unregistered_reads_when_memlock_is_too_small)
     cr_assert_eq(syscall(SYS_capset, &header, caps), 0, "cannot drop CAP_IPC_LOCK");
     struct rlimit small = {24 << 10, 24 << 10};
     cr_assert_eq(setrlimit(RLIMIT_MEMLOCK, &small), 0);
-    bb_dataset_t *ds = open_dataset(dir);
     bb_loader_options o;
     bb_loader_defaults(&o);
     o.io = BB_IO_URING, o.micro_batch = 8, o.steps = RECORDS / 8;
@@ -544,11 +485,8 @@ Test(loader, unregistered_reads_when_memlock_is_too_small)
                      bb_error_message());
     cr_assert_eq(rc, BB_OK, "%s", bb_error_message());
     cr_assert_str_eq(bb_loader_io_description(l), "io_uring");
-    cr_assert_eq(consume_and_check(l, ds, &o, 0, 0, o.steps, NULL), o.steps * 8);
+    cr_assert_eq(consume_and_check(l, &o, 0, 0, o.steps, NULL), o.steps * 8);
     bb_loader_destroy(l);
-    bb_dataset_close(ds);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* ---- bigbatch bench loader ---------------------------------------------- */
@@ -563,7 +501,6 @@ static double json_number(const char *json, const char *key)
 
 Test(loader, bench_loader_json_and_errors)
 {
-    char *dir = make_dataset();
     tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--seconds", "0.2", "--json");
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
     double records = json_number(r.out, "records_per_s"), raw = json_number(r.out, "raw_mb_per_s");
@@ -590,8 +527,6 @@ Test(loader, bench_loader_json_and_errors)
     r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "mmap");
     tu_assert_error(&r, "--io", "mmap");
     tu_run_free(&r);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* ---- io_uring refused: seccomp makes io_uring_setup fail --------------- */
@@ -610,10 +545,9 @@ static void deny_io_uring(int err)
 
 static void falls_back_when_io_uring_fails(int err, const char *reason)
 {
-    char *dir = make_dataset();
     deny_io_uring(err); /* this test's process and the CLI it starts */
     bb_log_set_threshold(BB_LOG_ERROR); /* the CLI below checks the warning */
-    check_one_epoch(dir, splits[1], 2, BB_IO_AUTO, false);
+    check_one_epoch(splits[1], 2, BB_IO_AUTO, false);
 
     tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--seconds", "0.2", "--micro-batch", "8", "--json");
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
@@ -627,8 +561,6 @@ static void falls_back_when_io_uring_fails(int err, const char *reason)
     r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "uring", "--seconds", "0.2");
     tu_assert_error(&r, "--io uring", "io_uring cannot start", reason);
     tu_run_free(&r);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 Test(loader, falls_back_to_pread_on_enosys) { falls_back_when_io_uring_fails(ENOSYS, "Function not implemented"); }

@@ -8,16 +8,8 @@
 #include <string.h>
 
 #include "bigbatch/loader.h"
+#include "tsan_check.h"
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "tsan_loader: %s:%d: ", __FILE__, __LINE__);   \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, " (%s)\n", bb_error_message());                \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
 
 enum { RECORDS = 3000, RECORD_SIZE = 8 };
 

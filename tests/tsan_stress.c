@@ -8,16 +8,8 @@
 #include <unistd.h>
 
 #include "bigbatch/shard.h"
+#include "tsan_check.h"
 
-#define CHECK(cond, ...)                                             \
-    do {                                                             \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "tsan_stress: %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                            \
-            fprintf(stderr, " (%s)\n", bb_error_message());          \
-            exit(1);                                                 \
-        }                                                            \
-    } while (0)
 
 /* Parallel frame compression: write with 4 threads, read back, compare. */
 static void writer_round_trip(const char *dir, uint64_t seed)
