@@ -34,9 +34,9 @@ ifeq ($(USE_CUDA),1)
   endif
 endif
 
-PKGS      := liburing libzstd libxxhash zlib
+PKGS      := liburing libzstd libxxhash zlib openblas
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -1,8 +1,22 @@
-/* backend.h — compute backends. For now: discovering CUDA devices.
+/* backend.h — compute backends: device memory with accounting, copies,
+ * synchronization, and the ops the models are built from.
  *
- *   bb_cuda_info info;
- *   bb_cuda_probe(&info);
- *   if (info.device_count == 0) printf("no GPU: %s\n", info.reason);
+ * How to use:
+ *   bb_backend_options bo = {.device_mem = 256 << 20};    // 0: no cap
+ *   bb_backend_t *be;
+ *   BB_TRY(bb_backend_create_cpu(&bo, &be));
+ *   float *w;
+ *   BB_TRY(bb_backend_alloc(be, n * sizeof(float), "weights", (void **)&w));
+ *   bb_op_linear_forward(be, out, in, w, bias, N, IC, OC);
+ *   bb_backend_free(be, w);
+ *   bb_backend_destroy(be);
+ *
+ * Every op is a call through the backend's vtable (src/backend/backend_impl.h,
+ * in the style of ggml-backend): the CPU instance uses OpenBLAS cblas_sgemm
+ * and plain C loops; the CUDA instance comes with the CUDA issue. Pointers in
+ * ops are device pointers of that backend; shapes are written beside them,
+ * row-major. Ops that "accumulate" add into their output when `accumulate`
+ * is true and overwrite it otherwise (first micro-step).
  *
  * A CUDA build links the CUDA runtime statically and no libcuda: it loads and
  * runs on machines without a GPU driver, where the probe reports no device.
@@ -12,6 +26,7 @@
 
 #include "bigbatch/core.h"
 
+/* ---- CUDA discovery ---------------------------------------------------- */
 typedef struct bb_cuda_info {
     bool compiled;          /* this build contains the CUDA backend */
     int runtime_version;    /* e.g. 13000 for CUDA 13.0; 0 when not compiled */
@@ -25,5 +40,109 @@ typedef struct bb_cuda_info {
 
 /* Fills `info`; never fails (a missing GPU or driver is reported, not an error). */
 void bb_cuda_probe(bb_cuda_info *info);
+
+/* ---- backends ---------------------------------------------------------- */
+typedef struct bb_backend bb_backend_t;
+
+typedef struct bb_backend_options {
+    int device;              /* index among the backend's devices */
+    uint64_t device_mem;     /* cap on device allocations in bytes; 0: none */
+    int threads;             /* CPU: BLAS threads for this backend; 0: all CPUs */
+} bb_backend_options;
+
+/* The CPU backend. Fails with BB_ERR_NOMEM. */
+bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out);
+/* Frees the backend and every allocation still live; accepts NULL. */
+void bb_backend_destroy(bb_backend_t *b);
+/* "cpu", "cuda:0", ... */
+const char *bb_backend_name(const bb_backend_t *b);
+
+/* Allocates `bytes` of device memory, 64-byte aligned, for `what` (named in
+ * messages). Fails with BB_ERR_OOM, saying the bytes asked, the bytes in
+ * use, the cap, and which flags reduce memory (--micro-batch,
+ * --checkpoint), when the cap or the device would be exceeded. */
+bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void **out);
+/* Frees an allocation of this backend; accepts NULL. */
+void bb_backend_free(bb_backend_t *b, void *ptr);
+/* Bytes allocated now and the most at any time since creation (or since
+ * bb_backend_reset_peak). */
+uint64_t bb_backend_bytes_in_use(const bb_backend_t *b);
+uint64_t bb_backend_peak_bytes(const bb_backend_t *b);
+void bb_backend_reset_peak(bb_backend_t *b);
+
+/* Host memory the device copies from fast (pinned on CUDA). */
+bb_status bb_backend_host_alloc(bb_backend_t *b, size_t bytes, void **out);
+void bb_backend_host_free(bb_backend_t *b, void *ptr, size_t bytes);
+
+typedef enum bb_copy_kind { BB_COPY_H2D, BB_COPY_D2H, BB_COPY_D2D } bb_copy_kind;
+bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind);
+bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes);
+/* Waits for every op queued on the backend (a no-op on the CPU). */
+bb_status bb_backend_synchronize(bb_backend_t *b);
+
+/* ---- ops --------------------------------------------------------------- */
+/* out = in · wᵀ + bias (bias may be NULL). */
+void bb_op_linear_forward(bb_backend_t *b, float *out /* (N,OC) */, const float *in /* (N,IC) */,
+                          const float *w /* (OC,IC) */, const float *bias /* (OC) */, int N, int IC, int OC);
+/* din = dout · w (overwritten; din may be NULL); dw, dbias accumulate. */
+void bb_op_linear_backward(bb_backend_t *b, float *din /* (N,IC) */, float *dw /* (OC,IC) */,
+                           float *dbias /* (OC) or NULL */, const float *dout /* (N,OC) */,
+                           const float *in /* (N,IC) */, const float *w /* (OC,IC) */, int N, int IC, int OC,
+                           bool accumulate);
+
+void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
+/* din = dout where in > 0, else 0 (overwritten; may alias dout). */
+void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+/* GELU, tanh form (GPT-2; PyTorch approximate='tanh'). */
+void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
+void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+
+/* LayerNorm over the last dimension, eps 1e-5; saves mean and 1/std. */
+void bb_op_layernorm_forward(bb_backend_t *b, float *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
+                             const float *in /* (N,C) */, const float *w /* (C) */, const float *bias /* (C) */,
+                             int N, int C);
+/* din += ...; dw, dbias accumulate. */
+void bb_op_layernorm_backward(bb_backend_t *b, float *din /* (N,C) */, float *dw, float *dbias,
+                              const float *dout /* (N,C) */, const float *in, const float *w, const float *mean,
+                              const float *rstd, int N, int C, bool accumulate);
+
+/* out[b,t] = wte[tokens[b,t]] + wpe[t]. */
+void bb_op_embedding_forward(bb_backend_t *b, float *out /* (B,T,C) */, const int32_t *tokens /* (B,T) */,
+                             const float *wte /* (V,C) */, const float *wpe /* (maxT,C) */, int B, int T, int C);
+void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout /* (B,T,C) */,
+                              const int32_t *tokens, int B, int T, int C, bool accumulate_wte,
+                              bool accumulate_wpe);
+
+/* Causal multi-head self-attention of qkv = [q | k | v]; saves the
+ * softmax probabilities in att for the backward. */
+void bb_op_attention_forward(bb_backend_t *b, float *out /* (B,T,C) */, float *att /* (B,NH,T,T) */,
+                             const float *qkv /* (B,T,3C) */, int B, int T, int C, int NH);
+/* dqkv overwritten; scratch (B,NH,T,T) is clobbered. */
+void bb_op_attention_backward(bb_backend_t *b, float *dqkv /* (B,T,3C) */, float *scratch /* (B,NH,T,T) */,
+                              const float *dout /* (B,T,C) */, const float *qkv, const float *att, int B, int T,
+                              int C, int NH);
+
+/* out = x + y (out may alias either). */
+void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
+
+/* Softmax + cross-entropy in one pass over logits (N,V). Returns through
+ * *loss the sum of -log p[target] over the rows divided by `normalizer`;
+ * when dlogits is not NULL, writes (softmax - onehot) / normalizer (it may
+ * alias logits). Rows whose target is -1 are ignored. `valid` (may be
+ * NULL) gets the number of rows with a target. */
+void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits /* (N,V) */,
+                                const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
+                                float normalizer, int *valid);
+
+/* AdamW (decoupled weight decay, bias correction at step t >= 1), in place. */
+void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int t);
+/* SGD with momentum (PyTorch's rule: buf = momentum*buf + g + wd*p). */
+void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+               float momentum, float weight_decay);
+/* Sum of squares of x[0..n), accumulated in double. */
+double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
+/* x *= factor. */
+void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n);
 
 #endif /* BIGBATCH_BACKEND_H */

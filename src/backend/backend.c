@@ -1,0 +1,191 @@
+/* backend.c — the backend wrappers: allocation accounting and the cap,
+ * optional vtable entries, and the op entry points. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_impl.h"
+
+bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_backend_options *o)
+{
+    snprintf(b->name, sizeof b->name, "%s", name);
+    if (o) b->opt = *o;
+    return BB_OK;
+}
+
+void bb_backend_destroy(bb_backend_t *b)
+{
+    if (!b) return;
+    for (size_t i = 0; i < b->allocation_count; i++) b->vt->free(b, b->allocations[i].ptr);
+    free(b->allocations);
+    if (b->vt->destroy) b->vt->destroy(b);
+    free(b);
+}
+
+const char *bb_backend_name(const bb_backend_t *b) { return b->name; }
+uint64_t bb_backend_bytes_in_use(const bb_backend_t *b) { return b->in_use; }
+uint64_t bb_backend_peak_bytes(const bb_backend_t *b) { return b->peak; }
+void bb_backend_reset_peak(bb_backend_t *b) { b->peak = b->in_use; }
+
+static bb_status out_of_memory(bb_backend_t *b, size_t bytes, const char *what, const char *limit_kind,
+                               uint64_t limit)
+{
+    char asked[32], used[32], cap[32];
+    bb_format_bytes(bytes, asked, sizeof asked);
+    bb_format_bytes(b->in_use, used, sizeof used);
+    bb_format_bytes(limit, cap, sizeof cap);
+    return bb_fail(BB_ERR_OOM,
+                   "%s: out of memory allocating %s for %s: %s in use, %s %s; a smaller --micro-batch or "
+                   "--checkpoint blocks (or every:K) needs less",
+                   b->name, asked, what, used, limit_kind, cap);
+}
+
+bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void **out)
+{
+    *out = NULL;
+    if (b->opt.device_mem && b->in_use + bytes > b->opt.device_mem)
+        return out_of_memory(b, bytes, what, "cap (--device-mem)", b->opt.device_mem);
+    if (b->allocation_count == b->allocation_capacity) {
+        size_t cap = b->allocation_capacity ? 2 * b->allocation_capacity : 64;
+        bb_allocation *a = realloc(b->allocations, cap * sizeof *a);
+        if (!a) return bb_fail(BB_ERR_NOMEM, "out of memory");
+        b->allocations = a;
+        b->allocation_capacity = cap;
+    }
+    if (b->vt->alloc(b, bytes ? bytes : 1, out) != BB_OK) {
+        uint64_t free_bytes = 0;
+        if (b->vt->device_free_bytes && b->vt->device_free_bytes(b, &free_bytes))
+            return out_of_memory(b, bytes, what, "device free", free_bytes);
+        return out_of_memory(b, bytes, what, "allocator refused; cap", b->opt.device_mem);
+    }
+    b->allocations[b->allocation_count++] = (bb_allocation){*out, bytes, what};
+    b->in_use += bytes;
+    if (b->in_use > b->peak) b->peak = b->in_use;
+    return BB_OK;
+}
+
+void bb_backend_free(bb_backend_t *b, void *ptr)
+{
+    if (!ptr) return;
+    for (size_t i = b->allocation_count; i-- > 0;) {
+        if (b->allocations[i].ptr != ptr) continue;
+        b->in_use -= b->allocations[i].bytes;
+        b->allocations[i] = b->allocations[--b->allocation_count];
+        b->vt->free(b, ptr);
+        return;
+    }
+    BB_WARN("%s: free of %p, which this backend did not allocate", b->name, ptr);
+}
+
+bb_status bb_backend_host_alloc(bb_backend_t *b, size_t bytes, void **out)
+{
+    if (b->vt->host_alloc) return b->vt->host_alloc(b, bytes, out);
+    *out = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    return *out ? BB_OK : bb_fail(BB_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+}
+
+void bb_backend_host_free(bb_backend_t *b, void *ptr, size_t bytes)
+{
+    if (b->vt->host_free)
+        b->vt->host_free(b, ptr, bytes);
+    else
+        free(ptr);
+}
+
+bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
+{
+    return b->vt->copy(b, dst, src, bytes, kind);
+}
+
+bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
+{
+    return b->vt->memset(b, dst, value, bytes);
+}
+
+bb_status bb_backend_synchronize(bb_backend_t *b) { return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK; }
+
+/* ---- ops --------------------------------------------------------------- */
+void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+                          int IC, int OC)
+{
+    b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
+}
+
+void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                           const float *w, int N, int IC, int OC, bool accumulate)
+{
+    b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
+}
+
+void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n) { b->vt->relu_forward(b, out, in, n); }
+
+void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    b->vt->relu_backward(b, din, dout, in, n);
+}
+
+void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n) { b->vt->gelu_forward(b, out, in, n); }
+
+void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    b->vt->gelu_backward(b, din, dout, in, n);
+}
+
+void bb_op_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+                             const float *bias, int N, int C)
+{
+    b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
+}
+
+void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
+                              const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
+                              bool accumulate)
+{
+    b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
+}
+
+void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                             int B, int T, int C)
+{
+    b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
+}
+
+void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                              int B, int T, int C, bool accumulate_wte, bool accumulate_wpe)
+{
+    b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, accumulate_wte, accumulate_wpe);
+}
+
+void bb_op_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    b->vt->attention_forward(b, out, att, qkv, B, T, C, NH);
+}
+
+void bb_op_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                              const float *att, int B, int T, int C, int NH)
+{
+    b->vt->attention_backward(b, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+}
+
+void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n) { b->vt->add(b, out, x, y, n); }
+
+void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                                const int32_t *targets, int N, int V, float normalizer, int *valid)
+{
+    b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
+}
+
+void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+
+void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+               float momentum, float weight_decay)
+{
+    b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
+}
+
+double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n) { return b->vt->sum_squares(b, x, n); }
+
+void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n) { b->vt->scale(b, x, factor, n); }

@@ -1,0 +1,79 @@
+/* backend_impl.h — private: the backend vtable and the state every backend
+ * shares (name, allocation accounting). Instances fill a bb_backend_vtable
+ * with designated initializers; entries marked optional may be NULL and the
+ * wrappers in backend.c check them. */
+#ifndef BIGBATCH_BACKEND_IMPL_H
+#define BIGBATCH_BACKEND_IMPL_H
+
+#include "bigbatch/backend.h"
+
+typedef struct bb_backend_vtable {
+    /* memory: required */
+    bb_status (*alloc)(bb_backend_t *b, size_t bytes, void **out);
+    void (*free)(bb_backend_t *b, void *ptr);
+    bb_status (*copy)(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind);
+    bb_status (*memset)(bb_backend_t *b, void *dst, int value, size_t bytes);
+    /* optional: host memory (default: page-aligned malloc), free device bytes
+     * (for messages), synchronize (default: nothing to wait for), destroy */
+    bb_status (*host_alloc)(bb_backend_t *b, size_t bytes, void **out);
+    void (*host_free)(bb_backend_t *b, void *ptr, size_t bytes);
+    bool (*device_free_bytes)(bb_backend_t *b, uint64_t *free_bytes);
+    bb_status (*synchronize)(bb_backend_t *b);
+    void (*destroy)(bb_backend_t *b);
+
+    /* ops: required (see backend.h for each one's contract) */
+    void (*linear_forward)(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+                           int IC, int OC);
+    void (*linear_backward)(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
+                            const float *in, const float *w, int N, int IC, int OC, bool accumulate);
+    void (*relu_forward)(bb_backend_t *b, float *out, const float *in, size_t n);
+    void (*relu_backward)(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+    void (*gelu_forward)(bb_backend_t *b, float *out, const float *in, size_t n);
+    void (*gelu_backward)(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+    void (*layernorm_forward)(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in,
+                              const float *w, const float *bias, int N, int C);
+    void (*layernorm_backward)(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
+                               const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
+                               bool accumulate);
+    void (*embedding_forward)(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte,
+                              const float *wpe, int B, int T, int C);
+    void (*embedding_backward)(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                               int B, int T, int C, bool accumulate_wte, bool accumulate_wpe);
+    void (*attention_forward)(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    void (*attention_backward)(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+    void (*add)(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
+    void (*softmax_crossentropy)(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                                 const int32_t *targets, int N, int V, float normalizer, int *valid);
+    void (*adamw)(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+    void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                float momentum, float weight_decay);
+    double (*sum_squares)(bb_backend_t *b, const float *x, size_t n);
+    void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
+} bb_backend_vtable;
+
+typedef struct bb_allocation {
+    void *ptr;
+    size_t bytes;
+    const char *what;
+} bb_allocation;
+
+struct bb_backend {
+    const bb_backend_vtable *vt;
+    char name[32];
+    bb_backend_options opt;
+    uint64_t in_use, peak;
+    bb_allocation *allocations; /* live device allocations */
+    size_t allocation_count, allocation_capacity;
+    void *impl;                 /* the instance's own state */
+};
+
+/* backend.c: fills the shared part; the instance sets vt and impl. */
+bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_backend_options *o);
+
+/* cpu_ops.c */
+extern const bb_backend_vtable bb_cpu_vtable;
+
+#endif

@@ -1,0 +1,73 @@
+/* cpu_backend.c — the CPU backend: device memory is host memory (64-byte
+ * aligned), copies are memcpy, and the ops of cpu_ops.c. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+static bb_status cpu_alloc(bb_backend_t *b, size_t bytes, void **out)
+{
+    (void)b;
+    *out = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    return *out ? BB_OK : BB_ERR_OOM;
+}
+
+static void cpu_free(bb_backend_t *b, void *ptr)
+{
+    (void)b;
+    free(ptr);
+}
+
+static bb_status cpu_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
+{
+    (void)b, (void)kind;
+    memmove(dst, src, bytes);
+    return BB_OK;
+}
+
+static bb_status cpu_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
+{
+    (void)b;
+    memset(dst, value, bytes);
+    return BB_OK;
+}
+
+const bb_backend_vtable bb_cpu_vtable = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .memset = cpu_memset,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .add = cpu_add,
+    .softmax_crossentropy = cpu_softmax_crossentropy,
+    .adamw = cpu_adamw,
+    .sgd = cpu_sgd,
+    .sum_squares = cpu_sum_squares,
+    .scale = cpu_scale,
+};
+
+bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
+{
+    *out = NULL;
+    bb_backend_t *b = calloc(1, sizeof *b);
+    if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    b->vt = &bb_cpu_vtable;
+    bb_backend_init_common(b, "cpu", o);
+    /* BLAS threads are process-wide in OpenBLAS; the trainer divides the
+     * cores among its CPU workers before creating them. */
+    if (b->opt.threads > 0) openblas_set_num_threads(b->opt.threads);
+    *out = b;
+    return BB_OK;
+}

@@ -1,0 +1,226 @@
+/* cpu_ops.c — the CPU backend's ops: matrix products through OpenBLAS
+ * cblas_sgemm, everything else plain loops the compiler vectorizes.
+ * Contracts are in backend.h. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+void cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+                        int IC, int OC)
+{
+    (void)b;
+    if (bias)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof *out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out,
+                OC);
+}
+
+void cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                         const float *w, int N, int IC, int OC, bool accumulate)
+{
+    (void)b;
+    if (din) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f,
+                dw, IC);
+    if (dbias) {
+        if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
+        for (int n = 0; n < N; n++) {
+            const float *row = dout + (size_t)n * OC;
+            for (int o = 0; o < OC; o++) dbias[o] += row[o];
+        }
+    }
+}
+
+void cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+void cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) din[i] = in[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+void cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        float t = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        float local = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        din[i] = local * dout[i];
+    }
+}
+
+#define LN_EPS 1e-5f
+
+void cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+                           const float *bias, int N, int C)
+{
+    (void)b;
+    for (int n = 0; n < N; n++) {
+        const float *x = in + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float m = 0.0f, var = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
+        float s = 1.0f / sqrtf(var / C + LN_EPS);
+        for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+void cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                            const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+{
+    (void)b;
+    if (!accumulate) {
+        memset(dw, 0, (size_t)C * sizeof *dw);
+        memset(dbias, 0, (size_t)C * sizeof *dbias);
+    }
+    for (int n = 0; n < N; n++) {
+        const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = din + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
+            dbias[i] += dy[i];
+            dw[i] += norm * dy[i];
+            dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+}
+
+void cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           int B, int T, int C)
+{
+    (void)b;
+    for (int i = 0; i < B * T; i++) {
+        const float *te = wte + (size_t)tokens[i] * C, *pe = wpe + (size_t)(i % T) * C;
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+void cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                            int B, int T, int C, bool accumulate_wte, bool accumulate_wpe)
+{
+    (void)b;
+    /* Without accumulation only the rows this batch touches need zeroing:
+     * token rows are cleared as first met, position rows [0,T) up front. */
+    if (!accumulate_wpe) memset(dwpe, 0, (size_t)T * C * sizeof *dwpe);
+    if (!accumulate_wte)
+        for (int i = 0; i < B * T; i++) memset(dwte + (size_t)tokens[i] * C, 0, (size_t)C * sizeof *dwte);
+    for (int i = 0; i < B * T; i++) {
+        const float *d = dout + (size_t)i * C;
+        float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe + (size_t)(i % T) * C;
+        for (int c = 0; c < C; c++) {
+            te[c] += d[c];
+            pe[c] += d[c];
+        }
+    }
+}
+
+void cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
+}
+
+void cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer, int *valid)
+{
+    (void)b;
+    double total = 0.0;
+    int counted = 0;
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * V;
+        float *dx = dlogits ? dlogits + (size_t)n * V : NULL;
+        int target = targets[n];
+        if (target < 0) {
+            if (dx) memset(dx, 0, (size_t)V * sizeof *dx);
+            continue;
+        }
+        float max = x[0];
+        for (int i = 1; i < V; i++) max = x[i] > max ? x[i] : max;
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) sum += expf(x[i] - max);
+        double log_sum = log(sum);
+        total += log_sum - (double)(x[target] - max);
+        counted++;
+        if (dx) {
+            /* The loss above already read x[target]: dx may alias x. */
+            float scale = (float)(1.0 / sum) / normalizer;
+            for (int i = 0; i < V; i++) dx[i] = expf(x[i] - max) * scale;
+            dx[target] -= 1.0f / normalizer;
+        }
+    }
+    *loss = total / normalizer;
+    if (valid) *valid = counted;
+}
+
+void cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    (void)b;
+    /* The same arithmetic as torch.optim.AdamW (foreach=False). */
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+    float step = lr / bc1, decay = 1.0f - lr * weight_decay;
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i];
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        float p = params[i] * decay;
+        params[i] = p - step * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+void cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+             float momentum, float weight_decay)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) {
+        float d = grads[i] + weight_decay * params[i];
+        if (momentum != 0.0f) d = momentum_buf[i] = momentum * momentum_buf[i] + d;
+        params[i] -= lr * d;
+    }
+}
+
+double cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
+{
+    (void)b;
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] *= factor;
+}

@@ -1,0 +1,37 @@
+/* cpu_ops.h — private: the CPU backend's op implementations (cpu_ops.c,
+ * cpu_attention.c), gathered into its vtable in cpu_backend.c. */
+#ifndef BIGBATCH_CPU_OPS_H
+#define BIGBATCH_CPU_OPS_H
+
+#include "backend_impl.h"
+
+void cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+                        int IC, int OC);
+void cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                         const float *w, int N, int IC, int OC, bool accumulate);
+void cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
+void cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+void cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
+void cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+void cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+                           const float *bias, int N, int C);
+void cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                            const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate);
+void cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           int B, int T, int C);
+void cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                            int B, int T, int C, bool accumulate_wte, bool accumulate_wpe);
+void cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void cpu_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                            const float *att, int B, int T, int C, int NH);
+void cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
+void cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer, int *valid);
+void cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, int t);
+void cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+             float momentum, float weight_decay);
+double cpu_sum_squares(bb_backend_t *b, const float *x, size_t n);
+void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n);
+
+#endif

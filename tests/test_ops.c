@@ -1,0 +1,318 @@
+/* test_ops.c — every op's backward against central finite differences on
+ * the CPU backend (small shapes; the relative error of each gradient tensor
+ * is printed), the optimizers against a reference written out in double,
+ * and the allocator's accounting and out-of-memory message. */
+#include <math.h>
+
+#include "bigbatch/backend.h"
+#include "test_util.h"
+
+static bb_backend_t *be;
+
+static void backend_up(void)
+{
+    bb_backend_options o = {.threads = 1};
+    cr_assert_eq(bb_backend_create_cpu(&o, &be), BB_OK);
+}
+
+static void backend_down(void) { bb_backend_destroy(be); }
+
+TestSuite(ops, .init = backend_up, .fini = backend_down);
+
+/* Uniform in [-scale, scale), deterministic. */
+static float *random_floats(size_t n, uint64_t seed, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x[i] = scale * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+    }
+    return x;
+}
+
+/* The scalar every FD check differentiates: L = sum(out * R), in double. */
+typedef double (*loss_fn)(void *ctx);
+
+static double dot(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Compares `analytic` with central differences of loss() in every element of
+ * x (at most `max_checks`, spread evenly); prints and returns the relative
+ * error ||a - n|| / max(||a||, ||n||). */
+static double fd_check(const char *name, float *x, size_t n, const float *analytic, loss_fn loss, void *ctx,
+                       float eps, double tolerance)
+{
+    double diff = 0, na = 0, nn = 0;
+    size_t step = n > 400 ? n / 400 : 1;
+    for (size_t i = 0; i < n; i += step) {
+        float saved = x[i];
+        x[i] = saved + eps;
+        double plus = loss(ctx);
+        x[i] = saved - eps;
+        double minus = loss(ctx);
+        x[i] = saved;
+        double numeric = (plus - minus) / (2.0 * eps);
+        diff += (analytic[i] - numeric) * (analytic[i] - numeric);
+        na += (double)analytic[i] * analytic[i];
+        nn += numeric * numeric;
+    }
+    double rel = sqrt(diff) / fmax(fmax(sqrt(na), sqrt(nn)), 1e-12);
+    printf("fd %-22s relative error %.2e\n", name, rel);
+    cr_assert_lt(rel, tolerance, "%s: relative error %.3e", name, rel);
+    return rel;
+}
+
+/* ---- linear ------------------------------------------------------------ */
+enum { LN_N = 6, LN_IC = 5, LN_OC = 4 };
+typedef struct linear_ctx {
+    float *in, *w, *bias, *out, *r;
+} linear_ctx;
+
+static double linear_loss(void *arg)
+{
+    linear_ctx *c = arg;
+    bb_op_linear_forward(be, c->out, c->in, c->w, c->bias, LN_N, LN_IC, LN_OC);
+    return dot(c->out, c->r, LN_N * LN_OC);
+}
+
+Test(ops, linear_backward_matches_finite_differences)
+{
+    linear_ctx c = {random_floats(LN_N * LN_IC, 1, 1), random_floats(LN_OC * LN_IC, 2, 1),
+                    random_floats(LN_OC, 3, 1), malloc(LN_N * LN_OC * sizeof(float)),
+                    random_floats(LN_N * LN_OC, 4, 1)};
+    float din[LN_N * LN_IC], dw[LN_OC * LN_IC], db[LN_OC];
+    bb_op_linear_backward(be, din, dw, db, c.r, c.in, c.w, LN_N, LN_IC, LN_OC, false);
+    fd_check("linear.in", c.in, LN_N * LN_IC, din, linear_loss, &c, 1e-2f, 1e-3);
+    fd_check("linear.weight", c.w, LN_OC * LN_IC, dw, linear_loss, &c, 1e-2f, 1e-3);
+    fd_check("linear.bias", c.bias, LN_OC, db, linear_loss, &c, 1e-2f, 1e-3);
+    /* accumulate = true adds a second micro-step's gradient */
+    float dw2[LN_OC * LN_IC], db2[LN_OC];
+    memcpy(dw2, dw, sizeof dw), memcpy(db2, db, sizeof db);
+    bb_op_linear_backward(be, NULL, dw2, db2, c.r, c.in, c.w, LN_N, LN_IC, LN_OC, true);
+    for (int i = 0; i < LN_OC * LN_IC; i++) cr_assert_float_eq(dw2[i], 2 * dw[i], 1e-5);
+    for (int i = 0; i < LN_OC; i++) cr_assert_float_eq(db2[i], 2 * db[i], 1e-5);
+    free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
+}
+
+/* ---- elementwise activations ------------------------------------------ */
+enum { ACT_N = 64 };
+typedef struct act_ctx {
+    void (*forward)(bb_backend_t *, float *, const float *, size_t);
+    float *in, *out, *r;
+} act_ctx;
+
+static double act_loss(void *arg)
+{
+    act_ctx *c = arg;
+    c->forward(be, c->out, c->in, ACT_N);
+    return dot(c->out, c->r, ACT_N);
+}
+
+static void check_activation(const char *name, void (*forward)(bb_backend_t *, float *, const float *, size_t),
+                             void (*backward)(bb_backend_t *, float *, const float *, const float *, size_t))
+{
+    act_ctx c = {forward, random_floats(ACT_N, 5, 3), malloc(ACT_N * sizeof(float)), random_floats(ACT_N, 6, 1)};
+    for (int i = 0; i < ACT_N; i++)
+        if (fabsf(c.in[i]) < 0.05f) c.in[i] = 0.5f; /* ReLU has no derivative at 0 */
+    float din[ACT_N];
+    backward(be, din, c.r, c.in, ACT_N);
+    fd_check(name, c.in, ACT_N, din, act_loss, &c, 1e-3f, 1e-3);
+    free(c.in), free(c.out), free(c.r);
+}
+
+Test(ops, relu_backward_matches_finite_differences)
+{
+    check_activation("relu", bb_op_relu_forward, bb_op_relu_backward);
+}
+
+Test(ops, gelu_backward_matches_finite_differences)
+{
+    check_activation("gelu", bb_op_gelu_forward, bb_op_gelu_backward);
+    /* The tanh form at a few points (PyTorch GELU(approximate='tanh')). */
+    const float x[3] = {-1.0f, 0.5f, 2.0f}, expect[3] = {-0.15880801f, 0.34571401f, 1.95459769f};
+    float y[3];
+    bb_op_gelu_forward(be, y, x, 3);
+    for (int i = 0; i < 3; i++) cr_assert_float_eq(y[i], expect[i], 1e-6, "gelu(%g) = %.8f", x[i], y[i]);
+}
+
+/* ---- layernorm --------------------------------------------------------- */
+enum { LNORM_N = 5, LNORM_C = 8 };
+typedef struct layernorm_ctx {
+    float *in, *w, *bias, *out, *r, mean[LNORM_N], rstd[LNORM_N];
+} layernorm_ctx;
+
+static double layernorm_loss(void *arg)
+{
+    layernorm_ctx *c = arg;
+    bb_op_layernorm_forward(be, c->out, c->mean, c->rstd, c->in, c->w, c->bias, LNORM_N, LNORM_C);
+    return dot(c->out, c->r, LNORM_N * LNORM_C);
+}
+
+Test(ops, layernorm_backward_matches_finite_differences)
+{
+    layernorm_ctx c = {random_floats(LNORM_N * LNORM_C, 7, 2), random_floats(LNORM_C, 8, 1),
+                       random_floats(LNORM_C, 9, 1), malloc(LNORM_N * LNORM_C * sizeof(float)),
+                       random_floats(LNORM_N * LNORM_C, 10, 1)};
+    layernorm_loss(&c);
+    float din[LNORM_N * LNORM_C] = {0}, dw[LNORM_C], db[LNORM_C];
+    bb_op_layernorm_backward(be, din, dw, db, c.r, c.in, c.w, c.mean, c.rstd, LNORM_N, LNORM_C, false);
+    fd_check("layernorm.in", c.in, LNORM_N * LNORM_C, din, layernorm_loss, &c, 1e-2f, 2e-3);
+    fd_check("layernorm.weight", c.w, LNORM_C, dw, layernorm_loss, &c, 1e-2f, 1e-3);
+    fd_check("layernorm.bias", c.bias, LNORM_C, db, layernorm_loss, &c, 1e-2f, 1e-3);
+    free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
+}
+
+/* ---- embedding --------------------------------------------------------- */
+enum { EMB_B = 2, EMB_T = 3, EMB_C = 4, EMB_V = 5 };
+static const int32_t emb_tokens[EMB_B * EMB_T] = {1, 4, 1, 0, 2, 4};
+typedef struct embedding_ctx {
+    float *wte, *wpe, *out, *r;
+} embedding_ctx;
+
+static double embedding_loss(void *arg)
+{
+    embedding_ctx *c = arg;
+    bb_op_embedding_forward(be, c->out, emb_tokens, c->wte, c->wpe, EMB_B, EMB_T, EMB_C);
+    return dot(c->out, c->r, EMB_B * EMB_T * EMB_C);
+}
+
+Test(ops, embedding_backward_matches_finite_differences)
+{
+    embedding_ctx c = {random_floats(EMB_V * EMB_C, 11, 1), random_floats(EMB_T * EMB_C, 12, 1),
+                       malloc(EMB_B * EMB_T * EMB_C * sizeof(float)), random_floats(EMB_B * EMB_T * EMB_C, 13, 1)};
+    float dwte[EMB_V * EMB_C] = {0}, dwpe[EMB_T * EMB_C];
+    bb_op_embedding_backward(be, dwte, dwpe, c.r, emb_tokens, EMB_B, EMB_T, EMB_C, false, false);
+    fd_check("embedding.wte", c.wte, EMB_V * EMB_C, dwte, embedding_loss, &c, 1e-2f, 1e-3);
+    fd_check("embedding.wpe", c.wpe, EMB_T * EMB_C, dwpe, embedding_loss, &c, 1e-2f, 1e-3);
+    free(c.wte), free(c.wpe), free(c.out), free(c.r);
+}
+
+/* ---- attention --------------------------------------------------------- */
+enum { AT_B = 2, AT_T = 5, AT_C = 8, AT_NH = 2 };
+typedef struct attention_ctx {
+    float *qkv, *out, *att, *r;
+} attention_ctx;
+
+static double attention_loss(void *arg)
+{
+    attention_ctx *c = arg;
+    bb_op_attention_forward(be, c->out, c->att, c->qkv, AT_B, AT_T, AT_C, AT_NH);
+    return dot(c->out, c->r, AT_B * AT_T * AT_C);
+}
+
+Test(ops, attention_backward_matches_finite_differences)
+{
+    size_t n_qkv = AT_B * AT_T * 3 * AT_C, n_att = AT_B * AT_NH * AT_T * AT_T;
+    attention_ctx c = {random_floats(n_qkv, 14, 1), malloc(AT_B * AT_T * AT_C * sizeof(float)),
+                       malloc(n_att * sizeof(float)), random_floats(AT_B * AT_T * AT_C, 15, 1)};
+    attention_loss(&c);
+    /* causal: position 0 attends only to itself */
+    for (int h = 0; h < AT_NH; h++) cr_assert_float_eq(c.att[h * AT_T * AT_T], 1.0f, 1e-6);
+    float *dqkv = malloc(n_qkv * sizeof(float)), *scratch = malloc(n_att * sizeof(float));
+    bb_op_attention_backward(be, dqkv, scratch, c.r, c.qkv, c.att, AT_B, AT_T, AT_C, AT_NH);
+    fd_check("attention.qkv", c.qkv, n_qkv, dqkv, attention_loss, &c, 1e-2f, 2e-3);
+    free(c.qkv), free(c.out), free(c.att), free(c.r), free(dqkv), free(scratch);
+}
+
+/* ---- softmax + cross-entropy ------------------------------------------ */
+enum { CE_N = 4, CE_V = 7 };
+static const int32_t ce_targets[CE_N] = {3, 0, -1, 6};
+typedef struct ce_ctx {
+    float *logits;
+} ce_ctx;
+
+static double ce_loss(void *arg)
+{
+    ce_ctx *c = arg;
+    double loss;
+    bb_op_softmax_crossentropy(be, &loss, NULL, c->logits, ce_targets, CE_N, CE_V, 3.0f, NULL);
+    return loss;
+}
+
+Test(ops, softmax_crossentropy_gradient_matches_finite_differences)
+{
+    ce_ctx c = {random_floats(CE_N * CE_V, 16, 3)};
+    float dlogits[CE_N * CE_V];
+    double loss;
+    int valid;
+    bb_op_softmax_crossentropy(be, &loss, dlogits, c.logits, ce_targets, CE_N, CE_V, 3.0f, &valid);
+    cr_assert_eq(valid, 3, "the row with target -1 is ignored");
+    cr_assert_float_eq(loss, ce_loss(&c), 1e-12, "forward-only and fused give the same loss");
+    fd_check("softmax_crossentropy", c.logits, CE_N * CE_V, dlogits, ce_loss, &c, 1e-2f, 1e-3);
+    /* in place: dlogits may alias logits */
+    float copy[CE_N * CE_V];
+    memcpy(copy, c.logits, sizeof copy);
+    double loss2;
+    bb_op_softmax_crossentropy(be, &loss2, copy, copy, ce_targets, CE_N, CE_V, 3.0f, NULL);
+    cr_assert_eq(loss2, loss);
+    cr_assert_eq(memcmp(copy, dlogits, sizeof copy), 0);
+    free(c.logits);
+}
+
+/* ---- optimizers, norms ------------------------------------------------- */
+Test(ops, adamw_and_sgd_match_a_double_precision_reference)
+{
+    enum { N = 33 };
+    float *p = random_floats(N, 17, 1), *g = random_floats(N, 18, 1), m[N] = {0}, v[N] = {0}, buf[N] = {0};
+    double rp[N], rm[N] = {0}, rv[N] = {0};
+    for (int i = 0; i < N; i++) rp[i] = p[i];
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (int t = 1; t <= 5; t++) {
+        bb_op_adamw(be, p, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        for (int i = 0; i < N; i++) {
+            rm[i] = b1 * rm[i] + (1 - b1) * g[i];
+            rv[i] = b2 * rv[i] + (1 - b2) * g[i] * g[i];
+            double mhat = rm[i] / (1 - pow(b1, t)), vhat = rv[i] / (1 - pow(b2, t));
+            rp[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * rp[i]);
+        }
+    }
+    for (int i = 0; i < N; i++) cr_assert_float_eq(p[i], rp[i], 1e-5, "adamw param %d: %g vs %g", i, p[i], rp[i]);
+
+    float *q = random_floats(N, 19, 1);
+    double rq[N], rb[N] = {0};
+    for (int i = 0; i < N; i++) rq[i] = q[i];
+    for (int t = 0; t < 3; t++) {
+        bb_op_sgd(be, q, g, buf, N, 0.1f, 0.9f, 0.01f);
+        for (int i = 0; i < N; i++) {
+            rb[i] = 0.9 * rb[i] + g[i] + 0.01 * rq[i];
+            rq[i] -= 0.1 * rb[i];
+        }
+    }
+    for (int i = 0; i < N; i++) cr_assert_float_eq(q[i], rq[i], 1e-5, "sgd param %d", i);
+    double ss = bb_op_sum_squares(be, g, N), ref = 0;
+    for (int i = 0; i < N; i++) ref += (double)g[i] * g[i];
+    cr_assert_float_eq(ss, ref, 1e-9);
+    bb_op_scale(be, g, 0.5f, N);
+    cr_assert_float_eq(bb_op_sum_squares(be, g, N), ref / 4, 1e-9);
+    free(p), free(g), free(q);
+}
+
+/* ---- memory accounting ------------------------------------------------- */
+Test(ops, allocations_are_counted_and_capped)
+{
+    bb_backend_t *capped;
+    bb_backend_options o = {.device_mem = 1 << 20};
+    cr_assert_eq(bb_backend_create_cpu(&o, &capped), BB_OK);
+    void *a, *b, *c;
+    cr_assert_eq(bb_backend_alloc(capped, 600 << 10, "activations", &a), BB_OK);
+    cr_assert_eq(bb_backend_alloc(capped, 300 << 10, "gradients", &b), BB_OK);
+    cr_assert_eq(bb_backend_bytes_in_use(capped), 900 << 10);
+    cr_assert_eq(bb_backend_alloc(capped, 200 << 10, "optimizer state", &c), BB_ERR_OOM);
+    const char *msg = bb_error_message();
+    const char *needles[] = {"200.0 KiB", "optimizer state", "900.0 KiB in use", "1.0 MiB", "--micro-batch",
+                             "--checkpoint"};
+    for (size_t i = 0; i < sizeof needles / sizeof *needles; i++)
+        cr_assert(strstr(msg, needles[i]), "'%s' should mention '%s'", msg, needles[i]);
+    bb_backend_free(capped, a);
+    cr_assert_eq(bb_backend_bytes_in_use(capped), 300 << 10);
+    cr_assert_eq(bb_backend_peak_bytes(capped), 900 << 10);
+    cr_assert_eq(bb_backend_alloc(capped, 200 << 10, "optimizer state", &c), BB_OK);
+    bb_backend_reset_peak(capped);
+    cr_assert_eq(bb_backend_peak_bytes(capped), 500 << 10);
+    bb_backend_destroy(capped); /* frees b and c */
+}
