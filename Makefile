@@ -48,7 +48,7 @@ CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -Wall -Wextra -Werror -Wno-missing-field-
 LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
-SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c)
+SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/model/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu)
 ifeq ($(USE_CUDA),1)

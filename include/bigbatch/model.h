@@ -1,0 +1,118 @@
+/* model.h — the models (`mlp`, `gpt`): parameters in one contiguous device
+ * buffer and gradients in another of the same layout, forward with loss,
+ * backward, activation checkpointing, safetensors in and out.
+ *
+ * How to use (one micro-step):
+ *   bb_model_config cfg = bb_model_gpt_config(4, 4, 256, 256, 256);  // layers heads d seq vocab
+ *   cfg.checkpoint_every = 1;                        // --checkpoint blocks
+ *   bb_model_t *m;
+ *   BB_TRY(bb_model_create(be, &cfg, micro_batch, &m));
+ *   bb_model_init(m, seed);
+ *   BB_TRY(bb_model_set_batch(m, inputs, targets));  // host arrays, see below
+ *   double loss;
+ *   BB_TRY(bb_model_forward(m, normalizer, &loss));  // loss = sum / normalizer
+ *   BB_TRY(bb_model_backward(m, accumulate));        // false on the first micro-step
+ *   // bb_model_grads(m) now holds d(sum of losses / normalizer)/d(params)
+ *
+ * Inputs: `mlp` takes float features (B, inputs) and int32 labels (B);
+ * `gpt` takes int32 tokens (B, T) and int32 targets (B, T) (-1: ignored).
+ * bb_model_set_batch_from_records() converts loader records (image_u8:
+ * label then pixels scaled to [0,1]; tokens: T+1 tokens, inputs and targets
+ * shifted by one).
+ *
+ * Checkpointing: the layers (mlp) or blocks (gpt) form segments of
+ * `checkpoint_every` each; the forward keeps only each segment's input and
+ * the backward recomputes a segment before its backward. 0 keeps everything
+ * (one segment). The gradients are bitwise the same either way.
+ */
+#ifndef BIGBATCH_MODEL_H
+#define BIGBATCH_MODEL_H
+
+#include "bigbatch/backend.h"
+#include "bigbatch/shard.h"
+
+#define BB_MLP_MAX_HIDDEN 16
+
+typedef enum bb_model_kind { BB_MODEL_MLP = 1, BB_MODEL_GPT = 2 } bb_model_kind;
+
+typedef struct bb_model_config {
+    bb_model_kind kind;
+    /* mlp */
+    int inputs, classes;
+    int hidden[BB_MLP_MAX_HIDDEN];
+    int hidden_count;
+    /* gpt */
+    int layers, heads, d_model, seq_len, vocab;
+    /* both: layers (mlp: linear layers) per checkpoint segment; 0: none */
+    int checkpoint_every;
+} bb_model_config;
+
+bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
+bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab);
+/* Parses --checkpoint none|blocks|every:K into checkpoint_every (blocks = 1). */
+bb_status bb_model_parse_checkpoint(const char *s, int *every);
+
+typedef struct bb_model bb_model_t;
+
+/* Allocates parameters, gradients and activations for micro-batches of
+ * `micro_batch` on `be`. Fails with BB_ERR_ARG on an inconsistent shape
+ * (e.g. d_model not divisible by heads), BB_ERR_OOM with the allocator's
+ * message. */
+bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micro_batch, bb_model_t **out);
+void bb_model_destroy(bb_model_t *m);
+const bb_model_config *bb_model_get_config(const bb_model_t *m);
+
+/* GPT-2 initialisation for gpt (normal 0.02, residual projections
+ * 0.02/sqrt(2·layers), zero biases, unit LayerNorm); PyTorch's nn.Linear
+ * default (uniform ±1/sqrt(fan_in)) for mlp. Deterministic in seed. */
+bb_status bb_model_init(bb_model_t *m, uint64_t seed);
+
+/* ---- parameters -------------------------------------------------------- */
+typedef struct bb_tensor_info {
+    char name[64];   /* PyTorch state_dict name, e.g. "transformer.h.0.attn.c_attn.weight" */
+    size_t offset;   /* in floats, into the parameter (and gradient) buffer */
+    size_t count;
+    int rank;
+    int shape[2];
+    bool decay;      /* weight decay applies (matrices), not biases and norms */
+} bb_tensor_info;
+
+size_t bb_model_param_count(const bb_model_t *m);
+int bb_model_tensor_count(const bb_model_t *m);
+const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int index);
+float *bb_model_params(bb_model_t *m); /* device memory */
+float *bb_model_grads(bb_model_t *m);  /* device memory */
+
+/* ---- a micro-step ------------------------------------------------------ */
+/* Copies a batch of `micro_batch` examples (host arrays) to the device. */
+bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets);
+/* Converts `count` (= micro_batch) loader records described by `meta` and
+ * sets them as the batch. Fails with BB_ERR_ARG when the records do not fit
+ * the model (kind, shape, token or label out of range). */
+bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records,
+                                          int count);
+/* Forward pass and loss: *loss = (sum of per-example (mlp) or per-token
+ * (gpt) cross-entropy) / normalizer; keeps what backward needs. *correct
+ * (may be NULL) gets the number of argmax hits (mlp), or -1 (gpt). */
+bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *correct);
+/* Gradients of the last forward's loss: written into the gradient buffer
+ * when accumulate is false, added to it when true. */
+bb_status bb_model_backward(bb_model_t *m, bool accumulate);
+/* Examples (mlp) or target tokens (gpt) the last batch had. */
+int bb_model_batch_targets(const bb_model_t *m);
+
+/* Peak of the backend's accounting during the last forward+backward,
+ * minus what was allocated before the forward (parameters, gradients...):
+ * the activation memory. */
+uint64_t bb_model_activation_bytes(const bb_model_t *m);
+
+/* ---- weights for other tools: safetensors, F32 ------------------------- */
+/* Writes every parameter under its PyTorch name (gpt also writes
+ * lm_head.weight, tied to transformer.wte.weight). Fails with BB_ERR_IO. */
+bb_status bb_model_save_safetensors(bb_model_t *m, const char *path);
+/* Reads every parameter from `path`; fails with BB_ERR_FORMAT naming the
+ * tensor when one is missing, has another shape or is not F32, and with
+ * BB_ERR_CORRUPT on a malformed file. */
+bb_status bb_model_load_safetensors(bb_model_t *m, const char *path);
+
+#endif /* BIGBATCH_MODEL_H */

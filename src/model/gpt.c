@@ -1,0 +1,278 @@
+/* gpt.c — the decoder-only transformer (GPT-2 shape: pre-LayerNorm blocks,
+ * causal attention, GELU MLP of 4x, tied token embedding and LM head),
+ * with blocks grouped into checkpoint segments.
+ *
+ * Activations live in `K` block slots (K = blocks per segment; all blocks
+ * without checkpointing) plus each segment's input. The forward runs the
+ * segments in order, each one's blocks through the slots; the backward
+ * walks the segments in reverse and re-runs a segment's forward from its
+ * saved input unless the slots still hold it (the last segment always). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, PER_BLOCK };
+enum { WTE = 0, WPE = 1, FIRST_BLOCK = 2 };
+#define BLOCK_TENSOR(l, k) (FIRST_BLOCK + (l) * PER_BLOCK + (k))
+
+typedef struct block_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (BT,C), (BT), (BT) */
+    float *qkv;                       /* (BT,3C) */
+    float *att;                       /* (B,NH,T,T) */
+    float *atty;                      /* (BT,C) */
+    float *res2;                      /* (BT,C) after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;            /* (BT,4C) */
+    float *res3;                      /* (BT,C) block output */
+} block_acts;
+
+typedef struct gpt_state {
+    int K, S;                /* blocks per segment, segments */
+    float **seg_in;          /* (S) segment inputs (BT,C); seg_in[0] is the embedding */
+    block_acts *slots;       /* (K) */
+    float *lnf, *lnf_mean, *lnf_rstd, *logits; /* logits become dlogits in the forward */
+    float *dres, *dln, *dqkv, *dfch, *datt;     /* backward scratch */
+    int computed_segment;    /* whose activations the slots hold */
+} gpt_state;
+
+static bb_status add_tensors(bb_model_t *m)
+{
+    const bb_model_config *c = &m->cfg;
+    int C = c->d_model;
+    BB_TRY(bb_model_add_tensor(m, "transformer.wte.weight", c->vocab, C, true));
+    BB_TRY(bb_model_add_tensor(m, "transformer.wpe.weight", c->seq_len, C, true));
+    static const struct {
+        const char *name;
+        int rows, cols; /* in multiples of C; cols 0: a vector */
+        bool decay;
+    } block[PER_BLOCK] = {
+        {"ln_1.weight", 1, 0, false},     {"ln_1.bias", 1, 0, false},      {"attn.c_attn.weight", 3, 1, true},
+        {"attn.c_attn.bias", 3, 0, false}, {"attn.c_proj.weight", 1, 1, true}, {"attn.c_proj.bias", 1, 0, false},
+        {"ln_2.weight", 1, 0, false},     {"ln_2.bias", 1, 0, false},      {"mlp.c_fc.weight", 4, 1, true},
+        {"mlp.c_fc.bias", 4, 0, false},   {"mlp.c_proj.weight", 1, 4, true}, {"mlp.c_proj.bias", 1, 0, false},
+    };
+    for (int l = 0; l < c->layers; l++)
+        for (int k = 0; k < PER_BLOCK; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "transformer.h.%d.%s", l, block[k].name);
+            BB_TRY(bb_model_add_tensor(m, name, block[k].rows * C, block[k].cols * C, block[k].decay));
+        }
+    BB_TRY(bb_model_add_tensor(m, "transformer.ln_f.weight", C, 0, false));
+    return bb_model_add_tensor(m, "transformer.ln_f.bias", C, 0, false);
+}
+
+static bb_status alloc_floats(bb_model_t *m, float **out, size_t count, const char *what)
+{
+    return bb_model_alloc_activation(m, count * sizeof(float), what, (void **)out);
+}
+
+static bb_status gpt_create(bb_model_t *m)
+{
+    const bb_model_config *c = &m->cfg;
+    if (c->layers < 1 || c->heads < 1 || c->d_model < 1 || c->seq_len < 1 || c->vocab < 1)
+        return bb_fail(BB_ERR_ARG, "gpt needs positive --layers, --heads, --d-model, --seq-len and a vocabulary");
+    if (c->d_model % c->heads)
+        return bb_fail(BB_ERR_ARG, "--d-model %d is not divisible by --heads %d", c->d_model, c->heads);
+    BB_TRY(add_tensors(m));
+    BB_TRY(bb_model_alloc_parameters(m));
+    gpt_state *g = m->impl = calloc(1, sizeof *g);
+    if (!g) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    g->K = c->checkpoint_every > 0 && c->checkpoint_every < c->layers ? c->checkpoint_every : c->layers;
+    g->S = (c->layers + g->K - 1) / g->K;
+    g->seg_in = calloc((size_t)g->S, sizeof *g->seg_in);
+    g->slots = calloc((size_t)g->K, sizeof *g->slots);
+    if (!g->seg_in || !g->slots) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    size_t BT = (size_t)m->B * c->seq_len, C = c->d_model, TT = (size_t)m->B * c->heads * c->seq_len * c->seq_len;
+    for (int s = 0; s < g->S; s++) BB_TRY(alloc_floats(m, &g->seg_in[s], BT * C, "checkpointed block inputs"));
+    for (int k = 0; k < g->K; k++) {
+        block_acts *a = &g->slots[k];
+        BB_TRY(alloc_floats(m, &a->ln1, BT * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->ln1_mean, BT, "activations"));
+        BB_TRY(alloc_floats(m, &a->ln1_rstd, BT, "activations"));
+        BB_TRY(alloc_floats(m, &a->qkv, BT * 3 * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->att, TT, "attention probabilities"));
+        BB_TRY(alloc_floats(m, &a->atty, BT * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->res2, BT * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->ln2, BT * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->ln2_mean, BT, "activations"));
+        BB_TRY(alloc_floats(m, &a->ln2_rstd, BT, "activations"));
+        BB_TRY(alloc_floats(m, &a->fch, BT * 4 * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->fch_gelu, BT * 4 * C, "activations"));
+        BB_TRY(alloc_floats(m, &a->res3, BT * C, "activations"));
+    }
+    BB_TRY(alloc_floats(m, &g->lnf, BT * C, "activations"));
+    BB_TRY(alloc_floats(m, &g->lnf_mean, BT, "activations"));
+    BB_TRY(alloc_floats(m, &g->lnf_rstd, BT, "activations"));
+    BB_TRY(alloc_floats(m, &g->logits, BT * c->vocab, "logits"));
+    BB_TRY(alloc_floats(m, &g->dres, BT * C, "backward scratch"));
+    BB_TRY(alloc_floats(m, &g->dln, BT * C, "backward scratch"));
+    BB_TRY(alloc_floats(m, &g->dqkv, BT * 3 * C, "backward scratch"));
+    BB_TRY(alloc_floats(m, &g->dfch, BT * 4 * C, "backward scratch"));
+    BB_TRY(alloc_floats(m, &g->datt, TT, "backward scratch"));
+    g->computed_segment = -1;
+    return BB_OK;
+}
+
+static void gpt_destroy(bb_model_t *m)
+{
+    gpt_state *g = m->impl;
+    if (!g) return;
+    /* The buffers belong to the backend's accounting: free them there. */
+    float **all[] = {&g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->dres, &g->dln, &g->dqkv, &g->dfch,
+                     &g->datt};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) bb_backend_free(m->be, *all[i]);
+    for (int s = 0; g->seg_in && s < g->S; s++) bb_backend_free(m->be, g->seg_in[s]);
+    for (int k = 0; g->slots && k < g->K; k++) {
+        block_acts *a = &g->slots[k];
+        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
+                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) bb_backend_free(m->be, bufs[i]);
+    }
+    free(g->seg_in);
+    free(g->slots);
+    free(g);
+}
+
+static bb_status gpt_init(bb_model_t *m, uint64_t seed, float *host)
+{
+    init_rng r = {seed};
+    float proj_std = 0.02f / sqrtf(2.0f * m->cfg.layers);
+    for (int i = 0; i < m->tensor_count; i++) {
+        const bb_tensor_info *t = &m->tensors[i];
+        float *p = host + t->offset;
+        bool proj = strstr(t->name, "c_proj.weight") != NULL;
+        bool norm = strstr(t->name, "ln_") != NULL && strstr(t->name, ".weight") != NULL;
+        for (size_t j = 0; j < t->count; j++)
+            p[j] = t->rank == 2 ? bb_init_normal(&r, proj ? proj_std : 0.02f) : norm ? 1.0f : 0.0f;
+    }
+    return BB_OK;
+}
+
+/* ---- forward ----------------------------------------------------------- */
+static void block_forward(bb_model_t *m, int l, block_acts *a, const float *x)
+{
+    const bb_model_config *c = &m->cfg;
+    bb_backend_t *be = m->be;
+    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
+    size_t n = (size_t)BT * C;
+    bb_op_layernorm_forward(be, a->ln1, a->ln1_mean, a->ln1_rstd, x, model_param(m, BLOCK_TENSOR(l, LN1_W)),
+                            model_param(m, BLOCK_TENSOR(l, LN1_B)), BT, C);
+    bb_op_linear_forward(be, a->qkv, a->ln1, model_param(m, BLOCK_TENSOR(l, ATTN_W)),
+                         model_param(m, BLOCK_TENSOR(l, ATTN_B)), BT, C, 3 * C);
+    bb_op_attention_forward(be, a->atty, a->att, a->qkv, B, T, C, c->heads);
+    bb_op_linear_forward(be, a->res2, a->atty, model_param(m, BLOCK_TENSOR(l, PROJ_W)),
+                         model_param(m, BLOCK_TENSOR(l, PROJ_B)), BT, C, C);
+    bb_op_add(be, a->res2, a->res2, x, n);
+    bb_op_layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, model_param(m, BLOCK_TENSOR(l, LN2_W)),
+                            model_param(m, BLOCK_TENSOR(l, LN2_B)), BT, C);
+    bb_op_linear_forward(be, a->fch, a->ln2, model_param(m, BLOCK_TENSOR(l, FC_W)),
+                         model_param(m, BLOCK_TENSOR(l, FC_B)), BT, C, 4 * C);
+    bb_op_gelu_forward(be, a->fch_gelu, a->fch, n * 4);
+    bb_op_linear_forward(be, a->res3, a->fch_gelu, model_param(m, BLOCK_TENSOR(l, FCPROJ_W)),
+                         model_param(m, BLOCK_TENSOR(l, FCPROJ_B)), BT, 4 * C, C);
+    bb_op_add(be, a->res3, a->res3, a->res2, n);
+}
+
+static int segment_end(const gpt_state *g, const bb_model_config *c, int s)
+{
+    return (s + 1) * g->K < c->layers ? (s + 1) * g->K : c->layers;
+}
+
+/* The input of block l: its segment's saved input, or the previous slot's output. */
+static const float *block_input(const gpt_state *g, int l)
+{
+    return l % g->K == 0 ? g->seg_in[l / g->K] : g->slots[l % g->K - 1].res3;
+}
+
+/* Runs segment s's blocks; saves its output as the next segment's input. */
+static bb_status segment_forward(bb_model_t *m, int s)
+{
+    gpt_state *g = m->impl;
+    int end = segment_end(g, &m->cfg, s);
+    for (int l = s * g->K; l < end; l++) block_forward(m, l, &g->slots[l % g->K], block_input(g, l));
+    g->computed_segment = s;
+    if (s + 1 < g->S)
+        BB_TRY(bb_backend_copy(m->be, g->seg_in[s + 1], g->slots[(end - 1) % g->K].res3,
+                               (size_t)m->B * m->cfg.seq_len * m->cfg.d_model * sizeof(float), BB_COPY_D2D));
+    return BB_OK;
+}
+
+static const float *final_output(const gpt_state *g, const bb_model_config *c)
+{
+    return g->slots[(c->layers - 1) % g->K].res3;
+}
+
+static bb_status gpt_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
+{
+    (void)correct;
+    gpt_state *g = m->impl;
+    const bb_model_config *c = &m->cfg;
+    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
+    bb_op_embedding_forward(m->be, g->seg_in[0], m->tokens, model_param(m, WTE), model_param(m, WPE), B, T, C);
+    for (int s = 0; s < g->S; s++) BB_TRY(segment_forward(m, s));
+    int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
+    bb_op_layernorm_forward(m->be, g->lnf, g->lnf_mean, g->lnf_rstd, final_output(g, c), model_param(m, lnf),
+                            model_param(m, lnf + 1), BT, C);
+    bb_op_linear_forward(m->be, g->logits, g->lnf, model_param(m, WTE), NULL, BT, C, c->vocab);
+    /* Fused loss and its gradient: logits become d(loss)/d(logits). */
+    bb_op_softmax_crossentropy(m->be, loss, g->logits, g->logits, m->targets, BT, c->vocab, normalizer, NULL);
+    return BB_OK;
+}
+
+/* ---- backward ---------------------------------------------------------- */
+/* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on exit. */
+static void block_backward(bb_model_t *m, int l, const block_acts *a, const float *x, bool acc)
+{
+    const bb_model_config *c = &m->cfg;
+    gpt_state *g = m->impl;
+    bb_backend_t *be = m->be;
+    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
+#define W(k) model_param(m, BLOCK_TENSOR(l, k))
+#define D(k) model_grad(m, BLOCK_TENSOR(l, k))
+    bb_op_linear_backward(be, g->dfch, D(FCPROJ_W), D(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), BT, 4 * C, C,
+                          acc);
+    bb_op_gelu_backward(be, g->dfch, g->dfch, a->fch, (size_t)BT * 4 * C);
+    bb_op_linear_backward(be, g->dln, D(FC_W), D(FC_B), g->dfch, a->ln2, W(FC_W), BT, C, 4 * C, acc);
+    bb_op_layernorm_backward(be, g->dres, D(LN2_W), D(LN2_B), g->dln, a->res2, W(LN2_W), a->ln2_mean, a->ln2_rstd,
+                             BT, C, acc);
+    bb_op_linear_backward(be, g->dln, D(PROJ_W), D(PROJ_B), g->dres, a->atty, W(PROJ_W), BT, C, C, acc);
+    bb_op_attention_backward(be, g->dqkv, g->datt, g->dln, a->qkv, a->att, B, T, C, c->heads);
+    bb_op_linear_backward(be, g->dln, D(ATTN_W), D(ATTN_B), g->dqkv, a->ln1, W(ATTN_W), BT, C, 3 * C, acc);
+    bb_op_layernorm_backward(be, g->dres, D(LN1_W), D(LN1_B), g->dln, x, W(LN1_W), a->ln1_mean, a->ln1_rstd, BT, C,
+                             acc);
+#undef W
+#undef D
+}
+
+static bb_status gpt_backward(bb_model_t *m, bool acc)
+{
+    gpt_state *g = m->impl;
+    const bb_model_config *c = &m->cfg;
+    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
+    if (g->computed_segment != g->S - 1) return bb_fail(BB_ERR_INTERNAL, "gpt backward without a forward");
+    int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
+    bb_op_linear_backward(m->be, g->dln, model_grad(m, WTE), NULL, g->logits, g->lnf, model_param(m, WTE), BT, C,
+                          c->vocab, acc);
+    BB_TRY(bb_backend_memset(m->be, g->dres, 0, (size_t)BT * C * sizeof(float)));
+    bb_op_layernorm_backward(m->be, g->dres, model_grad(m, lnf), model_grad(m, lnf + 1), g->dln, final_output(g, c),
+                             model_param(m, lnf), g->lnf_mean, g->lnf_rstd, BT, C, acc);
+    for (int s = g->S - 1; s >= 0; s--) {
+        if (g->computed_segment != s) BB_TRY(segment_forward(m, s)); /* recompute (checkpointing) */
+        for (int l = segment_end(g, c, s) - 1; l >= s * g->K; l--)
+            block_backward(m, l, &g->slots[l % g->K], block_input(g, l), acc);
+    }
+    /* The token embedding's gradient already holds the LM head's part. */
+    bb_op_embedding_backward(m->be, model_grad(m, WTE), model_grad(m, WPE), g->dres, m->tokens, B, T, C, true, acc);
+    g->computed_segment = -1;
+    return BB_OK;
+}
+
+const model_kind_ops bb_gpt_ops = {
+    .create = gpt_create,
+    .init = gpt_init,
+    .forward = gpt_forward,
+    .backward = gpt_backward,
+    .destroy = gpt_destroy,
+};

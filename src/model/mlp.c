@@ -1,0 +1,191 @@
+/* mlp.c — the multi-layer perceptron: linear layers with ReLU between
+ * them, the last one giving class logits; layers grouped into checkpoint
+ * segments as gpt.c groups blocks (see there). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+typedef struct layer_acts {
+    float *pre;  /* (B, out) linear output (the logits for the last layer) */
+    float *post; /* (B, out) ReLU output; NULL for the last layer */
+} layer_acts;
+
+typedef struct mlp_state {
+    int n, K, S;        /* layers, layers per segment, segments */
+    int *width;         /* (n + 1) widths: inputs, hidden..., classes */
+    float **seg_in;     /* (S) segment inputs; seg_in[0] is the features */
+    layer_acts *slots;  /* (K) */
+    float *d_a, *d_b;   /* backward scratch, (B, widest) each */
+    float *host_logits; /* (B, classes) for the accuracy */
+    int computed_segment;
+} mlp_state;
+
+static int widest(const mlp_state *s)
+{
+    int w = 0;
+    for (int i = 0; i <= s->n; i++) w = s->width[i] > w ? s->width[i] : w;
+    return w;
+}
+
+static bb_status mlp_create(bb_model_t *m)
+{
+    const bb_model_config *c = &m->cfg;
+    if (c->inputs < 1 || c->classes < 2 || c->hidden_count < 0 || c->hidden_count > BB_MLP_MAX_HIDDEN)
+        return bb_fail(BB_ERR_ARG, "mlp needs inputs, at least 2 classes and at most %d hidden layers",
+                       BB_MLP_MAX_HIDDEN);
+    mlp_state *s = m->impl = calloc(1, sizeof *s);
+    if (!s) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    s->n = c->hidden_count + 1;
+    s->width = malloc((size_t)(s->n + 1) * sizeof *s->width);
+    if (!s->width) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    s->width[0] = c->inputs;
+    for (int i = 0; i < c->hidden_count; i++) {
+        if (c->hidden[i] < 1) return bb_fail(BB_ERR_ARG, "--hidden sizes must be positive");
+        s->width[i + 1] = c->hidden[i];
+    }
+    s->width[s->n] = c->classes;
+    for (int i = 0; i < s->n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "fc.%d.weight", i);
+        BB_TRY(bb_model_add_tensor(m, name, s->width[i + 1], s->width[i], true));
+        snprintf(name, sizeof name, "fc.%d.bias", i);
+        BB_TRY(bb_model_add_tensor(m, name, s->width[i + 1], 0, false));
+    }
+    BB_TRY(bb_model_alloc_parameters(m));
+    s->K = c->checkpoint_every > 0 && c->checkpoint_every < s->n ? c->checkpoint_every : s->n;
+    s->S = (s->n + s->K - 1) / s->K;
+    s->seg_in = calloc((size_t)s->S, sizeof *s->seg_in);
+    s->slots = calloc((size_t)s->K, sizeof *s->slots);
+    s->host_logits = malloc((size_t)m->B * c->classes * sizeof *s->host_logits);
+    if (!s->seg_in || !s->slots || !s->host_logits) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    size_t row = (size_t)widest(s) * m->B * sizeof(float);
+    s->seg_in[0] = m->features;
+    for (int i = 1; i < s->S; i++)
+        BB_TRY(bb_model_alloc_activation(m, (size_t)m->B * s->width[i * s->K] * sizeof(float),
+                                         "checkpointed layer inputs", (void **)&s->seg_in[i]));
+    for (int k = 0; k < s->K; k++) {
+        BB_TRY(bb_model_alloc_activation(m, row, "activations", (void **)&s->slots[k].pre));
+        BB_TRY(bb_model_alloc_activation(m, row, "activations", (void **)&s->slots[k].post));
+    }
+    BB_TRY(bb_model_alloc_activation(m, row, "backward scratch", (void **)&s->d_a));
+    BB_TRY(bb_model_alloc_activation(m, row, "backward scratch", (void **)&s->d_b));
+    s->computed_segment = -1;
+    return BB_OK;
+}
+
+static void mlp_destroy(bb_model_t *m)
+{
+    mlp_state *s = m->impl;
+    if (!s) return;
+    for (int i = 1; s->seg_in && i < s->S; i++) bb_backend_free(m->be, s->seg_in[i]);
+    for (int k = 0; s->slots && k < s->K; k++) {
+        bb_backend_free(m->be, s->slots[k].pre);
+        bb_backend_free(m->be, s->slots[k].post);
+    }
+    bb_backend_free(m->be, s->d_a);
+    bb_backend_free(m->be, s->d_b);
+    free(s->width);
+    free(s->seg_in);
+    free(s->slots);
+    free(s->host_logits);
+    free(s);
+}
+
+/* nn.Linear's default: weights and biases uniform in ±1/sqrt(fan_in). */
+static bb_status mlp_init(bb_model_t *m, uint64_t seed, float *host)
+{
+    init_rng r = {seed};
+    for (int i = 0; i < m->tensor_count; i++) {
+        const bb_tensor_info *t = &m->tensors[i];
+        int fan_in = t->rank == 2 ? t->shape[1] : m->tensors[i - 1].shape[1];
+        for (size_t j = 0; j < t->count; j++) host[t->offset + j] = bb_init_uniform(&r, 1.0f / sqrtf((float)fan_in));
+    }
+    return BB_OK;
+}
+
+static const float *layer_input(const mlp_state *s, int i)
+{
+    return i % s->K == 0 ? s->seg_in[i / s->K] : s->slots[i % s->K - 1].post;
+}
+
+static bb_status segment_forward(bb_model_t *m, int seg)
+{
+    mlp_state *s = m->impl;
+    int end = (seg + 1) * s->K < s->n ? (seg + 1) * s->K : s->n;
+    for (int i = seg * s->K; i < end; i++) {
+        layer_acts *a = &s->slots[i % s->K];
+        bb_op_linear_forward(m->be, a->pre, layer_input(s, i), model_param(m, 2 * i), model_param(m, 2 * i + 1), m->B,
+                             s->width[i], s->width[i + 1]);
+        if (i + 1 < s->n) bb_op_relu_forward(m->be, a->post, a->pre, (size_t)m->B * s->width[i + 1]);
+    }
+    s->computed_segment = seg;
+    if (seg + 1 < s->S)
+        BB_TRY(bb_backend_copy(m->be, s->seg_in[seg + 1], s->slots[(end - 1) % s->K].post,
+                               (size_t)m->B * s->width[end] * sizeof(float), BB_COPY_D2D));
+    return BB_OK;
+}
+
+static bb_status mlp_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
+{
+    mlp_state *s = m->impl;
+    int classes = m->cfg.classes;
+    for (int seg = 0; seg < s->S; seg++) BB_TRY(segment_forward(m, seg));
+    float *logits = s->slots[(s->n - 1) % s->K].pre;
+    if (correct) {
+        int32_t *labels = malloc((size_t)m->B * sizeof *labels);
+        if (!labels) return bb_fail(BB_ERR_NOMEM, "out of memory");
+        bb_status rc = bb_backend_copy(m->be, s->host_logits, logits, (size_t)m->B * classes * sizeof(float),
+                                       BB_COPY_D2H);
+        if (rc == BB_OK) rc = bb_backend_copy(m->be, labels, m->targets, (size_t)m->B * sizeof *labels, BB_COPY_D2H);
+        *correct = 0;
+        for (int b = 0; rc == BB_OK && b < m->B; b++) {
+            const float *row = s->host_logits + (size_t)b * classes;
+            int best = 0;
+            for (int k = 1; k < classes; k++) best = row[k] > row[best] ? k : best;
+            *correct += best == labels[b];
+        }
+        free(labels);
+        BB_TRY(rc);
+    }
+    bb_op_softmax_crossentropy(m->be, loss, logits, logits, m->targets, m->B, classes, normalizer, NULL);
+    return BB_OK;
+}
+
+static bb_status mlp_backward(bb_model_t *m, bool acc)
+{
+    mlp_state *s = m->impl;
+    if (s->computed_segment != s->S - 1) return bb_fail(BB_ERR_INTERNAL, "mlp backward without a forward");
+    /* dcur: d(loss)/d(this layer's output); the logits slot holds it first. */
+    const float *dcur = s->slots[(s->n - 1) % s->K].pre;
+    float *scratch[2] = {s->d_a, s->d_b};
+    int flip = 0;
+    for (int seg = s->S - 1; seg >= 0; seg--) {
+        if (s->computed_segment != seg) BB_TRY(segment_forward(m, seg));
+        int end = (seg + 1) * s->K < s->n ? (seg + 1) * s->K : s->n;
+        for (int i = end - 1; i >= seg * s->K; i--) {
+            const layer_acts *a = &s->slots[i % s->K];
+            float *dpre = (float *)dcur;
+            if (i + 1 < s->n) { /* through the ReLU, in place */
+                dpre = scratch[flip];
+                bb_op_relu_backward(m->be, dpre, dcur, a->pre, (size_t)m->B * s->width[i + 1]);
+            }
+            float *din = i > 0 ? scratch[flip ^ 1] : NULL;
+            bb_op_linear_backward(m->be, din, model_grad(m, 2 * i), model_grad(m, 2 * i + 1), dpre, layer_input(s, i),
+                                  model_param(m, 2 * i), m->B, s->width[i], s->width[i + 1], acc);
+            dcur = din;
+            flip ^= 1;
+        }
+    }
+    s->computed_segment = -1;
+    return BB_OK;
+}
+
+const model_kind_ops bb_mlp_ops = {
+    .create = mlp_create,
+    .init = mlp_init,
+    .forward = mlp_forward,
+    .backward = mlp_backward,
+    .destroy = mlp_destroy,
+};

@@ -1,0 +1,228 @@
+/* model.c — what both models share: configuration, the parameter table and
+ * buffers, initialisation, batches (and their conversion from loader
+ * records), and the entry points that dispatch to gpt.c or mlp.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes)
+{
+    bb_model_config c = {.kind = BB_MODEL_MLP, .inputs = inputs, .classes = classes, .hidden_count = hidden_count};
+    for (int i = 0; i < hidden_count && i < BB_MLP_MAX_HIDDEN; i++) c.hidden[i] = hidden[i];
+    return c;
+}
+
+bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab)
+{
+    return (bb_model_config){.kind = BB_MODEL_GPT, .layers = layers, .heads = heads, .d_model = d_model,
+                             .seq_len = seq_len, .vocab = vocab};
+}
+
+bb_status bb_model_parse_checkpoint(const char *s, int *every)
+{
+    if (!strcmp(s, "none")) {
+        *every = 0;
+    } else if (!strcmp(s, "blocks")) {
+        *every = 1;
+    } else if (!strncmp(s, "every:", 6)) {
+        char *end;
+        long k = strtol(s + 6, &end, 10);
+        if (*end || k < 1 || k > 1 << 20)
+            return bb_fail(BB_ERR_ARG, "--checkpoint every:K needs a whole K >= 1, not '%s'", s + 6);
+        *every = (int)k;
+    } else {
+        return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, blocks, every:K", s);
+    }
+    return BB_OK;
+}
+
+/* ---- initialisation streams (splitmix64) ------------------------------- */
+static uint64_t next_u64(init_rng *r)
+{
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double next_unit(init_rng *r) { return ((next_u64(r) >> 11) + 0.5) / 9007199254740992.0; }
+
+float bb_init_normal(init_rng *r, float std)
+{
+    double u1 = next_unit(r), u2 = next_unit(r); /* Box-Muller */
+    return (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+float bb_init_uniform(init_rng *r, float bound) { return (float)((2.0 * next_unit(r) - 1.0) * bound); }
+
+/* ---- the parameter table ----------------------------------------------- */
+bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int cols, bool decay)
+{
+    if (m->tensor_count == m->tensor_capacity) {
+        int cap = m->tensor_capacity ? 2 * m->tensor_capacity : 32;
+        bb_tensor_info *t = realloc(m->tensors, (size_t)cap * sizeof *t);
+        if (!t) return bb_fail(BB_ERR_NOMEM, "out of memory");
+        m->tensors = t;
+        m->tensor_capacity = cap;
+    }
+    bb_tensor_info *t = &m->tensors[m->tensor_count++];
+    *t = (bb_tensor_info){.offset = m->param_count, .count = (size_t)rows * (cols ? cols : 1),
+                          .rank = cols ? 2 : 1, .shape = {rows, cols}, .decay = decay};
+    snprintf(t->name, sizeof t->name, "%s", name);
+    m->param_count += t->count;
+    return BB_OK;
+}
+
+bb_status bb_model_alloc_parameters(bb_model_t *m)
+{
+    size_t bytes = m->param_count * sizeof(float);
+    int n = m->cfg.kind == BB_MODEL_GPT ? m->B * m->cfg.seq_len : m->B;
+    BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
+    BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
+    BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
+    BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "targets", (void **)&m->targets));
+    if (m->cfg.kind == BB_MODEL_GPT)
+        return bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "tokens", (void **)&m->tokens);
+    return bb_backend_alloc(m->be, (size_t)m->B * m->cfg.inputs * sizeof(float), "features", (void **)&m->features);
+}
+
+bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out)
+{
+    BB_TRY(bb_backend_alloc(m->be, bytes, what, out));
+    m->activation_bytes += bytes;
+    return BB_OK;
+}
+
+bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micro_batch, bb_model_t **out)
+{
+    *out = NULL;
+    if (micro_batch < 1) return bb_fail(BB_ERR_ARG, "--micro-batch must be at least 1");
+    if (cfg->checkpoint_every < 0) return bb_fail(BB_ERR_ARG, "checkpoint segment size must be >= 0");
+    bb_model_t *m = calloc(1, sizeof *m);
+    if (!m) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    m->be = be;
+    m->cfg = *cfg;
+    m->B = micro_batch;
+    bb_status rc;
+    if (cfg->kind == BB_MODEL_GPT)
+        m->ops = &bb_gpt_ops;
+    else if (cfg->kind == BB_MODEL_MLP)
+        m->ops = &bb_mlp_ops;
+    else {
+        free(m);
+        return bb_fail(BB_ERR_ARG, "unknown model kind %d", cfg->kind);
+    }
+    BB_TRY_GOTO(m->ops->create(m), rc, fail);
+    *out = m;
+    return BB_OK;
+fail:
+    bb_model_destroy(m);
+    return rc;
+}
+
+void bb_model_destroy(bb_model_t *m)
+{
+    if (!m) return;
+    if (m->ops && m->ops->destroy) m->ops->destroy(m);
+    bb_backend_free(m->be, m->params);
+    bb_backend_free(m->be, m->grads);
+    bb_backend_free(m->be, m->features);
+    bb_backend_free(m->be, m->tokens);
+    bb_backend_free(m->be, m->targets);
+    free(m->tensors);
+    free(m);
+}
+
+const bb_model_config *bb_model_get_config(const bb_model_t *m) { return &m->cfg; }
+size_t bb_model_param_count(const bb_model_t *m) { return m->param_count; }
+int bb_model_tensor_count(const bb_model_t *m) { return m->tensor_count; }
+const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int i) { return &m->tensors[i]; }
+float *bb_model_params(bb_model_t *m) { return m->params; }
+float *bb_model_grads(bb_model_t *m) { return m->grads; }
+int bb_model_batch_targets(const bb_model_t *m) { return m->targets_valid; }
+uint64_t bb_model_activation_bytes(const bb_model_t *m) { return m->activation_bytes; }
+
+bb_status bb_model_init(bb_model_t *m, uint64_t seed)
+{
+    float *host = malloc(m->param_count * sizeof *host);
+    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
+    bb_status rc = m->ops->init(m, seed, host);
+    if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
+    free(host);
+    return rc;
+}
+
+/* ---- batches ----------------------------------------------------------- */
+static int batch_targets(const bb_model_t *m)
+{
+    return m->cfg.kind == BB_MODEL_GPT ? m->B * m->cfg.seq_len : m->B;
+}
+
+bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets)
+{
+    int n = batch_targets(m);
+    m->targets_valid = 0;
+    for (int i = 0; i < n; i++) m->targets_valid += targets[i] >= 0;
+    if (m->cfg.kind == BB_MODEL_GPT)
+        BB_TRY(bb_backend_copy(m->be, m->tokens, inputs, (size_t)n * sizeof(int32_t), BB_COPY_H2D));
+    else
+        BB_TRY(bb_backend_copy(m->be, m->features, inputs, (size_t)m->B * m->cfg.inputs * sizeof(float),
+                               BB_COPY_H2D));
+    return bb_backend_copy(m->be, m->targets, targets, (size_t)n * sizeof(int32_t), BB_COPY_H2D);
+}
+
+bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
+{
+    const bb_model_config *c = &m->cfg;
+    if (count != m->B) return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
+    int n = batch_targets(m);
+    int32_t *targets = malloc((size_t)n * sizeof *targets);
+    void *inputs = NULL;
+    bb_status rc = BB_OK;
+    if (c->kind == BB_MODEL_MLP) {
+        size_t pixels = meta->record_size - 1;
+        if (meta->kind != BB_RECORD_IMAGE_U8 || pixels != (size_t)c->inputs)
+            rc = bb_fail(BB_ERR_ARG, "mlp with %d inputs cannot take %s records of %zu pixels", c->inputs,
+                         bb_record_kind_name(meta->kind), pixels);
+        float *x = inputs = malloc((size_t)count * c->inputs * sizeof *x);
+        for (int b = 0; rc == BB_OK && b < count && x; b++) {
+            const uint8_t *r = records + (size_t)b * meta->record_size;
+            if (r[0] >= c->classes) rc = bb_fail(BB_ERR_ARG, "label %u is not below %d classes", r[0], c->classes);
+            targets[b] = r[0];
+            for (int i = 0; i < c->inputs; i++) x[(size_t)b * c->inputs + i] = r[1 + i] / 255.0f;
+        }
+    } else {
+        int T = c->seq_len;
+        size_t width = meta->kind == BB_RECORD_TOKENS_U16 ? 2 : meta->kind == BB_RECORD_TOKENS_U32 ? 4 : 0;
+        if (!width || meta->shape[0] != (uint32_t)T + 1)
+            rc = bb_fail(BB_ERR_ARG, "gpt with --seq-len %d needs token records of %d tokens, not %s [%u]", T, T + 1,
+                         bb_record_kind_name(meta->kind), meta->shape[0]);
+        int32_t *tok = inputs = malloc((size_t)n * sizeof *tok);
+        for (int b = 0; rc == BB_OK && b < count && tok; b++)
+            for (int t = 0; t <= T && rc == BB_OK; t++) {
+                const uint8_t *p = records + (size_t)b * meta->record_size + (size_t)t * width;
+                uint32_t v = width == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                                        : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                              (uint32_t)p[3] << 24;
+                if (v >= (uint32_t)c->vocab) rc = bb_fail(BB_ERR_ARG, "token %u is not below the vocabulary %d", v, c->vocab);
+                if (t < T) tok[b * T + t] = (int32_t)v;
+                if (t > 0) targets[b * T + t - 1] = (int32_t)v;
+            }
+    }
+    if (rc == BB_OK && (!inputs || !targets)) rc = bb_fail(BB_ERR_NOMEM, "out of memory for a batch");
+    if (rc == BB_OK) rc = bb_model_set_batch(m, inputs, targets);
+    free(inputs);
+    free(targets);
+    return rc;
+}
+
+bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
+{
+    if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
+    if (correct) *correct = -1;
+    return m->ops->forward(m, normalizer, loss, correct);
+}
+
+bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->ops->backward(m, accumulate); }

@@ -1,0 +1,265 @@
+/* safetensors.c — model weights in the safetensors format: an 8-byte
+ * little-endian header length, a JSON header {"name": {"dtype": "F32",
+ * "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}},
+ * then the raw little-endian tensor bytes. Only what bigbatch writes is
+ * needed to read: F32 tensors under the model's names. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model_internal.h"
+
+/* ---- writing ----------------------------------------------------------- */
+static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
+
+bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
+{
+    bool tied = m->cfg.kind == BB_MODEL_GPT;
+    size_t cap = (size_t)(m->tensor_count + 2) * 160 + 256, len = 0, offset = 0;
+    char *json = malloc(cap);
+    float *host = malloc(m->param_count * sizeof *host);
+    if (!json || !host) {
+        free(json), free(host);
+        return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
+    }
+    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"bigbatch %s\"}",
+                            BB_VERSION);
+    for (int i = 0; i <= m->tensor_count; i++) {
+        const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
+        if (i == m->tensor_count && !tied) break;
+        const char *name = i < m->tensor_count ? t->name : "lm_head.weight"; /* tied to wte: written twice */
+        size_t bytes = t->count * sizeof(float);
+        len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d", name, t->shape[0]);
+        if (t->rank == 2) len += (size_t)snprintf(json + len, cap - len, ",%d", t->shape[1]);
+        len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+        offset += bytes;
+    }
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    while (len % 8) json[len++] = ' '; /* align the data to 8 bytes */
+    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
+    FILE *f = rc == BB_OK ? fopen(path, "wb") : NULL;
+    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
+    if (f) {
+        uint8_t header[8];
+        for (int i = 0; i < 8; i++) header[i] = (uint8_t)((uint64_t)len >> (8 * i));
+        bool ok = write_all(f, header, 8) && write_all(f, json, len) &&
+                  write_all(f, host, m->param_count * sizeof *host) &&
+                  (!tied || write_all(f, host + m->tensors[0].offset, m->tensors[0].count * sizeof *host));
+        if (fclose(f) != 0) ok = false;
+        if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
+    }
+    free(json);
+    free(host);
+    return rc;
+}
+
+/* ---- a small JSON reader for the header -------------------------------- */
+typedef struct json {
+    const char *p, *end;
+} json;
+
+static void skip_space(json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\t' || *j->p == '\r')) j->p++;
+}
+
+static bool expect(json *j, char c)
+{
+    skip_space(j);
+    if (j->p < j->end && *j->p == c) {
+        j->p++;
+        return true;
+    }
+    return false;
+}
+
+/* Reads a string into out (truncated to cap-1); escapes are kept as is. */
+static bool read_string(json *j, char *out, size_t cap)
+{
+    if (!expect(j, '"')) return false;
+    size_t n = 0;
+    while (j->p < j->end && *j->p != '"') {
+        if (*j->p == '\\' && j->p + 1 < j->end) j->p++;
+        if (n + 1 < cap) out[n++] = *j->p;
+        j->p++;
+    }
+    out[n] = 0;
+    return expect(j, '"');
+}
+
+static bool read_number(json *j, uint64_t *out)
+{
+    skip_space(j);
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return false;
+    uint64_t v = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') v = v * 10 + (uint64_t)(*j->p++ - '0');
+    *out = v;
+    return true;
+}
+
+static bool skip_value(json *j)
+{
+    skip_space(j);
+    if (j->p >= j->end) return false;
+    char c = *j->p;
+    if (c == '"') {
+        char tmp[8];
+        return read_string(j, tmp, sizeof tmp);
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        j->p++;
+        if (expect(j, close)) return true;
+        do {
+            if (c == '{') {
+                char key[8];
+                if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
+            }
+            if (!skip_value(j)) return false;
+        } while (expect(j, ','));
+        return expect(j, close);
+    }
+    while (j->p < j->end && *j->p != ',' && *j->p != '}' && *j->p != ']') j->p++; /* number, true, null */
+    return true;
+}
+
+typedef struct entry {
+    char name[128], dtype[16];
+    uint64_t shape[4], begin, end;
+    int rank;
+} entry;
+
+static bool read_uint_array(json *j, uint64_t *out, int cap, int *count)
+{
+    *count = 0;
+    if (!expect(j, '[')) return false;
+    if (expect(j, ']')) return true;
+    do {
+        uint64_t v;
+        if (!read_number(j, &v)) return false;
+        if (*count < cap) out[*count] = v;
+        (*count)++;
+    } while (expect(j, ','));
+    return expect(j, ']');
+}
+
+static bool read_entry(json *j, entry *e)
+{
+    if (!expect(j, '{')) return false;
+    int offsets = 0;
+    uint64_t pair[2] = {0, 0};
+    do {
+        char key[32];
+        if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
+        if (!strcmp(key, "dtype")) {
+            if (!read_string(j, e->dtype, sizeof e->dtype)) return false;
+        } else if (!strcmp(key, "shape")) {
+            if (!read_uint_array(j, e->shape, 4, &e->rank) || e->rank > 4) return false;
+        } else if (!strcmp(key, "data_offsets")) {
+            if (!read_uint_array(j, pair, 2, &offsets) || offsets != 2) return false;
+        } else if (!skip_value(j)) {
+            return false;
+        }
+    } while (expect(j, ','));
+    e->begin = pair[0], e->end = pair[1];
+    return expect(j, '}');
+}
+
+/* ---- reading ----------------------------------------------------------- */
+static bb_status parse_header(const char *path, const uint8_t *file, size_t size, entry **out, int *count,
+                              size_t *data_start)
+{
+    if (size < 8) return bb_fail(BB_ERR_CORRUPT, "%s: too short for a safetensors file", path);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) n |= (uint64_t)file[i] << (8 * i);
+    if (n > size - 8) return bb_fail(BB_ERR_CORRUPT, "%s: header of %llu bytes runs past the end", path,
+                                     (unsigned long long)n);
+    json j = {(const char *)file + 8, (const char *)file + 8 + n};
+    *data_start = 8 + n;
+    int cap = 64;
+    entry *e = malloc((size_t)cap * sizeof *e);
+    *count = 0;
+    bool ok = e && expect(&j, '{');
+    if (ok && !expect(&j, '}')) do {
+            if (*count == cap) {
+                entry *bigger = realloc(e, (size_t)(cap *= 2) * sizeof *e);
+                if (!bigger) { ok = false; break; }
+                e = bigger;
+            }
+            entry *x = &e[*count];
+            *x = (entry){0};
+            if (!read_string(&j, x->name, sizeof x->name) || !expect(&j, ':')) { ok = false; break; }
+            if (!strcmp(x->name, "__metadata__")) {
+                ok = skip_value(&j);
+            } else {
+                ok = read_entry(&j, x);
+                (*count)++;
+            }
+        } while (ok && expect(&j, ','));
+    if (!ok) {
+        free(e);
+        return bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header near byte %td", path,
+                       j.p - (const char *)file);
+    }
+    *out = e;
+    return BB_OK;
+}
+
+static bb_status copy_tensor(bb_model_t *m, const char *path, const entry *e, const bb_tensor_info *t,
+                             const uint8_t *data, size_t data_size)
+{
+    if (strcmp(e->dtype, "F32"))
+        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s is %s, bigbatch reads F32", path, t->name, e->dtype);
+    bool same = e->rank == t->rank && e->shape[0] == (uint64_t)t->shape[0] &&
+                (t->rank == 1 || e->shape[1] == (uint64_t)t->shape[1]);
+    if (!same)
+        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape [%llu%s%llu], the model wants [%d%s%d]", path, t->name,
+                       (unsigned long long)e->shape[0], e->rank > 1 ? ", " : "",
+                       e->rank > 1 ? (unsigned long long)e->shape[1] : 0ull, t->shape[0], t->rank > 1 ? ", " : "",
+                       t->rank > 1 ? t->shape[1] : 0);
+    if (e->end < e->begin || e->end > data_size || e->end - e->begin != t->count * sizeof(float))
+        return bb_fail(BB_ERR_CORRUPT, "%s: tensor %s: data offsets [%llu, %llu] do not hold %zu floats", path,
+                       t->name, (unsigned long long)e->begin, (unsigned long long)e->end, t->count);
+    return bb_backend_copy(m->be, m->params + t->offset, data + e->begin, t->count * sizeof(float), BB_COPY_H2D);
+}
+
+bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot stat", path);
+    }
+    size_t size = (size_t)st.st_size;
+    const uint8_t *file = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (size && file == MAP_FAILED) return bb_fail_errno(BB_ERR_IO, "%s: cannot map", path);
+    entry *entries = NULL;
+    int count = 0;
+    size_t data_start = 0;
+    bb_status rc = parse_header(path, file, size, &entries, &count, &data_start);
+    for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
+        const bb_tensor_info *t = &m->tensors[i];
+        const entry *e = NULL;
+        for (int k = 0; k < count && !e; k++)
+            if (!strcmp(entries[k].name, t->name)) e = &entries[k];
+        /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
+        if (!e && i == 0 && m->cfg.kind == BB_MODEL_GPT)
+            for (int k = 0; k < count && !e; k++)
+                if (!strcmp(entries[k].name, "lm_head.weight")) e = &entries[k];
+        if (!e)
+            rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
+                         path, t->name, count);
+        else
+            rc = copy_tensor(m, path, e, t, file + data_start, size - data_start);
+    }
+    free(entries);
+    if (size) munmap((void *)file, size);
+    return rc;
+}

@@ -1,0 +1,340 @@
+/* test_model.c — the models on the CPU backend: gradients against finite
+ * differences, checkpointing (bitwise-equal gradients, less activation
+ * memory), gradient accumulation, safetensors, and parity with PyTorch
+ * (tests/torch_parity.py, run on the weights and batch written here). */
+#include <math.h>
+
+#include "bigbatch/model.h"
+#include "test_util.h"
+
+static bb_backend_t *be;
+
+static void backend_up(void)
+{
+    bb_backend_options o = {.threads = 1};
+    cr_assert_eq(bb_backend_create_cpu(&o, &be), BB_OK);
+}
+
+static void backend_down(void) { bb_backend_destroy(be); }
+
+TestSuite(model, .init = backend_up, .fini = backend_down);
+
+enum { GPT_B = 2, GPT_T = 5, GPT_V = 11, MLP_B = 4, MLP_IN = 6, MLP_CLASSES = 3 };
+
+static bb_model_config tiny_gpt(int layers, int checkpoint_every)
+{
+    bb_model_config c = bb_model_gpt_config(layers, 2, 8, GPT_T, GPT_V);
+    c.checkpoint_every = checkpoint_every;
+    return c;
+}
+
+static bb_model_config tiny_mlp(int checkpoint_every)
+{
+    const int hidden[] = {7, 5};
+    bb_model_config c = bb_model_mlp_config(MLP_IN, hidden, 2, MLP_CLASSES);
+    c.checkpoint_every = checkpoint_every;
+    return c;
+}
+
+static bb_model_t *make_model(const bb_model_config *c, int B, uint64_t seed)
+{
+    bb_model_t *m;
+    cr_assert_eq(bb_model_create(be, c, B, &m), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_init(m, seed), BB_OK);
+    return m;
+}
+
+/* A deterministic batch for either kind (gpt: one target ignored), in host
+ * arrays: inputs are int32 tokens (gpt) or float features (mlp). */
+typedef struct host_batch {
+    void *inputs;
+    int32_t *targets;
+    size_t input_bytes, target_count;
+} host_batch;
+
+static host_batch make_batch(const bb_model_config *c, int B, uint64_t seed)
+{
+    bool gpt = c->kind == BB_MODEL_GPT;
+    host_batch h = {.target_count = (size_t)(gpt ? B * c->seq_len : B)};
+    h.input_bytes = gpt ? h.target_count * sizeof(int32_t) : (size_t)B * c->inputs * sizeof(float);
+    h.inputs = malloc(h.input_bytes);
+    h.targets = malloc(h.target_count * sizeof *h.targets);
+    uint64_t s = seed;
+    for (size_t i = 0; i < h.target_count; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h.targets[i] = (int32_t)((s >> 45) % (uint64_t)(gpt ? c->vocab : c->classes));
+        if (gpt) ((int32_t *)h.inputs)[i] = (int32_t)((s >> 20) % (uint64_t)c->vocab);
+    }
+    if (gpt) h.targets[1] = -1;
+    for (int i = 0; !gpt && i < B * c->inputs; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ((float *)h.inputs)[i] = (float)((s >> 40) % 1000) / 1000.0f;
+    }
+    return h;
+}
+
+static void set_batch(bb_model_t *m, int B, uint64_t seed)
+{
+    host_batch h = make_batch(bb_model_get_config(m), B, seed);
+    cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+    free(h.inputs), free(h.targets);
+}
+
+static double loss_of(bb_model_t *m, float normalizer)
+{
+    double loss;
+    cr_assert_eq(bb_model_forward(m, normalizer, &loss, NULL), BB_OK);
+    return loss;
+}
+
+/* Central differences on a sample of every tensor's elements. */
+static void check_gradients(bb_model_t *m, const char *label, float eps)
+{
+    float normalizer = 7.0f;
+    loss_of(m, normalizer);
+    cr_assert_eq(bb_model_backward(m, false), BB_OK);
+    float *p = bb_model_params(m), *g = malloc(bb_model_param_count(m) * sizeof *g);
+    memcpy(g, bb_model_grads(m), bb_model_param_count(m) * sizeof *g);
+    double worst = 0;
+    for (int t = 0; t < bb_model_tensor_count(m); t++) {
+        const bb_tensor_info *ti = bb_model_tensor(m, t);
+        double diff = 0, na = 0, nn = 0;
+        size_t step = ti->count > 24 ? ti->count / 24 : 1;
+        for (size_t i = 0; i < ti->count; i += step) {
+            float *x = p + ti->offset + i, saved = *x;
+            *x = saved + eps;
+            double plus = loss_of(m, normalizer);
+            *x = saved - eps;
+            double minus = loss_of(m, normalizer);
+            *x = saved;
+            double numeric = (plus - minus) / (2.0 * eps), analytic = g[ti->offset + i];
+            diff += (analytic - numeric) * (analytic - numeric);
+            na += analytic * analytic, nn += numeric * numeric;
+        }
+        double rel = sqrt(diff) / fmax(fmax(sqrt(na), sqrt(nn)), 1e-9);
+        printf("fd %s %-36s relative error %.2e\n", label, ti->name, rel);
+        worst = fmax(worst, rel);
+    }
+    cr_assert_lt(worst, 2e-3, "%s: worst relative error %.3e", label, worst);
+    free(g);
+}
+
+/* GPT-2's initialisation (std 0.02) leaves gradients so small that float32
+ * differences drown in rounding; the check spreads the weights wider. */
+static void spread_weights(bb_model_t *m)
+{
+    float *p = bb_model_params(m);
+    uint64_t s = 99;
+    for (int t = 0; t < bb_model_tensor_count(m); t++) {
+        const bb_tensor_info *ti = bb_model_tensor(m, t);
+        bool norm_weight = strstr(ti->name, "ln_") && strstr(ti->name, ".weight");
+        for (size_t i = 0; i < ti->count; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            float u = (float)((s >> 40) % 2001) / 1000.0f - 1.0f;
+            p[ti->offset + i] = norm_weight ? 1.0f + 0.3f * u : 0.3f * u;
+        }
+    }
+}
+
+Test(model, gpt_gradients_match_finite_differences)
+{
+    bb_model_config c = tiny_gpt(2, 0);
+    bb_model_t *m = make_model(&c, GPT_B, 1);
+    spread_weights(m);
+    set_batch(m, GPT_B, 2);
+    check_gradients(m, "gpt", 1e-2f);
+    bb_model_destroy(m);
+}
+
+Test(model, mlp_gradients_match_finite_differences)
+{
+    bb_model_config c = tiny_mlp(0);
+    bb_model_t *m = make_model(&c, MLP_B, 3);
+    set_batch(m, MLP_B, 4);
+    check_gradients(m, "mlp", 1e-3f); /* small: steps must not cross a ReLU kink */
+    bb_model_destroy(m);
+}
+
+/* ---- checkpointing ----------------------------------------------------- */
+static float *gradients_with(const bb_model_config *c, int B, uint64_t *activation_bytes, double *loss)
+{
+    bb_model_t *m = make_model(c, B, 5);
+    set_batch(m, B, 6);
+    cr_assert_eq(bb_model_forward(m, 3.0f, loss, NULL), BB_OK);
+    cr_assert_eq(bb_model_backward(m, false), BB_OK);
+    size_t n = bb_model_param_count(m);
+    float *g = malloc(n * sizeof *g);
+    memcpy(g, bb_model_grads(m), n * sizeof *g);
+    *activation_bytes = bb_model_activation_bytes(m);
+    bb_model_destroy(m);
+    return g;
+}
+
+static void checkpointing_is_bitwise_equal(bb_model_config (*make)(int), const char *kind, int segments_of)
+{
+    bb_model_config none = make(0), every = make(segments_of);
+    int B = none.kind == BB_MODEL_GPT ? GPT_B : MLP_B;
+    uint64_t bytes_none, bytes_ckpt;
+    double loss_none, loss_ckpt;
+    float *a = gradients_with(&none, B, &bytes_none, &loss_none);
+    float *b = gradients_with(&every, B, &bytes_ckpt, &loss_ckpt);
+    bb_model_t *m = make_model(&none, B, 1);
+    size_t n = bb_model_param_count(m);
+    bb_model_destroy(m);
+    cr_assert_eq(loss_none, loss_ckpt, "%s: the loss changed with checkpointing", kind);
+    cr_assert_eq(memcmp(a, b, n * sizeof *a), 0, "%s: gradients differ with checkpointing", kind);
+    cr_assert_lt(bytes_ckpt, bytes_none, "%s: checkpointing should need less activation memory", kind);
+    printf("checkpoint %s every:%d: activations %llu -> %llu bytes\n", kind, segments_of,
+           (unsigned long long)bytes_none, (unsigned long long)bytes_ckpt);
+    free(a), free(b);
+}
+
+static bb_model_config gpt4(int every) { return tiny_gpt(4, every); }
+
+Test(model, checkpointing_changes_memory_not_math)
+{
+    checkpointing_is_bitwise_equal(gpt4, "gpt", 1);
+    checkpointing_is_bitwise_equal(gpt4, "gpt", 3);
+    checkpointing_is_bitwise_equal(tiny_mlp, "mlp", 1);
+}
+
+/* Activation memory of gpt: without checkpointing L block slots; with
+ * blocks, one slot plus L block inputs of B·T·C floats. */
+Test(model, gpt_checkpoint_memory_follows_the_formula)
+{
+    const int L = 6;
+    bb_model_config none = tiny_gpt(L, 0), blocks = tiny_gpt(L, 1);
+    bb_model_t *a = make_model(&none, GPT_B, 1), *b = make_model(&blocks, GPT_B, 1);
+    size_t BT = GPT_B * GPT_T, C = 8, NH = 2, V = GPT_V;
+    size_t slot = (BT * (16 * C + 4) + GPT_B * NH * GPT_T * GPT_T) * 4;   /* one block's activations */
+    size_t fixed = (BT * (C + 2) + BT * V + BT * 9 * C + GPT_B * NH * GPT_T * GPT_T) * 4; /* ln_f, logits, scratch */
+    cr_assert_eq(bb_model_activation_bytes(a), L * slot + BT * C * 4 + fixed);
+    cr_assert_eq(bb_model_activation_bytes(b), slot + L * BT * C * 4 + fixed);
+    bb_model_destroy(a), bb_model_destroy(b);
+}
+
+/* ---- accumulation ------------------------------------------------------ */
+Test(model, eight_micro_batches_equal_one_big_batch)
+{
+    const int hidden[] = {16};
+    bb_model_config c = bb_model_mlp_config(MLP_IN, hidden, 1, MLP_CLASSES);
+    bb_model_t *big = make_model(&c, 256, 7), *small = make_model(&c, 32, 7);
+    float *features = malloc(256 * MLP_IN * sizeof *features);
+    int32_t labels[256];
+    for (int i = 0; i < 256 * MLP_IN; i++) features[i] = (float)((i * 7919) % 1000) / 1000.0f;
+    for (int i = 0; i < 256; i++) labels[i] = (i * 31) % MLP_CLASSES;
+    double loss_big, loss_sum = 0, loss;
+    cr_assert_eq(bb_model_set_batch(big, features, labels), BB_OK);
+    cr_assert_eq(bb_model_forward(big, 256.0f, &loss_big, NULL), BB_OK);
+    cr_assert_eq(bb_model_backward(big, false), BB_OK);
+    for (int k = 0; k < 8; k++) {
+        cr_assert_eq(bb_model_set_batch(small, features + k * 32 * MLP_IN, labels + k * 32), BB_OK);
+        cr_assert_eq(bb_model_forward(small, 256.0f, &loss, NULL), BB_OK);
+        cr_assert_eq(bb_model_backward(small, k > 0), BB_OK);
+        loss_sum += loss;
+    }
+    cr_assert_float_eq(loss_sum, loss_big, 1e-6 * loss_big);
+    const float *a = bb_model_grads(big), *b = bb_model_grads(small);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < bb_model_param_count(big); i++) diff += (a[i] - b[i]) * (a[i] - b[i]), norm += a[i] * a[i];
+    cr_assert_lt(sqrt(diff / norm), 1e-5, "relative difference %.3e", sqrt(diff / norm));
+    free(features);
+    bb_model_destroy(big), bb_model_destroy(small);
+}
+
+/* ---- safetensors ------------------------------------------------------- */
+Test(model, safetensors_round_trip_and_errors)
+{
+    char *dir = tu_temp_dir(), *path = tu_path(dir, "w.safetensors");
+    bb_model_config c = tiny_gpt(2, 0);
+    bb_model_t *a = make_model(&c, GPT_B, 11), *b = make_model(&c, GPT_B, 12);
+    cr_assert_eq(bb_model_save_safetensors(a, path), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_load_safetensors(b, path), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(memcmp(bb_model_params(a), bb_model_params(b), bb_model_param_count(a) * sizeof(float)), 0);
+    size_t size;
+    char *file = (char *)tu_read_file(path, &size);
+    cr_assert(strstr(file + 8, "\"lm_head.weight\"") && strstr(file + 8, "\"transformer.h.1.mlp.c_proj.weight\""));
+    free(file);
+
+    bb_model_config wider = bb_model_gpt_config(2, 2, 16, GPT_T, GPT_V);
+    bb_model_t *w = make_model(&wider, GPT_B, 1);
+    cr_assert_eq(bb_model_load_safetensors(w, path), BB_ERR_FORMAT);
+    cr_assert(strstr(bb_error_message(), "transformer.wte.weight has shape [11, 8], the model wants [11, 16]"), "%s",
+              bb_error_message());
+    bb_model_config deeper = tiny_gpt(3, 0);
+    bb_model_t *d = make_model(&deeper, GPT_B, 1);
+    cr_assert_eq(bb_model_load_safetensors(d, path), BB_ERR_FORMAT);
+    cr_assert(strstr(bb_error_message(), "no tensor transformer.h.2.ln_1.weight"), "%s", bb_error_message());
+    tu_truncate(path, 20);
+    cr_assert_eq(bb_model_load_safetensors(b, path), BB_ERR_CORRUPT);
+    bb_model_destroy(a), bb_model_destroy(b), bb_model_destroy(w), bb_model_destroy(d);
+    tu_rm_tree(dir);
+    free(path), free(dir);
+}
+
+/* ---- PyTorch parity ---------------------------------------------------- */
+/* Writes the initial weights, the batch, the loss and gradients of one
+ * forward/backward, and the weights after 10 AdamW steps on that batch, for
+ * tests/torch_parity.py to redo in PyTorch and compare. */
+static void parity(const bb_model_config *c, int B, const char *kind)
+{
+    if (system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
+        cr_skip_test("skipped: /usr/bin/python3 cannot import torch (make deps installs python3-torch)");
+    char *dir = tu_temp_dir(), path[4200];
+    bb_model_t *m = make_model(c, B, 42), *g = make_model(c, B, 42);
+    host_batch h = make_batch(c, B, 43);
+    snprintf(path, sizeof path, "%s/inputs.bin", dir), tu_write_file(path, h.inputs, h.input_bytes);
+    snprintf(path, sizeof path, "%s/targets.bin", dir), tu_write_file(path, h.targets, h.target_count * 4);
+    snprintf(path, sizeof path, "%s/init.safetensors", dir);
+    cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
+    cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+    float normalizer = (float)bb_model_batch_targets(m);
+    double loss = 0;
+    float *mom = calloc(bb_model_param_count(m), sizeof *mom), *var = calloc(bb_model_param_count(m), sizeof *var);
+    for (int step = 1; step <= 10; step++) {
+        double l;
+        cr_assert_eq(bb_model_forward(m, normalizer, &l, NULL), BB_OK);
+        cr_assert_eq(bb_model_backward(m, false), BB_OK);
+        if (step == 1) {
+            loss = l;
+            memcpy(bb_model_params(g), bb_model_grads(m), bb_model_param_count(m) * sizeof(float));
+            snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+            cr_assert_eq(bb_model_save_safetensors(g, path), BB_OK);
+        }
+        for (int t = 0; t < bb_model_tensor_count(m); t++) {
+            const bb_tensor_info *ti = bb_model_tensor(m, t);
+            bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
+                        var + ti->offset, ti->count, 1e-3f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, step);
+        }
+    }
+    snprintf(path, sizeof path, "%s/after.safetensors", dir);
+    cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
+    char spec[512];
+    if (c->kind == BB_MODEL_GPT)
+        snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->layers, c->heads, c->d_model, c->seq_len, c->vocab, B);
+    else
+        snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->inputs, c->hidden[0], c->hidden[1], c->classes, B);
+    char loss_text[64];
+    snprintf(loss_text, sizeof loss_text, "%.17g", loss);
+    tu_run r = tu_run_argv((char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, NULL});
+    printf("%s", r.out);
+    cr_assert_eq(r.exit_code, 0, "%s parity with PyTorch failed:\n%s%s", kind, r.out, r.err);
+    tu_run_free(&r);
+    free(h.inputs), free(h.targets), free(mom), free(var);
+    bb_model_destroy(m), bb_model_destroy(g);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+Test(model, mlp_matches_pytorch, .timeout = 120)
+{
+    const int hidden[] = {32, 16};
+    bb_model_config c = bb_model_mlp_config(20, hidden, 2, 10);
+    parity(&c, 16, "mlp");
+}
+
+Test(model, gpt_matches_pytorch, .timeout = 120)
+{
+    bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
+    parity(&c, 3, "gpt");
+}
