@@ -50,6 +50,11 @@ typedef struct bb_backend_options {
     int threads;             /* CPU: BLAS threads for this backend; 0: all CPUs */
 } bb_backend_options;
 
+/* Call first thing in main(): when OpenBLAS picked generic kernels on a CPU
+ * with AVX-512 (AVX2), re-executes the program with OPENBLAS_CORETYPE set
+ * to SkylakeX (Haswell), saying so in one info line. Returns otherwise. */
+void bb_cpu_fix_blas_core(char **argv);
+
 /* The CPU backend. Fails with BB_ERR_NOMEM. */
 bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out);
 /* Frees the backend and every allocation still live; accepts NULL. */

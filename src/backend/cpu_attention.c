@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 void cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
@@ -22,7 +23,7 @@ void cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float 
             for (int i = 0; i < T; i++) {
                 float *row = p + (size_t)i * T, max = row[0], sum = 0.0f;
                 for (int j = 1; j <= i; j++) max = row[j] > max ? row[j] : max;
-                for (int j = 0; j <= i; j++) sum += row[j] = expf(row[j] - max);
+                for (int j = 0; j <= i; j++) sum += row[j] = bb_expf(row[j] - max);
                 float inv = 1.0f / sum;
                 for (int j = 0; j <= i; j++) row[j] *= inv;
                 memset(row + i + 1, 0, (size_t)(T - i - 1) * sizeof *row);

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_ops.h"
 
@@ -70,4 +71,28 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
     if (b->opt.threads > 0) openblas_set_num_threads(b->opt.threads);
     *out = b;
     return BB_OK;
+}
+
+/* Debian's OpenBLAS 0.3.21 may pick a generic kernel ("Prescott") on CPUs it
+ * does not know, and then runs sgemm ~6x slower (DESIGN.md's measured
+ * facts). The choice is made when the library loads, so the fix is to set
+ * OPENBLAS_CORETYPE and start the program again. */
+void bb_cpu_fix_blas_core(char **argv)
+{
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core) return;
+    static const char *const generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+                                          "Coppermine", "Northwood", "Banias", "Unknown"};
+    bool is_generic = false;
+    for (size_t i = 0; i < sizeof generic / sizeof *generic; i++) is_generic |= strcasecmp(core, generic[i]) == 0;
+    if (!is_generic) return;
+    __builtin_cpu_init();
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                                                                        : NULL;
+    if (!better) return;
+    BB_INFO("OpenBLAS chose the %s kernels on this %s-capable CPU; restarting with OPENBLAS_CORETYPE=%s", core,
+            strcmp(better, "SkylakeX") ? "AVX2" : "AVX-512", better);
+    setenv("OPENBLAS_CORETYPE", better, 1);
+    execv("/proc/self/exe", argv);
+    BB_WARN("could not restart with OPENBLAS_CORETYPE=%s; matrix products will be slow", better);
 }

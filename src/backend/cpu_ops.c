@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 void cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
@@ -52,7 +53,7 @@ void cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
     (void)b;
     for (size_t i = 0; i < n; i++) {
         float x = in[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+        out[i] = 0.5f * x * (1.0f + bb_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
     }
 }
 
@@ -61,7 +62,7 @@ void cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const flo
     (void)b;
     for (size_t i = 0; i < n; i++) {
         float x = in[i];
-        float t = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        float t = bb_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
         float local = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         din[i] = local * dout[i];
     }
@@ -169,14 +170,14 @@ void cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, con
         float max = x[0];
         for (int i = 1; i < V; i++) max = x[i] > max ? x[i] : max;
         double sum = 0.0;
-        for (int i = 0; i < V; i++) sum += expf(x[i] - max);
+        for (int i = 0; i < V; i++) sum += bb_expf(x[i] - max);
         double log_sum = log(sum);
         total += log_sum - (double)(x[target] - max);
         counted++;
         if (dx) {
             /* The loss above already read x[target]: dx may alias x. */
             float scale = (float)(1.0 / sum) / normalizer;
-            for (int i = 0; i < V; i++) dx[i] = expf(x[i] - max) * scale;
+            for (int i = 0; i < V; i++) dx[i] = bb_expf(x[i] - max) * scale;
             dx[target] -= 1.0f / normalizer;
         }
     }

@@ -11,6 +11,7 @@ static const struct {
 } benches[] = {
     {"queue", bb_bench_queue, "lock-free SPSC ring vs a mutex+condvar queue; idle consumer CPU"},
     {"loader", bb_bench_loader, "records/s and MB/s the loader delivers from a dataset"},
+    {"model", bb_bench_model, "forward + backward + AdamW steps of mlp or gpt on the CPU backend"},
 };
 
 static void print_usage(FILE *out)

@@ -1,6 +1,7 @@
 /* main.c — `bigbatch <command>`: dispatch, signals, exit codes. */
 #include <string.h>
 
+#include "bigbatch/backend.h"
 #include "commands.h"
 
 volatile sig_atomic_t bb_cli_interrupted;
@@ -48,6 +49,7 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
 
 int main(int argc, char **argv)
 {
+    bb_cpu_fix_blas_core(argv);
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);

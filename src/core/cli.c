@@ -93,14 +93,14 @@ static bb_status store_value(const bb_opt *o, const char *v)
 {
     switch (o->kind) {
     case BB_OPT_INT: {
-        int64_t x;
+        int64_t x = 0;
         BB_TRY(bb_parse_int(o->name, v, &x));
         BB_TRY(check_range(o, (double)x));
         *(int64_t *)o->dest = x;
         return BB_OK;
     }
     case BB_OPT_DOUBLE: {
-        double x;
+        double x = 0;
         BB_TRY(bb_parse_double(o->name, v, &x));
         BB_TRY(check_range(o, x));
         *(double *)o->dest = x;

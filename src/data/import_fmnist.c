@@ -128,7 +128,7 @@ bb_status bb_import_fmnist_open(const char *images, const char *labels, bb_recor
     out->read = fmnist_read;
     out->close = fmnist_close;
     bb_status rc;
-    uint32_t idims[3], ldims[1];
+    uint32_t idims[3] = {0}, ldims[1] = {0};
     BB_TRY_GOTO(idx_open(&st->images, images, IDX_IMAGES_MAGIC, idims, 3), rc, fail);
     BB_TRY_GOTO(idx_open(&st->labels, labels, IDX_LABELS_MAGIC, ldims, 1), rc, fail);
     if (idims[0] != ldims[0]) {

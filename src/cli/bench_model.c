@@ -1,0 +1,122 @@
+/* bench_model.c — `bigbatch bench model`: forward + backward + AdamW
+ * throughput of one model on the CPU backend. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bigbatch/model.h"
+
+static const char usage[] =
+    "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
+    "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
+    "                     [--checkpoint none|blocks|every:K] [--threads N] [--steps S] [--json]";
+static const char summary[] =
+    "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
+    "model on random data after 2 warm-up steps, on the CPU backend with N BLAS\n"
+    "threads, and prints the median step time, tokens/s (gpt) or samples/s (mlp),\n"
+    "and the activation memory. perf/model_bench.sh runs it beside PyTorch.";
+
+int bb_bench_model(int argc, char **argv)
+{
+    const char *kind = "gpt", *checkpoint = "none";
+    int64_t layers = 4, heads = 4, d_model = 256, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2;
+    int64_t inputs = 784, classes = 10, steps = 10;
+    bb_str_list hidden = {0};
+    bool json = false, micro_given = false;
+    const bb_opt opts[] = {
+        {"--model", BB_OPT_CHOICE, &kind, "KIND", "which model", .choices = "gpt|mlp"},
+        {"--layers", BB_OPT_INT, &layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},
+        {"--heads", BB_OPT_INT, &heads, "H", "gpt: attention heads", .min = 1, .max = 1024},
+        {"--d-model", BB_OPT_INT, &d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},
+        {"--seq-len", BB_OPT_INT, &seq_len, "T", "gpt: tokens per sequence", .min = 1, .max = 1 << 16},
+        {"--vocab", BB_OPT_INT, &vocab, "V", "gpt: vocabulary", .min = 2, .max = 1 << 24},
+        {"--hidden", BB_OPT_LIST, &hidden, "N,N...", "mlp: hidden sizes (default 1024,1024)"},
+        {"--inputs", BB_OPT_INT, &inputs, "N", "mlp: inputs", .min = 1, .max = 1 << 24},
+        {"--classes", BB_OPT_INT, &classes, "N", "mlp: classes", .min = 2, .max = 1 << 24},
+        {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per step (gpt default 8, mlp 256)", .min = 1,
+         .max = 1 << 20, .given = &micro_given},
+        {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
+        {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads", .min = 1, .max = 1024},
+        {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
+        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
+        {0}};
+    bb_backend_t *be = NULL;
+    bb_model_t *m = NULL;
+    double *times = NULL;
+    void *batch = NULL;
+    int32_t *targets = NULL;
+    float *mom = NULL, *var = NULL;
+    bb_status rc = bb_cli_parse("bench model", opts, argc, argv, NULL);
+    bb_model_config c = {0};
+    bool gpt = !strcmp(kind, "gpt");
+    if (rc == BB_OK && gpt) {
+        c = bb_model_gpt_config((int)layers, (int)heads, (int)d_model, (int)seq_len, (int)vocab);
+    } else if (rc == BB_OK) {
+        int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = hidden.count ? 0 : 2;
+        for (int i = 0; rc == BB_OK && i < hidden.count; i++) {
+            int64_t v;
+            if (n == BB_MLP_MAX_HIDDEN) rc = bb_fail(BB_ERR_ARG, "--hidden: at most %d sizes", BB_MLP_MAX_HIDDEN);
+            else if ((rc = bb_parse_int("--hidden", hidden.items[i], &v)) == BB_OK) sizes[n++] = (int)v;
+        }
+        c = bb_model_mlp_config((int)inputs, sizes, n, (int)classes);
+        if (!micro_given) micro_batch = 256;
+    }
+    if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
+    bb_backend_options bo = {.threads = (int)threads};
+    if (rc == BB_OK) rc = bb_backend_create_cpu(&bo, &be);
+    if (rc == BB_OK) rc = bb_model_create(be, &c, (int)micro_batch, &m);
+    if (rc == BB_OK) rc = bb_model_init(m, 1);
+    size_t n_targets = gpt ? (size_t)micro_batch * seq_len : (size_t)micro_batch, params = 0;
+    if (rc == BB_OK) {
+        params = bb_model_param_count(m);
+        times = malloc((size_t)steps * sizeof *times);
+        targets = malloc(n_targets * sizeof *targets);
+        batch = malloc(gpt ? n_targets * sizeof(int32_t) : (size_t)micro_batch * inputs * sizeof(float));
+        mom = calloc(params, sizeof *mom), var = calloc(params, sizeof *var);
+        if (!times || !targets || !batch || !mom || !var) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    if (rc == BB_OK) {
+        for (size_t i = 0; i < n_targets; i++) {
+            targets[i] = (int32_t)((i * 2654435761u) % (uint64_t)(gpt ? vocab : classes));
+            if (gpt) ((int32_t *)batch)[i] = (int32_t)((i * 40503u) % (uint64_t)vocab);
+        }
+        for (int64_t i = 0; !gpt && i < micro_batch * inputs; i++) ((float *)batch)[i] = (float)(i % 255) / 255.0f;
+        rc = bb_model_set_batch(m, batch, targets);
+    }
+    for (int64_t s = -2; rc == BB_OK && s < steps; s++) {
+        uint64_t t0 = bb_clock_ns();
+        double loss;
+        rc = bb_model_forward(m, (float)n_targets, &loss, NULL);
+        if (rc == BB_OK) rc = bb_model_backward(m, false);
+        for (int t = 0; rc == BB_OK && t < bb_model_tensor_count(m); t++) {
+            const bb_tensor_info *ti = bb_model_tensor(m, t);
+            bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
+                        var + ti->offset, ti->count, 1e-4f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, (int)s + 3);
+        }
+        if (rc == BB_OK && s >= 0) times[s] = (bb_clock_ns() - t0) / 1e9;
+        if (bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
+    }
+    double median = rc == BB_OK ? bb_bench_median(times, (int)steps) : 0;
+    uint64_t act = m ? bb_model_activation_bytes(m) : 0;
+    if (rc == BB_OK) {
+        double rate = n_targets / median;
+        if (json)
+            printf("{\"model\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, \"threads\": %lld, "
+                   "\"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
+                   "\"peak_bytes\": %llu}\n",
+                   kind, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
+                   gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
+                   (unsigned long long)bb_backend_peak_bytes(be));
+        else
+            printf("%s, %zu parameters, micro-batch %lld, checkpoint %s, %lld threads: %.2f ms per step, "
+                   "%.0f %s/s, activations %.1f MiB\n",
+                   kind, params, (long long)micro_batch, checkpoint, (long long)threads, median * 1e3, rate,
+                   gpt ? "tokens" : "samples", act / 1048576.0);
+    }
+    free(times), free(targets), free(batch), free(mom), free(var);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    int code = rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);
+    bb_cli_free(opts, NULL);
+    return code;
+}
