@@ -18,7 +18,7 @@ make --no-print-directory all >/dev/null
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMP_WAIT_POLICY=PASSIVE
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+median() { sort -g | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]}'; }
 declare -A R
 add() { R[$1]+="$2 "; }
 for ((i = 0; i < RUNS; i++)); do

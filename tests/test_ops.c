@@ -316,3 +316,27 @@ Test(ops, allocations_are_counted_and_capped)
     cr_assert_eq(bb_backend_peak_bytes(capped), 500 << 10);
     bb_backend_destroy(capped); /* frees b and c */
 }
+
+/* Copies, memset, host memory, and streams/events (no-ops on the CPU). */
+Test(ops, cpu_copies_and_events)
+{
+    float *dev, *host;
+    cr_assert_eq(bb_backend_alloc(be, 64 * sizeof(float), "buffer", (void **)&dev), BB_OK);
+    cr_assert_eq(bb_backend_host_alloc(be, 64 * sizeof(float), (void **)&host), BB_OK);
+    for (int i = 0; i < 64; i++) host[i] = (float)i;
+    cr_assert_eq(bb_backend_copy(be, dev, host, 64 * sizeof(float), BB_COPY_H2D), BB_OK);
+    cr_assert_eq(bb_backend_memset(be, host, 0, 64 * sizeof(float)), BB_OK);
+    bb_event_t *e;
+    cr_assert_eq(bb_backend_event_create(be, &e), BB_OK);
+    cr_assert_eq(bb_backend_event_record(be, e, BB_STREAM_COPY), BB_OK);
+    cr_assert_eq(bb_backend_stream_wait(be, BB_STREAM_COMPUTE, e), BB_OK);
+    cr_assert_eq(bb_backend_event_synchronize(be, e), BB_OK);
+    bb_backend_event_destroy(be, e);
+    cr_assert_eq(bb_backend_copy(be, host, dev, 64 * sizeof(float), BB_COPY_D2H), BB_OK);
+    cr_assert_eq(bb_backend_synchronize(be), BB_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq(host[i], (float)i);
+    cr_assert_str_eq(bb_backend_name(be), "cpu");
+    bb_backend_host_free(be, host, 64 * sizeof(float));
+    bb_backend_free(be, dev);
+    cr_assert_eq(bb_backend_bytes_in_use(be), 0);
+}

@@ -85,6 +85,20 @@ bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 /* Waits for every op queued on the backend (a no-op on the CPU). */
 bb_status bb_backend_synchronize(bb_backend_t *b);
 
+/* Streams and events: each backend has a compute, a copy and a
+ * communication stream; ops run on the compute stream. An event recorded on
+ * one stream can be waited for on another (or by the host). On the CPU
+ * everything is done when the call returns, so these are no-ops. */
+typedef enum bb_stream { BB_STREAM_COMPUTE, BB_STREAM_COPY, BB_STREAM_COMM } bb_stream;
+typedef struct bb_event bb_event_t;
+bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out); /* *out may be NULL on the CPU */
+void bb_backend_event_destroy(bb_backend_t *b, bb_event_t *e);
+bb_status bb_backend_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stream);
+/* Makes `stream` wait for `e` without blocking the host. */
+bb_status bb_backend_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e);
+/* Blocks the host until `e` has happened. */
+bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e);
+
 /* ---- ops --------------------------------------------------------------- */
 /* out = in · wᵀ + bias (bias may be NULL). */
 void bb_op_linear_forward(bb_backend_t *b, float *out /* (N,OC) */, const float *in /* (N,IC) */,

@@ -103,6 +103,32 @@ bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 
 bb_status bb_backend_synchronize(bb_backend_t *b) { return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK; }
 
+bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out)
+{
+    *out = NULL;
+    return b->vt->event_create ? b->vt->event_create(b, out) : BB_OK;
+}
+
+void bb_backend_event_destroy(bb_backend_t *b, bb_event_t *e)
+{
+    if (e && b->vt->event_destroy) b->vt->event_destroy(b, e);
+}
+
+bb_status bb_backend_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stream)
+{
+    return b->vt->event_record ? b->vt->event_record(b, e, stream) : BB_OK;
+}
+
+bb_status bb_backend_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
+{
+    return b->vt->stream_wait ? b->vt->stream_wait(b, stream, e) : BB_OK;
+}
+
+bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
+{
+    return b->vt->event_synchronize ? b->vt->event_synchronize(b, e) : BB_OK;
+}
+
 /* ---- ops --------------------------------------------------------------- */
 void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                           int IC, int OC)

@@ -20,6 +20,12 @@ typedef struct bb_backend_vtable {
     bool (*device_free_bytes)(bb_backend_t *b, uint64_t *free_bytes);
     bb_status (*synchronize)(bb_backend_t *b);
     void (*destroy)(bb_backend_t *b);
+    /* optional: streams and events (NULL: work is done when a call returns) */
+    bb_status (*event_create)(bb_backend_t *b, bb_event_t **out);
+    void (*event_destroy)(bb_backend_t *b, bb_event_t *e);
+    bb_status (*event_record)(bb_backend_t *b, bb_event_t *e, bb_stream stream);
+    bb_status (*stream_wait)(bb_backend_t *b, bb_stream stream, bb_event_t *e);
+    bb_status (*event_synchronize)(bb_backend_t *b, bb_event_t *e);
 
     /* ops: required (see backend.h for each one's contract) */
     void (*linear_forward)(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
