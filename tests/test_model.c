@@ -338,3 +338,52 @@ Test(model, gpt_matches_pytorch, .timeout = 120)
     bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
     parity(&c, 3, "gpt");
 }
+
+/* ---- loader records to batches ----------------------------------------- */
+Test(model, batches_from_loader_records)
+{
+    /* mlp: image_u8 records are a label, then pixels scaled by 1/255 */
+    bb_model_config c = tiny_mlp(0);
+    bb_model_t *m = make_model(&c, 2, 21);
+    bb_shard_meta img = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {2, 3}, .record_size = 7};
+    const uint8_t images[14] = {2, 0, 255, 51, 102, 1, 7, 0, 10, 20, 30, 40, 50, 60};
+    const float features[12] = {0, 1, 0.2f, 0.4f, 1 / 255.0f, 7 / 255.0f, 10 / 255.0f, 20 / 255.0f, 30 / 255.0f,
+                                40 / 255.0f, 50 / 255.0f, 60 / 255.0f};
+    const int32_t labels[2] = {2, 0};
+    double from_records, direct;
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 2), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_forward(m, 2.0f, &from_records, NULL), BB_OK);
+    cr_assert_eq(bb_model_set_batch(m, features, labels), BB_OK);
+    cr_assert_eq(bb_model_forward(m, 2.0f, &direct, NULL), BB_OK);
+    cr_assert_float_eq(from_records, direct, 1e-12);
+    uint8_t bad[14];
+    memcpy(bad, images, sizeof bad);
+    bad[7] = 3; /* label 3 of 3 classes */
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, bad, 2), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "label 3 is not below 3 classes"), "%s", bb_error_message());
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG);
+    bb_model_destroy(m);
+
+    /* gpt: T+1 tokens per record; inputs are the first T, targets the last T */
+    bb_model_config g = tiny_gpt(1, 0);
+    m = make_model(&g, 1, 22);
+    bb_shard_meta tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1)};
+    const uint8_t tokens[12] = {3, 0, 1, 0, 4, 0, 1, 0, 5, 0, 9, 0};
+    const int32_t inputs[GPT_T] = {3, 1, 4, 1, 5}, targets[GPT_T] = {1, 4, 1, 5, 9};
+    cr_assert_eq(bb_model_set_batch_from_records(m, &tok, tokens, 1), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_forward(m, 5.0f, &from_records, NULL), BB_OK);
+    cr_assert_eq(bb_model_set_batch(m, inputs, targets), BB_OK);
+    cr_assert_eq(bb_model_forward(m, 5.0f, &direct, NULL), BB_OK);
+    cr_assert_float_eq(from_records, direct, 1e-12);
+    uint8_t out_of_vocab[12];
+    memcpy(out_of_vocab, tokens, sizeof out_of_vocab);
+    out_of_vocab[10] = GPT_V;
+    cr_assert_eq(bb_model_set_batch_from_records(m, &tok, out_of_vocab, 1), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "token 11 is not below the vocabulary 11"), "%s", bb_error_message());
+    bb_shard_meta longer = tok;
+    longer.shape[0] = GPT_T + 2;
+    cr_assert_eq(bb_model_set_batch_from_records(m, &longer, tokens, 1), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "--seq-len 5 needs token records of 6 tokens"), "%s", bb_error_message());
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG);
+    bb_model_destroy(m);
+}

@@ -26,17 +26,20 @@ uint64_t bb_backend_bytes_in_use(const bb_backend_t *b) { return b->in_use; }
 uint64_t bb_backend_peak_bytes(const bb_backend_t *b) { return b->peak; }
 void bb_backend_reset_peak(bb_backend_t *b) { b->peak = b->in_use; }
 
+/* "out of memory" with what was asked, what is in use, the limit met
+ * (limit_kind NULL: the allocator refused with no known limit) and the
+ * flags that need less memory. */
 static bb_status out_of_memory(bb_backend_t *b, size_t bytes, const char *what, const char *limit_kind,
                                uint64_t limit)
 {
-    char asked[32], used[32], cap[32];
+    char asked[32], used[32], cap[32], tail[96] = "the allocator refused";
     bb_format_bytes(bytes, asked, sizeof asked);
     bb_format_bytes(b->in_use, used, sizeof used);
-    bb_format_bytes(limit, cap, sizeof cap);
+    if (limit_kind) snprintf(tail, sizeof tail, "%s %s", limit_kind, bb_format_bytes(limit, cap, sizeof cap));
     return bb_fail(BB_ERR_OOM,
-                   "%s: out of memory allocating %s for %s: %s in use, %s %s; a smaller --micro-batch or "
+                   "%s: out of memory allocating %s for %s: %s in use, %s; a smaller --micro-batch or "
                    "--checkpoint blocks (or every:K) needs less",
-                   b->name, asked, what, used, limit_kind, cap);
+                   b->name, asked, what, used, tail);
 }
 
 bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void **out)
@@ -54,8 +57,8 @@ bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void
     if (b->vt->alloc(b, bytes ? bytes : 1, out) != BB_OK) {
         uint64_t free_bytes = 0;
         if (b->vt->device_free_bytes && b->vt->device_free_bytes(b, &free_bytes))
-            return out_of_memory(b, bytes, what, "device free", free_bytes);
-        return out_of_memory(b, bytes, what, "allocator refused; cap", b->opt.device_mem);
+            return out_of_memory(b, bytes, what, "free on the device", free_bytes);
+        return out_of_memory(b, bytes, what, NULL, 0);
     }
     b->allocations[b->allocation_count++] = (bb_allocation){*out, bytes, what};
     b->in_use += bytes;
