@@ -387,3 +387,83 @@ Test(model, batches_from_loader_records)
     cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG);
     bb_model_destroy(m);
 }
+
+/* A safetensors file with this header and `data_bytes` zero bytes after it. */
+static void write_safetensors(const char *path, const char *header, size_t data_bytes)
+{
+    size_t n = strlen(header);
+    uint8_t *file = calloc(1, 8 + n + data_bytes);
+    for (int i = 0; i < 8; i++) file[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(file + 8, header, n);
+    tu_write_file(path, file, 8 + n + data_bytes);
+    free(file);
+}
+
+Test(model, malformed_safetensors_are_errors_and_change_nothing)
+{
+    char *dir = tu_temp_dir(), *path = tu_path(dir, "bad.safetensors");
+    bb_model_config c = tiny_mlp(0);
+    bb_model_t *m = make_model(&c, MLP_B, 31);
+    size_t n = bb_model_param_count(m);
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, bb_model_params(m), n * sizeof *before);
+
+    char *deep = malloc(2000100);
+    strcpy(deep, "{\"__metadata__\":");
+    size_t len = strlen(deep);
+    for (int i = 0; i < 1000000; i++) deep[len++] = '[';
+    deep[len] = 0;
+    const char *headers[] = {
+        deep,                                                                             /* nesting */
+        "{\"fc.0.bias\":{\"dtype\":\"F32\",\"shape\":[7],\"data_offsets\":[0,28]}",       /* no closing brace */
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",                  /* duplicate names */
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}}", /* overflow */
+    };
+    for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
+        write_safetensors(path, headers[i], 64);
+        cr_assert_eq(bb_model_load_safetensors(m, path), BB_ERR_CORRUPT, "header %zu: %s", i, bb_error_message());
+    }
+    free(deep);
+
+    /* Every tensor present and right but the last one's dtype: nothing is loaded. */
+    char header[4096];
+    size_t off = 0, hl = (size_t)snprintf(header, sizeof header, "{");
+    for (int t = 0; t < bb_model_tensor_count(m); t++) {
+        const bb_tensor_info *ti = bb_model_tensor(m, t);
+        bool last = t + 1 == bb_model_tensor_count(m);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%d%s",
+                               t ? "," : "", ti->name, last ? "F16" : "F32", ti->shape[0], ti->rank == 2 ? "," : "");
+        if (ti->rank == 2) hl += (size_t)snprintf(header + hl, sizeof header - hl, "%d", ti->shape[1]);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "],\"data_offsets\":[%zu,%zu]}", off,
+                               off + ti->count * 4);
+        off += ti->count * 4;
+    }
+    snprintf(header + hl, sizeof header - hl, "}");
+    write_safetensors(path, header, off);
+    cr_assert_eq(bb_model_load_safetensors(m, path), BB_ERR_FORMAT);
+    cr_assert(strstr(bb_error_message(), "fc.2.bias is F16, bigbatch reads F32"), "%s", bb_error_message());
+    cr_assert_eq(memcmp(before, bb_model_params(m), n * sizeof *before), 0, "a failed load changed the weights");
+    free(before);
+    bb_model_destroy(m);
+    tu_rm_tree(dir);
+    free(path), free(dir);
+}
+
+Test(model, batches_with_out_of_range_tokens_or_targets_are_refused)
+{
+    bb_model_config g = tiny_gpt(1, 0);
+    bb_model_t *m = make_model(&g, 1, 23);
+    int32_t tokens[GPT_T] = {1, 2, 3, 4, 5}, targets[GPT_T] = {1, 2, 3, 4, 5};
+    cr_assert_eq(bb_model_set_batch(m, tokens, targets), BB_OK);
+    targets[2] = GPT_V;
+    cr_assert_eq(bb_model_set_batch(m, tokens, targets), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "target 11 at position 2"), "%s", bb_error_message());
+    targets[2] = -2;
+    cr_assert_eq(bb_model_set_batch(m, tokens, targets), BB_ERR_ARG);
+    targets[2] = -1;
+    tokens[4] = -1;
+    cr_assert_eq(bb_model_set_batch(m, tokens, targets), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "token -1 at position 4"), "%s", bb_error_message());
+    bb_model_destroy(m);
+}

@@ -185,8 +185,13 @@ Test(ops, embedding_backward_matches_finite_differences)
 {
     embedding_ctx c = {random_floats(EMB_V * EMB_C, 11, 1), random_floats(EMB_T * EMB_C, 12, 1),
                        malloc(EMB_B * EMB_T * EMB_C * sizeof(float)), random_floats(EMB_B * EMB_T * EMB_C, 13, 1)};
-    float dwte[EMB_V * EMB_C] = {0}, dwpe[EMB_T * EMB_C];
-    bb_op_embedding_backward(be, dwte, dwpe, c.r, emb_tokens, EMB_B, EMB_T, EMB_C, false, false);
+    /* Poisoned: without accumulation every row must be overwritten (token 3
+     * appears in no batch position, so its row must come out 0). */
+    float dwte[EMB_V * EMB_C], dwpe[EMB_T * EMB_C];
+    for (size_t i = 0; i < EMB_V * EMB_C; i++) dwte[i] = NAN;
+    for (size_t i = 0; i < EMB_T * EMB_C; i++) dwpe[i] = NAN;
+    bb_op_embedding_backward(be, dwte, dwpe, c.r, emb_tokens, EMB_B, EMB_T, EMB_C, EMB_V, EMB_T, false, false);
+    for (int k = 0; k < EMB_C; k++) cr_assert_eq(dwte[3 * EMB_C + k], 0.0f);
     fd_check("embedding.wte", c.wte, EMB_V * EMB_C, dwte, embedding_loss, &c, 1e-2f, 1e-3);
     fd_check("embedding.wpe", c.wpe, EMB_T * EMB_C, dwpe, embedding_loss, &c, 1e-2f, 1e-3);
     free(c.wte), free(c.wpe), free(c.out), free(c.r);

@@ -63,9 +63,10 @@ void bb_backend_destroy(bb_backend_t *b);
 const char *bb_backend_name(const bb_backend_t *b);
 
 /* Allocates `bytes` of device memory, 64-byte aligned, for `what` (named in
- * messages). Fails with BB_ERR_OOM, saying the bytes asked, the bytes in
- * use, the cap, and which flags reduce memory (--micro-batch,
- * --checkpoint), when the cap or the device would be exceeded. */
+ * messages; a string that outlives the allocation). Fails with BB_ERR_OOM,
+ * saying the bytes asked, the bytes in use, the cap, and which flags reduce
+ * memory (--micro-batch, --checkpoint), when the cap or the device would be
+ * exceeded. */
 bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void **out);
 /* Frees an allocation of this backend; accepts NULL. */
 void bb_backend_free(bb_backend_t *b, void *ptr);
@@ -114,6 +115,7 @@ void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
 void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
 /* GELU, tanh form (GPT-2; PyTorch approximate='tanh'). */
 void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
+/* din = dout * gelu'(in) (overwritten; may alias dout). */
 void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
 
 /* LayerNorm over the last dimension, eps 1e-5; saves mean and 1/std. */
@@ -128,9 +130,11 @@ void bb_op_layernorm_backward(bb_backend_t *b, float *din /* (N,C) */, float *dw
 /* out[b,t] = wte[tokens[b,t]] + wpe[t]. */
 void bb_op_embedding_forward(bb_backend_t *b, float *out /* (B,T,C) */, const int32_t *tokens /* (B,T) */,
                              const float *wte /* (V,C) */, const float *wpe /* (maxT,C) */, int B, int T, int C);
-void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout /* (B,T,C) */,
-                              const int32_t *tokens, int B, int T, int C, bool accumulate_wte,
-                              bool accumulate_wpe);
+/* dwte (V,C) and dwpe (maxT,C) accumulate; without accumulation each table
+ * is overwritten whole (rows no token or position touched become 0). */
+void bb_op_embedding_backward(bb_backend_t *b, float *dwte /* (V,C) */, float *dwpe /* (maxT,C) */,
+                              const float *dout /* (B,T,C) */, const int32_t *tokens, int B, int T, int C, int V,
+                              int maxT, bool accumulate_wte, bool accumulate_wpe);
 
 /* Causal multi-head self-attention of qkv = [q | k | v]; saves the
  * softmax probabilities in att for the backward. */

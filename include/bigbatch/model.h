@@ -84,7 +84,10 @@ float *bb_model_params(bb_model_t *m); /* device memory */
 float *bb_model_grads(bb_model_t *m);  /* device memory */
 
 /* ---- a micro-step ------------------------------------------------------ */
-/* Copies a batch of `micro_batch` examples (host arrays) to the device. */
+/* Copies a batch of `micro_batch` examples (host arrays) to the device.
+ * Fails with BB_ERR_ARG when a target is not -1 or below the class count
+ * (vocabulary), or a token is outside the vocabulary. Do not change the
+ * batch between a forward and its backward. */
 bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets);
 /* Converts `count` (= micro_batch) loader records described by `meta` and
  * sets them as the batch. Fails with BB_ERR_ARG when the records do not fit
@@ -101,9 +104,9 @@ bb_status bb_model_backward(bb_model_t *m, bool accumulate);
 /* Examples (mlp) or target tokens (gpt) the last batch had. */
 int bb_model_batch_targets(const bb_model_t *m);
 
-/* Peak of the backend's accounting during the last forward+backward,
- * minus what was allocated before the forward (parameters, gradients...):
- * the activation memory. */
+/* Bytes of activation memory (block/layer slots, checkpointed segment
+ * inputs, logits, backward scratch), all allocated when the model is
+ * created: what checkpointing and the micro-batch size change. */
 uint64_t bb_model_activation_bytes(const bb_model_t *m);
 
 /* ---- weights for other tools: safetensors, F32 ------------------------- */

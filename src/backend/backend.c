@@ -37,8 +37,9 @@ static bb_status out_of_memory(bb_backend_t *b, size_t bytes, const char *what, 
     bb_format_bytes(b->in_use, used, sizeof used);
     if (limit_kind) snprintf(tail, sizeof tail, "%s %s", limit_kind, bb_format_bytes(limit, cap, sizeof cap));
     return bb_fail(BB_ERR_OOM,
-                   "%s: out of memory allocating %s for %s: %s in use, %s; a smaller --micro-batch or "
-                   "--checkpoint blocks (or every:K) needs less",
+                   "%s: out of memory allocating %s for %s: %s in use, %s (activations: a smaller "
+                   "--micro-batch or --checkpoint blocks or every:K needs less; parameters, gradients and "
+                   "optimizer state: a smaller model)",
                    b->name, asked, what, used, tail);
 }
 
@@ -179,9 +180,9 @@ void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens,
 }
 
 void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                              int B, int T, int C, bool accumulate_wte, bool accumulate_wpe)
+                              int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
-    b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, accumulate_wte, accumulate_wpe);
+    b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
 }
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)

@@ -44,7 +44,7 @@ typedef struct bb_backend_vtable {
     void (*embedding_forward)(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte,
                               const float *wpe, int B, int T, int C);
     void (*embedding_backward)(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                               int B, int T, int C, bool accumulate_wte, bool accumulate_wpe);
+                               int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe);
     void (*attention_forward)(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH);
     void (*attention_backward)(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -129,14 +129,11 @@ void cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, c
 }
 
 void cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                            int B, int T, int C, bool accumulate_wte, bool accumulate_wpe)
+                            int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
     (void)b;
-    /* Without accumulation only the rows this batch touches need zeroing:
-     * token rows are cleared as first met, position rows [0,T) up front. */
-    if (!accumulate_wpe) memset(dwpe, 0, (size_t)T * C * sizeof *dwpe);
-    if (!accumulate_wte)
-        for (int i = 0; i < B * T; i++) memset(dwte + (size_t)tokens[i] * C, 0, (size_t)C * sizeof *dwte);
+    if (!accumulate_wte) memset(dwte, 0, (size_t)V * C * sizeof *dwte);
+    if (!accumulate_wpe) memset(dwpe, 0, (size_t)maxT * C * sizeof *dwpe);
     for (int i = 0; i < B * T; i++) {
         const float *d = dout + (size_t)i * C;
         float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe + (size_t)(i % T) * C;
@@ -189,7 +186,8 @@ void cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, flo
                float beta1, float beta2, float eps, float weight_decay, int t)
 {
     (void)b;
-    /* The same arithmetic as torch.optim.AdamW (foreach=False). */
+    /* torch.optim.AdamW's formula (foreach=False), in float: decay, then
+     * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step = lr / bc1, decay = 1.0f - lr * weight_decay;
     for (size_t i = 0; i < n; i++) {

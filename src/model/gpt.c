@@ -75,6 +75,9 @@ static bb_status gpt_create(bb_model_t *m)
         return bb_fail(BB_ERR_ARG, "gpt needs positive --layers, --heads, --d-model, --seq-len and a vocabulary");
     if (c->d_model % c->heads)
         return bb_fail(BB_ERR_ARG, "--d-model %d is not divisible by --heads %d", c->d_model, c->heads);
+    if ((int64_t)m->B * c->seq_len > INT32_MAX / 4)
+        return bb_fail(BB_ERR_ARG, "micro-batch %d x --seq-len %d tokens is too many for one micro-step", m->B,
+                       c->seq_len);
     BB_TRY(add_tensors(m));
     BB_TRY(bb_model_alloc_parameters(m));
     gpt_state *g = m->impl = calloc(1, sizeof *g);
@@ -264,7 +267,8 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
             block_backward(m, l, &g->slots[l % g->K], block_input(g, l), acc);
     }
     /* The token embedding's gradient already holds the LM head's part. */
-    bb_op_embedding_backward(m->be, model_grad(m, WTE), model_grad(m, WPE), g->dres, m->tokens, B, T, C, true, acc);
+    bb_op_embedding_backward(m->be, model_grad(m, WTE), model_grad(m, WPE), g->dres, m->tokens, B, T, C, c->vocab, T,
+                             true, acc);
     g->computed_segment = -1;
     return BB_OK;
 }

@@ -82,10 +82,16 @@ bb_status bb_model_alloc_parameters(bb_model_t *m)
     BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
     BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
     BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
+    /* Zeroed, so that a forward before the first batch indexes row 0. */
     BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "targets", (void **)&m->targets));
-    if (m->cfg.kind == BB_MODEL_GPT)
-        return bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "tokens", (void **)&m->tokens);
-    return bb_backend_alloc(m->be, (size_t)m->B * m->cfg.inputs * sizeof(float), "features", (void **)&m->features);
+    BB_TRY(bb_backend_memset(m->be, m->targets, 0, (size_t)n * sizeof(int32_t)));
+    if (m->cfg.kind == BB_MODEL_GPT) {
+        BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "tokens", (void **)&m->tokens));
+        return bb_backend_memset(m->be, m->tokens, 0, (size_t)n * sizeof(int32_t));
+    }
+    size_t feature_bytes = (size_t)m->B * m->cfg.inputs * sizeof(float);
+    BB_TRY(bb_backend_alloc(m->be, feature_bytes, "features", (void **)&m->features));
+    return bb_backend_memset(m->be, m->features, 0, feature_bytes);
 }
 
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out)
@@ -163,6 +169,17 @@ static int batch_targets(const bb_model_t *m)
 bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets)
 {
     int n = batch_targets(m);
+    bool gpt = m->cfg.kind == BB_MODEL_GPT;
+    int32_t classes = gpt ? m->cfg.vocab : m->cfg.classes;
+    /* Checked here, on the host: the ops index tables with these. */
+    for (int i = 0; i < n; i++) {
+        if (targets[i] < -1 || targets[i] >= classes)
+            return bb_fail(BB_ERR_ARG, "target %d at position %d is not -1 (ignored) or below %d", targets[i], i,
+                           classes);
+        if (gpt && (((const int32_t *)inputs)[i] < 0 || ((const int32_t *)inputs)[i] >= classes))
+            return bb_fail(BB_ERR_ARG, "token %d at position %d is not below the vocabulary %d",
+                           ((const int32_t *)inputs)[i], i, classes);
+    }
     m->targets_valid = 0;
     for (int i = 0; i < n; i++) m->targets_valid += targets[i] >= 0;
     if (m->cfg.kind == BB_MODEL_GPT)
@@ -187,7 +204,7 @@ bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *me
             rc = bb_fail(BB_ERR_ARG, "mlp with %d inputs cannot take %s records of %zu pixels", c->inputs,
                          bb_record_kind_name(meta->kind), pixels);
         float *x = inputs = malloc((size_t)count * c->inputs * sizeof *x);
-        for (int b = 0; rc == BB_OK && b < count && x; b++) {
+        for (int b = 0; rc == BB_OK && b < count && x && targets; b++) {
             const uint8_t *r = records + (size_t)b * meta->record_size;
             if (r[0] >= c->classes) rc = bb_fail(BB_ERR_ARG, "label %u is not below %d classes", r[0], c->classes);
             targets[b] = r[0];
@@ -200,7 +217,7 @@ bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *me
             rc = bb_fail(BB_ERR_ARG, "gpt with --seq-len %d needs token records of %d tokens, not %s [%u]", T, T + 1,
                          bb_record_kind_name(meta->kind), meta->shape[0]);
         int32_t *tok = inputs = malloc((size_t)n * sizeof *tok);
-        for (int b = 0; rc == BB_OK && b < count && tok; b++)
+        for (int b = 0; rc == BB_OK && b < count && tok && targets; b++)
             for (int t = 0; t <= T && rc == BB_OK; t++) {
                 const uint8_t *p = records + (size_t)b * meta->record_size + (size_t)t * width;
                 uint32_t v = width == 2 ? (uint32_t)(p[0] | p[1] << 8)

@@ -19,7 +19,9 @@ static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n,
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
     bool tied = m->cfg.kind == BB_MODEL_GPT;
-    size_t cap = (size_t)(m->tensor_count + 2) * 160 + 256, len = 0, offset = 0;
+    size_t cap = 256, len = 0, offset = 0;
+    for (int i = 0; i < m->tensor_count; i++) cap += strlen(m->tensors[i].name) + 112; /* 112: keys, shape, offsets */
+    cap += 128;                                                                        /* lm_head.weight */
     char *json = malloc(cap);
     float *host = malloc(m->param_count * sizeof *host);
     if (!json || !host) {
@@ -41,8 +43,11 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     len += (size_t)snprintf(json + len, cap - len, "}");
     while (len % 8) json[len++] = ' '; /* align the data to 8 bytes */
     bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
-    FILE *f = rc == BB_OK ? fopen(path, "wb") : NULL;
-    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
+    /* Written beside the target, then renamed: no half-written weights. */
+    char *tmp = malloc(strlen(path) + 16);
+    if (tmp) sprintf(tmp, "%s.tmp-%d", path, (int)getpid());
+    FILE *f = rc == BB_OK && tmp ? fopen(tmp, "wb") : NULL;
+    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp ? tmp : path);
     if (f) {
         uint8_t header[8];
         for (int i = 0; i < 8; i++) header[i] = (uint8_t)((uint64_t)len >> (8 * i));
@@ -51,7 +56,10 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
                   (!tied || write_all(f, host + m->tensors[0].offset, m->tensors[0].count * sizeof *host));
         if (fclose(f) != 0) ok = false;
         if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
+        if (ok && rename(tmp, path) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", path);
+        if (rc != BB_OK) unlink(tmp);
     }
+    free(tmp);
     free(json);
     free(host);
     return rc;
@@ -96,14 +104,23 @@ static bool read_number(json *j, uint64_t *out)
     skip_space(j);
     if (j->p >= j->end || *j->p < '0' || *j->p > '9') return false;
     uint64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') v = v * 10 + (uint64_t)(*j->p++ - '0');
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (v > (UINT64_MAX - 9) / 10) return false; /* would overflow */
+        v = v * 10 + (uint64_t)(*j->p++ - '0');
+    }
     *out = v;
     return true;
 }
 
-static bool skip_value(json *j)
+static bool skip_value_at(json *j, int depth);
+
+/* Skips one value; nesting deeper than 64 is rejected, not recursed into. */
+static bool skip_value(json *j) { return skip_value_at(j, 0); }
+
+static bool skip_value_at(json *j, int depth)
 {
     skip_space(j);
+    if (depth > 64) return false;
     if (j->p >= j->end) return false;
     char c = *j->p;
     if (c == '"') {
@@ -119,7 +136,7 @@ static bool skip_value(json *j)
                 char key[8];
                 if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
             }
-            if (!skip_value(j)) return false;
+            if (!skip_value_at(j, depth + 1)) return false;
         } while (expect(j, ','));
         return expect(j, close);
     }
@@ -184,7 +201,8 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     entry *e = malloc((size_t)cap * sizeof *e);
     *count = 0;
     bool ok = e && expect(&j, '{');
-    if (ok && !expect(&j, '}')) do {
+    bool empty = ok && expect(&j, '}');
+    if (ok && !empty) do {
             if (*count == cap) {
                 entry *bigger = realloc(e, (size_t)(cap *= 2) * sizeof *e);
                 if (!bigger) { ok = false; break; }
@@ -200,6 +218,11 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
                 (*count)++;
             }
         } while (ok && expect(&j, ','));
+    ok = ok && (empty || expect(&j, '}'));
+    skip_space(&j);
+    ok = ok && j.p == j.end;
+    for (int a = 0; ok && a < *count; a++)
+        for (int b = a + 1; ok && b < *count; b++) ok = strcmp(e[a].name, e[b].name) != 0;
     if (!ok) {
         free(e);
         return bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header near byte %td", path,
@@ -209,8 +232,7 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     return BB_OK;
 }
 
-static bb_status copy_tensor(bb_model_t *m, const char *path, const entry *e, const bb_tensor_info *t,
-                             const uint8_t *data, size_t data_size)
+static bb_status check_tensor(const char *path, const entry *e, const bb_tensor_info *t, size_t data_size)
 {
     if (strcmp(e->dtype, "F32"))
         return bb_fail(BB_ERR_FORMAT, "%s: tensor %s is %s, bigbatch reads F32", path, t->name, e->dtype);
@@ -224,7 +246,7 @@ static bb_status copy_tensor(bb_model_t *m, const char *path, const entry *e, co
     if (e->end < e->begin || e->end > data_size || e->end - e->begin != t->count * sizeof(float))
         return bb_fail(BB_ERR_CORRUPT, "%s: tensor %s: data offsets [%llu, %llu] do not hold %zu floats", path,
                        t->name, (unsigned long long)e->begin, (unsigned long long)e->end, t->count);
-    return bb_backend_copy(m->be, m->params + t->offset, data + e->begin, t->count * sizeof(float), BB_COPY_H2D);
+    return BB_OK;
 }
 
 bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
@@ -244,21 +266,26 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
     int count = 0;
     size_t data_start = 0;
     bb_status rc = parse_header(path, file, size, &entries, &count, &data_start);
-    for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
-        const bb_tensor_info *t = &m->tensors[i];
-        const entry *e = NULL;
-        for (int k = 0; k < count && !e; k++)
-            if (!strcmp(entries[k].name, t->name)) e = &entries[k];
-        /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
-        if (!e && i == 0 && m->cfg.kind == BB_MODEL_GPT)
+    /* Every tensor is checked before any is copied: a bad file leaves the
+     * model as it was. */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
+            const bb_tensor_info *t = &m->tensors[i];
+            const entry *e = NULL;
             for (int k = 0; k < count && !e; k++)
-                if (!strcmp(entries[k].name, "lm_head.weight")) e = &entries[k];
-        if (!e)
-            rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
-                         path, t->name, count);
-        else
-            rc = copy_tensor(m, path, e, t, file + data_start, size - data_start);
-    }
+                if (!strcmp(entries[k].name, t->name)) e = &entries[k];
+            /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
+            if (!e && i == 0 && m->cfg.kind == BB_MODEL_GPT)
+                for (int k = 0; k < count && !e; k++)
+                    if (!strcmp(entries[k].name, "lm_head.weight")) e = &entries[k];
+            if (!e)
+                rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
+                             path, t->name, count);
+            else
+                rc = pass == 0 ? check_tensor(path, e, t, size - data_start)
+                               : bb_backend_copy(m->be, m->params + t->offset, file + data_start + e->begin,
+                                                 t->count * sizeof(float), BB_COPY_H2D);
+        }
     free(entries);
     if (size) munmap((void *)file, size);
     return rc;
