@@ -36,7 +36,7 @@ endif
 
 PKGS      := liburing libzstd libxxhash zlib openblas
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch clang
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -153,11 +153,11 @@ tsan-run: $(TSAN_BIN) $(BIN)
 FUZZ_SECONDS ?= 60
 FUZZ_BIN := build/fuzz/fuzz_shard_reader
 fuzz: deps $(FUZZ_BIN)
-$(FUZZ_BIN): tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c include/bigbatch/*.h src/data/*.h)
+$(FUZZ_BIN): tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/queue/*.c src/data/*.c include/bigbatch/*.h src/data/*.h)
 	@mkdir -p $(@D)
 	clang -std=gnu11 -O1 -g -D_GNU_SOURCE -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION -Iinclude $(PKG_CFLAGS) \
 	  -fsanitize=fuzzer,address,undefined \
-	  tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/data/*.c) $(PKG_LIBS) -lm -lpthread -o $@
+	  tests/fuzz_shard_reader.c $(wildcard src/core/*.c src/queue/*.c src/data/*.c) $(PKG_LIBS) -lm -lpthread -o $@
 fuzz-run: fuzz
 	@mkdir -p build/fuzz/corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus tests/fuzz_seeds
