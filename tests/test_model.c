@@ -340,6 +340,18 @@ Test(model, gpt_matches_pytorch, .timeout = 120)
 }
 
 /* ---- loader records to batches ----------------------------------------- */
+/* The records give the same loss as the batch written out by hand. */
+static void assert_same_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count,
+                              const void *inputs, const int32_t *targets, float normalizer)
+{
+    double from_records, direct;
+    cr_assert_eq(bb_model_set_batch_from_records(m, meta, records, count), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_forward(m, normalizer, &from_records, NULL), BB_OK);
+    cr_assert_eq(bb_model_set_batch(m, inputs, targets), BB_OK);
+    cr_assert_eq(bb_model_forward(m, normalizer, &direct, NULL), BB_OK);
+    cr_assert_float_eq(from_records, direct, 1e-12);
+}
+
 Test(model, batches_from_loader_records)
 {
     /* mlp: image_u8 records are a label, then pixels scaled by 1/255 */
@@ -350,12 +362,7 @@ Test(model, batches_from_loader_records)
     const float features[12] = {0, 1, 0.2f, 0.4f, 1 / 255.0f, 7 / 255.0f, 10 / 255.0f, 20 / 255.0f, 30 / 255.0f,
                                 40 / 255.0f, 50 / 255.0f, 60 / 255.0f};
     const int32_t labels[2] = {2, 0};
-    double from_records, direct;
-    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 2), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_model_forward(m, 2.0f, &from_records, NULL), BB_OK);
-    cr_assert_eq(bb_model_set_batch(m, features, labels), BB_OK);
-    cr_assert_eq(bb_model_forward(m, 2.0f, &direct, NULL), BB_OK);
-    cr_assert_float_eq(from_records, direct, 1e-12);
+    assert_same_batch(m, &img, images, 2, features, labels, 2.0f);
     uint8_t bad[14];
     memcpy(bad, images, sizeof bad);
     bad[7] = 3; /* label 3 of 3 classes */
@@ -370,11 +377,7 @@ Test(model, batches_from_loader_records)
     bb_shard_meta tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1)};
     const uint8_t tokens[12] = {3, 0, 1, 0, 4, 0, 1, 0, 5, 0, 9, 0};
     const int32_t inputs[GPT_T] = {3, 1, 4, 1, 5}, targets[GPT_T] = {1, 4, 1, 5, 9};
-    cr_assert_eq(bb_model_set_batch_from_records(m, &tok, tokens, 1), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_model_forward(m, 5.0f, &from_records, NULL), BB_OK);
-    cr_assert_eq(bb_model_set_batch(m, inputs, targets), BB_OK);
-    cr_assert_eq(bb_model_forward(m, 5.0f, &direct, NULL), BB_OK);
-    cr_assert_float_eq(from_records, direct, 1e-12);
+    assert_same_batch(m, &tok, tokens, 1, inputs, targets, 5.0f);
     uint8_t out_of_vocab[12];
     memcpy(out_of_vocab, tokens, sizeof out_of_vocab);
     out_of_vocab[10] = GPT_V;

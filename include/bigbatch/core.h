@@ -122,6 +122,10 @@ double bb_clock_seconds(void);
 const char *bb_format_bytes(uint64_t bytes, char *buf, size_t cap);
 /* Number of online CPUs, at least 1. */
 int bb_cpu_count(void);
+/* splitmix64: advances *state and returns the next of its 64-bit outputs.
+ * Every deterministic stream in bigbatch (epoch order, initialisation)
+ * comes from it, so the same seed gives the same run everywhere. */
+uint64_t bb_splitmix64(uint64_t *state);
 /* Writes `s` as a JSON string literal (with quotes and escapes) to `out`. */
 void bb_json_write_string(FILE *out, const char *s);
 

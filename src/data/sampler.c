@@ -13,33 +13,25 @@ struct bb_sampler {
     bb_sampler_frame *frames;
 };
 
-/* ---- splitmix64 and unbiased bounded draws ----------------------------- */
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
+/* ---- streams (bb_splitmix64) and unbiased bounded draws --------------- */
 /* The stream for (seed, epoch, window): each input is mixed in turn. */
 static uint64_t stream_seed(uint64_t seed, uint64_t epoch, uint64_t window)
 {
     uint64_t s = seed;
-    uint64_t a = splitmix64(&s) ^ epoch;
-    uint64_t b = splitmix64(&a) ^ window;
-    return splitmix64(&b);
+    uint64_t a = bb_splitmix64(&s) ^ epoch;
+    uint64_t b = bb_splitmix64(&a) ^ window;
+    return bb_splitmix64(&b);
 }
 
 /* Uniform in [0, n), n >= 1 (Lemire's multiply-and-reject). */
 static uint64_t draw_below(uint64_t *state, uint64_t n)
 {
-    unsigned __int128 m = (unsigned __int128)splitmix64(state) * n;
+    unsigned __int128 m = (unsigned __int128)bb_splitmix64(state) * n;
     uint64_t low = (uint64_t)m;
     if (low < n) {
         uint64_t threshold = -n % n;
         while (low < threshold) {
-            m = (unsigned __int128)splitmix64(state) * n;
+            m = (unsigned __int128)bb_splitmix64(state) * n;
             low = (uint64_t)m;
         }
     }

@@ -38,16 +38,8 @@ bb_status bb_model_parse_checkpoint(const char *s, int *every)
     return BB_OK;
 }
 
-/* ---- initialisation streams (splitmix64) ------------------------------- */
-static uint64_t next_u64(init_rng *r)
-{
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double next_unit(init_rng *r) { return ((next_u64(r) >> 11) + 0.5) / 9007199254740992.0; }
+/* ---- initialisation streams (bb_splitmix64) ---------------------------- */
+static double next_unit(init_rng *r) { return ((bb_splitmix64(&r->state) >> 11) + 0.5) / 9007199254740992.0; }
 
 float bb_init_normal(init_rng *r, float std)
 {
