@@ -126,6 +126,9 @@ int bb_cpu_count(void);
  * Every deterministic stream in bigbatch (epoch order, initialisation)
  * comes from it, so the same seed gives the same run everywhere. */
 uint64_t bb_splitmix64(uint64_t *state);
+/* Flushes the directory holding `path` to disk, so that a rename into it
+ * survives a crash. Fails with BB_ERR_IO. */
+bb_status bb_fsync_dir_of(const char *path);
 /* Writes `s` as a JSON string literal (with quotes and escapes) to `out`. */
 void bb_json_write_string(FILE *out, const char *s);
 

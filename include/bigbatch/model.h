@@ -61,6 +61,7 @@ typedef struct bb_model bb_model_t;
 bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micro_batch, bb_model_t **out);
 void bb_model_destroy(bb_model_t *m);
 const bb_model_config *bb_model_get_config(const bb_model_t *m);
+int bb_model_micro_batch(const bb_model_t *m);
 
 /* GPT-2 initialisation for gpt (normal 0.02, residual projections
  * 0.02/sqrt(2·layers), zero biases, unit LayerNorm); PyTorch's nn.Linear
@@ -89,9 +90,11 @@ float *bb_model_grads(bb_model_t *m);  /* device memory */
  * (vocabulary), or a token is outside the vocabulary. Do not change the
  * batch between a forward and its backward. */
 bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets);
-/* Converts `count` (= micro_batch) loader records described by `meta` and
- * sets them as the batch. Fails with BB_ERR_ARG when the records do not fit
- * the model (kind, shape, token or label out of range). */
+/* Converts `count` (1..micro_batch) loader records described by `meta` and
+ * sets them as the batch; when count < micro_batch the rest is padding whose
+ * targets are ignored (-1), e.g. an evaluation's last batch. Fails with
+ * BB_ERR_ARG when the records do not fit the model (kind, shape, token or
+ * label out of range). */
 bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records,
                                           int count);
 /* Forward pass and loss: *loss = (sum of per-example (mlp) or per-token
@@ -101,6 +104,15 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 /* Gradients of the last forward's loss: written into the gradient buffer
  * when accumulate is false, added to it when true. */
 bb_status bb_model_backward(bb_model_t *m, bool accumulate);
+/* Forward pass without the loss; copies the logits to `host_logits`:
+ * (B, classes) for mlp, (B, T, vocab) for gpt. A backward may not follow. */
+bb_status bb_model_logits(bb_model_t *m, float *host_logits);
+/* Called during bb_model_backward as soon as the gradients of the buffer's
+ * tail [ready_from, param_count) (in floats) are final, ready_from falling
+ * tensor by tensor in reverse layer order to 0: the trainer's reducer
+ * starts all-reducing those while the backward goes on. NULL: no calls. */
+typedef void (*bb_grad_ready_fn)(void *ctx, size_t ready_from);
+void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx);
 /* Examples (mlp) or target tokens (gpt) the last batch had. */
 int bb_model_batch_targets(const bb_model_t *m);
 

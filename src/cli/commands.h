@@ -21,5 +21,9 @@ int bb_cmd_pack(int argc, char **argv);
 int bb_cmd_inspect(int argc, char **argv);
 int bb_cmd_version(int argc, char **argv);
 int bb_cmd_bench(int argc, char **argv);
+int bb_cmd_train(int argc, char **argv);
+int bb_cmd_eval(int argc, char **argv);
+int bb_cmd_export(int argc, char **argv);
+int bb_cmd_sample(int argc, char **argv);
 
 #endif

@@ -17,6 +17,10 @@ static const struct command {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"train", bb_cmd_train, "train a model: data parallel, accumulation, checkpointing, save/resume"},
+    {"eval", bb_cmd_eval, "loss (and accuracy) of a checkpoint or safetensors file on a dataset"},
+    {"sample", bb_cmd_sample, "generate text from a gpt checkpoint"},
+    {"export", bb_cmd_export, "write a checkpoint's weights as one .safetensors file"},
     {"pack", bb_cmd_pack, "turn Fashion-MNIST, text or llm.c token files into .bbs shards"},
     {"inspect", bb_cmd_inspect, "describe shards or a dataset; --verify checks every frame"},
     {"bench", bb_cmd_bench, "measure the queue and the loader (perf/ runs them beside their peers)"},

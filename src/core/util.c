@@ -1,6 +1,9 @@
-/* util.c — clocks, byte formatting, CPU count, JSON strings. */
+/* util.c — clocks, byte formatting, CPU count, directory fsync, JSON strings. */
 #include "bigbatch/core.h"
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,4 +64,16 @@ uint64_t bb_splitmix64(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+bb_status bb_fsync_dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    bb_status rc = fd < 0 || fsync(fd) != 0 ? bb_fail_errno(BB_ERR_IO, "%s: cannot sync the directory", dir) : BB_OK;
+    if (fd >= 0) close(fd);
+    free(dir);
+    return rc;
 }

@@ -219,6 +219,10 @@ static bb_status gpt_forward(bb_model_t *m, float normalizer, double *loss, int 
     bb_op_layernorm_forward(m->be, g->lnf, g->lnf_mean, g->lnf_rstd, final_output(g, c), model_param(m, lnf),
                             model_param(m, lnf + 1), BT, C);
     bb_op_linear_forward(m->be, g->logits, g->lnf, model_param(m, WTE), NULL, BT, C, c->vocab);
+    if (!loss) {
+        g->computed_segment = -1; /* the logits stay logits: no backward */
+        return BB_OK;
+    }
     /* Fused loss and its gradient: logits become d(loss)/d(logits). */
     bb_op_softmax_crossentropy(m->be, loss, g->logits, g->logits, m->targets, BT, c->vocab, normalizer, NULL);
     return BB_OK;
@@ -261,22 +265,30 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     BB_TRY(bb_backend_memset(m->be, g->dres, 0, (size_t)BT * C * sizeof(float)));
     bb_op_layernorm_backward(m->be, g->dres, model_grad(m, lnf), model_grad(m, lnf + 1), g->dln, final_output(g, c),
                              model_param(m, lnf), g->lnf_mean, g->lnf_rstd, BT, C, acc);
+    model_grads_ready(m, lnf);
     for (int s = g->S - 1; s >= 0; s--) {
         if (g->computed_segment != s) BB_TRY(segment_forward(m, s)); /* recompute (checkpointing) */
         for (int l = segment_end(g, c, s) - 1; l >= s * g->K; l--)
+        {
             block_backward(m, l, &g->slots[l % g->K], block_input(g, l), acc);
+            model_grads_ready(m, BLOCK_TENSOR(l, 0));
+        }
     }
     /* The token embedding's gradient already holds the LM head's part. */
     bb_op_embedding_backward(m->be, model_grad(m, WTE), model_grad(m, WPE), g->dres, m->tokens, B, T, C, c->vocab, T,
                              true, acc);
+    model_grads_ready(m, WTE);
     g->computed_segment = -1;
     return BB_OK;
 }
+
+static const float *gpt_logits(bb_model_t *m) { return ((gpt_state *)m->impl)->logits; }
 
 const model_kind_ops bb_gpt_ops = {
     .create = gpt_create,
     .init = gpt_init,
     .forward = gpt_forward,
+    .logits = gpt_logits,
     .backward = gpt_backward,
     .destroy = gpt_destroy,
 };

@@ -149,6 +149,10 @@ static bb_status mlp_forward(bb_model_t *m, float normalizer, double *loss, int 
         free(labels);
         BB_TRY(rc);
     }
+    if (!loss) {
+        s->computed_segment = -1; /* the logits stay logits: no backward */
+        return BB_OK;
+    }
     bb_op_softmax_crossentropy(m->be, loss, logits, logits, m->targets, m->B, classes, normalizer, NULL);
     return BB_OK;
 }
@@ -174,6 +178,7 @@ static bb_status mlp_backward(bb_model_t *m, bool acc)
             float *din = i > 0 ? scratch[flip ^ 1] : NULL;
             bb_op_linear_backward(m->be, din, model_grad(m, 2 * i), model_grad(m, 2 * i + 1), dpre, layer_input(s, i),
                                   model_param(m, 2 * i), m->B, s->width[i], s->width[i + 1], acc);
+            model_grads_ready(m, 2 * i);
             dcur = din;
             flip ^= 1;
         }
@@ -182,10 +187,17 @@ static bb_status mlp_backward(bb_model_t *m, bool acc)
     return BB_OK;
 }
 
+static const float *mlp_logits(bb_model_t *m)
+{
+    mlp_state *s = m->impl;
+    return s->slots[(s->n - 1) % s->K].pre;
+}
+
 const model_kind_ops bb_mlp_ops = {
     .create = mlp_create,
     .init = mlp_init,
     .forward = mlp_forward,
+    .logits = mlp_logits,
     .backward = mlp_backward,
     .destroy = mlp_destroy,
 };

@@ -134,6 +134,7 @@ void bb_model_destroy(bb_model_t *m)
 }
 
 const bb_model_config *bb_model_get_config(const bb_model_t *m) { return &m->cfg; }
+int bb_model_micro_batch(const bb_model_t *m) { return m->B; }
 size_t bb_model_param_count(const bb_model_t *m) { return m->param_count; }
 int bb_model_tensor_count(const bb_model_t *m) { return m->tensor_count; }
 const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int i) { return &m->tensors[i]; }
@@ -185,9 +186,12 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
 bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
 {
     const bb_model_config *c = &m->cfg;
-    if (count != m->B) return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
+    if (count < 1 || count > m->B)
+        return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
     int n = batch_targets(m);
+    /* Padding past `count`: zero inputs, ignored targets. */
     int32_t *targets = malloc((size_t)n * sizeof *targets);
+    for (int i = 0; targets && i < n; i++) targets[i] = -1;
     void *inputs = NULL;
     bb_status rc = BB_OK;
     if (c->kind == BB_MODEL_MLP) {
@@ -195,7 +199,7 @@ bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *me
         if (meta->kind != BB_RECORD_IMAGE_U8 || pixels != (size_t)c->inputs)
             rc = bb_fail(BB_ERR_ARG, "mlp with %d inputs cannot take %s records of %zu pixels", c->inputs,
                          bb_record_kind_name(meta->kind), pixels);
-        float *x = inputs = malloc((size_t)count * c->inputs * sizeof *x);
+        float *x = inputs = calloc((size_t)m->B * c->inputs, sizeof *x);
         for (int b = 0; rc == BB_OK && b < count && x && targets; b++) {
             const uint8_t *r = records + (size_t)b * meta->record_size;
             if (r[0] >= c->classes) rc = bb_fail(BB_ERR_ARG, "label %u is not below %d classes", r[0], c->classes);
@@ -208,7 +212,7 @@ bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *me
         if (!width || meta->shape[0] != (uint32_t)T + 1)
             rc = bb_fail(BB_ERR_ARG, "gpt with --seq-len %d needs token records of %d tokens, not %s [%u]", T, T + 1,
                          bb_record_kind_name(meta->kind), meta->shape[0]);
-        int32_t *tok = inputs = malloc((size_t)n * sizeof *tok);
+        int32_t *tok = inputs = calloc((size_t)n, sizeof *tok);
         for (int b = 0; rc == BB_OK && b < count && tok && targets; b++)
             for (int t = 0; t <= T && rc == BB_OK; t++) {
                 const uint8_t *p = records + (size_t)b * meta->record_size + (size_t)t * width;
@@ -235,3 +239,16 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 }
 
 bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->ops->backward(m, accumulate); }
+
+bb_status bb_model_logits(bb_model_t *m, float *host_logits)
+{
+    BB_TRY(m->ops->forward(m, 1.0f, NULL, NULL));
+    int rows = batch_targets(m), width = m->cfg.kind == BB_MODEL_GPT ? m->cfg.vocab : m->cfg.classes;
+    return bb_backend_copy(m->be, host_logits, m->ops->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
+}
+
+void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx)
+{
+    m->grad_ready = fn;
+    m->grad_ready_ctx = ctx;
+}

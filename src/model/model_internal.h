@@ -8,7 +8,9 @@
 typedef struct model_kind_ops {
     bb_status (*create)(bb_model_t *m);      /* tensors, then activations */
     bb_status (*init)(bb_model_t *m, uint64_t seed, float *host_params);
+    /* loss NULL: stop at the logits (no loss, no backward may follow) */
     bb_status (*forward)(bb_model_t *m, float normalizer, double *loss, int *correct);
+    const float *(*logits)(bb_model_t *m);   /* device logits after a forward without loss */
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
 } model_kind_ops;
@@ -28,6 +30,8 @@ struct bb_model {
     int32_t *targets;        /* mlp: (B); gpt: (B, T) */
     int targets_valid;
     uint64_t activation_bytes;
+    bb_grad_ready_fn grad_ready;
+    void *grad_ready_ctx;
     void *impl;
 };
 
@@ -41,6 +45,11 @@ bb_status bb_model_alloc_parameters(bb_model_t *m);
 /* Allocates `bytes` of activations (counted in activation_bytes). */
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out);
 static inline float *model_param(bb_model_t *m, int tensor) { return m->params + m->tensors[tensor].offset; }
+/* Tells the trainer that gradients from `tensor` to the end are final. */
+static inline void model_grads_ready(bb_model_t *m, int tensor)
+{
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, m->tensors[tensor].offset);
+}
 static inline float *model_grad(bb_model_t *m, int tensor) { return m->grads + m->tensors[tensor].offset; }
 
 /* Deterministic streams for initialisation. */

@@ -54,9 +54,11 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
         bool ok = write_all(f, header, 8) && write_all(f, json, len) &&
                   write_all(f, host, m->param_count * sizeof *host) &&
                   (!tied || write_all(f, host + m->tensors[0].offset, m->tensors[0].count * sizeof *host));
+        ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0; /* on disk before the rename makes it visible */
         if (fclose(f) != 0) ok = false;
         if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
         if (ok && rename(tmp, path) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", path);
+        if (ok && rc == BB_OK) rc = bb_fsync_dir_of(path);
         if (rc != BB_OK) unlink(tmp);
     }
     free(tmp);

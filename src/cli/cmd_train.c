@@ -1,0 +1,130 @@
+/* cmd_train.c — `bigbatch train`: flags to bb_train_options, then the run. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bigbatch/train.h"
+#include "commands.h"
+#include "model_flags.h"
+
+static const char usage[] =
+    "bigbatch train [--model gpt|mlp ...] [--data DIR] [--devices cpu:N] [--global-batch G --micro-batch B]\n"
+    "               [--checkpoint none|blocks|every:K] [--steps N | --epochs E] [--save DIR] [--resume DIR] ...";
+static const char summary[] =
+    "Trains a model with data parallelism over N devices (one worker thread and one full\n"
+    "replica each), gradient accumulation (G / (N x B) micro-steps per optimizer step) and\n"
+    "optional activation checkpointing. Each device computes the loss of its own records;\n"
+    "a reducer averages the gradients bucket by bucket while the backward still runs.\n"
+    "--data DIR may be a dataset or a directory with train/ and val/ (or test/) inside;\n"
+    "the defaults train the gpt on data/kjv on one CPU device. Ctrl-C finishes the\n"
+    "current step, saves when --save is set, and exits with status 130.";
+
+/* cpu:N, cuda:all, cuda:0,1 */
+static bb_status parse_devices(const char *s, bb_train_options *o)
+{
+    if (!strncmp(s, "cpu:", 4)) {
+        int64_t n;
+        BB_TRY(bb_parse_int("--devices", s + 4, &n));
+        if (n < 1 || n > BB_TRAIN_MAX_DEVICES)
+            return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
+        o->devices = (int)n;
+        return BB_OK;
+    }
+    if (!strcmp(s, "cpu")) return o->devices = 1, BB_OK;
+    if (!strncmp(s, "cuda", 4)) return o->cuda = true, BB_OK;
+    return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+}
+
+int bb_cmd_train(int argc, char **argv)
+{
+    bb_train_options o;
+    bb_train_defaults(&o);
+    model_flags mf = MODEL_FLAGS_DEFAULT;
+    const char *devices = "cpu:1", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
+    int64_t global_batch = o.global_batch, micro_batch = o.micro_batch, steps = 0, epochs = 0, warmup = 0,
+            seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
+            log_every = (int64_t)o.log_every;
+    bool no_overlap = false, quiet = false, val_given = false;
+    const bb_opt opts[] = {
+        MODEL_FLAG_OPTS(mf),
+        {"--data", BB_OPT_STRING, &data, "DIR", "training data: a dataset, or a directory with train/ inside"},
+        {"--val-data", BB_OPT_STRING, &val, "DIR", "evaluated every --eval-every steps and at the end (default: "
+         "val/ or test/ beside train/)", .given = &val_given},
+        {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N (N worker threads, the cores divided among "
+         "them), cuda:all or cuda:0,1"},
+        {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
+        {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per device per micro-step (what must fit in "
+         "memory)", .min = 1, .max = 1 << 24},
+        {"--steps", BB_OPT_INT, &steps, "N", "optimizer steps, counted from step 0 of the run (also when "
+         "resuming)", .min = 1, .max = 1e15},
+        {"--stop-after", BB_OPT_INT, &stop_after, "N", "end this run after step N, keeping the schedule of "
+         "--steps (for time-boxed jobs; continue with --resume)", .min = 1, .max = 1e15},
+        {"--epochs", BB_OPT_INT, &epochs, "E", "passes over the data when --steps is not given (default 1)",
+         .min = 1, .max = 1e9},
+        {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw or sgd", .choices = "adamw|sgd"},
+        {"--lr", BB_OPT_DOUBLE, &o.opt.lr, "LR", "peak learning rate", .min = 0, .max = 1e3},
+        {"--lr-schedule", BB_OPT_CHOICE, &schedule, "KIND", "cosine (down to lr/10 at the last step) or constant",
+         .choices = "cosine|constant"},
+        {"--warmup", BB_OPT_INT, &warmup, "STEPS", "linear warm-up steps", .min = 0, .max = 1e15},
+        {"--weight-decay", BB_OPT_DOUBLE, &o.opt.weight_decay, "WD", "decoupled weight decay on matrices (not "
+         "biases, norms)", .min = 0, .max = 1e3},
+        {"--momentum", BB_OPT_DOUBLE, &o.opt.momentum, "M", "sgd: momentum", .min = 0, .max = 1},
+        {"--beta2", BB_OPT_DOUBLE, &o.opt.beta2, "B2", "adamw: second-moment decay", .min = 0, .max = 1},
+        {"--grad-clip", BB_OPT_DOUBLE, &o.opt.grad_clip, "NORM", "clip the global gradient norm; 0: off", .min = 0,
+         .max = 1e9},
+        {"--seed", BB_OPT_INT, &seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18},
+        {"--loader-threads", BB_OPT_INT, &loader_threads, "N", "threads reading and decompressing shards",
+         .min = 1, .max = 256},
+        {"--bucket-mib", BB_OPT_DOUBLE, &o.bucket_mib, "MIB", "gradient bucket size for the reducer (the first "
+         "bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536},
+        {"--no-overlap", BB_OPT_FLAG, &no_overlap, NULL, "all-reduce only after the whole backward (to measure "
+         "what overlap gains)"},
+        {"--eval-every", BB_OPT_INT, &eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",
+         .min = 0, .max = 1e15},
+        {"--save", BB_OPT_STRING, &o.save_dir, "DIR", "write checkpoints here (atomically; DIR/latest is the "
+         "newest)"},
+        {"--save-every", BB_OPT_INT, &save_every, "N", "save every N steps; 0: at the end (and on Ctrl-C) only",
+         .min = 0, .max = 1e15},
+        {"--resume", BB_OPT_STRING, &o.resume_dir, "DIR", "continue exactly from DIR's latest checkpoint"},
+        {"--init-from", BB_OPT_STRING, &o.init_from, "FILE", "start from these weights (.safetensors, PyTorch "
+         "names)"},
+        {"--metrics", BB_OPT_STRING, &o.metrics_path, "FILE", "one JSON object per step (JSON Lines)"},
+        {"--trace", BB_OPT_STRING, &o.trace_path, "FILE", "Chrome trace JSON (open in ui.perfetto.dev)"},
+        {"--device-mem", BB_OPT_BYTES, &o.device_mem, "BYTES", "cap each device's memory (e.g. 512MiB); 0: none"},
+        {"--log-every", BB_OPT_INT, &log_every, "N", "progress line every N steps; 0: only evaluations and the "
+         "end", .min = 0, .max = 1e15},
+        {"--quiet", BB_OPT_FLAG, &quiet, NULL, "no progress output"},
+        {0}};
+    bb_status rc = bb_cli_parse("train", opts, argc, argv, NULL);
+    if (rc == BB_OK) rc = model_flags_config(&mf, &o.model);
+    if (rc == BB_OK) rc = parse_devices(devices, &o);
+    if (rc == BB_OK) {
+        const char *train = resolve_split(data, "train");
+        o.data = train ? train : data;
+        o.val_data = val;
+        if (!val_given && train) {
+            o.val_data = resolve_split(data, "val");
+            if (!o.val_data) o.val_data = resolve_split(data, "test");
+        }
+        o.global_batch = (int)global_batch;
+        o.micro_batch = (int)micro_batch;
+        o.steps = (uint64_t)steps;
+        o.stop_after = (uint64_t)stop_after;
+        o.epochs = steps ? 0 : epochs ? (uint64_t)epochs : 1;
+        o.opt.kind = strcmp(optimizer, "sgd") ? BB_OPT_ADAMW : BB_OPT_SGD;
+        o.opt.schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
+        o.opt.warmup = (uint64_t)warmup;
+        o.seed = (uint64_t)seed;
+        o.loader_threads = (int)loader_threads;
+        o.no_overlap = no_overlap;
+        o.eval_every = (uint64_t)eval_every;
+        o.save_every = (uint64_t)save_every;
+        o.log_every = (uint64_t)log_every;
+        o.progress = quiet ? NULL : stderr;
+        o.interrupted = &bb_cli_interrupted;
+        rc = bb_train_run(&o, NULL);
+    }
+    int code = bb_cli_report(rc, usage, summary, opts);
+    bb_cli_free(opts, NULL);
+    return code;
+}

@@ -1,0 +1,36 @@
+/* model_flags.h — private: the model and data flags that train, eval and
+ * sample share. */
+#ifndef BIGBATCH_CLI_MODEL_FLAGS_H
+#define BIGBATCH_CLI_MODEL_FLAGS_H
+
+#include "bigbatch/model.h"
+
+typedef struct model_flags {
+    const char *kind, *checkpoint;
+    int64_t layers, heads, d_model;
+    bb_str_list hidden;
+} model_flags;
+
+#define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .layers = 4, .heads = 4, .d_model = 128}
+
+/* The option-table rows for model_flags (5 rows + --checkpoint). */
+#define MODEL_FLAG_OPTS(f)                                                                                     \
+    {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", "gpt (tokens) or mlp (images)", .choices = "gpt|mlp"},       \
+    {"--layers", BB_OPT_INT, &(f).layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},             \
+    {"--heads", BB_OPT_INT, &(f).heads, "H", "gpt: attention heads (divide --d-model)", .min = 1, .max = 1024}, \
+    {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},                     \
+    {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default 1024,1024)"},          \
+    {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
+     "activation checkpointing: none, blocks (keep one block's input per block), every:K"}
+
+/* The model configuration the flags describe; the data fills seq_len and
+ * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */
+bb_status model_flags_config(const model_flags *f, bb_model_config *out);
+/* Fills the data-given fields of `c` from the dataset at `path`. */
+bb_status model_config_from_data(const char *path, bb_model_config *c);
+/* `dir` when it holds shards; else `dir`/<sub> when that exists
+ * (data/kjv -> data/kjv/train). Returns a static or malloc'ed string the
+ * caller may leak (command lifetime). */
+const char *resolve_split(const char *dir, const char *sub);
+
+#endif

@@ -1,0 +1,215 @@
+/* checkpoint.c — training checkpoints: a step directory written whole and
+ * synced, then published by renaming a new `latest` link over the old one.
+ *
+ *   DIR/latest -> step-00000100
+ *   DIR/step-00000100/{model.safetensors, optimizer.bin, state.json}
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "train_internal.h"
+
+static bb_status join(char *out, size_t cap, const char *dir, const char *name)
+{
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap) return bb_fail(BB_ERR_ARG, "path too long: %s", dir);
+    return BB_OK;
+}
+
+/* Removes a step directory bigbatch wrote (flat: files only). */
+static void remove_step_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char file[4096];
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.' || (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")))
+            if (join(file, sizeof file, path, e->d_name) == BB_OK) unlink(file);
+    closedir(d);
+    rmdir(path);
+}
+
+static const char *optimizer_name(bb_optimizer_kind k) { return k == BB_OPT_SGD ? "sgd" : "adamw"; }
+
+static bb_status write_state(const char *path, const checkpoint_state *st, const bb_model_config *c,
+                             const optimizer *o)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
+    fprintf(f, "{\n  \"format\": \"bigbatch-checkpoint\",\n  \"version\": 1,\n  \"producer\": \"bigbatch %s\",\n",
+            BB_VERSION);
+    fprintf(f, "  \"step\": %llu,\n  \"epoch\": %llu,\n  \"step_in_epoch\": %llu,\n  \"total_steps\": %llu,\n",
+            (unsigned long long)st->step, (unsigned long long)st->epoch, (unsigned long long)st->step_in_epoch,
+            (unsigned long long)st->total_steps);
+    /* The run draws no random numbers besides the seeded data order and
+     * initialisation: (seed, step) is the whole RNG state. */
+    fprintf(f, "  \"seed\": %llu,\n  \"global_batch\": %d,\n  \"loss\": %.9g,\n  \"data\": ",
+            (unsigned long long)st->seed, st->global_batch, st->loss);
+    bb_json_write_string(f, st->data ? st->data : "");
+    fprintf(f, ",\n  \"model\": \"%s\",\n", c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
+    if (c->kind == BB_MODEL_GPT) {
+        fprintf(f, "  \"layers\": %d,\n  \"heads\": %d,\n  \"d_model\": %d,\n  \"seq_len\": %d,\n  \"vocab\": %d,\n",
+                c->layers, c->heads, c->d_model, c->seq_len, c->vocab);
+    } else {
+        fprintf(f, "  \"inputs\": %d,\n  \"classes\": %d,\n  \"hidden\": \"", c->inputs, c->classes);
+        for (int i = 0; i < c->hidden_count; i++) fprintf(f, "%s%d", i ? "," : "", c->hidden[i]);
+        fprintf(f, "\",\n");
+    }
+    fprintf(f, "  \"checkpoint_every\": %d,\n  \"optimizer\": \"%s\"\n}\n", c->checkpoint_every,
+            optimizer_name(o->cfg.kind));
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = false;
+    return ok ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
+}
+
+static bb_status sync_dir(const char *dir)
+{
+    char probe[4096];
+    BB_TRY(join(probe, sizeof probe, dir, "."));
+    return bb_fsync_dir_of(probe);
+}
+
+bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
+                          const optimizer *o)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", dir);
+    char name[64], tmp[4096], final[4096], file[4096], link_tmp[4096], link[4096], current[256] = "";
+    snprintf(name, sizeof name, "step-%08llu", (unsigned long long)st->step);
+    BB_TRY(join(link, sizeof link, dir, "latest"));
+    ssize_t n = readlink(link, current, sizeof current - 1);
+    if (n > 0) current[n] = 0;
+    if (!strcmp(current, name)) return BB_OK; /* this very step is already the latest checkpoint */
+    char tmp_name[96];
+    snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%d", name, (int)getpid());
+    BB_TRY(join(tmp, sizeof tmp, dir, tmp_name));
+    BB_TRY(join(final, sizeof final, dir, name));
+    remove_step_dir(tmp);
+    if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
+    BB_TRY(bb_model_save_safetensors(m, file));
+    BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
+    BB_TRY(optimizer_save(be, o, file));
+    BB_TRY(join(file, sizeof file, tmp, "state.json"));
+    BB_TRY(write_state(file, st, bb_model_get_config(m), o));
+    BB_TRY(sync_dir(tmp));
+    remove_step_dir(final); /* a stale one from a run that died before publishing it */
+    if (rename(tmp, final) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot rename to %s", tmp, final);
+    BB_TRY(sync_dir(dir));
+    /* Publish: a new link renamed over `latest` (rename is atomic). */
+    snprintf(tmp_name, sizeof tmp_name, ".latest.tmp-%d", (int)getpid());
+    BB_TRY(join(link_tmp, sizeof link_tmp, dir, tmp_name));
+    unlink(link_tmp);
+    if (symlink(name, link_tmp) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create a link", link_tmp);
+    if (rename(link_tmp, link) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot replace", link);
+    BB_TRY(sync_dir(dir));
+    /* Only now may the previous checkpoints go, and what killed runs left
+     * half-written (one trainer writes a directory at a time). */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if ((!strncmp(e->d_name, "step-", 5) && strcmp(e->d_name, name)) || !strncmp(e->d_name, ".step-", 6))
+            if (join(file, sizeof file, dir, e->d_name) == BB_OK) remove_step_dir(file);
+    if (d) closedir(d);
+    return BB_OK;
+}
+
+/* ---- reading: state.json is flat, written by write_state --------------- */
+static const char *find_value(const char *json, const char *key)
+{
+    char pattern[80];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *p = strstr(json, pattern);
+    if (!p) return NULL;
+    for (p += strlen(pattern); *p == ' '; p++) {}
+    return p;
+}
+
+static bool get_u64(const char *json, const char *key, uint64_t *out)
+{
+    const char *p = find_value(json, key);
+    char *end;
+    if (!p || *p < '0' || *p > '9') return false;
+    *out = strtoull(p, &end, 10);
+    return end != p;
+}
+
+static bool get_int(const char *json, const char *key, int *out)
+{
+    uint64_t v;
+    if (!get_u64(json, key, &v) || v > (1u << 30)) return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool get_string(const char *json, const char *key, char *out, size_t cap)
+{
+    const char *p = find_value(json, key);
+    if (!p || *p != '"') return false;
+    const char *end = strchr(p + 1, '"');
+    if (!end || (size_t)(end - p - 1) >= cap) return false;
+    memcpy(out, p + 1, (size_t)(end - p - 1));
+    out[end - p - 1] = 0;
+    return true;
+}
+
+bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
+{
+    memset(info, 0, sizeof *info);
+    char link[4096], target[256], path[4096];
+    BB_TRY(join(link, sizeof link, ckpt_dir, "latest"));
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) return bb_fail_errno(BB_ERR_IO, "%s: no checkpoint here (cannot read %s)", ckpt_dir, link);
+    target[n] = 0;
+    BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
+    BB_TRY(join(path, sizeof path, info->dir, "state.json"));
+    FILE *f = fopen(path, "r");
+    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+    char json[8192];
+    size_t len = fread(json, 1, sizeof json - 1, f);
+    fclose(f);
+    json[len] = 0;
+    char kind[16] = "", opt[16] = "", format[64] = "", hidden[256] = "";
+    bb_model_config *c = &info->model;
+    bool ok = get_string(json, "format", format, sizeof format) && !strcmp(format, "bigbatch-checkpoint") &&
+              get_u64(json, "step", &info->step) && get_u64(json, "seed", &info->seed) &&
+              get_int(json, "global_batch", &info->global_batch) && get_string(json, "model", kind, sizeof kind) &&
+              get_string(json, "optimizer", opt, sizeof opt) &&
+              get_int(json, "checkpoint_every", &c->checkpoint_every);
+    if (ok && !strcmp(kind, "gpt")) {
+        c->kind = BB_MODEL_GPT;
+        ok = get_int(json, "layers", &c->layers) && get_int(json, "heads", &c->heads) &&
+             get_int(json, "d_model", &c->d_model) && get_int(json, "seq_len", &c->seq_len) &&
+             get_int(json, "vocab", &c->vocab);
+    } else if (ok && !strcmp(kind, "mlp")) {
+        c->kind = BB_MODEL_MLP;
+        ok = get_int(json, "inputs", &c->inputs) && get_int(json, "classes", &c->classes) &&
+             get_string(json, "hidden", hidden, sizeof hidden);
+        for (char *p = hidden; ok && *p && c->hidden_count < BB_MLP_MAX_HIDDEN; c->hidden_count++) {
+            c->hidden[c->hidden_count] = (int)strtol(p, &p, 10);
+            if (*p == ',') p++;
+        }
+    } else {
+        ok = false;
+    }
+    info->optimizer = !strcmp(opt, "sgd") ? BB_OPT_SGD : BB_OPT_ADAMW;
+    if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
+    return BB_OK;
+}
+
+bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t *m)
+{
+    char path[4096];
+    BB_TRY(join(path, sizeof path, info->dir, "model.safetensors"));
+    return bb_model_load_safetensors(m, path);
+}
+
+bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o)
+{
+    char path[4096];
+    BB_TRY(join(path, sizeof path, info->dir, "optimizer.bin"));
+    return optimizer_load(be, o, path);
+}

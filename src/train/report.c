@@ -1,0 +1,138 @@
+/* report.c — the end of a step, on worker 0 while the others wait: the
+ * step's figures (progress line, metrics row), evaluation, checkpoint and
+ * the decision to stop. */
+#include <math.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+typedef struct step_figures {
+    double loss, lr, grad_norm, seconds, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
+    double fwd_ms, bwd_ms, reduce_ms, opt_ms;
+    bool has_overlap;
+} step_figures;
+
+static step_figures measure(trainer *t, uint64_t now)
+{
+    step_figures f = {.lr = t->stats[0].lr, .grad_norm = t->stats[0].grad_norm};
+    uint64_t last_backward = 0;
+    double wait = 0;
+    for (int d = 0; d < t->devices; d++) {
+        const worker_stats *s = &t->stats[d];
+        f.loss += s->loss / t->devices; /* the devices' shares are equal: the mean is the step's loss */
+        wait += (double)s->wait_ns / t->devices;
+        f.fwd_ms += (double)s->fwd_ns / 1e6 / t->devices;
+        f.bwd_ms += (double)s->bwd_ns / 1e6 / t->devices;
+        f.opt_ms += (double)s->opt_ns / 1e6 / t->devices;
+        if (s->backward_end_ns > last_backward) last_backward = s->backward_end_ns;
+    }
+    f.seconds = (double)(now - t->last_step_end_ns) / 1e9;
+    f.samples_per_s = t->global_batch / f.seconds;
+    f.tokens_per_s = t->cfg.kind == BB_MODEL_GPT ? f.samples_per_s * t->cfg.seq_len : 0;
+    f.data_wait_pct = 100.0 * wait / 1e9 / f.seconds;
+    if (t->reducer) {
+        uint64_t busy, overlapped;
+        reducer_last_step(t->reducer, last_backward, &busy, &overlapped);
+        f.reduce_ms = (double)busy / 1e6;
+        f.overlap_pct = busy ? 100.0 * (double)overlapped / (double)busy : 0;
+        f.has_overlap = true;
+    }
+    return f;
+}
+
+static void write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev)
+{
+    FILE *m = t->metrics;
+    fprintf(m,
+            "{\"step\": %llu, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, \"samples_per_s\": %.1f, "
+            "\"tokens_per_s\": %.1f, \"data_wait_pct\": %.3f, \"overlap_pct\": %.2f, \"fwd_ms\": %.3f, "
+            "\"bwd_ms\": %.3f, \"reduce_ms\": %.3f, \"opt_ms\": %.3f, \"peak_mem_bytes\": [",
+            (unsigned long long)step, f->loss, f->lr, f->grad_norm, f->samples_per_s, f->tokens_per_s, f->data_wait_pct,
+            f->overlap_pct, f->fwd_ms, f->bwd_ms, f->reduce_ms, f->opt_ms);
+    for (int d = 0; d < t->devices; d++)
+        fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->be[d]));
+    fprintf(m, "]");
+    if (ev) {
+        fprintf(m, ", \"val_loss\": %.7g", ev->loss);
+        if (!isnan(ev->accuracy)) fprintf(m, ", \"val_accuracy\": %.6f", ev->accuracy);
+    }
+    fprintf(m, "}\n");
+    fflush(m);
+}
+
+static void format_duration(double s, char *buf, size_t cap)
+{
+    if (s < 60) snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, (int)s / 60 % 60);
+}
+
+static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint64_t now)
+{
+    FILE *p = t->o->progress;
+    char rate[48], eta[32], peak[24];
+    if (t->cfg.kind == BB_MODEL_GPT) snprintf(rate, sizeof rate, "%.0f tok/s", f->tokens_per_s);
+    else snprintf(rate, sizeof rate, "%.0f samples/s", f->samples_per_s);
+    double per_step = (double)(now - t->run_start_ns) / 1e9 / (double)(step - t->first_step);
+    format_duration(per_step * (double)(t->total_steps - step), eta, sizeof eta);
+    fprintf(p, "%sstep %llu/%llu  loss %.4f  lr %.2e  %s  data-wait %.1f%%", t->tty ? "\r\033[K" : "",
+            (unsigned long long)step, (unsigned long long)t->total_steps, f->loss, f->lr, rate, f->data_wait_pct);
+    if (f->has_overlap) fprintf(p, "  overlap %.0f%%", f->overlap_pct);
+    fprintf(p, "  peak");
+    for (int d = 0; d < t->devices; d++)
+        fprintf(p, "%s%s", d ? "," : " ", bb_format_bytes(bb_backend_peak_bytes(t->be[d]), peak, sizeof peak));
+    fprintf(p, "  ETA %s%s", eta, t->tty ? "" : "\n");
+    fflush(p);
+}
+
+static bb_status save(trainer *t, uint64_t step, double loss)
+{
+    checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
+                           .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
+                           .loss = loss, .data = t->o->data};
+    uint64_t t0 = bb_clock_ns();
+    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0]));
+    BB_INFO("saved step %llu to %s in %.0f ms", (unsigned long long)step, t->o->save_dir, (double)(bb_clock_ns() - t0) / 1e6);
+    return BB_OK;
+}
+
+bb_status trainer_end_of_step(trainer *t, uint64_t step0)
+{
+    const bb_train_options *o = t->o;
+    uint64_t step = step0 + 1, now = bb_clock_ns();
+    step_figures f = measure(t, now);
+    bb_train_result *r = t->result;
+    r->losses[step0 - t->first_step] = f.loss;
+    r->steps_done = step;
+    bool last = step == t->total_steps || step == o->stop_after;
+    bool interrupted = o->interrupted && *o->interrupted;
+    bb_eval_result ev;
+    bool evaluate = t->val && (last || interrupted || (o->eval_every && step % o->eval_every == 0));
+    if (evaluate) {
+        BB_TRY(bb_evaluate(t->model[0], t->val, &ev));
+        r->val_loss = ev.loss;
+        r->val_accuracy = ev.accuracy;
+    }
+    if (t->metrics) write_metrics(t, step, &f, evaluate ? &ev : NULL);
+    if (o->progress && (last || evaluate || interrupted || (o->log_every && step % o->log_every == 0))) {
+        progress_line(t, step, &f, now);
+        if (evaluate) {
+            fprintf(o->progress, "%seval step %llu: val loss %.4f", t->tty ? "\n" : "", (unsigned long long)step,
+                    ev.loss);
+            if (!isnan(ev.accuracy)) fprintf(o->progress, ", val accuracy %.2f%%", 100 * ev.accuracy);
+            fprintf(o->progress, " (%llu records)\n", (unsigned long long)ev.records);
+        }
+        if (t->tty && last && !evaluate) fprintf(o->progress, "\n");
+    }
+    if (o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0)))
+        BB_TRY(save(t, step, f.loss));
+    t->stop = last;
+    if (interrupted) {
+        t->stop = r->interrupted = true;
+        if (o->progress)
+            fprintf(o->progress, "%sinterrupted after step %llu%s\n", t->tty ? "\n" : "", (unsigned long long)step,
+                    o->save_dir ? "; saved" : "");
+    }
+    t->last_step_end_ns = bb_clock_ns(); /* evaluation and saving are not the next step's time */
+    return BB_OK;
+}

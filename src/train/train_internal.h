@@ -1,0 +1,101 @@
+/* train_internal.h — private: the optimizer state of one replica and the
+ * training-checkpoint files, shared by trainer.c, optimizer.c and
+ * checkpoint.c. */
+#ifndef BIGBATCH_TRAIN_INTERNAL_H
+#define BIGBATCH_TRAIN_INTERNAL_H
+
+#include "bigbatch/train.h"
+
+/* One replica's optimizer: AdamW moments (m, v) or the SGD momentum (m). */
+typedef struct optimizer {
+    bb_optimizer_config cfg;
+    float *m, *v;  /* device memory, param_count floats; v NULL for SGD */
+    size_t count;
+} optimizer;
+
+bb_status optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o);
+void optimizer_destroy(bb_backend_t *be, optimizer *o);
+/* Clips the gradients to cfg.grad_clip (when set) and updates the
+ * parameters for step `step` (0-based) of `total`. Returns the gradient
+ * norm before clipping; *lr gets the rate used. */
+double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr);
+/* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then
+ * the floats. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming the file. */
+bb_status optimizer_save(bb_backend_t *be, const optimizer *o, const char *path);
+bb_status optimizer_load(bb_backend_t *be, optimizer *o, const char *path);
+
+/* What a checkpoint records besides the weights and the optimizer. */
+typedef struct checkpoint_state {
+    uint64_t step, epoch, step_in_epoch, seed, total_steps;
+    int global_batch;
+    double loss;
+    const char *data;
+} checkpoint_state;
+
+/* Writes a step directory under `dir` and switches `latest` to it (see
+ * train.h); removes the older step directories. */
+bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
+                          const optimizer *o);
+/* Loads the optimizer state of the checkpoint `info` names. */
+bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
+
+#endif
+
+/* ---- the trainer's shared state (trainer.c, worker.c, report.c) -------- */
+#include <pthread.h>
+
+#include "bigbatch/trace.h"
+#include "reducer.h"
+
+/* A barrier that a failing worker can open for everyone. */
+typedef struct step_barrier {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int parties, waiting;
+    uint64_t generation;
+    bool aborted;
+} step_barrier;
+
+/* What one worker measured in the current step. */
+typedef struct worker_stats {
+    double loss;             /* its share: sum over micro-steps of loss / its normalizer */
+    double grad_norm, lr;
+    uint64_t wait_ns, copy_ns, fwd_ns, bwd_ns, reduce_wait_ns, opt_ns;
+    uint64_t backward_end_ns; /* end of the last micro-step's backward */
+} worker_stats;
+
+typedef struct trainer {
+    const bb_train_options *o;
+    bb_model_config cfg;
+    bb_dataset_t *data, *val;
+    int devices, accumulation, micro_batch, global_batch;
+    uint64_t first_step, total_steps, steps_per_epoch, seed;
+    float normalizer;        /* each device's share of the examples (tokens) of a step */
+    bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
+    bb_model_t *model[BB_TRAIN_MAX_DEVICES];
+    optimizer opt[BB_TRAIN_MAX_DEVICES];
+    worker_stats stats[BB_TRAIN_MAX_DEVICES];
+    bb_loader_t *loader;
+    reducer_t *reducer;      /* NULL with one device */
+    bb_trace_t *trace;       /* NULL without --trace */
+    step_barrier barrier;
+    /* the first failure of any worker */
+    pthread_mutex_t fail_lock;
+    bb_status fail_status;
+    char fail_message[1024];
+    /* worker 0's, between the two barriers of a step */
+    bool stop;
+    FILE *metrics;
+    bool tty;
+    uint64_t run_start_ns, last_step_end_ns;
+    bb_train_result *result;
+} trainer;
+
+bb_status step_barrier_wait(step_barrier *b);
+/* Records the failure (first one wins) and wakes every thread. */
+void trainer_fail(trainer *t, bb_status status);
+/* Worker d's thread body. */
+void *trainer_worker_main(void *arg);
+/* Worker 0, after every worker finished step `step` (0-based): reporting,
+ * evaluation, saving, and the decision to stop. */
+bb_status trainer_end_of_step(trainer *t, uint64_t step);

@@ -1,0 +1,313 @@
+/* trainer.c — bb_train_run: checks the options against the data, builds
+ * one backend, replica and optimizer per device, the loader, the reducer
+ * and the trace, starts the workers and cleans up after them. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train_internal.h"
+
+void bb_train_defaults(bb_train_options *o)
+{
+    *o = (bb_train_options){
+        .model = bb_model_gpt_config(4, 4, 128, 0, 0),
+        .data = "data/kjv/train",
+        .devices = 1,
+        .global_batch = 64,
+        .micro_batch = 8,
+        .epochs = 1,
+        .opt = {.kind = BB_OPT_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .momentum = 0.9,
+                .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0},
+        .seed = 1,
+        .loader_threads = 2,
+        .bucket_mib = 25,
+        .log_every = 10,
+    };
+}
+
+/* Fills what the data decides (gpt: seq_len, vocab; mlp: inputs, classes)
+ * and checks the model kind against the records. */
+static bb_status model_from_data(const bb_train_options *o, const bb_shard_meta *meta, bb_model_config *c)
+{
+    *c = o->model;
+    if (c->kind == BB_MODEL_GPT) {
+        if (meta->kind != BB_RECORD_TOKENS_U16 && meta->kind != BB_RECORD_TOKENS_U32)
+            return bb_fail(BB_ERR_ARG, "%s holds %s records; --model gpt needs token records", o->data,
+                           bb_record_kind_name(meta->kind));
+        c->seq_len = (int)meta->shape[0] - 1;
+        c->vocab = (int)meta->classes_or_vocab;
+    } else {
+        if (meta->kind != BB_RECORD_IMAGE_U8)
+            return bb_fail(BB_ERR_ARG, "%s holds %s records; --model mlp needs image records", o->data,
+                           bb_record_kind_name(meta->kind));
+        c->inputs = (int)meta->record_size - 1;
+        c->classes = (int)meta->classes_or_vocab;
+    }
+    return BB_OK;
+}
+
+static bb_status check_split(const bb_train_options *o, int *accumulation)
+{
+    int per_step = o->devices * o->micro_batch;
+    if (o->global_batch > 0 && o->micro_batch > 0 && o->global_batch % per_step == 0) {
+        *accumulation = o->global_batch / per_step;
+        return BB_OK;
+    }
+    char valid[512] = "";
+    size_t len = 0;
+    for (int b = 1; b <= o->global_batch / o->devices && len + 16 < sizeof valid; b++)
+        if (o->global_batch % (o->devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
+    return bb_fail(BB_ERR_ARG,
+                   "--global-batch %d is not a whole number of micro-batches of %d on %d device%s; valid "
+                   "--micro-batch values: %s",
+                   o->global_batch, o->micro_batch, o->devices, o->devices > 1 ? "s" : "", len ? valid : "none");
+}
+
+static bool same_shape(const bb_model_config *a, const bb_model_config *b)
+{
+    if (a->kind != b->kind) return false;
+    if (a->kind == BB_MODEL_GPT)
+        return a->layers == b->layers && a->heads == b->heads && a->d_model == b->d_model &&
+               a->seq_len == b->seq_len && a->vocab == b->vocab;
+    if (a->inputs != b->inputs || a->classes != b->classes || a->hidden_count != b->hidden_count) return false;
+    for (int i = 0; i < a->hidden_count; i++)
+        if (a->hidden[i] != b->hidden[i]) return false;
+    return true;
+}
+
+static void describe(const bb_model_config *c, char *buf, size_t cap)
+{
+    if (c->kind == BB_MODEL_GPT) {
+        snprintf(buf, cap, "gpt (%d layers, %d heads, d %d, T %d, vocab %d)", c->layers, c->heads, c->d_model,
+                 c->seq_len, c->vocab);
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
+    for (int i = 0; i < c->hidden_count && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "-%d", c->hidden[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "-%d)", c->classes);
+}
+
+/* Checks a --resume checkpoint against the options; the run continues at its step. */
+static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
+{
+    const bb_train_options *o = t->o;
+    BB_TRY(bb_checkpoint_read_info(o->resume_dir, info));
+    char want[160], have[160];
+    describe(&t->cfg, want, sizeof want);
+    describe(&info->model, have, sizeof have);
+    if (!same_shape(&t->cfg, &info->model))
+        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint holds a %s, the options ask for a %s", o->resume_dir,
+                       have, want);
+    if (info->global_batch != o->global_batch)
+        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint was trained with --global-batch %d, not %d (the data "
+                       "order and the step count depend on it)", o->resume_dir, info->global_batch, o->global_batch);
+    if (info->optimizer != o->opt.kind)
+        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint's optimizer is %s, not %s", o->resume_dir,
+                       info->optimizer == BB_OPT_SGD ? "sgd" : "adamw", o->opt.kind == BB_OPT_SGD ? "sgd" : "adamw");
+    if (info->seed != o->seed)
+        BB_INFO("--resume: using the checkpoint's seed %llu (the data order depends on it), not %llu",
+                (unsigned long long)info->seed, (unsigned long long)o->seed);
+    if (info->step > t->total_steps)
+        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint is at step %llu, past --steps %llu", o->resume_dir,
+                       (unsigned long long)info->step, (unsigned long long)t->total_steps);
+    t->seed = info->seed;
+    t->first_step = info->step;
+    return BB_OK;
+}
+
+static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
+{
+    const bb_train_options *o = t->o;
+    /* OpenBLAS threads are process-wide: divide the cores among the workers. */
+    int blas_threads = bb_cpu_count() / t->devices > 1 ? bb_cpu_count() / t->devices : 1;
+    for (int d = 0; d < t->devices; d++) {
+        bb_backend_options bo = {.device = d, .device_mem = o->device_mem, .threads = blas_threads};
+        BB_TRY(bb_backend_create_cpu(&bo, &t->be[d]));
+        BB_TRY(bb_model_create(t->be[d], &t->cfg, t->micro_batch, &t->model[d]));
+        BB_TRY(bb_model_init(t->model[d], t->seed));
+        if (o->init_from) BB_TRY(bb_model_load_safetensors(t->model[d], o->init_from));
+        BB_TRY(optimizer_create(t->be[d], &o->opt, bb_model_param_count(t->model[d]), &t->opt[d]));
+        if (resume) {
+            BB_TRY(bb_checkpoint_load_weights(resume, t->model[d]));
+            BB_TRY(checkpoint_load_optimizer(resume, t->be[d], &t->opt[d]));
+        }
+    }
+    return BB_OK;
+}
+
+static bb_status start_loader(trainer *t)
+{
+    bb_loader_options lo;
+    bb_loader_defaults(&lo);
+    lo.seed = t->seed;
+    lo.devices = (uint32_t)t->devices;
+    lo.accumulation = (uint32_t)t->accumulation;
+    lo.micro_batch = (uint32_t)t->micro_batch;
+    lo.threads = (uint32_t)t->o->loader_threads;
+    lo.start_epoch = t->first_step / t->steps_per_epoch;
+    lo.start_step = t->first_step % t->steps_per_epoch;
+    lo.steps = t->total_steps - t->first_step;
+    return bb_loader_create(t->data, &lo, &t->loader);
+}
+
+static bb_status setup(trainer *t)
+{
+    const bb_train_options *o = t->o;
+    if (o->cuda)
+        return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda: this build has no CUDA training backend yet; "
+                       "use --devices cpu:N");
+    if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
+        return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
+    if (o->micro_batch < 1 || o->global_batch < 1) return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
+    if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
+    if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
+    if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
+    t->devices = o->devices;
+    t->micro_batch = o->micro_batch;
+    t->global_batch = o->global_batch;
+    t->seed = o->seed;
+    BB_TRY(check_split(o, &t->accumulation));
+    BB_TRY(bb_dataset_open(o->data, &t->data));
+    BB_TRY(model_from_data(o, bb_dataset_meta(t->data), &t->cfg));
+    uint64_t records = bb_dataset_record_count(t->data);
+    t->steps_per_epoch = records / (uint64_t)t->global_batch;
+    if (!t->steps_per_epoch)
+        return bb_fail(BB_ERR_ARG, "%s holds %llu records, fewer than one --global-batch of %d", o->data,
+                       (unsigned long long)records, t->global_batch);
+    t->total_steps = o->steps ? o->steps : o->epochs * t->steps_per_epoch;
+    bb_checkpoint_info info;
+    if (o->resume_dir) BB_TRY(check_resume(t, &info));
+    if (o->val_data) BB_TRY(bb_dataset_open(o->val_data, &t->val));
+    int examples = t->accumulation * t->micro_batch;
+    t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
+    BB_TRY(build_devices(t, o->resume_dir ? &info : NULL));
+    if (o->trace_path) {
+        BB_TRY(bb_trace_create(t->devices + 1, &t->trace));
+        for (int d = 0; d < t->devices; d++) {
+            char name[48];
+            snprintf(name, sizeof name, "worker %d (cpu:%d)", d, d);
+            bb_trace_name_track(t->trace, d, name);
+        }
+        bb_trace_name_track(t->trace, t->devices, "reducer");
+    }
+    if (t->devices > 1) {
+        float *grads[BB_TRAIN_MAX_DEVICES];
+        for (int d = 0; d < t->devices; d++) grads[d] = bb_model_grads(t->model[d]);
+        BB_TRY(reducer_create(t->model[0], grads, t->devices, (size_t)(o->bucket_mib * 1048576.0), t->trace,
+                              t->devices, &t->reducer));
+    }
+    if (o->metrics_path && !(t->metrics = fopen(o->metrics_path, o->resume_dir ? "a" : "w")))
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot open the metrics file", o->metrics_path);
+    return start_loader(t);
+}
+
+static void print_start(const trainer *t)
+{
+    FILE *p = t->o->progress;
+    if (!p) return;
+    char model[160], params[24];
+    describe(&t->cfg, model, sizeof model);
+    size_t n = bb_model_param_count(t->model[0]);
+    snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
+    fprintf(p, "train: %s, %s parameters, on cpu:%d\n", model, params, t->devices);
+    fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu steps (%llu per epoch), steps %llu..%llu",
+            t->global_batch, t->devices, t->devices > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
+            t->micro_batch, (unsigned long long)t->total_steps, (unsigned long long)t->steps_per_epoch,
+            (unsigned long long)t->first_step + 1, (unsigned long long)t->total_steps);
+    if (t->reducer) fprintf(p, "; %d gradient buckets%s", reducer_bucket_count(t->reducer), t->o->no_overlap ? ", no overlap" : "");
+    char act[24];
+    fprintf(p, "\ntrain: data %s (%s); activations %s per device\n", t->o->data, bb_loader_io_description(t->loader),
+            bb_format_bytes(bb_model_activation_bytes(t->model[0]), act, sizeof act));
+    fflush(p);
+}
+
+static bb_status run_workers(trainer *t)
+{
+    pthread_t threads[BB_TRAIN_MAX_DEVICES];
+    void *args[BB_TRAIN_MAX_DEVICES][2];
+    int started = 0;
+    t->run_start_ns = t->last_step_end_ns = bb_clock_ns();
+    for (int d = 0; d < t->devices; d++) {
+        args[d][0] = t;
+        args[d][1] = (void *)(intptr_t)d;
+        int err = pthread_create(&threads[d], NULL, trainer_worker_main, args[d]);
+        if (err) {
+            bb_fail(BB_ERR_INTERNAL, "cannot start worker %d: error %d", d, err);
+            trainer_fail(t, BB_ERR_INTERNAL);
+            break;
+        }
+        started++;
+    }
+    for (int d = 0; d < started; d++) pthread_join(threads[d], NULL);
+    t->result->seconds = (double)(bb_clock_ns() - t->run_start_ns) / 1e9;
+    if (t->fail_status != BB_OK) return bb_fail(t->fail_status, "%s", t->fail_message);
+    return t->result->interrupted ? bb_fail(BB_ERR_INTERRUPTED, "interrupted") : BB_OK;
+}
+
+static void teardown(trainer *t)
+{
+    bb_loader_destroy(t->loader);
+    reducer_destroy(t->reducer);
+    for (int d = 0; d < t->devices; d++) {
+        if (t->be[d]) optimizer_destroy(t->be[d], &t->opt[d]);
+        bb_model_destroy(t->model[d]);
+        bb_backend_destroy(t->be[d]);
+    }
+    bb_trace_destroy(t->trace);
+    if (t->metrics) fclose(t->metrics);
+    bb_dataset_close(t->data);
+    bb_dataset_close(t->val);
+    pthread_mutex_destroy(&t->fail_lock);
+    pthread_mutex_destroy(&t->barrier.lock);
+    pthread_cond_destroy(&t->barrier.cond);
+}
+
+bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
+{
+    bb_train_result local;
+    bb_train_result *r = result ? result : &local;
+    memset(r, 0, sizeof *r);
+    r->val_loss = r->val_accuracy = NAN;
+    trainer *t = calloc(1, sizeof *t);
+    if (!t) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    t->o = o;
+    t->result = r;
+    t->tty = o->progress && isatty(fileno(o->progress));
+    pthread_mutex_init(&t->fail_lock, NULL);
+    pthread_mutex_init(&t->barrier.lock, NULL);
+    pthread_cond_init(&t->barrier.cond, NULL);
+    t->barrier.parties = o->devices;
+    bb_status rc;
+    BB_TRY_GOTO(setup(t), rc, done);
+    r->devices = t->devices;
+    r->first_step = r->steps_done = t->first_step;
+    r->losses = calloc(t->total_steps - t->first_step + 1, sizeof *r->losses);
+    if (!r->losses) BB_TRY_GOTO(bb_fail(BB_ERR_NOMEM, "out of memory"), rc, done);
+    print_start(t);
+    rc = run_workers(t);
+    if (t->trace) {
+        bb_status trc = bb_trace_write(t->trace, o->trace_path);
+        if (rc == BB_OK) rc = trc;
+    }
+    for (int d = 0; d < t->devices; d++) r->peak_bytes[d] = bb_backend_peak_bytes(t->be[d]);
+    r->param_count = bb_model_param_count(t->model[0]);
+    r->params = malloc(r->param_count * sizeof *r->params);
+    if (r->params)
+        bb_backend_copy(t->be[0], r->params, bb_model_params(t->model[0]), r->param_count * sizeof *r->params,
+                        BB_COPY_D2H);
+done:
+    teardown(t);
+    free(t);
+    if (r == &local) bb_train_result_free(r);
+    return rc;
+}
+
+void bb_train_result_free(bb_train_result *r)
+{
+    if (!r) return;
+    free(r->losses);
+    free(r->params);
+    r->losses = NULL;
+    r->params = NULL;
+}

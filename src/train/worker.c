@@ -1,0 +1,127 @@
+/* worker.c — one thread per device: micro-steps (load, copy, forward,
+ * backward), the reducer hand-off on the last one, the optimizer step, and
+ * the two barriers that end a step (worker 0 reports, evaluates and saves
+ * between them, so every replica sees the same decision to stop). */
+#include <string.h>
+
+#include "train_internal.h"
+
+bb_status step_barrier_wait(step_barrier *b)
+{
+    pthread_mutex_lock(&b->lock);
+    uint64_t gen = b->generation;
+    if (++b->waiting == b->parties) {
+        b->waiting = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->cond);
+    } else {
+        while (gen == b->generation && !b->aborted) pthread_cond_wait(&b->cond, &b->lock);
+    }
+    bool aborted = b->aborted;
+    pthread_mutex_unlock(&b->lock);
+    return aborted ? BB_ERR_CLOSED : BB_OK;
+}
+
+void trainer_fail(trainer *t, bb_status status)
+{
+    pthread_mutex_lock(&t->fail_lock);
+    /* A worker that stops because another failed reports BB_ERR_CLOSED:
+     * keep the first real error. */
+    if (t->fail_status == BB_OK || (t->fail_status == BB_ERR_CLOSED && status != BB_ERR_CLOSED)) {
+        t->fail_status = status;
+        snprintf(t->fail_message, sizeof t->fail_message, "%s", bb_error_message());
+    }
+    pthread_mutex_unlock(&t->fail_lock);
+    bb_loader_stop(t->loader);
+    if (t->reducer) reducer_abort(t->reducer);
+    pthread_mutex_lock(&t->barrier.lock);
+    t->barrier.aborted = true;
+    pthread_cond_broadcast(&t->barrier.cond);
+    pthread_mutex_unlock(&t->barrier.lock);
+}
+
+typedef struct post_ctx {
+    reducer_t *reducer;
+    int device;
+} post_ctx;
+
+static void post_ready(void *ctx, size_t ready_from)
+{
+    post_ctx *p = ctx;
+    reducer_post(p->reducer, p->device, ready_from);
+}
+
+static void span(trainer *t, int d, const char *name, uint64_t start, uint64_t end, uint64_t step, int detail)
+{
+    bb_trace_add(t->trace, d, name, start, end, (int64_t)step + 1, detail);
+}
+
+/* Micro-steps of step `step`: the first overwrites the gradients, the
+ * others add to them; on the last one the backward posts buckets. */
+static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
+{
+    bb_model_t *m = t->model[d];
+    const bb_shard_meta *meta = bb_dataset_meta(t->data);
+    post_ctx post = {t->reducer, d};
+    for (int k = 0; k < t->accumulation; k++) {
+        bb_batch b;
+        uint64_t t0 = bb_clock_ns();
+        BB_TRY(bb_loader_next(t->loader, (uint32_t)d, &b));
+        uint64_t t1 = bb_clock_ns();
+        bb_status rc = bb_model_set_batch_from_records(m, meta, b.data, (int)b.count);
+        bb_loader_release(t->loader, &b);
+        BB_TRY(rc);
+        uint64_t t2 = bb_clock_ns();
+        double loss;
+        BB_TRY(bb_model_forward(m, t->normalizer, &loss, NULL));
+        uint64_t t3 = bb_clock_ns();
+        bool last = k == t->accumulation - 1;
+        if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
+        rc = bb_model_backward(m, k > 0);
+        bb_model_set_grad_ready(m, NULL, NULL);
+        BB_TRY(rc);
+        uint64_t t4 = bb_clock_ns();
+        st->loss += loss;
+        st->wait_ns += t1 - t0, st->copy_ns += t2 - t1, st->fwd_ns += t3 - t2, st->bwd_ns += t4 - t3;
+        st->backward_end_ns = t4;
+        span(t, d, "load", t0, t1, step, k);
+        span(t, d, "copy", t1, t2, step, k);
+        span(t, d, "forward", t2, t3, step, k);
+        span(t, d, "backward", t3, t4, step, k);
+    }
+    return BB_OK;
+}
+
+static bb_status worker_loop(trainer *t, int d)
+{
+    for (uint64_t step = t->first_step; step < t->total_steps; step++) {
+        worker_stats *st = &t->stats[d];
+        memset(st, 0, sizeof *st);
+        BB_TRY(micro_steps(t, d, step, st));
+        if (t->reducer) {
+            if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
+            st->reduce_wait_ns = reducer_wait(t->reducer, d);
+            if (reducer_aborted(t->reducer)) return BB_ERR_CLOSED;
+        }
+        uint64_t t0 = bb_clock_ns();
+        st->grad_norm = optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
+        uint64_t t1 = bb_clock_ns();
+        st->opt_ns = t1 - t0;
+        span(t, d, "optimizer", t0, t1, step, -1);
+        BB_TRY(step_barrier_wait(&t->barrier));
+        if (d == 0) BB_TRY(trainer_end_of_step(t, step));
+        BB_TRY(step_barrier_wait(&t->barrier));
+        if (t->stop) break;
+    }
+    return BB_OK;
+}
+
+void *trainer_worker_main(void *arg)
+{
+    void **args = arg;
+    trainer *t = args[0];
+    int d = (int)(intptr_t)args[1];
+    bb_status rc = worker_loop(t, d);
+    if (rc != BB_OK) trainer_fail(t, rc);
+    return NULL;
+}

@@ -1,0 +1,443 @@
+/* test_train.c — the trainer: partition invariance, checkpointing and
+ * resume bitwise, the reducer's overlap in the trace, crash-safe saves,
+ * memory errors and balance, and the train/eval/export/sample commands. */
+#include <math.h>
+#include <signal.h>
+#include <time.h>
+
+#include "bigbatch/train.h"
+#include "test_util.h"
+
+/* ---- tiny datasets ----------------------------------------------------- */
+#define IMAGE_SIDE 8
+#define IMAGE_CLASSES 4
+#define TOKENS_T 16
+#define TOKENS_VOCAB 32
+
+static char *tmp;
+
+static void write_dataset(const char *dir, const bb_shard_meta *meta, const uint8_t *records, uint64_t count)
+{
+    bb_writer_options o = {.level = 1, .frame_bytes = 64 * meta->record_size, .shard_bytes = 1 << 20, .threads = 1};
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, meta, &o, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK);
+    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK, "%s", bb_error_message());
+    bb_dataset_writer_destroy(w);
+}
+
+/* Images whose class is the brightest quadrant: learnable, deterministic. */
+static char *make_images(const char *name, uint64_t count, uint64_t seed)
+{
+    uint32_t rs = 1 + IMAGE_SIDE * IMAGE_SIDE;
+    uint8_t *r = malloc(count * rs);
+    tu_fill_random(r, count * rs, seed);
+    for (uint64_t i = 0; i < count; i++) {
+        uint8_t *rec = r + i * rs;
+        int label = (int)(i % IMAGE_CLASSES), qy = label / 2, qx = label % 2;
+        rec[0] = (uint8_t)label;
+        for (int y = 0; y < IMAGE_SIDE / 2; y++)
+            for (int x = 0; x < IMAGE_SIDE / 2; x++) rec[1 + (qy * 4 + y) * IMAGE_SIDE + qx * 4 + x] |= 0xc0;
+    }
+    bb_shard_meta m = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {IMAGE_SIDE, IMAGE_SIDE}, .record_size = rs,
+                       .classes_or_vocab = IMAGE_CLASSES};
+    snprintf(m.source, sizeof m.source, "test images");
+    char *dir = tu_path(tmp, name);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    write_dataset(dir, &m, r, count);
+    free(r);
+    return dir;
+}
+
+/* Token windows of a repeating pattern with noise. */
+static char *make_tokens(const char *name, uint64_t count)
+{
+    uint32_t rs = 2 * (TOKENS_T + 1);
+    uint8_t *r = malloc(count * rs);
+    for (uint64_t i = 0; i < count; i++)
+        for (int t = 0; t <= TOKENS_T; t++) {
+            uint16_t v = (uint16_t)((i * 7 + (uint64_t)t * 3 + (t % 5 == 0 ? i % 11 : 0)) % TOKENS_VOCAB);
+            r[i * rs + 2 * t] = (uint8_t)v, r[i * rs + 2 * t + 1] = (uint8_t)(v >> 8);
+        }
+    bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {TOKENS_T + 1}, .record_size = rs,
+                       .classes_or_vocab = TOKENS_VOCAB};
+    snprintf(m.source, sizeof m.source, "test tokens");
+    char *dir = tu_path(tmp, name);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    write_dataset(dir, &m, r, count);
+    free(r);
+    return dir;
+}
+
+static void setup(void) { tmp = tu_temp_dir(); }
+static void teardown(void)
+{
+    tu_rm_tree(tmp);
+    free(tmp);
+}
+TestSuite(train, .init = setup, .fini = teardown);
+
+static bb_train_options mlp_options(const char *data, int devices, int micro_batch, int global_batch)
+{
+    bb_train_options o;
+    bb_train_defaults(&o);
+    int hidden[] = {32, 16};
+    o.model = bb_model_mlp_config(0, hidden, 2, 0);
+    o.data = data;
+    o.devices = devices, o.micro_batch = micro_batch, o.global_batch = global_batch;
+    o.steps = 5, o.epochs = 0;
+    o.loader_threads = 1;
+    o.opt.lr = 1e-2;
+    o.progress = NULL;
+    return o;
+}
+
+static bb_train_options gpt_options(const char *data, int devices, int micro_batch, int global_batch)
+{
+    bb_train_options o = mlp_options(data, devices, micro_batch, global_batch);
+    o.model = bb_model_gpt_config(2, 2, 16, 0, 0);
+    o.opt.lr = 3e-3;
+    return o;
+}
+
+static bb_train_result train(const bb_train_options *o)
+{
+    bb_train_result r;
+    bb_status rc = bb_train_run(o, &r);
+    cr_assert_eq(rc, BB_OK, "%s", bb_error_message());
+    return r;
+}
+
+static double relative_distance(const float *a, const float *b, size_t n)
+{
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < n; i++) diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), norm += (double)a[i] * a[i];
+    return sqrt(diff / norm);
+}
+
+/* ---- partition invariance ---------------------------------------------- */
+static void check_splits(bb_train_options (*make)(const char *, int, int, int), const char *data, int G,
+                         const int (*splits)[2], int count)
+{
+    bb_train_options o = make(data, 1, G, G);
+    bb_train_result ref = train(&o);
+    cr_assert_eq(ref.steps_done, 5);
+    for (int i = 0; i < count; i++) {
+        int devices = splits[i][0], micro = splits[i][1];
+        o = make(data, devices, micro, G);
+        bb_train_result r = train(&o);
+        for (int s = 0; s < 5; s++) {
+            double rel = fabs(r.losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+            cr_assert(rel <= 1e-5, "%d x %d x %d: step %d loss %.9g vs %.9g (rel %.2e)", devices,
+                      G / (devices * micro), micro, s + 1, r.losses[s], ref.losses[s], rel);
+        }
+        double d = relative_distance(ref.params, r.params, r.param_count);
+        cr_assert(d <= 1e-5, "%d x %d x %d: final parameters differ by %.2e (relative)", devices,
+                  G / (devices * micro), micro, d);
+        cr_log_info("%d x %d x %d: losses within 1e-5, parameters within %.1e", devices, G / (devices * micro), micro, d);
+        bb_train_result_free(&r);
+    }
+    cr_assert(ref.losses[4] < ref.losses[0], "training should lower the loss: %g -> %g", ref.losses[0], ref.losses[4]);
+    bb_train_result_free(&ref);
+}
+
+Test(train, mlp_partition_invariance_of_G_256, .timeout = 120)
+{
+    char *data = make_images("images", 1300, 1);
+    static const int splits[][2] = {{1, 32}, {2, 32}, {4, 32}}; /* 1x8x32, 2x4x32, 4x2x32 */
+    check_splits(mlp_options, data, 256, splits, 3);
+    free(data);
+}
+
+Test(train, gpt_partition_invariance_of_G_32, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 170);
+    static const int splits[][2] = {{1, 8}, {2, 8}, {4, 8}, {2, 4}}; /* 1x4x8, 2x2x8, 4x1x8, 2x4x4 */
+    check_splits(gpt_options, data, 32, splits, 4);
+    free(data);
+}
+
+/* ---- checkpointing and resume are exact -------------------------------- */
+static void assert_bitwise(const bb_train_result *a, const bb_train_result *b, const char *what)
+{
+    cr_assert_eq(a->steps_done, b->steps_done);
+    size_t steps = a->steps_done - a->first_step;
+    size_t from = b->first_step - a->first_step; /* b may start later (resumed) */
+    cr_assert_eq(memcmp(a->losses + from, b->losses, (steps - from) * sizeof *a->losses), 0, "%s: losses differ", what);
+    cr_assert_eq(a->param_count, b->param_count);
+    cr_assert_eq(memcmp(a->params, b->params, a->param_count * sizeof *a->params), 0, "%s: parameters differ", what);
+}
+
+Test(train, checkpoint_blocks_is_bitwise_the_same, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 170);
+    bb_train_options o = gpt_options(data, 2, 4, 32);
+    o.model.layers = 3;
+    bb_train_result none = train(&o);
+    o.model.checkpoint_every = 1;
+    bb_train_result blocks = train(&o);
+    assert_bitwise(&none, &blocks, "--checkpoint blocks");
+    bb_train_result_free(&none), bb_train_result_free(&blocks);
+    free(data);
+}
+
+Test(train, resume_continues_bitwise, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 100); /* 3 steps per epoch: the resume crosses epochs */
+    char *ckpt = tu_path(tmp, "ckpt");
+    bb_train_options o = gpt_options(data, 2, 4, 32);
+    o.steps = 10;
+    bb_train_result whole = train(&o);
+    o.save_dir = ckpt;
+    o.stop_after = 5; /* the first 5 steps of the 10-step schedule, saved */
+    bb_train_result first = train(&o);
+    cr_assert_eq(first.steps_done, 5);
+    o.stop_after = 0;
+    o.save_dir = NULL;
+    o.resume_dir = ckpt;
+    bb_train_result second = train(&o);
+    cr_assert_eq(second.first_step, 5);
+    assert_bitwise(&whole, &second, "resume at step 5");
+    cr_assert_eq(memcmp(whole.losses, first.losses, 5 * sizeof *first.losses), 0);
+    bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
+    free(ckpt);
+    free(data);
+}
+
+/* ---- the reducer overlaps the backward --------------------------------- */
+typedef struct span_line {
+    char name[32];
+    int tid;
+    double ts, dur;
+    long step;
+    int detail;
+} span_line;
+
+/* Reads the "X" events of a trace bb_trace_write wrote (one per line). */
+static span_line *read_trace(const char *path, int *count)
+{
+    char *text = (char *)tu_read_file(path, NULL);
+    span_line *spans = calloc(100000, sizeof *spans);
+    *count = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        span_line s;
+        char key[16];
+        if (sscanf(line, "{\"name\":\"%31[^\"]\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%lf,\"dur\":%lf,\"args\":{\"step\":%ld,\"%15[a-z_]\":%d",
+                   s.name, &s.tid, &s.ts, &s.dur, &s.step, key, &s.detail) == 7 && *count < 100000)
+            spans[(*count)++] = s;
+    }
+    free(text);
+    return spans;
+}
+
+/* Steps in which some reduce span started before the last backward span
+ * (the last micro-step's, on any worker) ended. */
+static int overlapped_steps(const char *path, int steps, int accumulation)
+{
+    int n, overlapped = 0;
+    span_line *s = read_trace(path, &n);
+    cr_assert(n > 0, "no spans in %s", path);
+    for (int step = 1; step <= steps; step++) {
+        double backward_end = 0, first_reduce = 1e300;
+        int reduces = 0;
+        for (int i = 0; i < n; i++) {
+            if (s[i].step != step) continue;
+            if (!strcmp(s[i].name, "backward") && s[i].detail == accumulation - 1 && s[i].ts + s[i].dur > backward_end)
+                backward_end = s[i].ts + s[i].dur;
+            if (!strncmp(s[i].name, "reduce bucket", 13)) {
+                reduces++;
+                if (s[i].ts < first_reduce) first_reduce = s[i].ts;
+            }
+        }
+        cr_assert_gt(reduces, 1, "step %d: expected several reduce buckets", step);
+        cr_assert_gt(backward_end, 0, "step %d: no backward span", step);
+        overlapped += first_reduce < backward_end;
+    }
+    free(s);
+    return overlapped;
+}
+
+Test(train, trace_shows_reduce_overlapping_backward_unless_no_overlap, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 170);
+    char *trace = tu_path(tmp, "trace.json");
+    bb_train_options o = gpt_options(data, 2, 8, 32); /* accumulation 2 */
+    o.model = bb_model_gpt_config(4, 2, 64, 0, 0);
+    o.bucket_mib = 0.02; /* several buckets even for this small model */
+    o.trace_path = trace;
+    bb_train_result r = train(&o);
+    bb_train_result_free(&r);
+    int with = overlapped_steps(trace, 5, 2);
+    o.no_overlap = true;
+    r = train(&o);
+    bb_train_result_free(&r);
+    int without = overlapped_steps(trace, 5, 2);
+    cr_log_info("steps with a reduce before the backward ended: %d of 5 (overlap), %d of 5 (--no-overlap)", with, without);
+    cr_assert_gt(with, 0, "no step reduced a bucket while the backward ran");
+    cr_assert_eq(without, 0, "--no-overlap reduced a bucket before the backward ended");
+    free(trace);
+    free(data);
+}
+
+/* ---- memory: clear errors, balanced devices ----------------------------- */
+Test(train, device_mem_too_small_is_a_clear_error)
+{
+    char *data = make_tokens("tokens", 170);
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "32", "--global-batch", "32",
+                           "--micro-batch", "8", "--steps", "2", "--device-mem", "200KiB");
+    tu_assert_error(&r, "out of memory", "--device-mem", "--micro-batch", "--checkpoint");
+    cr_assert_eq(r.exit_code, 1);
+    tu_run_free(&r);
+    free(data);
+}
+
+Test(train, four_devices_hold_the_same_memory, .timeout = 60)
+{
+    char *data = make_tokens("tokens", 170);
+    bb_train_options o = gpt_options(data, 4, 4, 32);
+    bb_train_result r = train(&o);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int d = 0; d < 4; d++) {
+        cr_assert_gt(r.peak_bytes[d], 0);
+        lo = r.peak_bytes[d] < lo ? r.peak_bytes[d] : lo;
+        hi = r.peak_bytes[d] > hi ? r.peak_bytes[d] : hi;
+    }
+    cr_log_info("peak bytes per device: %llu .. %llu", (unsigned long long)lo, (unsigned long long)hi);
+    cr_assert((double)(hi - lo) <= 0.02 * (double)hi, "peaks differ: %llu vs %llu", (unsigned long long)lo,
+              (unsigned long long)hi);
+    bb_train_result_free(&r);
+    free(data);
+}
+
+/* ---- saves survive kill -9 --------------------------------------------- */
+static bool has_temp_step_dir(const char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' 2>/dev/null | grep -q '^\\.step-.*\\.tmp-'", dir);
+    return system(cmd) == 0;
+}
+
+Test(train, kill_during_save_leaves_the_previous_checkpoint_loadable, .timeout = 180)
+{
+    char *data = make_images("images", 600, 2);
+    char *ckpt = tu_path(tmp, "ckpt");
+    char *latest = tu_path(ckpt, "latest");
+    int mid_write = 0;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        /* a 4.5M-parameter mlp on micro-batches of 1: a step takes far less
+         * time than writing its 54 MB checkpoint, so most kills land in a save */
+        tu_rm_tree(ckpt);
+        pid_t pid;
+        char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--model", "mlp", "--hidden", "1500,1500,1000", "--data",
+                        data, "--global-batch", "1", "--micro-batch", "1", "--steps", "100000", "--save", ckpt,
+                        "--save-every", "1", "--quiet", NULL};
+        cr_assert_eq(posix_spawn(&pid, argv[0], NULL, NULL, argv, environ), 0);
+        while (!tu_exists(latest)) usleep(5000); /* the first checkpoint */
+        struct timespec nap = {0, (long)(17 + 23 * attempt) * 1000000L};
+        nanosleep(&nap, NULL);
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        cr_assert(WIFSIGNALED(status), "the trainer should have been killed");
+        mid_write += has_temp_step_dir(ckpt); /* a step directory the kill left half-written */
+        tu_run r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data, "--json");
+        cr_assert_eq(r.exit_code, 0, "after kill %d the checkpoint does not load: %s", attempt, r.err);
+        cr_assert_not_null(strstr(r.out, "\"loss\""));
+        tu_run_free(&r);
+    }
+    cr_log_info("%d of 8 kills found a checkpoint being written", mid_write);
+    cr_assert_gt(mid_write, 0, "no kill landed during a save; the test proved nothing");
+    free(latest), free(ckpt), free(data);
+}
+
+/* ---- the commands ------------------------------------------------------- */
+Test(train, uneven_split_lists_valid_micro_batches)
+{
+    char *data = make_tokens("tokens", 170);
+    tu_run r = tu_bigbatch("train", "--data", data, "--devices", "cpu:2", "--global-batch", "24", "--micro-batch",
+                           "5", "--steps", "1");
+    tu_assert_error(&r, "--global-batch 24", "2 devices", "valid --micro-batch values: 1, 2, 3, 4, 6, 12");
+    cr_assert_eq(r.exit_code, 2);
+    tu_run_free(&r);
+    free(data);
+}
+
+Test(train, save_export_eval_sample_and_resume_conflicts, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt"), *weights = tu_path(tmp, "w.safetensors"), *metrics = tu_path(tmp, "m.jsonl");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "32", "--micro-batch", "8", "--devices", "cpu:2", "--steps", "3",
+                           "--save", ckpt, "--metrics", metrics, "--val-data", data, "--log-every", "1");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "step 3/3"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "val loss"), "%s", r.err);
+    tu_run_free(&r);
+    /* metrics: one JSON object per step with every key; eval on the last */
+    char *m = (char *)tu_read_file(metrics, NULL);
+    static const char *const keys[] = {"\"step\": 3", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"samples_per_s\"",
+                                       "\"tokens_per_s\"", "\"data_wait_pct\"", "\"overlap_pct\"", "\"fwd_ms\"",
+                                       "\"bwd_ms\"", "\"reduce_ms\"", "\"opt_ms\"", "\"peak_mem_bytes\": [",
+                                       "\"val_loss\""};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert_not_null(strstr(m, keys[i]), "metrics lack %s", keys[i]);
+    int lines = 0;
+    for (char *p = m; *p; p++) lines += *p == '\n';
+    cr_assert_eq(lines, 3);
+    free(m);
+    /* export, then the same loss from the checkpoint and from the file */
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", weights);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    tu_run a = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data, "--json");
+    tu_run b = tu_bigbatch("eval", "--init-from", weights, "--data", data, "--layers", "2", "--d-model", "16",
+                           "--heads", "2", "--json");
+    cr_assert_eq(a.exit_code, 0, "%s", a.err);
+    cr_assert_eq(b.exit_code, 0, "%s", b.err);
+    cr_assert_str_eq(a.out, b.out);
+    cr_assert_not_null(strstr(a.out, "\"records\": 170"), "%s", a.out);
+    tu_run_free(&a), tu_run_free(&b);
+    /* a checkpoint with another shape or global batch is a clear error */
+    r = tu_bigbatch("train", "--data", data, "--layers", "3", "--d-model", "16", "--heads", "2", "--global-batch",
+                    "32", "--micro-batch", "8", "--steps", "4", "--resume", ckpt);
+    tu_assert_error(&r, "--resume", "3 layers", "2 layers");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "16", "--heads", "2", "--global-batch",
+                    "16", "--micro-batch", "8", "--steps", "4", "--resume", ckpt);
+    tu_assert_error(&r, "--global-batch 32, not 16");
+    tu_run_free(&r);
+    free(ckpt), free(weights), free(metrics), free(data);
+}
+
+Test(train, mlp_learns_and_eval_reports_accuracy, .timeout = 120)
+{
+    char *data = make_images("images", 1024, 3), *val = make_images("val", 200, 4);
+    bb_train_options o = mlp_options(data, 2, 16, 64);
+    o.val_data = val;
+    o.steps = 30;
+    bb_train_result r = train(&o);
+    cr_log_info("mlp: loss %.3f -> %.3f, val accuracy %.3f", r.losses[0], r.losses[29], r.val_accuracy);
+    cr_assert_gt(r.val_accuracy, 0.9, "the quadrant task should be learned: %.3f", r.val_accuracy);
+    bb_train_result_free(&r);
+    free(data), free(val);
+}
+
+Test(train, interrupt_finishes_the_step_saves_and_exits_130, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt"), *latest = tu_path(ckpt, "latest");
+    pid_t pid;
+    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", data, "--layers", "2", "--d-model", "16", "--heads",
+                    "2", "--global-batch", "32", "--micro-batch", "8", "--steps", "100000", "--save", ckpt,
+                    "--save-every", "2", "--quiet", NULL};
+    cr_assert_eq(posix_spawn(&pid, argv[0], NULL, NULL, argv, environ), 0);
+    while (!tu_exists(latest)) usleep(5000);
+    kill(pid, SIGINT);
+    int status;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 130, "exit status %d", status);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_gt(info.step, 0);
+    cr_assert_eq(info.model.layers, 2);
+    free(ckpt), free(latest), free(data);
+}
