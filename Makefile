@@ -122,7 +122,10 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BIN) version
 	$(BIN) inspect data/kjv --verify
-	$(BIN) bench loader --data data/kjv/train --seconds 1
+	@rm -rf build/demo-ckpt
+	$(BIN) train --data data/kjv --devices cpu:2 --global-batch 128 --micro-batch 8 --steps 60 --lr 3e-3 \
+	  --warmup 5 --log-every 5 --save build/demo-ckpt
+	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 300
 
 # Sanitizer builds keep their own objects and binaries under build/<name>.
 asan: deps
@@ -143,6 +146,12 @@ tsan-run: $(TSAN_BIN) $(BIN)
 	@set -e; for t in $(TSAN_BIN); do echo "== $$t"; $(TSAN_ENV) $$t; done
 	@echo "== $(BIN) bench queue"; $(TSAN_ENV) $(BIN) bench queue --seconds 0.05 --runs 1 >/dev/null
 	@echo "== $(BIN) bench loader"; $(TSAN_ENV) $(BIN) bench loader --data data/kjv/train --seconds 0.3 >/dev/null
+	@echo "== $(BIN) train --devices cpu:3, save, resume"; tmp=$$(mktemp -d); \
+	  args="--data data/kjv --layers 1 --d-model 32 --heads 2 --devices cpu:3 --global-batch 24 --micro-batch 4 \
+	    --steps 4 --bucket-mib 0.01 --quiet --save $$tmp/ck"; \
+	  $(TSAN_ENV) $(BIN) train $$args --stop-after 2 --trace $$tmp/t.json && \
+	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck; rc=$$?; rm -rf $$tmp; \
+	  [ $$rc -eq 0 ] || { echo "FAILED: tsan train"; exit 1; }
 	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
 	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \

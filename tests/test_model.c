@@ -368,7 +368,9 @@ Test(model, batches_from_loader_records)
     bad[7] = 3; /* label 3 of 3 classes */
     cr_assert_eq(bb_model_set_batch_from_records(m, &img, bad, 2), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "label 3 is not below 3 classes"), "%s", bb_error_message());
-    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG);
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 3), BB_ERR_ARG); /* more than B */
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_OK, "%s", bb_error_message()); /* padded */
+    cr_assert_eq(bb_model_batch_targets(m), 1);
     bb_model_destroy(m);
 
     /* gpt: T+1 tokens per record; inputs are the first T, targets the last T */
@@ -387,7 +389,7 @@ Test(model, batches_from_loader_records)
     longer.shape[0] = GPT_T + 2;
     cr_assert_eq(bb_model_set_batch_from_records(m, &longer, tokens, 1), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "--seq-len 5 needs token records of 6 tokens"), "%s", bb_error_message());
-    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG);
+    cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG); /* images into a gpt */
     bb_model_destroy(m);
 }
 

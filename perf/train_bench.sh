@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# train_bench.sh — `bigbatch train` beside PyTorch, in one run:
+#
+#   1. Fashion-MNIST mlp 784-1024-1024-10, G 256 as 8 micro-steps x 32 on one
+#      device, AdamW lr 1e-3 (constant, weight decay 0.01 on matrices, no
+#      clipping), 5 epochs: test accuracy of bigbatch and of
+#      perf/torch_train_bench.py (the same recipe). One run each (ACC_RUNS).
+#   2. Throughput of the default gpt (4 layers, d 128, T 256) with G 64 as
+#      8 x 8: median tokens/s over steps 3..STEPS of each run, median of RUNS
+#      interleaved runs, against PyTorch's median step.
+#   3. Overlap: the same gpt on 2 CPU devices (G 64 = 2 x 4 x 8), reducer
+#      overlapping the backward vs --no-overlap: step time, overlap % and
+#      data-wait %.
+#
+# Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
+# waiting, as DESIGN.md's measured facts require for a fair peer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+STEPS=${STEPS:-8}
+ACC_RUNS=${ACC_RUNS:-1}
+make --no-print-directory all >/dev/null
+[ -d data/fmnist/train ] || make --no-print-directory data-fmnist >/dev/null
+export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMP_WAIT_POLICY=PASSIVE
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# median over steps 3.. of a metrics file: KEY
+steady() { $PY -c 'import json,sys,statistics as s; r=[json.loads(l) for l in open(sys.argv[1])][2:]; print(s.median(x[sys.argv[2]] for x in r))' "$1" "$2"; }
+field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
+median() { $PY -c 'import sys,statistics as s; print(s.median(float(x) for x in sys.argv[1:]))' "$@"; }
+r2() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+
+gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS --lr 1e-3 --quiet"
+declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait
+for ((i = 0; i < RUNS; i++)); do
+    bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
+    bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
+    torch_tok+=("$($PY perf/torch_train_bench.py gpt --data data/kjv --layers 4 --heads 4 --d-model 128 \
+        --global-batch 64 --micro-batch 8 --steps $((STEPS - 2)) --warmup-steps 2 --lr 1e-3 --threads 2 \
+        2>/dev/null | field tokens_per_s)")
+    bin/bigbatch train $gpt_args --devices cpu:2 --metrics "$tmp/o.jsonl"
+    ov_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/o.jsonl" samples_per_s)")")
+    ov_pct+=("$(steady "$tmp/o.jsonl" overlap_pct)"); ov_wait+=("$(steady "$tmp/o.jsonl" data_wait_pct)")
+    bin/bigbatch train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
+    no_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/n.jsonl" samples_per_s)")")
+    no_wait+=("$(steady "$tmp/n.jsonl" data_wait_pct)")
+done
+
+declare -a bb_acc torch_acc
+for ((i = 0; i < ACC_RUNS; i++)); do
+    bin/bigbatch train --model mlp --data data/fmnist --global-batch 256 --micro-batch 32 --epochs 5 --lr 1e-3 \
+        --lr-schedule constant --weight-decay 0.01 --grad-clip 0 --beta2 0.999 --seed $((i + 1)) --log-every 0 \
+        --metrics "$tmp/m.jsonl" 2>/dev/null
+    bb_acc+=("$(tail -1 "$tmp/m.jsonl" | field val_accuracy)")
+    torch_acc+=("$($PY perf/torch_train_bench.py mlp --data data/fmnist --epochs 5 --global-batch 256 --lr 1e-3 \
+        --weight-decay 0.01 --seed $((i + 1)) --threads 2 2>/dev/null | field test_accuracy)")
+done
+
+bt=$(median "${bb_tok[@]}") tt=$(median "${torch_tok[@]}")
+om=$(median "${ov_ms[@]}") nm=$(median "${no_ms[@]}")
+echo "# train_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of $RUNS runs (steps 3..$STEPS of each)"
+echo
+echo "| what | bigbatch | PyTorch $($PY -c 'import torch; print(torch.__version__)') | ratio |"
+echo "|---|---|---|---|"
+printf '| gpt 4x128 T 256, G 64 = 8 x 8, tokens/s | %.0f | %.0f | **%sx** |\n' "$bt" "$tt" "$(r2 "$bt" "$tt")"
+for ((i = 0; i < ACC_RUNS; i++)); do
+    printf '| Fashion-MNIST mlp, 5 epochs, test accuracy (seed %d) | %.2f%% | %.2f%% | %+.2f points |\n' $((i + 1)) \
+        "$(awk -v a="${bb_acc[$i]}" 'BEGIN {print 100 * a}')" "$(awk -v a="${torch_acc[$i]}" 'BEGIN {print 100 * a}')" \
+        "$(awk -v a="${bb_acc[$i]}" -v b="${torch_acc[$i]}" 'BEGIN {print 100 * (a - b)}')"
+done
+echo
+echo "| gpt on cpu:2 (G 64 = 2 x 4 x 8) | step ms | overlap % | data-wait % |"
+echo "|---|---|---|---|"
+printf '| reducer overlapping the backward | %.0f | %.0f | %.2f |\n' "$om" "$(median "${ov_pct[@]}")" "$(median "${ov_wait[@]}")"
+printf '| --no-overlap | %.0f | 0 | %.2f |\n' "$nm" "$(median "${no_wait[@]}")"
+printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$om" "$nm")"
+echo
+echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
+echo "per-run cpu:2 step ms: overlap ${ov_ms[*]}; no-overlap ${no_ms[*]}"
