@@ -443,3 +443,68 @@ Test(train, interrupt_finishes_the_step_saves_and_exits_130)
     cr_assert_eq(info.model.layers, 2);
     free(ckpt), free(latest), free(data);
 }
+
+Test(train, bad_paths_and_data_fail_before_training)
+{
+    char *tokens = make_tokens("tokens", 170), *images = make_images("images", 100, 5);
+    char *bad_save = tu_path(tmp, "file/ckpt");
+    tu_write_file(tu_path(tmp, "file"), "x", 1); /* a file where a directory is needed */
+    tu_run r = tu_bigbatch("train", "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "32", "--micro-batch", "8", "--steps", "2", "--val-data", images);
+    tu_assert_error(&r, "--val-data", "image_u8", "tokens_u16");
+    cr_assert_null(strstr(r.err, "step 1"), "trained before failing: %s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                    "32", "--micro-batch", "8", "--steps", "2", "--save", bad_save);
+    tu_assert_error(&r, "--save", "cannot create");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", tokens, "--devices", "cudaXYZ", "--steps", "2");
+    tu_assert_error(&r, "--devices", "cudaXYZ");
+    cr_assert_eq(r.exit_code, 2);
+    tu_run_free(&r);
+    free(bad_save), free(tokens), free(images);
+}
+
+Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt"), *metrics = tu_path(tmp, "m.jsonl");
+#define TINY "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "32", \
+             "--micro-batch", "8", "--steps", "4", "--save", ckpt, "--metrics", metrics, "--quiet"
+    tu_run r = tu_bigbatch("train", TINY, "--stop-after", "2");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    /* rows a later, lost part of the run wrote after the checkpoint */
+    FILE *f = fopen(metrics, "a");
+    fprintf(f, "{\"step\": 3, \"loss\": 99}\n");
+    fclose(f);
+    r = tu_bigbatch("train", TINY, "--resume", ckpt, "--lr", "0.01");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "--lr differs"), "%s", r.err);
+    tu_run_free(&r);
+    char *m = (char *)tu_read_file(metrics, NULL);
+    unsigned long long step, expect = 1;
+    for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n"), expect++) {
+        cr_assert_eq(sscanf(line, "{\"step\": %llu", &step), 1, "%s", line);
+        cr_assert_eq(step, expect, "metrics rows out of order: %s", line);
+        cr_assert_null(strstr(line, "\"loss\": 99"), "a stale row survived: %s", line);
+    }
+    cr_assert_eq(expect, 5, "expected rows for steps 1..4");
+    free(m);
+    /* the same step saved again by another run replaces what `latest` shows */
+    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.02");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.03");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(info.step, 2);
+    cr_assert_float_eq(info.opt.lr, 0.03, 1e-12, "latest shows lr %g, not the last run's", info.opt.lr);
+    r = tu_bigbatch("train", TINY, "--resume", ckpt, "--stop-after", "2", "--lr", "0.03");
+    tu_assert_error(&r, "--stop-after 2", "already at step 2");
+    tu_run_free(&r);
+#undef TINY
+    free(ckpt), free(metrics), free(data);
+}

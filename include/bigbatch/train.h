@@ -123,6 +123,9 @@ typedef struct bb_checkpoint_info {
     uint64_t seed;
     int global_batch;
     bb_optimizer_kind optimizer;
+    bb_optimizer_config opt;   /* the hyperparameters the run was saved with */
+    uint64_t total_steps;      /* its --steps (the schedule's length) */
+    char data[4096];           /* its training data */
 } bb_checkpoint_info;
 
 /* Reads `ckpt_dir`/latest and its state.json. Fails with BB_ERR_IO when

@@ -31,7 +31,8 @@ static bb_status parse_devices(const char *s, bb_train_options *o)
         return BB_OK;
     }
     if (!strcmp(s, "cpu")) return o->devices = 1, BB_OK;
-    if (!strncmp(s, "cuda", 4)) return o->cuda = true, BB_OK;
+    if (!strcmp(s, "cuda:all") || (!strncmp(s, "cuda:", 5) && s[5] && strspn(s + 5, "0123456789,") == strlen(s + 5)))
+        return o->cuda = true, BB_OK;
     return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
 }
 

@@ -59,8 +59,12 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
         for (int i = 0; i < c->hidden_count; i++) fprintf(f, "%s%d", i ? "," : "", c->hidden[i]);
         fprintf(f, "\",\n");
     }
-    fprintf(f, "  \"checkpoint_every\": %d,\n  \"optimizer\": \"%s\"\n}\n", c->checkpoint_every,
-            optimizer_name(o->cfg.kind));
+    const bb_optimizer_config *oc = &o->cfg;
+    fprintf(f, "  \"checkpoint_every\": %d,\n  \"optimizer\": \"%s\",\n", c->checkpoint_every, optimizer_name(oc->kind));
+    fprintf(f, "  \"lr\": %.17g,\n  \"lr_schedule\": \"%s\",\n  \"warmup\": %llu,\n  \"beta1\": %.17g,\n  \"beta2\": %.17g,\n"
+               "  \"eps\": %.17g,\n  \"momentum\": %.17g,\n  \"weight_decay\": %.17g,\n  \"grad_clip\": %.17g\n}\n",
+            oc->lr, oc->schedule == BB_LR_CONSTANT ? "constant" : "cosine", (unsigned long long)oc->warmup, oc->beta1,
+            oc->beta2, oc->eps, oc->momentum, oc->weight_decay, oc->grad_clip);
     bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     if (fclose(f) != 0) ok = false;
     return ok ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
@@ -73,16 +77,40 @@ static bb_status sync_dir(const char *dir)
     return bb_fsync_dir_of(probe);
 }
 
+/* mkdir -p */
+static bb_status make_dirs(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return bb_fail(BB_ERR_ARG, "path too long: %s", dir);
+    for (char *p = path + 1;; p++) {
+        bool end = *p == 0;
+        if (*p != '/' && !end) continue;
+        *p = 0;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "--save %s: cannot create %s", dir, path);
+        if (end) break;
+        *p = '/';
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_IO, "--save %s: not a directory", dir);
+    if (access(dir, W_OK) != 0) return bb_fail_errno(BB_ERR_IO, "--save %s: not writable", dir);
+    return BB_OK;
+}
+
+bb_status checkpoint_prepare(const char *dir) { return make_dirs(dir); }
+
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
                           const optimizer *o)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", dir);
+    BB_TRY(make_dirs(dir));
     char name[64], tmp[4096], final[4096], file[4096], link_tmp[4096], link[4096], current[256] = "";
     snprintf(name, sizeof name, "step-%08llu", (unsigned long long)st->step);
     BB_TRY(join(link, sizeof link, dir, "latest"));
     ssize_t n = readlink(link, current, sizeof current - 1);
     if (n > 0) current[n] = 0;
-    if (!strcmp(current, name)) return BB_OK; /* this very step is already the latest checkpoint */
+    /* `latest` already names this step (another run saved it): a new name,
+     * so that the published directory is never touched. */
+    if (!strncmp(current, name, strlen(name)))
+        snprintf(name, sizeof name, "step-%08llu-%d", (unsigned long long)st->step, (int)getpid());
     char tmp_name[96];
     snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%d", name, (int)getpid());
     BB_TRY(join(tmp, sizeof tmp, dir, tmp_name));
@@ -110,9 +138,12 @@ bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_
      * half-written (one trainer writes a directory at a time). */
     DIR *d = opendir(dir);
     struct dirent *e;
-    while (d && (e = readdir(d)))
-        if ((!strncmp(e->d_name, "step-", 5) && strcmp(e->d_name, name)) || !strncmp(e->d_name, ".step-", 6))
-            if (join(file, sizeof file, dir, e->d_name) == BB_OK) remove_step_dir(file);
+    while (d && (e = readdir(d))) {
+        bool old_step = !strncmp(e->d_name, "step-", 5) && strcmp(e->d_name, name);
+        if ((old_step || !strncmp(e->d_name, ".step-", 6)) && join(file, sizeof file, dir, e->d_name) == BB_OK)
+            remove_step_dir(file);
+        if (!strncmp(e->d_name, ".latest.tmp-", 12) && join(file, sizeof file, dir, e->d_name) == BB_OK) unlink(file);
+    }
     if (d) closedir(d);
     return BB_OK;
 }
@@ -143,6 +174,15 @@ static bool get_int(const char *json, const char *key, int *out)
     if (!get_u64(json, key, &v) || v > (1u << 30)) return false;
     *out = (int)v;
     return true;
+}
+
+static bool get_double(const char *json, const char *key, double *out)
+{
+    const char *p = find_value(json, key);
+    char *end;
+    if (!p) return false;
+    *out = strtod(p, &end);
+    return end != p;
 }
 
 static bool get_string(const char *json, const char *key, char *out, size_t cap)
@@ -195,7 +235,16 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
     } else {
         ok = false;
     }
-    info->optimizer = !strcmp(opt, "sgd") ? BB_OPT_SGD : BB_OPT_ADAMW;
+    bb_optimizer_config *oc = &info->opt;
+    char schedule[16] = "";
+    oc->kind = info->optimizer = !strcmp(opt, "sgd") ? BB_OPT_SGD : BB_OPT_ADAMW;
+    ok = ok && get_u64(json, "total_steps", &info->total_steps) && get_string(json, "data", info->data, sizeof info->data) &&
+         get_double(json, "lr", &oc->lr) && get_string(json, "lr_schedule", schedule, sizeof schedule) &&
+         get_u64(json, "warmup", &oc->warmup) && get_double(json, "beta1", &oc->beta1) &&
+         get_double(json, "beta2", &oc->beta2) && get_double(json, "eps", &oc->eps) &&
+         get_double(json, "momentum", &oc->momentum) && get_double(json, "weight_decay", &oc->weight_decay) &&
+         get_double(json, "grad_clip", &oc->grad_clip);
+    oc->schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
     if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
     return BB_OK;
 }

@@ -1,5 +1,6 @@
 /* optimizer.c — learning-rate schedule, gradient clipping, AdamW and SGD
  * over a replica's parameters, and the optimizer state file. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,12 +45,13 @@ double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t st
     double norm = sqrt(bb_op_sum_squares(be, grads, o->count));
     if (c->grad_clip > 0 && norm > c->grad_clip) bb_op_scale(be, grads, (float)(c->grad_clip / norm), o->count);
     float lr = (float)bb_lr_at(c, step, total);
+    int adam_t = step + 1 < INT_MAX ? (int)(step + 1) : INT_MAX; /* bias corrections are 1 long before */
     for (int i = 0; i < bb_model_tensor_count(m); i++) {
         const bb_tensor_info *t = bb_model_tensor(m, i);
         float wd = t->decay ? (float)c->weight_decay : 0.0f;
         if (c->kind == BB_OPT_ADAMW)
             bb_op_adamw(be, params + t->offset, grads + t->offset, o->m + t->offset, o->v + t->offset, t->count, lr,
-                        (float)c->beta1, (float)c->beta2, (float)c->eps, wd, (int)(step + 1));
+                        (float)c->beta1, (float)c->beta2, (float)c->eps, wd, adam_t);
         else
             bb_op_sgd(be, params + t->offset, grads + t->offset, o->m + t->offset, t->count, lr, (float)c->momentum,
                       wd);

@@ -23,6 +23,7 @@ struct reducer {
     float *acc;                   /* CHUNK floats */
     bb_trace_t *trace;
     int track;
+    uint64_t first_step;
     pthread_t thread;
     bool started;
 };
@@ -43,13 +44,16 @@ static void average(reducer_t *r, size_t lo, size_t hi)
     }
 }
 
+/* counter < target, modulo 2^32 */
+static bool below(uint32_t counter, uint32_t target) { return (int32_t)(counter - target) < 0; }
+
 static void *reducer_main(void *arg)
 {
     reducer_t *r = arg;
     for (uint64_t step = 1;; step++) {
         for (int b = 0; b < r->buckets; b++) {
             uint32_t target = (uint32_t)(r->devices * step), v;
-            while ((v = atomic_load_explicit(&r->posted[b], memory_order_acquire)) < target) {
+            while (below(v = atomic_load_explicit(&r->posted[b], memory_order_acquire), target)) {
                 if (atomic_load(&r->stop)) return NULL;
                 bb_futex_wait(&r->posted[b], v);
             }
@@ -58,7 +62,7 @@ static void *reducer_main(void *arg)
             average(r, r->lo[b], r->hi[b]);
             r->span_start[b] = t0;
             r->span_end[b] = bb_clock_ns();
-            bb_trace_add(r->trace, r->track, "reduce", t0, r->span_end[b], (int64_t)step, b);
+            bb_trace_add(r->trace, r->track, "reduce", t0, r->span_end[b], (int64_t)(r->first_step + step), b);
             atomic_fetch_add_explicit(&r->reduced, 1, memory_order_release);
             bb_futex_wake(&r->reduced, INT_MAX);
         }
@@ -66,7 +70,7 @@ static void *reducer_main(void *arg)
 }
 
 bb_status reducer_create(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
-                         bb_trace_t *trace, int track, reducer_t **out)
+                         uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out)
 {
     *out = NULL;
     int tensors = bb_model_tensor_count(m);
@@ -75,6 +79,7 @@ bb_status reducer_create(const bb_model_t *m, float *const *grads, int devices, 
     r->devices = devices;
     r->trace = trace;
     r->track = track;
+    r->first_step = first_step;
     r->grads = calloc((size_t)devices, sizeof *r->grads);
     r->lo = calloc((size_t)tensors, sizeof *r->lo);
     r->hi = calloc((size_t)tensors, sizeof *r->hi);
@@ -144,7 +149,7 @@ uint64_t reducer_wait(reducer_t *r, int device)
 {
     uint64_t t0 = bb_clock_ns();
     uint32_t target = (r->rounds[device] + 1) * (uint32_t)r->buckets, v;
-    while ((v = atomic_load_explicit(&r->reduced, memory_order_acquire)) < target && !atomic_load(&r->stop))
+    while (below(v = atomic_load_explicit(&r->reduced, memory_order_acquire), target) && !atomic_load(&r->stop))
         bb_futex_wait_timeout(&r->reduced, v, 100000000); /* re-checks stop at least every 100 ms */
     r->rounds[device]++;
     r->next_bucket[device] = 0;

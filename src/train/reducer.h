@@ -9,7 +9,8 @@
  * every device posted it, in bucket order, while the workers go on with the
  * backward. reducer_wait returns once every bucket of the step is averaged.
  * The counters only grow (step k's bucket b is ready at devices·(k+1)
- * posts), so no reset races with a fast worker.
+ * posts), so no reset races with a fast worker; they are compared modulo
+ * 2^32 (futex words are 32-bit), which long runs wrap.
  *
  * The CUDA issue puts NCCL behind the same four calls. */
 #ifndef BIGBATCH_TRAIN_REDUCER_H
@@ -22,9 +23,9 @@ typedef struct reducer reducer_t;
 
 /* Buckets over `m`'s tensors for `devices` gradient buffers `grads`
  * (param_count floats each). Starts the reducer thread; its spans go to
- * `trace` (may be NULL) on track `track`. */
+ * `trace` (may be NULL) on track `track`, numbered from step first_step + 1. */
 bb_status reducer_create(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
-                         bb_trace_t *trace, int track, reducer_t **out);
+                         uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
 void reducer_destroy(reducer_t *r);
 int reducer_bucket_count(const reducer_t *r);
 /* Device `device`'s gradients from `ready_from` (floats) to the end are

@@ -40,7 +40,7 @@ static step_figures measure(trainer *t, uint64_t now)
     return f;
 }
 
-static void write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev)
+static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev)
 {
     FILE *m = t->metrics;
     fprintf(m,
@@ -57,7 +57,8 @@ static void write_metrics(trainer *t, uint64_t step, const step_figures *f, cons
         if (!isnan(ev->accuracy)) fprintf(m, ", \"val_accuracy\": %.6f", ev->accuracy);
     }
     fprintf(m, "}\n");
-    fflush(m);
+    if (fflush(m) != 0 || ferror(m)) return bb_fail_errno(BB_ERR_IO, "--metrics %s: write failed", t->o->metrics_path);
+    return BB_OK;
 }
 
 static void format_duration(double s, char *buf, size_t cap)
@@ -106,6 +107,9 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
     r->steps_done = step;
     bool last = step == t->total_steps || step == o->stop_after;
     bool interrupted = o->interrupted && *o->interrupted;
+    /* Saved first: an evaluation that fails must not cost the checkpoint. */
+    if (o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0)))
+        BB_TRY(save(t, step, f.loss));
     bb_eval_result ev;
     bool evaluate = t->val && (last || interrupted || (o->eval_every && step % o->eval_every == 0));
     if (evaluate) {
@@ -113,7 +117,7 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
         r->val_loss = ev.loss;
         r->val_accuracy = ev.accuracy;
     }
-    if (t->metrics) write_metrics(t, step, &f, evaluate ? &ev : NULL);
+    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluate ? &ev : NULL));
     if (o->progress && (last || evaluate || interrupted || (o->log_every && step % o->log_every == 0))) {
         progress_line(t, step, &f, now);
         if (evaluate) {
@@ -124,8 +128,6 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
         }
         if (t->tty && last && !evaluate) fprintf(o->progress, "\n");
     }
-    if (o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0)))
-        BB_TRY(save(t, step, f.loss));
     t->stop = last;
     if (interrupted) {
         t->stop = r->interrupted = true;

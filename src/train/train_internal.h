@@ -36,6 +36,9 @@ typedef struct checkpoint_state {
  * train.h); removes the older step directories. */
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
                           const optimizer *o);
+/* Creates `dir` (and its parents) and checks it is writable: called before
+ * training, so a bad --save path fails at once. */
+bb_status checkpoint_prepare(const char *dir);
 /* Loads the optimizer state of the checkpoint `info` names. */
 bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
 

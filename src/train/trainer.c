@@ -105,14 +105,78 @@ static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
     if (info->optimizer != o->opt.kind)
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint's optimizer is %s, not %s", o->resume_dir,
                        info->optimizer == BB_OPT_SGD ? "sgd" : "adamw", o->opt.kind == BB_OPT_SGD ? "sgd" : "adamw");
+    /* Hyperparameters may change on purpose; say that the run is no longer exact. */
+    const bb_optimizer_config *a = &o->opt, *b = &info->opt;
+    static const char *const names[] = {"--lr", "--warmup", "--lr-schedule", "--weight-decay", "--grad-clip",
+                                        "--beta2", "--momentum"};
+    bool differ[] = {a->lr != b->lr, a->warmup != b->warmup, a->schedule != b->schedule,
+                     a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip,
+                     a->kind == BB_OPT_ADAMW && (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps),
+                     a->kind == BB_OPT_SGD && a->momentum != b->momentum};
+    for (size_t i = 0; i < sizeof differ / sizeof *differ; i++)
+        if (differ[i])
+            BB_WARN("--resume: %s differs from the checkpoint's; the run continues, but not as the saved run would "
+                    "have", names[i]);
+    if (info->total_steps != t->total_steps)
+        BB_WARN("--resume: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule "
+                "changes", (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
+    if (strcmp(info->data, o->data))
+        BB_WARN("--resume: the checkpoint trained on %s, this run reads %s", info->data, o->data);
     if (info->seed != o->seed)
         BB_INFO("--resume: using the checkpoint's seed %llu (the data order depends on it), not %llu",
                 (unsigned long long)info->seed, (unsigned long long)o->seed);
     if (info->step > t->total_steps)
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint is at step %llu, past --steps %llu", o->resume_dir,
                        (unsigned long long)info->step, (unsigned long long)t->total_steps);
+    if (o->stop_after && o->stop_after <= info->step)
+        return bb_fail(BB_ERR_ARG, "--stop-after %llu: the checkpoint is already at step %llu",
+                       (unsigned long long)o->stop_after, (unsigned long long)info->step);
     t->seed = info->seed;
     t->first_step = info->step;
+    return BB_OK;
+}
+
+/* The validation records must be laid out like the training records. */
+static bb_status open_val(trainer *t)
+{
+    BB_TRY(bb_dataset_open(t->o->val_data, &t->val));
+    const bb_shard_meta *a = bb_dataset_meta(t->data), *b = bb_dataset_meta(t->val);
+    if (a->kind != b->kind || a->record_size != b->record_size || a->classes_or_vocab != b->classes_or_vocab)
+        return bb_fail(BB_ERR_ARG, "--val-data %s holds %s records of %u bytes (%u classes or tokens); the training "
+                       "data %s holds %s records of %u bytes (%u)", t->o->val_data, bb_record_kind_name(b->kind),
+                       b->record_size, b->classes_or_vocab, t->o->data, bb_record_kind_name(a->kind), a->record_size,
+                       a->classes_or_vocab);
+    return BB_OK;
+}
+
+/* Fails now rather than after hours of training. */
+static bb_status probe_writable(const char *path, const char *flag)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
+    fclose(f);
+    return BB_OK;
+}
+
+/* A resumed run's metrics continue the file: rows past the checkpoint's
+ * step (from the run that went on after it) are dropped. */
+static bb_status open_metrics(trainer *t)
+{
+    const char *path = t->o->metrics_path;
+    FILE *old = t->o->resume_dir ? fopen(path, "r") : NULL;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+    if (!(t->metrics = fopen(old ? tmp : path, "w"))) {
+        if (old) fclose(old);
+        return bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
+    }
+    if (!old) return BB_OK;
+    char line[8192];
+    unsigned long long step;
+    while (fgets(line, sizeof line, old))
+        if (sscanf(line, "{\"step\": %llu", &step) == 1 && step <= t->first_step) fputs(line, t->metrics);
+    fclose(old);
+    if (fflush(t->metrics) != 0 || rename(tmp, path) != 0) return bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
     return BB_OK;
 }
 
@@ -178,7 +242,9 @@ static bb_status setup(trainer *t)
     t->total_steps = o->steps ? o->steps : o->epochs * t->steps_per_epoch;
     bb_checkpoint_info info;
     if (o->resume_dir) BB_TRY(check_resume(t, &info));
-    if (o->val_data) BB_TRY(bb_dataset_open(o->val_data, &t->val));
+    if (o->val_data) BB_TRY(open_val(t));
+    if (o->save_dir) BB_TRY(checkpoint_prepare(o->save_dir));
+    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace"));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
     BB_TRY(build_devices(t, o->resume_dir ? &info : NULL));
@@ -194,11 +260,10 @@ static bb_status setup(trainer *t)
     if (t->devices > 1) {
         float *grads[BB_TRAIN_MAX_DEVICES];
         for (int d = 0; d < t->devices; d++) grads[d] = bb_model_grads(t->model[d]);
-        BB_TRY(reducer_create(t->model[0], grads, t->devices, (size_t)(o->bucket_mib * 1048576.0), t->trace,
-                              t->devices, &t->reducer));
+        BB_TRY(reducer_create(t->model[0], grads, t->devices, (size_t)(o->bucket_mib * 1048576.0), t->first_step,
+                              t->trace, t->devices, &t->reducer));
     }
-    if (o->metrics_path && !(t->metrics = fopen(o->metrics_path, o->resume_dir ? "a" : "w")))
-        return bb_fail_errno(BB_ERR_IO, "%s: cannot open the metrics file", o->metrics_path);
+    if (o->metrics_path) BB_TRY(open_metrics(t));
     return start_loader(t);
 }
 
@@ -282,7 +347,8 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     BB_TRY_GOTO(setup(t), rc, done);
     r->devices = t->devices;
     r->first_step = r->steps_done = t->first_step;
-    r->losses = calloc(t->total_steps - t->first_step + 1, sizeof *r->losses);
+    uint64_t last = o->stop_after && o->stop_after < t->total_steps ? o->stop_after : t->total_steps;
+    r->losses = calloc(last - t->first_step + 1, sizeof *r->losses);
     if (!r->losses) BB_TRY_GOTO(bb_fail(BB_ERR_NOMEM, "out of memory"), rc, done);
     print_start(t);
     rc = run_workers(t);
