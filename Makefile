@@ -2,7 +2,7 @@
 #
 #   make            build bin/bigbatch and lib/libbigbatch.a
 #   make test       install missing Debian packages, build, run every Criterion suite
-#   make demo       the main job on the embedded data (data/kjv): verify it, stream it
+#   make demo       the main job on the embedded data (data/kjv): verify it, train the gpt ~2 min, sample
 #   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need

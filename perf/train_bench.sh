@@ -10,7 +10,8 @@
 #      interleaved runs, against PyTorch's median step.
 #   3. Overlap: the same gpt on 2 CPU devices (G 64 = 2 x 4 x 8), reducer
 #      overlapping the backward vs --no-overlap: step time, overlap % and
-#      data-wait %.
+#      data-wait %; and the Fashion-MNIST mlp on 2 devices with G 64 = 2 x 1
+#      x 32, where the all-reduce is a larger part of the step.
 #
 # Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
 # waiting, as DESIGN.md's measured facts require for a fair peer.
@@ -33,7 +34,8 @@ median() { $PY -c 'import sys,statistics as s; print(s.median(float(x) for x in 
 r2() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
 gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS --lr 1e-3 --quiet"
-declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait
+mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"
+declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct
 for ((i = 0; i < RUNS; i++)); do
     bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
     bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
@@ -46,6 +48,11 @@ for ((i = 0; i < RUNS; i++)); do
     bin/bigbatch train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
     no_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/n.jsonl" samples_per_s)")")
     no_wait+=("$(steady "$tmp/n.jsonl" data_wait_pct)")
+    bin/bigbatch train $mlp_args --metrics "$tmp/mo.jsonl"
+    mov_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/mo.jsonl" samples_per_s)")")
+    mov_red+=("$(steady "$tmp/mo.jsonl" reduce_ms)"); mov_pct+=("$(steady "$tmp/mo.jsonl" overlap_pct)")
+    bin/bigbatch train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
+    mno_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/mn.jsonl" samples_per_s)")")
 done
 
 declare -a bb_acc torch_acc
@@ -76,6 +83,16 @@ echo "|---|---|---|---|"
 printf '| reducer overlapping the backward | %.0f | %.0f | %.2f |\n' "$om" "$(median "${ov_pct[@]}")" "$(median "${ov_wait[@]}")"
 printf '| --no-overlap | %.0f | 0 | %.2f |\n' "$nm" "$(median "${no_wait[@]}")"
 printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$om" "$nm")"
+printf '| gpt tokens/s on cpu:2 vs cpu:1 (data parallel vs 2 BLAS threads) | %.0f vs %.0f: **%sx** | | |\n' \
+    "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt" "$(r2 "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt")"
+mo=$(median "${mov_ms[@]}") mn=$(median "${mno_ms[@]}")
+echo
+echo "| mlp 784-1024-1024-10 on cpu:2 (G 64 = 2 x 1 x 32) | step ms | reduce ms | overlap % |"
+echo "|---|---|---|---|"
+printf '| reducer overlapping the backward | %.2f | %.2f | %.0f |\n' "$mo" "$(median "${mov_red[@]}")" "$(median "${mov_pct[@]}")"
+printf '| --no-overlap | %.2f | | 0 |\n' "$mn"
+printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$mo" "$mn")"
 echo
 echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
 echo "per-run cpu:2 step ms: overlap ${ov_ms[*]}; no-overlap ${no_ms[*]}"
+echo "per-run mlp cpu:2 step ms: overlap ${mov_ms[*]}; no-overlap ${mno_ms[*]}"

@@ -312,6 +312,18 @@ Test(train, four_devices_hold_the_same_memory)
 }
 
 /* ---- saves survive kill -9 --------------------------------------------- */
+/* Starts argv in the background with stdout and stderr to /dev/null. */
+static int spawn_quiet(pid_t *pid, char *const argv[])
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    int rc = posix_spawn(pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc;
+}
+
 static bool has_temp_step_dir(const char *dir)
 {
     char cmd[4200];
@@ -333,7 +345,7 @@ Test(train, kill_during_save_leaves_the_previous_checkpoint_loadable)
         char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--model", "mlp", "--hidden", "1500,1500,1000", "--data",
                         data, "--global-batch", "1", "--micro-batch", "1", "--steps", "100000", "--save", ckpt,
                         "--save-every", "1", "--quiet", NULL};
-        cr_assert_eq(posix_spawn(&pid, argv[0], NULL, NULL, argv, environ), 0);
+        cr_assert_eq(spawn_quiet(&pid, argv), 0);
         while (!tu_exists(latest)) usleep(5000); /* the first checkpoint */
         struct timespec nap = {0, (long)(17 + 23 * attempt) * 1000000L};
         nanosleep(&nap, NULL);
@@ -431,7 +443,7 @@ Test(train, interrupt_finishes_the_step_saves_and_exits_130)
     char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", data, "--layers", "2", "--d-model", "16", "--heads",
                     "2", "--global-batch", "32", "--micro-batch", "8", "--steps", "100000", "--save", ckpt,
                     "--save-every", "2", "--quiet", NULL};
-    cr_assert_eq(posix_spawn(&pid, argv[0], NULL, NULL, argv, environ), 0);
+    cr_assert_eq(spawn_quiet(&pid, argv), 0);
     while (!tu_exists(latest)) usleep(5000);
     kill(pid, SIGINT);
     int status;

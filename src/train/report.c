@@ -43,12 +43,16 @@ static step_figures measure(trainer *t, uint64_t now)
 static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev)
 {
     FILE *m = t->metrics;
-    fprintf(m,
-            "{\"step\": %llu, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, \"samples_per_s\": %.1f, "
-            "\"tokens_per_s\": %.1f, \"data_wait_pct\": %.3f, \"overlap_pct\": %.2f, \"fwd_ms\": %.3f, "
-            "\"bwd_ms\": %.3f, \"reduce_ms\": %.3f, \"opt_ms\": %.3f, \"peak_mem_bytes\": [",
-            (unsigned long long)step, f->loss, f->lr, f->grad_norm, f->samples_per_s, f->tokens_per_s, f->data_wait_pct,
-            f->overlap_pct, f->fwd_ms, f->bwd_ms, f->reduce_ms, f->opt_ms);
+    fprintf(m, "{\"step\": %llu, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, \"samples_per_s\": %.1f, ",
+            (unsigned long long)step, f->loss, f->lr, f->grad_norm, f->samples_per_s);
+    /* null where a figure does not apply: tokens for mlp, overlap on one device */
+    if (t->cfg.kind == BB_MODEL_GPT) fprintf(m, "\"tokens_per_s\": %.1f, ", f->tokens_per_s);
+    else fprintf(m, "\"tokens_per_s\": null, ");
+    fprintf(m, "\"data_wait_pct\": %.3f, ", f->data_wait_pct);
+    if (f->has_overlap) fprintf(m, "\"overlap_pct\": %.2f, ", f->overlap_pct);
+    else fprintf(m, "\"overlap_pct\": null, ");
+    fprintf(m, "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"reduce_ms\": %.3f, \"opt_ms\": %.3f, \"peak_mem_bytes\": [",
+            f->fwd_ms, f->bwd_ms, f->reduce_ms, f->opt_ms);
     for (int d = 0; d < t->devices; d++)
         fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->be[d]));
     fprintf(m, "]");

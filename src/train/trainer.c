@@ -79,8 +79,8 @@ static bool same_shape(const bb_model_config *a, const bb_model_config *b)
 static void describe(const bb_model_config *c, char *buf, size_t cap)
 {
     if (c->kind == BB_MODEL_GPT) {
-        snprintf(buf, cap, "gpt (%d layers, %d heads, d %d, T %d, vocab %d)", c->layers, c->heads, c->d_model,
-                 c->seq_len, c->vocab);
+        snprintf(buf, cap, "gpt (%d layer%s, %d head%s, d %d, T %d, vocab %d)", c->layers, c->layers > 1 ? "s" : "",
+                 c->heads, c->heads > 1 ? "s" : "", c->d_model, c->seq_len, c->vocab);
         return;
     }
     size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
