@@ -459,8 +459,8 @@ Test(train, interrupt_finishes_the_step_saves_and_exits_130)
 Test(train, bad_paths_and_data_fail_before_training)
 {
     char *tokens = make_tokens("tokens", 170), *images = make_images("images", 100, 5);
-    char *bad_save = tu_path(tmp, "file/ckpt");
-    tu_write_file(tu_path(tmp, "file"), "x", 1); /* a file where a directory is needed */
+    char *bad_save = tu_path(tmp, "file/ckpt"), *file = tu_path(tmp, "file");
+    tu_write_file(file, "x", 1); /* a file where a directory is needed */
     tu_run r = tu_bigbatch("train", "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2",
                            "--global-batch", "32", "--micro-batch", "8", "--steps", "2", "--val-data", images);
     tu_assert_error(&r, "--val-data", "image_u8", "tokens_u16");
@@ -474,7 +474,7 @@ Test(train, bad_paths_and_data_fail_before_training)
     tu_assert_error(&r, "--devices", "cudaXYZ");
     cr_assert_eq(r.exit_code, 2);
     tu_run_free(&r);
-    free(bad_save), free(tokens), free(images);
+    free(bad_save), free(file), free(tokens), free(images);
 }
 
 Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
