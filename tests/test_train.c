@@ -16,14 +16,21 @@
 
 static char *tmp;
 
-static void write_dataset(const char *dir, const bb_shard_meta *meta, const uint8_t *records, uint64_t count)
+/* Writes `count` records as dataset `name` under tmp; frees `records`;
+ * returns the directory. */
+static char *write_dataset(const char *name, bb_shard_meta *meta, uint8_t *records, uint64_t count)
 {
+    snprintf(meta->source, sizeof meta->source, "test %s", name);
+    char *dir = tu_path(tmp, name);
+    cr_assert_eq(mkdir(dir, 0755), 0);
     bb_writer_options o = {.level = 1, .frame_bytes = 64 * meta->record_size, .shard_bytes = 1 << 20, .threads = 1};
     bb_dataset_writer_t *w;
     cr_assert_eq(bb_dataset_writer_create(dir, meta, &o, &w), BB_OK, "%s", bb_error_message());
     cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK);
     cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK, "%s", bb_error_message());
     bb_dataset_writer_destroy(w);
+    free(records);
+    return dir;
 }
 
 /* Images whose class is the brightest quadrant: learnable, deterministic. */
@@ -41,12 +48,7 @@ static char *make_images(const char *name, uint64_t count, uint64_t seed)
     }
     bb_shard_meta m = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {IMAGE_SIDE, IMAGE_SIDE}, .record_size = rs,
                        .classes_or_vocab = IMAGE_CLASSES};
-    snprintf(m.source, sizeof m.source, "test images");
-    char *dir = tu_path(tmp, name);
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    write_dataset(dir, &m, r, count);
-    free(r);
-    return dir;
+    return write_dataset(name, &m, r, count);
 }
 
 /* Token windows of a repeating pattern with noise. */
@@ -61,12 +63,7 @@ static char *make_tokens(const char *name, uint64_t count)
         }
     bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {TOKENS_T + 1}, .record_size = rs,
                        .classes_or_vocab = TOKENS_VOCAB};
-    snprintf(m.source, sizeof m.source, "test tokens");
-    char *dir = tu_path(tmp, name);
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    write_dataset(dir, &m, r, count);
-    free(r);
-    return dir;
+    return write_dataset(name, &m, r, count);
 }
 
 static void setup(void) { tmp = tu_temp_dir(); }
