@@ -268,8 +268,7 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     model_grads_ready(m, lnf);
     for (int s = g->S - 1; s >= 0; s--) {
         if (g->computed_segment != s) BB_TRY(segment_forward(m, s)); /* recompute (checkpointing) */
-        for (int l = segment_end(g, c, s) - 1; l >= s * g->K; l--)
-        {
+        for (int l = segment_end(g, c, s) - 1; l >= s * g->K; l--) {
             block_backward(m, l, &g->slots[l % g->K], block_input(g, l), acc);
             model_grads_ready(m, BLOCK_TENSOR(l, 0));
         }
