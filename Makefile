@@ -58,7 +58,9 @@ ifeq ($(USE_CUDA),1)
   SRC     := $(filter-out src/backend/cuda_probe_none.c,$(SRC))
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+  # cuBLAS and NCCL have no static builds here: the rpath finds them in
+  # the toolkit, which a CUDA build needs at run time (not a driver).
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)

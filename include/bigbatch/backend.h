@@ -57,6 +57,14 @@ void bb_cpu_fix_blas_core(char **argv);
 
 /* The CPU backend. Fails with BB_ERR_NOMEM. */
 bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out);
+/* The CUDA backend on device o->device (o->threads is ignored). Fails
+ * with BB_ERR_UNSUPPORTED in a build without CUDA or on a machine without
+ * a usable GPU (saying why), BB_ERR_ARG for a device that does not exist,
+ * BB_ERR_DEVICE when CUDA or cuBLAS cannot start. Ops run on the device's
+ * compute stream; an error inside an op is returned by the next copy,
+ * synchronize or event call. Any thread may call it (each call makes the
+ * device current). */
+bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_backend_t **out);
 /* Frees the backend and every allocation still live; accepts NULL. */
 void bb_backend_destroy(bb_backend_t *b);
 /* "cpu", "cuda:0", ... */

@@ -1,0 +1,529 @@
+// cuda_backend.cu — the CUDA backend instance: cudaMalloc behind the shared
+// accounting, pinned host memory, a compute, a copy and a communication
+// stream with events between them, matrix products through cuBLAS (on the
+// compute stream) and the kernels of cuda_kernels.cu.
+//
+// Ops return nothing (backend.h), so a CUDA or cuBLAS error in one is kept
+// (the first one) and returned by the next copy, synchronize or event call
+// on this backend, naming the op. Every entry point first makes the
+// backend's device current on the calling thread: worker threads need no
+// setup of their own.
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "cuda_kernels.h"
+
+extern "C" {
+#include "../src/backend/backend_impl.h"
+}
+
+namespace {
+
+struct cuda_state {
+    int device;
+    cudaStream_t stream[3];     // bb_stream: compute, copy, comm
+    cublasHandle_t blas;        // on the compute stream
+    bb_status error;            // the first failure of an op, returned later
+    char error_message[256];
+    // scratch for reductions: loss rows, partial sums, a counter
+    float *row_loss;
+    size_t row_loss_cap;
+    double *partial;
+    int *counter;
+    float *host_row_loss;
+    size_t host_row_loss_cap;
+};
+
+constexpr int kPartials = 1024;
+
+cuda_state *state(bb_backend_t *b) { return static_cast<cuda_state *>(b->impl); }
+cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUTE]; }
+
+void use(bb_backend_t *b) { cudaSetDevice(state(b)->device); }
+
+// Keeps the first error of an op; later calls report it.
+void note(bb_backend_t *b, cudaError_t err, const char *op)
+{
+    cuda_state *s = state(b);
+    if (err == cudaSuccess || s->error != BB_OK) return;
+    s->error = BB_ERR_DEVICE;
+    snprintf(s->error_message, sizeof s->error_message, "%s: %s failed: %s", b->name, op, cudaGetErrorString(err));
+}
+
+void note_blas(bb_backend_t *b, cublasStatus_t st, const char *op)
+{
+    cuda_state *s = state(b);
+    if (st == CUBLAS_STATUS_SUCCESS || s->error != BB_OK) return;
+    s->error = BB_ERR_DEVICE;
+    snprintf(s->error_message, sizeof s->error_message, "%s: %s: cuBLAS error %d", b->name, op, (int)st);
+}
+
+bb_status pending(bb_backend_t *b)
+{
+    cuda_state *s = state(b);
+    return s->error == BB_OK ? BB_OK : bb_fail(s->error, "%s", s->error_message);
+}
+
+bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
+{
+    if (err != cudaSuccess) return bb_fail(BB_ERR_DEVICE, "%s: %s: %s", b->name, what, cudaGetErrorString(err));
+    return pending(b);
+}
+
+// ---- memory ----------------------------------------------------------------
+bb_status cuda_alloc(bb_backend_t *b, size_t bytes, void **out)
+{
+    use(b);
+    if (cudaMalloc(out, bytes) != cudaSuccess) {
+        cudaGetLastError(); // an out-of-memory is reported by the caller, not sticky
+        *out = NULL;
+        return BB_ERR_OOM;
+    }
+    return BB_OK;
+}
+
+void cuda_free(bb_backend_t *b, void *ptr)
+{
+    use(b);
+    cudaFree(ptr);
+}
+
+bool cuda_free_bytes(bb_backend_t *b, uint64_t *free_bytes)
+{
+    use(b);
+    size_t f = 0, total = 0;
+    if (cudaMemGetInfo(&f, &total) != cudaSuccess) return false;
+    *free_bytes = f;
+    return true;
+}
+
+bb_status cuda_host_alloc(bb_backend_t *b, size_t bytes, void **out)
+{
+    use(b);
+    // Portable: pinned for every device of the process (the loader's slots
+    // feed several workers' copies).
+    return check(b, cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable), "cudaHostAlloc");
+}
+
+void cuda_host_free(bb_backend_t *b, void *ptr, size_t bytes)
+{
+    (void)bytes;
+    use(b);
+    cudaFreeHost(ptr);
+}
+
+// Copies run on the copy stream for host<->device (a caller that needs
+// them ordered with compute uses events), device<->device on compute.
+// Host memory that is not pinned makes cudaMemcpyAsync synchronous, which
+// is still correct. The call waits for the copy: bb_backend_copy promises
+// the data is there when it returns.
+bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
+{
+    use(b);
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+    cudaStream_t s = compute(b); // ordered after the ops that produced src
+    BB_TRY(check(b, cudaMemcpyAsync(dst, src, bytes, kinds[kind], s), "cudaMemcpyAsync"));
+    return kind == BB_COPY_D2D ? BB_OK : check(b, cudaStreamSynchronize(s), "copy");
+}
+
+bb_status cuda_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
+{
+    use(b);
+    return check(b, cudaMemsetAsync(dst, value, bytes, compute(b)), "cudaMemsetAsync");
+}
+
+bb_status cuda_synchronize(bb_backend_t *b)
+{
+    use(b);
+    for (int i = 0; i < 3; i++) BB_TRY(check(b, cudaStreamSynchronize(state(b)->stream[i]), "synchronize"));
+    return BB_OK;
+}
+
+void cuda_destroy(bb_backend_t *b)
+{
+    cuda_state *s = state(b);
+    if (!s) return;
+    use(b);
+    cudaFree(s->row_loss);
+    cudaFree(s->partial);
+    cudaFree(s->counter);
+    cudaFreeHost(s->host_row_loss);
+    if (s->blas) cublasDestroy(s->blas);
+    for (int i = 0; i < 3; i++)
+        if (s->stream[i]) cudaStreamDestroy(s->stream[i]);
+    delete s;
+    b->impl = NULL;
+}
+
+// ---- streams and events -----------------------------------------------------
+bb_status cuda_event_create(bb_backend_t *b, bb_event_t **out)
+{
+    use(b);
+    cudaEvent_t e;
+    BB_TRY(check(b, cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    *out = reinterpret_cast<bb_event_t *>(e);
+    return BB_OK;
+}
+
+void cuda_event_destroy(bb_backend_t *b, bb_event_t *e)
+{
+    use(b);
+    cudaEventDestroy(reinterpret_cast<cudaEvent_t>(e));
+}
+
+bb_status cuda_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stream)
+{
+    use(b);
+    return check(b, cudaEventRecord(reinterpret_cast<cudaEvent_t>(e), state(b)->stream[stream]), "cudaEventRecord");
+}
+
+bb_status cuda_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
+{
+    use(b);
+    return check(b, cudaStreamWaitEvent(state(b)->stream[stream], reinterpret_cast<cudaEvent_t>(e), 0),
+                 "cudaStreamWaitEvent");
+}
+
+bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
+{
+    use(b);
+    return check(b, cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+}
+
+// ---- matrix products (row-major through column-major cuBLAS) ---------------
+// out (N,OC) = in (N,IC) · wᵀ: column-major outᵀ (OC,N) = w (stored as wᵀ) ᵀ · inᵀ.
+void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+                         int IC, int OC)
+{
+    use(b);
+    float one = 1.0f, beta = 0.0f;
+    if (bias) {
+        note(b, bbk_broadcast_rows(compute(b), out, bias, N, OC), "linear_forward bias");
+        beta = 1.0f;
+    }
+    note_blas(b, cublasSgemm(state(b)->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, w, IC, in, IC, &beta, out, OC),
+              "linear_forward");
+}
+
+void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                          const float *w, int N, int IC, int OC, bool accumulate)
+{
+    use(b);
+    cublasHandle_t h = state(b)->blas;
+    float one = 1.0f, zero = 0.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (din) // dinᵀ (IC,N) = wᵀ (IC,OC) · doutᵀ (OC,N)
+        note_blas(b, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, w, IC, dout, OC, &zero, din, IC),
+                  "linear_backward din");
+    // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC)
+    note_blas(b, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, in, IC, dout, OC, &beta, dw, IC),
+              "linear_backward dw");
+    if (dbias) note(b, bbk_column_sums(compute(b), dbias, dout, N, OC, accumulate), "linear_backward dbias");
+}
+
+// Causal attention per batch element, heads as a strided batch: head h of
+// q, k, v starts at qkv + b·T·3C + {0, C, 2C} + h·hs with row stride 3C.
+void cuda_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    use(b);
+    cublasHandle_t h = state(b)->blas;
+    int hs = C / NH, ld = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+    long long tt = (long long)T * T;
+    for (int i = 0; i < B; i++) {
+        const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
+        float *a = att + (size_t)i * NH * tt, *o = out + (size_t)i * T * C;
+        // att (T,T) row-major = scale · q kᵀ. cuBLAS is column-major: it sees q and k as (hs,T)
+        // matrices (leading dimension 3C) and att as attᵀ, so attᵀ = scale · kᵀ q.
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, ld, hs, q, ld, hs,
+                                               &zero, a, T, tt, NH),
+                  "attention q·kᵀ");
+        note(b, bbk_causal_softmax(compute(b), a, NH * T, T), "attention softmax");
+        // out (T,hs) = att · v: column-major outᵀ (hs,T) = vᵀ (hs,T) · attᵀ (T,T)
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, ld, hs, a, T, tt, &zero,
+                                               o, C, hs, NH),
+                  "attention att·v");
+    }
+}
+
+void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int C, int NH)
+{
+    use(b);
+    cublasHandle_t h = state(b)->blas;
+    int hs = C / NH, ld = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+    long long tt = (long long)T * T;
+    for (int i = 0; i < B; i++) {
+        const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
+        const float *p = att + (size_t)i * NH * tt, *dout_i = dout + (size_t)i * T * C;
+        float *dq = dqkv + (size_t)i * T * ld, *dk = dq + C, *dv = dq + 2 * C, *ds = scratch + (size_t)i * NH * tt;
+        // dP (T,T) = dO · vᵀ
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, ld, hs, dout_i, C, hs,
+                                               &zero, ds, T, tt, NH),
+                  "attention dP");
+        // dV (T,hs) = Pᵀ · dO: column-major dVᵀ (hs,T) = dOᵀ (hs,T) · P (T,T)
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dout_i, C, hs, p, T, tt,
+                                               &zero, dv, ld, hs, NH),
+                  "attention dV");
+        note(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, scale), "attention softmax backward");
+        // dQ (T,hs) = dS · k: column-major dQᵀ = kᵀ (hs,T) · dSᵀ (T,T)
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k, ld, hs, ds, T, tt, &zero,
+                                               dq, ld, hs, NH),
+                  "attention dQ");
+        // dK (T,hs) = dSᵀ · q: column-major dKᵀ = qᵀ (hs,T) · dS (T,T)
+        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q, ld, hs, ds, T, tt, &zero,
+                                               dk, ld, hs, NH),
+                  "attention dK");
+    }
+}
+
+// ---- the other ops -----------------------------------------------------------
+void cuda_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    use(b);
+    note(b, bbk_relu_forward(compute(b), out, in, n), "relu_forward");
+}
+
+void cuda_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    use(b);
+    note(b, bbk_relu_backward(compute(b), din, dout, in, n), "relu_backward");
+}
+
+void cuda_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    use(b);
+    note(b, bbk_gelu_forward(compute(b), out, in, n), "gelu_forward");
+}
+
+void cuda_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    use(b);
+    note(b, bbk_gelu_backward(compute(b), din, dout, in, n), "gelu_backward");
+}
+
+void cuda_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+                            const float *bias, int N, int C)
+{
+    use(b);
+    note(b, bbk_layernorm_forward(compute(b), out, mean, rstd, in, w, bias, N, C), "layernorm_forward");
+}
+
+void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                             const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+{
+    use(b);
+    note(b, bbk_layernorm_backward(compute(b), din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate),
+         "layernorm_backward");
+}
+
+void cuda_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C)
+{
+    use(b);
+    note(b, bbk_embedding_forward(compute(b), out, tokens, wte, wpe, B, T, C), "embedding_forward");
+}
+
+void cuda_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
+                             int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
+{
+    use(b);
+    cudaStream_t s = compute(b);
+    // Overwriting means the whole table: rows no token (position) touched become 0.
+    if (!accumulate_wte) note(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s), "embedding_backward");
+    note(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B, T, C), "embedding_backward wte");
+    if (!accumulate_wpe && maxT > T)
+        note(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s),
+             "embedding_backward");
+    note(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe), "embedding_backward wpe");
+}
+
+void cuda_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+{
+    use(b);
+    note(b, bbk_add(compute(b), out, x, y, n), "add");
+}
+
+void cuda_scale(bb_backend_t *b, float *x, float factor, size_t n)
+{
+    use(b);
+    note(b, bbk_scale(compute(b), x, factor, n), "scale");
+}
+
+bool grow_row_loss(bb_backend_t *b, size_t rows)
+{
+    cuda_state *s = state(b);
+    if (rows <= s->row_loss_cap) return true;
+    cudaFree(s->row_loss);
+    cudaFreeHost(s->host_row_loss);
+    s->row_loss = NULL;
+    s->host_row_loss = NULL;
+    s->row_loss_cap = 0;
+    cudaError_t e = cudaMalloc(&s->row_loss, rows * sizeof(float));
+    if (e == cudaSuccess) e = cudaHostAlloc(&s->host_row_loss, rows * sizeof(float), cudaHostAllocDefault);
+    note(b, e, "softmax_crossentropy workspace");
+    if (e != cudaSuccess) return false;
+    s->row_loss_cap = rows;
+    return true;
+}
+
+// The loss leaves the device: per-row losses are summed on the host in
+// double, in row order, like the CPU backend.
+void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                               const int32_t *targets, int N, int V, float normalizer, int *valid)
+{
+    use(b);
+    cuda_state *s = state(b);
+    cudaStream_t st = compute(b);
+    *loss = NAN;
+    if (valid) *valid = 0;
+    if (!grow_row_loss(b, (size_t)N)) return;
+    note(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st), "softmax_crossentropy");
+    note(b, bbk_softmax_crossentropy(st, s->row_loss, dlogits, logits, targets, N, V, normalizer, s->counter),
+         "softmax_crossentropy");
+    int count = 0;
+    note(b, cudaMemcpyAsync(s->host_row_loss, s->row_loss, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, st),
+         "softmax_crossentropy");
+    note(b, cudaMemcpyAsync(&count, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st), "softmax_crossentropy");
+    note(b, cudaStreamSynchronize(st), "softmax_crossentropy");
+    if (s->error != BB_OK) return;
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += s->host_row_loss[i];
+    *loss = sum / normalizer;
+    if (valid) *valid = count;
+}
+
+void cuda_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    use(b);
+    float bias1 = 1.0f - powf(beta1, (float)t), bias2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+    note(b, bbk_adamw(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt),
+         "adamw");
+}
+
+void cuda_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+              float momentum, float weight_decay)
+{
+    use(b);
+    note(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay), "sgd");
+}
+
+double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
+{
+    use(b);
+    cuda_state *s = state(b);
+    cudaStream_t st = compute(b);
+    int blocks = 0;
+    double host[kPartials];
+    note(b, bbk_sum_squares(st, s->partial, kPartials, &blocks, x, n), "sum_squares");
+    note(b, cudaMemcpyAsync(host, s->partial, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost, st),
+         "sum_squares");
+    note(b, cudaStreamSynchronize(st), "sum_squares");
+    if (s->error != BB_OK) return NAN;
+    double sum = 0.0;
+    for (int i = 0; i < blocks; i++) sum += host[i];
+    return sum;
+}
+
+bb_backend_vtable make_vtable()
+{
+    bb_backend_vtable v;
+    memset(&v, 0, sizeof v);
+    v.alloc = cuda_alloc;
+    v.free = cuda_free;
+    v.copy = cuda_copy;
+    v.memset = cuda_memset;
+    v.host_alloc = cuda_host_alloc;
+    v.host_free = cuda_host_free;
+    v.device_free_bytes = cuda_free_bytes;
+    v.synchronize = cuda_synchronize;
+    v.destroy = cuda_destroy;
+    v.event_create = cuda_event_create;
+    v.event_destroy = cuda_event_destroy;
+    v.event_record = cuda_event_record;
+    v.stream_wait = cuda_stream_wait;
+    v.event_synchronize = cuda_event_synchronize;
+    v.linear_forward = cuda_linear_forward;
+    v.linear_backward = cuda_linear_backward;
+    v.relu_forward = cuda_relu_forward;
+    v.relu_backward = cuda_relu_backward;
+    v.gelu_forward = cuda_gelu_forward;
+    v.gelu_backward = cuda_gelu_backward;
+    v.layernorm_forward = cuda_layernorm_forward;
+    v.layernorm_backward = cuda_layernorm_backward;
+    v.embedding_forward = cuda_embedding_forward;
+    v.embedding_backward = cuda_embedding_backward;
+    v.attention_forward = cuda_attention_forward;
+    v.attention_backward = cuda_attention_backward;
+    v.add = cuda_add;
+    v.softmax_crossentropy = cuda_softmax_crossentropy;
+    v.adamw = cuda_adamw;
+    v.sgd = cuda_sgd;
+    v.sum_squares = cuda_sum_squares;
+    v.scale = cuda_scale;
+    return v;
+}
+
+const bb_backend_vtable cuda_vtable = make_vtable();
+
+bb_status fail_cuda(const char *what, cudaError_t err)
+{
+    cudaGetLastError();
+    return bb_fail(BB_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(err));
+}
+
+} // namespace
+
+extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_backend_t **out)
+{
+    *out = NULL;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return bb_fail(BB_ERR_UNSUPPORTED, "no CUDA device: %s",
+                       err == cudaSuccess ? "the runtime found none" : cudaGetErrorString(err));
+    }
+    if (o->device < 0 || o->device >= count)
+        return bb_fail(BB_ERR_ARG, "cuda:%d: this machine has CUDA devices 0..%d", o->device, count - 1);
+    bb_backend_t *b = static_cast<bb_backend_t *>(calloc(1, sizeof *b));
+    cuda_state *s = new (std::nothrow) cuda_state();
+    if (!b || !s) {
+        free(b);
+        delete s;
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", o->device);
+    b->vt = &cuda_vtable;
+    b->impl = s;
+    bb_backend_init_common(b, name, o);
+    s->device = o->device;
+    bb_status rc = BB_OK;
+    if ((err = cudaSetDevice(o->device)) != cudaSuccess) rc = fail_cuda(name, err);
+    for (int i = 0; rc == BB_OK && i < 3; i++)
+        if ((err = cudaStreamCreateWithFlags(&s->stream[i], cudaStreamNonBlocking)) != cudaSuccess)
+            rc = fail_cuda("cudaStreamCreate", err);
+    if (rc == BB_OK && cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS)
+        rc = bb_fail(BB_ERR_DEVICE, "%s: cannot create a cuBLAS handle", name);
+    if (rc == BB_OK && cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]) != CUBLAS_STATUS_SUCCESS)
+        rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetStream failed", name);
+    // TF32 stays off: fp32 matches the CPU backend to 1e-5 (bf16 is --precision's job).
+    if (rc == BB_OK && cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+        rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetMathMode failed", name);
+    if (rc == BB_OK && (err = cudaMalloc(&s->partial, kPartials * sizeof(double))) != cudaSuccess)
+        rc = fail_cuda("cudaMalloc", err);
+    if (rc == BB_OK && (err = cudaMalloc(&s->counter, sizeof(int))) != cudaSuccess) rc = fail_cuda("cudaMalloc", err);
+    if (rc != BB_OK) {
+        bb_backend_destroy(b);
+        return rc;
+    }
+    *out = b;
+    return BB_OK;
+}

@@ -1,0 +1,432 @@
+// cuda_kernels.cu — the CUDA kernels of the backend ops that are not
+// matrix products (fp32), then their launchers. Reductions that feed
+// parameter gradients (bias, LayerNorm weights, position embeddings) loop
+// over rows in a fixed order, so they are deterministic; only the token
+// embedding's scatter uses atomics (several positions can share a token).
+#include <math.h>
+
+#include "cuda_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(size_t n, int threads = kThreads)
+{
+    size_t blocks = (n + threads - 1) / threads;
+    return (unsigned)(blocks < 65535u * 16 ? (blocks ? blocks : 1) : 65535u * 16);
+}
+
+#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__device__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum (or max) over a block of blockDim.x threads (a multiple of 32, at
+// most 1024); every thread gets the result.
+template <bool Max> __device__ float block_reduce(float v)
+{
+    __shared__ float lanes[32];
+    __shared__ float result;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = Max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) lanes[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < warps ? lanes[lane] : (Max ? -INFINITY : 0.0f);
+        w = Max ? warp_max(w) : warp_sum(w);
+        if (lane == 0) result = w;
+    }
+    __syncthreads();
+    float r = result;
+    __syncthreads(); // lanes/result may be reused by the next call
+    return r;
+}
+
+// ---- elementwise -----------------------------------------------------------
+__global__ void relu_forward_k(float *out, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+__global__ void relu_backward_k(float *din, const float *dout, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) din[i] = in[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+__global__ void gelu_forward_k(float *out, const float *in, size_t n)
+{
+    const float k = 0.7978845608028654f;
+    GRID_STRIDE(i, n)
+    {
+        float x = in[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ void gelu_backward_k(float *din, const float *dout, const float *in, size_t n)
+{
+    const float k = 0.7978845608028654f;
+    GRID_STRIDE(i, n)
+    {
+        float x = in[i], u = k * (x + 0.044715f * x * x * x), t = tanhf(u);
+        float du = k * (1.0f + 3.0f * 0.044715f * x * x);
+        din[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    }
+}
+
+__global__ void add_k(float *out, const float *x, const float *y, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = x[i] + y[i];
+}
+
+__global__ void scale_k(float *x, float f, size_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= f;
+}
+
+__global__ void broadcast_rows_k(float *out, const float *bias, size_t N, int C)
+{
+    GRID_STRIDE(i, N * C) out[i] = bias[i % C];
+}
+
+// One thread per column, rows in order.
+__global__ void column_sums_k(float *sums, const float *x, int N, int C, bool accumulate)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) s += x[(size_t)n * C + c];
+    sums[c] = accumulate ? sums[c] + s : s;
+}
+
+// ---- LayerNorm: one block per row ------------------------------------------
+__global__ void layernorm_forward_k(float *out, float *mean, float *rstd, const float *in, const float *w,
+                                    const float *b, int C)
+{
+    const float *x = in + (size_t)blockIdx.x * C;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+    float mu = block_reduce<false>(s) / C;
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - mu) * (x[c] - mu);
+    float r = rsqrtf(block_reduce<false>(v) / C + 1e-5f);
+    float *y = out + (size_t)blockIdx.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] - mu) * r * w[c] + b[c];
+    if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = r;
+}
+
+// din += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * w.
+__global__ void layernorm_backward_input_k(float *din, const float *dout, const float *in, const float *w,
+                                           const float *mean, const float *rstd, int C)
+{
+    size_t row = blockIdx.x;
+    const float *x = in + row * C, *dy = dout + row * C;
+    float mu = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = dy[c] * w[c];
+        sg += g;
+        sgx += g * (x[c] - mu) * r;
+    }
+    sg = block_reduce<false>(sg) / C;
+    sgx = block_reduce<false>(sgx) / C;
+    float *dx = din + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xhat = (x[c] - mu) * r;
+        dx[c] += r * (dy[c] * w[c] - sg - xhat * sgx);
+    }
+}
+
+// dw[c] (+)= sum_n dout xhat, dbias[c] (+)= sum_n dout: a thread per column.
+__global__ void layernorm_backward_params_k(float *dw, float *db, const float *dout, const float *in,
+                                            const float *mean, const float *rstd, int N, int C, bool accumulate)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sw = 0.0f, sb = 0.0f;
+    for (int n = 0; n < N; n++) {
+        float dy = dout[(size_t)n * C + c];
+        sw += dy * (in[(size_t)n * C + c] - mean[n]) * rstd[n];
+        sb += dy;
+    }
+    dw[c] = accumulate ? dw[c] + sw : sw;
+    db[c] = accumulate ? db[c] + sb : sb;
+}
+
+// ---- embeddings ------------------------------------------------------------
+__global__ void embedding_forward_k(float *out, const int32_t *tokens, const float *wte, const float *wpe, int T,
+                                    int C, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+    }
+}
+
+__global__ void embedding_backward_wte_k(float *dwte, const float *dout, const int32_t *tokens, int C, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t bt = i / C;
+        atomicAdd(&dwte[(size_t)tokens[bt] * C + i % C], dout[i]);
+    }
+}
+
+__global__ void embedding_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C, bool accumulate)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; // (t, c)
+    if (i >= (size_t)T * C) return;
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
+    dwpe[i] = accumulate ? dwpe[i] + s : s;
+}
+
+// ---- attention softmax: one block per (b, h, i) row -------------------------
+__global__ void causal_softmax_k(float *att, int T)
+{
+    size_t row = blockIdx.x;
+    int i = (int)(row % T);
+    float *a = att + row * T;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, a[j]);
+    m = block_reduce<true>(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= i; j += blockDim.x) s += __expf(a[j] - m);
+    float inv = 1.0f / block_reduce<false>(s);
+    for (int j = threadIdx.x; j < T; j += blockDim.x) a[j] = j <= i ? __expf(a[j] - m) * inv : 0.0f;
+}
+
+__global__ void causal_softmax_backward_k(float *dp, const float *p, int T, float scale)
+{
+    size_t row = blockIdx.x;
+    int i = (int)(row % T);
+    float *d = dp + row * T;
+    const float *pr = p + row * T;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= i; j += blockDim.x) s += pr[j] * d[j];
+    s = block_reduce<false>(s);
+    for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= i ? pr[j] * (d[j] - s) * scale : 0.0f;
+}
+
+// ---- loss: one block per row ------------------------------------------------
+__global__ void softmax_crossentropy_k(float *row_loss, float *dlogits, const float *logits, const int32_t *targets,
+                                       int V, float inv_normalizer, int *valid)
+{
+    size_t row = blockIdx.x;
+    const float *x = logits + row * V;
+    int target = targets[row];
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
+    m = block_reduce<true>(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += __expf(x[j] - m);
+    s = block_reduce<false>(s);
+    float target_logit = target >= 0 ? x[target] : 0.0f; // read before dlogits may overwrite it
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        row_loss[row] = target >= 0 ? logf(s) + m - target_logit : 0.0f;
+        if (target >= 0) atomicAdd(valid, 1);
+    }
+    if (!dlogits) return;
+    float *d = dlogits + row * V, inv = 1.0f / s;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float g = target >= 0 ? (__expf(x[j] - m) * inv - (j == target ? 1.0f : 0.0f)) * inv_normalizer : 0.0f;
+        d[j] = g;
+    }
+}
+
+// ---- optimizers --------------------------------------------------------------
+// torch.optim.AdamW (foreach=False): decay, then lr/bias1 · m / (sqrt(v)/bias2_sqrt + eps).
+__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                        float wd, float bias1, float bias2_sqrt)
+{
+    float step = lr / bias1, decay = 1.0f - lr * wd;
+    GRID_STRIDE(i, n)
+    {
+        float gi = g[i];
+        float mi = m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bias2_sqrt + eps);
+    }
+}
+
+__global__ void sgd_k(float *p, const float *g, float *buf, size_t n, float lr, float momentum, float wd)
+{
+    GRID_STRIDE(i, n)
+    {
+        float d = g[i] + wd * p[i];
+        if (momentum != 0.0f) d = buf[i] = momentum * buf[i] + d;
+        p[i] -= lr * d;
+    }
+}
+
+__global__ void sum_squares_k(double *partial, const float *x, size_t n)
+{
+    __shared__ double lanes[kThreads];
+    double s = 0.0;
+    GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+    lanes[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) lanes[threadIdx.x] += lanes[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = lanes[0];
+}
+
+int row_threads(int width)
+{
+    int t = 32;
+    while (t < width && t < 1024) t *= 2;
+    return t;
+}
+
+} // namespace
+
+// ---- launchers -------------------------------------------------------------
+extern "C" {
+
+cudaError_t bbk_relu_forward(cudaStream_t s, float *out, const float *in, size_t n)
+{
+    relu_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
+{
+    relu_backward_k<<<grid_for(n), kThreads, 0, s>>>(din, dout, in, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n)
+{
+    gelu_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
+{
+    gelu_backward_k<<<grid_for(n), kThreads, 0, s>>>(din, dout, in, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n)
+{
+    add_k<<<grid_for(n), kThreads, 0, s>>>(out, x, y, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n)
+{
+    scale_k<<<grid_for(n), kThreads, 0, s>>>(x, factor, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C)
+{
+    broadcast_rows_k<<<grid_for((size_t)N * C), kThreads, 0, s>>>(out, bias, (size_t)N, C);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, const float *dout, int N, int C, bool accumulate)
+{
+    column_sums_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, dout, N, C, accumulate);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
+                                  const float *w, const float *bias, int N, int C)
+{
+    if (N > 0) layernorm_forward_k<<<N, row_threads(C), 0, s>>>(out, mean, rstd, in, w, bias, C);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, const float *dout,
+                                   const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
+                                   bool accumulate)
+{
+    if (N > 0) layernorm_backward_input_k<<<N, row_threads(C), 0, s>>>(din, dout, in, w, mean, rstd, C);
+    layernorm_backward_params_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dw, dbias, dout, in, mean, rstd, N, C,
+                                                                           accumulate);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
+                                  const float *wpe, int B, int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    embedding_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int B,
+                                       int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    embedding_backward_wte_k<<<grid_for(n), kThreads, 0, s>>>(dwte, dout, tokens, C, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
+                                       bool accumulate)
+{
+    embedding_backward_wpe_k<<<grid_for((size_t)T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C, accumulate);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_causal_softmax(cudaStream_t s, float *att, int rows, int T)
+{
+    if (rows > 0) causal_softmax_k<<<rows, row_threads(T), 0, s>>>(att, T);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_causal_softmax_backward(cudaStream_t s, float *dp, const float *p, int rows, int T, float scale)
+{
+    if (rows > 0) causal_softmax_backward_k<<<rows, row_threads(T), 0, s>>>(dp, p, T, scale);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, float *row_loss, float *dlogits, const float *logits,
+                                     const int32_t *targets, int N, int V, float normalizer, int *valid)
+{
+    if (N > 0)
+        softmax_crossentropy_k<<<N, row_threads(V), 0, s>>>(row_loss, dlogits, logits, targets, V, 1.0f / normalizer,
+                                                              valid);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt)
+{
+    adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
+                    float weight_decay)
+{
+    sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_sum_squares(cudaStream_t s, double *partial, int max_blocks, int *blocks, const float *x, size_t n)
+{
+    unsigned g = grid_for(n);
+    *blocks = (int)(g < (unsigned)max_blocks ? g : (unsigned)max_blocks);
+    sum_squares_k<<<*blocks, kThreads, 0, s>>>(partial, x, n);
+    return cudaGetLastError();
+}
+
+} // extern "C"

@@ -1,0 +1,67 @@
+/* cuda_kernels.h — private: launchers of the CUDA kernels in
+ * cuda_kernels.cu, one per backend op that is not a matrix product (those
+ * go through cuBLAS in cuda_backend.cu). Each takes the stream it runs
+ * on; shapes as in backend.h; all pointers are device pointers. They
+ * return cudaGetLastError() of their launch. */
+#ifndef BIGBATCH_CUDA_KERNELS_H
+#define BIGBATCH_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+cudaError_t bbk_relu_forward(cudaStream_t s, float *out, const float *in, size_t n);
+cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n);
+cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n);
+cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n);
+cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n);
+cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n);
+/* out[n, :] = bias for every row n (before a GEMM with beta 1). */
+cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C);
+/* dbias[c] (+)= sum over rows of dout[:, c] (deterministic). */
+cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, const float *dout, int N, int C, bool accumulate);
+
+cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
+                                  const float *w, const float *bias, int N, int C);
+cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, const float *dout,
+                                   const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
+                                   bool accumulate);
+
+cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
+                                  const float *wpe, int B, int T, int C);
+/* Tables must already be zeroed (or hold the sum to add to). */
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int B,
+                                       int T, int C);
+cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
+                                       bool accumulate);
+
+/* Causal softmax of each (T, T) row block in place: row i keeps columns
+ * 0..i (scaled logits in, probabilities out; later columns become 0). */
+cudaError_t bbk_causal_softmax(cudaStream_t s, float *att, int rows, int T);
+/* dS = P * (dP - rowsum(P * dP)) * scale, in place over dP. */
+cudaError_t bbk_causal_softmax_backward(cudaStream_t s, float *dp, const float *p, int rows, int T, float scale);
+
+/* Per row: row_loss[n] = -log softmax(logits[n])[target] (0 when target
+ * is -1); dlogits (may alias logits, may be NULL) = (softmax - onehot) /
+ * normalizer; *valid (device int, pre-zeroed) counts rows with a target. */
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, float *row_loss, float *dlogits, const float *logits,
+                                     const int32_t *targets, int N, int V, float normalizer, int *valid);
+
+cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt);
+cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
+                    float weight_decay);
+/* partial[b] = sum of squares of block b's share; returns the block count
+ * used through *blocks (at most max_blocks). */
+cudaError_t bbk_sum_squares(cudaStream_t s, double *partial, int max_blocks, int *blocks, const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
