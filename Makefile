@@ -55,12 +55,12 @@ SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c 
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu)
 ifeq ($(USE_CUDA),1)
-  SRC     := $(filter-out src/backend/cuda_probe_none.c,$(SRC))
+  SRC     := $(filter-out src/backend/cuda_probe_none.c src/train/nccl_none.c,$(SRC))
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
   # cuBLAS and NCCL have no static builds here: the rpath finds them in
   # the toolkit, which a CUDA build needs at run time (not a driver).
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -81,9 +81,9 @@ $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu
+$(BUILD)/kernels/%.o: kernels/%.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Xcompiler -Wall,-Wextra,-Werror -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.

@@ -16,6 +16,7 @@
 
 #include <new>
 
+#include "cuda_backend.h"
 #include "cuda_kernels.h"
 
 extern "C" {
@@ -527,3 +528,6 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     *out = b;
     return BB_OK;
 }
+
+extern "C" int bb_cuda_backend_device(bb_backend_t *b) { return state(b)->device; }
+extern "C" cudaStream_t bb_cuda_backend_stream(bb_backend_t *b, bb_stream stream) { return state(b)->stream[stream]; }

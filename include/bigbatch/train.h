@@ -61,8 +61,9 @@ typedef struct bb_train_options {
     bb_model_config model;
     const char *data;          /* training dataset directory */
     const char *val_data;      /* evaluated every eval_every steps and at the end; NULL: none */
-    int devices;               /* CPU virtual devices (worker threads) */
-    bool cuda;                 /* --devices cuda:...: needs the CUDA backend (its own issue) */
+    int devices;               /* worker threads: CPU virtual devices, or GPUs */
+    bool cuda;                 /* GPUs cuda_ids[0..devices) instead of CPU devices */
+    int cuda_ids[BB_TRAIN_MAX_DEVICES];
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     uint64_t steps;            /* run ends after step `steps`; 0: use epochs */
     uint64_t epochs;           /* when steps is 0 */

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bigbatch/backend.h"
 #include "bigbatch/train.h"
 #include "commands.h"
 #include "model_flags.h"
@@ -31,9 +32,31 @@ static bb_status parse_devices(const char *s, bb_train_options *o)
         return BB_OK;
     }
     if (!strcmp(s, "cpu")) return o->devices = 1, BB_OK;
-    if (!strcmp(s, "cuda:all") || (!strncmp(s, "cuda:", 5) && s[5] && strspn(s + 5, "0123456789,") == strlen(s + 5)))
-        return o->cuda = true, BB_OK;
-    return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+    if (strncmp(s, "cuda:", 5) || !s[5])
+        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    o->cuda = true;
+    o->devices = 0;
+    if (!strcmp(s + 5, "all")) {
+        if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
+        for (int d = 0; d < info.device_count && d < BB_TRAIN_MAX_DEVICES; d++) o->cuda_ids[o->devices++] = d;
+        return BB_OK;
+    }
+    for (const char *p = s + 5; *p;) {
+        char *end;
+        long id = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || id < 0 || o->devices == BB_TRAIN_MAX_DEVICES)
+            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+        for (int i = 0; i < o->devices; i++)
+            if (o->cuda_ids[i] == id) return bb_fail(BB_ERR_ARG, "--devices %s names cuda:%ld twice", s, id);
+        if (id >= info.device_count)
+            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices %s: %s", s,
+                           info.device_count ? "no such GPU on this machine" : info.reason);
+        o->cuda_ids[o->devices++] = (int)id;
+        p = *end ? end + 1 : end;
+    }
+    return BB_OK;
 }
 
 int bb_cmd_train(int argc, char **argv)

@@ -1,7 +1,8 @@
-/* reducer.h — private: the CPU gradient reducer. Gradients are cut into
- * buckets in reverse layer order (the end of the parameter buffer first,
- * where the backward finishes first); bucket 0 holds about 1 MiB (or
- * bucket_bytes when smaller), the rest about `bucket_bytes` each, never splitting a tensor (as PyTorch DDP).
+/* reducer.h — private: the gradient reducers, on the CPU and with NCCL.
+ * Gradients are cut into buckets in reverse layer order (the end of the
+ * parameter buffer first, where the backward finishes first); bucket 0
+ * holds about 1 MiB (or bucket_bytes when smaller), the rest about
+ * `bucket_bytes` each, never splitting a tensor (as PyTorch DDP).
  *
  * On the last micro-step each worker posts the buckets the backward has
  * finished (reducer_post, from the model's grad-ready hook); a reducer
@@ -12,36 +13,81 @@
  * posts), so no reset races with a fast worker; they are compared modulo
  * 2^32 (futex words are 32-bit), which long runs wrap.
  *
- * The CUDA issue puts NCCL behind the same four calls. */
+ * The NCCL reducer (kernels/nccl_reducer.cu) keeps the same buckets and
+ * calls: a post enqueues the bucket's all-reduce on the device's
+ * communication stream after an event of its compute stream, and a wait
+ * makes the compute stream wait for the step's reductions (the host does
+ * not block). */
 #ifndef BIGBATCH_TRAIN_REDUCER_H
 #define BIGBATCH_TRAIN_REDUCER_H
 
 #include "bigbatch/model.h"
 #include "bigbatch/trace.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct reducer reducer_t;
 
-/* Buckets over `m`'s tensors for `devices` gradient buffers `grads`
- * (param_count floats each). Starts the reducer thread; its spans go to
- * `trace` (may be NULL) on track `track`, numbered from step first_step + 1. */
-bb_status reducer_create(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
-                         uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
-void reducer_destroy(reducer_t *r);
-int reducer_bucket_count(const reducer_t *r);
-/* Device `device`'s gradients from `ready_from` (floats) to the end are
- * final: posts every bucket that lies inside. Matches bb_grad_ready_fn
- * through a small adapter (see worker). */
-void reducer_post(reducer_t *r, int device, size_t ready_from);
-/* Waits until the step's buckets are all averaged (every device posted
- * ready_from 0), or the reducer is aborted. Returns the nanoseconds waited. */
-uint64_t reducer_wait(reducer_t *r, int device);
-/* Stops the reducer early (a worker failed): waits return at once. */
-void reducer_abort(reducer_t *r);
-bool reducer_aborted(const reducer_t *r);
+typedef struct reducer_ops {
+    void (*destroy)(reducer_t *r);
+    void (*post)(reducer_t *r, int device, size_t ready_from);
+    uint64_t (*wait)(reducer_t *r, int device);
+    void (*abort)(reducer_t *r);
+    void (*last_step)(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns);
+} reducer_ops;
 
-/* The last finished step's reduction: busy time, and the time within
- * [.., until_ns] (the last backward's end) — the overlapped part. Valid
- * between reducer_wait and the next step's first post. */
-void reducer_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns);
+/* The first member of every reducer. */
+struct reducer {
+    const reducer_ops *ops;
+    int devices, buckets;
+    size_t *lo, *hi;      /* bucket b covers floats [lo[b], hi[b]); lo falls with b */
+    int stop;             /* aborted or shutting down; __atomic builtins (C and C++) */
+};
+
+/* Cuts `m`'s parameter buffer into buckets (see above) and fills the
+ * shared part of `r`. Fails with BB_ERR_NOMEM. */
+bb_status reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
+void reducer_free_buckets(reducer_t *r);
+
+/* The CPU reducer over `devices` gradient buffers `grads` (param_count
+ * floats each): starts the reducer thread; its spans go to `trace` (may be
+ * NULL) on track `track`, numbered from step first_step + 1. */
+bb_status reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
+                             uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
+/* The NCCL reducer over the replicas on CUDA backends `be` (one
+ * communicator per GPU, ncclCommInitAll). Fails with BB_ERR_UNSUPPORTED in
+ * a build without CUDA, BB_ERR_DEVICE when NCCL fails. */
+bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
+                              size_t bucket_bytes, reducer_t **out);
+
+static inline void reducer_destroy(reducer_t *r)
+{
+    if (r) r->ops->destroy(r);
+}
+static inline int reducer_bucket_count(const reducer_t *r) { return r->buckets; }
+/* Device `device`'s gradients from `ready_from` (floats) to the end are
+ * final: posts every bucket that lies inside. */
+static inline void reducer_post(reducer_t *r, int device, size_t ready_from) { r->ops->post(r, device, ready_from); }
+/* Until the step's buckets are all averaged (CPU; every device posted
+ * ready_from 0) or ordered before the device's next compute (NCCL), or the
+ * reducer is aborted. Returns the nanoseconds the host waited. */
+static inline uint64_t reducer_wait(reducer_t *r, int device) { return r->ops->wait(r, device); }
+/* Stops the reducer early (a worker failed): waits return at once. */
+static inline void reducer_abort(reducer_t *r) { r->ops->abort(r); }
+static inline bool reducer_aborted(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
+/* The last finished step's reduction: busy time, and the part of it before
+ * the last backward ended (until_ns on the host clock; the NCCL reducer
+ * measures on the GPU instead) — the overlapped part. Valid between
+ * reducer_wait and the next step's first post. */
+static inline void reducer_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
+{
+    r->ops->last_step(r, until_ns, busy_ns, overlapped_ns);
+}
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -186,8 +186,9 @@ static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
     /* OpenBLAS threads are process-wide: divide the cores among the workers. */
     int blas_threads = bb_cpu_count() / t->devices > 1 ? bb_cpu_count() / t->devices : 1;
     for (int d = 0; d < t->devices; d++) {
-        bb_backend_options bo = {.device = d, .device_mem = o->device_mem, .threads = blas_threads};
-        BB_TRY(bb_backend_create_cpu(&bo, &t->be[d]));
+        bb_backend_options bo = {.device = o->cuda ? o->cuda_ids[d] : d, .device_mem = o->device_mem,
+                                 .threads = blas_threads};
+        BB_TRY(o->cuda ? bb_backend_create_cuda(&bo, &t->be[d]) : bb_backend_create_cpu(&bo, &t->be[d]));
         BB_TRY(bb_model_create(t->be[d], &t->cfg, t->micro_batch, &t->model[d]));
         BB_TRY(bb_model_init(t->model[d], t->seed));
         if (o->init_from) BB_TRY(bb_model_load_safetensors(t->model[d], o->init_from));
@@ -200,10 +201,25 @@ static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
     return BB_OK;
 }
 
+/* Loader slots in the first device's host memory (pinned on CUDA, so that
+ * the copies to the devices run at full speed). */
+static void *slot_alloc(void *ctx, size_t bytes)
+{
+    void *p = NULL;
+    return bb_backend_host_alloc(ctx, bytes, &p) == BB_OK ? p : NULL;
+}
+
+static void slot_free(void *ctx, void *ptr, size_t bytes) { bb_backend_host_free(ctx, ptr, bytes); }
+
 static bb_status start_loader(trainer *t)
 {
     bb_loader_options lo;
     bb_loader_defaults(&lo);
+    if (t->o->cuda) {
+        lo.host_alloc = slot_alloc;
+        lo.host_free = slot_free;
+        lo.host_ctx = t->be[0];
+    }
     lo.seed = t->seed;
     lo.devices = (uint32_t)t->devices;
     lo.accumulation = (uint32_t)t->accumulation;
@@ -218,9 +234,6 @@ static bb_status start_loader(trainer *t)
 static bb_status setup(trainer *t)
 {
     const bb_train_options *o = t->o;
-    if (o->cuda)
-        return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda: this build has no CUDA training backend yet; "
-                       "use --devices cpu:N");
     if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
         return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
     if (o->micro_batch < 1 || o->global_batch < 1) return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
@@ -260,8 +273,12 @@ static bb_status setup(trainer *t)
     if (t->devices > 1) {
         float *grads[BB_TRAIN_MAX_DEVICES];
         for (int d = 0; d < t->devices; d++) grads[d] = bb_model_grads(t->model[d]);
-        BB_TRY(reducer_create(t->model[0], grads, t->devices, (size_t)(o->bucket_mib * 1048576.0), t->first_step,
-                              t->trace, t->devices, &t->reducer));
+        size_t bucket_bytes = (size_t)(o->bucket_mib * 1048576.0);
+        if (o->cuda)
+            BB_TRY(reducer_create_nccl(t->model[0], t->be, grads, t->devices, bucket_bytes, &t->reducer));
+        else
+            BB_TRY(reducer_create_cpu(t->model[0], grads, t->devices, bucket_bytes, t->first_step, t->trace,
+                                      t->devices, &t->reducer));
     }
     if (o->metrics_path) BB_TRY(open_metrics(t));
     return start_loader(t);
@@ -275,7 +292,13 @@ static void print_start(const trainer *t)
     describe(&t->cfg, model, sizeof model);
     size_t n = bb_model_param_count(t->model[0]);
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
-    fprintf(p, "train: %s, %s parameters, on cpu:%d\n", model, params, t->devices);
+    if (t->o->cuda) {
+        fprintf(p, "train: %s, %s parameters, on cuda:", model, params);
+        for (int d = 0; d < t->devices; d++) fprintf(p, "%s%d", d ? "," : "", t->o->cuda_ids[d]);
+        fprintf(p, "\n");
+    } else {
+        fprintf(p, "train: %s, %s parameters, on cpu:%d\n", model, params, t->devices);
+    }
     fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu steps (%llu per epoch), steps %llu..%llu",
             t->global_batch, t->devices, t->devices > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, (unsigned long long)t->steps_per_epoch,

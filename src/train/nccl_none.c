@@ -1,0 +1,10 @@
+/* nccl_none.c — reducer_create_nccl for builds without CUDA (CUDA=0). */
+#include "reducer.h"
+
+bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
+                              size_t bucket_bytes, reducer_t **out)
+{
+    (void)m, (void)be, (void)grads, (void)devices, (void)bucket_bytes;
+    *out = NULL;
+    return bb_fail(BB_ERR_UNSUPPORTED, "the NCCL reducer needs a CUDA build");
+}

@@ -1,0 +1,248 @@
+/* test_cuda.c — the CUDA backend against the CPU backend, op by op, on
+ * fresh random inputs (fp32: ≤ 1e-5 relative), and a short training run
+ * on both. Without a GPU every test but the first reports *skipped*. */
+#include <math.h>
+
+#include "bigbatch/train.h"
+#include "test_util.h"
+
+static bb_backend_t *cpu, *gpu;
+
+static void need_gpu(void)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (info.device_count == 0) cr_skip_test("skipped: no GPU (%s)", info.reason);
+    bb_backend_options o = {0};
+    cr_assert_eq(bb_backend_create_cpu(&o, &cpu), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_backend_create_cuda(&o, &gpu), BB_OK, "%s", bb_error_message());
+}
+
+static void down(void)
+{
+    bb_backend_destroy(gpu);
+    bb_backend_destroy(cpu);
+    gpu = cpu = NULL;
+}
+
+TestSuite(cuda, .fini = down);
+
+Test(cuda, without_a_gpu_the_backend_says_why)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (info.device_count > 0) cr_skip_test("skipped: this machine has a GPU");
+    bb_backend_options o = {0};
+    bb_backend_t *b = (bb_backend_t *)1;
+    cr_assert_eq(bb_backend_create_cuda(&o, &b), BB_ERR_UNSUPPORTED);
+    cr_assert_null(b);
+    cr_assert(strlen(bb_error_message()) > 10, "the error should say why: '%s'", bb_error_message());
+}
+
+/* ---- helpers: the same host data on both backends ----------------------- */
+typedef struct twin {
+    float *c, *g; /* on the CPU backend, on the GPU */
+    size_t n;
+} twin;
+
+static float *random_host(size_t n, uint64_t seed, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) x[i] = (float)(((bb_splitmix64(&s) >> 11) / 9007199254740992.0) * 2 - 1) * scale;
+    return x;
+}
+
+static twin upload(const void *host, size_t bytes)
+{
+    twin t = {.n = bytes / sizeof(float)};
+    cr_assert_eq(bb_backend_alloc(cpu, bytes, "test", (void **)&t.c), BB_OK);
+    cr_assert_eq(bb_backend_alloc(gpu, bytes, "test", (void **)&t.g), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_backend_copy(cpu, t.c, host, bytes, BB_COPY_H2D), BB_OK);
+    cr_assert_eq(bb_backend_copy(gpu, t.g, host, bytes, BB_COPY_H2D), BB_OK, "%s", bb_error_message());
+    return t;
+}
+
+static twin random_twin(size_t n, uint64_t seed, float scale)
+{
+    float *h = random_host(n, seed, scale);
+    twin t = upload(h, n * sizeof *h);
+    free(h);
+    return t;
+}
+
+/* max |cpu - gpu| / max |cpu| over the twin's floats, asserted ≤ tol. */
+static void expect_close(const char *what, twin t, double tol)
+{
+    float *a = malloc(t.n * sizeof *a), *b = malloc(t.n * sizeof *b);
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "%s: %s", what, bb_error_message());
+    cr_assert_eq(bb_backend_copy(cpu, a, t.c, t.n * sizeof *a, BB_COPY_D2H), BB_OK);
+    cr_assert_eq(bb_backend_copy(gpu, b, t.g, t.n * sizeof *b, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        cr_assert(isfinite(b[i]), "%s: element %zu is %f on the GPU", what, i, b[i]);
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        norm = fmax(norm, fabs((double)a[i]));
+    }
+    double rel = diff / (norm > 0 ? norm : 1);
+    cr_log_info("%-28s max relative difference %.2e", what, rel);
+    cr_assert(rel <= tol, "%s: CUDA differs from CPU by %.3e relative (max |cpu| %.3e)", what, rel, norm);
+    free(a), free(b);
+}
+
+/* ---- ops ---------------------------------------------------------------- */
+Test(cuda, linear_matches_cpu)
+{
+    need_gpu();
+    int N = 37, IC = 29, OC = 23;
+    twin in = random_twin((size_t)N * IC, 1, 1), w = random_twin((size_t)OC * IC, 2, 0.5f), b = random_twin(OC, 3, 0.5f);
+    twin out = random_twin((size_t)N * OC, 4, 1), dout = random_twin((size_t)N * OC, 5, 1);
+    twin din = random_twin((size_t)N * IC, 6, 1), dw = random_twin((size_t)OC * IC, 7, 1), db = random_twin(OC, 8, 1);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        bb_op_linear_forward(cpu, out.c, in.c, w.c, with_bias ? b.c : NULL, N, IC, OC);
+        bb_op_linear_forward(gpu, out.g, in.g, w.g, with_bias ? b.g : NULL, N, IC, OC);
+        expect_close("linear_forward", out, 1e-5);
+    }
+    for (int acc = 0; acc < 2; acc++) {
+        bb_op_linear_backward(cpu, din.c, dw.c, db.c, dout.c, in.c, w.c, N, IC, OC, acc);
+        bb_op_linear_backward(gpu, din.g, dw.g, db.g, dout.g, in.g, w.g, N, IC, OC, acc);
+        expect_close("linear_backward din", din, 1e-5);
+        expect_close(acc ? "linear_backward dw (+=)" : "linear_backward dw", dw, 1e-5);
+        expect_close(acc ? "linear_backward dbias (+=)" : "linear_backward dbias", db, 1e-5);
+    }
+}
+
+Test(cuda, elementwise_ops_match_cpu)
+{
+    need_gpu();
+    size_t n = 10007;
+    twin x = random_twin(n, 11, 4), y = random_twin(n, 12, 4), out = random_twin(n, 13, 1), d = random_twin(n, 14, 1);
+    bb_op_relu_forward(cpu, out.c, x.c, n), bb_op_relu_forward(gpu, out.g, x.g, n);
+    expect_close("relu_forward", out, 1e-6);
+    bb_op_relu_backward(cpu, out.c, d.c, x.c, n), bb_op_relu_backward(gpu, out.g, d.g, x.g, n);
+    expect_close("relu_backward", out, 1e-6);
+    bb_op_gelu_forward(cpu, out.c, x.c, n), bb_op_gelu_forward(gpu, out.g, x.g, n);
+    expect_close("gelu_forward", out, 1e-5);
+    bb_op_gelu_backward(cpu, out.c, d.c, x.c, n), bb_op_gelu_backward(gpu, out.g, d.g, x.g, n);
+    expect_close("gelu_backward", out, 1e-5);
+    bb_op_add(cpu, out.c, x.c, y.c, n), bb_op_add(gpu, out.g, x.g, y.g, n);
+    expect_close("add", out, 1e-6);
+    bb_op_scale(cpu, out.c, 0.37f, n), bb_op_scale(gpu, out.g, 0.37f, n);
+    expect_close("scale", out, 1e-6);
+    double sc = bb_op_sum_squares(cpu, x.c, n), sg = bb_op_sum_squares(gpu, x.g, n);
+    cr_assert(fabs(sc - sg) <= 1e-9 * sc, "sum_squares %.12g vs %.12g", sc, sg);
+}
+
+Test(cuda, layernorm_matches_cpu)
+{
+    need_gpu();
+    int N = 19, C = 97;
+    twin in = random_twin((size_t)N * C, 21, 3), w = random_twin(C, 22, 1), b = random_twin(C, 23, 1);
+    twin out = random_twin((size_t)N * C, 24, 1), mean = random_twin(N, 25, 1), rstd = random_twin(N, 26, 1);
+    twin dout = random_twin((size_t)N * C, 27, 1), din = random_twin((size_t)N * C, 28, 1);
+    twin dw = random_twin(C, 29, 1), db = random_twin(C, 30, 1);
+    bb_op_layernorm_forward(cpu, out.c, mean.c, rstd.c, in.c, w.c, b.c, N, C);
+    bb_op_layernorm_forward(gpu, out.g, mean.g, rstd.g, in.g, w.g, b.g, N, C);
+    expect_close("layernorm_forward", out, 1e-5);
+    expect_close("layernorm mean", mean, 1e-5);
+    expect_close("layernorm rstd", rstd, 1e-5);
+    for (int acc = 0; acc < 2; acc++) {
+        bb_op_layernorm_backward(cpu, din.c, dw.c, db.c, dout.c, in.c, w.c, mean.c, rstd.c, N, C, acc);
+        bb_op_layernorm_backward(gpu, din.g, dw.g, db.g, dout.g, in.g, w.g, mean.g, rstd.g, N, C, acc);
+        expect_close("layernorm_backward din (+=)", din, 1e-5);
+        expect_close("layernorm_backward dw", dw, 1e-5);
+        expect_close("layernorm_backward dbias", db, 1e-5);
+    }
+}
+
+Test(cuda, embedding_matches_cpu)
+{
+    need_gpu();
+    int B = 3, T = 5, C = 16, V = 11, maxT = 8;
+    int32_t tokens[15] = {1, 4, 1, 0, 2, 4, 4, 9, 10, 1, 3, 3, 3, 7, 0}; /* repeats: the scatter adds */
+    twin tok = upload(tokens, sizeof tokens);
+    twin wte = random_twin((size_t)V * C, 31, 1), wpe = random_twin((size_t)maxT * C, 32, 1);
+    twin out = random_twin((size_t)B * T * C, 33, 1), dout = random_twin((size_t)B * T * C, 34, 1);
+    twin dwte = random_twin((size_t)V * C, 35, 1), dwpe = random_twin((size_t)maxT * C, 36, 1);
+    bb_op_embedding_forward(cpu, out.c, (int32_t *)tok.c, wte.c, wpe.c, B, T, C);
+    bb_op_embedding_forward(gpu, out.g, (int32_t *)tok.g, wte.g, wpe.g, B, T, C);
+    expect_close("embedding_forward", out, 1e-6);
+    for (int acc = 0; acc < 2; acc++) {
+        bb_op_embedding_backward(cpu, dwte.c, dwpe.c, dout.c, (int32_t *)tok.c, B, T, C, V, maxT, acc, acc);
+        bb_op_embedding_backward(gpu, dwte.g, dwpe.g, dout.g, (int32_t *)tok.g, B, T, C, V, maxT, acc, acc);
+        expect_close("embedding_backward dwte", dwte, 1e-5);
+        expect_close("embedding_backward dwpe", dwpe, 1e-5);
+    }
+}
+
+Test(cuda, attention_matches_cpu)
+{
+    need_gpu();
+    int B = 2, T = 7, C = 12, NH = 3;
+    size_t tt = (size_t)B * NH * T * T;
+    twin qkv = random_twin((size_t)B * T * 3 * C, 41, 1), out = random_twin((size_t)B * T * C, 42, 1);
+    twin att = random_twin(tt, 43, 1), scratch = random_twin(tt, 44, 1);
+    twin dout = random_twin((size_t)B * T * C, 45, 1), dqkv = random_twin((size_t)B * T * 3 * C, 46, 1);
+    bb_op_attention_forward(cpu, out.c, att.c, qkv.c, B, T, C, NH);
+    bb_op_attention_forward(gpu, out.g, att.g, qkv.g, B, T, C, NH);
+    expect_close("attention_forward", out, 1e-5);
+    expect_close("attention probabilities", att, 1e-5);
+    bb_op_attention_backward(cpu, dqkv.c, scratch.c, dout.c, qkv.c, att.c, B, T, C, NH);
+    bb_op_attention_backward(gpu, dqkv.g, scratch.g, dout.g, qkv.g, att.g, B, T, C, NH);
+    expect_close("attention_backward", dqkv, 1e-5);
+}
+
+Test(cuda, softmax_crossentropy_matches_cpu)
+{
+    need_gpu();
+    int N = 9, V = 301;
+    int32_t targets[9] = {3, 0, -1, 300, 17, 17, -1, 5, 299};
+    twin tg = upload(targets, sizeof targets);
+    twin logits = random_twin((size_t)N * V, 51, 6), dl = random_twin((size_t)N * V, 52, 1);
+    double lc, lg;
+    int vc, vg;
+    bb_op_softmax_crossentropy(cpu, &lc, dl.c, logits.c, (int32_t *)tg.c, N, V, 7.0f, &vc);
+    bb_op_softmax_crossentropy(gpu, &lg, dl.g, logits.g, (int32_t *)tg.g, N, V, 7.0f, &vg);
+    cr_assert(fabs(lc - lg) <= 1e-5 * fabs(lc), "loss %.9g vs %.9g", lc, lg);
+    cr_assert_eq(vc, vg);
+    expect_close("softmax_crossentropy dlogits", dl, 1e-5);
+    /* dlogits may alias the logits */
+    bb_op_softmax_crossentropy(cpu, &lc, logits.c, logits.c, (int32_t *)tg.c, N, V, 7.0f, NULL);
+    bb_op_softmax_crossentropy(gpu, &lg, logits.g, logits.g, (int32_t *)tg.g, N, V, 7.0f, NULL);
+    expect_close("softmax_crossentropy in place", logits, 1e-5);
+}
+
+Test(cuda, optimizers_match_cpu)
+{
+    need_gpu();
+    size_t n = 5003;
+    twin p = random_twin(n, 61, 1), g = random_twin(n, 62, 1), m = random_twin(n, 63, 0.1f), v = random_twin(n, 64, 0.1f);
+    float *absv = malloc(n * sizeof *absv);
+    bb_backend_copy(cpu, absv, v.c, n * sizeof *absv, BB_COPY_D2H);
+    for (size_t i = 0; i < n; i++) absv[i] = fabsf(absv[i]); /* second moments are >= 0 */
+    bb_backend_copy(cpu, v.c, absv, n * sizeof *absv, BB_COPY_H2D);
+    bb_backend_copy(gpu, v.g, absv, n * sizeof *absv, BB_COPY_H2D);
+    free(absv);
+    for (int t = 1; t <= 3; t++) {
+        bb_op_adamw(cpu, p.c, g.c, m.c, v.c, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        bb_op_adamw(gpu, p.g, g.g, m.g, v.g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    expect_close("adamw params", p, 1e-5);
+    expect_close("adamw m", m, 1e-5);
+    expect_close("adamw v", v, 1e-5);
+    bb_op_sgd(cpu, p.c, g.c, m.c, n, 0.1f, 0.9f, 0.01f), bb_op_sgd(gpu, p.g, g.g, m.g, n, 0.1f, 0.9f, 0.01f);
+    expect_close("sgd params", p, 1e-5);
+}
+
+Test(cuda, out_of_memory_says_how_much_is_free)
+{
+    need_gpu();
+    void *p;
+    cr_assert_eq(bb_backend_alloc(gpu, (size_t)1 << 50, "activations", &p), BB_ERR_OOM);
+    const char *msg = bb_error_message();
+    cr_assert(strstr(msg, "cuda:0") && strstr(msg, "free on the device") && strstr(msg, "--micro-batch") &&
+                  strstr(msg, "--checkpoint"),
+              "%s", msg);
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "an out-of-memory must not poison later calls: %s",
+                 bb_error_message());
+}
