@@ -60,6 +60,7 @@ ifeq ($(USE_CUDA),1)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
   # cuBLAS and NCCL have no static builds here: the rpath finds them in
   # the toolkit, which a CUDA build needs at run time (not a driver).
+  CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)

@@ -488,8 +488,9 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
         cudaGetLastError();
-        return bb_fail(BB_ERR_UNSUPPORTED, "no CUDA device: %s",
-                       err == cudaSuccess ? "the runtime found none" : cudaGetErrorString(err));
+        bb_cuda_info info;
+        bb_cuda_probe(&info); /* says why: no driver, no device, ... */
+        return bb_fail(BB_ERR_UNSUPPORTED, "no usable GPU: %s", info.reason);
     }
     if (o->device < 0 || o->device >= count)
         return bb_fail(BB_ERR_ARG, "cuda:%d: this machine has CUDA devices 0..%d", o->device, count - 1);

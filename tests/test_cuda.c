@@ -246,3 +246,55 @@ Test(cuda, out_of_memory_says_how_much_is_free)
     cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "an out-of-memory must not poison later calls: %s",
                  bb_error_message());
 }
+
+/* ---- a training run ----------------------------------------------------- */
+static char *token_dataset(const char *root)
+{
+    enum { T = 32, RECORDS = 400, VOCAB = 64 };
+    uint32_t rs = 2 * (T + 1);
+    uint8_t *r = malloc((size_t)RECORDS * rs);
+    for (size_t i = 0; i < RECORDS; i++)
+        for (int t = 0; t <= T; t++) {
+            uint16_t v = (uint16_t)((i * 5 + (size_t)t * 7 + (t % 3 == 0 ? i % 13 : 0)) % VOCAB);
+            r[i * rs + 2 * t] = (uint8_t)v, r[i * rs + 2 * t + 1] = (uint8_t)(v >> 8);
+        }
+    bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {T + 1}, .record_size = rs,
+                       .classes_or_vocab = VOCAB};
+    char *dir = tu_path(root, "tokens");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    bb_writer_options wo = {.level = 1, .frame_bytes = 64 * rs, .shard_bytes = 1 << 20, .threads = 1};
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, &m, &wo, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_add(w, r, RECORDS), BB_OK);
+    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK);
+    bb_dataset_writer_destroy(w);
+    free(r);
+    return dir;
+}
+
+Test(cuda, ten_training_steps_match_the_cpu)
+{
+    need_gpu();
+    char *root = tu_temp_dir(), *data = token_dataset(root);
+    bb_train_options o;
+    bb_train_defaults(&o);
+    o.model = bb_model_gpt_config(2, 4, 64, 0, 0);
+    o.data = data;
+    o.devices = 1, o.global_batch = 32, o.micro_batch = 8; /* accumulation 4 */
+    o.steps = 10, o.epochs = 0;
+    o.opt.lr = 3e-3;
+    o.progress = NULL;
+    bb_train_result c, g;
+    cr_assert_eq(bb_train_run(&o, &c), BB_OK, "cpu: %s", bb_error_message());
+    o.cuda = true;
+    o.cuda_ids[0] = 0;
+    cr_assert_eq(bb_train_run(&o, &g), BB_OK, "cuda: %s", bb_error_message());
+    for (int s = 0; s < 10; s++) {
+        double rel = fabs(c.losses[s] - g.losses[s]) / fabs(c.losses[s]);
+        cr_log_info("step %d: cpu %.7f cuda %.7f (rel %.1e)", s + 1, c.losses[s], g.losses[s], rel);
+        cr_assert(rel <= 1e-4, "step %d: cpu loss %.9g, cuda %.9g", s + 1, c.losses[s], g.losses[s]);
+    }
+    bb_train_result_free(&c), bb_train_result_free(&g);
+    tu_rm_tree(root);
+    free(data), free(root);
+}

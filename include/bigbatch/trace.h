@@ -40,6 +40,11 @@ void bb_trace_add(bb_trace_t *t, int track, const char *name, uint64_t start_ns,
                   int32_t detail);
 size_t bb_trace_span_count(const bb_trace_t *t, int track);
 const bb_trace_span *bb_trace_span_at(const bb_trace_t *t, int track, size_t index);
+/* NVTX ranges for Nsight Systems (CUDA builds; no-ops otherwise): the
+ * calling thread's phase starts (push) and ends (pop), under the same
+ * names as the spans. */
+void bb_trace_range_push(const char *name);
+void bb_trace_range_pop(void);
 /* Writes every span as a complete event ("ph":"X", microseconds from the
  * first span), one event per line, atomically (temporary file, rename).
  * Spans named "reduce" show as "reduce bucket <detail>". Fails with BB_ERR_IO. */

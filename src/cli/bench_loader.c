@@ -5,11 +5,12 @@
 #include <sys/resource.h>
 
 #include "bench.h"
+#include "bigbatch/backend.h"
 #include "bigbatch/loader.h"
 
 static const char usage[] =
     "bigbatch bench loader --data DIR [--loader-threads N] [--io auto|uring|pread] [--micro-batch B]\n"
-    "                      [--seconds S] [--cold] [--direct] [--json]";
+    "                      [--seconds S] [--cold] [--direct] [--pinned] [--json]";
 static const char summary[] =
     "Runs the loader on DIR with one consumer that only takes and releases batches,\n"
     "and prints records/s, raw MB/s (record bytes delivered) and compressed MB/s\n"
@@ -89,12 +90,20 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
     return rc;
 }
 
+static void *pinned_alloc(void *ctx, size_t bytes)
+{
+    void *p = NULL;
+    return bb_backend_host_alloc(ctx, bytes, &p) == BB_OK ? p : NULL;
+}
+
+static void pinned_free(void *ctx, void *ptr, size_t bytes) { bb_backend_host_free(ctx, ptr, bytes); }
+
 int bb_bench_loader(int argc, char **argv)
 {
     const char *data = NULL, *io = "auto";
     int64_t threads = 2, micro_batch = 256, shuffle_frames = 8, seed = 0, prefetch = 0;
     double seconds = 3;
-    bool cold = false, direct = false, json = false;
+    bool cold = false, direct = false, json = false, pinned = false;
     const bb_opt opts[] = {
         {"--data", BB_OPT_STRING, &data, "DIR", "dataset directory (or one shard)", .required = true},
         {"--loader-threads", BB_OPT_INT, &threads, "N", "loader threads", .min = 1, .max = 256},
@@ -106,9 +115,11 @@ int bb_bench_loader(int argc, char **argv)
         {"--seconds", BB_OPT_DOUBLE, &seconds, "S", "how long to run (without --cold)", .min = 0.01, .max = 3600},
         {"--cold", BB_OPT_FLAG, &cold, NULL, "drop the shards from the page cache, then read one epoch"},
         {"--direct", BB_OPT_FLAG, &direct, NULL, "read with O_DIRECT (bypasses the page cache)"},
+        {"--pinned", BB_OPT_FLAG, &pinned, NULL, "batch slots in pinned memory of cuda:0 (as training on GPUs does)"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
     bb_dataset_t *ds = NULL;
+    bb_backend_t *gpu = NULL;
     bench_result r = {0};
     bb_loader_options o;
     bb_loader_defaults(&o);
@@ -119,10 +130,16 @@ int bb_bench_loader(int argc, char **argv)
         o.threads = (uint32_t)threads, o.micro_batch = (uint32_t)micro_batch;
         o.shuffle_frames = (uint32_t)shuffle_frames, o.seed = (uint64_t)seed, o.direct = direct;
         o.prefetch = (uint32_t)prefetch;
-        rc = run(ds, &o, seconds, cold, &r);
+        if (pinned) {
+            bb_backend_options bo = {0};
+            rc = bb_backend_create_cuda(&bo, &gpu);
+            o.host_alloc = pinned_alloc, o.host_free = pinned_free, o.host_ctx = gpu;
+        }
+        if (rc == BB_OK) rc = run(ds, &o, seconds, cold, &r);
     }
     if (rc != BB_OK) {
         bb_dataset_close(ds);
+        bb_backend_destroy(gpu);
         return bb_cli_report(rc, usage, summary, opts);
     }
     double records_per_s = r.records / r.seconds, raw = r.raw_bytes / r.seconds / 1e6;
@@ -131,15 +148,17 @@ int bb_bench_loader(int argc, char **argv)
         printf("{\"records_per_s\": %.0f, \"raw_mb_per_s\": %.1f, \"compressed_mb_per_s\": %.1f, \"io\": ",
                records_per_s, raw, compressed);
         bb_json_write_string(stdout, r.io);
-        printf(", \"threads\": %lld, \"micro_batch\": %lld, \"records\": %.0f, \"seconds\": %.4f, \"cold\": %s, \"data_wait_pct\": %.1f, "
+        printf(", \"pinned\": %s, \"threads\": %lld, \"micro_batch\": %lld, \"records\": %.0f, \"seconds\": %.4f, \"cold\": %s, \"data_wait_pct\": %.1f, "
                "\"disk_read_mb\": %.1f, \"startup_ms\": %.2f}\n",
-               (long long)threads, (long long)micro_batch, r.records, r.seconds, cold ? "true" : "false", wait_pct,
+               pinned ? "true" : "false", (long long)threads, (long long)micro_batch, r.records, r.seconds,
+               cold ? "true" : "false", wait_pct,
                r.disk_bytes / 1e6, r.startup_seconds * 1e3);
     } else {
         const bb_shard_meta *m = bb_dataset_meta(ds);
         printf("loader benchmark: %s (%llu records of %u bytes, %s)\n", data,
                (unsigned long long)bb_dataset_record_count(ds), m->record_size, bb_record_kind_name(m->kind));
-        printf("  %s, %lld thread%s, micro-batch %lld, %.2f s%s (after %.2f ms of setup)\n", r.io,
+        printf("  %s%s, %lld thread%s, micro-batch %lld, %.2f s%s (after %.2f ms of setup)\n", r.io,
+               pinned ? ", pinned slots" : "",
                (long long)threads, threads == 1 ? "" : "s", (long long)micro_batch, r.seconds,
                cold ? ", one cold epoch" : "", r.startup_seconds * 1e3);
         printf("  %llu batches per epoch, %llu records dropped at the end of each\n",
@@ -154,5 +173,6 @@ int bb_bench_loader(int argc, char **argv)
         if (cold) printf("  read from disk   %9.1f MB\n", r.disk_bytes / 1e6);
     }
     bb_dataset_close(ds);
+    bb_backend_destroy(gpu);
     return BB_EXIT_OK;
 }

@@ -9,16 +9,17 @@
 static const char usage[] =
     "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
-    "                     [--checkpoint none|blocks|every:K] [--threads N] [--steps S] [--json]";
+    "                     [--checkpoint none|blocks|every:K] [--device cpu|cuda:N] [--threads N] [--steps S] [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
     "model on random data after 2 warm-up steps, on the CPU backend with N BLAS\n"
-    "threads, and prints the median step time, tokens/s (gpt) or samples/s (mlp),\n"
-    "and the activation memory. perf/model_bench.sh runs it beside PyTorch.";
+    "threads or on a GPU, and prints the median step time, tokens/s (gpt) or\n"
+    "samples/s (mlp), the activation memory and the allocator's peak.\n"
+    "perf/model_bench.sh (CPU) and perf/gpu_check.sh (GPU) run it beside PyTorch.";
 
 int bb_bench_model(int argc, char **argv)
 {
-    const char *kind = "gpt", *checkpoint = "none";
+    const char *kind = "gpt", *checkpoint = "none", *device = "cpu";
     int64_t layers = 4, heads = 4, d_model = 256, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2;
     int64_t inputs = 784, classes = 10, steps = 10;
     bb_str_list hidden = {0};
@@ -36,7 +37,8 @@ int bb_bench_model(int argc, char **argv)
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per step (gpt default 8, mlp 256)", .min = 1,
          .max = 1 << 20, .given = &micro_given},
         {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
-        {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads", .min = 1, .max = 1024},
+        {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads (cpu)", .min = 1, .max = 1024},
+        {"--device", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N"},
         {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
@@ -63,7 +65,16 @@ int bb_bench_model(int argc, char **argv)
     }
     if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
     bb_backend_options bo = {.threads = (int)threads};
-    if (rc == BB_OK) rc = bb_backend_create_cpu(&bo, &be);
+    bool cuda = !strncmp(device, "cuda:", 5);
+    if (rc == BB_OK && cuda) {
+        int64_t id;
+        rc = bb_parse_int("--device", device + 5, &id);
+        bo.device = (int)id;
+        if (rc == BB_OK) rc = bb_backend_create_cuda(&bo, &be);
+    } else if (rc == BB_OK) {
+        rc = strcmp(device, "cpu") ? bb_fail(BB_ERR_ARG, "--device: '%s' is not cpu or cuda:N", device)
+                                   : bb_backend_create_cpu(&bo, &be);
+    }
     if (rc == BB_OK) rc = bb_model_create(be, &c, (int)micro_batch, &m);
     if (rc == BB_OK) rc = bb_model_init(m, 1);
     size_t n_targets = gpt ? (size_t)micro_batch * seq_len : (size_t)micro_batch, params = 0;
@@ -72,8 +83,11 @@ int bb_bench_model(int argc, char **argv)
         times = malloc((size_t)steps * sizeof *times);
         targets = malloc(n_targets * sizeof *targets);
         batch = malloc(gpt ? n_targets * sizeof(int32_t) : (size_t)micro_batch * inputs * sizeof(float));
-        mom = calloc(params, sizeof *mom), var = calloc(params, sizeof *var);
-        if (!times || !targets || !batch || !mom || !var) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (!times || !targets || !batch) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (rc == BB_OK) rc = bb_backend_alloc(be, params * sizeof *mom, "optimizer state", (void **)&mom);
+        if (rc == BB_OK) rc = bb_backend_alloc(be, params * sizeof *var, "optimizer state", (void **)&var);
+        if (rc == BB_OK) rc = bb_backend_memset(be, mom, 0, params * sizeof *mom);
+        if (rc == BB_OK) rc = bb_backend_memset(be, var, 0, params * sizeof *var);
     }
     if (rc == BB_OK) {
         for (size_t i = 0; i < n_targets; i++) {
@@ -93,6 +107,7 @@ int bb_bench_model(int argc, char **argv)
             bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
                         var + ti->offset, ti->count, 1e-4f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, (int)s + 3);
         }
+        if (rc == BB_OK) rc = bb_backend_synchronize(be); /* a GPU step ends when its work does */
         if (rc == BB_OK && s >= 0) times[s] = (bb_clock_ns() - t0) / 1e9;
         if (bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     }
@@ -101,10 +116,10 @@ int bb_bench_model(int argc, char **argv)
     if (rc == BB_OK) {
         double rate = n_targets / median;
         if (json)
-            printf("{\"model\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, \"threads\": %lld, "
-                   "\"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
+            printf("{\"model\": \"%s\", \"device\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
+                   "\"threads\": %lld, \"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
                    "\"peak_bytes\": %llu}\n",
-                   kind, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
+                   kind, device, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
                    gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
                    (unsigned long long)bb_backend_peak_bytes(be));
         else
@@ -113,7 +128,8 @@ int bb_bench_model(int argc, char **argv)
                    kind, params, (long long)micro_batch, checkpoint, (long long)threads, median * 1e3, rate,
                    gpt ? "tokens" : "samples", act / 1048576.0);
     }
-    free(times), free(targets), free(batch), free(mom), free(var);
+    free(times), free(targets), free(batch);
+    if (be) bb_backend_free(be, mom), bb_backend_free(be, var);
     bb_model_destroy(m);
     bb_backend_destroy(be);
     int code = rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);

@@ -11,7 +11,8 @@ static const struct {
 } benches[] = {
     {"queue", bb_bench_queue, "lock-free SPSC ring vs a mutex+condvar queue; idle consumer CPU"},
     {"loader", bb_bench_loader, "records/s and MB/s the loader delivers from a dataset"},
-    {"model", bb_bench_model, "forward + backward + AdamW steps of mlp or gpt on the CPU backend"},
+    {"model", bb_bench_model, "forward + backward + AdamW steps of mlp or gpt, on the CPU or a GPU"},
+    {"copy", bb_bench_copy, "host-to-device copies from pinned and pageable memory (GPU)"},
 };
 
 static void print_usage(FILE *out)

@@ -5,6 +5,15 @@
 
 #include "bigbatch/trace.h"
 
+#ifdef BB_NVTX
+#include <nvtx3/nvToolsExt.h> /* header-only; free unless Nsight is attached */
+void bb_trace_range_push(const char *name) { nvtxRangePushA(name); }
+void bb_trace_range_pop(void) { nvtxRangePop(); }
+#else
+void bb_trace_range_push(const char *name) { (void)name; }
+void bb_trace_range_pop(void) {}
+#endif
+
 typedef struct track {
     char name[48];
     bb_trace_span *spans;

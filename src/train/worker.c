@@ -66,18 +66,28 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
     for (int k = 0; k < t->accumulation; k++) {
         bb_batch b;
         uint64_t t0 = bb_clock_ns();
-        BB_TRY(bb_loader_next(t->loader, (uint32_t)d, &b));
+        bb_trace_range_push("load");
+        bb_status rc = bb_loader_next(t->loader, (uint32_t)d, &b);
+        bb_trace_range_pop();
+        BB_TRY(rc);
         uint64_t t1 = bb_clock_ns();
-        bb_status rc = bb_model_set_batch_from_records(m, meta, b.data, (int)b.count);
+        bb_trace_range_push("copy");
+        rc = bb_model_set_batch_from_records(m, meta, b.data, (int)b.count);
+        bb_trace_range_pop();
         bb_loader_release(t->loader, &b);
         BB_TRY(rc);
         uint64_t t2 = bb_clock_ns();
         double loss;
-        BB_TRY(bb_model_forward(m, t->normalizer, &loss, NULL));
+        bb_trace_range_push("forward");
+        rc = bb_model_forward(m, t->normalizer, &loss, NULL);
+        bb_trace_range_pop();
+        BB_TRY(rc);
         uint64_t t3 = bb_clock_ns();
         bool last = k == t->accumulation - 1;
         if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
+        bb_trace_range_push("backward");
         rc = bb_model_backward(m, k > 0);
+        bb_trace_range_pop();
         bb_model_set_grad_ready(m, NULL, NULL);
         BB_TRY(rc);
         uint64_t t4 = bb_clock_ns();
@@ -99,12 +109,16 @@ static bb_status worker_loop(trainer *t, int d)
         memset(st, 0, sizeof *st);
         BB_TRY(micro_steps(t, d, step, st));
         if (t->reducer) {
+            bb_trace_range_push("reduce");
             if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
             st->reduce_wait_ns = reducer_wait(t->reducer, d);
+            bb_trace_range_pop();
             if (reducer_aborted(t->reducer)) return BB_ERR_CLOSED;
         }
         uint64_t t0 = bb_clock_ns();
+        bb_trace_range_push("optimizer");
         st->grad_norm = optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
+        bb_trace_range_pop();
         uint64_t t1 = bb_clock_ns();
         st->opt_ns = t1 - t0;
         span(t, d, "optimizer", t0, t1, step, -1);
