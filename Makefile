@@ -8,7 +8,8 @@
 #   make deps       install the Debian packages the build and tests need
 #
 # Variables: CUDA=auto|0|1 (auto: use nvcc when found), OPT (-O3 -g), ARCH
-# (-march=native), CUDA_GENCODE (sm_90 and sm_80), BUILD (object directory).
+# (-march=native), CUDA_GENCODE (sm_90 and sm_80), NCCL_INC/NCCL_LIB (default
+# the toolkit's), BUILD (object directory).
 
 CC        ?= gcc
 CUDA      ?= auto
@@ -22,6 +23,9 @@ SAN       ?=
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80
+# NCCL ships with the toolkit here; elsewhere (e.g. PyTorch's wheel) point these at it.
+NCCL_INC  ?= $(CUDA_HOME)/include
+NCCL_LIB  ?= $(CUDA_HOME)/lib64
 
 ifeq ($(CUDA),auto)
   USE_CUDA := $(if $(NVCC),1,0)
@@ -61,7 +65,7 @@ ifeq ($(USE_CUDA),1)
   # cuBLAS and NCCL have no static builds here: the rpath finds them in
   # the toolkit, which a CUDA build needs at run time (not a driver).
   CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -L$(NCCL_LIB) -Wl,-rpath,$(NCCL_LIB) -lnccl -lcudart_static -ldl -lrt -lstdc++
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -72,7 +76,7 @@ TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: all test check-tests demo deps asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist
+.PHONY: all test check-tests demo deps asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -84,7 +88,7 @@ $(BUILD)/%.o: %.c Makefile
 
 $(BUILD)/kernels/%.o: kernels/%.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.
@@ -203,3 +207,19 @@ clean:
 	rm -rf build bin lib
 
 -include $(shell find build -name '*.d' 2>/dev/null)
+
+# perf/gpu_check.sh's fallback when the GPU machine cannot build (it has no
+# package registry): the binary and the CUDA tests built here for sm_90,
+# with the shared libraries they need that are neither the C library nor
+# CUDA's. Carry build/gpu to that machine (`run`'s carry).
+GPU_BUNDLE := build/gpu
+gpu-bundle: deps
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=$(GPU_BUNDLE) BIN_DIR=$(GPU_BUNDLE)/bin LIB_DIR=$(GPU_BUNDLE)/lib \
+	  CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" ARCH=-march=x86-64-v3 all $(GPU_BUNDLE)/tests/test_cuda
+	@mkdir -p $(GPU_BUNDLE)/so && rm -f $(GPU_BUNDLE)/so/*
+	@ldd $(GPU_BUNDLE)/bin/bigbatch $(GPU_BUNDLE)/tests/test_cuda | awk '/=> \// {print $$3}' | sort -u | \
+	  grep -v -E '/(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcublas|libnccl|libcudart' | \
+	  xargs -I{} cp -L {} $(GPU_BUNDLE)/so/
+	@rm -rf $(GPU_BUNDLE)/src $(GPU_BUNDLE)/kernels $(GPU_BUNDLE)/lib $(GPU_BUNDLE)/tests/*.d
+	@strip --strip-debug $(GPU_BUNDLE)/bin/bigbatch $(GPU_BUNDLE)/tests/test_cuda
+	@du -sh $(GPU_BUNDLE) && ls $(GPU_BUNDLE)/so
