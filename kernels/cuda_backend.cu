@@ -76,6 +76,27 @@ bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
     return pending(b);
 }
 
+// One GEMM (or a strided batch of them), column-major as cuBLAS: fp32
+// throughout, or on bf16 tensor cores with fp32 in and out (--precision bf16).
+void gemm(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+          const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
+          long long sc, int batch, const char *op)
+{
+    cublasHandle_t h = state(b)->blas;
+    cublasStatus_t st;
+    if (b->opt.precision == BB_PRECISION_BF16)
+        st = batch == 1 ? cublasGemmEx(h, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
+                                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT)
+                        : cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F,
+                                                     ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch,
+                                                     CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+    else
+        st = batch == 1 ? cublasSgemm(h, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc)
+                        : cublasSgemmStridedBatched(h, ta, tb, m, n, k, &alpha, A, lda, sa, B, ldb, sb, &beta, C, ldc,
+                                                    sc, batch);
+    note_blas(b, st, op);
+}
+
 // ---- memory ----------------------------------------------------------------
 bb_status cuda_alloc(bb_backend_t *b, size_t bytes, void **out)
 {
@@ -202,27 +223,24 @@ void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const flo
                          int IC, int OC)
 {
     use(b);
-    float one = 1.0f, beta = 0.0f;
+    float beta = 0.0f;
     if (bias) {
         note(b, bbk_broadcast_rows(compute(b), out, bias, N, OC), "linear_forward bias");
         beta = 1.0f;
     }
-    note_blas(b, cublasSgemm(state(b)->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, w, IC, in, IC, &beta, out, OC),
-              "linear_forward");
+    gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, 0, in, IC, 0, beta, out, OC, 0, 1, "linear_forward");
 }
 
 void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                           const float *w, int N, int IC, int OC, bool accumulate)
 {
     use(b);
-    cublasHandle_t h = state(b)->blas;
-    float one = 1.0f, zero = 0.0f, beta = accumulate ? 1.0f : 0.0f;
     if (din) // dinᵀ (IC,N) = wᵀ (IC,OC) · doutᵀ (OC,N)
-        note_blas(b, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, w, IC, dout, OC, &zero, din, IC),
-                  "linear_backward din");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, 0, dout, OC, 0, 0.0f, din, IC, 0, 1,
+             "linear_backward din");
     // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC)
-    note_blas(b, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, in, IC, dout, OC, &beta, dw, IC),
-              "linear_backward dw");
+    gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
+         "linear_backward dw");
     if (dbias) note(b, bbk_column_sums(compute(b), dbias, dout, N, OC, accumulate), "linear_backward dbias");
 }
 
@@ -231,23 +249,18 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
 void cuda_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
     use(b);
-    cublasHandle_t h = state(b)->blas;
     int hs = C / NH, ld = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+    float scale = 1.0f / sqrtf((float)hs);
     long long tt = (long long)T * T;
     for (int i = 0; i < B; i++) {
         const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
         float *a = att + (size_t)i * NH * tt, *o = out + (size_t)i * T * C;
         // att (T,T) row-major = scale · q kᵀ. cuBLAS is column-major: it sees q and k as (hs,T)
         // matrices (leading dimension 3C) and att as attᵀ, so attᵀ = scale · kᵀ q.
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, ld, hs, q, ld, hs,
-                                               &zero, a, T, tt, NH),
-                  "attention q·kᵀ");
+        gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, ld, hs, q, ld, hs, 0.0f, a, T, tt, NH, "attention q·kᵀ");
         note(b, bbk_causal_softmax(compute(b), a, NH * T, T), "attention softmax");
         // out (T,hs) = att · v: column-major outᵀ (hs,T) = vᵀ (hs,T) · attᵀ (T,T)
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, ld, hs, a, T, tt, &zero,
-                                               o, C, hs, NH),
-                  "attention att·v");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, a, T, tt, 0.0f, o, C, hs, NH, "attention att·v");
     }
 }
 
@@ -255,31 +268,22 @@ void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const
                              const float *att, int B, int T, int C, int NH)
 {
     use(b);
-    cublasHandle_t h = state(b)->blas;
     int hs = C / NH, ld = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+    float scale = 1.0f / sqrtf((float)hs);
     long long tt = (long long)T * T;
     for (int i = 0; i < B; i++) {
         const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
         const float *p = att + (size_t)i * NH * tt, *dout_i = dout + (size_t)i * T * C;
         float *dq = dqkv + (size_t)i * T * ld, *dk = dq + C, *dv = dq + 2 * C, *ds = scratch + (size_t)i * NH * tt;
         // dP (T,T) = dO · vᵀ
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, ld, hs, dout_i, C, hs,
-                                               &zero, ds, T, tt, NH),
-                  "attention dP");
+        gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, hs, dout_i, C, hs, 0.0f, ds, T, tt, NH, "attention dP");
         // dV (T,hs) = Pᵀ · dO: column-major dVᵀ (hs,T) = dOᵀ (hs,T) · P (T,T)
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dout_i, C, hs, p, T, tt,
-                                               &zero, dv, ld, hs, NH),
-                  "attention dV");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_i, C, hs, p, T, tt, 0.0f, dv, ld, hs, NH, "attention dV");
         note(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, scale), "attention softmax backward");
         // dQ (T,hs) = dS · k: column-major dQᵀ = kᵀ (hs,T) · dSᵀ (T,T)
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k, ld, hs, ds, T, tt, &zero,
-                                               dq, ld, hs, NH),
-                  "attention dQ");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld, hs, ds, T, tt, 0.0f, dq, ld, hs, NH, "attention dQ");
         // dK (T,hs) = dSᵀ · q: column-major dKᵀ = qᵀ (hs,T) · dS (T,T)
-        note_blas(b, cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q, ld, hs, ds, T, tt, &zero,
-                                               dk, ld, hs, NH),
-                  "attention dK");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld, hs, ds, T, tt, 0.0f, dk, ld, hs, NH, "attention dK");
     }
 }
 
@@ -502,7 +506,7 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     char name[32];
-    snprintf(name, sizeof name, "cuda:%d", o->device);
+    snprintf(name, sizeof name, "cuda:%d%s", o->device, o->precision == BB_PRECISION_BF16 ? " (bf16)" : "");
     b->vt = &cuda_vtable;
     b->impl = s;
     bb_backend_init_common(b, name, o);
@@ -516,8 +520,9 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
         rc = bb_fail(BB_ERR_DEVICE, "%s: cannot create a cuBLAS handle", name);
     if (rc == BB_OK && cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]) != CUBLAS_STATUS_SUCCESS)
         rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetStream failed", name);
-    // TF32 stays off: fp32 matches the CPU backend to 1e-5 (bf16 is --precision's job).
-    if (rc == BB_OK && cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+    // fp32: no TF32, so that fp32 matches the CPU backend to 1e-5; bf16 picks its compute type per call.
+    cublasMath_t math = o->precision == BB_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+    if (rc == BB_OK && cublasSetMathMode(s->blas, math) != CUBLAS_STATUS_SUCCESS)
         rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetMathMode failed", name);
     if (rc == BB_OK && (err = cudaMalloc(&s->partial, kPartials * sizeof(double))) != cudaSuccess)
         rc = fail_cuda("cudaMalloc", err);

@@ -13,7 +13,7 @@
 #
 # Measured, beside PyTorch in the same run (perf/torch_gpu_bench.py, eager):
 #   GPT-2 124M shape (12 layers, 12 heads, d 768, T 1024, vocab 50304),
-#   micro-batch 8: tokens/s and MFU (6·params + 12·layers·T·d FLOP per token
+#   micro-batch 8, fp32 and bf16: tokens/s and MFU (6·params + 12·layers·T·d FLOP per token
 #   against the chip's dense peak: 67 TFLOP/s fp32, 989 bf16); peak memory
 #   and step time with --checkpoint blocks vs none; host-to-device GB/s from
 #   pinned vs pageable memory; loader records/s into pinned slots; a short
@@ -59,8 +59,9 @@ grep -E "^\[(FAIL|SKIP|----)\]|Synthesis" "$OUT/test_cuda.txt" | tail -40
 # ---- measurements ----------------------------------------------------------------
 field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1" 2>/dev/null || echo nan; }
 gpt2="--model gpt --layers 12 --heads 12 --d-model 768 --seq-len 1024 --vocab 50304 --micro-batch 8"
-say "bigbatch GPT-2 124M fp32"
+say "bigbatch GPT-2 124M fp32 and bf16"
 "$BIN" bench model $gpt2 --device cuda:0 --steps "$STEPS" --json > "$OUT/bb_none.json" 2>>"$OUT/log.txt"
+"$BIN" bench model $gpt2 --device cuda:0 --steps "$STEPS" --precision bf16 --json > "$OUT/bb_bf16.json" 2>>"$OUT/log.txt"
 "$BIN" bench model $gpt2 --device cuda:0 --steps "$STEPS" --checkpoint blocks --json > "$OUT/bb_blocks.json" 2>>"$OUT/log.txt"
 say "PyTorch GPT-2 124M fp32 and bf16"
 $PY perf/torch_gpu_bench.py --steps "$STEPS" --precision fp32 > "$OUT/torch_fp32.json" 2>>"$OUT/log.txt"
@@ -82,7 +83,7 @@ def load(name):
         return json.loads(open(os.path.join(out, name)).read().strip().splitlines()[-1])
     except Exception:
         return {}
-bb, bbc, tf, tb, cp, ld = (load(n) for n in ("bb_none.json", "bb_blocks.json", "torch_fp32.json", "torch_bf16.json", "copy.json", "loader.json"))
+bb, bbc, bb16, tf, tb, cp, ld = (load(n) for n in ("bb_none.json", "bb_blocks.json", "bb_bf16.json", "torch_fp32.json", "torch_bf16.json", "copy.json", "loader.json"))
 L, T, d = 12, 1024, 768
 def mfu(row, peak):
     if "tokens_per_s" not in row or "params" not in row: return "n/a"
@@ -96,9 +97,11 @@ print("| GPT-2 124M, micro-batch 8, T 1024 | tokens/s | step ms | MFU | peak GiB
 print("|---|---|---|---|---|")
 print("| bigbatch fp32 | %s | %s | %s (of 67 TFLOP/s) | %s |" % (f(bb, "tokens_per_s"), f(bb, "step_ms", "%.1f"), mfu(bb, 67e12), f({k: v / 2**30 for k, v in bb.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| bigbatch fp32 --checkpoint blocks | %s | %s | | %s |" % (f(bbc, "tokens_per_s"), f(bbc, "step_ms", "%.1f"), f({k: v / 2**30 for k, v in bbc.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
+print("| bigbatch bf16 products | %s | %s | %s (of 989) | %s |" % (f(bb16, "tokens_per_s"), f(bb16, "step_ms", "%.1f"), mfu(bb16, 989e12), f({k: v / 2**30 for k, v in bb16.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| PyTorch %s eager fp32 | %s | %s | %s | %s |" % (tf.get("torch", "?"), f(tf, "tokens_per_s"), f(tf, "step_ms", "%.1f"), mfu(tf, 67e12), f({k: v / 2**30 for k, v in tf.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| PyTorch eager bf16 autocast | %s | %s | %s (of 989) | %s |" % (f(tb, "tokens_per_s"), f(tb, "step_ms", "%.1f"), mfu(tb, 989e12), f({k: v / 2**30 for k, v in tb.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| bigbatch / PyTorch, fp32 | %s | | | |" % ratio(bb, tf, "tokens_per_s"))
+print("| bigbatch / PyTorch, bf16 | %s | | | |" % ratio(bb16, tb, "tokens_per_s"))
 print("| checkpoint blocks / none: step time | %s | | | |" % ratio(bbc, bb, "step_ms"))
 print()
 print("| other | value |")

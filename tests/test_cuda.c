@@ -298,3 +298,33 @@ Test(cuda, ten_training_steps_match_the_cpu)
     tu_rm_tree(root);
     free(data), free(root);
 }
+
+/* ---- bf16 matrix products: ≤ 2e-2 against the CPU's fp32 ---------------- */
+Test(cuda, bf16_products_stay_within_2e_2_of_fp32)
+{
+    need_gpu();
+    bb_backend_destroy(gpu);
+    bb_backend_options o = {.precision = BB_PRECISION_BF16};
+    cr_assert_eq(bb_backend_create_cuda(&o, &gpu), BB_OK, "%s", bb_error_message());
+    int N = 64, IC = 96, OC = 80, B = 2, T = 16, C = 48, NH = 4;
+    twin in = random_twin((size_t)N * IC, 71, 1), w = random_twin((size_t)OC * IC, 72, 0.5f), b = random_twin(OC, 73, 1);
+    twin out = random_twin((size_t)N * OC, 74, 1), dout = random_twin((size_t)N * OC, 75, 1);
+    twin din = random_twin((size_t)N * IC, 76, 1), dw = random_twin((size_t)OC * IC, 77, 1), db = random_twin(OC, 78, 1);
+    bb_op_linear_forward(cpu, out.c, in.c, w.c, b.c, N, IC, OC);
+    bb_op_linear_forward(gpu, out.g, in.g, w.g, b.g, N, IC, OC);
+    expect_close("bf16 linear_forward", out, 2e-2);
+    bb_op_linear_backward(cpu, din.c, dw.c, db.c, dout.c, in.c, w.c, N, IC, OC, false);
+    bb_op_linear_backward(gpu, din.g, dw.g, db.g, dout.g, in.g, w.g, N, IC, OC, false);
+    expect_close("bf16 linear_backward din", din, 2e-2);
+    expect_close("bf16 linear_backward dw", dw, 2e-2);
+    size_t tt = (size_t)B * NH * T * T;
+    twin qkv = random_twin((size_t)B * T * 3 * C, 81, 1), aout = random_twin((size_t)B * T * C, 82, 1);
+    twin att = random_twin(tt, 83, 1), scratch = random_twin(tt, 84, 1);
+    twin adout = random_twin((size_t)B * T * C, 85, 1), dqkv = random_twin((size_t)B * T * 3 * C, 86, 1);
+    bb_op_attention_forward(cpu, aout.c, att.c, qkv.c, B, T, C, NH);
+    bb_op_attention_forward(gpu, aout.g, att.g, qkv.g, B, T, C, NH);
+    expect_close("bf16 attention_forward", aout, 2e-2);
+    bb_op_attention_backward(cpu, dqkv.c, scratch.c, adout.c, qkv.c, att.c, B, T, C, NH);
+    bb_op_attention_backward(gpu, dqkv.g, scratch.g, adout.g, qkv.g, att.g, B, T, C, NH);
+    expect_close("bf16 attention_backward", dqkv, 2e-2);
+}

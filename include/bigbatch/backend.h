@@ -44,11 +44,22 @@ void bb_cuda_probe(bb_cuda_info *info);
 /* ---- backends ---------------------------------------------------------- */
 typedef struct bb_backend bb_backend_t;
 
+/* Matrix products in fp32, or (CUDA) on bf16 tensor cores with fp32
+ * inputs, outputs and accumulation (CUBLAS_COMPUTE_32F_FAST_16BF): the
+ * other ops, the activations in memory, the gradients and the optimizer
+ * state stay fp32. */
+typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precision;
+
 typedef struct bb_backend_options {
     int device;              /* index among the backend's devices */
     uint64_t device_mem;     /* cap on device allocations in bytes; 0: none */
     int threads;             /* CPU: BLAS threads for this backend; 0: all CPUs */
+    bb_precision precision;  /* the CPU backend supports fp32 only */
 } bb_backend_options;
+
+/* "fp32", "bf16"; and the parser for --precision (BB_ERR_ARG). */
+const char *bb_precision_name(bb_precision p);
+bb_status bb_precision_parse(const char *s, bb_precision *out);
 
 /* Call first thing in main(): when OpenBLAS picked generic kernels on a CPU
  * with AVX-512 (AVX2), re-executes the program with OPENBLAS_CORETYPE set

@@ -64,6 +64,7 @@ typedef struct bb_train_options {
     int devices;               /* worker threads: CPU virtual devices, or GPUs */
     bool cuda;                 /* GPUs cuda_ids[0..devices) instead of CPU devices */
     int cuda_ids[BB_TRAIN_MAX_DEVICES];
+    bb_precision precision;    /* bf16: matrix products on bf16 tensor cores (GPUs) */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     uint64_t steps;            /* run ends after step `steps`; 0: use epochs */
     uint64_t epochs;           /* when steps is 0 */

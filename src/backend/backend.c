@@ -22,6 +22,16 @@ void bb_backend_destroy(bb_backend_t *b)
 }
 
 const char *bb_backend_name(const bb_backend_t *b) { return b->name; }
+
+const char *bb_precision_name(bb_precision p) { return p == BB_PRECISION_BF16 ? "bf16" : "fp32"; }
+
+bb_status bb_precision_parse(const char *s, bb_precision *out)
+{
+    if (!strcmp(s, "fp32")) *out = BB_PRECISION_FP32;
+    else if (!strcmp(s, "bf16")) *out = BB_PRECISION_BF16;
+    else return bb_fail(BB_ERR_ARG, "--precision: '%s' is not fp32 or bf16", s);
+    return BB_OK;
+}
 uint64_t bb_backend_bytes_in_use(const bb_backend_t *b) { return b->in_use; }
 uint64_t bb_backend_peak_bytes(const bb_backend_t *b) { return b->peak; }
 void bb_backend_reset_peak(bb_backend_t *b) { b->peak = b->in_use; }

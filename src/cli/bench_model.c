@@ -19,7 +19,7 @@ static const char summary[] =
 
 int bb_bench_model(int argc, char **argv)
 {
-    const char *kind = "gpt", *checkpoint = "none", *device = "cpu";
+    const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32";
     int64_t layers = 4, heads = 4, d_model = 256, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2;
     int64_t inputs = 784, classes = 10, steps = 10;
     bb_str_list hidden = {0};
@@ -39,6 +39,7 @@ int bb_bench_model(int argc, char **argv)
         {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
         {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads (cpu)", .min = 1, .max = 1024},
         {"--device", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N"},
+        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 matrix products (GPU)", .choices = "fp32|bf16"},
         {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
@@ -66,6 +67,7 @@ int bb_bench_model(int argc, char **argv)
     if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
     bb_backend_options bo = {.threads = (int)threads};
     bool cuda = !strncmp(device, "cuda:", 5);
+    if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
     if (rc == BB_OK && cuda) {
         int64_t id;
         rc = bb_parse_int("--device", device + 5, &id);
@@ -116,10 +118,10 @@ int bb_bench_model(int argc, char **argv)
     if (rc == BB_OK) {
         double rate = n_targets / median;
         if (json)
-            printf("{\"model\": \"%s\", \"device\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
+            printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
                    "\"threads\": %lld, \"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
                    "\"peak_bytes\": %llu}\n",
-                   kind, device, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
+                   kind, device, precision, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
                    gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
                    (unsigned long long)bb_backend_peak_bytes(be));
         else

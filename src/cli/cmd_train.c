@@ -64,7 +64,7 @@ int bb_cmd_train(int argc, char **argv)
     bb_train_options o;
     bb_train_defaults(&o);
     model_flags mf = MODEL_FLAGS_DEFAULT;
-    const char *devices = "cpu:1", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
+    const char *devices = "cpu:1", *precision = "fp32", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
     int64_t global_batch = o.global_batch, micro_batch = o.micro_batch, steps = 0, epochs = 0, warmup = 0,
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
             log_every = (int64_t)o.log_every;
@@ -76,6 +76,8 @@ int bb_cmd_train(int argc, char **argv)
          "val/ or test/ beside train/)", .given = &val_given},
         {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N (N worker threads, the cores divided among "
          "them), cuda:all or cuda:0,1"},
+        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: matrix products on bf16 tensor cores with "
+         "fp32 weights, gradients and optimizer state (GPUs)", .choices = "fp32|bf16"},
         {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per device per micro-step (what must fit in "
          "memory)", .min = 1, .max = 1 << 24},
@@ -122,6 +124,7 @@ int bb_cmd_train(int argc, char **argv)
     bb_status rc = bb_cli_parse("train", opts, argc, argv, NULL);
     if (rc == BB_OK) rc = model_flags_config(&mf, &o.model);
     if (rc == BB_OK) rc = parse_devices(devices, &o);
+    if (rc == BB_OK) rc = bb_precision_parse(precision, &o.precision);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
         o.data = train ? train : data;

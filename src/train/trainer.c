@@ -187,7 +187,7 @@ static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
     int blas_threads = bb_cpu_count() / t->devices > 1 ? bb_cpu_count() / t->devices : 1;
     for (int d = 0; d < t->devices; d++) {
         bb_backend_options bo = {.device = o->cuda ? o->cuda_ids[d] : d, .device_mem = o->device_mem,
-                                 .threads = blas_threads};
+                                 .threads = blas_threads, .precision = o->precision};
         BB_TRY(o->cuda ? bb_backend_create_cuda(&bo, &t->be[d]) : bb_backend_create_cpu(&bo, &t->be[d]));
         BB_TRY(bb_model_create(t->be[d], &t->cfg, t->micro_batch, &t->model[d]));
         BB_TRY(bb_model_init(t->model[d], t->seed));
