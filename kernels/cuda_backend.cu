@@ -38,6 +38,8 @@ struct cuda_state {
     int *counter;
     float *host_row_loss;
     size_t host_row_loss_cap;
+    float *columns;             // column-reduction partials (BBK_COLUMN_CHUNKS rows, two sets)
+    size_t columns_cap;         // floats
 };
 
 constexpr int kPartials = 1024;
@@ -101,12 +103,14 @@ void gemm(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, in
 bb_status cuda_alloc(bb_backend_t *b, size_t bytes, void **out)
 {
     use(b);
-    if (cudaMalloc(out, bytes) != cudaSuccess) {
-        cudaGetLastError(); // an out-of-memory is reported by the caller, not sticky
-        *out = NULL;
+    cudaError_t err = cudaMalloc(out, bytes);
+    if (err == cudaSuccess) return BB_OK;
+    *out = NULL;
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); // an out-of-memory is reported by the caller, and is not sticky
         return BB_ERR_OOM;
     }
-    return BB_OK;
+    return bb_fail(BB_ERR_DEVICE, "%s: cudaMalloc of %zu bytes: %s", b->name, bytes, cudaGetErrorString(err));
 }
 
 void cuda_free(bb_backend_t *b, void *ptr)
@@ -129,7 +133,10 @@ bb_status cuda_host_alloc(bb_backend_t *b, size_t bytes, void **out)
     use(b);
     // Portable: pinned for every device of the process (the loader's slots
     // feed several workers' copies).
-    return check(b, cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable), "cudaHostAlloc");
+    cudaError_t err = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (err != cudaSuccess) *out = NULL;
+    return err == cudaSuccess ? BB_OK : bb_fail(BB_ERR_NOMEM, "%s: cannot pin %zu bytes of host memory: %s", b->name,
+                                                 bytes, cudaGetErrorString(err));
 }
 
 void cuda_host_free(bb_backend_t *b, void *ptr, size_t bytes)
@@ -139,11 +146,12 @@ void cuda_host_free(bb_backend_t *b, void *ptr, size_t bytes)
     cudaFreeHost(ptr);
 }
 
-// Copies run on the copy stream for host<->device (a caller that needs
-// them ordered with compute uses events), device<->device on compute.
-// Host memory that is not pinned makes cudaMemcpyAsync synchronous, which
-// is still correct. The call waits for the copy: bb_backend_copy promises
-// the data is there when it returns.
+// Copies run on the compute stream, so they are ordered after the ops that
+// produced their source (and, for a batch upload, after the previous
+// micro-step's ops that read the buffer they overwrite). Host<->device
+// copies wait for completion: bb_backend_copy promises the data is there
+// when it returns. (Overlapping uploads with compute on the copy stream is
+// still to come.)
 bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
     use(b);
@@ -172,6 +180,7 @@ void cuda_destroy(bb_backend_t *b)
     if (!s) return;
     use(b);
     cudaFree(s->row_loss);
+    cudaFree(s->columns);
     cudaFree(s->partial);
     cudaFree(s->counter);
     cudaFreeHost(s->host_row_loss);
@@ -217,6 +226,24 @@ bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
     return check(b, cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
 }
 
+// Scratch for two-pass column sums of width C; NULL (and a noted error)
+// when it cannot grow. Small (2·64·C floats) and kept, so not counted.
+float *column_scratch(bb_backend_t *b, int C)
+{
+    cuda_state *s = state(b);
+    size_t need = 2 * (size_t)BBK_COLUMN_CHUNKS * (size_t)C;
+    if (need > s->columns_cap) {
+        cudaFree(s->columns);
+        s->columns = NULL;
+        s->columns_cap = 0;
+        cudaError_t e = cudaMalloc(&s->columns, need * sizeof(float));
+        note(b, e, "column-sum scratch");
+        if (e != cudaSuccess) return NULL;
+        s->columns_cap = need;
+    }
+    return s->columns;
+}
+
 // ---- matrix products (row-major through column-major cuBLAS) ---------------
 // out (N,OC) = in (N,IC) · wᵀ: column-major outᵀ (OC,N) = w (stored as wᵀ) ᵀ · inᵀ.
 void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
@@ -241,7 +268,8 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
     // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC)
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
-    if (dbias) note(b, bbk_column_sums(compute(b), dbias, dout, N, OC, accumulate), "linear_backward dbias");
+    float *scratch = dbias ? column_scratch(b, OC) : NULL;
+    if (scratch) note(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate), "linear_backward dbias");
 }
 
 // Causal attention per batch element, heads as a strided batch: head h of
@@ -279,11 +307,12 @@ void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const
         gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, hs, dout_i, C, hs, 0.0f, ds, T, tt, NH, "attention dP");
         // dV (T,hs) = Pᵀ · dO: column-major dVᵀ (hs,T) = dOᵀ (hs,T) · P (T,T)
         gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_i, C, hs, p, T, tt, 0.0f, dv, ld, hs, NH, "attention dV");
-        note(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, scale), "attention softmax backward");
+        // ds = dS (as the CPU's scratch); the 1/sqrt(hs) goes into the products' alpha, as on the CPU
+        note(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, 1.0f), "attention softmax backward");
         // dQ (T,hs) = dS · k: column-major dQᵀ = kᵀ (hs,T) · dSᵀ (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld, hs, ds, T, tt, 0.0f, dq, ld, hs, NH, "attention dQ");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, ld, hs, ds, T, tt, 0.0f, dq, ld, hs, NH, "attention dQ");
         // dK (T,hs) = dSᵀ · q: column-major dKᵀ = qᵀ (hs,T) · dS (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld, hs, ds, T, tt, 0.0f, dk, ld, hs, NH, "attention dK");
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, scale, q, ld, hs, ds, T, tt, 0.0f, dk, ld, hs, NH, "attention dK");
     }
 }
 
@@ -323,8 +352,10 @@ void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbia
                              const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
 {
     use(b);
-    note(b, bbk_layernorm_backward(compute(b), din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate),
-         "layernorm_backward");
+    float *scratch = column_scratch(b, C);
+    if (scratch)
+        note(b, bbk_layernorm_backward(compute(b), din, dw, dbias, scratch, dout, in, w, mean, rstd, N, C, accumulate),
+             "layernorm_backward");
 }
 
 void cuda_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
@@ -520,7 +551,8 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
         rc = bb_fail(BB_ERR_DEVICE, "%s: cannot create a cuBLAS handle", name);
     if (rc == BB_OK && cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]) != CUBLAS_STATUS_SUCCESS)
         rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetStream failed", name);
-    // fp32: no TF32, so that fp32 matches the CPU backend to 1e-5; bf16 picks its compute type per call.
+    // fp32 must not use TF32 (to match the CPU backend to 1e-5): the default math mode does not, unless
+    // NVIDIA_TF32_OVERRIDE=1 forces it, which pedantic mode refuses. bf16 picks its compute type per call.
     cublasMath_t math = o->precision == BB_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
     if (rc == BB_OK && cublasSetMathMode(s->blas, math) != CUBLAS_STATUS_SUCCESS)
         rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetMathMode failed", name);

@@ -100,13 +100,26 @@ __global__ void broadcast_rows_k(float *out, const float *bias, size_t N, int C)
     GRID_STRIDE(i, N * C) out[i] = bias[i % C];
 }
 
-// One thread per column, rows in order.
-__global__ void column_sums_k(float *sums, const float *x, int N, int C, bool accumulate)
+// Column sums in two passes with a fixed split, so they are deterministic
+// and still fill the GPU: pass 1 gives each (chunk of rows, column) a
+// thread (consecutive threads, consecutive columns: coalesced), pass 2
+// adds each column's chunks in order.
+__global__ void column_partials_k(float *partial, const float *x, int N, int C, int rows_per_chunk)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (c >= C) return;
+    int r0 = chunk * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
+    float s = 0.0f;
+    for (int r = r0; r < r1; r++) s += x[(size_t)r * C + c];
+    partial[(size_t)chunk * C + c] = s;
+}
+
+__global__ void column_finish_k(float *sums, const float *partial, int chunks, int C, bool accumulate)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float s = 0.0f;
-    for (int n = 0; n < N; n++) s += x[(size_t)n * C + c];
+    for (int k = 0; k < chunks; k++) s += partial[(size_t)k * C + c];
     sums[c] = accumulate ? sums[c] + s : s;
 }
 
@@ -147,20 +160,22 @@ __global__ void layernorm_backward_input_k(float *din, const float *dout, const 
     }
 }
 
-// dw[c] (+)= sum_n dout xhat, dbias[c] (+)= sum_n dout: a thread per column.
-__global__ void layernorm_backward_params_k(float *dw, float *db, const float *dout, const float *in,
-                                            const float *mean, const float *rstd, int N, int C, bool accumulate)
+// Pass 1 of dw[c] (+)= sum_n dout xhat and dbias[c] (+)= sum_n dout (pass 2
+// is column_finish_k on each half of `partial`).
+__global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, const float *dout, const float *in,
+                                           const float *mean, const float *rstd, int N, int C, int rows_per_chunk)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= C) return;
+    int r0 = chunk * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
     float sw = 0.0f, sb = 0.0f;
-    for (int n = 0; n < N; n++) {
+    for (int n = r0; n < r1; n++) {
         float dy = dout[(size_t)n * C + c];
         sw += dy * (in[(size_t)n * C + c] - mean[n]) * rstd[n];
         sb += dy;
     }
-    dw[c] = accumulate ? dw[c] + sw : sw;
-    db[c] = accumulate ? db[c] + sb : sb;
+    partial_w[(size_t)chunk * C + c] = sw;
+    partial_b[(size_t)chunk * C + c] = sb;
 }
 
 // ---- embeddings ------------------------------------------------------------
@@ -340,9 +355,14 @@ cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, in
     return cudaGetLastError();
 }
 
-cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, const float *dout, int N, int C, bool accumulate)
+static int chunk_rows(int N) { return N > BBK_COLUMN_CHUNKS ? (N + BBK_COLUMN_CHUNKS - 1) / BBK_COLUMN_CHUNKS : 1; }
+
+cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, float *scratch, const float *dout, int N, int C,
+                            bool accumulate)
 {
-    column_sums_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, dout, N, C, accumulate);
+    dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
+    column_partials_k<<<grid, kThreads, 0, s>>>(scratch, dout, N, C, chunk_rows(N));
+    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, scratch, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 
@@ -353,13 +373,16 @@ cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float
     return cudaGetLastError();
 }
 
-cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, const float *dout,
-                                   const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
-                                   bool accumulate)
+cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, float *scratch,
+                                   const float *dout, const float *in, const float *w, const float *mean,
+                                   const float *rstd, int N, int C, bool accumulate)
 {
     if (N > 0) layernorm_backward_input_k<<<N, row_threads(C), 0, s>>>(din, dout, in, w, mean, rstd, C);
-    layernorm_backward_params_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dw, dbias, dout, in, mean, rstd, N, C,
-                                                                           accumulate);
+    float *pw = scratch, *pb = scratch + (size_t)BBK_COLUMN_CHUNKS * C;
+    dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
+    layernorm_param_partials_k<<<grid, kThreads, 0, s>>>(pw, pb, dout, in, mean, rstd, N, C, chunk_rows(N));
+    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
+    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 

@@ -23,14 +23,19 @@ cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, 
 cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n);
 /* out[n, :] = bias for every row n (before a GEMM with beta 1). */
 cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C);
-/* dbias[c] (+)= sum over rows of dout[:, c] (deterministic). */
-cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, const float *dout, int N, int C, bool accumulate);
+/* Column reductions run in two passes over BBK_COLUMN_CHUNKS chunks of
+ * rows (deterministic); `scratch` holds BBK_COLUMN_CHUNKS * C floats
+ * (twice that for the LayerNorm backward). */
+#define BBK_COLUMN_CHUNKS 64
+/* dbias[c] (+)= sum over rows of dout[:, c]. */
+cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, float *scratch, const float *dout, int N, int C,
+                            bool accumulate);
 
 cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
                                   const float *w, const float *bias, int N, int C);
-cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, const float *dout,
-                                   const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
-                                   bool accumulate);
+cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, float *scratch,
+                                   const float *dout, const float *in, const float *w, const float *mean,
+                                   const float *rstd, int N, int C, bool accumulate);
 
 cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C);

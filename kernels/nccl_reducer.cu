@@ -7,7 +7,15 @@
 // optimizer is ordered after it on the GPU and the host does not block.
 // Each worker thread drives only its own communicator, in the same bucket
 // order, which is NCCL's one-thread-per-GPU model.
+//
+// Failure: when a worker fails, the others' collectives would wait for it
+// on the GPU for ever, and so would their host (every loss read
+// synchronizes). So an abort calls ncclCommAbort on every communicator
+// (under the lock that posts take), which ends those collectives with an
+// error; a failed NCCL or CUDA call here aborts the same way and is
+// reported as the run's error.
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +38,7 @@ struct device_side {
 
 struct nccl_reducer {
     reducer_t base;
+    pthread_mutex_t lock;       // posts vs abort: no collective on an aborted communicator
     device_side *dev;
     // device 0's timing of the last step: each bucket's reduction and the
     // end of the backward, on the GPU clock
@@ -45,11 +54,7 @@ void n_destroy(reducer_t *r)
     for (int d = 0; n->dev && d < r->devices; d++) {
         device_side *s = &n->dev[d];
         cudaSetDevice(s->cuda_device);
-        if (s->comm) {
-            // After a failure another rank may never join a collective: abort instead of waiting for it.
-            if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) ncclCommAbort(s->comm);
-            else ncclCommDestroy(s->comm);
-        }
+        if (s->comm) ncclCommDestroy(s->comm); // aborted ones are already gone
         if (s->ready) cudaEventDestroy(s->ready);
         if (s->done) cudaEventDestroy(s->done);
     }
@@ -61,41 +66,94 @@ void n_destroy(reducer_t *r)
     if (n->backward_end) cudaEventDestroy(n->backward_end);
     free(n->start), free(n->end), free(n->dev);
     reducer_free_buckets(r);
+    pthread_mutex_destroy(&n->lock);
     free(n);
+}
+
+// Ends every collective: each device's pending ones fail, so no thread
+// waits for a peer that will never post. Call with the lock held.
+void abort_locked(nccl_reducer *n)
+{
+    reducer_t *r = &n->base;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
+    for (int d = 0; d < r->devices; d++)
+        if (n->dev[d].comm) {
+            ncclCommAbort(n->dev[d].comm);
+            n->dev[d].comm = NULL;
+        }
+}
+
+// Records the reducer's own failure (the first), then aborts. Lock held.
+void fail_locked(nccl_reducer *n, const char *what, const char *why)
+{
+    reducer_t *r = &n->base;
+    if (r->failure == BB_OK) {
+        r->failure = BB_ERR_DEVICE;
+        snprintf(r->failure_message, sizeof r->failure_message, "NCCL reducer: %s: %s", what, why);
+    }
+    abort_locked(n);
+}
+
+bool cuda_ok(nccl_reducer *n, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return true;
+    fail_locked(n, what, cudaGetErrorString(e));
+    return false;
+}
+
+bool nccl_ok(nccl_reducer *n, ncclResult_t e, const char *what)
+{
+    if (e == ncclSuccess || e == ncclInProgress) return true;
+    fail_locked(n, what, ncclGetErrorString(e));
+    return false;
 }
 
 void n_post(reducer_t *r, int device, size_t ready_from)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
+    pthread_mutex_lock(&n->lock);
     cudaSetDevice(s->cuda_device);
-    if (device == 0 && ready_from == 0) cudaEventRecord(n->backward_end, s->compute);
-    for (; s->next_bucket < r->buckets && r->lo[s->next_bucket] >= ready_from; s->next_bucket++) {
+    bool ok = !reducer_aborted(r);
+    if (ok && device == 0 && ready_from == 0) ok = cuda_ok(n, cudaEventRecord(n->backward_end, s->compute), "event");
+    for (; ok && s->next_bucket < r->buckets && r->lo[s->next_bucket] >= ready_from; s->next_bucket++) {
         int b = s->next_bucket;
-        cudaEventRecord(s->ready, s->compute);
-        cudaStreamWaitEvent(s->comm_stream, s->ready, 0);
-        if (device == 0) cudaEventRecord(n->start[b], s->comm_stream);
-        ncclGroupStart();
-        ncclAllReduce(s->grads + r->lo[b], s->grads + r->lo[b], r->hi[b] - r->lo[b], ncclFloat, ncclAvg, s->comm,
-                      s->comm_stream);
-        ncclGroupEnd();
-        if (device == 0) cudaEventRecord(n->end[b], s->comm_stream);
+        ok = cuda_ok(n, cudaEventRecord(s->ready, s->compute), "event") &&
+             cuda_ok(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0), "stream wait") &&
+             (device != 0 || cuda_ok(n, cudaEventRecord(n->start[b], s->comm_stream), "event")) &&
+             nccl_ok(n, ncclGroupStart(), "ncclGroupStart") &&
+             nccl_ok(n, ncclAllReduce(s->grads + r->lo[b], s->grads + r->lo[b], r->hi[b] - r->lo[b], ncclFloat, ncclAvg,
+                                      s->comm, s->comm_stream),
+                     "ncclAllReduce") &&
+             nccl_ok(n, ncclGroupEnd(), "ncclGroupEnd") &&
+             (device != 0 || cuda_ok(n, cudaEventRecord(n->end[b], s->comm_stream), "event"));
     }
+    pthread_mutex_unlock(&n->lock);
 }
 
 uint64_t n_wait(reducer_t *r, int device)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
+    pthread_mutex_lock(&n->lock);
     cudaSetDevice(s->cuda_device);
-    cudaEventRecord(s->done, s->comm_stream);
-    cudaStreamWaitEvent(s->compute, s->done, 0);
+    ncclResult_t async = ncclSuccess;
+    bool ok = !reducer_aborted(r) && nccl_ok(n, ncclCommGetAsyncError(s->comm, &async), "ncclCommGetAsyncError") &&
+              nccl_ok(n, async, "an all-reduce") && cuda_ok(n, cudaEventRecord(s->done, s->comm_stream), "event") &&
+              cuda_ok(n, cudaStreamWaitEvent(s->compute, s->done, 0), "stream wait");
     s->next_bucket = 0;
-    if (device == 0) n->timed = true;
+    if (ok && device == 0) n->timed = true;
+    pthread_mutex_unlock(&n->lock);
     return 0;
 }
 
-void n_abort(reducer_t *r) { __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST); }
+void n_abort(reducer_t *r)
+{
+    nccl_reducer *n = of(r);
+    pthread_mutex_lock(&n->lock);
+    abort_locked(n);
+    pthread_mutex_unlock(&n->lock);
+}
 
 // Measured on device 0 against its backward's end. The trainer calls this
 // after the optimizer read the gradient norm, which synchronized the
@@ -133,6 +191,7 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
     if (!n) return bb_fail(BB_ERR_NOMEM, "out of memory");
     reducer_t *r = &n->base;
     r->ops = &nccl_ops;
+    pthread_mutex_init(&n->lock, NULL);
     bb_status rc = reducer_init_buckets(r, m, devices, bucket_bytes);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));

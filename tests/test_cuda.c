@@ -131,12 +131,13 @@ Test(cuda, elementwise_ops_match_cpu)
     expect_close("scale", out, 1e-6);
     double sc = bb_op_sum_squares(cpu, x.c, n), sg = bb_op_sum_squares(gpu, x.g, n);
     cr_assert(fabs(sc - sg) <= 1e-9 * sc, "sum_squares %.12g vs %.12g", sc, sg);
+    twin big = random_twin(600001, 15, 1); /* more blocks than the partial sums hold */
+    sc = bb_op_sum_squares(cpu, big.c, big.n), sg = bb_op_sum_squares(gpu, big.g, big.n);
+    cr_assert(fabs(sc - sg) <= 1e-9 * sc, "sum_squares of %zu: %.12g vs %.12g", big.n, sc, sg);
 }
 
-Test(cuda, layernorm_matches_cpu)
+static void layernorm_case(int N, int C)
 {
-    need_gpu();
-    int N = 19, C = 97;
     twin in = random_twin((size_t)N * C, 21, 3), w = random_twin(C, 22, 1), b = random_twin(C, 23, 1);
     twin out = random_twin((size_t)N * C, 24, 1), mean = random_twin(N, 25, 1), rstd = random_twin(N, 26, 1);
     twin dout = random_twin((size_t)N * C, 27, 1), din = random_twin((size_t)N * C, 28, 1);
@@ -153,6 +154,13 @@ Test(cuda, layernorm_matches_cpu)
         expect_close("layernorm_backward dw", dw, 1e-5);
         expect_close("layernorm_backward dbias", db, 1e-5);
     }
+}
+
+Test(cuda, layernorm_matches_cpu)
+{
+    need_gpu();
+    layernorm_case(19, 97);
+    layernorm_case(300, 1500); /* rows wider than a block; more rows than column chunks */
 }
 
 Test(cuda, embedding_matches_cpu)
@@ -175,10 +183,8 @@ Test(cuda, embedding_matches_cpu)
     }
 }
 
-Test(cuda, attention_matches_cpu)
+static void attention_case(int B, int T, int C, int NH)
 {
-    need_gpu();
-    int B = 2, T = 7, C = 12, NH = 3;
     size_t tt = (size_t)B * NH * T * T;
     twin qkv = random_twin((size_t)B * T * 3 * C, 41, 1), out = random_twin((size_t)B * T * C, 42, 1);
     twin att = random_twin(tt, 43, 1), scratch = random_twin(tt, 44, 1);
@@ -190,6 +196,14 @@ Test(cuda, attention_matches_cpu)
     bb_op_attention_backward(cpu, dqkv.c, scratch.c, dout.c, qkv.c, att.c, B, T, C, NH);
     bb_op_attention_backward(gpu, dqkv.g, scratch.g, dout.g, qkv.g, att.g, B, T, C, NH);
     expect_close("attention_backward", dqkv, 1e-5);
+    expect_close("attention backward scratch (dS)", scratch, 1e-5);
+}
+
+Test(cuda, attention_matches_cpu)
+{
+    need_gpu();
+    attention_case(2, 7, 12, 3);
+    attention_case(2, 70, 32, 4); /* rows of several warps */
 }
 
 Test(cuda, softmax_crossentropy_matches_cpu)

@@ -65,7 +65,9 @@ bb_status bb_backend_alloc(bb_backend_t *b, size_t bytes, const char *what, void
         b->allocations = a;
         b->allocation_capacity = cap;
     }
-    if (b->vt->alloc(b, bytes ? bytes : 1, out) != BB_OK) {
+    bb_status rc = b->vt->alloc(b, bytes ? bytes : 1, out);
+    if (rc != BB_OK && rc != BB_ERR_OOM) return rc; /* a device error, not a lack of memory */
+    if (rc == BB_ERR_OOM) {
         uint64_t free_bytes = 0;
         if (b->vt->device_free_bytes && b->vt->device_free_bytes(b, &free_bytes))
             return out_of_memory(b, bytes, what, "free on the device", free_bytes);

@@ -44,6 +44,8 @@ struct reducer {
     int devices, buckets;
     size_t *lo, *hi;      /* bucket b covers floats [lo[b], hi[b]); lo falls with b */
     int stop;             /* aborted or shutting down; __atomic builtins (C and C++) */
+    bb_status failure;    /* set before stop when the reducer itself failed (NCCL) */
+    char failure_message[256];
 };
 
 /* Cuts `m`'s parameter buffer into buckets (see above) and fills the
@@ -77,6 +79,12 @@ static inline uint64_t reducer_wait(reducer_t *r, int device) { return r->ops->w
 /* Stops the reducer early (a worker failed): waits return at once. */
 static inline void reducer_abort(reducer_t *r) { r->ops->abort(r); }
 static inline bool reducer_aborted(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
+/* Why an aborted reducer stopped: its own failure, or BB_ERR_CLOSED when a
+ * worker's failure stopped it. */
+static inline bb_status reducer_failure(const reducer_t *r)
+{
+    return r->failure != BB_OK ? bb_fail(r->failure, "%s", r->failure_message) : BB_ERR_CLOSED;
+}
 /* The last finished step's reduction: busy time, and the part of it before
  * the last backward ended (until_ns on the host clock; the NCCL reducer
  * measures on the GPU instead) — the overlapped part. Valid between

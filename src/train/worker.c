@@ -113,7 +113,7 @@ static bb_status worker_loop(trainer *t, int d)
             if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
             st->reduce_wait_ns = reducer_wait(t->reducer, d);
             bb_trace_range_pop();
-            if (reducer_aborted(t->reducer)) return BB_ERR_CLOSED;
+            if (reducer_aborted(t->reducer)) return reducer_failure(t->reducer);
         }
         uint64_t t0 = bb_clock_ns();
         bb_trace_range_push("optimizer");
