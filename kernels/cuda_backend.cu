@@ -161,6 +161,14 @@ bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, b
     return kind == BB_COPY_D2D ? BB_OK : check(b, cudaStreamSynchronize(s), "copy");
 }
 
+bb_status cuda_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
+                          bb_stream stream)
+{
+    use(b);
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+    return check(b, cudaMemcpyAsync(dst, src, bytes, kinds[kind], state(b)->stream[stream]), "cudaMemcpyAsync");
+}
+
 bb_status cuda_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 {
     use(b);
@@ -474,6 +482,7 @@ bb_backend_vtable make_vtable()
     v.alloc = cuda_alloc;
     v.free = cuda_free;
     v.copy = cuda_copy;
+    v.copy_async = cuda_copy_async;
     v.memset = cuda_memset;
     v.host_alloc = cuda_host_alloc;
     v.host_free = cuda_host_free;

@@ -118,6 +118,11 @@ bb_status bb_backend_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stre
 bb_status bb_backend_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e);
 /* Blocks the host until `e` has happened. */
 bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e);
+/* Queues a copy on `stream` and returns (CUDA; the CPU copies at once):
+ * `src` must stay unchanged until an event recorded on `stream` after it
+ * has happened, and consumers on other streams wait for such an event. */
+bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
+                                bb_stream stream);
 
 /* ---- ops --------------------------------------------------------------- */
 /* out = in · wᵀ + bias (bias may be NULL). */

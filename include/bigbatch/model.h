@@ -97,6 +97,15 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
  * label out of range). */
 bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records,
                                           int count);
+/* The same in two halves, so that on a GPU the upload of micro-batch k+1
+ * overlaps the compute of micro-batch k: stage converts the records into
+ * pinned staging memory and queues their copy (copy stream) into the batch
+ * buffer the model is not using; use makes it the batch of the next
+ * forward (the compute stream waits for the copy). On the CPU, stage copies
+ * at once. Stage at most one batch ahead; the records may be released when
+ * stage returns. Fails like bb_model_set_batch_from_records. */
+bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count);
+bb_status bb_model_use_staged(bb_model_t *m);
 /* Forward pass and loss: *loss = (sum of per-example (mlp) or per-token
  * (gpt) cross-entropy) / normalizer; keeps what backward needs. *correct
  * (may be NULL) gets the number of argmax hits (mlp), or -1 (gpt). */

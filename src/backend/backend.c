@@ -117,6 +117,12 @@ bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
     return b->vt->memset(b, dst, value, bytes);
 }
 
+bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
+                                bb_stream stream)
+{
+    return b->vt->copy_async ? b->vt->copy_async(b, dst, src, bytes, kind, stream) : b->vt->copy(b, dst, src, bytes, kind);
+}
+
 bb_status bb_backend_synchronize(bb_backend_t *b) { return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK; }
 
 bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out)

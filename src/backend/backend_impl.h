@@ -19,6 +19,8 @@ typedef struct bb_backend_vtable {
     void (*host_free)(bb_backend_t *b, void *ptr, size_t bytes);
     bool (*device_free_bytes)(bb_backend_t *b, uint64_t *free_bytes);
     bb_status (*synchronize)(bb_backend_t *b);
+    bb_status (*copy_async)(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
+                            bb_stream stream); /* default: copy */
     void (*destroy)(bb_backend_t *b);
     /* optional: streams and events (NULL: work is done when a call returns) */
     bb_status (*event_create)(bb_backend_t *b, bb_event_t **out);

@@ -15,7 +15,7 @@ typedef struct layer_acts {
 typedef struct mlp_state {
     int n, K, S;        /* layers, layers per segment, segments */
     int *width;         /* (n + 1) widths: inputs, hidden..., classes */
-    float **seg_in;     /* (S) segment inputs; seg_in[0] is the features */
+    float **seg_in;     /* (S) segment inputs; seg_in[0] is the current batch's features */
     layer_acts *slots;  /* (K) */
     float *d_a, *d_b;   /* backward scratch, (B, widest) each */
     float *host_logits; /* (B, classes) for the accuracy */
@@ -131,6 +131,7 @@ static bb_status mlp_forward(bb_model_t *m, float normalizer, double *loss, int 
 {
     mlp_state *s = m->impl;
     int classes = m->cfg.classes;
+    s->seg_in[0] = m->features; /* the batch buffers alternate (batch.c) */
     for (int seg = 0; seg < s->S; seg++) BB_TRY(segment_forward(m, seg));
     float *logits = s->slots[(s->n - 1) % s->K].pre;
     if (correct) {

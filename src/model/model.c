@@ -1,6 +1,6 @@
 /* model.c — what both models share: configuration, the parameter table and
- * buffers, initialisation, batches (and their conversion from loader
- * records), and the entry points that dispatch to gpt.c or mlp.c. */
+ * buffers, initialisation, and the entry points that dispatch to gpt.c or
+ * mlp.c (batches are in batch.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,20 +70,10 @@ bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int col
 bb_status bb_model_alloc_parameters(bb_model_t *m)
 {
     size_t bytes = m->param_count * sizeof(float);
-    int n = m->cfg.kind == BB_MODEL_GPT ? m->B * m->cfg.seq_len : m->B;
     BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
     BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
     BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
-    /* Zeroed, so that a forward before the first batch indexes row 0. */
-    BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "targets", (void **)&m->targets));
-    BB_TRY(bb_backend_memset(m->be, m->targets, 0, (size_t)n * sizeof(int32_t)));
-    if (m->cfg.kind == BB_MODEL_GPT) {
-        BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "tokens", (void **)&m->tokens));
-        return bb_backend_memset(m->be, m->tokens, 0, (size_t)n * sizeof(int32_t));
-    }
-    size_t feature_bytes = (size_t)m->B * m->cfg.inputs * sizeof(float);
-    BB_TRY(bb_backend_alloc(m->be, feature_bytes, "features", (void **)&m->features));
-    return bb_backend_memset(m->be, m->features, 0, feature_bytes);
+    return bb_model_alloc_batches(m);
 }
 
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out)
@@ -126,9 +116,7 @@ void bb_model_destroy(bb_model_t *m)
     if (m->ops && m->ops->destroy) m->ops->destroy(m);
     bb_backend_free(m->be, m->params);
     bb_backend_free(m->be, m->grads);
-    bb_backend_free(m->be, m->features);
-    bb_backend_free(m->be, m->tokens);
-    bb_backend_free(m->be, m->targets);
+    bb_model_free_batches(m);
     free(m->tensors);
     free(m);
 }
@@ -153,84 +141,6 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
     return rc;
 }
 
-/* ---- batches ----------------------------------------------------------- */
-static int batch_targets(const bb_model_t *m)
-{
-    return m->cfg.kind == BB_MODEL_GPT ? m->B * m->cfg.seq_len : m->B;
-}
-
-bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets)
-{
-    int n = batch_targets(m);
-    bool gpt = m->cfg.kind == BB_MODEL_GPT;
-    int32_t classes = gpt ? m->cfg.vocab : m->cfg.classes;
-    /* Checked here, on the host: the ops index tables with these. */
-    for (int i = 0; i < n; i++) {
-        if (targets[i] < -1 || targets[i] >= classes)
-            return bb_fail(BB_ERR_ARG, "target %d at position %d is not -1 (ignored) or below %d", targets[i], i,
-                           classes);
-        if (gpt && (((const int32_t *)inputs)[i] < 0 || ((const int32_t *)inputs)[i] >= classes))
-            return bb_fail(BB_ERR_ARG, "token %d at position %d is not below the vocabulary %d",
-                           ((const int32_t *)inputs)[i], i, classes);
-    }
-    m->targets_valid = 0;
-    for (int i = 0; i < n; i++) m->targets_valid += targets[i] >= 0;
-    if (m->cfg.kind == BB_MODEL_GPT)
-        BB_TRY(bb_backend_copy(m->be, m->tokens, inputs, (size_t)n * sizeof(int32_t), BB_COPY_H2D));
-    else
-        BB_TRY(bb_backend_copy(m->be, m->features, inputs, (size_t)m->B * m->cfg.inputs * sizeof(float),
-                               BB_COPY_H2D));
-    return bb_backend_copy(m->be, m->targets, targets, (size_t)n * sizeof(int32_t), BB_COPY_H2D);
-}
-
-bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
-{
-    const bb_model_config *c = &m->cfg;
-    if (count < 1 || count > m->B)
-        return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
-    int n = batch_targets(m);
-    /* Padding past `count`: zero inputs, ignored targets. */
-    int32_t *targets = malloc((size_t)n * sizeof *targets);
-    for (int i = 0; targets && i < n; i++) targets[i] = -1;
-    void *inputs = NULL;
-    bb_status rc = BB_OK;
-    if (c->kind == BB_MODEL_MLP) {
-        size_t pixels = meta->record_size - 1;
-        if (meta->kind != BB_RECORD_IMAGE_U8 || pixels != (size_t)c->inputs)
-            rc = bb_fail(BB_ERR_ARG, "mlp with %d inputs cannot take %s records of %zu pixels", c->inputs,
-                         bb_record_kind_name(meta->kind), pixels);
-        float *x = inputs = calloc((size_t)m->B * c->inputs, sizeof *x);
-        for (int b = 0; rc == BB_OK && b < count && x && targets; b++) {
-            const uint8_t *r = records + (size_t)b * meta->record_size;
-            if (r[0] >= c->classes) rc = bb_fail(BB_ERR_ARG, "label %u is not below %d classes", r[0], c->classes);
-            targets[b] = r[0];
-            for (int i = 0; i < c->inputs; i++) x[(size_t)b * c->inputs + i] = r[1 + i] / 255.0f;
-        }
-    } else {
-        int T = c->seq_len;
-        size_t width = meta->kind == BB_RECORD_TOKENS_U16 ? 2 : meta->kind == BB_RECORD_TOKENS_U32 ? 4 : 0;
-        if (!width || meta->shape[0] != (uint32_t)T + 1)
-            rc = bb_fail(BB_ERR_ARG, "gpt with --seq-len %d needs token records of %d tokens, not %s [%u]", T, T + 1,
-                         bb_record_kind_name(meta->kind), meta->shape[0]);
-        int32_t *tok = inputs = calloc((size_t)n, sizeof *tok);
-        for (int b = 0; rc == BB_OK && b < count && tok && targets; b++)
-            for (int t = 0; t <= T && rc == BB_OK; t++) {
-                const uint8_t *p = records + (size_t)b * meta->record_size + (size_t)t * width;
-                uint32_t v = width == 2 ? (uint32_t)(p[0] | p[1] << 8)
-                                        : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                              (uint32_t)p[3] << 24;
-                if (v >= (uint32_t)c->vocab) rc = bb_fail(BB_ERR_ARG, "token %u is not below the vocabulary %d", v, c->vocab);
-                if (t < T) tok[b * T + t] = (int32_t)v;
-                if (t > 0) targets[b * T + t - 1] = (int32_t)v;
-            }
-    }
-    if (rc == BB_OK && (!inputs || !targets)) rc = bb_fail(BB_ERR_NOMEM, "out of memory for a batch");
-    if (rc == BB_OK) rc = bb_model_set_batch(m, inputs, targets);
-    free(inputs);
-    free(targets);
-    return rc;
-}
-
 bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
 {
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
@@ -243,7 +153,7 @@ bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->ops->bac
 bb_status bb_model_logits(bb_model_t *m, float *host_logits)
 {
     BB_TRY(m->ops->forward(m, 1.0f, NULL, NULL));
-    int rows = batch_targets(m), width = m->cfg.kind == BB_MODEL_GPT ? m->cfg.vocab : m->cfg.classes;
+    int rows = bb_model_batch_rows(m), width = m->cfg.kind == BB_MODEL_GPT ? m->cfg.vocab : m->cfg.classes;
     return bb_backend_copy(m->be, host_logits, m->ops->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
 }
 

@@ -24,11 +24,13 @@ struct bb_model {
     size_t param_count;
     bb_tensor_info *tensors;
     int tensor_count, tensor_capacity;
-    /* the batch, on the device */
+    /* the batch the next forward reads, on the device: batch_sets[current] */
     float *features;         /* mlp: (B, inputs) */
     int32_t *tokens;         /* gpt: (B, T) */
     int32_t *targets;        /* mlp: (B); gpt: (B, T) */
     int targets_valid;
+    struct batch_set *batch_sets; /* (2): the current one and the one being staged (batch.c) */
+    int current;
     uint64_t activation_bytes;
     bb_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
@@ -42,6 +44,11 @@ bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int col
 /* Parameters, gradients (zeroed) and the batch buffers, once the tensors
  * are added. */
 bb_status bb_model_alloc_parameters(bb_model_t *m);
+/* batch.c: both batch sets (device buffers, pinned staging, events), and
+ * their release; rows with a target: B (mlp) or B·T (gpt). */
+bb_status bb_model_alloc_batches(bb_model_t *m);
+void bb_model_free_batches(bb_model_t *m);
+int bb_model_batch_rows(const bb_model_t *m);
 /* Allocates `bytes` of activations (counted in activation_bytes). */
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out);
 static inline float *model_param(bb_model_t *m, int tensor) { return m->params + m->tensors[tensor].offset; }

@@ -56,34 +56,48 @@ static void span(trainer *t, int d, const char *name, uint64_t start, uint64_t e
     bb_trace_add(t->trace, d, name, start, end, (int64_t)step + 1, detail);
 }
 
+/* Takes micro-step k's batch from the loader and stages it on the device
+ * (converted into pinned memory, its upload queued on the copy stream). */
+static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st)
+{
+    bb_batch b;
+    uint64_t t0 = bb_clock_ns();
+    bb_trace_range_push("load");
+    bb_status rc = bb_loader_next(t->loader, (uint32_t)d, &b);
+    bb_trace_range_pop();
+    BB_TRY(rc);
+    uint64_t t1 = bb_clock_ns();
+    bb_trace_range_push("copy");
+    rc = bb_model_stage_records(t->model[d], bb_dataset_meta(t->data), b.data, (int)b.count);
+    bb_trace_range_pop();
+    bb_loader_release(t->loader, &b);
+    uint64_t t2 = bb_clock_ns();
+    st->wait_ns += t1 - t0, st->copy_ns += t2 - t1;
+    span(t, d, "load", t0, t1, step, k);
+    span(t, d, "copy", t1, t2, step, k);
+    return rc;
+}
+
 /* Micro-steps of step `step`: the first overwrites the gradients, the
- * others add to them; on the last one the backward posts buckets. */
+ * others add to them; on the last one the backward posts buckets. The next
+ * micro-batch is staged before this one's forward, so on a GPU its upload
+ * overlaps this compute (double buffering, batch.c). */
 static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
 {
     bb_model_t *m = t->model[d];
-    const bb_shard_meta *meta = bb_dataset_meta(t->data);
     post_ctx post = {t->reducer, d};
+    BB_TRY(stage(t, d, step, 0, st));
     for (int k = 0; k < t->accumulation; k++) {
-        bb_batch b;
-        uint64_t t0 = bb_clock_ns();
-        bb_trace_range_push("load");
-        bb_status rc = bb_loader_next(t->loader, (uint32_t)d, &b);
-        bb_trace_range_pop();
-        BB_TRY(rc);
-        uint64_t t1 = bb_clock_ns();
-        bb_trace_range_push("copy");
-        rc = bb_model_set_batch_from_records(m, meta, b.data, (int)b.count);
-        bb_trace_range_pop();
-        bb_loader_release(t->loader, &b);
-        BB_TRY(rc);
+        BB_TRY(bb_model_use_staged(m));
+        bool last = k == t->accumulation - 1;
+        if (!last) BB_TRY(stage(t, d, step, k + 1, st));
         uint64_t t2 = bb_clock_ns();
         double loss;
         bb_trace_range_push("forward");
-        rc = bb_model_forward(m, t->normalizer, &loss, NULL);
+        bb_status rc = bb_model_forward(m, t->normalizer, &loss, NULL);
         bb_trace_range_pop();
         BB_TRY(rc);
         uint64_t t3 = bb_clock_ns();
-        bool last = k == t->accumulation - 1;
         if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
         bb_trace_range_push("backward");
         rc = bb_model_backward(m, k > 0);
@@ -92,10 +106,8 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
         BB_TRY(rc);
         uint64_t t4 = bb_clock_ns();
         st->loss += loss;
-        st->wait_ns += t1 - t0, st->copy_ns += t2 - t1, st->fwd_ns += t3 - t2, st->bwd_ns += t4 - t3;
+        st->fwd_ns += t3 - t2, st->bwd_ns += t4 - t3;
         st->backward_end_ns = t4;
-        span(t, d, "load", t0, t1, step, k);
-        span(t, d, "copy", t1, t2, step, k);
         span(t, d, "forward", t2, t3, step, k);
         span(t, d, "backward", t3, t4, step, k);
     }
