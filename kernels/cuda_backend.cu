@@ -74,7 +74,10 @@ bb_status pending(bb_backend_t *b)
 
 bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
 {
-    if (err != cudaSuccess) return bb_fail(BB_ERR_DEVICE, "%s: %s: %s", b->name, what, cudaGetErrorString(err));
+    if (err != cudaSuccess) {
+        cudaGetLastError(); // reported here: not again by the next kernel launch's check
+        return bb_fail(BB_ERR_DEVICE, "%s: %s: %s", b->name, what, cudaGetErrorString(err));
+    }
     return pending(b);
 }
 
@@ -204,7 +207,7 @@ bb_status cuda_event_create(bb_backend_t *b, bb_event_t **out)
 {
     use(b);
     cudaEvent_t e;
-    BB_TRY(check(b, cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    BB_TRY(check(b, cudaEventCreate(&e), "cudaEventCreate")); // with timing: the trace reads device times
     *out = reinterpret_cast<bb_event_t *>(e);
     return BB_OK;
 }
@@ -226,6 +229,16 @@ bb_status cuda_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
     use(b);
     return check(b, cudaStreamWaitEvent(state(b)->stream[stream], reinterpret_cast<cudaEvent_t>(e), 0),
                  "cudaStreamWaitEvent");
+}
+
+bb_status cuda_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms)
+{
+    use(b);
+    float f = 0;
+    BB_TRY(check(b, cudaEventElapsedTime(&f, reinterpret_cast<cudaEvent_t>(from), reinterpret_cast<cudaEvent_t>(to)),
+                 "cudaEventElapsedTime"));
+    *ms = f;
+    return BB_OK;
 }
 
 bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
@@ -494,6 +507,7 @@ bb_backend_vtable make_vtable()
     v.event_record = cuda_event_record;
     v.stream_wait = cuda_stream_wait;
     v.event_synchronize = cuda_event_synchronize;
+    v.event_elapsed = cuda_event_elapsed;
     v.linear_forward = cuda_linear_forward;
     v.linear_backward = cuda_linear_backward;
     v.relu_forward = cuda_relu_forward;

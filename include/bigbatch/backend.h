@@ -118,6 +118,10 @@ bb_status bb_backend_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stre
 bb_status bb_backend_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e);
 /* Blocks the host until `e` has happened. */
 bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e);
+/* Milliseconds of device time from `from` to `to` (both recorded and
+ * happened). Fails with BB_ERR_UNSUPPORTED where there is no device clock
+ * (the CPU, whose work is done when a call returns). */
+bb_status bb_backend_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms);
 /* Queues a copy on `stream` and returns (CUDA; the CPU copies at once):
  * `src` must stay unchanged until an event recorded on `stream` after it
  * has happened, and consumers on other streams wait for such an event. */

@@ -117,6 +117,12 @@ bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
     return b->vt->memset(b, dst, value, bytes);
 }
 
+bb_status bb_backend_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms)
+{
+    if (!b->vt->event_elapsed || !from || !to) return BB_ERR_UNSUPPORTED; /* no message: callers fall back */
+    return b->vt->event_elapsed(b, from, to, ms);
+}
+
 bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                                 bb_stream stream)
 {

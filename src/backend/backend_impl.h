@@ -28,6 +28,7 @@ typedef struct bb_backend_vtable {
     bb_status (*event_record)(bb_backend_t *b, bb_event_t *e, bb_stream stream);
     bb_status (*stream_wait)(bb_backend_t *b, bb_stream stream, bb_event_t *e);
     bb_status (*event_synchronize)(bb_backend_t *b, bb_event_t *e);
+    bb_status (*event_elapsed)(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms);
 
     /* ops: required (see backend.h for each one's contract) */
     void (*linear_forward)(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,

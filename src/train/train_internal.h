@@ -94,6 +94,26 @@ typedef struct trainer {
     bb_train_result *result;
 } trainer;
 
+/* Device times of a worker's phases for the trace (device_clock.c): marks
+ * 3k, 3k+1, 3k+2 are micro-step k's forward start, forward end and
+ * backward end; 3A and 3A+1 the optimizer's start and end. Off (every call
+ * a no-op) on backends whose work is done when a call returns. */
+typedef struct device_clock {
+    bool on;
+    bb_backend_t *be;
+    bb_event_t *anchor, **marks;
+    int count;
+    uint64_t anchor_ns;       /* host time of the anchor */
+} device_clock;
+
+bb_status device_clock_init(device_clock *c, bb_backend_t *be, int accumulation);
+void device_clock_destroy(device_clock *c);
+/* Ties the clocks: waits for the device to reach this point. */
+bb_status device_clock_start(device_clock *c);
+bb_status device_clock_mark(device_clock *c, int i);
+/* Host-clock time at which mark i happened on the device (waits for it). */
+bb_status device_clock_time(device_clock *c, int i, uint64_t *ns);
+
 bb_status step_barrier_wait(step_barrier *b);
 /* Records the failure (first one wins) and wakes every thread. */
 void trainer_fail(trainer *t, bb_status status);

@@ -82,7 +82,7 @@ static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st
  * others add to them; on the last one the backward posts buckets. The next
  * micro-batch is staged before this one's forward, so on a GPU its upload
  * overlaps this compute (double buffering, batch.c). */
-static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
+static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st, device_clock *clk)
 {
     bb_model_t *m = t->model[d];
     post_ctx post = {t->reducer, d};
@@ -93,10 +93,12 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
         if (!last) BB_TRY(stage(t, d, step, k + 1, st));
         uint64_t t2 = bb_clock_ns();
         double loss;
+        BB_TRY(device_clock_mark(clk, 3 * k));
         bb_trace_range_push("forward");
         bb_status rc = bb_model_forward(m, t->normalizer, &loss, NULL);
         bb_trace_range_pop();
         BB_TRY(rc);
+        BB_TRY(device_clock_mark(clk, 3 * k + 1));
         uint64_t t3 = bb_clock_ns();
         if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
         bb_trace_range_push("backward");
@@ -104,22 +106,41 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st)
         bb_trace_range_pop();
         bb_model_set_grad_ready(m, NULL, NULL);
         BB_TRY(rc);
+        BB_TRY(device_clock_mark(clk, 3 * k + 2));
         uint64_t t4 = bb_clock_ns();
         st->loss += loss;
         st->fwd_ns += t3 - t2, st->bwd_ns += t4 - t3;
         st->backward_end_ns = t4;
-        span(t, d, "forward", t2, t3, step, k);
-        span(t, d, "backward", t3, t4, step, k);
+        if (!clk->on) { /* on GPUs these are queueing times: device_spans() writes the real ones */
+            span(t, d, "forward", t2, t3, step, k);
+            span(t, d, "backward", t3, t4, step, k);
+        }
     }
     return BB_OK;
 }
 
-static bb_status worker_loop(trainer *t, int d)
+/* The step's compute spans in device time (GPUs with --trace). */
+static bb_status device_spans(trainer *t, int d, uint64_t step, device_clock *clk)
+{
+    uint64_t at[3];
+    for (int k = 0; k < t->accumulation; k++) {
+        for (int i = 0; i < 3; i++) BB_TRY(device_clock_time(clk, 3 * k + i, &at[i]));
+        span(t, d, "forward", at[0], at[1], step, k);
+        span(t, d, "backward", at[1], at[2], step, k);
+    }
+    BB_TRY(device_clock_time(clk, 3 * t->accumulation, &at[0]));
+    BB_TRY(device_clock_time(clk, 3 * t->accumulation + 1, &at[1]));
+    span(t, d, "optimizer", at[0], at[1], step, -1);
+    return BB_OK;
+}
+
+static bb_status worker_loop(trainer *t, int d, device_clock *clk)
 {
     for (uint64_t step = t->first_step; step < t->total_steps; step++) {
         worker_stats *st = &t->stats[d];
         memset(st, 0, sizeof *st);
-        BB_TRY(micro_steps(t, d, step, st));
+        BB_TRY(device_clock_start(clk));
+        BB_TRY(micro_steps(t, d, step, st, clk));
         if (t->reducer) {
             bb_trace_range_push("reduce");
             if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
@@ -128,12 +149,15 @@ static bb_status worker_loop(trainer *t, int d)
             if (reducer_aborted(t->reducer)) return reducer_failure(t->reducer);
         }
         uint64_t t0 = bb_clock_ns();
+        BB_TRY(device_clock_mark(clk, 3 * t->accumulation));
         bb_trace_range_push("optimizer");
         st->grad_norm = optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
         bb_trace_range_pop();
+        BB_TRY(device_clock_mark(clk, 3 * t->accumulation + 1));
         uint64_t t1 = bb_clock_ns();
         st->opt_ns = t1 - t0;
-        span(t, d, "optimizer", t0, t1, step, -1);
+        if (clk->on) BB_TRY(device_spans(t, d, step, clk));
+        else span(t, d, "optimizer", t0, t1, step, -1);
         BB_TRY(step_barrier_wait(&t->barrier));
         if (d == 0) BB_TRY(trainer_end_of_step(t, step));
         BB_TRY(step_barrier_wait(&t->barrier));
@@ -147,7 +171,10 @@ void *trainer_worker_main(void *arg)
     void **args = arg;
     trainer *t = args[0];
     int d = (int)(intptr_t)args[1];
-    bb_status rc = worker_loop(t, d);
+    device_clock clk = {0};
+    bb_status rc = t->trace ? device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
+    if (rc == BB_OK) rc = worker_loop(t, d, &clk);
+    device_clock_destroy(&clk);
     if (rc != BB_OK) trainer_fail(t, rc);
     return NULL;
 }
