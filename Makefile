@@ -55,7 +55,7 @@ CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -fno-trapping-math -fno-math-errno \
 LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
-SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/model/*.c src/trace/*.c src/train/*.c)
+SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/model/*.c src/trace/*.c src/train/*.c src/plan/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu)
 ifeq ($(USE_CUDA),1)

@@ -66,6 +66,8 @@ typedef struct bb_train_options {
     int cuda_ids[BB_TRAIN_MAX_DEVICES];
     bb_precision precision;    /* bf16: matrix products on bf16 tensor cores (GPUs) */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
+    bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
+    bool auto_checkpoint;      /* --checkpoint auto: the planner picks model.checkpoint_every */
     uint64_t steps;            /* run ends after step `steps`; 0: use epochs */
     uint64_t epochs;           /* when steps is 0 */
     uint64_t stop_after;       /* end this run after this step, the schedule still

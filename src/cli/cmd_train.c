@@ -65,7 +65,8 @@ int bb_cmd_train(int argc, char **argv)
     bb_train_defaults(&o);
     model_flags mf = MODEL_FLAGS_DEFAULT;
     const char *devices = "cpu:1", *precision = "fp32", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
-    int64_t global_batch = o.global_batch, micro_batch = o.micro_batch, steps = 0, epochs = 0, warmup = 0,
+    const char *micro_batch = "8";
+    int64_t global_batch = o.global_batch, steps = 0, epochs = 0, warmup = 0,
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
             log_every = (int64_t)o.log_every;
     bool no_overlap = false, quiet = false, val_given = false;
@@ -79,8 +80,8 @@ int bb_cmd_train(int argc, char **argv)
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: matrix products on bf16 tensor cores with "
          "fp32 weights, gradients and optimizer state (GPUs)", .choices = "fp32|bf16"},
         {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
-        {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per device per micro-step (what must fit in "
-         "memory)", .min = 1, .max = 1 << 24},
+        {"--micro-batch", BB_OPT_STRING, &micro_batch, "B|auto", "examples per device per micro-step (what must "
+         "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)"},
         {"--steps", BB_OPT_INT, &steps, "N", "optimizer steps, counted from step 0 of the run (also when "
          "resuming)", .min = 1, .max = 1e15},
         {"--stop-after", BB_OPT_INT, &stop_after, "N", "end this run after step N, keeping the schedule of "
@@ -122,7 +123,20 @@ int bb_cmd_train(int argc, char **argv)
         {"--quiet", BB_OPT_FLAG, &quiet, NULL, "no progress output"},
         {0}};
     bb_status rc = bb_cli_parse("train", opts, argc, argv, NULL);
+    if (rc == BB_OK && !strcmp(mf.checkpoint, "auto")) { /* the planner picks the policy */
+        o.auto_checkpoint = true;
+        mf.checkpoint = "none";
+    }
     if (rc == BB_OK) rc = model_flags_config(&mf, &o.model);
+    if (rc == BB_OK && !strcmp(micro_batch, "auto")) {
+        o.auto_micro_batch = true;
+        o.micro_batch = 0;
+    } else if (rc == BB_OK) {
+        int64_t b;
+        rc = bb_parse_int("--micro-batch", micro_batch, &b);
+        if (rc == BB_OK && (b < 1 || b > 1 << 24)) rc = bb_fail(BB_ERR_ARG, "--micro-batch must be 1 to %d, or auto", 1 << 24);
+        o.micro_batch = (int)b;
+    }
     if (rc == BB_OK) rc = parse_devices(devices, &o);
     if (rc == BB_OK) rc = bb_precision_parse(precision, &o.precision);
     if (rc == BB_OK) {
@@ -134,7 +148,6 @@ int bb_cmd_train(int argc, char **argv)
             if (!o.val_data) o.val_data = resolve_split(data, "test");
         }
         o.global_batch = (int)global_batch;
-        o.micro_batch = (int)micro_batch;
         o.steps = (uint64_t)steps;
         o.stop_after = (uint64_t)stop_after;
         o.epochs = steps ? 0 : epochs ? (uint64_t)epochs : 1;

@@ -25,5 +25,6 @@ int bb_cmd_train(int argc, char **argv);
 int bb_cmd_eval(int argc, char **argv);
 int bb_cmd_export(int argc, char **argv);
 int bb_cmd_sample(int argc, char **argv);
+int bb_cmd_plan(int argc, char **argv);
 
 #endif

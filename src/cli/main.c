@@ -18,6 +18,7 @@ static const struct command {
     const char *summary;
 } commands[] = {
     {"train", bb_cmd_train, "train a model: data parallel, accumulation, checkpointing, save/resume"},
+    {"plan", bb_cmd_plan, "which micro-batch and checkpointing fit a device's memory for a global batch"},
     {"eval", bb_cmd_eval, "loss (and accuracy) of a checkpoint or safetensors file on a dataset"},
     {"sample", bb_cmd_sample, "generate text from a gpt checkpoint"},
     {"export", bb_cmd_export, "write a checkpoint's weights as one .safetensors file"},

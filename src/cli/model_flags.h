@@ -21,7 +21,7 @@ typedef struct model_flags {
     {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},                     \
     {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default 1024,1024)"},          \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
-     "activation checkpointing: none, blocks (keep one block's input per block), every:K"}
+     "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)"}
 
 /* The model configuration the flags describe; the data fills seq_len and
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */

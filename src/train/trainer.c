@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bigbatch/plan.h"
 #include "train_internal.h"
 
 void bb_train_defaults(bb_train_options *o)
@@ -47,10 +48,10 @@ static bb_status model_from_data(const bb_train_options *o, const bb_shard_meta 
     return BB_OK;
 }
 
-static bb_status check_split(const bb_train_options *o, int *accumulation)
+static bb_status check_split(const bb_train_options *o, int micro_batch, int *accumulation)
 {
-    int per_step = o->devices * o->micro_batch;
-    if (o->global_batch > 0 && o->micro_batch > 0 && o->global_batch % per_step == 0) {
+    int per_step = o->devices * micro_batch;
+    if (o->global_batch > 0 && micro_batch > 0 && o->global_batch % per_step == 0) {
         *accumulation = o->global_batch / per_step;
         return BB_OK;
     }
@@ -61,7 +62,7 @@ static bb_status check_split(const bb_train_options *o, int *accumulation)
     return bb_fail(BB_ERR_ARG,
                    "--global-batch %d is not a whole number of micro-batches of %d on %d device%s; valid "
                    "--micro-batch values: %s",
-                   o->global_batch, o->micro_batch, o->devices, o->devices > 1 ? "s" : "", len ? valid : "none");
+                   o->global_batch, micro_batch, o->devices, o->devices > 1 ? "s" : "", len ? valid : "none");
 }
 
 static bool same_shape(const bb_model_config *a, const bb_model_config *b)
@@ -231,12 +232,43 @@ static bb_status start_loader(trainer *t)
     return bb_loader_create(t->data, &lo, &t->loader);
 }
 
+/* --micro-batch auto / --checkpoint auto: the planner's choice (plan.h). */
+static bb_status apply_plan(trainer *t)
+{
+    const bb_train_options *o = t->o;
+    bb_plan_request q = {.model = t->cfg, .devices = o->devices, .global_batch = o->global_batch,
+                         .device_mem = o->device_mem, .optimizer = o->opt.kind, .cuda = o->cuda,
+                         .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
+                         .fixed_checkpoint = o->auto_checkpoint ? -1 : t->cfg.checkpoint_every};
+    bb_plan p;
+    BB_TRY(bb_plan_make(&q, &p));
+    if (p.chosen < 0) {
+        bb_status rc = bb_fail(BB_ERR_OOM, "plan: %s", p.why_nothing_fits);
+        bb_plan_free(&p);
+        return rc;
+    }
+    const bb_plan_row *r = &p.rows[p.chosen];
+    t->micro_batch = r->micro_batch;
+    t->cfg.checkpoint_every = r->checkpoint_every;
+    if (o->progress) {
+        char peak[24], mem[24];
+        fprintf(o->progress, "plan: micro-batch %d x accumulation %d, checkpoint %s, predicted peak %s", r->micro_batch,
+                r->accumulation, r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak));
+        if (o->device_mem) fprintf(o->progress, " of %s", bb_format_bytes(o->device_mem, mem, sizeof mem));
+        else fprintf(o->progress, " (no --device-mem: the fastest)");
+        fprintf(o->progress, "\n");
+    }
+    bb_plan_free(&p);
+    return BB_OK;
+}
+
 static bb_status setup(trainer *t)
 {
     const bb_train_options *o = t->o;
     if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
         return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
-    if (o->micro_batch < 1 || o->global_batch < 1) return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
+    if ((o->micro_batch < 1 && !o->auto_micro_batch) || o->global_batch < 1)
+        return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
@@ -244,9 +276,10 @@ static bb_status setup(trainer *t)
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
     t->seed = o->seed;
-    BB_TRY(check_split(o, &t->accumulation));
     BB_TRY(bb_dataset_open(o->data, &t->data));
     BB_TRY(model_from_data(o, bb_dataset_meta(t->data), &t->cfg));
+    if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
+    BB_TRY(check_split(o, t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
     if (!t->steps_per_epoch)

@@ -1,0 +1,130 @@
+/* cmd_plan.c — `bigbatch plan`: the memory planner's table. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bigbatch/plan.h"
+#include "commands.h"
+#include "model_flags.h"
+
+static const char usage[] =
+    "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:N] --device-mem BYTES\n"
+    "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd] [--json]";
+static const char summary[] =
+    "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
+    "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
+    "and relative step time (recomputation counted), and marks the one `train --micro-batch\n"
+    "auto --checkpoint auto` would pick: the fastest that fits with a 5% margin. Fixing\n"
+    "--micro-batch or --checkpoint restricts the table. The model's input and output sizes\n"
+    "come from --data.";
+
+static void print_table(const bb_plan *p, const bb_plan_request *q, const char *model)
+{
+    char mem[24], usable[24], peak[24];
+    if (q->device_mem)
+        printf("plan: %s on %d device%s, global batch %d, %s per device (%s usable)\n", model, q->devices,
+               q->devices > 1 ? "s" : "", q->global_batch, bb_format_bytes(q->device_mem, mem, sizeof mem),
+               bb_format_bytes(p->budget, usable, sizeof usable));
+    else
+        printf("plan: %s on %d device%s, global batch %d, no memory limit\n", model, q->devices,
+               q->devices > 1 ? "s" : "", q->global_batch);
+    printf("\n     micro-batch  accumulation  checkpoint   peak per device  relative time\n");
+    for (int i = 0; i < p->count; i++) {
+        const bb_plan_row *r = &p->rows[i];
+        printf("  %s %11d  %12d  %-10s  %15s  %12.2fx%s\n", r->chosen ? "*" : " ", r->micro_batch, r->accumulation,
+               r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak), r->relative_time,
+               r->fits ? "" : "  does not fit");
+    }
+    if (p->chosen < 0) {
+        printf("\n%s\n", p->why_nothing_fits);
+        return;
+    }
+    const bb_plan_row *r = &p->rows[p->chosen];
+    char a[24], b[24], c[24], d[24], e[24];
+    printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->checkpoint,
+           r->accumulation);
+    printf("  its peak: parameters %s, gradients %s, %s state %s, batches %s, activations %s",
+           bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
+           q->optimizer == BB_OPT_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
+           bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
+    if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
+    printf("\n");
+}
+
+static void print_json(const bb_plan *p)
+{
+    printf("[");
+    for (int i = 0; i < p->count; i++) {
+        const bb_plan_row *r = &p->rows[i];
+        printf("%s\n  {\"micro_batch\": %d, \"accumulation\": %d, \"checkpoint\": \"%s\", \"peak_bytes\": %llu, "
+               "\"relative_time\": %.4f, \"fits\": %s, \"chosen\": %s}",
+               i ? "," : "", r->micro_batch, r->accumulation, r->checkpoint, (unsigned long long)r->memory.total,
+               r->relative_time, r->fits ? "true" : "false", r->chosen ? "true" : "false");
+    }
+    printf("\n]\n");
+}
+
+int bb_cmd_plan(int argc, char **argv)
+{
+    model_flags mf = MODEL_FLAGS_DEFAULT;
+    mf.checkpoint = "auto";
+    const char *data = "data/kjv", *devices = "cpu:1", *optimizer = "adamw";
+    int64_t global_batch = 64, micro_batch = 0;
+    uint64_t device_mem = 0;
+    bool json = false;
+    const bb_opt opts[] = {
+        MODEL_FLAG_OPTS(mf),
+        {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)"},
+        {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N, or cuda:N for N GPUs (adds GPU workspaces)"},
+        {"--device-mem", BB_OPT_BYTES, &device_mem, "BYTES", "memory of each device (e.g. 16GiB); 0: no limit"},
+        {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
+        {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
+         .max = 1 << 24},
+        {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw (two moments) or sgd (one)", .choices = "adamw|sgd"},
+        {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
+        {0}};
+    bb_plan_request q = {.fixed_checkpoint = -1};
+    bb_plan p = {0};
+    bb_status rc = bb_cli_parse("plan", opts, argc, argv, NULL);
+    bool any_checkpoint = rc == BB_OK && !strcmp(mf.checkpoint, "auto");
+    if (any_checkpoint) mf.checkpoint = "none";
+    if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
+    if (rc == BB_OK && !any_checkpoint) q.fixed_checkpoint = q.model.checkpoint_every;
+    if (rc == BB_OK) {
+        const char *train = resolve_split(data, "train");
+        rc = model_config_from_data(train ? train : data, &q.model);
+    }
+    if (rc == BB_OK) {
+        char *end;
+        long n = 0;
+        if (!strncmp(devices, "cpu:", 4) || !strncmp(devices, "cuda:", 5)) n = strtol(strchr(devices, ':') + 1, &end, 10);
+        if (n < 1 || n > BB_TRAIN_MAX_DEVICES || *end)
+            rc = bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N or cuda:N (N devices)", devices);
+        q.devices = (int)n;
+        q.cuda = !strncmp(devices, "cuda:", 5);
+    }
+    if (rc == BB_OK) {
+        q.global_batch = (int)global_batch;
+        q.device_mem = device_mem;
+        q.optimizer = strcmp(optimizer, "sgd") ? BB_OPT_ADAMW : BB_OPT_SGD;
+        q.fixed_micro_batch = (int)micro_batch;
+        rc = bb_plan_make(&q, &p);
+    }
+    if (rc == BB_OK && json) {
+        print_json(&p);
+    } else if (rc == BB_OK) {
+        char model[160];
+        if (q.model.kind == BB_MODEL_GPT)
+            snprintf(model, sizeof model, "gpt (%d layers, %d heads, d %d, T %d, vocab %d)", q.model.layers,
+                     q.model.heads, q.model.d_model, q.model.seq_len, q.model.vocab);
+        else
+            snprintf(model, sizeof model, "mlp (%d inputs, %d hidden layers, %d classes)", q.model.inputs,
+                     q.model.hidden_count, q.model.classes);
+        print_table(&p, &q, model);
+    }
+    bool nothing = rc == BB_OK && p.chosen < 0;
+    bb_plan_free(&p);
+    int code = bb_cli_report(rc, usage, summary, opts);
+    bb_cli_free(opts, NULL);
+    return nothing ? BB_EXIT_ERROR : code; /* nothing fits: the table says why, the status says so */
+}

@@ -1,0 +1,172 @@
+/* test_plan.c — the memory planner: its predictions against the
+ * allocator's peak in real runs, the choice it makes when the batch does
+ * not fit, and the `plan` command. */
+#include <math.h>
+
+#include "bigbatch/plan.h"
+#include "test_util.h"
+
+static char *tmp;
+static void setup(void) { tmp = tu_temp_dir(); }
+static void teardown(void)
+{
+    tu_rm_tree(tmp);
+    free(tmp);
+}
+TestSuite(plan, .init = setup, .fini = teardown);
+
+static char *dataset(const char *name, bb_shard_meta *m, uint8_t *records, uint64_t count)
+{
+    char *dir = tu_path(tmp, name);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    bb_writer_options o = {.level = 1, .frame_bytes = 64 * m->record_size, .shard_bytes = 1 << 20, .threads = 1};
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, m, &o, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK);
+    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK);
+    bb_dataset_writer_destroy(w);
+    free(records);
+    return dir;
+}
+
+static char *tokens(uint64_t count)
+{
+    enum { T = 16, V = 32 };
+    uint32_t rs = 2 * (T + 1);
+    uint8_t *r = malloc(count * rs);
+    for (uint64_t i = 0; i < count; i++)
+        for (int t = 0; t <= T; t++) r[i * rs + 2 * t] = (uint8_t)((i * 7 + (uint64_t)t * 3) % V), r[i * rs + 2 * t + 1] = 0;
+    bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {T + 1}, .record_size = rs, .classes_or_vocab = V};
+    return dataset("tokens", &m, r, count);
+}
+
+static char *images(uint64_t count)
+{
+    uint32_t rs = 1 + 64;
+    uint8_t *r = malloc(count * rs);
+    tu_fill_random(r, count * rs, 3);
+    for (uint64_t i = 0; i < count; i++) r[i * rs] = (uint8_t)(i % 4);
+    bb_shard_meta m = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {8, 8}, .record_size = rs, .classes_or_vocab = 4};
+    return dataset("images", &m, r, count);
+}
+
+static bb_train_options options(const char *data, bb_model_config model, int micro_batch, int global_batch)
+{
+    bb_train_options o;
+    bb_train_defaults(&o);
+    o.model = model;
+    o.data = data;
+    o.micro_batch = micro_batch, o.global_batch = global_batch;
+    o.steps = 1, o.epochs = 0;
+    o.loader_threads = 1;
+    o.progress = NULL;
+    return o;
+}
+
+/* The planner's prediction for the run `o` describes (shape from the data). */
+static uint64_t predicted(const bb_train_options *o, int seq_len, int vocab, int inputs, int classes)
+{
+    bb_model_config c = o->model;
+    if (c.kind == BB_MODEL_GPT) c.seq_len = seq_len, c.vocab = vocab;
+    else c.inputs = inputs, c.classes = classes;
+    bb_memory_breakdown m;
+    bb_plan_memory(&c, o->micro_batch, o->opt.kind, false, &m);
+    return m.total;
+}
+
+Test(plan, predicted_peaks_match_the_allocator_within_5_percent)
+{
+    char *tok = tokens(200), *img = images(300);
+    int hidden[] = {48, 24, 16};
+    bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0)};
+    const int every[] = {0, 1, 2}, batches[] = {1, 4, 16};
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 3; e++)
+            for (int b = 0; b < 3; b++)
+                for (int opt = 0; opt < 2; opt++) {
+                    bb_train_options o = options(k ? img : tok, models[k], batches[b], 32);
+                    o.model.checkpoint_every = every[e];
+                    o.opt.kind = opt ? BB_OPT_SGD : BB_OPT_ADAMW;
+                    bb_train_result r;
+                    cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
+                    uint64_t want = predicted(&o, 16, 32, 64, 4), got = r.peak_bytes[0];
+                    double rel = fabs((double)want - (double)got) / (double)got;
+                    cr_log_info("%s micro-batch %2d every:%d %s: predicted %llu, allocator %llu (%.2f%%)",
+                                k ? "mlp" : "gpt", batches[b], every[e], opt ? "sgd  " : "adamw",
+                                (unsigned long long)want, (unsigned long long)got, 100 * rel);
+                    cr_assert(rel <= 0.05, "%s micro-batch %d every:%d: predicted %llu, the allocator's peak %llu",
+                              k ? "mlp" : "gpt", batches[b], every[e], (unsigned long long)want,
+                              (unsigned long long)got);
+                    bb_train_result_free(&r);
+                }
+    free(tok), free(img);
+}
+
+/* The seed's scenario: a memory so small that a micro-batch of 1 fits only
+ * with checkpointing; auto picks it and trains; with more memory auto picks
+ * no checkpointing and a larger micro-batch; both runs agree. */
+Test(plan, auto_checkpoints_when_one_sample_does_not_fit_and_both_runs_agree)
+{
+    char *tok = tokens(1100);
+    bb_model_config c = bb_model_gpt_config(4, 2, 32, 16, 32);
+    bb_memory_breakdown none1, blocks1;
+    c.checkpoint_every = 0;
+    bb_plan_memory(&c, 1, BB_OPT_ADAMW, false, &none1);
+    c.checkpoint_every = 1;
+    bb_plan_memory(&c, 1, BB_OPT_ADAMW, false, &blocks1);
+    cr_assert_lt(blocks1.total, none1.total);
+    uint64_t small = (uint64_t)((blocks1.total + none1.total) / 2 / 0.95); /* usable: between the two */
+    bb_train_options o = options(tok, bb_model_gpt_config(4, 2, 32, 0, 0), 0, 1024);
+    o.auto_micro_batch = o.auto_checkpoint = true;
+    o.steps = 2;
+    o.device_mem = small;
+    bb_train_result a, b;
+    cr_assert_eq(bb_train_run(&o, &a), BB_OK, "%s", bb_error_message());
+    cr_assert_leq(a.peak_bytes[0], small, "the run went over --device-mem");
+    o.device_mem = 64 * none1.total;
+    cr_assert_eq(bb_train_run(&o, &b), BB_OK, "%s", bb_error_message());
+    /* what each picked, from the planner itself */
+    bb_plan_request q = {.model = bb_model_gpt_config(4, 2, 32, 16, 32), .devices = 1, .global_batch = 1024,
+                         .device_mem = small, .fixed_checkpoint = -1};
+    bb_plan p1, p2;
+    cr_assert_eq(bb_plan_make(&q, &p1), BB_OK);
+    q.device_mem = 64 * none1.total;
+    cr_assert_eq(bb_plan_make(&q, &p2), BB_OK);
+    cr_assert_geq(p1.chosen, 0);
+    cr_assert_geq(p2.chosen, 0);
+    const bb_plan_row *r1 = &p1.rows[p1.chosen], *r2 = &p2.rows[p2.chosen];
+    cr_log_info("small memory: micro-batch %d, %s; large: micro-batch %d, %s", r1->micro_batch, r1->checkpoint,
+                r2->micro_batch, r2->checkpoint);
+    cr_assert_neq(r1->checkpoint_every, 0, "with too little memory for one sample, the plan must checkpoint");
+    cr_assert_eq(r2->checkpoint_every, 0, "with ample memory, no checkpointing");
+    cr_assert_gt(r2->micro_batch, r1->micro_batch);
+    for (int s = 0; s < 2; s++) {
+        double rel = fabs(a.losses[s] - b.losses[s]) / fabs(b.losses[s]);
+        cr_assert(rel <= 1e-5, "step %d: %.9g vs %.9g", s + 1, a.losses[s], b.losses[s]);
+    }
+    bb_plan_free(&p1), bb_plan_free(&p2);
+    bb_train_result_free(&a), bb_train_result_free(&b);
+    free(tok);
+}
+
+Test(plan, command_prints_json_and_says_when_nothing_fits)
+{
+    char *tok = tokens(100);
+    tu_run r = tu_bigbatch("plan", "--data", tok, "--layers", "2", "--d-model", "32", "--heads", "2", "--device-mem",
+                           "2MiB", "--global-batch", "32", "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    static const char *const keys[] = {"\"micro_batch\"", "\"accumulation\"", "\"checkpoint\"", "\"peak_bytes\"",
+                                       "\"relative_time\"", "\"fits\"", "\"chosen\": true", "\"fits\": false"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert_not_null(strstr(r.out, keys[i]), "%s: %s", keys[i], r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--data", tok, "--layers", "2", "--d-model", "32", "--heads", "2", "--device-mem", "64KiB",
+                    "--global-batch", "32");
+    cr_assert_eq(r.exit_code, 1);
+    cr_assert_not_null(strstr(r.out, "nothing fits: the parameters, gradients and AdamW state alone take"), "%s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", tok, "--layers", "2", "--d-model", "32", "--heads", "2", "--device-mem", "64KiB",
+                    "--global-batch", "32", "--micro-batch", "auto", "--steps", "1");
+    tu_assert_error(&r, "plan: nothing fits");
+    tu_run_free(&r);
+    free(tok);
+}
