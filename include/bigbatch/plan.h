@@ -24,8 +24,9 @@
  *
  * Relative step time counts FLOPs: a step is forward (1) + backward (2) of
  * every example; checkpointing recomputes the forward of every segment but
- * the last, adding (S−1)·K/L of a forward; each extra micro-step costs 1 %
- * (launches, loader hand-off — an assumption, see perf/RESULTS.md).
+ * the last, adding (S−1)·K/L of a forward; each micro-step also costs a
+ * quarter of an example's compute (launches, the loader hand-off, smaller
+ * matrices — an assumption, checked in perf/RESULTS.md).
  */
 #ifndef BIGBATCH_PLAN_H
 #define BIGBATCH_PLAN_H
@@ -57,7 +58,7 @@ typedef struct bb_plan_row {
     int micro_batch, accumulation, checkpoint_every;
     char checkpoint[24];       /* "none", "blocks", "every:3" */
     bb_memory_breakdown memory;
-    double relative_time;      /* 1.0: the fastest candidate */
+    double relative_time;      /* 1.0: the whole per-device batch at once, no checkpointing */
     bool fits, chosen;
 } bb_plan_row;
 

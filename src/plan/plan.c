@@ -71,12 +71,18 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
 }
 
 /* ---- candidates -------------------------------------------------------- */
-static double relative_time(const bb_model_config *c, int accumulation)
+/* Per micro-step overhead (launches, the loader hand-off, small-matrix
+ * inefficiency), in examples' worth of compute: an assumption, checked
+ * against measurements in perf/RESULTS.md. */
+#define MICRO_STEP_COST 0.25
+
+static double relative_time(const bb_model_config *c, int micro_batch, int accumulation)
 {
     int layers = c->kind == BB_MODEL_GPT ? c->layers : c->hidden_count + 1, K = segment_size(c);
     int S = (layers + K - 1) / K;
     double recompute = (double)(S - 1) * K / layers;         /* share of a forward done again */
-    return (3.0 + recompute) / 3.0 * (1.0 + 0.01 * (accumulation - 1));
+    double examples = (double)micro_batch * accumulation;
+    return (3.0 + recompute) / 3.0 * (examples + MICRO_STEP_COST * accumulation) / (examples + MICRO_STEP_COST);
 }
 
 static void checkpoint_name(int every, int layers, char *buf, size_t cap)
@@ -116,15 +122,12 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             r->checkpoint_every = policies[i];
             checkpoint_name(policies[i], layers, r->checkpoint, sizeof r->checkpoint);
             bb_plan_memory(&c, b, q->optimizer, q->cuda, &r->memory);
-            r->relative_time = relative_time(&c, r->accumulation);
+            r->relative_time = relative_time(&c, b, r->accumulation);
             r->fits = r->memory.total <= out->budget;
             if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
                 out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
         }
     }
-    double fastest = 1e300;
-    for (int i = 0; i < out->count; i++) fastest = out->rows[i].relative_time < fastest ? out->rows[i].relative_time : fastest;
-    for (int i = 0; i < out->count; i++) out->rows[i].relative_time /= fastest;
     if (out->chosen >= 0) {
         out->rows[out->chosen].chosen = true;
         return BB_OK;
