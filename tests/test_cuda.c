@@ -275,13 +275,7 @@ static char *token_dataset(const char *root)
     bb_shard_meta m = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {T + 1}, .record_size = rs,
                        .classes_or_vocab = VOCAB};
     char *dir = tu_path(root, "tokens");
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    bb_writer_options wo = {.level = 1, .frame_bytes = 64 * rs, .shard_bytes = 1 << 20, .threads = 1};
-    bb_dataset_writer_t *w;
-    cr_assert_eq(bb_dataset_writer_create(dir, &m, &wo, &w), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_dataset_writer_add(w, r, RECORDS), BB_OK);
-    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK);
-    bb_dataset_writer_destroy(w);
+    tu_write_dataset(dir, &m, r, RECORDS);
     free(r);
     return dir;
 }

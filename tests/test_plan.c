@@ -18,13 +18,7 @@ TestSuite(plan, .init = setup, .fini = teardown);
 static char *dataset(const char *name, bb_shard_meta *m, uint8_t *records, uint64_t count)
 {
     char *dir = tu_path(tmp, name);
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    bb_writer_options o = {.level = 1, .frame_bytes = 64 * m->record_size, .shard_bytes = 1 << 20, .threads = 1};
-    bb_dataset_writer_t *w;
-    cr_assert_eq(bb_dataset_writer_create(dir, m, &o, &w), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK);
-    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK);
-    bb_dataset_writer_destroy(w);
+    tu_write_dataset(dir, m, records, count);
     free(records);
     return dir;
 }

@@ -22,13 +22,7 @@ static char *write_dataset(const char *name, bb_shard_meta *meta, uint8_t *recor
 {
     snprintf(meta->source, sizeof meta->source, "test %s", name);
     char *dir = tu_path(tmp, name);
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    bb_writer_options o = {.level = 1, .frame_bytes = 64 * meta->record_size, .shard_bytes = 1 << 20, .threads = 1};
-    bb_dataset_writer_t *w;
-    cr_assert_eq(bb_dataset_writer_create(dir, meta, &o, &w), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK);
-    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK, "%s", bb_error_message());
-    bb_dataset_writer_destroy(w);
+    tu_write_dataset(dir, meta, records, count);
     free(records);
     return dir;
 }

@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bigbatch/shard.h"
+
 extern char **environ;
 
 /* A fresh directory under $TMPDIR (or /tmp); removed by tu_rm_tree. */
@@ -62,6 +64,19 @@ static inline uint8_t *tu_read_file(const char *path, size_t *size)
     fclose(f);
     if (size) *size = (size_t)n;
     return buf;
+}
+
+/* Writes `count` records as a dataset in the new directory `dir`
+ * (small frames, one shard). */
+static inline void tu_write_dataset(const char *dir, const bb_shard_meta *meta, const void *records, uint64_t count)
+{
+    cr_assert_eq(mkdir(dir, 0755), 0, "cannot create %s", dir);
+    bb_writer_options o = {.level = 1, .frame_bytes = 64 * meta->record_size, .shard_bytes = 1 << 20, .threads = 1};
+    bb_dataset_writer_t *w;
+    cr_assert_eq(bb_dataset_writer_create(dir, meta, &o, &w), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_add(w, records, count), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_dataset_writer_finish(w, NULL), BB_OK, "%s", bb_error_message());
+    bb_dataset_writer_destroy(w);
 }
 
 static inline bool tu_exists(const char *path)
