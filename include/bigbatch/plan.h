@@ -35,7 +35,9 @@
 
 typedef struct bb_memory_breakdown {
     uint64_t parameters, gradients, optimizer, batches, activations, workspace;
-    uint64_t total;
+    uint64_t total;           /* device memory: the sum of the above */
+    uint64_t loader_slots;    /* host memory (pinned on GPUs), not in total: the loader's
+                                 batch slots for this device with its defaults */
 } bb_memory_breakdown;
 
 /* Device bytes one replica needs for `cfg` (seq_len/vocab or

@@ -48,7 +48,8 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
            q->optimizer == BB_OPT_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
            bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
-    printf("\n");
+    printf("\n  host memory: about %s of loader slots per device%s\n",
+           bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->cuda ? " (pinned)" : "");
 }
 
 static void print_json(const bb_plan *p)

@@ -68,6 +68,13 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
         m->workspace = 4 * rows + 2 * 64 * 4 * widest + 8192 + ((uint64_t)32 << 20);
     }
     m->total = m->parameters + m->gradients + m->optimizer + m->batches + m->activations + m->workspace;
+    /* The loader's defaults (loader.c): 16 batches prefetched (fewer past 64 MiB) plus 2 held per
+     * serving thread (2 threads), each record with its 8-byte id. */
+    uint64_t record = c->kind == BB_MODEL_GPT ? (uint64_t)(c->seq_len + 1) * (c->vocab > 65536 ? 4 : 2)
+                                               : (uint64_t)c->inputs + 1;
+    uint64_t batch = B * (record + 8), prefetch = ((uint64_t)64 << 20) / (B * record);
+    prefetch = prefetch >= 16 ? 16 : prefetch < 2 ? 2 : prefetch;
+    m->loader_slots = (prefetch + 2 * 2) * batch;
 }
 
 /* ---- candidates -------------------------------------------------------- */
