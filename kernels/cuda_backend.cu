@@ -149,27 +149,23 @@ void cuda_host_free(bb_backend_t *b, void *ptr, size_t bytes)
     cudaFreeHost(ptr);
 }
 
-// Copies run on the compute stream, so they are ordered after the ops that
-// produced their source (and, for a batch upload, after the previous
-// micro-step's ops that read the buffer they overwrite). Host<->device
-// copies wait for completion: bb_backend_copy promises the data is there
-// when it returns. (Overlapping uploads with compute on the copy stream is
-// still to come.)
-bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
-{
-    use(b);
-    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
-    cudaStream_t s = compute(b); // ordered after the ops that produced src
-    BB_TRY(check(b, cudaMemcpyAsync(dst, src, bytes, kinds[kind], s), "cudaMemcpyAsync"));
-    return kind == BB_COPY_D2D ? BB_OK : check(b, cudaStreamSynchronize(s), "copy");
-}
-
 bb_status cuda_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                           bb_stream stream)
 {
     use(b);
     static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
     return check(b, cudaMemcpyAsync(dst, src, bytes, kinds[kind], state(b)->stream[stream]), "cudaMemcpyAsync");
+}
+
+// Copies run on the compute stream, so they are ordered after the ops that
+// produced their source (and, for a batch upload, after the previous
+// micro-step's ops that read the buffer they overwrite). Host<->device
+// copies wait for completion: bb_backend_copy promises the data is there
+// when it returns. (batch.c overlaps uploads through cuda_copy_async.)
+bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
+{
+    BB_TRY(cuda_copy_async(b, dst, src, bytes, kind, BB_STREAM_COMPUTE));
+    return kind == BB_COPY_D2D ? BB_OK : check(b, cudaStreamSynchronize(compute(b)), "copy");
 }
 
 bb_status cuda_memset(bb_backend_t *b, void *dst, int value, size_t bytes)

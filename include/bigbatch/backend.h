@@ -98,6 +98,10 @@ void bb_backend_reset_peak(bb_backend_t *b);
 /* Host memory the device copies from fast (pinned on CUDA). */
 bb_status bb_backend_host_alloc(bb_backend_t *b, size_t bytes, void **out);
 void bb_backend_host_free(bb_backend_t *b, void *ptr, size_t bytes);
+/* The same as the loader's slot hooks (bb_loader_options.host_alloc and
+ * host_free with host_ctx = the backend): NULL when the allocation fails. */
+void *bb_backend_slot_alloc(void *backend, size_t bytes);
+void bb_backend_slot_free(void *backend, void *ptr, size_t bytes);
 
 typedef enum bb_copy_kind { BB_COPY_H2D, BB_COPY_D2H, BB_COPY_D2D } bb_copy_kind;
 bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind);

@@ -61,6 +61,8 @@ typedef struct bb_model bb_model_t;
 bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micro_batch, bb_model_t **out);
 void bb_model_destroy(bb_model_t *m);
 const bb_model_config *bb_model_get_config(const bb_model_t *m);
+/* "gpt (4 layers, 4 heads, d 128, T 256, vocab 256)" or "mlp (784-1024-10)". */
+void bb_model_describe(const bb_model_config *c, char *buf, size_t cap);
 int bb_model_micro_batch(const bb_model_t *m);
 
 /* GPT-2 initialisation for gpt (normal 0.02, residual projections

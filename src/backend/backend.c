@@ -107,6 +107,14 @@ void bb_backend_host_free(bb_backend_t *b, void *ptr, size_t bytes)
         free(ptr);
 }
 
+void *bb_backend_slot_alloc(void *backend, size_t bytes)
+{
+    void *p = NULL;
+    return bb_backend_host_alloc(backend, bytes, &p) == BB_OK ? p : NULL;
+}
+
+void bb_backend_slot_free(void *backend, void *ptr, size_t bytes) { bb_backend_host_free(backend, ptr, bytes); }
+
 bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
     return b->vt->copy(b, dst, src, bytes, kind);

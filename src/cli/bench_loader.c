@@ -90,14 +90,6 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
     return rc;
 }
 
-static void *pinned_alloc(void *ctx, size_t bytes)
-{
-    void *p = NULL;
-    return bb_backend_host_alloc(ctx, bytes, &p) == BB_OK ? p : NULL;
-}
-
-static void pinned_free(void *ctx, void *ptr, size_t bytes) { bb_backend_host_free(ctx, ptr, bytes); }
-
 int bb_bench_loader(int argc, char **argv)
 {
     const char *data = NULL, *io = "auto";
@@ -133,7 +125,7 @@ int bb_bench_loader(int argc, char **argv)
         if (pinned) {
             bb_backend_options bo = {0};
             rc = bb_backend_create_cuda(&bo, &gpu);
-            o.host_alloc = pinned_alloc, o.host_free = pinned_free, o.host_ctx = gpu;
+            o.host_alloc = bb_backend_slot_alloc, o.host_free = bb_backend_slot_free, o.host_ctx = gpu;
         }
         if (rc == BB_OK) rc = run(ds, &o, seconds, cold, &r);
     }

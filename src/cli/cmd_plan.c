@@ -115,12 +115,7 @@ int bb_cmd_plan(int argc, char **argv)
         print_json(&p);
     } else if (rc == BB_OK) {
         char model[160];
-        if (q.model.kind == BB_MODEL_GPT)
-            snprintf(model, sizeof model, "gpt (%d layers, %d heads, d %d, T %d, vocab %d)", q.model.layers,
-                     q.model.heads, q.model.d_model, q.model.seq_len, q.model.vocab);
-        else
-            snprintf(model, sizeof model, "mlp (%d inputs, %d hidden layers, %d classes)", q.model.inputs,
-                     q.model.hidden_count, q.model.classes);
+        bb_model_describe(&q.model, model, sizeof model);
         print_table(&p, &q, model);
     }
     bool nothing = rc == BB_OK && p.chosen < 0;

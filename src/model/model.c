@@ -20,6 +20,18 @@ bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_
                              .seq_len = seq_len, .vocab = vocab};
 }
 
+void bb_model_describe(const bb_model_config *c, char *buf, size_t cap)
+{
+    if (c->kind == BB_MODEL_GPT) {
+        snprintf(buf, cap, "gpt (%d layer%s, %d head%s, d %d, T %d, vocab %d)", c->layers, c->layers > 1 ? "s" : "",
+                 c->heads, c->heads > 1 ? "s" : "", c->d_model, c->seq_len, c->vocab);
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
+    for (int i = 0; i < c->hidden_count && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "-%d", c->hidden[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "-%d)", c->classes);
+}
+
 bb_status bb_model_parse_checkpoint(const char *s, int *every)
 {
     if (!strcmp(s, "none")) {

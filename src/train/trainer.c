@@ -77,26 +77,14 @@ static bool same_shape(const bb_model_config *a, const bb_model_config *b)
     return true;
 }
 
-static void describe(const bb_model_config *c, char *buf, size_t cap)
-{
-    if (c->kind == BB_MODEL_GPT) {
-        snprintf(buf, cap, "gpt (%d layer%s, %d head%s, d %d, T %d, vocab %d)", c->layers, c->layers > 1 ? "s" : "",
-                 c->heads, c->heads > 1 ? "s" : "", c->d_model, c->seq_len, c->vocab);
-        return;
-    }
-    size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
-    for (int i = 0; i < c->hidden_count && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "-%d", c->hidden[i]);
-    if (n < cap) snprintf(buf + n, cap - n, "-%d)", c->classes);
-}
-
 /* Checks a --resume checkpoint against the options; the run continues at its step. */
 static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
 {
     const bb_train_options *o = t->o;
     BB_TRY(bb_checkpoint_read_info(o->resume_dir, info));
     char want[160], have[160];
-    describe(&t->cfg, want, sizeof want);
-    describe(&info->model, have, sizeof have);
+    bb_model_describe(&t->cfg, want, sizeof want);
+    bb_model_describe(&info->model, have, sizeof have);
     if (!same_shape(&t->cfg, &info->model))
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint holds a %s, the options ask for a %s", o->resume_dir,
                        have, want);
@@ -202,23 +190,13 @@ static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
     return BB_OK;
 }
 
-/* Loader slots in the first device's host memory (pinned on CUDA, so that
- * the copies to the devices run at full speed). */
-static void *slot_alloc(void *ctx, size_t bytes)
-{
-    void *p = NULL;
-    return bb_backend_host_alloc(ctx, bytes, &p) == BB_OK ? p : NULL;
-}
-
-static void slot_free(void *ctx, void *ptr, size_t bytes) { bb_backend_host_free(ctx, ptr, bytes); }
-
 static bb_status start_loader(trainer *t)
 {
     bb_loader_options lo;
     bb_loader_defaults(&lo);
-    if (t->o->cuda) {
-        lo.host_alloc = slot_alloc;
-        lo.host_free = slot_free;
+    if (t->o->cuda) { /* slots in pinned memory: the uploads to the devices run at full speed */
+        lo.host_alloc = bb_backend_slot_alloc;
+        lo.host_free = bb_backend_slot_free;
         lo.host_ctx = t->be[0];
     }
     lo.seed = t->seed;
@@ -322,7 +300,7 @@ static void print_start(const trainer *t)
     FILE *p = t->o->progress;
     if (!p) return;
     char model[160], params[24];
-    describe(&t->cfg, model, sizeof model);
+    bb_model_describe(&t->cfg, model, sizeof model);
     size_t n = bb_model_param_count(t->model[0]);
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
     if (t->o->cuda) {
