@@ -408,6 +408,18 @@ void cuda_scale(bb_backend_t *b, float *x, float factor, size_t n)
     note(b, bbk_scale(compute(b), x, factor, n), "scale");
 }
 
+void cuda_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+{
+    use(b);
+    note(b, bbk_bf16_round(compute(b), x, packed, n), "bf16_round");
+}
+
+void cuda_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+{
+    use(b);
+    note(b, bbk_bf16_unpack(compute(b), out, packed, n), "bf16_unpack");
+}
+
 bool grow_row_loss(bb_backend_t *b, size_t rows)
 {
     cuda_state *s = state(b);
@@ -522,6 +534,8 @@ bb_backend_vtable make_vtable()
     v.sgd = cuda_sgd;
     v.sum_squares = cuda_sum_squares;
     v.scale = cuda_scale;
+    v.bf16_round = cuda_bf16_round;
+    v.bf16_unpack = cuda_bf16_unpack;
     return v;
 }
 

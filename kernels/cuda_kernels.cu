@@ -5,6 +5,7 @@
 // embedding's scatter uses atomics (several positions can share a token).
 #include <math.h>
 
+#include "bigbatch/backend.h"
 #include "cuda_kernels.h"
 
 namespace {
@@ -93,6 +94,22 @@ __global__ void add_k(float *out, const float *x, const float *y, size_t n)
 __global__ void scale_k(float *x, float f, size_t n)
 {
     GRID_STRIDE(i, n) x[i] *= f;
+}
+
+// The conversions are backend.h's, so CUDA and CPU round to the same bits.
+__global__ void bf16_round_k(float *x, uint16_t *packed, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        uint16_t h = bb_bf16_from_float(x[i]);
+        x[i] = bb_bf16_to_float(h);
+        if (packed) packed[i] = h;
+    }
+}
+
+__global__ void bf16_unpack_k(float *out, const uint16_t *packed, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = bb_bf16_to_float(packed[i]);
 }
 
 __global__ void broadcast_rows_k(float *out, const float *bias, size_t N, int C)
@@ -346,6 +363,18 @@ cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, 
 cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n)
 {
     scale_k<<<grid_for(n), kThreads, 0, s>>>(x, factor, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n)
+{
+    bf16_round_k<<<grid_for(n), kThreads, 0, s>>>(x, packed, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, size_t n)
+{
+    bf16_unpack_k<<<grid_for(n), kThreads, 0, s>>>(out, packed, n);
     return cudaGetLastError();
 }
 

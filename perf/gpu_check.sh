@@ -13,7 +13,7 @@
 #
 # Measured, beside PyTorch in the same run (perf/torch_gpu_bench.py, eager):
 #   GPT-2 124M shape (12 layers, 12 heads, d 768, T 1024, vocab 50304),
-#   micro-batch 8, fp32 and bf16: tokens/s and MFU (6·params + 12·layers·T·d FLOP per token
+#   micro-batch 8, fp32 and bf16 (activations and products): tokens/s and MFU (6·params + 12·layers·T·d FLOP per token
 #   against the chip's dense peak: 67 TFLOP/s fp32, 989 bf16); peak memory
 #   and step time with --checkpoint blocks vs none; host-to-device GB/s from
 #   pinned vs pageable memory; loader records/s into pinned slots; a short
@@ -97,7 +97,7 @@ print("| GPT-2 124M, micro-batch 8, T 1024 | tokens/s | step ms | MFU | peak GiB
 print("|---|---|---|---|---|")
 print("| bigbatch fp32 | %s | %s | %s (of 67 TFLOP/s) | %s |" % (f(bb, "tokens_per_s"), f(bb, "step_ms", "%.1f"), mfu(bb, 67e12), f({k: v / 2**30 for k, v in bb.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| bigbatch fp32 --checkpoint blocks | %s | %s | | %s |" % (f(bbc, "tokens_per_s"), f(bbc, "step_ms", "%.1f"), f({k: v / 2**30 for k, v in bbc.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
-print("| bigbatch bf16 products | %s | %s | %s (of 989) | %s |" % (f(bb16, "tokens_per_s"), f(bb16, "step_ms", "%.1f"), mfu(bb16, 989e12), f({k: v / 2**30 for k, v in bb16.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
+print("| bigbatch bf16 (activations + products) | %s | %s | %s (of 989) | %s |" % (f(bb16, "tokens_per_s"), f(bb16, "step_ms", "%.1f"), mfu(bb16, 989e12), f({k: v / 2**30 for k, v in bb16.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| PyTorch %s eager fp32 | %s | %s | %s | %s |" % (tf.get("torch", "?"), f(tf, "tokens_per_s"), f(tf, "step_ms", "%.1f"), mfu(tf, 67e12), f({k: v / 2**30 for k, v in tf.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| PyTorch eager bf16 autocast | %s | %s | %s (of 989) | %s |" % (f(tb, "tokens_per_s"), f(tb, "step_ms", "%.1f"), mfu(tb, 989e12), f({k: v / 2**30 for k, v in tb.items() if k == "peak_bytes"}, "peak_bytes", "%.2f")))
 print("| bigbatch / PyTorch, fp32 | %s | | | |" % ratio(bb, tf, "tokens_per_s"))

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # plan_check.sh — the memory planner against real runs: for the default gpt
 # on data/kjv (G 64) and the Fashion-MNIST mlp (G 256), across micro-batch
-# sizes and checkpoint policies, `bigbatch plan --json`'s predicted peak per
-# device beside the allocator's peak in `bigbatch train --metrics`, and the
-# predicted relative step time beside the measured one (median of steps
-# 2..STEPS, relative to the fastest measured configuration).
+# sizes and checkpoint policies (gpt also with --precision bf16), `bigbatch
+# plan --json`'s predicted peak per device beside the allocator's peak in
+# `bigbatch train --metrics`, and the predicted relative step time beside
+# the measured one (median of steps 2..STEPS, relative to the fastest
+# measured configuration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-5}
@@ -24,13 +25,15 @@ import json, statistics, sys
 m = [json.loads(l) for l in open(sys.argv[1])]
 p = json.load(open(sys.argv[2]))[0]
 ms = statistics.median(1000.0 / r["samples_per_s"] for r in m[1:])  # ms per example: comparable across G
-print(json.dumps({"model": "gpt" if "gpt" in sys.argv[3] else "mlp", "micro_batch": int(sys.argv[4]), "checkpoint": sys.argv[5],
+model = ("gpt" if "gpt" in sys.argv[3] else "mlp") + (" bf16" if "bf16" in sys.argv[3] else "")
+print(json.dumps({"model": model, "micro_batch": int(sys.argv[4]), "checkpoint": sys.argv[5],
                   "measured": m[0]["peak_mem_bytes"][0], "predicted": p["peak_bytes"], "ms_per_example": ms,
                   "predicted_time": p["relative_time"]}))
 PYEOF
 )")
 }
 for p in none every:2 blocks; do for b in 1 2 4 8; do run "--model gpt" data/kjv/train 64 "$b" "$p"; done; done
+for p in none blocks; do for b in 1 8; do run "--model gpt --precision bf16" data/kjv/train 64 "$b" "$p"; done; done
 for p in none blocks; do for b in 8 32 128; do run "--model mlp" data/fmnist/train 256 "$b" "$p"; done; done
 printf '%s\n' "${rows[@]}" > "$tmp/rows.jsonl"
 echo "# plan_check: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of steps 2..$STEPS"
@@ -40,7 +43,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print("| model | micro-batch | checkpoint | predicted peak | allocator's peak | error | predicted time | measured time |")
 print("|---|---|---|---|---|---|---|---|")
-for model in ("gpt", "mlp"):
+for model in ("gpt", "gpt bf16", "mlp"):
     rs = [r for r in rows if r["model"] == model]
     # the planner's times are relative to its own fastest candidate (largest micro-batch, no checkpointing):
     # compare both as ratios to this table's largest micro-batch without checkpointing

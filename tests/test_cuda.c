@@ -136,6 +136,46 @@ Test(cuda, elementwise_ops_match_cpu)
     cr_assert(fabs(sc - sg) <= 1e-9 * sc, "sum_squares of %zu: %.12g vs %.12g", big.n, sc, sg);
 }
 
+/* Random bit patterns (NaNs, infinities and subnormals among them; every
+ * fourth an exact tie) and the edge cases, rounded with and without
+ * packing: the same bits on both backends. */
+Test(cuda, bf16_storage_matches_cpu_to_the_bit)
+{
+    need_gpu();
+    enum { N = 100003 };
+    const float special[] = {0.0f, -0.0f, 1.00390625f, 1.01171875f, 3.4028235e38f, -3.3895e38f, 1e-40f, INFINITY,
+                             -INFINITY, NAN};
+    float *h = malloc(N * sizeof *h);
+    uint64_t s = 16;
+    for (int i = 0; i < N; i++) {
+        uint32_t bits = (uint32_t)(bb_splitmix64(&s) >> 32);
+        if (i % 4 == 1) bits = (bits & 0xffff0000u) | 0x8000u;
+        memcpy(&h[i], &bits, sizeof bits);
+        if (i < (int)(sizeof special / sizeof *special)) h[i] = special[i];
+    }
+    twin x = upload(h, N * sizeof *h), unpacked = upload(h, N * sizeof *h), back = random_twin(N, 17, 1);
+    uint16_t *pc, *pg, *hc = malloc(N * sizeof *hc), *hg = malloc(N * sizeof *hg);
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    cr_assert_eq(bb_backend_alloc(cpu, N * sizeof *pc, "test", (void **)&pc), BB_OK);
+    cr_assert_eq(bb_backend_alloc(gpu, N * sizeof *pg, "test", (void **)&pg), BB_OK);
+    bb_op_bf16_round(cpu, x.c, pc, N), bb_op_bf16_round(gpu, x.g, pg, N);
+    bb_op_bf16_round(cpu, unpacked.c, NULL, N), bb_op_bf16_round(gpu, unpacked.g, NULL, N);
+    bb_op_bf16_unpack(cpu, back.c, pc, N), bb_op_bf16_unpack(gpu, back.g, pg, N);
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_backend_copy(cpu, hc, pc, N * sizeof *hc, BB_COPY_D2H), BB_OK);
+    cr_assert_eq(bb_backend_copy(gpu, hg, pg, N * sizeof *hg, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(memcmp(hc, hg, N * sizeof *hc), 0, "packed bf16 bits differ");
+    const twin *outs[] = {&x, &unpacked, &back};
+    const char *names[] = {"bf16_round", "bf16_round (no packing)", "bf16_unpack"};
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(bb_backend_copy(cpu, a, outs[k]->c, N * sizeof *a, BB_COPY_D2H), BB_OK);
+        cr_assert_eq(bb_backend_copy(gpu, b, outs[k]->g, N * sizeof *b, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(memcmp(a, b, N * sizeof *a), 0, "%s: CUDA and CPU bits differ", names[k]);
+    }
+    bb_backend_free(cpu, pc), bb_backend_free(gpu, pg);
+    free(h), free(hc), free(hg), free(a), free(b);
+}
+
 static void layernorm_case(int N, int C)
 {
     twin in = random_twin((size_t)N * C, 21, 3), w = random_twin(C, 22, 1), b = random_twin(C, 23, 1);
@@ -302,7 +342,19 @@ Test(cuda, ten_training_steps_match_the_cpu)
         cr_log_info("step %d: cpu %.7f cuda %.7f (rel %.1e)", s + 1, c.losses[s], g.losses[s], rel);
         cr_assert(rel <= 1e-4, "step %d: cpu loss %.9g, cuda %.9g", s + 1, c.losses[s], g.losses[s]);
     }
-    bb_train_result_free(&c), bb_train_result_free(&g);
+    /* --precision bf16: bf16 activations on both, bf16 products on the GPU */
+    o.precision = BB_PRECISION_BF16;
+    bb_train_result g16, c16;
+    cr_assert_eq(bb_train_run(&o, &g16), BB_OK, "cuda bf16: %s", bb_error_message());
+    o.cuda = false;
+    cr_assert_eq(bb_train_run(&o, &c16), BB_OK, "cpu bf16: %s", bb_error_message());
+    for (int s = 0; s < 10; s++) {
+        double rel = fabs(c16.losses[s] - g16.losses[s]) / fabs(c16.losses[s]);
+        cr_log_info("bf16 step %d: cpu %.7f cuda %.7f (rel %.1e)", s + 1, c16.losses[s], g16.losses[s], rel);
+        cr_assert(rel <= 2e-2, "bf16 step %d: cpu loss %.9g, cuda %.9g", s + 1, c16.losses[s], g16.losses[s]);
+    }
+    cr_assert_lt(g16.peak_bytes[0], g.peak_bytes[0], "bf16 activations should need less GPU memory");
+    bb_train_result_free(&c), bb_train_result_free(&g), bb_train_result_free(&c16), bb_train_result_free(&g16);
     tu_rm_tree(root);
     free(data), free(root);
 }

@@ -191,11 +191,54 @@ static void checkpointing_is_bitwise_equal(bb_model_config (*make)(int), const c
 
 static bb_model_config gpt4(int every) { return tiny_gpt(4, every); }
 
+static bb_model_config gpt4_bf16(int every)
+{
+    bb_model_config c = tiny_gpt(4, every);
+    c.precision = BB_PRECISION_BF16;
+    return c;
+}
+
 Test(model, checkpointing_changes_memory_not_math)
 {
     checkpointing_is_bitwise_equal(gpt4, "gpt", 1);
     checkpointing_is_bitwise_equal(gpt4, "gpt", 3);
     checkpointing_is_bitwise_equal(tiny_mlp, "mlp", 1);
+    /* bf16 activations: segments of 1, of 2, and of 3 then 1 (a short last one) */
+    checkpointing_is_bitwise_equal(gpt4_bf16, "gpt bf16", 1);
+    checkpointing_is_bitwise_equal(gpt4_bf16, "gpt bf16", 2);
+    checkpointing_is_bitwise_equal(gpt4_bf16, "gpt bf16", 3);
+}
+
+/* ---- bf16 activations -------------------------------------------------- */
+/* Rounding every kept activation to bf16 moves the loss and gradients by
+ * about bf16's relative step (2^-8), not more; and it does move them (the
+ * rounding happened). */
+Test(model, bf16_activations_stay_close_to_fp32)
+{
+    bb_model_config c32 = bb_model_gpt_config(3, 2, 16, 12, 29), c16 = c32;
+    c16.precision = BB_PRECISION_BF16;
+    int B = 3;
+    uint64_t bytes32, bytes16;
+    double loss32, loss16;
+    float *g32 = gradients_with(&c32, B, &bytes32, &loss32), *g16 = gradients_with(&c16, B, &bytes16, &loss16);
+    bb_model_t *m = make_model(&c32, B, 1);
+    size_t n = bb_model_param_count(m);
+    bb_model_destroy(m);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < n; i++) diff += (g16[i] - g32[i]) * (double)(g16[i] - g32[i]), norm += (double)g32[i] * g32[i];
+    double rel = sqrt(diff / norm), loss_rel = fabs(loss16 - loss32) / loss32;
+    printf("bf16 activations: loss %.6f vs %.6f (relative %.2e), gradients relative %.2e, activations %llu -> %llu "
+           "bytes\n", loss16, loss32, loss_rel, rel, (unsigned long long)bytes32, (unsigned long long)bytes16);
+    cr_assert_lt(loss_rel, 1e-2);
+    cr_assert_lt(rel, 2e-2, "gradients relative difference %.3e", rel);
+    cr_assert_gt(rel, 0.0, "bf16 gave the fp32 gradients bit for bit: nothing was rounded");
+    cr_assert_lt(bytes16, bytes32);
+    free(g32), free(g16);
+    /* the mlp refuses bf16 instead of ignoring it */
+    bb_model_config mlp = tiny_mlp(0);
+    mlp.precision = BB_PRECISION_BF16;
+    cr_assert_eq(bb_model_create(be, &mlp, MLP_B, &m), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "--precision fp32"), "%s", bb_error_message());
 }
 
 /* Activation memory of gpt: without checkpointing L block slots; with
@@ -211,6 +254,17 @@ Test(model, gpt_checkpoint_memory_follows_the_formula)
     cr_assert_eq(bb_model_activation_bytes(a), L * slot + BT * C * 4 + fixed);
     cr_assert_eq(bb_model_activation_bytes(b), slot + L * BT * C * 4 + fixed);
     bb_model_destroy(a), bb_model_destroy(b);
+    /* bf16: one slot of fp32 work buffers and the block input, the other
+     * slots' tensors in 2 bytes (LayerNorm statistics in 4), inputs in 2 */
+    bb_model_config every4 = tiny_gpt(L, 4); /* segments of 4 and 2 */
+    none.precision = blocks.precision = every4.precision = BB_PRECISION_BF16;
+    a = make_model(&none, GPT_B, 1), b = make_model(&blocks, GPT_B, 1);
+    bb_model_t *e = make_model(&every4, GPT_B, 1);
+    size_t kept = BT * 16 * C + GPT_B * NH * GPT_T * GPT_T, stats = BT * 4 * 4;
+    cr_assert_eq(bb_model_activation_bytes(a), 4 * kept + L * stats + BT * C * 4 + (L - 1) * 2 * kept + BT * C * 2 + fixed);
+    cr_assert_eq(bb_model_activation_bytes(b), 4 * kept + stats + BT * C * 4 + L * BT * C * 2 + fixed);
+    cr_assert_eq(bb_model_activation_bytes(e), 4 * kept + 4 * stats + BT * C * 4 + 3 * 2 * kept + 2 * BT * C * 2 + fixed);
+    bb_model_destroy(a), bb_model_destroy(b), bb_model_destroy(e);
 }
 
 /* ---- accumulation ------------------------------------------------------ */

@@ -345,3 +345,63 @@ Test(ops, cpu_copies_and_events)
     bb_backend_free(be, dev);
     cr_assert_eq(bb_backend_bytes_in_use(be), 0);
 }
+
+/* ---- bf16 storage ------------------------------------------------------ */
+/* The nearest bf16, worked out from the two neighbours in double (ties to
+ * the even one; past the largest bf16 by half a step or more: infinity). */
+static float reference_bf16(float x)
+{
+    if (isnan(x) || isinf(x)) return x;
+    uint32_t u, down_bits;
+    memcpy(&u, &x, sizeof u);
+    down_bits = u & 0xffff0000u; /* toward zero */
+    float down;
+    memcpy(&down, &down_bits, sizeof down);
+    int e = (int)((u >> 23) & 0xff);
+    double step = ldexp(1.0, (e ? e : 1) - 127 - 7), away = fabs((double)down) + step;
+    double below = fabs((double)x) - fabs((double)down), above = away - fabs((double)x);
+    bool up = above < below || (above == below && ((down_bits >> 16) & 1));
+    if (!up) return down;
+    float r = away >= ldexp(1.0, 128) ? INFINITY : (float)away;
+    return signbit(x) ? -r : r;
+}
+
+Test(ops, bf16_rounding_is_nearest_even_and_packs_exactly)
+{
+    enum { N = 1 << 17, SPECIAL = 14 };
+    float *x = malloc(N * sizeof *x), *want = malloc(N * sizeof *want), *back = malloc(N * sizeof *back);
+    uint16_t *packed = malloc(N * sizeof *packed);
+    const float special[SPECIAL] = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie: down to 1 */,
+                                    1.01171875f /* tie: up to 1.015625 */, -3.0f, 3.4028235e38f /* to inf */,
+                                    -3.3895e38f, 1e-40f /* subnormal */, 1.17549435e-38f, INFINITY, -INFINITY,
+                                    NAN, 65504.0f};
+    uint64_t s = 99;
+    for (int i = 0; i < N; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        uint32_t bits = (uint32_t)(s >> 32);
+        if (i % 4 == 1) bits = (bits & 0xffff0000u) | 0x8000u; /* exact ties */
+        memcpy(&x[i], &bits, sizeof bits);
+        if (i < SPECIAL) x[i] = special[i];
+        want[i] = reference_bf16(x[i]);
+    }
+    bb_op_bf16_round(be, x, packed, N);
+    bb_op_bf16_unpack(be, back, packed, N);
+    int nans = 0;
+    for (int i = 0; i < N; i++) {
+        if (isnan(want[i])) {
+            cr_assert(isnan(x[i]) && isnan(back[i]), "element %d: NaN must stay NaN", i);
+            nans++;
+            continue;
+        }
+        cr_assert(x[i] == want[i] && signbit(x[i]) == signbit(want[i]), "element %d: %a rounded to %a, want %a", i,
+                  (double)back[i], (double)x[i], (double)want[i]);
+        cr_assert(memcmp(&back[i], &x[i], sizeof(float)) == 0, "element %d: unpack(pack) differs from the rounding", i);
+    }
+    cr_assert_gt(nans, 0, "the random patterns should include NaNs");
+    cr_assert_eq(x[3], 1.0f);
+    cr_assert_eq(x[4], 1.015625f);
+    cr_assert(isinf(x[6]));
+    bb_op_bf16_round(be, back, NULL, N); /* rounding a rounded value changes nothing */
+    for (int i = 0; i < N; i++) cr_assert(isnan(x[i]) || back[i] == x[i]);
+    free(x), free(want), free(back), free(packed);
+}

@@ -174,6 +174,36 @@ Test(train, checkpoint_blocks_is_bitwise_the_same)
     free(data);
 }
 
+/* --precision bf16 (activations stored in bf16; the CPU's products stay
+ * fp32): the losses follow fp32's within 1e-2, the loss falls, and
+ * checkpointing is still bitwise free of effect. */
+Test(train, bf16_activations_track_fp32_and_checkpointing_stays_exact)
+{
+    char *data = make_tokens("tokens", 340);
+    bb_train_options o = gpt_options(data, 2, 4, 32);
+    o.model.layers = 3;
+    o.steps = 10;
+    bb_train_result fp32 = train(&o);
+    o.precision = BB_PRECISION_BF16;
+    bb_train_result bf16 = train(&o);
+    double worst = 0;
+    for (int s = 0; s < 10; s++) {
+        double rel = fabs(bf16.losses[s] - fp32.losses[s]) / fp32.losses[s];
+        worst = rel > worst ? rel : worst;
+    }
+    cr_log_info("bf16 vs fp32 over 10 steps: worst loss difference %.2e (relative), loss %.4f -> %.4f", worst,
+                bf16.losses[0], bf16.losses[9]);
+    cr_assert_lt(worst, 1e-2);
+    cr_assert_gt(worst, 0.0, "bf16 gave fp32's losses bit for bit: nothing was rounded");
+    cr_assert_lt(bf16.losses[9], bf16.losses[0]);
+    cr_assert_lt(bf16.peak_bytes[0], fp32.peak_bytes[0]);
+    o.model.checkpoint_every = 1;
+    bb_train_result blocks = train(&o);
+    assert_bitwise(&bf16, &blocks, "bf16 with --checkpoint blocks");
+    bb_train_result_free(&fp32), bb_train_result_free(&bf16), bb_train_result_free(&blocks);
+    free(data);
+}
+
 Test(train, resume_continues_bitwise)
 {
     char *data = make_tokens("tokens", 100); /* 3 steps per epoch: the resume crosses epochs */
@@ -481,9 +511,10 @@ Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
     FILE *f = fopen(metrics, "a");
     fprintf(f, "{\"step\": 3, \"loss\": 99}\n");
     fclose(f);
-    r = tu_bigbatch("train", TINY, "--resume", ckpt, "--lr", "0.01");
+    r = tu_bigbatch("train", TINY, "--resume", ckpt, "--lr", "0.01", "--precision", "bf16");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "--lr differs"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "used --precision fp32, this one bf16"), "%s", r.err);
     tu_run_free(&r);
     char *m = (char *)tu_read_file(metrics, NULL);
     unsigned long long step, expect = 1;

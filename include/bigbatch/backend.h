@@ -24,6 +24,8 @@
 #ifndef BIGBATCH_BACKEND_H
 #define BIGBATCH_BACKEND_H
 
+#include <string.h>
+
 #include "bigbatch/core.h"
 
 /* ---- CUDA discovery ---------------------------------------------------- */
@@ -44,17 +46,18 @@ void bb_cuda_probe(bb_cuda_info *info);
 /* ---- backends ---------------------------------------------------------- */
 typedef struct bb_backend bb_backend_t;
 
-/* Matrix products in fp32, or (CUDA) on bf16 tensor cores with fp32
- * inputs, outputs and accumulation (CUBLAS_COMPUTE_32F_FAST_16BF): the
- * other ops, the activations in memory, the gradients and the optimizer
- * state stay fp32. */
+/* What --precision bf16 changes: the models store the activations they
+ * keep for the backward in bf16 (gpt; see model.h), and on CUDA the matrix
+ * products run on bf16 tensor cores with fp32 inputs, outputs and
+ * accumulation (CUBLAS_COMPUTE_32F_FAST_16BF). The CPU's products stay
+ * fp32. Weights, gradients and optimizer state are fp32 always. */
 typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precision;
 
 typedef struct bb_backend_options {
     int device;              /* index among the backend's devices */
     uint64_t device_mem;     /* cap on device allocations in bytes; 0: none */
     int threads;             /* CPU: BLAS threads for this backend; 0: all CPUs */
-    bb_precision precision;  /* the CPU backend supports fp32 only */
+    bb_precision precision;  /* CUDA: bf16 matrix products; the CPU ignores it */
 } bb_backend_options;
 
 /* "fp32", "bf16"; and the parser for --precision (BB_ERR_ARG). */
@@ -199,5 +202,35 @@ void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *moment
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
 /* x *= factor. */
 void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n);
+
+/* ---- bf16 storage (--precision bf16) ------------------------------------ */
+/* x = the bf16 nearest to x (ties to even; NaN stays NaN), in place, and
+ * the same values packed into 16 bits each when `packed` is not NULL. */
+void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
+/* out = the packed bf16 values widened to fp32 (exact). */
+void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
+
+/* The conversions both backends (and the tests) use, so that they agree
+ * to the bit. */
+#ifdef __CUDACC__
+#define BB_HOST_DEVICE __host__ __device__
+#else
+#define BB_HOST_DEVICE
+#endif
+static inline BB_HOST_DEVICE uint16_t bb_bf16_from_float(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN, sign kept */
+    u += 0x7fffu + ((u >> 16) & 1u);                                           /* nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+static inline BB_HOST_DEVICE float bb_bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 #endif /* BIGBATCH_BACKEND_H */

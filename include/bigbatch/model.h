@@ -24,6 +24,14 @@
  * `checkpoint_every` each; the forward keeps only each segment's input and
  * the backward recomputes a segment before its backward. 0 keeps everything
  * (one segment). The gradients are bitwise the same either way.
+ *
+ * bf16 activations (cfg.precision, gpt): every activation the backward
+ * reads is rounded to bf16 when it is computed, so the forward, the
+ * backward and any recomputation all see the same stored value; blocks
+ * keep them packed in 16 bits and unpack one block at a time into fp32
+ * work buffers. The ops still compute in fp32; LayerNorm statistics, the
+ * logits and the backward scratch stay fp32. Checkpointing stays bitwise
+ * free of effect in bf16 too.
  */
 #ifndef BIGBATCH_MODEL_H
 #define BIGBATCH_MODEL_H
@@ -45,6 +53,9 @@ typedef struct bb_model_config {
     int layers, heads, d_model, seq_len, vocab;
     /* both: layers (mlp: linear layers) per checkpoint segment; 0: none */
     int checkpoint_every;
+    /* gpt: bf16 stores the activations kept for the backward in bf16 (the
+     * mlp takes fp32 only; its activations are small) */
+    bb_precision precision;
 } bb_model_config;
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);

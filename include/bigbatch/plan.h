@@ -18,7 +18,10 @@
  * heads and vocabulary V, one block's slot is 4·(B·T·(16C + 4) + B·H·T²)
  * bytes; a run keeps min(K, L) slots, ceil(L/K) segment inputs of 4·B·T·C,
  * and 4·(B·T·(10C + 2 + V) + B·H·T²) for the final norm, the logits and the
- * backward scratch. On the CPU that is all of it (tests check the
+ * backward scratch. With bf16 activations one slot's tensors stay fp32 as
+ * work buffers, min(K, L) − 1 more are kept at 2 bytes per element (the
+ * LayerNorm statistics, 16·B·T per slot, stay fp32), segment inputs take
+ * 2·B·T·C, and the block input 4·B·T·C more. On the CPU that is all of it (tests check the
  * prediction against the allocator); on a GPU the planner adds the
  * backend's small uncounted scratch and keeps a safety margin.
  *

@@ -64,7 +64,7 @@ typedef struct bb_train_options {
     int devices;               /* worker threads: CPU virtual devices, or GPUs */
     bool cuda;                 /* GPUs cuda_ids[0..devices) instead of CPU devices */
     int cuda_ids[BB_TRAIN_MAX_DEVICES];
-    bb_precision precision;    /* bf16: matrix products on bf16 tensor cores (GPUs) */
+    bb_precision precision;    /* bf16: gpt activations kept in bf16; on GPUs also bf16 products */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
     bool auto_checkpoint;      /* --checkpoint auto: the planner picks model.checkpoint_every */

@@ -251,3 +251,10 @@ void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *moment
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n) { return b->vt->sum_squares(b, x, n); }
 
 void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n) { b->vt->scale(b, x, factor, n); }
+
+void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n) { b->vt->bf16_round(b, x, packed, n); }
+
+void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+{
+    b->vt->bf16_unpack(b, out, packed, n);
+}

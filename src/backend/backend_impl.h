@@ -61,6 +61,8 @@ typedef struct bb_backend_vtable {
                 float momentum, float weight_decay);
     double (*sum_squares)(bb_backend_t *b, const float *x, size_t n);
     void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
+    void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
+    void (*bf16_unpack)(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
 } bb_backend_vtable;
 
 typedef struct bb_allocation {

@@ -57,14 +57,13 @@ const bb_backend_vtable bb_cpu_vtable = {
     .sgd = cpu_sgd,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
+    .bf16_round = cpu_bf16_round,
+    .bf16_unpack = cpu_bf16_unpack,
 };
 
 bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
 {
     *out = NULL;
-    if (o && o->precision != BB_PRECISION_FP32)
-        return bb_fail(BB_ERR_UNSUPPORTED, "--precision %s needs a GPU: the CPU backend computes in fp32",
-                       bb_precision_name(o->precision));
     bb_backend_t *b = calloc(1, sizeof *b);
     if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
     b->vt = &bb_cpu_vtable;

@@ -223,3 +223,19 @@ void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
     (void)b;
     for (size_t i = 0; i < n; i++) x[i] *= factor;
 }
+
+void cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = bb_bf16_from_float(x[i]);
+        x[i] = bb_bf16_to_float(h);
+        if (packed) packed[i] = h;
+    }
+}
+
+void cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(packed[i]);
+}

@@ -33,5 +33,7 @@ void cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum
              float momentum, float weight_decay);
 double cpu_sum_squares(bb_backend_t *b, const float *x, size_t n);
 void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n);
+void cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
+void cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
 
 #endif

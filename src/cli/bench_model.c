@@ -9,7 +9,8 @@
 static const char usage[] =
     "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
-    "                     [--checkpoint none|blocks|every:K] [--device cpu|cuda:N] [--threads N] [--steps S] [--json]";
+    "                     [--checkpoint none|blocks|every:K] [--device cpu|cuda:N] [--precision fp32|bf16]\n"
+    "                     [--threads N] [--steps S] [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
     "model on random data after 2 warm-up steps, on the CPU backend with N BLAS\n"
@@ -39,7 +40,8 @@ int bb_bench_model(int argc, char **argv)
         {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
         {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads (cpu)", .min = 1, .max = 1024},
         {"--device", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N"},
-        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 matrix products (GPU)", .choices = "fp32|bf16"},
+        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations in bf16, and bf16 "
+         "matrix products on GPUs", .choices = "fp32|bf16"},
         {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
@@ -68,6 +70,7 @@ int bb_bench_model(int argc, char **argv)
     bb_backend_options bo = {.threads = (int)threads};
     bool cuda = !strncmp(device, "cuda:", 5);
     if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
+    c.precision = bo.precision;
     if (rc == BB_OK && cuda) {
         int64_t id;
         rc = bb_parse_int("--device", device + 5, &id);

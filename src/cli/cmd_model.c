@@ -24,6 +24,7 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
         BB_TRY(model_config_from_data(data, &c));
     }
     c.checkpoint_every = 0;
+    c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */
     bb_backend_options bo = {0};
     BB_TRY(bb_backend_create_cpu(&bo, be));
     BB_TRY(bb_model_create(*be, &c, micro_batch, m));

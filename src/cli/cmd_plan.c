@@ -9,7 +9,8 @@
 
 static const char usage[] =
     "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:N] --device-mem BYTES\n"
-    "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd] [--json]";
+    "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
+    "              [--precision fp32|bf16] [--json]";
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
@@ -69,7 +70,7 @@ int bb_cmd_plan(int argc, char **argv)
 {
     model_flags mf = MODEL_FLAGS_DEFAULT;
     mf.checkpoint = "auto";
-    const char *data = "data/kjv", *devices = "cpu:1", *optimizer = "adamw";
+    const char *data = "data/kjv", *devices = "cpu:1", *optimizer = "adamw", *precision = "fp32";
     int64_t global_batch = 64, micro_batch = 0;
     uint64_t device_mem = 0;
     bool json = false;
@@ -82,6 +83,8 @@ int bb_cmd_plan(int argc, char **argv)
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
          .max = 1 << 24},
         {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw (two moments) or sgd (one)", .choices = "adamw|sgd"},
+        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 (gpt activations in bf16)",
+         .choices = "fp32|bf16"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
         {0}};
     bb_plan_request q = {.fixed_checkpoint = -1};
@@ -91,6 +94,7 @@ int bb_cmd_plan(int argc, char **argv)
     if (any_checkpoint) mf.checkpoint = "none";
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
     if (rc == BB_OK && !any_checkpoint) q.fixed_checkpoint = q.model.checkpoint_every;
+    if (rc == BB_OK) rc = bb_precision_parse(precision, &q.model.precision);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
         rc = model_config_from_data(train ? train : data, &q.model);
@@ -116,6 +120,7 @@ int bb_cmd_plan(int argc, char **argv)
     } else if (rc == BB_OK) {
         char model[160];
         bb_model_describe(&q.model, model, sizeof model);
+        if (q.model.precision == BB_PRECISION_BF16) snprintf(model + strlen(model), sizeof model - strlen(model), " in bf16");
         print_table(&p, &q, model);
     }
     bool nothing = rc == BB_OK && p.chosen < 0;

@@ -77,8 +77,9 @@ int bb_cmd_train(int argc, char **argv)
          "val/ or test/ beside train/)", .given = &val_given},
         {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N (N worker threads, the cores divided among "
          "them), cuda:all or cuda:0,1"},
-        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: matrix products on bf16 tensor cores with "
-         "fp32 weights, gradients and optimizer state (GPUs)", .choices = "fp32|bf16"},
+        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations stored in bf16 (about "
+         "half the activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients "
+         "and optimizer state stay fp32", .choices = "fp32|bf16"},
         {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
         {"--micro-batch", BB_OPT_STRING, &micro_batch, "B|auto", "examples per device per micro-step (what must "
          "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)"},

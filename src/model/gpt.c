@@ -6,7 +6,16 @@
  * without checkpointing) plus each segment's input. The forward runs the
  * segments in order, each one's blocks through the slots; the backward
  * walks the segments in reverse and re-runs a segment's forward from its
- * saved input unless the slots still hold it (the last segment always). */
+ * saved input unless the slots still hold it (the last segment always).
+ *
+ * bf16 activations (--precision bf16): the K slots share one set of fp32
+ * work buffers (each slot keeps its own LayerNorm statistics), and each
+ * block's kept tensors are rounded to bf16 as they are computed and packed
+ * into a stash; the backward unpacks a block into the work buffers before
+ * its backward. The last block of a segment needs no stash: the forward
+ * (or the recomputation) leaves it in the work buffers right before its
+ * backward. Segment inputs are packed too, and every block's input is
+ * unpacked into one fp32 buffer `x`. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +37,18 @@ typedef struct block_acts {
     float *res3;                      /* (BT,C) block output */
 } block_acts;
 
+/* The tensors of a block that its backward (or the next block) reads,
+ * in block_acts order: what bf16 packs. */
+enum { KEPT_LN1, KEPT_QKV, KEPT_ATT, KEPT_ATTY, KEPT_RES2, KEPT_LN2, KEPT_FCH, KEPT_GELU, KEPT_RES3, KEPT };
+
 typedef struct gpt_state {
     int K, S;                /* blocks per segment, segments */
-    float **seg_in;          /* (S) segment inputs (BT,C); seg_in[0] is the embedding */
+    float **seg_in;          /* (S) segment inputs (BT,C); seg_in[0] is the embedding; fp32 only */
     block_acts *slots;       /* (K) */
+    bool bf16;
+    uint16_t **stash;        /* bf16: K x KEPT slots, the first (K-1) x KEPT allocated; block l's at (l % K) * KEPT */
+    uint16_t **seg_packed;   /* bf16: (S) segment inputs (BT,C) */
+    float *x;                /* bf16: (BT,C) the input of the block being computed */
     float *lnf, *lnf_mean, *lnf_rstd, *logits; /* logits become dlogits in the forward */
     float *dres, *dln, *dqkv, *dfch, *datt;     /* backward scratch */
     int computed_segment;    /* whose activations the slots hold */
@@ -68,6 +85,46 @@ static bb_status alloc_floats(bb_model_t *m, float **out, size_t count, const ch
     return bb_model_alloc_activation(m, count * sizeof(float), what, (void **)out);
 }
 
+static float **kept_tensor(block_acts *a, int k)
+{
+    float **t[KEPT] = {&a->ln1, &a->qkv, &a->att, &a->atty, &a->res2, &a->ln2, &a->fch, &a->fch_gelu, &a->res3};
+    return t[k];
+}
+
+static size_t kept_count(const bb_model_t *m, int k)
+{
+    const bb_model_config *c = &m->cfg;
+    size_t BT = (size_t)m->B * c->seq_len, C = (size_t)c->d_model;
+    switch (k) {
+    case KEPT_QKV: return BT * 3 * C;
+    case KEPT_ATT: return (size_t)m->B * c->heads * c->seq_len * c->seq_len;
+    case KEPT_FCH:
+    case KEPT_GELU: return BT * 4 * C;
+    default: return BT * C;
+    }
+}
+
+/* A slot's buffers: its LayerNorm statistics, and the kept tensors unless
+ * it shares `work`'s (bf16). */
+static bb_status alloc_slot(bb_model_t *m, block_acts *a, block_acts *work)
+{
+    size_t BT = (size_t)m->B * m->cfg.seq_len;
+    for (int k = 0; k < KEPT; k++) {
+        if (work) *kept_tensor(a, k) = *kept_tensor(work, k);
+        else BB_TRY(alloc_floats(m, kept_tensor(a, k), kept_count(m, k),
+                                 k == KEPT_ATT ? "attention probabilities" : "activations"));
+    }
+    BB_TRY(alloc_floats(m, &a->ln1_mean, BT, "activations"));
+    BB_TRY(alloc_floats(m, &a->ln1_rstd, BT, "activations"));
+    BB_TRY(alloc_floats(m, &a->ln2_mean, BT, "activations"));
+    return alloc_floats(m, &a->ln2_rstd, BT, "activations");
+}
+
+static bb_status alloc_bf16(bb_model_t *m, uint16_t **out, size_t count, const char *what)
+{
+    return bb_model_alloc_activation(m, count * sizeof(uint16_t), what, (void **)out);
+}
+
 static bb_status gpt_create(bb_model_t *m)
 {
     const bb_model_config *c = &m->cfg;
@@ -84,26 +141,22 @@ static bb_status gpt_create(bb_model_t *m)
     if (!g) return bb_fail(BB_ERR_NOMEM, "out of memory");
     g->K = c->checkpoint_every > 0 && c->checkpoint_every < c->layers ? c->checkpoint_every : c->layers;
     g->S = (c->layers + g->K - 1) / g->K;
+    g->bf16 = c->precision == BB_PRECISION_BF16;
     g->seg_in = calloc((size_t)g->S, sizeof *g->seg_in);
     g->slots = calloc((size_t)g->K, sizeof *g->slots);
-    if (!g->seg_in || !g->slots) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    g->seg_packed = calloc((size_t)g->S, sizeof *g->seg_packed);
+    g->stash = calloc((size_t)g->K * KEPT, sizeof *g->stash);
+    if (!g->seg_in || !g->slots || !g->seg_packed || !g->stash) return bb_fail(BB_ERR_NOMEM, "out of memory");
     size_t BT = (size_t)m->B * c->seq_len, C = c->d_model, TT = (size_t)m->B * c->heads * c->seq_len * c->seq_len;
-    for (int s = 0; s < g->S; s++) BB_TRY(alloc_floats(m, &g->seg_in[s], BT * C, "checkpointed block inputs"));
-    for (int k = 0; k < g->K; k++) {
-        block_acts *a = &g->slots[k];
-        BB_TRY(alloc_floats(m, &a->ln1, BT * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->ln1_mean, BT, "activations"));
-        BB_TRY(alloc_floats(m, &a->ln1_rstd, BT, "activations"));
-        BB_TRY(alloc_floats(m, &a->qkv, BT * 3 * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->att, TT, "attention probabilities"));
-        BB_TRY(alloc_floats(m, &a->atty, BT * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->res2, BT * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->ln2, BT * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->ln2_mean, BT, "activations"));
-        BB_TRY(alloc_floats(m, &a->ln2_rstd, BT, "activations"));
-        BB_TRY(alloc_floats(m, &a->fch, BT * 4 * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->fch_gelu, BT * 4 * C, "activations"));
-        BB_TRY(alloc_floats(m, &a->res3, BT * C, "activations"));
+    for (int s = 0; s < g->S; s++) {
+        if (g->bf16) BB_TRY(alloc_bf16(m, &g->seg_packed[s], BT * C, "checkpointed block inputs"));
+        else BB_TRY(alloc_floats(m, &g->seg_in[s], BT * C, "checkpointed block inputs"));
+    }
+    for (int k = 0; k < g->K; k++) BB_TRY(alloc_slot(m, &g->slots[k], g->bf16 && k ? &g->slots[0] : NULL));
+    if (g->bf16) {
+        BB_TRY(alloc_floats(m, &g->x, BT * C, "activations"));
+        for (int i = 0; i < (g->K - 1) * KEPT; i++)
+            BB_TRY(alloc_bf16(m, &g->stash[i], kept_count(m, i % KEPT), "activations (bf16)"));
     }
     BB_TRY(alloc_floats(m, &g->lnf, BT * C, "activations"));
     BB_TRY(alloc_floats(m, &g->lnf_mean, BT, "activations"));
@@ -126,14 +179,19 @@ static void gpt_destroy(bb_model_t *m)
     float **all[] = {&g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->dres, &g->dln, &g->dqkv, &g->dfch,
                      &g->datt};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) bb_backend_free(m->be, *all[i]);
+    bb_backend_free(m->be, g->x);
     for (int s = 0; g->seg_in && s < g->S; s++) bb_backend_free(m->be, g->seg_in[s]);
+    for (int s = 0; g->seg_packed && s < g->S; s++) bb_backend_free(m->be, g->seg_packed[s]);
+    for (int i = 0; g->stash && i < g->K * KEPT; i++) bb_backend_free(m->be, g->stash[i]);
     for (int k = 0; g->slots && k < g->K; k++) {
         block_acts *a = &g->slots[k];
-        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) bb_backend_free(m->be, bufs[i]);
+        float *stats[] = {a->ln1_mean, a->ln1_rstd, a->ln2_mean, a->ln2_rstd};
+        for (size_t i = 0; i < sizeof stats / sizeof *stats; i++) bb_backend_free(m->be, stats[i]);
+        for (int t = 0; t < KEPT && (k == 0 || !g->bf16); t++) bb_backend_free(m->be, *kept_tensor(a, t)); /* bf16: shared */
     }
     free(g->seg_in);
+    free(g->seg_packed);
+    free(g->stash);
     free(g->slots);
     free(g);
 }
@@ -154,6 +212,45 @@ static bb_status gpt_init(bb_model_t *m, uint64_t seed, float *host)
 }
 
 /* ---- forward ----------------------------------------------------------- */
+static int segment_end(const gpt_state *g, const bb_model_config *c, int s)
+{
+    return (s + 1) * g->K < c->layers ? (s + 1) * g->K : c->layers;
+}
+
+/* bf16: where block l's kept tensor k is packed. The last block of a
+ * segment stays in the work buffers; its output is the next segment's input. */
+static uint16_t *pack_target(const gpt_state *g, const bb_model_config *c, int l, int k)
+{
+    int s = l / g->K;
+    if (l + 1 < segment_end(g, c, s)) return g->stash[(l % g->K) * KEPT + k];
+    return k == KEPT_RES3 && s + 1 < g->S ? g->seg_packed[s + 1] : NULL;
+}
+
+/* bf16: rounds block l's just-computed tensor k (in a) and packs it. */
+static void keep(bb_model_t *m, int l, block_acts *a, int k)
+{
+    gpt_state *g = m->impl;
+    if (g->bf16) bb_op_bf16_round(m->be, *kept_tensor(a, k), pack_target(g, &m->cfg, l, k), kept_count(m, k));
+}
+
+/* bf16: unpacks block l's input (its segment's input or block l-1's
+ * output) into x. */
+static void load_input(bb_model_t *m, int l)
+{
+    gpt_state *g = m->impl;
+    const uint16_t *in = l % g->K == 0 ? g->seg_packed[l / g->K] : g->stash[(l - 1) % g->K * KEPT + KEPT_RES3];
+    bb_op_bf16_unpack(m->be, g->x, in, kept_count(m, KEPT_RES3));
+}
+
+/* bf16: unpacks block l's kept tensors (all but its output) into the work buffers. */
+static void load_block(bb_model_t *m, int l)
+{
+    gpt_state *g = m->impl;
+    block_acts *a = &g->slots[l % g->K];
+    for (int k = 0; k < KEPT_RES3; k++)
+        bb_op_bf16_unpack(m->be, *kept_tensor(a, k), g->stash[(l % g->K) * KEPT + k], kept_count(m, k));
+}
+
 static void block_forward(bb_model_t *m, int l, block_acts *a, const float *x)
 {
     const bb_model_config *c = &m->cfg;
@@ -162,30 +259,36 @@ static void block_forward(bb_model_t *m, int l, block_acts *a, const float *x)
     size_t n = (size_t)BT * C;
     bb_op_layernorm_forward(be, a->ln1, a->ln1_mean, a->ln1_rstd, x, model_param(m, BLOCK_TENSOR(l, LN1_W)),
                             model_param(m, BLOCK_TENSOR(l, LN1_B)), BT, C);
+    keep(m, l, a, KEPT_LN1);
     bb_op_linear_forward(be, a->qkv, a->ln1, model_param(m, BLOCK_TENSOR(l, ATTN_W)),
                          model_param(m, BLOCK_TENSOR(l, ATTN_B)), BT, C, 3 * C);
+    keep(m, l, a, KEPT_QKV);
     bb_op_attention_forward(be, a->atty, a->att, a->qkv, B, T, C, c->heads);
+    keep(m, l, a, KEPT_ATT); /* the output came from the fp32 probabilities; the backward reads these */
+    keep(m, l, a, KEPT_ATTY);
     bb_op_linear_forward(be, a->res2, a->atty, model_param(m, BLOCK_TENSOR(l, PROJ_W)),
                          model_param(m, BLOCK_TENSOR(l, PROJ_B)), BT, C, C);
     bb_op_add(be, a->res2, a->res2, x, n);
+    keep(m, l, a, KEPT_RES2);
     bb_op_layernorm_forward(be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, model_param(m, BLOCK_TENSOR(l, LN2_W)),
                             model_param(m, BLOCK_TENSOR(l, LN2_B)), BT, C);
+    keep(m, l, a, KEPT_LN2);
     bb_op_linear_forward(be, a->fch, a->ln2, model_param(m, BLOCK_TENSOR(l, FC_W)),
                          model_param(m, BLOCK_TENSOR(l, FC_B)), BT, C, 4 * C);
+    keep(m, l, a, KEPT_FCH);
     bb_op_gelu_forward(be, a->fch_gelu, a->fch, n * 4);
+    keep(m, l, a, KEPT_GELU);
     bb_op_linear_forward(be, a->res3, a->fch_gelu, model_param(m, BLOCK_TENSOR(l, FCPROJ_W)),
                          model_param(m, BLOCK_TENSOR(l, FCPROJ_B)), BT, 4 * C, C);
     bb_op_add(be, a->res3, a->res3, a->res2, n);
+    keep(m, l, a, KEPT_RES3);
 }
 
-static int segment_end(const gpt_state *g, const bb_model_config *c, int s)
-{
-    return (s + 1) * g->K < c->layers ? (s + 1) * g->K : c->layers;
-}
-
-/* The input of block l: its segment's saved input, or the previous slot's output. */
+/* The input of block l: its segment's saved input, or the previous slot's
+ * output (bf16: x, once load_input has filled it). */
 static const float *block_input(const gpt_state *g, int l)
 {
+    if (g->bf16) return g->x;
     return l % g->K == 0 ? g->seg_in[l / g->K] : g->slots[l % g->K - 1].res3;
 }
 
@@ -194,9 +297,12 @@ static bb_status segment_forward(bb_model_t *m, int s)
 {
     gpt_state *g = m->impl;
     int end = segment_end(g, &m->cfg, s);
-    for (int l = s * g->K; l < end; l++) block_forward(m, l, &g->slots[l % g->K], block_input(g, l));
+    for (int l = s * g->K; l < end; l++) {
+        if (g->bf16) load_input(m, l);
+        block_forward(m, l, &g->slots[l % g->K], block_input(g, l));
+    }
     g->computed_segment = s;
-    if (s + 1 < g->S)
+    if (!g->bf16 && s + 1 < g->S)
         BB_TRY(bb_backend_copy(m->be, g->seg_in[s + 1], g->slots[(end - 1) % g->K].res3,
                                (size_t)m->B * m->cfg.seq_len * m->cfg.d_model * sizeof(float), BB_COPY_D2D));
     return BB_OK;
@@ -213,7 +319,9 @@ static bb_status gpt_forward(bb_model_t *m, float normalizer, double *loss, int 
     gpt_state *g = m->impl;
     const bb_model_config *c = &m->cfg;
     int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
-    bb_op_embedding_forward(m->be, g->seg_in[0], m->tokens, model_param(m, WTE), model_param(m, WPE), B, T, C);
+    float *embedded = g->bf16 ? g->x : g->seg_in[0];
+    bb_op_embedding_forward(m->be, embedded, m->tokens, model_param(m, WTE), model_param(m, WPE), B, T, C);
+    if (g->bf16) bb_op_bf16_round(m->be, embedded, g->seg_packed[0], (size_t)BT * C);
     for (int s = 0; s < g->S; s++) BB_TRY(segment_forward(m, s));
     int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
     bb_op_layernorm_forward(m->be, g->lnf, g->lnf_mean, g->lnf_rstd, final_output(g, c), model_param(m, lnf),
@@ -268,7 +376,12 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     model_grads_ready(m, lnf);
     for (int s = g->S - 1; s >= 0; s--) {
         if (g->computed_segment != s) BB_TRY(segment_forward(m, s)); /* recompute (checkpointing) */
-        for (int l = segment_end(g, c, s) - 1; l >= s * g->K; l--) {
+        int end = segment_end(g, c, s);
+        for (int l = end - 1; l >= s * g->K; l--) {
+            if (g->bf16) {
+                if (l + 1 < end) load_block(m, l); /* the segment's last block is still in the work buffers */
+                load_input(m, l);
+            }
             block_backward(m, l, &g->slots[l % g->K], block_input(g, l), acc);
             model_grads_ready(m, BLOCK_TENSOR(l, 0));
         }

@@ -35,6 +35,9 @@ static bb_status mlp_create(bb_model_t *m)
     if (c->inputs < 1 || c->classes < 2 || c->hidden_count < 0 || c->hidden_count > BB_MLP_MAX_HIDDEN)
         return bb_fail(BB_ERR_ARG, "mlp needs inputs, at least 2 classes and at most %d hidden layers",
                        BB_MLP_MAX_HIDDEN);
+    if (c->precision != BB_PRECISION_FP32)
+        return bb_fail(BB_ERR_ARG, "--precision %s stores gpt activations in bf16; the mlp's are a few hundred "
+                       "KiB and stay fp32: use --precision fp32", bb_precision_name(c->precision));
     mlp_state *s = m->impl = calloc(1, sizeof *s);
     if (!s) return bb_fail(BB_ERR_NOMEM, "out of memory");
     s->n = c->hidden_count + 1;

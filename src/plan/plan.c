@@ -35,9 +35,12 @@ static uint64_t activation_bytes(const bb_model_config *c, int micro_batch)
     if (c->kind == BB_MODEL_GPT) {
         uint64_t T = (uint64_t)c->seq_len, C = (uint64_t)c->d_model, H = (uint64_t)c->heads, V = (uint64_t)c->vocab;
         uint64_t BT = B * T, L = (uint64_t)c->layers, S = (L + K - 1) / K;
-        uint64_t slot = 4 * (BT * (16 * C + 4) + B * H * T * T);
+        uint64_t kept = BT * 16 * C + B * H * T * T; /* a block's kept tensors, in elements */
+        uint64_t stats = 4 * 4 * BT;                   /* its two LayerNorms' mean and 1/std */
         uint64_t fixed = 4 * (BT * (10 * C + 2 + V) + B * H * T * T);
-        return K * slot + S * 4 * BT * C + fixed;
+        if (c->precision == BB_PRECISION_BF16) /* fp32 work buffers and input, K-1 packed blocks, packed inputs */
+            return 4 * kept + K * stats + 4 * BT * C + (K - 1) * 2 * kept + S * 2 * BT * C + fixed;
+        return K * (4 * kept + stats) + S * 4 * BT * C + fixed;
     }
     int n = c->hidden_count + 1, widest = c->inputs;
     int width[BB_MLP_MAX_HIDDEN + 2];
@@ -105,6 +108,8 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
+    if (q->model.kind == BB_MODEL_MLP && q->model.precision != BB_PRECISION_FP32)
+        return bb_fail(BB_ERR_ARG, "--precision bf16 stores gpt activations in bf16; the mlp's stay fp32");
     int per_device = q->global_batch / q->devices;
     int layers = q->model.kind == BB_MODEL_GPT ? q->model.layers : q->model.hidden_count + 1;
     /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */

@@ -60,7 +60,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
         fprintf(f, "\",\n");
     }
     const bb_optimizer_config *oc = &o->cfg;
-    fprintf(f, "  \"checkpoint_every\": %d,\n  \"optimizer\": \"%s\",\n", c->checkpoint_every, optimizer_name(oc->kind));
+    fprintf(f, "  \"checkpoint_every\": %d,\n  \"precision\": \"%s\",\n  \"optimizer\": \"%s\",\n", c->checkpoint_every,
+            bb_precision_name(c->precision), optimizer_name(oc->kind));
     fprintf(f, "  \"lr\": %.17g,\n  \"lr_schedule\": \"%s\",\n  \"warmup\": %llu,\n  \"beta1\": %.17g,\n  \"beta2\": %.17g,\n"
                "  \"eps\": %.17g,\n  \"momentum\": %.17g,\n  \"weight_decay\": %.17g,\n  \"grad_clip\": %.17g\n}\n",
             oc->lr, oc->schedule == BB_LR_CONSTANT ? "constant" : "cosine", (unsigned long long)oc->warmup, oc->beta1,
@@ -219,6 +220,9 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
               get_int(json, "global_batch", &info->global_batch) && get_string(json, "model", kind, sizeof kind) &&
               get_string(json, "optimizer", opt, sizeof opt) &&
               get_int(json, "checkpoint_every", &c->checkpoint_every);
+    char precision[16] = "fp32"; /* absent in checkpoints from before --precision bf16 stored activations */
+    get_string(json, "precision", precision, sizeof precision);
+    if (ok && bb_precision_parse(precision, &c->precision) != BB_OK) ok = false;
     if (ok && !strcmp(kind, "gpt")) {
         c->kind = BB_MODEL_GPT;
         ok = get_int(json, "layers", &c->layers) && get_int(json, "heads", &c->heads) &&

@@ -106,6 +106,10 @@ static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
         if (differ[i])
             BB_WARN("--resume: %s differs from the checkpoint's; the run continues, but not as the saved run would "
                     "have", names[i]);
+    if (info->model.precision != t->cfg.precision)
+        BB_WARN("--resume: the checkpoint's run used --precision %s, this one %s: the run continues, but not as "
+                "the saved run would have", bb_precision_name(info->model.precision),
+                bb_precision_name(t->cfg.precision));
     if (info->total_steps != t->total_steps)
         BB_WARN("--resume: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule "
                 "changes", (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
@@ -256,6 +260,7 @@ static bb_status setup(trainer *t)
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
     BB_TRY(model_from_data(o, bb_dataset_meta(t->data), &t->cfg));
+    t->cfg.precision = o->precision;
     if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
     BB_TRY(check_split(o, t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
@@ -316,8 +321,9 @@ static void print_start(const trainer *t)
             (unsigned long long)t->first_step + 1, (unsigned long long)t->total_steps);
     if (t->reducer) fprintf(p, "; %d gradient buckets%s", reducer_bucket_count(t->reducer), t->o->no_overlap ? ", no overlap" : "");
     char act[24];
-    fprintf(p, "\ntrain: data %s (%s); activations %s per device\n", t->o->data, bb_loader_io_description(t->loader),
-            bb_format_bytes(bb_model_activation_bytes(t->model[0]), act, sizeof act));
+    fprintf(p, "\ntrain: data %s (%s); activations %s per device%s\n", t->o->data, bb_loader_io_description(t->loader),
+            bb_format_bytes(bb_model_activation_bytes(t->model[0]), act, sizeof act),
+            t->cfg.precision == BB_PRECISION_BF16 ? " (kept in bf16)" : "");
     fflush(p);
 }
 
