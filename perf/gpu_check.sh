@@ -106,7 +106,10 @@ print("| checkpoint blocks / none: step time | %s | | | |" % ratio(bbc, bb, "ste
 print()
 print("| other | value |")
 print("|---|---|")
-print("| CUDA tests (Criterion exit status) | %s |" % ("passed" if test_rc == 0 else "FAILED (%d)" % test_rc))
+log = open(os.path.join(out, "test_cuda.txt"), errors="replace").read()
+skipped = log.count("[SKIP]")
+print("| CUDA tests | %s%s |" % ("passed" if test_rc == 0 else "FAILED (exit %d)" % test_rc,
+                                ", but %d skipped: not run on a GPU" % skipped if skipped else ""))
 print("| H2D pinned / pageable GB/s | %s / %s |" % (f(cp, "pinned_gb_per_s", "%.1f"), f(cp, "pageable_gb_per_s", "%.1f")))
 print("| loader records/s into pinned slots (kjv) | %s |" % f(ld, "records_per_s"))
 print("| train on cuda:0, data-wait %% of step (median) | %s |" % wait)
