@@ -62,10 +62,11 @@ ifeq ($(USE_CUDA),1)
   SRC     := $(filter-out src/backend/cuda_probe_none.c src/train/nccl_none.c,$(SRC))
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
-  # cuBLAS and NCCL have no static builds here: the rpath finds them in
-  # the toolkit, which a CUDA build needs at run time (not a driver).
+  # cuBLAS has no static build here: the rpath finds it in the toolkit,
+  # which a CUDA build needs at run time (not a driver). NCCL is not linked:
+  # the multi-GPU reducer loads it with dlopen, first through this rpath.
   CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -L$(NCCL_LIB) -Wl,-rpath,$(NCCL_LIB) -lnccl -lcudart_static -ldl -lrt -lstdc++
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -Wl,-rpath,$(NCCL_LIB) -lcudart_static -ldl -lrt -lstdc++
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -88,7 +89,7 @@ $(BUILD)/%.o: %.c Makefile
 
 $(BUILD)/kernels/%.o: kernels/%.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.
@@ -106,7 +107,7 @@ $(BIN): $(CLI_OBJ) $(LIB)
 
 $(BUILD)/tests/%: tests/%.c tests/test_util.h $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests $< $(LIB) $(TEST_LIBS) $(LDLIBS) $(LDFLAGS) -o $@
+	$(CC) $(CFLAGS) -Itests -Isrc $< $(LIB) $(TEST_LIBS) $(LDLIBS) $(LDFLAGS) -o $@
 
 # Runs every suite; the tests find the CLI through BIGBATCH_BIN. Passing
 # tests stay quiet; skipped ones are listed with their reason.

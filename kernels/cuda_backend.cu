@@ -4,10 +4,12 @@
 // compute stream) and the kernels of cuda_kernels.cu.
 //
 // Ops return nothing (backend.h), so a CUDA or cuBLAS error in one is kept
-// (the first one) and returned by the next copy, synchronize or event call
-// on this backend, naming the op. Every entry point first makes the
-// backend's device current on the calling thread: worker threads need no
-// setup of their own.
+// (the first one, bb_backend_note_error) and returned by the next copy,
+// synchronize or event call on this backend, naming the op. No op
+// allocates or frees with a call that synchronizes the device: scratch is
+// reserved before training and grows in stream order. Every entry point
+// first makes the backend's device current on the calling thread: worker
+// threads need no setup of their own.
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +22,7 @@
 #include "cuda_kernels.h"
 
 extern "C" {
-#include "../src/backend/backend_impl.h"
+#include "backend/backend_impl.h"
 }
 
 namespace {
@@ -29,17 +31,22 @@ struct cuda_state {
     int device;
     cudaStream_t stream[3];     // bb_stream: compute, copy, comm
     cublasHandle_t blas;        // on the compute stream
-    bb_status error;            // the first failure of an op, returned later
-    char error_message[256];
-    // scratch for reductions: loss rows, partial sums, a counter
-    float *row_loss;
-    size_t row_loss_cap;
-    double *partial;
-    int *counter;
-    float *host_row_loss;
-    size_t host_row_loss_cap;
-    float *columns;             // column-reduction partials (BBK_COLUMN_CHUNKS rows, two sets)
-    size_t columns_cap;         // floats
+    // Scratch of the ops, sized by bb_backend_reserve_scratch and grown in
+    // stream order (cudaMallocAsync) when an op needs more: no op frees or
+    // allocates with a call that synchronizes the device.
+    float *columns;             // column-sum partials: 2 · BBK_COLUMN_CHUNKS · width floats
+    size_t columns_bytes;
+    double *row_loss;           // per-row losses: rows doubles
+    size_t row_loss_bytes;
+    void *sort;                 // the embedding backward's ordered reduction (bbk_embedding_sort_bytes)
+    size_t sort_bytes;
+    double *partial;            // sum_squares: kPartials block sums
+    double *loss_sum;           // device: the loss, summed in a fixed order
+    int *counter;               // device: rows with a target
+    struct host_result {
+        double loss;
+        int valid;
+    } *host;                    // pinned: what the loss reads back
 };
 
 constexpr int kPartials = 1024;
@@ -49,28 +56,22 @@ cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUT
 
 void use(bb_backend_t *b) { cudaSetDevice(state(b)->device); }
 
-// Keeps the first error of an op; later calls report it.
+// Keeps the first error of an op (backend.c returns it from the next
+// synchronizing call) and clears CUDA's last-error state, so that the next
+// launch's check does not blame its own op for it.
 void note(bb_backend_t *b, cudaError_t err, const char *op)
 {
-    cuda_state *s = state(b);
-    if (err == cudaSuccess || s->error != BB_OK) return;
-    s->error = BB_ERR_DEVICE;
-    snprintf(s->error_message, sizeof s->error_message, "%s: %s failed: %s", b->name, op, cudaGetErrorString(err));
+    if (err == cudaSuccess) return;
+    cudaGetLastError();
+    bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: %s", b->name, op, cudaGetErrorString(err));
 }
 
 void note_blas(bb_backend_t *b, cublasStatus_t st, const char *op)
 {
-    cuda_state *s = state(b);
-    if (st == CUBLAS_STATUS_SUCCESS || s->error != BB_OK) return;
-    s->error = BB_ERR_DEVICE;
-    snprintf(s->error_message, sizeof s->error_message, "%s: %s: cuBLAS error %d", b->name, op, (int)st);
+    if (st != CUBLAS_STATUS_SUCCESS) bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s: cuBLAS error %d", b->name, op, (int)st);
 }
 
-bb_status pending(bb_backend_t *b)
-{
-    cuda_state *s = state(b);
-    return s->error == BB_OK ? BB_OK : bb_fail(s->error, "%s", s->error_message);
-}
+bool failed(bb_backend_t *b) { return b->error != BB_OK; }
 
 bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
 {
@@ -78,7 +79,56 @@ bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
         cudaGetLastError(); // reported here: not again by the next kernel launch's check
         return bb_fail(BB_ERR_DEVICE, "%s: %s: %s", b->name, what, cudaGetErrorString(err));
     }
-    return pending(b);
+    return bb_backend_pending(b);
+}
+
+// Makes *p hold at least `need` bytes, in stream order on the compute
+// stream: the old buffer is freed after the ops queued before, the new one
+// is usable by the ops queued after. false (error noted) on failure.
+bool grow(bb_backend_t *b, void **p, size_t *bytes, size_t need, const char *what)
+{
+    if (need <= *bytes) return true;
+    cudaStream_t st = compute(b);
+    if (*p) note(b, cudaFreeAsync(*p, st), what);
+    *p = NULL;
+    *bytes = 0;
+    cudaError_t e = cudaMallocAsync(p, need, st);
+    note(b, e, what);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return false;
+    }
+    *bytes = need;
+    return true;
+}
+
+float *column_scratch(bb_backend_t *b, size_t width)
+{
+    cuda_state *s = state(b);
+    size_t need = 2 * (size_t)BBK_COLUMN_CHUNKS * width * sizeof(float);
+    return grow(b, (void **)&s->columns, &s->columns_bytes, need, "column-sum scratch") ? s->columns : NULL;
+}
+
+double *row_scratch(bb_backend_t *b, size_t rows)
+{
+    cuda_state *s = state(b);
+    return grow(b, (void **)&s->row_loss, &s->row_loss_bytes, rows * sizeof(double), "per-row loss scratch")
+               ? s->row_loss
+               : NULL;
+}
+
+void *sort_scratch(bb_backend_t *b, size_t rows)
+{
+    cuda_state *s = state(b);
+    return grow(b, &s->sort, &s->sort_bytes, bbk_embedding_sort_bytes(rows), "embedding sort scratch") ? s->sort : NULL;
+}
+
+bb_status cuda_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
+{
+    use(b);
+    if (width) column_scratch(b, width);
+    if (rows) row_scratch(b, rows), sort_scratch(b, rows);
+    return bb_backend_pending(b);
 }
 
 // One GEMM (or a strided batch of them), column-major as cuBLAS: fp32
@@ -186,11 +236,13 @@ void cuda_destroy(bb_backend_t *b)
     cuda_state *s = state(b);
     if (!s) return;
     use(b);
-    cudaFree(s->row_loss);
     cudaFree(s->columns);
+    cudaFree(s->row_loss);
+    cudaFree(s->sort);
     cudaFree(s->partial);
+    cudaFree(s->loss_sum);
     cudaFree(s->counter);
-    cudaFreeHost(s->host_row_loss);
+    cudaFreeHost(s->host);
     if (s->blas) cublasDestroy(s->blas);
     for (int i = 0; i < 3; i++)
         if (s->stream[i]) cudaStreamDestroy(s->stream[i]);
@@ -243,24 +295,6 @@ bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
     return check(b, cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
 }
 
-// Scratch for two-pass column sums of width C; NULL (and a noted error)
-// when it cannot grow. Small (2·64·C floats) and kept, so not counted.
-float *column_scratch(bb_backend_t *b, int C)
-{
-    cuda_state *s = state(b);
-    size_t need = 2 * (size_t)BBK_COLUMN_CHUNKS * (size_t)C;
-    if (need > s->columns_cap) {
-        cudaFree(s->columns);
-        s->columns = NULL;
-        s->columns_cap = 0;
-        cudaError_t e = cudaMalloc(&s->columns, need * sizeof(float));
-        note(b, e, "column-sum scratch");
-        if (e != cudaSuccess) return NULL;
-        s->columns_cap = need;
-    }
-    return s->columns;
-}
-
 // ---- matrix products (row-major through column-major cuBLAS) ---------------
 // out (N,OC) = in (N,IC) · wᵀ: column-major outᵀ (OC,N) = w (stored as wᵀ) ᵀ · inᵀ.
 void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
@@ -285,7 +319,7 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
     // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC)
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
-    float *scratch = dbias ? column_scratch(b, OC) : NULL;
+    float *scratch = dbias ? column_scratch(b, (size_t)OC) : NULL;
     if (scratch) note(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate), "linear_backward dbias");
 }
 
@@ -369,7 +403,7 @@ void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbia
                              const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
 {
     use(b);
-    float *scratch = column_scratch(b, C);
+    float *scratch = column_scratch(b, (size_t)C);
     if (scratch)
         note(b, bbk_layernorm_backward(compute(b), din, dw, dbias, scratch, dout, in, w, mean, rstd, N, C, accumulate),
              "layernorm_backward");
@@ -382,18 +416,38 @@ void cuda_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, 
     note(b, bbk_embedding_forward(compute(b), out, tokens, wte, wpe, B, T, C), "embedding_forward");
 }
 
+// The token table's gradient is an ordered reduction: positions sorted by
+// token (stably), each row summed in position order, as the CPU does, so
+// it is deterministic and equal to the CPU's to the bit.
 void cuda_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                              int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
     use(b);
     cudaStream_t s = compute(b);
+    void *sort = sort_scratch(b, (size_t)B * T);
+    if (!sort) return;
     // Overwriting means the whole table: rows no token (position) touched become 0.
     if (!accumulate_wte) note(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s), "embedding_backward");
-    note(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B, T, C), "embedding_backward wte");
+    note(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes),
+         "embedding_backward wte");
     if (!accumulate_wpe && maxT > T)
         note(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s),
              "embedding_backward");
     note(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe), "embedding_backward wpe");
+}
+
+void cuda_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                            int B, int T, int width)
+{
+    use(b);
+    note(b, bbk_records_to_tokens(compute(b), tokens, targets, records, count, B, T, width), "records_to_tokens");
+}
+
+void cuda_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+                            int B, int inputs)
+{
+    use(b);
+    note(b, bbk_records_to_images(compute(b), features, labels, records, count, B, inputs), "records_to_images");
 }
 
 void cuda_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
@@ -420,25 +474,8 @@ void cuda_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_
     note(b, bbk_bf16_unpack(compute(b), out, packed, n), "bf16_unpack");
 }
 
-bool grow_row_loss(bb_backend_t *b, size_t rows)
-{
-    cuda_state *s = state(b);
-    if (rows <= s->row_loss_cap) return true;
-    cudaFree(s->row_loss);
-    cudaFreeHost(s->host_row_loss);
-    s->row_loss = NULL;
-    s->host_row_loss = NULL;
-    s->row_loss_cap = 0;
-    cudaError_t e = cudaMalloc(&s->row_loss, rows * sizeof(float));
-    if (e == cudaSuccess) e = cudaHostAlloc(&s->host_row_loss, rows * sizeof(float), cudaHostAllocDefault);
-    note(b, e, "softmax_crossentropy workspace");
-    if (e != cudaSuccess) return false;
-    s->row_loss_cap = rows;
-    return true;
-}
-
-// The loss leaves the device: per-row losses are summed on the host in
-// double, in row order, like the CPU backend.
+// The loss leaves the device as one double: per-row losses (in double, as
+// the CPU's) summed in a fixed order on the device.
 void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
@@ -447,20 +484,20 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     cudaStream_t st = compute(b);
     *loss = NAN;
     if (valid) *valid = 0;
-    if (!grow_row_loss(b, (size_t)N)) return;
+    double *rows = row_scratch(b, (size_t)N);
+    if (!rows) return;
     note(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st), "softmax_crossentropy");
-    note(b, bbk_softmax_crossentropy(st, s->row_loss, dlogits, logits, targets, N, V, normalizer, s->counter),
+    note(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter),
          "softmax_crossentropy");
-    int count = 0;
-    note(b, cudaMemcpyAsync(s->host_row_loss, s->row_loss, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, st),
+    note(b, bbk_sum_rows(st, s->loss_sum, rows, N), "softmax_crossentropy sum");
+    note(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st),
          "softmax_crossentropy");
-    note(b, cudaMemcpyAsync(&count, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st), "softmax_crossentropy");
+    note(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st),
+         "softmax_crossentropy");
     note(b, cudaStreamSynchronize(st), "softmax_crossentropy");
-    if (s->error != BB_OK) return;
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += s->host_row_loss[i];
-    *loss = sum / normalizer;
-    if (valid) *valid = count;
+    if (failed(b)) return;
+    *loss = s->host->loss / normalizer;
+    if (valid) *valid = s->host->valid;
 }
 
 void cuda_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
@@ -490,7 +527,7 @@ double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
     note(b, cudaMemcpyAsync(host, s->partial, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost, st),
          "sum_squares");
     note(b, cudaStreamSynchronize(st), "sum_squares");
-    if (s->error != BB_OK) return NAN;
+    if (failed(b)) return NAN;
     double sum = 0.0;
     for (int i = 0; i < blocks; i++) sum += host[i];
     return sum;
@@ -510,6 +547,7 @@ bb_backend_vtable make_vtable()
     v.device_free_bytes = cuda_free_bytes;
     v.synchronize = cuda_synchronize;
     v.destroy = cuda_destroy;
+    v.reserve_scratch = cuda_reserve_scratch;
     v.event_create = cuda_event_create;
     v.event_destroy = cuda_event_destroy;
     v.event_record = cuda_event_record;
@@ -536,6 +574,8 @@ bb_backend_vtable make_vtable()
     v.scale = cuda_scale;
     v.bf16_round = cuda_bf16_round;
     v.bf16_unpack = cuda_bf16_unpack;
+    v.records_to_tokens = cuda_records_to_tokens;
+    v.records_to_images = cuda_records_to_images;
     return v;
 }
 
@@ -592,6 +632,9 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     if (rc == BB_OK && (err = cudaMalloc(&s->partial, kPartials * sizeof(double))) != cudaSuccess)
         rc = fail_cuda("cudaMalloc", err);
     if (rc == BB_OK && (err = cudaMalloc(&s->counter, sizeof(int))) != cudaSuccess) rc = fail_cuda("cudaMalloc", err);
+    if (rc == BB_OK && (err = cudaMalloc(&s->loss_sum, sizeof(double))) != cudaSuccess) rc = fail_cuda("cudaMalloc", err);
+    if (rc == BB_OK && (err = cudaHostAlloc(&s->host, sizeof *s->host, cudaHostAllocDefault)) != cudaSuccess)
+        rc = fail_cuda("cudaHostAlloc", err);
     if (rc != BB_OK) {
         bb_backend_destroy(b);
         return rc;

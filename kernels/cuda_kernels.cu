@@ -1,9 +1,12 @@
 // cuda_kernels.cu — the CUDA kernels of the backend ops that are not
-// matrix products (fp32), then their launchers. Reductions that feed
-// parameter gradients (bias, LayerNorm weights, position embeddings) loop
-// over rows in a fixed order, so they are deterministic; only the token
-// embedding's scatter uses atomics (several positions can share a token).
+// matrix products (fp32), then their launchers. Every reduction runs in a
+// fixed order, so every op is deterministic: gradients of parameters
+// (bias, LayerNorm weights, position embeddings) loop over rows in order,
+// and the token embedding's gradient sorts positions by token (CUB's
+// stable radix sort) and sums each token's rows in position order.
 #include <math.h>
+
+#include <cub/cub.cuh>
 
 #include "bigbatch/backend.h"
 #include "cuda_kernels.h"
@@ -50,6 +53,25 @@ template <bool Max> __device__ float block_reduce(float v)
     __syncthreads();
     float r = result;
     __syncthreads(); // lanes/result may be reused by the next call
+    return r;
+}
+
+__device__ double block_sum_double(double v)
+{
+    __shared__ double lanes[32];
+    __shared__ double result;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) lanes[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double w = lane < warps ? lanes[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+        if (lane == 0) result = w;
+    }
+    __syncthreads();
+    double r = result;
+    __syncthreads();
     return r;
 }
 
@@ -207,22 +229,68 @@ __global__ void embedding_forward_k(float *out, const int32_t *tokens, const flo
     }
 }
 
-__global__ void embedding_backward_wte_k(float *dwte, const float *dout, const int32_t *tokens, int C, size_t n)
+__global__ void iota_k(int32_t *x, int n)
 {
-    GRID_STRIDE(i, n)
-    {
-        size_t bt = i / C;
-        atomicAdd(&dwte[(size_t)tokens[bt] * C + i % C], dout[i]);
-    }
+    GRID_STRIDE(i, (size_t)n) x[i] = (int32_t)i;
+}
+
+// One block column per run of equal tokens (grid.x: runs, grid.y: columns):
+// dwte[token] += dout[p] for the run's positions p in increasing order.
+__global__ void embedding_runs_k(float *dwte, const float *dout, const int32_t *positions, const int32_t *run_token,
+                                 const int32_t *run_length, const int32_t *run_start, const int32_t *runs, int C)
+{
+    int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (r >= *runs || c >= C) return;
+    float *row = dwte + (size_t)run_token[r] * C + c;
+    float s = *row;
+    for (int k = run_start[r], end = k + run_length[r]; k < end; k++) s += dout[(size_t)positions[k] * C + c];
+    *row = s;
 }
 
 __global__ void embedding_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C, bool accumulate)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; // (t, c)
-    if (i >= (size_t)T * C) return;
-    float s = 0.0f;
-    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
-    dwpe[i] = accumulate ? dwpe[i] + s : s;
+    GRID_STRIDE(i, (size_t)T * C) // (t, c)
+    {
+        float s = 0.0f;
+        for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
+        dwpe[i] = accumulate ? dwpe[i] + s : s;
+    }
+}
+
+// ---- loader records into batches ------------------------------------------------
+__global__ void records_to_tokens_k(int32_t *tokens, int32_t *targets, const uint8_t *records, int count, int T,
+                                    int width, size_t n)
+{
+    GRID_STRIDE(i, n) // (b, t)
+    {
+        size_t b = i / T, t = i % T;
+        if ((int)b >= count) {
+            tokens[i] = 0;
+            targets[i] = -1;
+            continue;
+        }
+        const uint8_t *p = records + (b * (T + 1) + t) * width;
+        if (width == 2) {
+            tokens[i] = p[0] | p[1] << 8;
+            targets[i] = p[2] | p[3] << 8;
+        } else {
+            tokens[i] = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+            targets[i] = (int32_t)((uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24);
+        }
+    }
+}
+
+__global__ void records_to_images_k(float *features, int32_t *labels, const uint8_t *records, int count, int B,
+                                    int inputs, size_t n)
+{
+    GRID_STRIDE(i, n) // (b, pixel)
+    {
+        size_t b = i / inputs, k = i % inputs;
+        const uint8_t *r = records + b * (inputs + 1);
+        features[i] = (int)b < count ? r[1 + k] / 255.0f : 0.0f;
+        if (k == 0) labels[b] = (int)b < count ? r[0] : -1;
+    }
+    (void)B;
 }
 
 // ---- attention softmax: one block per (b, h, i) row -------------------------
@@ -252,9 +320,9 @@ __global__ void causal_softmax_backward_k(float *dp, const float *p, int T, floa
     for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= i ? pr[j] * (d[j] - s) * scale : 0.0f;
 }
 
-// ---- loss: one block per row ------------------------------------------------
-__global__ void softmax_crossentropy_k(float *row_loss, float *dlogits, const float *logits, const int32_t *targets,
-                                       int V, float inv_normalizer, int *valid)
+// ---- loss: one block per row, as the CPU: exp sums and the loss in double --------
+__global__ void softmax_crossentropy_k(double *row_loss, float *dlogits, const float *logits, const int32_t *targets,
+                                       int V, float normalizer, int *valid)
 {
     size_t row = blockIdx.x;
     const float *x = logits + row * V;
@@ -262,21 +330,31 @@ __global__ void softmax_crossentropy_k(float *row_loss, float *dlogits, const fl
     float m = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
     m = block_reduce<true>(m);
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += __expf(x[j] - m);
-    s = block_reduce<false>(s);
+    double s = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
+    s = block_sum_double(s);
     float target_logit = target >= 0 ? x[target] : 0.0f; // read before dlogits may overwrite it
     __syncthreads();
     if (threadIdx.x == 0) {
-        row_loss[row] = target >= 0 ? logf(s) + m - target_logit : 0.0f;
+        row_loss[row] = target >= 0 ? log(s) - (double)(target_logit - m) : 0.0;
         if (target >= 0) atomicAdd(valid, 1);
     }
     if (!dlogits) return;
-    float *d = dlogits + row * V, inv = 1.0f / s;
+    float *d = dlogits + row * V, scale = (float)(1.0 / s) / normalizer;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = target >= 0 ? (__expf(x[j] - m) * inv - (j == target ? 1.0f : 0.0f)) * inv_normalizer : 0.0f;
+        float g = target >= 0 ? expf(x[j] - m) * scale : 0.0f;
+        if (j == target) g -= 1.0f / normalizer;
         d[j] = g;
     }
+}
+
+// One block: thread k sums rows k, k + blockDim, ... in order, then a fixed tree.
+__global__ void sum_rows_k(double *out, const double *rows, int n)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += rows[i];
+    s = block_sum_double(s);
+    if (threadIdx.x == 0) *out = s;
 }
 
 // ---- optimizers --------------------------------------------------------------
@@ -323,6 +401,20 @@ int row_threads(int width)
     int t = 32;
     while (t < width && t < 1024) t *= 2;
     return t;
+}
+
+// The sort scratch: positions (in, out), sorted tokens, run tokens, run
+// lengths, run starts, the run count, then CUB's temporary storage.
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+size_t cub_bytes(int n)
+{
+    size_t a = 0, b = 0, c = 0;
+    int32_t *i = NULL;
+    cub::DeviceRadixSort::SortPairs(NULL, a, i, i, i, i, n);
+    cub::DeviceRunLengthEncode::Encode(NULL, b, i, i, i, i, n);
+    cub::DeviceScan::ExclusiveSum(NULL, c, i, i, n);
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
 } // namespace
@@ -423,11 +515,35 @@ cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tok
     return cudaGetLastError();
 }
 
-cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int B,
-                                       int T, int C)
+
+size_t bbk_embedding_sort_bytes(size_t rows)
 {
-    size_t n = (size_t)B * T * C;
-    embedding_backward_wte_k<<<grid_for(n), kThreads, 0, s>>>(dwte, dout, tokens, C, n);
+    int n = rows ? (int)rows : 1;
+    return 6 * align256((size_t)n * sizeof(int32_t)) + 256 + align256(cub_bytes(n));
+}
+
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int n,
+                                       int C, int V, void *scratch, size_t scratch_bytes)
+{
+    if (n <= 0) return cudaGetLastError();
+    if (scratch_bytes < bbk_embedding_sort_bytes((size_t)n)) return cudaErrorInvalidValue;
+    size_t slice = align256((size_t)n * sizeof(int32_t));
+    char *p = static_cast<char *>(scratch);
+    int32_t *pos_in = (int32_t *)p, *pos = (int32_t *)(p + slice), *sorted = (int32_t *)(p + 2 * slice);
+    int32_t *run_token = (int32_t *)(p + 3 * slice), *run_length = (int32_t *)(p + 4 * slice);
+    int32_t *run_start = (int32_t *)(p + 5 * slice), *runs = (int32_t *)(p + 6 * slice);
+    void *temp = p + 6 * slice + 256;
+    size_t temp_bytes = scratch_bytes - 6 * slice - 256;
+    int bits = 1;
+    while (bits < 31 && (1 << bits) < V) bits++;
+    iota_k<<<grid_for((size_t)n), kThreads, 0, s>>>(pos_in, n);
+    // Stable: equal tokens keep their positions in increasing order.
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted, pos_in, pos, n, 0, bits, s);
+    if (e == cudaSuccess) e = cub::DeviceRunLengthEncode::Encode(temp, temp_bytes, sorted, run_token, run_length, runs, n, s);
+    if (e == cudaSuccess) e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, run_length, run_start, n, s);
+    if (e != cudaSuccess) return e;
+    dim3 grid((unsigned)n, (unsigned)((C + kThreads - 1) / kThreads));
+    embedding_runs_k<<<grid, kThreads, 0, s>>>(dwte, dout, pos, run_token, run_length, run_start, runs, C);
     return cudaGetLastError();
 }
 
@@ -435,6 +551,22 @@ cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float 
                                        bool accumulate)
 {
     embedding_backward_wpe_k<<<grid_for((size_t)T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C, accumulate);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                                  int B, int T, int width)
+{
+    size_t n = (size_t)B * T;
+    records_to_tokens_k<<<grid_for(n), kThreads, 0, s>>>(tokens, targets, records, count, T, width, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labels, const uint8_t *records, int count,
+                                  int B, int inputs)
+{
+    size_t n = (size_t)B * inputs;
+    records_to_images_k<<<grid_for(n), kThreads, 0, s>>>(features, labels, records, count, B, inputs, n);
     return cudaGetLastError();
 }
 
@@ -450,12 +582,17 @@ cudaError_t bbk_causal_softmax_backward(cudaStream_t s, float *dp, const float *
     return cudaGetLastError();
 }
 
-cudaError_t bbk_softmax_crossentropy(cudaStream_t s, float *row_loss, float *dlogits, const float *logits,
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dlogits, const float *logits,
                                      const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     if (N > 0)
-        softmax_crossentropy_k<<<N, row_threads(V), 0, s>>>(row_loss, dlogits, logits, targets, V, 1.0f / normalizer,
-                                                              valid);
+        softmax_crossentropy_k<<<N, row_threads(V), 0, s>>>(row_loss, dlogits, logits, targets, V, normalizer, valid);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n)
+{
+    sum_rows_k<<<1, 1024, 0, s>>>(out, rows, n);
     return cudaGetLastError();
 }
 

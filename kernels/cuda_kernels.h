@@ -42,11 +42,20 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float 
 
 cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C);
-/* Tables must already be zeroed (or hold the sum to add to). */
-cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int B,
-                                       int T, int C);
+/* dwte (V, C) += the rows of dout (n, C) of each token, summed per token in
+ * position order (deterministic; the CPU's order). `scratch` holds
+ * bbk_embedding_sort_bytes(n) bytes (cudaErrorInvalidValue when smaller).
+ * The table must already be zeroed (or hold the sum to add to). */
+size_t bbk_embedding_sort_bytes(size_t rows);
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int n,
+                                       int C, int V, void *scratch, size_t scratch_bytes);
 cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
                                        bool accumulate);
+/* Loader records into a batch: see bb_op_records_to_tokens and _images. */
+cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                                  int B, int T, int width);
+cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labels, const uint8_t *records, int count,
+                                  int B, int inputs);
 
 /* Causal softmax of each (T, T) row block in place: row i keeps columns
  * 0..i (scaled logits in, probabilities out; later columns become 0). */
@@ -54,11 +63,14 @@ cudaError_t bbk_causal_softmax(cudaStream_t s, float *att, int rows, int T);
 /* dS = P * (dP - rowsum(P * dP)) * scale, in place over dP. */
 cudaError_t bbk_causal_softmax_backward(cudaStream_t s, float *dp, const float *p, int rows, int T, float scale);
 
-/* Per row: row_loss[n] = -log softmax(logits[n])[target] (0 when target
- * is -1); dlogits (may alias logits, may be NULL) = (softmax - onehot) /
- * normalizer; *valid (device int, pre-zeroed) counts rows with a target. */
-cudaError_t bbk_softmax_crossentropy(cudaStream_t s, float *row_loss, float *dlogits, const float *logits,
+/* Per row: row_loss[n] = -log softmax(logits[n])[target] in double (0
+ * when target is -1); dlogits (may alias logits, may be NULL) = (softmax -
+ * onehot) / normalizer; *valid (device int, pre-zeroed) counts rows with a
+ * target. As the CPU: exp sums in double. */
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dlogits, const float *logits,
                                      const int32_t *targets, int N, int V, float normalizer, int *valid);
+/* *out = the sum of rows[0..n) in a fixed order (one block). */
+cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n);
 
 cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                       float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt);

@@ -1,35 +1,119 @@
 // nccl_reducer.cu — the reducer for CUDA replicas: one NCCL communicator
-// per GPU of the process (ncclCommInitAll), the same buckets as the CPU
-// reducer. A post enqueues, for each newly finished bucket, an event on the
-// worker's compute stream, a wait for it on the communication stream, and
-// an ncclAllReduce (average, in place) there, inside ncclGroupStart/End. A
-// wait makes the compute stream wait for the step's last reduction: the
-// optimizer is ordered after it on the GPU and the host does not block.
-// Each worker thread drives only its own communicator, in the same bucket
-// order, which is NCCL's one-thread-per-GPU model.
+// per GPU of the process, the same buckets as the CPU reducer. A post
+// enqueues, for each newly finished bucket, an event on the worker's
+// compute stream, a wait for it on the communication stream, and an
+// ncclAllReduce (average, in place) there. A wait makes the compute stream
+// wait for the step's last reduction: the optimizer is ordered after it on
+// the GPU and the host does not block.
 //
-// Failure: when a worker fails, the others' collectives would wait for it
-// on the GPU for ever, and so would their host (every loss read
-// synchronizes). So an abort calls ncclCommAbort on every communicator
-// (under the lock that posts take), which ends those collectives with an
-// error; a failed NCCL or CUDA call here aborts the same way and is
-// reported as the run's error.
+// Threads. Each worker thread drives only its own communicator, in the same
+// bucket order (NCCL's one-thread-per-GPU model), and no lock is held
+// across an NCCL call: NCCL connects peers lazily inside the first
+// collectives, where one device's call may wait for the others'. The
+// communicators are non-blocking (ncclConfig_t.blocking = 0): a call that
+// would wait returns ncclInProgress, and its thread polls
+// ncclCommGetAsyncError, checking the reducer's stop flag in between. So no
+// thread is ever stuck inside NCCL, and a failure elsewhere always reaches
+// it. (Blocking communicators would leave a thread inside ncclGroupEnd
+// waiting for a peer that failed, where only an abort from another thread,
+// racing with that call, could free it.)
+//
+// Failure. When a worker fails, the others' collectives would wait for it on
+// the GPU for ever, and so would their host (every loss read synchronizes).
+// An abort sets the stop flag and ends every communicator with
+// ncclCommAbort, which ends their pending collectives with an error. Each
+// communicator carries a state word (idle, busy in its owner's NCCL call,
+// gone): the aborting thread takes down the idle ones itself, and a busy
+// owner takes its own down when its call returns and it sees the flag.
+// Nothing waits for a lock that a blocked thread holds.
+//
+// NCCL is loaded with dlopen when a reducer is created (libnccl.so.2, or
+// BB_NCCL_LIBRARY), so a CUDA build runs where NCCL is not installed.
+#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_backend.h"
 
 extern "C" {
-#include "../src/train/reducer.h"
+#include "train/reducer.h"
 }
 
 namespace {
 
+// ---- NCCL through dlopen ------------------------------------------------------
+struct nccl_api {
+    ncclResult_t (*GetVersion)(int *);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+    ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*CommFinalize)(ncclComm_t);
+    ncclResult_t (*CommDestroy)(ncclComm_t);
+    ncclResult_t (*CommAbort)(ncclComm_t);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    const char *(*GetErrorString)(ncclResult_t);
+};
+
+nccl_api nccl;
+pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+char nccl_error[512]; // empty once loaded
+int nccl_version;
+
+void load_nccl()
+{
+    const char *name = getenv("BB_NCCL_LIBRARY");
+    if (!name || !*name) name = "libnccl.so.2";
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(nccl_error, sizeof nccl_error,
+                 "the multi-GPU reducer needs NCCL: cannot load %s (%s); install NCCL or set BB_NCCL_LIBRARY to "
+                 "its libnccl.so.2", name, dlerror());
+        return;
+    }
+    struct {
+        void **fn;
+        const char *symbol;
+    } table[] = {
+        {(void **)&nccl.GetVersion, "ncclGetVersion"},
+        {(void **)&nccl.GetUniqueId, "ncclGetUniqueId"},
+        {(void **)&nccl.CommInitRankConfig, "ncclCommInitRankConfig"},
+        {(void **)&nccl.CommGetAsyncError, "ncclCommGetAsyncError"},
+        {(void **)&nccl.CommFinalize, "ncclCommFinalize"},
+        {(void **)&nccl.CommDestroy, "ncclCommDestroy"},
+        {(void **)&nccl.CommAbort, "ncclCommAbort"},
+        {(void **)&nccl.GroupStart, "ncclGroupStart"},
+        {(void **)&nccl.GroupEnd, "ncclGroupEnd"},
+        {(void **)&nccl.AllReduce, "ncclAllReduce"},
+        {(void **)&nccl.GetErrorString, "ncclGetErrorString"},
+    };
+    for (auto &e : table)
+        if (!(*e.fn = dlsym(h, e.symbol))) {
+            snprintf(nccl_error, sizeof nccl_error, "%s has no %s: NCCL 2.14 or later is needed", name, e.symbol);
+            dlclose(h);
+            return;
+        }
+    if (nccl.GetVersion(&nccl_version) != ncclSuccess) nccl_version = 0;
+}
+
+bb_status need_nccl()
+{
+    pthread_once(&nccl_once, load_nccl);
+    return nccl_error[0] ? bb_fail(BB_ERR_UNSUPPORTED, "%s", nccl_error) : BB_OK;
+}
+
+// ---- the reducer ------------------------------------------------------------------
+enum comm_state { COMM_IDLE, COMM_BUSY, COMM_GONE };
+
 struct device_side {
     ncclComm_t comm;
+    int state;                  // comm_state, __atomic builtins
     cudaStream_t compute, comm_stream;
     float *grads;
     int cuda_device, next_bucket;
@@ -38,7 +122,7 @@ struct device_side {
 
 struct nccl_reducer {
     reducer_t base;
-    pthread_mutex_t lock;       // posts vs abort: no collective on an aborted communicator
+    pthread_mutex_t fail_lock;  // the first failure's message; never held across NCCL or CUDA
     device_side *dev;
     // device 0's timing of the last step: each bucket's reduction and the
     // end of the backward, on the GPU clock
@@ -48,13 +132,118 @@ struct nccl_reducer {
 
 nccl_reducer *of(reducer_t *r) { return reinterpret_cast<nccl_reducer *>(r); }
 
+bool stopping(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
+
+// Ends `s`'s communicator if nobody is inside an NCCL call on it; its
+// owner does this itself on leaving such a call otherwise.
+void take_down(device_side *s)
+{
+    int idle = COMM_IDLE;
+    if (s->comm && __atomic_compare_exchange_n(&s->state, &idle, COMM_GONE, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        nccl.CommAbort(s->comm);
+}
+
+void abort_all(nccl_reducer *n)
+{
+    reducer_t *r = &n->base;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
+    for (int d = 0; d < r->devices; d++) take_down(&n->dev[d]);
+}
+
+// Records the reducer's own failure (the first), then aborts everything.
+void fail(nccl_reducer *n, const char *what, const char *why)
+{
+    reducer_t *r = &n->base;
+    pthread_mutex_lock(&n->fail_lock);
+    if (r->failure == BB_OK) {
+        snprintf(r->failure_message, sizeof r->failure_message, "NCCL reducer: %s: %s", what, why);
+        r->failure = BB_ERR_DEVICE;
+    }
+    pthread_mutex_unlock(&n->fail_lock);
+    abort_all(n);
+}
+
+bool cuda_ok(nccl_reducer *n, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return true;
+    cudaGetLastError(); // reported here, not blamed on the next kernel
+    fail(n, what, cudaGetErrorString(e));
+    return false;
+}
+
+// The owner's side of a communicator: enter before an NCCL call (false: it
+// is gone), leave after it (takes it down if an abort came meanwhile).
+bool enter(device_side *s)
+{
+    int idle = COMM_IDLE;
+    return __atomic_compare_exchange_n(&s->state, &idle, COMM_BUSY, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+void leave(reducer_t *r, device_side *s)
+{
+    __atomic_store_n(&s->state, COMM_IDLE, __ATOMIC_SEQ_CST);
+    if (stopping(r)) take_down(s);
+}
+
+// Waits (inside enter/leave) until the communicator finished the calls made
+// so far: ncclSuccess, an error, or ncclInProgress left when the reducer
+// stops meanwhile.
+ncclResult_t settle(reducer_t *r, device_side *s, ncclResult_t rc)
+{
+    while (rc == ncclInProgress && !stopping(r)) {
+        sched_yield();
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = nccl.CommGetAsyncError(s->comm, &state);
+        rc = q != ncclSuccess ? q : state;
+    }
+    return rc;
+}
+
+// One NCCL step on device `s`, e.g. the all-reduce of a bucket: false when
+// the reducer stopped or the step failed (then reported and aborted).
+bool nccl_step(nccl_reducer *n, device_side *s, ncclResult_t (*call)(void *ctx), void *ctx, const char *what)
+{
+    reducer_t *r = &n->base;
+    if (stopping(r) || !enter(s)) return false;
+    ncclResult_t rc = settle(r, s, call(ctx));
+    leave(r, s);
+    if (rc == ncclSuccess) return true;
+    if (rc != ncclInProgress) fail(n, what, nccl.GetErrorString(rc));
+    return false;
+}
+
+struct all_reduce_args {
+    device_side *s;
+    size_t lo, count;
+};
+
+ncclResult_t all_reduce(void *ctx)
+{
+    all_reduce_args *a = static_cast<all_reduce_args *>(ctx);
+    float *g = a->s->grads + a->lo;
+    return nccl.AllReduce(g, g, a->count, ncclFloat, ncclAvg, a->s->comm, a->s->comm_stream);
+}
+
+ncclResult_t async_error(void *ctx)
+{
+    device_side *s = static_cast<device_side *>(ctx);
+    ncclResult_t state = ncclSuccess, rc = nccl.CommGetAsyncError(s->comm, &state);
+    return rc != ncclSuccess ? rc : state;
+}
+
 void n_destroy(reducer_t *r)
 {
     nccl_reducer *n = of(r);
     for (int d = 0; n->dev && d < r->devices; d++) {
         device_side *s = &n->dev[d];
         cudaSetDevice(s->cuda_device);
-        if (s->comm) ncclCommDestroy(s->comm); // aborted ones are already gone
+        if (s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE) {
+            // Flush, then free; a communicator that cannot finish is aborted.
+            ncclResult_t rc = nccl.CommFinalize(s->comm);
+            if (rc == ncclInProgress) rc = settle(r, s, rc);
+            if (rc == ncclSuccess) nccl.CommDestroy(s->comm);
+            else nccl.CommAbort(s->comm);
+        }
         if (s->ready) cudaEventDestroy(s->ready);
         if (s->done) cudaEventDestroy(s->done);
     }
@@ -66,94 +255,42 @@ void n_destroy(reducer_t *r)
     if (n->backward_end) cudaEventDestroy(n->backward_end);
     free(n->start), free(n->end), free(n->dev);
     reducer_free_buckets(r);
-    pthread_mutex_destroy(&n->lock);
+    pthread_mutex_destroy(&n->fail_lock);
     free(n);
-}
-
-// Ends every collective: each device's pending ones fail, so no thread
-// waits for a peer that will never post. Call with the lock held.
-void abort_locked(nccl_reducer *n)
-{
-    reducer_t *r = &n->base;
-    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
-    for (int d = 0; d < r->devices; d++)
-        if (n->dev[d].comm) {
-            ncclCommAbort(n->dev[d].comm);
-            n->dev[d].comm = NULL;
-        }
-}
-
-// Records the reducer's own failure (the first), then aborts. Lock held.
-void fail_locked(nccl_reducer *n, const char *what, const char *why)
-{
-    reducer_t *r = &n->base;
-    if (r->failure == BB_OK) {
-        r->failure = BB_ERR_DEVICE;
-        snprintf(r->failure_message, sizeof r->failure_message, "NCCL reducer: %s: %s", what, why);
-    }
-    abort_locked(n);
-}
-
-bool cuda_ok(nccl_reducer *n, cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess) return true;
-    fail_locked(n, what, cudaGetErrorString(e));
-    return false;
-}
-
-bool nccl_ok(nccl_reducer *n, ncclResult_t e, const char *what)
-{
-    if (e == ncclSuccess || e == ncclInProgress) return true;
-    fail_locked(n, what, ncclGetErrorString(e));
-    return false;
 }
 
 void n_post(reducer_t *r, int device, size_t ready_from)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
-    pthread_mutex_lock(&n->lock);
     cudaSetDevice(s->cuda_device);
-    bool ok = !reducer_aborted(r);
+    bool ok = !stopping(r);
     if (ok && device == 0 && ready_from == 0) ok = cuda_ok(n, cudaEventRecord(n->backward_end, s->compute), "event");
     for (; ok && s->next_bucket < r->buckets && r->lo[s->next_bucket] >= ready_from; s->next_bucket++) {
         int b = s->next_bucket;
+        all_reduce_args a = {s, r->lo[b], r->hi[b] - r->lo[b]};
         ok = cuda_ok(n, cudaEventRecord(s->ready, s->compute), "event") &&
              cuda_ok(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0), "stream wait") &&
              (device != 0 || cuda_ok(n, cudaEventRecord(n->start[b], s->comm_stream), "event")) &&
-             nccl_ok(n, ncclGroupStart(), "ncclGroupStart") &&
-             nccl_ok(n, ncclAllReduce(s->grads + r->lo[b], s->grads + r->lo[b], r->hi[b] - r->lo[b], ncclFloat, ncclAvg,
-                                      s->comm, s->comm_stream),
-                     "ncclAllReduce") &&
-             nccl_ok(n, ncclGroupEnd(), "ncclGroupEnd") &&
+             nccl_step(n, s, all_reduce, &a, "ncclAllReduce") &&
              (device != 0 || cuda_ok(n, cudaEventRecord(n->end[b], s->comm_stream), "event"));
     }
-    pthread_mutex_unlock(&n->lock);
 }
 
 uint64_t n_wait(reducer_t *r, int device)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
-    pthread_mutex_lock(&n->lock);
     cudaSetDevice(s->cuda_device);
-    ncclResult_t async = ncclSuccess;
-    bool ok = !reducer_aborted(r) && nccl_ok(n, ncclCommGetAsyncError(s->comm, &async), "ncclCommGetAsyncError") &&
-              nccl_ok(n, async, "an all-reduce") && cuda_ok(n, cudaEventRecord(s->done, s->comm_stream), "event") &&
+    bool ok = nccl_step(n, s, async_error, s, "an all-reduce") &&
+              cuda_ok(n, cudaEventRecord(s->done, s->comm_stream), "event") &&
               cuda_ok(n, cudaStreamWaitEvent(s->compute, s->done, 0), "stream wait");
     s->next_bucket = 0;
     if (ok && device == 0) n->timed = true;
-    pthread_mutex_unlock(&n->lock);
     return 0;
 }
 
-void n_abort(reducer_t *r)
-{
-    nccl_reducer *n = of(r);
-    pthread_mutex_lock(&n->lock);
-    abort_locked(n);
-    pthread_mutex_unlock(&n->lock);
-}
+void n_abort(reducer_t *r) { abort_all(of(r)); }
 
 // Measured on device 0 against its backward's end. The trainer calls this
 // after the optimizer read the gradient norm, which synchronized the
@@ -181,27 +318,70 @@ void n_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint6
 
 const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step};
 
+// The communicators, one per device, non-blocking; waits for them to be
+// ready (at most `timeout_s`).
+bb_status init_comms(nccl_reducer *n, int devices, double timeout_s)
+{
+    ncclUniqueId id;
+    ncclResult_t rc = nccl.GetUniqueId(&id);
+    if (rc != ncclSuccess) return bb_fail(BB_ERR_DEVICE, "ncclGetUniqueId: %s", nccl.GetErrorString(rc));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    nccl.GroupStart();
+    for (int d = 0; d < devices; d++) {
+        cudaSetDevice(n->dev[d].cuda_device);
+        rc = nccl.CommInitRankConfig(&n->dev[d].comm, devices, id, d, &config);
+        if (rc != ncclSuccess && rc != ncclInProgress) break;
+    }
+    ncclResult_t end = nccl.GroupEnd();
+    if (rc == ncclSuccess || rc == ncclInProgress) rc = end;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int d = 0; d < devices && (rc == ncclSuccess || rc == ncclInProgress); d++) {
+        device_side *s = &n->dev[d];
+        do {
+            ncclResult_t state = ncclSuccess;
+            rc = s->comm ? nccl.CommGetAsyncError(s->comm, &state) : ncclInternalError;
+            if (rc == ncclSuccess) rc = state;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (rc == ncclInProgress && (double)(now.tv_sec - t0.tv_sec) > timeout_s)
+                return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs not ready after %.0f s", devices,
+                               timeout_s);
+            if (rc == ncclInProgress) sched_yield();
+        } while (rc == ncclInProgress);
+    }
+    if (rc != ncclSuccess)
+        return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs: %s", devices, nccl.GetErrorString(rc));
+    return BB_OK;
+}
+
 } // namespace
+
+extern "C" bb_status reducer_load_nccl(int *version)
+{
+    BB_TRY(need_nccl());
+    if (version) *version = nccl_version;
+    return BB_OK;
+}
 
 extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads,
                                          int devices, size_t bucket_bytes, reducer_t **out)
 {
     *out = NULL;
+    BB_TRY(need_nccl());
     nccl_reducer *n = static_cast<nccl_reducer *>(calloc(1, sizeof *n));
     if (!n) return bb_fail(BB_ERR_NOMEM, "out of memory");
     reducer_t *r = &n->base;
     r->ops = &nccl_ops;
-    pthread_mutex_init(&n->lock, NULL);
+    pthread_mutex_init(&n->fail_lock, NULL);
     bb_status rc = reducer_init_buckets(r, m, devices, bucket_bytes);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
-    int *ids = static_cast<int *>(calloc((size_t)devices, sizeof *ids));
-    ncclComm_t *comms = static_cast<ncclComm_t *>(calloc((size_t)devices, sizeof *comms));
-    if (rc == BB_OK && (!n->dev || !n->start || !n->end || !ids || !comms)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (rc == BB_OK && (!n->dev || !n->start || !n->end)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         device_side *s = &n->dev[d];
-        s->cuda_device = ids[d] = bb_cuda_backend_device(be[d]);
+        s->cuda_device = bb_cuda_backend_device(be[d]);
         s->compute = bb_cuda_backend_stream(be[d], BB_STREAM_COMPUTE);
         s->comm_stream = bb_cuda_backend_stream(be[d], BB_STREAM_COMM);
         s->grads = grads[d];
@@ -210,11 +390,7 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess)
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events for the reducer", s->cuda_device);
     }
-    if (rc == BB_OK) {
-        ncclResult_t nr = ncclCommInitAll(comms, devices, ids);
-        if (nr != ncclSuccess) rc = bb_fail(BB_ERR_DEVICE, "ncclCommInitAll over %d GPUs: %s", devices, ncclGetErrorString(nr));
-        for (int d = 0; rc == BB_OK && d < devices; d++) n->dev[d].comm = comms[d];
-    }
+    if (rc == BB_OK) rc = init_comms(n, devices, 300.0);
     if (rc == BB_OK) {
         cudaSetDevice(n->dev[0].cuda_device);
         bool ok = cudaEventCreate(&n->backward_end) == cudaSuccess;
@@ -222,10 +398,9 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
             ok = cudaEventCreate(&n->start[b]) == cudaSuccess && cudaEventCreate(&n->end[b]) == cudaSuccess;
         if (!ok) rc = bb_fail(BB_ERR_DEVICE, "cannot create the reducer's timing events");
     }
-    free(ids);
-    free(comms);
     if (rc != BB_OK) {
         cudaGetLastError();
+        abort_all(n); // communicators half made are ended, not finalized
         n_destroy(r);
         return rc;
     }

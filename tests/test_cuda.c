@@ -90,6 +90,21 @@ static void expect_close(const char *what, twin t, double tol)
     free(a), free(b);
 }
 
+/* The same bytes on both (integer outputs, and sums made in the same order). */
+static void expect_same_bits(const char *what, twin t)
+{
+    size_t bytes = t.n * sizeof(float);
+    uint8_t *a = malloc(bytes), *b = malloc(bytes);
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "%s: %s", what, bb_error_message());
+    cr_assert_eq(bb_backend_copy(cpu, a, t.c, bytes, BB_COPY_D2H), BB_OK);
+    cr_assert_eq(bb_backend_copy(gpu, b, t.g, bytes, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+    size_t first = 0;
+    while (first < bytes && a[first] == b[first]) first++;
+    cr_assert_eq(first, bytes, "%s: CUDA differs from CPU from byte %zu on", what, first);
+    cr_log_info("%-28s bitwise equal", what);
+    free(a), free(b);
+}
+
 /* ---- ops ---------------------------------------------------------------- */
 Test(cuda, linear_matches_cpu)
 {
@@ -218,9 +233,77 @@ Test(cuda, embedding_matches_cpu)
     for (int acc = 0; acc < 2; acc++) {
         bb_op_embedding_backward(cpu, dwte.c, dwpe.c, dout.c, (int32_t *)tok.c, B, T, C, V, maxT, acc, acc);
         bb_op_embedding_backward(gpu, dwte.g, dwpe.g, dout.g, (int32_t *)tok.g, B, T, C, V, maxT, acc, acc);
-        expect_close("embedding_backward dwte", dwte, 1e-5);
+        expect_same_bits("embedding_backward dwte", dwte); /* the same ordered sum */
         expect_close("embedding_backward dwpe", dwpe, 1e-5);
     }
+}
+
+/* Deterministic at scale: many positions per token (a GPT-2 batch's
+ * shape), twice the same bits, and the CPU's bits. */
+Test(cuda, embedding_backward_is_deterministic_and_bitwise_the_cpu)
+{
+    need_gpu();
+    int B = 8, T = 1024, C = 768, V = 50257;
+    int32_t *tokens = malloc((size_t)B * T * sizeof *tokens);
+    uint64_t st = 5;
+    for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(bb_splitmix64(&st) % (i % 3 ? 64 : (uint64_t)V));
+    twin tok = upload(tokens, (size_t)B * T * sizeof *tokens);
+    twin dout = random_twin((size_t)B * T * C, 37, 1), dwte = random_twin((size_t)V * C, 38, 1);
+    twin dwpe = random_twin((size_t)T * C, 39, 1);
+    float *first = malloc((size_t)V * C * sizeof *first), *second = malloc((size_t)V * C * sizeof *second);
+    for (int run = 0; run < 2; run++) {
+        bb_op_embedding_backward(gpu, dwte.g, dwpe.g, dout.g, (int32_t *)tok.g, B, T, C, V, T, false, false);
+        cr_assert_eq(bb_backend_copy(gpu, run ? second : first, dwte.g, (size_t)V * C * sizeof(float), BB_COPY_D2H),
+                     BB_OK, "%s", bb_error_message());
+    }
+    cr_assert_eq(memcmp(first, second, (size_t)V * C * sizeof *first), 0, "two runs differ");
+    bb_op_embedding_backward(cpu, dwte.c, dwpe.c, dout.c, (int32_t *)tok.c, B, T, C, V, T, false, false);
+    expect_same_bits("embedding_backward dwte (GPT-2 shape)", dwte);
+    free(first), free(second), free(tokens);
+}
+
+/* Loader records become the same batch on both backends. */
+Test(cuda, records_to_batches_match_cpu)
+{
+    need_gpu();
+    int B = 4, T = 9, count = 3, inputs = 10;
+    for (int width = 2; width <= 4; width += 2) {
+        size_t bytes = (size_t)count * (T + 1) * width;
+        uint8_t *rec = calloc(1, bytes + 4);
+        for (size_t i = 0; i < bytes; i++) rec[i] = (uint8_t)(i * 37 + width);
+        twin r = upload(rec, (bytes + 3) / 4 * 4);
+        twin tok = random_twin((size_t)B * T, 81, 1), tgt = random_twin((size_t)B * T, 82, 1);
+        bb_op_records_to_tokens(cpu, (int32_t *)tok.c, (int32_t *)tgt.c, (uint8_t *)r.c, count, B, T, width);
+        bb_op_records_to_tokens(gpu, (int32_t *)tok.g, (int32_t *)tgt.g, (uint8_t *)r.g, count, B, T, width);
+        expect_same_bits("records_to_tokens inputs", tok);
+        expect_same_bits("records_to_tokens targets", tgt);
+        free(rec);
+    }
+    size_t bytes = (size_t)count * (inputs + 1);
+    uint8_t *rec = calloc(1, bytes + 4);
+    for (size_t i = 0; i < bytes; i++) rec[i] = (uint8_t)(i * 91);
+    twin r = upload(rec, (bytes + 3) / 4 * 4);
+    twin x = random_twin((size_t)B * inputs, 83, 1), y = random_twin((size_t)B, 84, 1);
+    bb_op_records_to_images(cpu, x.c, (int32_t *)y.c, (uint8_t *)r.c, count, B, inputs);
+    bb_op_records_to_images(gpu, x.g, (int32_t *)y.g, (uint8_t *)r.g, count, B, inputs);
+    expect_same_bits("records_to_images features", x);
+    expect_same_bits("records_to_images labels", y);
+    free(rec);
+}
+
+/* A kernel that faults is reported by the next synchronizing call (and,
+ * under CUDA_LAUNCH_BLOCKING=1, as gpu_check.sh runs this, named). */
+Test(cuda, a_faulting_kernel_fails_the_next_synchronizing_call)
+{
+    need_gpu();
+    float *x;
+    cr_assert_eq(bb_backend_alloc(gpu, 64, "x", (void **)&x), BB_OK);
+    bb_op_scale(gpu, x, 2.0f, (size_t)1 << 32); /* far past the allocation: an illegal address */
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_ERR_DEVICE, "the fault was not reported");
+    const char *blocking = getenv("CUDA_LAUNCH_BLOCKING");
+    if (blocking && !strcmp(blocking, "1"))
+        cr_assert(strstr(bb_error_message(), "scale"), "the error should name the op: %s", bb_error_message());
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_ERR_DEVICE, "a failed device stays failed");
 }
 
 static void attention_case(int B, int T, int C, int NH, double tol)
@@ -378,4 +461,119 @@ Test(cuda, bf16_products_stay_within_2e_2_of_fp32)
     expect_close("bf16 linear_backward din", din, 2e-2);
     expect_close("bf16 linear_backward dw", dw, 2e-2);
     attention_case(B, T, C, NH, 2e-2);
+}
+
+/* ---- NCCL ------------------------------------------------------------------ */
+#include "train/reducer.h"
+
+/* NCCL is loaded when a multi-GPU reducer needs it, not when the binary
+ * starts; a missing library is one clear error naming it. */
+Test(cuda, nccl_loads_on_demand_and_a_missing_library_is_named)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    setenv("BB_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+    int version = -1;
+    cr_assert_eq(reducer_load_nccl(&version), BB_ERR_UNSUPPORTED);
+    unsetenv("BB_NCCL_LIBRARY");
+    if (!info.compiled) {
+        cr_assert(strstr(bb_error_message(), "CUDA build"), "%s", bb_error_message());
+        return;
+    }
+    cr_assert(strstr(bb_error_message(), "/nonexistent/libnccl.so.2"), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "BB_NCCL_LIBRARY"), "the error should say how to point at NCCL: %s",
+              bb_error_message());
+}
+
+Test(cuda, nccl_from_the_toolkit_loads_without_a_gpu)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (!info.compiled) cr_skip_test("skipped: not a CUDA build");
+    if (access("/usr/local/cuda/lib64/libnccl.so.2", R_OK) != 0 && !getenv("BB_NCCL_LIBRARY"))
+        cr_skip_test("skipped: no libnccl.so.2 in the toolkit here");
+    int version = 0;
+    cr_assert_eq(reducer_load_nccl(&version), BB_OK, "%s", bb_error_message());
+    cr_assert_geq(version, 21400, "NCCL %d", version);
+    cr_log_info("NCCL %d loaded with dlopen", version);
+}
+
+/* One GPU, one rank: NCCL is loaded, its communicator made (non-blocking),
+ * and a step's buckets reduced (the average of one is itself); then an
+ * abort ends the communicator without waiting. */
+Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
+{
+    need_gpu();
+    bb_model_config c = bb_model_gpt_config(2, 2, 32, 8, 50);
+    bb_model_t *m;
+    cr_assert_eq(bb_model_create(gpu, &c, 2, &m), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_init(m, 1), BB_OK);
+    size_t n = bb_model_param_count(m);
+    float *host = random_host(n, 91, 1), *back = malloc(n * sizeof *back);
+    float *grads[1] = {bb_model_grads(m)};
+    cr_assert_eq(bb_backend_copy(gpu, grads[0], host, n * sizeof *host, BB_COPY_H2D), BB_OK);
+    reducer_t *r;
+    cr_assert_eq(reducer_create_nccl(m, &gpu, grads, 1, 4096, &r), BB_OK, "%s", bb_error_message());
+    cr_assert_gt(reducer_bucket_count(r), 1);
+    for (int step = 0; step < 3; step++) {
+        reducer_post(r, 0, n / 2);
+        reducer_post(r, 0, 0);
+        reducer_wait(r, 0);
+        cr_assert(!reducer_aborted(r), "%s", r->failure_message);
+    }
+    cr_assert_eq(bb_backend_copy(gpu, back, grads[0], n * sizeof *back, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(memcmp(host, back, n * sizeof *back), 0, "the average over one GPU changed the gradients");
+    reducer_abort(r);
+    cr_assert(reducer_aborted(r));
+    reducer_post(r, 0, 0); /* after an abort: returns at once */
+    reducer_wait(r, 0);
+    reducer_destroy(r);
+    bb_model_destroy(m);
+    free(host), free(back);
+}
+
+/* Resume is bitwise on the GPU too (deterministic ops: item 5 of issue 13). */
+Test(cuda, resume_on_the_gpu_is_bitwise)
+{
+    need_gpu();
+    char *root = tu_temp_dir(), *data = token_dataset(root), *ckpt = tu_path(root, "ckpt");
+    bb_train_options o;
+    bb_train_defaults(&o);
+    o.model = bb_model_gpt_config(2, 4, 64, 0, 0);
+    o.data = data;
+    o.devices = 1, o.global_batch = 32, o.micro_batch = 8;
+    o.steps = 6, o.epochs = 0;
+    o.progress = NULL;
+    o.cuda = true;
+    o.cuda_ids[0] = 0;
+    bb_train_result whole, first, second;
+    cr_assert_eq(bb_train_run(&o, &whole), BB_OK, "%s", bb_error_message());
+    o.save_dir = ckpt, o.stop_after = 3;
+    cr_assert_eq(bb_train_run(&o, &first), BB_OK, "%s", bb_error_message());
+    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt;
+    cr_assert_eq(bb_train_run(&o, &second), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(memcmp(whole.losses + 3, second.losses, 3 * sizeof *whole.losses), 0, "losses after the resume differ");
+    cr_assert_eq(memcmp(whole.params, second.params, whole.param_count * sizeof *whole.params), 0,
+                 "weights after the resume differ");
+    bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
+    tu_rm_tree(root);
+    free(data), free(ckpt), free(root);
+}
+
+/* The binary starts without NCCL: it is not among the libraries it needs. */
+Test(cuda, the_binary_does_not_link_nccl)
+{
+    if (system("command -v readelf > /dev/null 2>&1") != 0) cr_skip_test("skipped: no readelf on this machine");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "readelf -d '%s' 2>&1", tu_bigbatch_bin());
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char line[512];
+    int needed = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (strstr(line, "(NEEDED)")) needed++;
+        cr_assert_null(strstr(line, "libnccl"), "bin/bigbatch links NCCL: %s", line);
+    }
+    cr_assert_eq(pclose(p), 0, "readelf failed");
+    cr_assert_gt(needed, 0, "readelf listed no libraries: is %s an ELF binary?", tu_bigbatch_bin());
 }

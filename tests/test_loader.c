@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
-#include "../src/data/sampler.h"
+#include "data/sampler.h"
 #include "bigbatch/loader.h"
 #include "test_util.h"
 

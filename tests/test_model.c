@@ -526,3 +526,58 @@ Test(model, batches_with_out_of_range_tokens_or_targets_are_refused)
     cr_assert(strstr(bb_error_message(), "token -1 at position 4"), "%s", bb_error_message());
     bb_model_destroy(m);
 }
+
+/* ---- no host copies, no allocation mid-step -------------------------------- */
+/* Loader records reach the batch without a host copy: on the CPU the
+ * conversion op reads them in place, so staging copies nothing (the old
+ * path converted into a staging area and copied it: 2 copies a batch). */
+Test(model, staged_records_make_no_host_copy)
+{
+    bb_model_config c = tiny_gpt(1, 0);
+    bb_model_t *m = make_model(&c, GPT_B, 1);
+    bb_shard_meta tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1),
+                         .classes_or_vocab = GPT_V};
+    uint8_t records[2][GPT_B * 2 * (GPT_T + 1)];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < GPT_B * (GPT_T + 1); i++) records[k][2 * i] = (uint8_t)((i * 3 + k) % GPT_V), records[k][2 * i + 1] = 0;
+    uint64_t copies0, bytes0, copies, bytes;
+    bb_backend_copy_stats(be, &copies0, &bytes0);
+    for (int step = 0; step < 4; step++) {
+        cr_assert_eq(bb_model_stage_records(m, &tok, records[step % 2], GPT_B), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(bb_model_use_staged(m), BB_OK);
+        double loss;
+        cr_assert_eq(bb_model_forward(m, GPT_B * GPT_T, &loss, NULL), BB_OK);
+        cr_assert(isfinite(loss));
+    }
+    bb_backend_copy_stats(be, &copies, &bytes);
+    cr_assert_eq(copies - copies0, 0, "staging made %llu host-to-device copies (%llu bytes)",
+                 (unsigned long long)(copies - copies0), (unsigned long long)(bytes - bytes0));
+    bb_model_destroy(m);
+}
+
+/* The model reserves the scratch of every op it calls: a whole micro-step
+ * (forward, loss, backward) grows none (on a GPU, growing means
+ * allocating mid-step). */
+Test(model, a_micro_step_needs_no_scratch_beyond_the_reservation)
+{
+    bb_model_config configs[] = {tiny_gpt(2, 1), tiny_mlp(0)};
+    int batch[] = {GPT_B, MLP_B};
+    for (int i = 0; i < 2; i++) {
+        bb_backend_t *b;
+        bb_backend_options o = {.threads = 1};
+        cr_assert_eq(bb_backend_create_cpu(&o, &b), BB_OK);
+        bb_model_t *m;
+        cr_assert_eq(bb_model_create(b, &configs[i], batch[i], &m), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(bb_model_init(m, 1), BB_OK);
+        host_batch h = make_batch(&configs[i], batch[i], 3);
+        cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+        double loss;
+        cr_assert_eq(bb_model_forward(m, 10, &loss, NULL), BB_OK);
+        cr_assert_eq(bb_model_backward(m, false), BB_OK);
+        cr_assert_eq(bb_backend_scratch_grew(b), 0, "%s: an op needed scratch the model did not reserve",
+                     i ? "mlp" : "gpt");
+        free(h.inputs), free(h.targets);
+        bb_model_destroy(m);
+        bb_backend_destroy(b);
+    }
+}

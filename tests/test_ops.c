@@ -197,6 +197,38 @@ Test(ops, embedding_backward_matches_finite_differences)
     free(c.wte), free(c.wpe), free(c.out), free(c.r);
 }
 
+/* The token table's gradient is an ordered reduction: per token, the rows
+ * of its positions summed in position order, onto what the table held.
+ * This reference does it the way the CUDA kernel does (a stable sort of
+ * positions by token, then each run in order); the CPU op must agree to
+ * the bit, and the CUDA op is held to the CPU's bits (test_cuda.c). */
+static int by_token_then_position(const void *a, const void *b)
+{
+    const int32_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+Test(ops, embedding_backward_is_an_ordered_sum_per_token)
+{
+    enum { B = 4, T = 33, C = 7, V = 9 };
+    int32_t tokens[B * T], pairs[B * T][2];
+    for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)((i * i + 3 * i) % V) % 4; /* few tokens, many repeats */
+    float *dout = random_floats(B * T * C, 21, 1e3f), *base = random_floats(V * C, 22, 1);
+    float dwte[V * C], ref[V * C], dwpe[T * C];
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        memcpy(dwte, base, sizeof dwte);
+        for (int i = 0; i < V * C; i++) ref[i] = accumulate ? base[i] : 0.0f;
+        for (int i = 0; i < B * T; i++) pairs[i][0] = tokens[i], pairs[i][1] = i;
+        qsort(pairs, B * T, sizeof *pairs, by_token_then_position);
+        for (int k = 0; k < B * T; k++)
+            for (int c = 0; c < C; c++) ref[pairs[k][0] * C + c] += dout[(size_t)pairs[k][1] * C + c];
+        bb_op_embedding_backward(be, dwte, dwpe, dout, tokens, B, T, C, V, T, accumulate, false);
+        cr_assert_eq(memcmp(dwte, ref, sizeof ref), 0, "accumulate %d: the CPU's sum order is not position order",
+                     accumulate);
+    }
+    free(dout), free(base);
+}
+
 /* ---- attention --------------------------------------------------------- */
 enum { AT_B = 2, AT_T = 5, AT_C = 8, AT_NH = 2 };
 typedef struct attention_ctx {

@@ -542,3 +542,36 @@ Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
 #undef TINY
     free(ckpt), free(metrics), free(data);
 }
+
+/* ---- device faults ------------------------------------------------------- */
+/* A fault in the last step's optimizer (on a GPU it would surface only at
+ * the next synchronizing call, after the run "ended") fails the run: no
+ * weights are returned, and no checkpoint of that step is written; the
+ * step before it stays the latest. BB_FAULT injects it (backend.h). */
+Test(train, a_device_fault_in_the_last_step_fails_the_run)
+{
+    char *data = make_tokens("tokens", 100);
+    char *ckpt = tu_path(tmp, "ckpt");
+    for (int devices = 1; devices <= 2; devices++) {
+        bb_train_options o = gpt_options(data, devices, 4, 16);
+        o.steps = 3;
+        o.save_dir = ckpt;
+        o.save_every = 1;
+        setenv("BB_FAULT", "sum_squares:3", 1); /* every replica's third optimizer step: the last */
+        bb_train_result r;
+        bb_status rc = bb_train_run(&o, &r);
+        unsetenv("BB_FAULT");
+        cr_assert_eq(rc, BB_ERR_DEVICE, "%d device(s): the run should fail, not return %d", devices, rc);
+        cr_assert(strstr(bb_error_message(), "sum_squares failed: injected fault"), "%s", bb_error_message());
+        cr_assert_null(r.params, "no weights from a failed device");
+        cr_assert_eq(r.steps_done, 2, "step 3 is not done");
+        bb_checkpoint_info info;
+        cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(info.step, 2, "the latest checkpoint is the last good step, not %llu",
+                     (unsigned long long)info.step);
+        bb_train_result_free(&r);
+        tu_rm_tree(ckpt);
+    }
+    free(ckpt);
+    free(data);
+}

@@ -13,13 +13,18 @@
  *
  * Every op is a call through the backend's vtable (src/backend/backend_impl.h,
  * in the style of ggml-backend): the CPU instance uses OpenBLAS cblas_sgemm
- * and plain C loops; the CUDA instance comes with the CUDA issue. Pointers in
+ * and plain C loops; the CUDA instance cuBLAS and the kernels of kernels/. Pointers in
  * ops are device pointers of that backend; shapes are written beside them,
  * row-major. Ops that "accumulate" add into their output when `accumulate`
  * is true and overwrite it otherwise (first micro-step).
  *
- * A CUDA build links the CUDA runtime statically and no libcuda: it loads and
- * runs on machines without a GPU driver, where the probe reports no device.
+ * A CUDA build links the CUDA runtime statically and no libcuda (nor NCCL,
+ * which the multi-GPU reducer loads with dlopen): it loads and runs on
+ * machines without a GPU driver, where the probe reports no device.
+ *
+ * Testing hook: BB_FAULT=op:N (e.g. adamw:3) in the environment when a
+ * backend is created makes the N-th call of that op fail as a device fault
+ * would: the op returns, and the next synchronizing call reports it.
  */
 #ifndef BIGBATCH_BACKEND_H
 #define BIGBATCH_BACKEND_H
@@ -107,10 +112,30 @@ void *bb_backend_slot_alloc(void *backend, size_t bytes);
 void bb_backend_slot_free(void *backend, void *ptr, size_t bytes);
 
 typedef enum bb_copy_kind { BB_COPY_H2D, BB_COPY_D2H, BB_COPY_D2D } bb_copy_kind;
+/* Copies and memset fail with the backend's pending error (below) before
+ * they start, BB_ERR_DEVICE when the device fails. */
 bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind);
 bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes);
-/* Waits for every op queued on the backend (a no-op on the CPU). */
+/* Waits for every op queued on the backend (a no-op on the CPU). Ops return
+ * nothing: the first op that failed (on a GPU, asynchronously) makes this,
+ * and every later copy, memset and event call, fail with BB_ERR_DEVICE
+ * naming the op. A backend that failed stays failed. */
 bb_status bb_backend_synchronize(bb_backend_t *b);
+/* Host-to-device copies made so far through bb_backend_copy and
+ * bb_backend_copy_async: how many, and their bytes. */
+void bb_backend_copy_stats(const bb_backend_t *b, uint64_t *h2d_copies, uint64_t *h2d_bytes);
+/* True where device pointers are host pointers (the CPU): an op may then
+ * read host memory, such as a loader slot, directly. */
+bool bb_backend_host_is_device(const bb_backend_t *b);
+/* Some ops need scratch of their own (CUDA: column-sum partials for widths
+ * up to `width`, per-row losses and the embedding's sort for up to `rows`
+ * rows). Reserving it once before training means no op allocates or frees
+ * mid-step (which synchronizes the device, and with collectives in flight
+ * can deadlock). An op on a larger shape still works: its scratch grows in
+ * stream order, and bb_backend_scratch_grew() counts such ops. Not counted
+ * in bb_backend_bytes_in_use. Fails with BB_ERR_DEVICE. */
+bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width);
+uint64_t bb_backend_scratch_grew(const bb_backend_t *b);
 
 /* Streams and events: each backend has a compute, a copy and a
  * communication stream; ops run on the compute stream. An event recorded on
@@ -209,6 +234,18 @@ void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n);
 void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
 /* out = the packed bf16 values widened to fp32 (exact). */
 void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
+
+/* ---- loader records into a batch ------------------------------------------ */
+/* `count` (<= B) records at `records` (device memory, or host memory where
+ * bb_backend_host_is_device) become B rows; rows past `count` are padding
+ * (zero inputs, target -1). Values are not checked: the caller checks them
+ * on the host. Token records hold T+1 tokens of `width` bytes (2 or 4,
+ * little-endian): tokens are the first T, targets the last T. */
+void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens /* (B,T) */, int32_t *targets /* (B,T) */,
+                             const uint8_t *records /* (count, (T+1)·width) */, int count, int B, int T, int width);
+/* Image records: a label byte, then `inputs` pixels (u8); features = pixel / 255. */
+void bb_op_records_to_images(bb_backend_t *b, float *features /* (B,inputs) */, int32_t *labels /* (B) */,
+                             const uint8_t *records /* (count, 1+inputs) */, int count, int B, int inputs);
 
 /* The conversions both backends (and the tests) use, so that they agree
  * to the bit. */

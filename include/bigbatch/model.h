@@ -111,14 +111,21 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
 bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records,
                                           int count);
 /* The same in two halves, so that on a GPU the upload of micro-batch k+1
- * overlaps the compute of micro-batch k: stage converts the records into
- * pinned staging memory and queues their copy (copy stream) into the batch
- * buffer the model is not using; use makes it the batch of the next
- * forward (the compute stream waits for the copy). On the CPU, stage copies
- * at once. Stage at most one batch ahead; the records may be released when
- * stage returns. Fails like bb_model_set_batch_from_records. */
+ * overlaps the compute of micro-batch k. Stage checks the records on the
+ * host and queues their upload, straight from `records` (a loader slot:
+ * pinned memory on CUDA), into the batch buffer the model is not using
+ * (copy stream); where device memory is host memory (the CPU) nothing is
+ * copied. Use makes it the batch of the next forward: the compute stream
+ * waits for the upload and an op turns the records into inputs and
+ * targets. Stage at most one batch ahead. `records` must stay unchanged
+ * until the stage call after the next one returns (which waits for this
+ * upload) or the backend is synchronized; the worker keeps two loader
+ * slots for that. Fails like bb_model_set_batch_from_records. */
 bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count);
 bb_status bb_model_use_staged(bb_model_t *m);
+/* Bytes of one of the two device buffers that receive a micro-batch's raw
+ * records (backends whose host is not the device; the planner counts them). */
+size_t bb_model_record_buffer_bytes(const bb_model_config *c, int micro_batch);
 /* Forward pass and loss: *loss = (sum of per-example (mlp) or per-token
  * (gpt) cross-entropy) / normalizer; keeps what backward needs. *correct
  * (may be NULL) gets the number of argmax hits (mlp), or -1 (gpt). */

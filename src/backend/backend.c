@@ -1,5 +1,6 @@
 /* backend.c — the backend wrappers: allocation accounting and the cap,
  * optional vtable entries, and the op entry points. */
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,7 +10,72 @@ bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_bac
 {
     snprintf(b->name, sizeof b->name, "%s", name);
     if (o) b->opt = *o;
+    /* BB_FAULT=op:N, a test hook: see backend_impl.h. */
+    const char *fault = getenv("BB_FAULT"), *colon = fault ? strchr(fault, ':') : NULL;
+    if (colon && colon - fault < (long)sizeof b->fault_op && atoll(colon + 1) > 0) {
+        snprintf(b->fault_op, sizeof b->fault_op, "%.*s", (int)(colon - fault), fault);
+        b->fault_at = (uint64_t)atoll(colon + 1);
+    }
     return BB_OK;
+}
+
+void bb_backend_note_error(bb_backend_t *b, bb_status status, const char *fmt, ...)
+{
+    if (b->error != BB_OK) return;
+    b->error = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->error_message, sizeof b->error_message, fmt, ap);
+    va_end(ap);
+}
+
+bb_status bb_backend_pending(bb_backend_t *b)
+{
+    return b->error == BB_OK ? BB_OK : bb_fail(b->error, "%s", b->error_message);
+}
+
+/* Every op passes here first: the BB_FAULT hook. */
+static inline void op_entry(bb_backend_t *b, const char *op)
+{
+    if (__builtin_expect(b->fault_at != 0, 0) && !strcmp(op, b->fault_op) && ++b->fault_calls == b->fault_at)
+        bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: injected fault (BB_FAULT=%s:%llu)", b->name, op,
+                              b->fault_op, (unsigned long long)b->fault_at);
+}
+
+/* Ops with scratch of their own pass here too: what they need beyond the
+ * reservation is counted (the CUDA backend then grows it in stream order). */
+static inline void scratch_need(bb_backend_t *b, size_t rows, size_t width)
+{
+    if (rows <= b->scratch_rows && width <= b->scratch_width) return;
+    b->scratch_grew++;
+    if (rows > b->scratch_rows) b->scratch_rows = rows;
+    if (width > b->scratch_width) b->scratch_width = width;
+}
+
+bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
+{
+    if (rows < b->scratch_rows) rows = b->scratch_rows;
+    if (width < b->scratch_width) width = b->scratch_width;
+    if (b->vt->reserve_scratch) BB_TRY(b->vt->reserve_scratch(b, rows, width));
+    b->scratch_rows = rows;
+    b->scratch_width = width;
+    return BB_OK;
+}
+
+uint64_t bb_backend_scratch_grew(const bb_backend_t *b) { return b->scratch_grew; }
+bool bb_backend_host_is_device(const bb_backend_t *b) { return b->vt->host_is_device; }
+
+void bb_backend_copy_stats(const bb_backend_t *b, uint64_t *h2d_copies, uint64_t *h2d_bytes)
+{
+    *h2d_copies = b->h2d_copies;
+    *h2d_bytes = b->h2d_bytes;
+}
+
+static void count_copy(bb_backend_t *b, size_t bytes, bb_copy_kind kind)
+{
+    if (kind != BB_COPY_H2D) return;
+    b->h2d_copies++;
+    b->h2d_bytes += bytes;
 }
 
 void bb_backend_destroy(bb_backend_t *b)
@@ -117,11 +183,14 @@ void bb_backend_slot_free(void *backend, void *ptr, size_t bytes) { bb_backend_h
 
 bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
+    BB_TRY(bb_backend_pending(b));
+    count_copy(b, bytes, kind);
     return b->vt->copy(b, dst, src, bytes, kind);
 }
 
 bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 {
+    BB_TRY(bb_backend_pending(b));
     return b->vt->memset(b, dst, value, bytes);
 }
 
@@ -134,10 +203,16 @@ bb_status bb_backend_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t
 bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                                 bb_stream stream)
 {
+    BB_TRY(bb_backend_pending(b));
+    count_copy(b, bytes, kind);
     return b->vt->copy_async ? b->vt->copy_async(b, dst, src, bytes, kind, stream) : b->vt->copy(b, dst, src, bytes, kind);
 }
 
-bb_status bb_backend_synchronize(bb_backend_t *b) { return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK; }
+bb_status bb_backend_synchronize(bb_backend_t *b)
+{
+    BB_TRY(bb_backend_pending(b));
+    return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
+}
 
 bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out)
 {
@@ -152,16 +227,19 @@ void bb_backend_event_destroy(bb_backend_t *b, bb_event_t *e)
 
 bb_status bb_backend_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stream)
 {
+    BB_TRY(bb_backend_pending(b));
     return b->vt->event_record ? b->vt->event_record(b, e, stream) : BB_OK;
 }
 
 bb_status bb_backend_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
 {
+    BB_TRY(bb_backend_pending(b));
     return b->vt->stream_wait ? b->vt->stream_wait(b, stream, e) : BB_OK;
 }
 
 bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
 {
+    BB_TRY(bb_backend_pending(b));
     return b->vt->event_synchronize ? b->vt->event_synchronize(b, e) : BB_OK;
 }
 
@@ -169,32 +247,46 @@ bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
 void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                           int IC, int OC)
 {
+    op_entry(b, "linear_forward");
     b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
 }
 
 void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                            const float *w, int N, int IC, int OC, bool accumulate)
 {
+    op_entry(b, "linear_backward");
+    if (dbias) scratch_need(b, 0, (size_t)OC);
     b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
 }
 
-void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n) { b->vt->relu_forward(b, out, in, n); }
+void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    op_entry(b, "relu_forward");
+    b->vt->relu_forward(b, out, in, n);
+}
 
 void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
+    op_entry(b, "relu_backward");
     b->vt->relu_backward(b, din, dout, in, n);
 }
 
-void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n) { b->vt->gelu_forward(b, out, in, n); }
+void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+{
+    op_entry(b, "gelu_forward");
+    b->vt->gelu_forward(b, out, in, n);
+}
 
 void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
+    op_entry(b, "gelu_backward");
     b->vt->gelu_backward(b, din, dout, in, n);
 }
 
 void bb_op_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
                              const float *bias, int N, int C)
 {
+    op_entry(b, "layernorm_forward");
     b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
 }
 
@@ -202,59 +294,101 @@ void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbi
                               const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
                               bool accumulate)
 {
+    op_entry(b, "layernorm_backward");
+    scratch_need(b, 0, (size_t)C);
     b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
 }
 
 void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                              int B, int T, int C)
 {
+    op_entry(b, "embedding_forward");
     b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
 }
 
 void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                               int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
+    op_entry(b, "embedding_backward");
+    scratch_need(b, (size_t)B * T, 0);
     b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
 }
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
+    op_entry(b, "attention_forward");
     b->vt->attention_forward(b, out, att, qkv, B, T, C, NH);
 }
 
 void bb_op_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
                               const float *att, int B, int T, int C, int NH)
 {
+    op_entry(b, "attention_backward");
     b->vt->attention_backward(b, dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }
 
-void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n) { b->vt->add(b, out, x, y, n); }
+void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+{
+    op_entry(b, "add");
+    b->vt->add(b, out, x, y, n);
+}
 
 void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                 const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
+    op_entry(b, "softmax_crossentropy");
+    scratch_need(b, (size_t)N, 0);
     b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
 }
 
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                  float beta1, float beta2, float eps, float weight_decay, int t)
 {
+    op_entry(b, "adamw");
     b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
 void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                float momentum, float weight_decay)
 {
+    op_entry(b, "sgd");
     b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
 }
 
-double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n) { return b->vt->sum_squares(b, x, n); }
+double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
+{
+    op_entry(b, "sum_squares");
+    return b->vt->sum_squares(b, x, n);
+}
 
-void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n) { b->vt->scale(b, x, factor, n); }
+void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n)
+{
+    op_entry(b, "scale");
+    b->vt->scale(b, x, factor, n);
+}
 
-void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n) { b->vt->bf16_round(b, x, packed, n); }
+void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+{
+    op_entry(b, "bf16_round");
+    b->vt->bf16_round(b, x, packed, n);
+}
 
 void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
+    op_entry(b, "bf16_unpack");
     b->vt->bf16_unpack(b, out, packed, n);
+}
+
+void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                             int B, int T, int width)
+{
+    op_entry(b, "records_to_tokens");
+    b->vt->records_to_tokens(b, tokens, targets, records, count, B, T, width);
+}
+
+void bb_op_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+                             int B, int inputs)
+{
+    op_entry(b, "records_to_images");
+    b->vt->records_to_images(b, features, labels, records, count, B, inputs);
 }

@@ -22,6 +22,10 @@ typedef struct bb_backend_vtable {
     bb_status (*copy_async)(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                             bb_stream stream); /* default: copy */
     void (*destroy)(bb_backend_t *b);
+    /* optional: sizes the ops' own scratch (bb_backend_reserve_scratch) */
+    bb_status (*reserve_scratch)(bb_backend_t *b, size_t rows, size_t width);
+    /* device pointers are host pointers (the CPU): ops may read host memory */
+    bool host_is_device;
     /* optional: streams and events (NULL: work is done when a call returns) */
     bb_status (*event_create)(bb_backend_t *b, bb_event_t **out);
     void (*event_destroy)(bb_backend_t *b, bb_event_t *e);
@@ -63,6 +67,10 @@ typedef struct bb_backend_vtable {
     void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
     void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
     void (*bf16_unpack)(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
+    void (*records_to_tokens)(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                              int B, int T, int width);
+    void (*records_to_images)(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+                              int B, int inputs);
 } bb_backend_vtable;
 
 typedef struct bb_allocation {
@@ -78,11 +86,29 @@ struct bb_backend {
     uint64_t in_use, peak;
     bb_allocation *allocations; /* live device allocations */
     size_t allocation_count, allocation_capacity;
+    /* The first error of an op (ops return nothing; on a GPU they fail
+     * later, asynchronously): returned by every later copy, memset,
+     * synchronize and event call. Sticky: a device that failed stays failed. */
+    bb_status error;
+    char error_message[256];
+    /* BB_FAULT=op:N (tests): the N-th call of that op fails, as a device
+     * fault would, reported by the next synchronizing call. */
+    char fault_op[32];
+    uint64_t fault_at, fault_calls;
+    size_t scratch_rows, scratch_width; /* reserved (bb_backend_reserve_scratch) */
+    uint64_t scratch_grew;              /* ops that needed more than that */
+    uint64_t h2d_bytes, h2d_copies;     /* host-to-device copies so far */
     void *impl;                 /* the instance's own state */
 };
 
 /* backend.c: fills the shared part; the instance sets vt and impl. */
 bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_backend_options *o);
+/* Records an op's failure (the first one wins; later ones are its
+ * consequences) for the next synchronizing call to return. */
+void bb_backend_note_error(bb_backend_t *b, bb_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* BB_OK, or the noted error (set again as the thread's message). */
+bb_status bb_backend_pending(bb_backend_t *b);
 
 /* cpu_ops.c */
 extern const bb_backend_vtable bb_cpu_vtable;

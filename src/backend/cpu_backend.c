@@ -35,6 +35,7 @@ static bb_status cpu_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 }
 
 const bb_backend_vtable bb_cpu_vtable = {
+    .host_is_device = true,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
@@ -59,6 +60,8 @@ const bb_backend_vtable bb_cpu_vtable = {
     .scale = cpu_scale,
     .bf16_round = cpu_bf16_round,
     .bf16_unpack = cpu_bf16_unpack,
+    .records_to_tokens = cpu_records_to_tokens,
+    .records_to_images = cpu_records_to_images,
 };
 
 bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)

@@ -239,3 +239,34 @@ void cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t
     (void)b;
     for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(packed[i]);
 }
+
+void cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                           int B, int T, int width)
+{
+    (void)b;
+    for (int r = 0; r < B; r++)
+        for (int t = 0; t <= T; t++) {
+            uint32_t v = 0;
+            if (r < count) {
+                const uint8_t *p = records + ((size_t)r * (T + 1) + t) * width;
+                v = width == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                               : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            }
+            if (t < T) tokens[(size_t)r * T + t] = (int32_t)v;
+            if (t > 0) targets[(size_t)r * T + t - 1] = r < count ? (int32_t)v : -1;
+        }
+}
+
+void cpu_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+                           int B, int inputs)
+{
+    (void)b;
+    for (int r = 0; r < B; r++) {
+        const uint8_t *p = records + (size_t)r * (inputs + 1);
+        float *x = features + (size_t)r * inputs;
+        labels[r] = r < count ? p[0] : -1;
+        if (r >= count) memset(x, 0, (size_t)inputs * sizeof *x);
+        else
+            for (int i = 0; i < inputs; i++) x[i] = p[1 + i] / 255.0f;
+    }
+}

@@ -36,4 +36,9 @@ void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n);
 void cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
 void cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
 
+void cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+                           int B, int T, int width);
+void cpu_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+                           int B, int inputs);
+
 #endif

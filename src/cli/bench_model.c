@@ -1,5 +1,6 @@
 /* bench_model.c — `bigbatch bench model`: forward + backward + AdamW
  * throughput of one model on the CPU backend. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,8 @@ static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
     "model on random data after 2 warm-up steps, on the CPU backend with N BLAS\n"
     "threads or on a GPU, and prints the median step time, tokens/s (gpt) or\n"
-    "samples/s (mlp), the activation memory and the allocator's peak.\n"
+    "samples/s (mlp), the activation memory, the allocator's peak, and the loss of\n"
+    "the first step (a fresh gpt's is about ln V) and of the last.\n"
     "perf/model_bench.sh (CPU) and perf/gpu_check.sh (GPU) run it beside PyTorch.";
 
 int bb_bench_model(int argc, char **argv)
@@ -102,10 +104,13 @@ int bb_bench_model(int argc, char **argv)
         for (int64_t i = 0; !gpt && i < micro_batch * inputs; i++) ((float *)batch)[i] = (float)(i % 255) / 255.0f;
         rc = bb_model_set_batch(m, batch, targets);
     }
+    double first_loss = NAN, last_loss = NAN; /* the first: the fresh model's (ln V for a gpt) */
     for (int64_t s = -2; rc == BB_OK && s < steps; s++) {
         uint64_t t0 = bb_clock_ns();
         double loss;
         rc = bb_model_forward(m, (float)n_targets, &loss, NULL);
+        if (s == -2) first_loss = loss;
+        last_loss = loss;
         if (rc == BB_OK) rc = bb_model_backward(m, false);
         for (int t = 0; rc == BB_OK && t < bb_model_tensor_count(m); t++) {
             const bb_tensor_info *ti = bb_model_tensor(m, t);
@@ -123,15 +128,15 @@ int bb_bench_model(int argc, char **argv)
         if (json)
             printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
                    "\"threads\": %lld, \"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
-                   "\"peak_bytes\": %llu}\n",
+                   "\"peak_bytes\": %llu, \"first_loss\": %.9g, \"last_loss\": %.9g}\n",
                    kind, device, precision, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
                    gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
-                   (unsigned long long)bb_backend_peak_bytes(be));
+                   (unsigned long long)bb_backend_peak_bytes(be), first_loss, last_loss);
         else
             printf("%s, %zu parameters, micro-batch %lld, checkpoint %s, %lld threads: %.2f ms per step, "
-                   "%.0f %s/s, activations %.1f MiB\n",
+                   "%.0f %s/s, activations %.1f MiB, loss %.4f -> %.4f\n",
                    kind, params, (long long)micro_batch, checkpoint, (long long)threads, median * 1e3, rate,
-                   gpt ? "tokens" : "samples", act / 1048576.0);
+                   gpt ? "tokens" : "samples", act / 1048576.0, first_loss, last_loss);
     }
     free(times), free(targets), free(batch);
     if (be) bb_backend_free(be, mom), bb_backend_free(be, var);

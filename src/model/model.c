@@ -115,6 +115,13 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
         return bb_fail(BB_ERR_ARG, "unknown model kind %d", cfg->kind);
     }
     BB_TRY_GOTO(m->ops->create(m), rc, fail);
+    /* The ops' own scratch, sized now so that no op allocates mid-step: rows
+     * up to the batch's, column sums as wide as the widest vector
+     * parameter (biases and norms). */
+    size_t widest = 0;
+    for (int i = 0; i < m->tensor_count; i++)
+        if (m->tensors[i].rank == 1 && m->tensors[i].count > widest) widest = m->tensors[i].count;
+    BB_TRY_GOTO(bb_backend_reserve_scratch(be, (size_t)bb_model_batch_rows(m), widest), rc, fail);
     *out = m;
     return BB_OK;
 fail:

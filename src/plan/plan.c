@@ -65,19 +65,21 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
     uint64_t rows = c->kind == BB_MODEL_GPT ? B * (uint64_t)c->seq_len : B;
     uint64_t inputs = c->kind == BB_MODEL_GPT ? rows : B * (uint64_t)c->inputs;
     m->batches = 2 * 4 * (inputs + rows); /* two sets: inputs and targets */
+    if (cuda) m->batches += 2 * bb_model_record_buffer_bytes(c, micro_batch); /* and the raw records */
     m->activations = activation_bytes(c, micro_batch);
-    if (cuda) { /* loss rows, column-sum partials, reduction partials, cuBLAS's own workspace */
+    if (cuda) { /* loss rows, column-sum partials, the embedding's sort, reduction partials, cuBLAS's workspace */
         uint64_t widest = c->kind == BB_MODEL_GPT ? 4 * (uint64_t)c->d_model : 1024;
-        m->workspace = 4 * rows + 2 * 64 * 4 * widest + 8192 + ((uint64_t)32 << 20);
+        m->workspace = 8 * rows + 2 * 64 * 4 * widest + 6 * 4 * rows + 8192 + ((uint64_t)32 << 20);
     }
     m->total = m->parameters + m->gradients + m->optimizer + m->batches + m->activations + m->workspace;
-    /* The loader's defaults (loader.c): 16 batches prefetched (fewer past 64 MiB) plus 2 held per
-     * serving thread (2 threads), each record with its 8-byte id. */
+    /* The loader's defaults (loader.c): 16 batches prefetched (fewer past 64 MiB) plus, per serving
+     * thread (2 threads), the trainer's 3 held (one in use, two uploading: worker.c), each record
+     * with its 8-byte id. */
     uint64_t record = c->kind == BB_MODEL_GPT ? (uint64_t)(c->seq_len + 1) * (c->vocab > 65536 ? 4 : 2)
                                                : (uint64_t)c->inputs + 1;
     uint64_t batch = B * (record + 8), prefetch = ((uint64_t)64 << 20) / (B * record);
     prefetch = prefetch >= 16 ? 16 : prefetch < 2 ? 2 : prefetch;
-    m->loader_slots = (prefetch + 2 * 2) * batch;
+    m->loader_slots = (prefetch + 2 * 3) * batch;
 }
 
 /* ---- candidates -------------------------------------------------------- */

@@ -17,7 +17,9 @@
  * calls: a post enqueues the bucket's all-reduce on the device's
  * communication stream after an event of its compute stream, and a wait
  * makes the compute stream wait for the step's reductions (the host does
- * not block). */
+ * not block). Each device thread drives its own non-blocking communicator
+ * and no lock is held across NCCL calls; an abort from any thread ends
+ * every communicator without waiting for one. */
 #ifndef BIGBATCH_TRAIN_REDUCER_H
 #define BIGBATCH_TRAIN_REDUCER_H
 
@@ -58,9 +60,14 @@ void reducer_free_buckets(reducer_t *r);
  * NULL) on track `track`, numbered from step first_step + 1. */
 bb_status reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
                              uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
+/* Loads NCCL (dlopen of libnccl.so.2, or of BB_NCCL_LIBRARY) once per
+ * process; *version (may be NULL) gets ncclGetVersion's code. Fails with
+ * BB_ERR_UNSUPPORTED, naming the library, when it cannot be loaded or a
+ * CUDA build is missing. */
+bb_status reducer_load_nccl(int *version);
 /* The NCCL reducer over the replicas on CUDA backends `be` (one
- * communicator per GPU, ncclCommInitAll). Fails with BB_ERR_UNSUPPORTED in
- * a build without CUDA, BB_ERR_DEVICE when NCCL fails. */
+ * non-blocking communicator per GPU). Fails like reducer_load_nccl,
+ * BB_ERR_DEVICE when NCCL fails. */
 bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
                               size_t bucket_bytes, reducer_t **out);
 

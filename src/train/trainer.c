@@ -207,6 +207,7 @@ static bb_status start_loader(trainer *t)
     lo.devices = (uint32_t)t->devices;
     lo.accumulation = (uint32_t)t->accumulation;
     lo.micro_batch = (uint32_t)t->micro_batch;
+    lo.hold = 3; /* one in use, two whose uploads may still read them (worker.c) */
     lo.threads = (uint32_t)t->o->loader_threads;
     lo.start_epoch = t->first_step / t->steps_per_epoch;
     lo.start_step = t->first_step % t->steps_per_epoch;
@@ -347,6 +348,9 @@ static bb_status run_workers(trainer *t)
     for (int d = 0; d < started; d++) pthread_join(threads[d], NULL);
     t->result->seconds = (double)(bb_clock_ns() - t->run_start_ns) / 1e9;
     if (t->fail_status != BB_OK) return bb_fail(t->fail_status, "%s", t->fail_message);
+    /* Work still queued on a device (a GPU's last kernels) must not fail
+     * unseen: the run succeeds only if every device finished cleanly. */
+    for (int d = 0; d < t->devices; d++) BB_TRY(bb_backend_synchronize(t->be[d]));
     return t->result->interrupted ? bb_fail(BB_ERR_INTERRUPTED, "interrupted") : BB_OK;
 }
 
@@ -398,10 +402,19 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     }
     for (int d = 0; d < t->devices; d++) r->peak_bytes[d] = bb_backend_peak_bytes(t->be[d]);
     r->param_count = bb_model_param_count(t->model[0]);
-    r->params = malloc(r->param_count * sizeof *r->params);
-    if (r->params)
-        bb_backend_copy(t->be[0], r->params, bb_model_params(t->model[0]), r->param_count * sizeof *r->params,
-                        BB_COPY_D2H);
+    /* A failed run returns no weights rather than possibly wrong ones (an
+     * interrupted run's are those of its last step). */
+    if (rc == BB_OK || rc == BB_ERR_INTERRUPTED) {
+        r->params = malloc(r->param_count * sizeof *r->params);
+        bb_status copied = !r->params ? bb_fail(BB_ERR_NOMEM, "out of memory")
+                                      : bb_backend_copy(t->be[0], r->params, bb_model_params(t->model[0]),
+                                                        r->param_count * sizeof *r->params, BB_COPY_D2H);
+        if (copied != BB_OK) {
+            free(r->params);
+            r->params = NULL;
+            rc = copied;
+        }
+    }
 done:
     teardown(t);
     free(t);

@@ -56,9 +56,23 @@ static void span(trainer *t, int d, const char *name, uint64_t start, uint64_t e
     bb_trace_add(t->trace, d, name, start, end, (int64_t)step + 1, detail);
 }
 
+/* The loader batches a worker keeps: a staged batch's upload reads its
+ * slot until the stage after the next one returns (model.h), so the last
+ * two stay held (the loader's hold is 3). */
+typedef struct held_batches {
+    bb_batch b[2];
+    int n;
+} held_batches;
+
+static void release_held(trainer *t, held_batches *h)
+{
+    for (int i = 0; i < h->n; i++) bb_loader_release(t->loader, &h->b[i]);
+    h->n = 0;
+}
+
 /* Takes micro-step k's batch from the loader and stages it on the device
- * (converted into pinned memory, its upload queued on the copy stream). */
-static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st)
+ * (its upload queued on the copy stream, straight from the loader's slot). */
+static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st, held_batches *h)
 {
     bb_batch b;
     uint64_t t0 = bb_clock_ns();
@@ -70,27 +84,36 @@ static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st
     bb_trace_range_push("copy");
     rc = bb_model_stage_records(t->model[d], bb_dataset_meta(t->data), b.data, (int)b.count);
     bb_trace_range_pop();
-    bb_loader_release(t->loader, &b);
+    if (rc != BB_OK) {
+        bb_loader_release(t->loader, &b);
+        return rc;
+    }
+    if (h->n == 2) { /* the batch staged two calls ago has been uploaded */
+        bb_loader_release(t->loader, &h->b[0]);
+        h->b[0] = h->b[1];
+        h->n = 1;
+    }
+    h->b[h->n++] = b;
     uint64_t t2 = bb_clock_ns();
     st->wait_ns += t1 - t0, st->copy_ns += t2 - t1;
     span(t, d, "load", t0, t1, step, k);
     span(t, d, "copy", t1, t2, step, k);
-    return rc;
+    return BB_OK;
 }
 
 /* Micro-steps of step `step`: the first overwrites the gradients, the
  * others add to them; on the last one the backward posts buckets. The next
  * micro-batch is staged before this one's forward, so on a GPU its upload
  * overlaps this compute (double buffering, batch.c). */
-static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st, device_clock *clk)
+static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st, device_clock *clk, held_batches *h)
 {
     bb_model_t *m = t->model[d];
     post_ctx post = {t->reducer, d};
-    BB_TRY(stage(t, d, step, 0, st));
+    BB_TRY(stage(t, d, step, 0, st, h));
     for (int k = 0; k < t->accumulation; k++) {
         BB_TRY(bb_model_use_staged(m));
         bool last = k == t->accumulation - 1;
-        if (!last) BB_TRY(stage(t, d, step, k + 1, st));
+        if (!last) BB_TRY(stage(t, d, step, k + 1, st, h));
         uint64_t t2 = bb_clock_ns();
         double loss;
         BB_TRY(device_clock_mark(clk, 3 * k));
@@ -134,13 +157,13 @@ static bb_status device_spans(trainer *t, int d, uint64_t step, device_clock *cl
     return BB_OK;
 }
 
-static bb_status worker_loop(trainer *t, int d, device_clock *clk)
+static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches *h)
 {
     for (uint64_t step = t->first_step; step < t->total_steps; step++) {
         worker_stats *st = &t->stats[d];
         memset(st, 0, sizeof *st);
         BB_TRY(device_clock_start(clk));
-        BB_TRY(micro_steps(t, d, step, st, clk));
+        BB_TRY(micro_steps(t, d, step, st, clk, h));
         if (t->reducer) {
             bb_trace_range_push("reduce");
             if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
@@ -158,6 +181,10 @@ static bb_status worker_loop(trainer *t, int d, device_clock *clk)
         st->opt_ns = t1 - t0;
         if (clk->on) BB_TRY(device_spans(t, d, step, clk));
         else span(t, d, "optimizer", t0, t1, step, -1);
+        /* A device fault in this step (the backward or the optimizer, which
+         * nothing has waited for yet) fails it here, before it is reported
+         * or saved. */
+        BB_TRY(bb_backend_synchronize(t->be[d]));
         BB_TRY(step_barrier_wait(&t->barrier));
         if (d == 0) BB_TRY(trainer_end_of_step(t, step));
         BB_TRY(step_barrier_wait(&t->barrier));
@@ -172,9 +199,11 @@ void *trainer_worker_main(void *arg)
     trainer *t = args[0];
     int d = (int)(intptr_t)args[1];
     device_clock clk = {0};
+    held_batches held = {0};
     bb_status rc = t->trace ? device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
-    if (rc == BB_OK) rc = worker_loop(t, d, &clk);
-    device_clock_destroy(&clk);
-    if (rc != BB_OK) trainer_fail(t, rc);
+    if (rc == BB_OK) rc = worker_loop(t, d, &clk, &held);
+    if (rc != BB_OK) trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
+    bb_backend_synchronize(t->be[d]);       /* no upload still reads a held slot; a failure is reported */
+    release_held(t, &held);
     return NULL;
 }
