@@ -525,11 +525,12 @@ Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
     }
     cr_assert_eq(expect, 5, "expected rows for steps 1..4");
     free(m);
-    /* the same step saved again by another run replaces what `latest` shows */
-    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.02");
+    /* the same step saved again by another run (--force: see
+     * a_new_run_refuses_another_runs_checkpoints) replaces what `latest` shows */
+    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.02", "--force");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.03");
+    r = tu_bigbatch("train", TINY, "--stop-after", "2", "--lr", "0.03", "--force");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
     bb_checkpoint_info info;
@@ -574,4 +575,111 @@ Test(train, a_device_fault_in_the_last_step_fails_the_run)
     }
     free(ckpt);
     free(data);
+}
+
+/* ---- never lose a user's work (issue 14) ------------------------------------ */
+/* Step directories in `dir`, in name order, as "step-00000004 step-00000005". */
+static char *step_dirs(const char *dir)
+{
+    char cmd[4200], *out = calloc(1, 4096);
+    snprintf(cmd, sizeof cmd, "ls '%s' 2>/dev/null | grep '^step-' | tr '\\n' ' '", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, 4095, p);
+    pclose(p);
+    while (n > 0 && out[n - 1] == ' ') out[--n] = 0;
+    return out;
+}
+
+Test(train, a_new_run_refuses_another_runs_checkpoints)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt");
+#define TINY "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "32", \
+             "--micro-batch", "8", "--save", ckpt, "--quiet"
+    tu_run r = tu_bigbatch("train", TINY, "--steps", "2");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *before = step_dirs(ckpt);
+    cr_assert_str_eq(before, "step-00000002");
+    /* another run into the same directory: refused, nothing touched */
+    r = tu_bigbatch("train", TINY, "--steps", "3", "--lr", "0.01");
+    tu_assert_error(&r, "--save", "another run's checkpoints", "latest -> step-00000002", "--resume", "--force");
+    tu_run_free(&r);
+    char *after = step_dirs(ckpt);
+    cr_assert_str_eq(after, before, "a refused run changed the directory");
+    free(after);
+    /* continuing it is fine, and so is --force */
+    r = tu_bigbatch("train", TINY, "--steps", "3", "--resume", ckpt);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", TINY, "--steps", "1", "--force");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+#undef TINY
+    free(before), free(ckpt), free(data);
+}
+
+Test(train, save_keeps_the_newest_keep_checkpoints)
+{
+    char *data = make_tokens("tokens", 170);
+    for (int keep = 1; keep <= 3; keep++) {
+        char name[16];
+        snprintf(name, sizeof name, "ckpt%d", keep);
+        char *ckpt = tu_path(tmp, name);
+        bb_train_options o = gpt_options(data, 1, 8, 32);
+        o.save_dir = ckpt, o.save_every = 1, o.keep = keep;
+        bb_train_result r = train(&o);
+        bb_train_result_free(&r);
+        char *dirs = step_dirs(ckpt);
+        const char *expect[] = {"", "step-00000005", "step-00000004 step-00000005",
+                                "step-00000003 step-00000004 step-00000005"};
+        cr_assert_str_eq(dirs, expect[keep], "--keep %d", keep);
+        free(dirs), free(ckpt);
+    }
+    bb_train_options o = gpt_options(data, 1, 8, 32);
+    o.keep = 0;
+    bb_train_result r;
+    cr_assert_eq(bb_train_run(&o, &r), BB_ERR_ARG);
+    bb_train_result_free(&r);
+    free(data);
+}
+
+/* A full disk (RLIMIT_FSIZE) fails the save: the save's error is the one
+ * reported (not the trace's, which fails too), and no partial step
+ * directory, empty --save directory or half-written trace stays. */
+Test(train, a_failed_save_leaves_nothing_behind_and_is_the_error_reported)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt"), *trace = tu_path(tmp, "t.json");
+    char *argv[] = {"/bin/sh", "-c", "trap '' XFSZ; ulimit -f 1; exec \"$0\" \"$@\"", (char *)tu_bigbatch_bin(),
+                    "train", "--data", data, "--layers", "1", "--d-model", "32", "--heads", "2", "--global-batch", "32",
+                    "--micro-batch", "8", "--steps", "2", "--save", ckpt, "--trace", trace, "--quiet", NULL};
+    tu_run r = tu_run_argv(argv);
+    tu_assert_error(&r, "model.safetensors");
+    cr_assert_null(strstr(r.err, "--trace"), "the trace's failure hid the save's: %s", r.err);
+    cr_assert(!tu_exists(ckpt), "the --save directory this run created stayed behind");
+    tu_run_free(&r);
+    /* into an existing directory: it stays, without leftovers */
+    cr_assert_eq(mkdir(ckpt, 0777), 0);
+    r = tu_run_argv(argv);
+    cr_assert_eq(r.exit_code, 1, "%s", r.err);
+    tu_run_free(&r);
+    cr_assert(tu_exists(ckpt));
+    cr_assert(!has_temp_step_dir(ckpt), "a failed save left its temporary directory");
+    free(ckpt), free(trace), free(data);
+}
+
+Test(train, a_run_that_fails_before_step_1_leaves_no_save_directory_or_trace)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "sub/ckpt"), *trace = tu_path(tmp, "t.json");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "32", "--micro-batch", "8", "--steps", "2", "--save", ckpt, "--trace", trace,
+                           "--device-mem", "4KiB");
+    tu_assert_error(&r, "out of memory");
+    cr_assert(!tu_exists(ckpt), "an empty --save directory stayed behind");
+    cr_assert(!tu_exists(trace), "an empty --trace file stayed behind");
+    tu_run_free(&r);
+    free(ckpt), free(trace), free(data);
 }

@@ -26,7 +26,10 @@
  * (step, epoch, sampler position, seed, model, optimizer and data config).
  * A step directory is complete on disk (fsync) before `latest` is switched
  * to it by a rename, so a kill at any moment leaves the previous checkpoint
- * loadable.
+ * loadable. A run keeps its newest `keep` step directories, and refuses a
+ * save_dir that holds another run's checkpoints unless it resumes from it
+ * or `force` is set. A run that fails removes what it created and did not
+ * fill (an empty save_dir, an unwritten trace).
  */
 #ifndef BIGBATCH_TRAIN_H
 #define BIGBATCH_TRAIN_H
@@ -79,6 +82,8 @@ typedef struct bb_train_options {
     bool no_overlap;           /* all-reduce after the whole backward, for comparison */
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;
+    int keep;                  /* step directories kept in save_dir, the newest (default 2) */
+    bool force;                /* save into a save_dir that holds another run's checkpoints */
     uint64_t device_mem;       /* per-device cap in bytes; 0: none */
     FILE *progress;            /* progress lines (in place on a TTY); NULL: quiet */
     volatile sig_atomic_t *interrupted; /* set by Ctrl-C: finish the step, save, stop */

@@ -68,7 +68,7 @@ int bb_cmd_train(int argc, char **argv)
     const char *micro_batch = "8";
     int64_t global_batch = o.global_batch, steps = 0, epochs = 0, warmup = 0,
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
-            log_every = (int64_t)o.log_every;
+            log_every = (int64_t)o.log_every, keep = o.keep;
     bool no_overlap = false, quiet = false, val_given = false;
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
@@ -113,6 +113,10 @@ int bb_cmd_train(int argc, char **argv)
          "newest)"},
         {"--save-every", BB_OPT_INT, &save_every, "N", "save every N steps; 0: at the end (and on Ctrl-C) only",
          .min = 0, .max = 1e15},
+        {"--keep", BB_OPT_INT, &keep, "N", "keep the newest N checkpoints in --save DIR (older ones are removed "
+         "once a newer one is safely written; 2 leaves a fallback if the newest is damaged)", .min = 1, .max = 1e6},
+        {"--force", BB_OPT_FLAG, &o.force, NULL, "save into a --save DIR that holds another run's checkpoints "
+         "(refused otherwise, unless --resume names it); they count towards --keep"},
         {"--resume", BB_OPT_STRING, &o.resume_dir, "DIR", "continue exactly from DIR's latest checkpoint"},
         {"--init-from", BB_OPT_STRING, &o.init_from, "FILE", "start from these weights (.safetensors, PyTorch "
          "names)"},
@@ -160,6 +164,7 @@ int bb_cmd_train(int argc, char **argv)
         o.no_overlap = no_overlap;
         o.eval_every = (uint64_t)eval_every;
         o.save_every = (uint64_t)save_every;
+        o.keep = (int)keep;
         o.log_every = (uint64_t)log_every;
         o.progress = quiet ? NULL : stderr;
         o.interrupted = &bb_cli_interrupted;

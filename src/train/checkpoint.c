@@ -78,16 +78,21 @@ static bb_status sync_dir(const char *dir)
     return bb_fsync_dir_of(probe);
 }
 
-/* mkdir -p */
-static bb_status make_dirs(const char *dir)
+/* mkdir -p; *created (may be NULL) tells whether `dir` itself was made. */
+static bb_status make_dirs(const char *dir, bool *created)
 {
     char path[4096];
     if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return bb_fail(BB_ERR_ARG, "path too long: %s", dir);
+    if (created) *created = false;
     for (char *p = path + 1;; p++) {
         bool end = *p == 0;
         if (*p != '/' && !end) continue;
         *p = 0;
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "--save %s: cannot create %s", dir, path);
+        if (mkdir(path, 0777) == 0) {
+            if (end && created) *created = true;
+        } else if (errno != EEXIST) {
+            return bb_fail_errno(BB_ERR_IO, "--save %s: cannot create %s", dir, path);
+        }
         if (end) break;
         *p = '/';
     }
@@ -97,13 +102,106 @@ static bb_status make_dirs(const char *dir)
     return BB_OK;
 }
 
-bb_status checkpoint_prepare(const char *dir) { return make_dirs(dir); }
+/* "step-00000012" and "step-00000012-4242" (the same step saved again by
+ * another process): the step number, or -1 for any other name. */
+static long long step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
+    return strtoll(name + 5, NULL, 10);
+}
+
+/* Names one checkpoint `dir` holds (its `latest`, else a step directory)
+ * into `what`; false when it holds none. */
+static bool holds_checkpoints(const char *dir, char *what, size_t cap)
+{
+    char link[4096], target[256];
+    ssize_t n = join(link, sizeof link, dir, "latest") == BB_OK ? readlink(link, target, sizeof target - 1) : -1;
+    if (n > 0) {
+        target[n] = 0;
+        snprintf(what, cap, "latest -> %s", target);
+        return true;
+    }
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    bool found = false;
+    while (d && !found && (e = readdir(d)))
+        if ((found = step_of(e->d_name) >= 0)) snprintf(what, cap, "%s", e->d_name);
+    if (d) closedir(d);
+    return found;
+}
+
+static bool same_directory(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+bb_status checkpoint_prepare(const char *dir, const char *resume_dir, bool force, bool *created)
+{
+    BB_TRY(make_dirs(dir, created));
+    char what[300];
+    if (force || !holds_checkpoints(dir, what, sizeof what) || (resume_dir && same_directory(dir, resume_dir)))
+        return BB_OK;
+    return bb_fail(BB_ERR_ARG,
+                   "--save %s holds another run's checkpoints (%s): continue that run with --resume %s, save "
+                   "elsewhere, or pass --force to save here anyway (they then count towards --keep)",
+                   dir, what, dir);
+}
+
+/* Keeps the newest `keep` step directories (counting `current`, the one
+ * just published), and removes what killed or failed saves left. */
+static void prune(const char *dir, const char *current, int keep)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char file[4096], (*steps)[256] = NULL;
+    size_t count = 0, cap = 0;
+    while ((e = readdir(d))) {
+        if (!strncmp(e->d_name, ".step-", 6) && join(file, sizeof file, dir, e->d_name) == BB_OK) remove_step_dir(file);
+        if (!strncmp(e->d_name, ".latest.tmp-", 12) && join(file, sizeof file, dir, e->d_name) == BB_OK) unlink(file);
+        if (step_of(e->d_name) < 0 || !strcmp(e->d_name, current) || strlen(e->d_name) >= sizeof *steps) continue;
+        if (count == cap) {
+            void *grown = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
+            if (!grown) break; /* keeps more than asked rather than failing a saved run */
+            steps = grown;
+        }
+        snprintf(steps[count++], sizeof *steps, "%s", e->d_name);
+    }
+    closedir(d);
+    /* newest first: by step, then by name (a step saved again sorts after) */
+    for (size_t i = 1; i < count; i++)
+        for (size_t j = i; j > 0; j--) {
+            long long a = step_of(steps[j - 1]), b = step_of(steps[j]);
+            if (a > b || (a == b && strcmp(steps[j - 1], steps[j]) > 0)) break;
+            char t[256];
+            memcpy(t, steps[j], sizeof t), memcpy(steps[j], steps[j - 1], sizeof t), memcpy(steps[j - 1], t, sizeof t);
+        }
+    for (size_t i = keep > 1 ? (size_t)keep - 1 : 0; i < count; i++)
+        if (join(file, sizeof file, dir, steps[i]) == BB_OK) remove_step_dir(file);
+    free(steps);
+}
+
+/* Writes the step directory under its temporary name. */
+static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
+                            const optimizer *o)
+{
+    char file[4096];
+    if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
+    BB_TRY(bb_model_save_safetensors(m, file));
+    BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
+    BB_TRY(optimizer_save(be, o, file));
+    BB_TRY(join(file, sizeof file, tmp, "state.json"));
+    BB_TRY(write_state(file, st, bb_model_get_config(m), o));
+    return sync_dir(tmp);
+}
 
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const optimizer *o)
+                          const optimizer *o, int keep)
 {
-    BB_TRY(make_dirs(dir));
-    char name[64], tmp[4096], final[4096], file[4096], link_tmp[4096], link[4096], current[256] = "";
+    BB_TRY(make_dirs(dir, NULL));
+    char name[64], tmp[4096], final[4096], link_tmp[4096], link[4096], current[256] = "";
     snprintf(name, sizeof name, "step-%08llu", (unsigned long long)st->step);
     BB_TRY(join(link, sizeof link, dir, "latest"));
     ssize_t n = readlink(link, current, sizeof current - 1);
@@ -117,35 +215,31 @@ bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_
     BB_TRY(join(tmp, sizeof tmp, dir, tmp_name));
     BB_TRY(join(final, sizeof final, dir, name));
     remove_step_dir(tmp);
-    if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
-    BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
-    BB_TRY(bb_model_save_safetensors(m, file));
-    BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
-    BB_TRY(optimizer_save(be, o, file));
-    BB_TRY(join(file, sizeof file, tmp, "state.json"));
-    BB_TRY(write_state(file, st, bb_model_get_config(m), o));
-    BB_TRY(sync_dir(tmp));
+    bb_status rc = write_step(tmp, st, m, be, o);
+    if (rc != BB_OK) {
+        remove_step_dir(tmp); /* a failed save leaves nothing behind */
+        return rc;
+    }
     remove_step_dir(final); /* a stale one from a run that died before publishing it */
-    if (rename(tmp, final) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot rename to %s", tmp, final);
+    if (rename(tmp, final) != 0) {
+        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename to %s", tmp, final);
+        remove_step_dir(tmp);
+        return rc;
+    }
     BB_TRY(sync_dir(dir));
     /* Publish: a new link renamed over `latest` (rename is atomic). */
     snprintf(tmp_name, sizeof tmp_name, ".latest.tmp-%d", (int)getpid());
     BB_TRY(join(link_tmp, sizeof link_tmp, dir, tmp_name));
     unlink(link_tmp);
     if (symlink(name, link_tmp) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create a link", link_tmp);
-    if (rename(link_tmp, link) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot replace", link);
-    BB_TRY(sync_dir(dir));
-    /* Only now may the previous checkpoints go, and what killed runs left
-     * half-written (one trainer writes a directory at a time). */
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        bool old_step = !strncmp(e->d_name, "step-", 5) && strcmp(e->d_name, name);
-        if ((old_step || !strncmp(e->d_name, ".step-", 6)) && join(file, sizeof file, dir, e->d_name) == BB_OK)
-            remove_step_dir(file);
-        if (!strncmp(e->d_name, ".latest.tmp-", 12) && join(file, sizeof file, dir, e->d_name) == BB_OK) unlink(file);
+    if (rename(link_tmp, link) != 0) {
+        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot replace", link);
+        unlink(link_tmp);
+        return rc;
     }
-    if (d) closedir(d);
+    BB_TRY(sync_dir(dir));
+    /* Only now may older checkpoints go, past the newest `keep`. */
+    prune(dir, name, keep);
     return BB_OK;
 }
 

@@ -96,7 +96,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
                            .loss = loss, .data = t->o->data};
     uint64_t t0 = bb_clock_ns();
-    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0]));
+    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep));
+    t->saved = true;
     BB_INFO("saved step %llu to %s in %.0f ms", (unsigned long long)step, t->o->save_dir, (double)(bb_clock_ns() - t0) / 1e6);
     return BB_OK;
 }

@@ -33,12 +33,16 @@ typedef struct checkpoint_state {
 } checkpoint_state;
 
 /* Writes a step directory under `dir` and switches `latest` to it (see
- * train.h); removes the older step directories. */
+ * train.h); then keeps the newest `keep` step directories (this one
+ * included) and removes what failed or killed saves left. A failed save
+ * removes its own partial directory. */
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const optimizer *o);
-/* Creates `dir` (and its parents) and checks it is writable: called before
- * training, so a bad --save path fails at once. */
-bb_status checkpoint_prepare(const char *dir);
+                          const optimizer *o, int keep);
+/* Creates `dir` (and its parents; *created tells whether `dir` itself was
+ * made) and checks it is writable: called before training, so a bad
+ * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds
+ * checkpoints, unless it is `resume_dir` or `force` is set. */
+bb_status checkpoint_prepare(const char *dir, const char *resume_dir, bool force, bool *created);
 /* Loads the optimizer state of the checkpoint `info` names. */
 bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
 
@@ -88,6 +92,8 @@ typedef struct trainer {
     char fail_message[1024];
     /* worker 0's, between the two barriers of a step */
     bool stop;
+    bool saved;              /* a checkpoint was written */
+    bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
     FILE *metrics;
     bool tty;
     uint64_t run_start_ns, last_step_end_ns;

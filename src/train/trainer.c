@@ -24,6 +24,7 @@ void bb_train_defaults(bb_train_options *o)
         .loader_threads = 2,
         .bucket_mib = 25,
         .log_every = 10,
+        .keep = 2,
     };
 }
 
@@ -142,11 +143,16 @@ static bb_status open_val(trainer *t)
     return BB_OK;
 }
 
-/* Fails now rather than after hours of training. */
-static bb_status probe_writable(const char *path, const char *flag)
+/* Fails now rather than after hours of training; *created tells whether
+ * the probe made the file. */
+static bb_status probe_writable(const char *path, const char *flag, bool *created)
 {
+    *created = access(path, F_OK) != 0;
     FILE *f = fopen(path, "a");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
+    if (!f) {
+        *created = false;
+        return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
+    }
     fclose(f);
     return BB_OK;
 }
@@ -273,8 +279,9 @@ static bb_status setup(trainer *t)
     bb_checkpoint_info info;
     if (o->resume_dir) BB_TRY(check_resume(t, &info));
     if (o->val_data) BB_TRY(open_val(t));
-    if (o->save_dir) BB_TRY(checkpoint_prepare(o->save_dir));
-    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace"));
+    if (o->keep < 1) return bb_fail(BB_ERR_ARG, "--keep must be at least 1");
+    if (o->save_dir) BB_TRY(checkpoint_prepare(o->save_dir, o->resume_dir, o->force, &t->save_dir_created));
+    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
     BB_TRY(build_devices(t, o->resume_dir ? &info : NULL));
@@ -397,8 +404,13 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     print_start(t);
     rc = run_workers(t);
     if (t->trace) {
+        /* The run's own failure (a save's, say) stays the one reported. */
+        char first[1024];
+        snprintf(first, sizeof first, "%s", bb_error_message());
         bb_status trc = bb_trace_write(t->trace, o->trace_path);
         if (rc == BB_OK) rc = trc;
+        else if (trc != BB_OK) bb_fail(rc, "%s", first);
+        if (trc == BB_OK) t->trace_created = false; /* written: it stays */
     }
     for (int d = 0; d < t->devices; d++) r->peak_bytes[d] = bb_backend_peak_bytes(t->be[d]);
     r->param_count = bb_model_param_count(t->model[0]);
@@ -416,6 +428,10 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
         }
     }
 done:
+    if (rc != BB_OK && rc != BB_ERR_INTERRUPTED) { /* nothing half-made stays behind */
+        if (t->trace_created) unlink(o->trace_path);
+        if (t->save_dir_created && !t->saved) rmdir(o->save_dir); /* only if empty */
+    }
     teardown(t);
     free(t);
     if (r == &local) bb_train_result_free(r);
