@@ -581,3 +581,39 @@ Test(model, a_micro_step_needs_no_scratch_beyond_the_reservation)
         bb_backend_destroy(b);
     }
 }
+
+/* bigbatch's weights carry their XXH64: one flipped bit in the data is a
+ * clear error and changes nothing; a file from elsewhere (no checksum)
+ * still loads. */
+Test(model, damaged_weights_are_refused_by_their_checksum)
+{
+    char *dir = tu_temp_dir(), *path = tu_path(dir, "w.safetensors"), *foreign = tu_path(dir, "f.safetensors");
+    bb_model_config c = tiny_mlp(0);
+    bb_model_t *a = make_model(&c, MLP_B, 41), *b = make_model(&c, MLP_B, 42);
+    size_t n = bb_model_param_count(b);
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, bb_model_params(b), n * sizeof *before);
+    cr_assert_eq(bb_model_save_safetensors(a, path), BB_OK, "%s", bb_error_message());
+    size_t size;
+    uint8_t *file = tu_read_file(path, &size);
+    cr_assert_not_null(strstr((char *)file + 8, "\"xxh64\":\""), "no checksum in the header");
+    /* the same file without the checksum, as another tool would write it */
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)file[i] << (8 * i);
+    char *hdr = strndup((char *)file + 8, hlen), *x = strstr(hdr, ",\"xxh64\":\"");
+    memset(x, ' ', strlen(",\"xxh64\":\"0123456789abcdef\"")); /* blanks: still valid JSON, same length */
+    uint8_t *copy = malloc(size);
+    memcpy(copy, file, size);
+    memcpy(copy + 8, hdr, hlen);
+    tu_write_file(foreign, copy, size);
+    cr_assert_eq(bb_model_load_safetensors(b, foreign), BB_OK, "a file without a checksum: %s", bb_error_message());
+    memcpy(bb_model_params(b), before, n * sizeof *before);
+    /* one bit flipped in the last tensor's data */
+    tu_flip_byte(path, (long)size - 1, 0x01);
+    cr_assert_eq(bb_model_load_safetensors(b, path), BB_ERR_CORRUPT);
+    cr_assert(strstr(bb_error_message(), "do not match their checksum"), "%s", bb_error_message());
+    cr_assert_eq(memcmp(bb_model_params(b), before, n * sizeof *before), 0, "a damaged file changed the model");
+    bb_model_destroy(a), bb_model_destroy(b);
+    tu_rm_tree(dir);
+    free(file), free(copy), free(hdr), free(before), free(path), free(foreign), free(dir);
+}

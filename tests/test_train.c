@@ -683,3 +683,35 @@ Test(train, a_run_that_fails_before_step_1_leaves_no_save_directory_or_trace)
     tu_run_free(&r);
     free(ckpt), free(trace), free(data);
 }
+
+/* A damaged model.safetensors in a checkpoint: every command that reads
+ * it says so in one line, instead of using it. */
+Test(train, a_damaged_checkpoint_is_refused_by_every_command)
+{
+    char *data = make_tokens("tokens", 170);
+    char *ckpt = tu_path(tmp, "ckpt"), *out = tu_path(tmp, "w.safetensors");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "32", "--micro-batch", "8", "--steps", "4", "--stop-after", "2", "--save",
+                           ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *weights = tu_path(ckpt, "latest/model.safetensors");
+    struct stat st;
+    cr_assert_eq(stat(weights, &st), 0);
+    tu_flip_byte(weights, (long)st.st_size - 3, 0x10);
+    r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data);
+    tu_assert_error(&r, "model.safetensors", "checksum");
+    tu_run_free(&r);
+    r = tu_bigbatch("sample", "--ckpt", ckpt, "--tokens", "4", "--prompt", "a");
+    tu_assert_error(&r, "model.safetensors", "checksum");
+    tu_run_free(&r);
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", out);
+    tu_assert_error(&r, "model.safetensors", "checksum");
+    cr_assert(!tu_exists(out), "export wrote damaged weights");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                    "32", "--micro-batch", "8", "--steps", "4", "--resume", ckpt, "--quiet");
+    tu_assert_error(&r, "model.safetensors", "checksum");
+    tu_run_free(&r);
+    free(weights), free(out), free(ckpt), free(data);
+}

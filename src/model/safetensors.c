@@ -2,7 +2,9 @@
  * little-endian header length, a JSON header {"name": {"dtype": "F32",
  * "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}},
  * then the raw little-endian tensor bytes. Only what bigbatch writes is
- * needed to read: F32 tensors under the model's names. */
+ * needed to read: F32 tensors under the model's names. bigbatch's files
+ * carry "xxh64" in __metadata__, the XXH64 of the tensor bytes, checked on
+ * load; files from elsewhere without it load unchecked. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -10,11 +12,26 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "model_internal.h"
 
 /* ---- writing ----------------------------------------------------------- */
 static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
+
+/* XXH64 of the tensor bytes as written: the parameters, then (gpt) the
+ * tied embedding again as lm_head.weight. */
+static uint64_t data_checksum(const float *host, size_t count, const float *tied, size_t tied_count)
+{
+    XXH64_state_t *st = XXH64_createState();
+    if (!st) return XXH64(host, count * sizeof *host, 0); /* cannot happen but for OOM: still a checksum */
+    XXH64_reset(st, 0);
+    XXH64_update(st, host, count * sizeof *host);
+    if (tied) XXH64_update(st, tied, tied_count * sizeof *tied);
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
 
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
@@ -28,8 +45,13 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
         free(json), free(host);
         return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
     }
-    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"bigbatch %s\"}",
-                            BB_VERSION);
+    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
+    const float *tied_data = tied ? host + m->tensors[0].offset : NULL;
+    size_t tied_count = tied ? m->tensors[0].count : 0;
+    uint64_t sum = rc == BB_OK ? data_checksum(host, m->param_count, tied_data, tied_count) : 0;
+    len += (size_t)snprintf(json + len, cap - len,
+                            "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"bigbatch %s\",\"xxh64\":\"%016llx\"}",
+                            BB_VERSION, (unsigned long long)sum);
     for (int i = 0; i <= m->tensor_count; i++) {
         const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
         if (i == m->tensor_count && !tied) break;
@@ -42,7 +64,6 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     }
     len += (size_t)snprintf(json + len, cap - len, "}");
     while (len % 8) json[len++] = ' '; /* align the data to 8 bytes */
-    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
     /* Written beside the target, then renamed: no half-written weights. */
     char *tmp = malloc(strlen(path) + 16);
     if (tmp) sprintf(tmp, "%s.tmp-%d", path, (int)getpid());
@@ -53,7 +74,7 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
         for (int i = 0; i < 8; i++) header[i] = (uint8_t)((uint64_t)len >> (8 * i));
         bool ok = write_all(f, header, 8) && write_all(f, json, len) &&
                   write_all(f, host, m->param_count * sizeof *host) &&
-                  (!tied || write_all(f, host + m->tensors[0].offset, m->tensors[0].count * sizeof *host));
+                  (!tied || write_all(f, tied_data, tied_count * sizeof *host));
         ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0; /* on disk before the rename makes it visible */
         if (fclose(f) != 0) ok = false;
         if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
@@ -188,9 +209,26 @@ static bool read_entry(json *j, entry *e)
     return expect(j, '}');
 }
 
+/* __metadata__: an object of strings; keeps "xxh64" (empty when absent). */
+static bool read_metadata(json *j, char *xxh64, size_t cap)
+{
+    if (!expect(j, '{')) return false;
+    if (expect(j, '}')) return true;
+    do {
+        char key[16];
+        if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
+        if (!strcmp(key, "xxh64")) {
+            if (!read_string(j, xxh64, cap)) return false;
+        } else if (!skip_value(j)) {
+            return false;
+        }
+    } while (expect(j, ','));
+    return expect(j, '}');
+}
+
 /* ---- reading ----------------------------------------------------------- */
 static bb_status parse_header(const char *path, const uint8_t *file, size_t size, entry **out, int *count,
-                              size_t *data_start)
+                              size_t *data_start, char *xxh64, size_t xxh64_cap)
 {
     if (size < 8) return bb_fail(BB_ERR_CORRUPT, "%s: too short for a safetensors file", path);
     uint64_t n = 0;
@@ -214,7 +252,7 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
             *x = (entry){0};
             if (!read_string(&j, x->name, sizeof x->name) || !expect(&j, ':')) { ok = false; break; }
             if (!strcmp(x->name, "__metadata__")) {
-                ok = skip_value(&j);
+                ok = read_metadata(&j, xxh64, xxh64_cap);
             } else {
                 ok = read_entry(&j, x);
                 (*count)++;
@@ -267,7 +305,15 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
     entry *entries = NULL;
     int count = 0;
     size_t data_start = 0;
-    bb_status rc = parse_header(path, file, size, &entries, &count, &data_start);
+    char xxh64[32] = "";
+    bb_status rc = parse_header(path, file, size, &entries, &count, &data_start, xxh64, sizeof xxh64);
+    if (rc == BB_OK && xxh64[0]) { /* bigbatch's own file: the bytes must be what was written */
+        char actual[17];
+        snprintf(actual, sizeof actual, "%016llx", (unsigned long long)XXH64(file + data_start, size - data_start, 0));
+        if (strcmp(actual, xxh64))
+            rc = bb_fail(BB_ERR_CORRUPT, "%s: the weights do not match their checksum (xxh64 %s, the file's data has "
+                         "%s): the file is damaged", path, xxh64, actual);
+    }
     /* Every tensor is checked before any is copied: a bad file leaves the
      * model as it was. */
     for (int pass = 0; pass < 2; pass++)
