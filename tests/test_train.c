@@ -715,3 +715,74 @@ Test(train, a_damaged_checkpoint_is_refused_by_every_command)
     tu_run_free(&r);
     free(weights), free(out), free(ckpt), free(data);
 }
+
+/* Every line of a JSON Lines file parses as strict JSON (no NaN). */
+static void assert_strict_json_lines(const char *path)
+{
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c 'import json,sys\n"
+             "def bad(c): raise ValueError(\"not JSON: \" + c)\n"
+             "[json.loads(l, parse_constant=bad) for l in open(sys.argv[1])]' '%s'", path);
+    cr_assert_eq(system(cmd), 0, "%s is not strict JSON Lines", path);
+}
+
+/* SGD at lr 1000 without clipping diverges to NaN within a few steps. */
+#define DIVERGING "--data", data, "--layers", "1", "--d-model", "32", "--heads", "2", "--global-batch", "16", \
+                  "--micro-batch", "8", "--steps", "30", "--optimizer", "sgd", "--lr", "1000", "--grad-clip", "0", \
+                  "--save", ckpt, "--save-every", "1", "--metrics", metrics, "--quiet"
+
+Test(train, a_non_finite_step_stops_the_run_and_nothing_of_it_is_saved)
+{
+    char *data = make_tokens("tokens", 1000);
+    char *ckpt = tu_path(tmp, "ckpt"), *metrics = tu_path(tmp, "m.jsonl");
+    tu_run r = tu_bigbatch("train", DIVERGING);
+    tu_assert_error(&r, "step ", "NaN", "stopping with the weights of step", "--on-nonfinite skip");
+    tu_run_free(&r);
+    char *state = tu_path(ckpt, "latest/state.json");
+    char *json = (char *)tu_read_file(state, NULL);
+    cr_assert_null(strstr(json, "null"), "the saved step has a non-finite loss: %s", json);
+    cr_assert_null(strstr(json, "nan"), "%s", json);
+    assert_strict_json_lines(metrics);
+    /* the saved weights are finite: they evaluate */
+    r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data, "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    free(json), free(state), free(ckpt), free(metrics), free(data);
+}
+
+Test(train, on_nonfinite_skip_passes_over_such_steps_and_counts_them)
+{
+    char *data = make_tokens("tokens", 1000);
+    char *ckpt = tu_path(tmp, "ckpt"), *metrics = tu_path(tmp, "m.jsonl");
+    tu_run r = tu_bigbatch("train", DIVERGING, "--on-nonfinite", "skip", "--log-every", "0");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", DIVERGING, "--on-nonfinite", "skip", "--force");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    assert_strict_json_lines(metrics);
+    char *m = (char *)tu_read_file(metrics, NULL);
+    cr_assert_not_null(strstr(m, "\"skipped\": true"), "no step was marked skipped: %s", m);
+    free(m);
+    /* the end says how many, and the weights kept are finite */
+    bb_train_options o = gpt_options(data, 1, 8, 16);
+    o.model = bb_model_gpt_config(1, 2, 32, 0, 0);
+    o.steps = 30, o.opt.kind = BB_OPT_SGD, o.opt.lr = 1000, o.opt.grad_clip = 0, o.skip_nonfinite = true;
+    bb_train_result res = train(&o);
+    cr_assert_gt(res.skipped_steps, 0);
+    for (size_t i = 0; i < res.param_count; i++) cr_assert(isfinite(res.params[i]), "weight %zu is %f", i, res.params[i]);
+    bb_train_result_free(&res);
+    free(ckpt), free(metrics), free(data);
+}
+#undef DIVERGING
+
+Test(train, optimizer_settings_that_cannot_work_are_refused)
+{
+    char *data = make_tokens("tokens", 170);
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "32", "--micro-batch", "8", "--steps", "2", "--beta2", "1");
+    tu_assert_error(&r, "--beta2 1", "[0, 1)");
+    tu_run_free(&r);
+    free(data);
+}

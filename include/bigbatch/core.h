@@ -39,6 +39,7 @@ typedef enum bb_status {
     BB_ERR_INTERRUPTED, /* stopped by a signal (Ctrl-C) */
     BB_ERR_CLOSED,      /* the other side of a queue or pipeline shut down */
     BB_ERR_DEVICE,      /* CUDA, cuBLAS or NCCL reported an error */
+    BB_ERR_NONFINITE,   /* a loss or gradient became NaN or infinite */
     BB_ERR_INTERNAL,    /* a bug: an invariant of bigbatch itself broke */
     BB_STATUS_COUNT
 } bb_status;
@@ -131,6 +132,9 @@ uint64_t bb_splitmix64(uint64_t *state);
 bb_status bb_fsync_dir_of(const char *path);
 /* Writes `s` as a JSON string literal (with quotes and escapes) to `out`. */
 void bb_json_write_string(FILE *out, const char *s);
+/* `v` printed with `fmt` (e.g. "%.7g") into buf, or "null" when it is not
+ * finite (JSON has no NaN or infinity); returns buf. */
+const char *bb_json_number(char *buf, size_t cap, const char *fmt, double v);
 
 /* ---- command-line parsing ---------------------------------------------
  * A command describes its options in a table ending with {0}; bb_cli_parse()

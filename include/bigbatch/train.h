@@ -83,6 +83,8 @@ typedef struct bb_train_options {
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;
     int keep;                  /* step directories kept in save_dir, the newest (default 2) */
+    bool skip_nonfinite;       /* a step whose loss or gradient norm is not finite is skipped
+                                  (counted), not the end of the run (BB_ERR_NONFINITE) */
     bool force;                /* save into a save_dir that holds another run's checkpoints */
     uint64_t device_mem;       /* per-device cap in bytes; 0: none */
     FILE *progress;            /* progress lines (in place on a TTY); NULL: quiet */
@@ -100,13 +102,16 @@ typedef struct bb_train_result {
     uint64_t peak_bytes[BB_TRAIN_MAX_DEVICES]; /* allocator peak per device */
     double val_loss, val_accuracy; /* last evaluation; NaN when none (accuracy: mlp) */
     double seconds;            /* wall time of the training loop */
+    uint64_t skipped_steps;    /* non-finite steps skipped (skip_nonfinite) */
     bool interrupted;
 } bb_train_result;
 
 /* Trains as configured. Fails with BB_ERR_ARG on bad options (the message
  * lists valid micro-batch sizes when G does not split), a checkpoint that
  * conflicts with the options, BB_ERR_OOM when a device's memory (or
- * --device-mem) is too small, BB_ERR_INTERRUPTED after Ctrl-C (the step
+ * --device-mem) is too small, BB_ERR_NONFINITE when a step's loss or
+ * gradient norm is NaN or infinite (named; that step's update is not
+ * applied and nothing of it is saved) unless skip_nonfinite, BB_ERR_INTERRUPTED after Ctrl-C (the step
  * finished and, with save_dir, saved), and the loader's errors (e.g. a
  * corrupt shard). `result` (may be NULL) is filled as far as the run went. */
 bb_status bb_train_run(const bb_train_options *o, bb_train_result *result);

@@ -125,13 +125,15 @@ int bb_bench_model(int argc, char **argv)
     uint64_t act = m ? bb_model_activation_bytes(m) : 0;
     if (rc == BB_OK) {
         double rate = n_targets / median;
+        char first[32], final[32];
+        bb_json_number(first, sizeof first, "%.9g", first_loss), bb_json_number(final, sizeof final, "%.9g", last_loss);
         if (json)
             printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
                    "\"threads\": %lld, \"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
-                   "\"peak_bytes\": %llu, \"first_loss\": %.9g, \"last_loss\": %.9g}\n",
+                   "\"peak_bytes\": %llu, \"first_loss\": %s, \"last_loss\": %s}\n",
                    kind, device, precision, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
                    gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
-                   (unsigned long long)bb_backend_peak_bytes(be), first_loss, last_loss);
+                   (unsigned long long)bb_backend_peak_bytes(be), first, final);
         else
             printf("%s, %zu parameters, micro-batch %lld, checkpoint %s, %lld threads: %.2f ms per step, "
                    "%.0f %s/s, activations %.1f MiB, loss %.4f -> %.4f\n",

@@ -67,7 +67,8 @@ int bb_cmd_eval(int argc, char **argv)
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK) rc = bb_evaluate(m, ds, &r);
     if (rc == BB_OK && json) {
-        printf("{\"loss\": %.7g, \"accuracy\": ", r.loss);
+        char loss[32];
+        printf("{\"loss\": %s, \"accuracy\": ", bb_json_number(loss, sizeof loss, "%.7g", r.loss));
         if (isnan(r.accuracy)) printf("null");
         else printf("%.6f", r.accuracy);
         printf(", \"records\": %llu}\n", (unsigned long long)r.records);

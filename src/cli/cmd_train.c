@@ -70,6 +70,7 @@ int bb_cmd_train(int argc, char **argv)
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
             log_every = (int64_t)o.log_every, keep = o.keep;
     bool no_overlap = false, quiet = false, val_given = false;
+    const char *on_nonfinite = "stop";
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
         {"--data", BB_OPT_STRING, &data, "DIR", "training data: a dataset, or a directory with train/ inside"},
@@ -100,6 +101,9 @@ int bb_cmd_train(int argc, char **argv)
         {"--beta2", BB_OPT_DOUBLE, &o.opt.beta2, "B2", "adamw: second-moment decay", .min = 0, .max = 1},
         {"--grad-clip", BB_OPT_DOUBLE, &o.opt.grad_clip, "NORM", "clip the global gradient norm; 0: off", .min = 0,
          .max = 1e9},
+        {"--on-nonfinite", BB_OPT_CHOICE, &on_nonfinite, "WHAT", "when a step's loss or gradient norm is NaN or "
+         "infinite: stop (exit 1 naming the step, its update not applied, nothing of it saved) or skip the step "
+         "(counted in the progress line, the metrics and at the end)", .choices = "stop|skip"},
         {"--seed", BB_OPT_INT, &seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18},
         {"--loader-threads", BB_OPT_INT, &loader_threads, "N", "threads reading and decompressing shards",
          .min = 1, .max = 256},
@@ -165,6 +169,7 @@ int bb_cmd_train(int argc, char **argv)
         o.eval_every = (uint64_t)eval_every;
         o.save_every = (uint64_t)save_every;
         o.keep = (int)keep;
+        o.skip_nonfinite = !strcmp(on_nonfinite, "skip");
         o.log_every = (uint64_t)log_every;
         o.progress = quiet ? NULL : stderr;
         o.interrupted = &bb_cli_interrupted;

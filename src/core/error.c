@@ -17,6 +17,7 @@ static const char *const status_names[BB_STATUS_COUNT] = {
     [BB_ERR_INTERRUPTED] = "interrupted",
     [BB_ERR_CLOSED] = "closed",
     [BB_ERR_DEVICE] = "device error",
+    [BB_ERR_NONFINITE] = "non-finite value",
     [BB_ERR_INTERNAL] = "internal error",
 };
 

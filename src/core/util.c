@@ -2,6 +2,7 @@
 #include "bigbatch/core.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -56,6 +57,13 @@ void bb_json_write_string(FILE *out, const char *s)
         }
     }
     fputc('"', out);
+}
+
+const char *bb_json_number(char *buf, size_t cap, const char *fmt, double v)
+{
+    if (!isfinite(v)) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, fmt, v);
+    return buf;
 }
 
 uint64_t bb_splitmix64(uint64_t *state)

@@ -47,8 +47,9 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
             (unsigned long long)st->total_steps);
     /* The run draws no random numbers besides the seeded data order and
      * initialisation: (seed, step) is the whole RNG state. */
-    fprintf(f, "  \"seed\": %llu,\n  \"global_batch\": %d,\n  \"loss\": %.9g,\n  \"data\": ",
-            (unsigned long long)st->seed, st->global_batch, st->loss);
+    char loss[32];
+    fprintf(f, "  \"seed\": %llu,\n  \"global_batch\": %d,\n  \"loss\": %s,\n  \"data\": ",
+            (unsigned long long)st->seed, st->global_batch, bb_json_number(loss, sizeof loss, "%.9g", st->loss));
     bb_json_write_string(f, st->data ? st->data : "");
     fprintf(f, ",\n  \"model\": \"%s\",\n", c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
     if (c->kind == BB_MODEL_GPT) {

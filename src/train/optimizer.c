@@ -43,8 +43,12 @@ double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t st
     const bb_optimizer_config *c = &o->cfg;
     float *params = bb_model_params(m), *grads = bb_model_grads(m);
     double norm = sqrt(bb_op_sum_squares(be, grads, o->count));
-    if (c->grad_clip > 0 && norm > c->grad_clip) bb_op_scale(be, grads, (float)(c->grad_clip / norm), o->count);
     float lr = (float)bb_lr_at(c, step, total);
+    *lr_out = lr;
+    /* The gradients are reduced, so every replica sees the same norm and
+     * makes the same choice. */
+    if (!isfinite(norm)) return norm;
+    if (c->grad_clip > 0 && norm > c->grad_clip) bb_op_scale(be, grads, (float)(c->grad_clip / norm), o->count);
     int adam_t = step + 1 < INT_MAX ? (int)(step + 1) : INT_MAX; /* bias corrections are 1 long before */
     for (int i = 0; i < bb_model_tensor_count(m); i++) {
         const bb_tensor_info *t = bb_model_tensor(m, i);
@@ -56,7 +60,6 @@ double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t st
             bb_op_sgd(be, params + t->offset, grads + t->offset, o->m + t->offset, t->count, lr, (float)c->momentum,
                       wd);
     }
-    *lr_out = lr;
     return norm;
 }
 

@@ -40,11 +40,16 @@ static step_figures measure(trainer *t, uint64_t now)
     return f;
 }
 
-static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev)
+static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev,
+                               bool skipped)
 {
     FILE *m = t->metrics;
-    fprintf(m, "{\"step\": %llu, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, \"samples_per_s\": %.1f, ",
-            (unsigned long long)step, f->loss, f->lr, f->grad_norm, f->samples_per_s);
+    char loss[32], lr[32], norm[32], val[32];
+    fprintf(m, "{\"step\": %llu, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"samples_per_s\": %.1f, ",
+            (unsigned long long)step, bb_json_number(loss, sizeof loss, "%.7g", f->loss),
+            bb_json_number(lr, sizeof lr, "%.7g", f->lr), bb_json_number(norm, sizeof norm, "%.7g", f->grad_norm),
+            f->samples_per_s);
+    if (skipped) fprintf(m, "\"skipped\": true, ");
     /* null where a figure does not apply: tokens for mlp, overlap on one device */
     if (t->cfg.kind == BB_MODEL_GPT) fprintf(m, "\"tokens_per_s\": %.1f, ", f->tokens_per_s);
     else fprintf(m, "\"tokens_per_s\": null, ");
@@ -57,12 +62,20 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
         fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->be[d]));
     fprintf(m, "]");
     if (ev) {
-        fprintf(m, ", \"val_loss\": %.7g", ev->loss);
+        fprintf(m, ", \"val_loss\": %s", bb_json_number(val, sizeof val, "%.7g", ev->loss));
         if (!isnan(ev->accuracy)) fprintf(m, ", \"val_accuracy\": %.6f", ev->accuracy);
     }
     fprintf(m, "}\n");
     if (fflush(m) != 0 || ferror(m)) return bb_fail_errno(BB_ERR_IO, "--metrics %s: write failed", t->o->metrics_path);
     return BB_OK;
+}
+
+/* "1.234", "NaN", "inf" or "-inf" (printf's "-nan" says nothing more). */
+static const char *number_text(char *buf, size_t cap, double v)
+{
+    if (isnan(v)) snprintf(buf, cap, "NaN");
+    else snprintf(buf, cap, "%.4g", v);
+    return buf;
 }
 
 static void format_duration(double s, char *buf, size_t cap)
@@ -82,6 +95,7 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     format_duration(per_step * (double)(t->total_steps - step), eta, sizeof eta);
     fprintf(p, "%sstep %llu/%llu  loss %.4f  lr %.2e  %s  data-wait %.1f%%", t->tty ? "\r\033[K" : "",
             (unsigned long long)step, (unsigned long long)t->total_steps, f->loss, f->lr, rate, f->data_wait_pct);
+    if (t->skipped) fprintf(p, "  skipped %llu", (unsigned long long)t->skipped);
     if (f->has_overlap) fprintf(p, "  overlap %.0f%%", f->overlap_pct);
     fprintf(p, "  peak");
     for (int d = 0; d < t->devices; d++)
@@ -109,6 +123,21 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
     step_figures f = measure(t, now);
     bb_train_result *r = t->result;
     r->losses[step0 - t->first_step] = f.loss;
+    /* A step whose loss or gradient norm is NaN or infinite had its update
+     * withheld (optimizer_step): it ends the run, before anything of it is
+     * saved, or (--on-nonfinite skip) is counted and passed over. */
+    bool nonfinite = !isfinite(f.loss) || !isfinite(f.grad_norm);
+    if (nonfinite && !o->skip_nonfinite) {
+        if (t->metrics) write_metrics(t, step, &f, NULL, false);
+        char loss[32], norm[32];
+        return bb_fail(BB_ERR_NONFINITE,
+                       "step %llu: the loss is %s and the gradient norm %s: stopping with the weights of step %llu "
+                       "(nothing of step %llu is saved; a lower --lr or a --grad-clip may help, --on-nonfinite skip "
+                       "passes over such steps)",
+                       (unsigned long long)step, number_text(loss, sizeof loss, f.loss),
+                       number_text(norm, sizeof norm, f.grad_norm), (unsigned long long)step0, (unsigned long long)step);
+    }
+    if (nonfinite) r->skipped_steps = ++t->skipped;
     r->steps_done = step;
     bool last = step == t->total_steps || step == o->stop_after;
     bool interrupted = o->interrupted && *o->interrupted;
@@ -122,7 +151,7 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
         r->val_loss = ev.loss;
         r->val_accuracy = ev.accuracy;
     }
-    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluate ? &ev : NULL));
+    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluate ? &ev : NULL, nonfinite));
     if (o->progress && (last || evaluate || interrupted || (o->log_every && step % o->log_every == 0))) {
         progress_line(t, step, &f, now);
         if (evaluate) {

@@ -17,7 +17,9 @@ bb_status optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_
 void optimizer_destroy(bb_backend_t *be, optimizer *o);
 /* Clips the gradients to cfg.grad_clip (when set) and updates the
  * parameters for step `step` (0-based) of `total`. Returns the gradient
- * norm before clipping; *lr gets the rate used. */
+ * norm before clipping; *lr gets the rate used. A norm that is not finite
+ * (NaN or infinite gradients) leaves the parameters and the optimizer
+ * state untouched. */
 double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr);
 /* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then
  * the floats. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming the file. */
@@ -93,6 +95,7 @@ typedef struct trainer {
     /* worker 0's, between the two barriers of a step */
     bool stop;
     bool saved;              /* a checkpoint was written */
+    uint64_t skipped;        /* non-finite steps skipped */
     bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
     FILE *metrics;
     bool tty;

@@ -280,6 +280,17 @@ static bb_status setup(trainer *t)
     if (o->resume_dir) BB_TRY(check_resume(t, &info));
     if (o->val_data) BB_TRY(open_val(t));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "--keep must be at least 1");
+    /* Bounds outside which the optimizer cannot work (it would divide by zero). */
+    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
+        return bb_fail(BB_ERR_ARG, "--beta1 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
+                       o->opt.beta1);
+    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
+        return bb_fail(BB_ERR_ARG, "--beta2 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
+                       o->opt.beta2);
+    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.eps > 0))
+        return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
+                       o->opt.eps);
+    if (!isfinite(o->opt.lr) || o->opt.lr < 0) return bb_fail(BB_ERR_ARG, "--lr %g: must be finite and >= 0", o->opt.lr);
     if (o->save_dir) BB_TRY(checkpoint_prepare(o->save_dir, o->resume_dir, o->force, &t->save_dir_created));
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
@@ -403,6 +414,9 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     if (!r->losses) BB_TRY_GOTO(bb_fail(BB_ERR_NOMEM, "out of memory"), rc, done);
     print_start(t);
     rc = run_workers(t);
+    if (t->skipped && o->progress)
+        fprintf(o->progress, "train: skipped %llu step%s whose loss or gradient norm was not finite "
+                "(--on-nonfinite skip)\n", (unsigned long long)t->skipped, t->skipped > 1 ? "s" : "");
     if (t->trace) {
         /* The run's own failure (a save's, say) stays the one reported. */
         char first[1024];
