@@ -224,11 +224,16 @@ bb_status cuda_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
     return check(b, cudaMemsetAsync(dst, value, bytes, compute(b)), "cudaMemsetAsync");
 }
 
+// Waits for all three streams, also after one of them failed.
 bb_status cuda_synchronize(bb_backend_t *b)
 {
     use(b);
-    for (int i = 0; i < 3; i++) BB_TRY(check(b, cudaStreamSynchronize(state(b)->stream[i]), "synchronize"));
-    return BB_OK;
+    bb_status rc = BB_OK;
+    for (int i = 0; i < 3; i++) {
+        bb_status s = check(b, cudaStreamSynchronize(state(b)->stream[i]), "synchronize");
+        if (rc == BB_OK) rc = s;
+    }
+    return rc;
 }
 
 void cuda_destroy(bb_backend_t *b)
@@ -236,6 +241,10 @@ void cuda_destroy(bb_backend_t *b)
     cuda_state *s = state(b);
     if (!s) return;
     use(b);
+    // Stream-ordered scratch is not waited for by cudaFree: nothing queued may still use it.
+    for (int i = 0; i < 3; i++)
+        if (s->stream[i]) cudaStreamSynchronize(s->stream[i]);
+    cudaGetLastError();
     cudaFree(s->columns);
     cudaFree(s->row_loss);
     cudaFree(s->sort);

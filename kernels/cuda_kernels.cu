@@ -538,7 +538,9 @@ cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float 
     while (bits < 31 && (1 << bits) < V) bits++;
     iota_k<<<grid_for((size_t)n), kThreads, 0, s>>>(pos_in, n);
     // Stable: equal tokens keep their positions in increasing order.
-    cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted, pos_in, pos, n, 0, bits, s);
+    // Runs past the count stay 0, so the scan below reads no uninitialized memory.
+    cudaError_t e = cudaMemsetAsync(run_length, 0, (size_t)n * sizeof *run_length, s);
+    if (e == cudaSuccess) e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted, pos_in, pos, n, 0, bits, s);
     if (e == cudaSuccess) e = cub::DeviceRunLengthEncode::Encode(temp, temp_bytes, sorted, run_token, run_length, runs, n, s);
     if (e == cudaSuccess) e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, run_length, run_start, n, s);
     if (e != cudaSuccess) return e;

@@ -147,7 +147,7 @@ void abort_all(nccl_reducer *n)
 {
     reducer_t *r = &n->base;
     __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
-    for (int d = 0; d < r->devices; d++) take_down(&n->dev[d]);
+    for (int d = 0; n->dev && d < r->devices; d++) take_down(&n->dev[d]);
 }
 
 // Records the reducer's own failure (the first), then aborts everything.
@@ -231,19 +231,52 @@ ncclResult_t async_error(void *ctx)
     return rc != ncclSuccess ? rc : state;
 }
 
+// Finalizes every live communicator (all of them first: finalizing may
+// wait for the other ranks'), waits for them, at most 60 s, then frees
+// them; one that fails or does not finish in time is aborted.
+void finalize_all(nccl_reducer *n)
+{
+    reducer_t *r = &n->base;
+    int devices = n->dev ? r->devices : 0;
+    ncclResult_t *state = static_cast<ncclResult_t *>(calloc((size_t)devices + 1, sizeof *state));
+    for (int d = 0; d < devices; d++) {
+        device_side *s = &n->dev[d];
+        bool live = s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE;
+        if (state) state[d] = live ? (cudaSetDevice(s->cuda_device), nccl.CommFinalize(s->comm)) : ncclInvalidUsage;
+        else if (live) nccl.CommAbort(s->comm), s->state = COMM_GONE; // no memory to wait with: end them
+    }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (bool waiting = state != NULL; waiting;) {
+        waiting = false;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        bool late = now.tv_sec - t0.tv_sec > 60;
+        for (int d = 0; d < devices; d++) {
+            if (state[d] != ncclInProgress) continue;
+            ncclResult_t async = ncclSuccess;
+            ncclResult_t q = nccl.CommGetAsyncError(n->dev[d].comm, &async);
+            state[d] = q != ncclSuccess ? q : late && async == ncclInProgress ? ncclSystemError : async;
+            waiting |= state[d] == ncclInProgress;
+        }
+        if (waiting) sched_yield();
+    }
+    for (int d = 0; state && d < devices; d++) {
+        device_side *s = &n->dev[d];
+        if (state[d] == ncclInvalidUsage) continue; // none, or already gone
+        cudaSetDevice(s->cuda_device);
+        if (state[d] == ncclSuccess) nccl.CommDestroy(s->comm);
+        else nccl.CommAbort(s->comm);
+    }
+    free(state);
+}
+
 void n_destroy(reducer_t *r)
 {
     nccl_reducer *n = of(r);
+    finalize_all(n);
     for (int d = 0; n->dev && d < r->devices; d++) {
         device_side *s = &n->dev[d];
         cudaSetDevice(s->cuda_device);
-        if (s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE) {
-            // Flush, then free; a communicator that cannot finish is aborted.
-            ncclResult_t rc = nccl.CommFinalize(s->comm);
-            if (rc == ncclInProgress) rc = settle(r, s, rc);
-            if (rc == ncclSuccess) nccl.CommDestroy(s->comm);
-            else nccl.CommAbort(s->comm);
-        }
         if (s->ready) cudaEventDestroy(s->ready);
         if (s->done) cudaEventDestroy(s->done);
     }
@@ -369,6 +402,10 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
 {
     *out = NULL;
     BB_TRY(need_nccl());
+    const char *blocking = getenv("NCCL_COMM_BLOCKING");
+    if (blocking && strcmp(blocking, "0"))
+        return bb_fail(BB_ERR_ARG, "NCCL_COMM_BLOCKING=%s makes NCCL calls block, where a failed peer could hang the "
+                       "run for ever: the reducer needs non-blocking communicators; unset it", blocking);
     nccl_reducer *n = static_cast<nccl_reducer *>(calloc(1, sizeof *n));
     if (!n) return bb_fail(BB_ERR_NOMEM, "out of memory");
     reducer_t *r = &n->base;

@@ -617,3 +617,23 @@ Test(model, damaged_weights_are_refused_by_their_checksum)
     tu_rm_tree(dir);
     free(file), free(copy), free(hdr), free(before), free(path), free(foreign), free(dir);
 }
+
+/* A file with tensors the model lacks (a deeper model's) is refused too,
+ * naming the first, and the model is unchanged. */
+Test(model, weights_with_extra_tensors_are_refused_naming_the_first)
+{
+    char *dir = tu_temp_dir(), *path = tu_path(dir, "deep.safetensors");
+    bb_model_config deep = tiny_gpt(4, 0), shallow = tiny_gpt(2, 0);
+    bb_model_t *a = make_model(&deep, GPT_B, 51), *b = make_model(&shallow, GPT_B, 52);
+    size_t n = bb_model_param_count(b);
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, bb_model_params(b), n * sizeof *before);
+    cr_assert_eq(bb_model_save_safetensors(a, path), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_load_safetensors(b, path), BB_ERR_FORMAT);
+    cr_assert(strstr(bb_error_message(), "tensor transformer.h.2."), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "is not in the model (gpt"), "%s", bb_error_message());
+    cr_assert_eq(memcmp(bb_model_params(b), before, n * sizeof *before), 0);
+    bb_model_destroy(a), bb_model_destroy(b);
+    tu_rm_tree(dir);
+    free(before), free(path), free(dir);
+}

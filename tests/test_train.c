@@ -786,3 +786,166 @@ Test(train, optimizer_settings_that_cannot_work_are_refused)
     tu_run_free(&r);
     free(data);
 }
+
+/* ---- Ctrl-C (issue 14, items 5 and 6) ------------------------------------- */
+/* Starts argv, its stdout and stderr into files; returns the pid. */
+static pid_t start_logged(char *const argv[], const char *out_path, const char *err_path)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid;
+    cr_assert_eq(posix_spawn(&pid, argv[0], &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The exit code of pid within `seconds` (128 + signal when killed), or -1
+ * after killing it when it has not exited by then. */
+static int exit_within(pid_t pid, double seconds)
+{
+    double end = now_s() + seconds;
+    int status;
+    while (now_s() < end) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+static bool running(pid_t pid)
+{
+    int status;
+    return waitpid(pid, &status, WNOHANG) == 0;
+}
+
+/* Runs argv, sends one SIGINT after `after` seconds, and asserts that it
+ * exits with 130 within 5 s of it. */
+static void ctrl_c_exits_130(const char *what, char *const argv[], double after)
+{
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    pid_t pid = start_logged(argv, out, err);
+    usleep((useconds_t)(after * 1e6));
+    cr_assert(running(pid), "%s ended before the Ctrl-C: make it longer", what);
+    double t0 = now_s();
+    kill(pid, SIGINT);
+    int code = exit_within(pid, 5);
+    char *e = (char *)tu_read_file(err, NULL);
+    cr_assert_eq(code, 130, "%s: exit %d after Ctrl-C (130 expected, within 5 s); stderr: %s", what, code, e);
+    cr_log_info("%s: exit 130 %.2f s after Ctrl-C", what, now_s() - t0);
+    free(e), free(out), free(err);
+}
+
+/* A gpt that takes a while to evaluate 40000 records on 2 cores. */
+static char *slow_eval_weights(void)
+{
+    bb_backend_options bo = {.threads = 1};
+    bb_backend_t *be;
+    bb_model_t *m;
+    bb_model_config c = bb_model_gpt_config(4, 4, 128, TOKENS_T, TOKENS_VOCAB);
+    cr_assert_eq(bb_backend_create_cpu(&bo, &be), BB_OK);
+    cr_assert_eq(bb_model_create(be, &c, 8, &m), BB_OK);
+    cr_assert_eq(bb_model_init(m, 1), BB_OK);
+    char *path = tu_path(tmp, "w.safetensors");
+    cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    return path;
+}
+
+Test(train, ctrl_c_ends_eval_sample_bench_and_train_promptly_with_130)
+{
+    char *big = make_tokens("big", 40000), *weights = slow_eval_weights();
+    const char *bin = tu_bigbatch_bin();
+    char *eval[] = {(char *)bin, "eval", "--init-from", weights, "--layers", "4", "--d-model", "128", "--heads", "4",
+                    "--data", big, NULL};
+    ctrl_c_exits_130("eval", eval, 1.0);
+    char *bench[] = {(char *)bin, "bench", "queue", "--seconds", "10", "--runs", "5", NULL};
+    ctrl_c_exits_130("bench queue", bench, 0.5);
+    /* sample: a byte-level gpt trained for one step on the embedded data */
+    char *ckpt = tu_path(tmp, "kjv-ckpt");
+    tu_run r = tu_bigbatch("train", "--data", "data/kjv", "--layers", "1", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "8", "--micro-batch", "8", "--steps", "1", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *sample[] = {(char *)bin, "sample", "--ckpt", ckpt, "--tokens", "1000000", NULL};
+    ctrl_c_exits_130("sample", sample, 1.0);
+    /* train: saves, and does not start the (long) evaluation */
+    char *save = tu_path(tmp, "ckpt");
+    char *train_argv[] = {(char *)bin, "train", "--data", big, "--val-data", big, "--layers", "1", "--d-model", "16",
+                          "--heads", "2", "--global-batch", "8", "--micro-batch", "8", "--steps", "100000", "--save",
+                          save, "--save-every", "1000", "--eval-every", "1000", NULL};
+    ctrl_c_exits_130("train", train_argv, 1.0);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(save, &info), BB_OK, "the interrupted run did not save: %s",
+                 bb_error_message());
+    free(save), free(ckpt), free(weights), free(big);
+}
+
+/* A second Ctrl-C ends a command at once, even in the middle of a long
+ * step; the first would have let the step finish. */
+Test(train, a_second_ctrl_c_stops_at_once)
+{
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", "data/kjv", "--global-batch", "256", "--micro-batch",
+                    "128", "--steps", "1000", "--quiet", NULL}; /* steps of a few seconds on 2 cores */
+    for (int attempt = 0;; attempt++) {
+        pid_t pid = start_logged(argv, out, err);
+        usleep(1500000);
+        kill(pid, SIGINT);
+        usleep(100000);
+        if (!running(pid)) { /* the first Ctrl-C met the end of a step: try again */
+            exit_within(pid, 1);
+            cr_assert_lt(attempt, 3, "every first Ctrl-C ended the run within 0.1 s: no step was long enough");
+            continue;
+        }
+        double t0 = now_s();
+        kill(pid, SIGINT);
+        int code = exit_within(pid, 1);
+        char *e = (char *)tu_read_file(err, NULL);
+        cr_assert_eq(code, 130, "exit %d within 1 s of the second Ctrl-C; stderr: %s", code, e);
+        cr_assert_not_null(strstr(e, "interrupted again"), "%s", e);
+        cr_log_info("exit 130 %.3f s after the second Ctrl-C", now_s() - t0);
+        free(e);
+        break;
+    }
+    free(out), free(err);
+}
+
+/* On a terminal, evaluation shows how far it is (in place); a save says
+ * where it went. */
+Test(train, progress_for_evaluation_and_saves)
+{
+    if (system("command -v script > /dev/null 2>&1") != 0) cr_skip_test("skipped: no script(1) for a terminal");
+    char *mid = make_tokens("mid", 12000), *weights = slow_eval_weights();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "script -qec \"'%s' eval --init-from '%s' --layers 4 --d-model 128 --heads 4 --data '%s'\" /dev/null",
+             tu_bigbatch_bin(), weights, mid);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    tu_run r = tu_run_argv(argv);
+    cr_assert_eq(r.exit_code, 0, "%s%s", r.out, r.err);
+    cr_assert_not_null(strstr(r.out, "\r\033[Keval: "), "no progress on a terminal: %s", r.out);
+    cr_assert_not_null(strstr(r.out, " of 12000 records ("), "%s", r.out);
+    cr_assert_not_null(strstr(r.out, "s left"), "%s", r.out);
+    tu_run_free(&r);
+    char *ckpt = tu_path(tmp, "ckpt");
+    r = tu_bigbatch("train", "--data", mid, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "32",
+                    "--micro-batch", "8", "--steps", "2", "--save", ckpt, "--save-every", "1");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char expect[4200];
+    snprintf(expect, sizeof expect, "saved step 2 to %s/step-00000002", ckpt);
+    cr_assert_not_null(strstr(r.err, expect), "%s", r.err);
+    tu_run_free(&r);
+    free(ckpt), free(mid), free(weights);
+}

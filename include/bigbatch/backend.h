@@ -116,10 +116,11 @@ typedef enum bb_copy_kind { BB_COPY_H2D, BB_COPY_D2H, BB_COPY_D2D } bb_copy_kind
  * they start, BB_ERR_DEVICE when the device fails. */
 bb_status bb_backend_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind);
 bb_status bb_backend_memset(bb_backend_t *b, void *dst, int value, size_t bytes);
-/* Waits for every op queued on the backend (a no-op on the CPU). Ops return
- * nothing: the first op that failed (on a GPU, asynchronously) makes this,
- * and every later copy, memset and event call, fail with BB_ERR_DEVICE
- * naming the op. A backend that failed stays failed. */
+/* Waits for every op queued on the backend (a no-op on the CPU), also when
+ * an error is pending. Ops return nothing: the first op that failed (on a
+ * GPU, asynchronously) makes this, and every later copy, memset and event
+ * call, fail with BB_ERR_DEVICE naming the op. A backend that failed stays
+ * failed. */
 bb_status bb_backend_synchronize(bb_backend_t *b);
 /* Host-to-device copies made so far through bb_backend_copy and
  * bb_backend_copy_async: how many, and their bytes. */

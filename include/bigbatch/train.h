@@ -124,10 +124,18 @@ typedef struct bb_eval_result {
     uint64_t records;
 } bb_eval_result;
 
+typedef struct bb_eval_options {
+    FILE *progress;                     /* records done and ETA about every second, in place on a
+                                           terminal (a line every 10 s elsewhere); NULL: quiet */
+    const char *label;                  /* the progress lines' prefix, e.g. "eval step 40" */
+    volatile sig_atomic_t *interrupted; /* set (Ctrl-C): stop at the next micro-batch */
+} bb_eval_options;
+
 /* Every record of `ds`, in order, through the model's forward in
- * micro-batches (the last one padded). Fails with BB_ERR_ARG when the
- * records do not fit the model, the dataset's read errors. */
-bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, bb_eval_result *out);
+ * micro-batches (the last one padded); `o` may be NULL. Fails with
+ * BB_ERR_ARG when the records do not fit the model, BB_ERR_INTERRUPTED
+ * when o->interrupted was set, the dataset's read errors. */
+bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_options *o, bb_eval_result *out);
 
 /* ---- checkpoints ------------------------------------------------------- */
 typedef struct bb_checkpoint_info {

@@ -210,8 +210,10 @@ bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, siz
 
 bb_status bb_backend_synchronize(bb_backend_t *b)
 {
-    BB_TRY(bb_backend_pending(b));
-    return b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
+    /* It waits even when an error is pending: callers rely on the queued
+     * work being over (no copy still reading a host buffer) when it returns. */
+    bb_status rc = b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
+    return b->error != BB_OK ? bb_backend_pending(b) : rc;
 }
 
 bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out)

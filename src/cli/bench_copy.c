@@ -21,6 +21,7 @@ static bb_status time_copies(bb_backend_t *be, void *dst, const void *src, size_
         uint64_t t0 = bb_clock_ns();
         rc = bb_backend_copy(be, dst, src, bytes, BB_COPY_H2D); /* returns when the data is there */
         t[i] = (double)(bb_clock_ns() - t0) / 1e9;
+        if (rc == BB_OK && bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     }
     if (rc == BB_OK) *gbps = (double)bytes / bb_bench_median(t, runs) / 1e9;
     free(t);

@@ -99,7 +99,7 @@ static double measure(run *r)
     uint64_t deadline = bb_clock_ns() + (uint64_t)(r->seconds * 1e9);
     uint64_t t0 = bb_clock_ns();
     for (uint32_t round = 0;; round++) {
-        if ((round & 63) == 0 && bb_clock_ns() >= deadline) break;
+        if ((round & 63) == 0 && (bb_clock_ns() >= deadline || bb_cli_interrupted)) break;
         for (uint32_t i = 0; i < r->batch; i++) batch[i] = (void *)(uintptr_t)(next + i);
         if (r->use_mutex)
             mq_push_n(&r->mq, batch, r->batch);
@@ -144,6 +144,7 @@ static bb_status measure_median(bool use_mutex, uint32_t capacity, uint32_t batc
         }
         if (rates[i] < 0)
             return bb_fail(BB_ERR_INTERNAL, "%s queue lost or reordered items", use_mutex ? "mutex" : "spsc");
+        if (bb_cli_interrupted) return bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     }
     *median = bb_bench_median(rates, runs);
     return BB_OK;

@@ -65,7 +65,8 @@ int bb_cmd_eval(int argc, char **argv)
     if (rc == BB_OK) data = eval_split(data);
     if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, (int)micro_batch, &be, &m);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
-    if (rc == BB_OK) rc = bb_evaluate(m, ds, &r);
+    bb_eval_options eo = {.progress = stderr, .label = "eval", .interrupted = &bb_cli_interrupted};
+    if (rc == BB_OK) rc = bb_evaluate(m, ds, &eo, &r);
     if (rc == BB_OK && json) {
         char loss[32];
         printf("{\"loss\": %s, \"accuracy\": ", bb_json_number(loss, sizeof loss, "%.7g", r.loss));
@@ -181,6 +182,7 @@ int bb_cmd_sample(int argc, char **argv)
         context[len++] = next;
     }
     if (rc == BB_OK) putchar('\n');
+    if (rc == BB_OK && bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     free(ignored), free(context), free(logits);
     bb_model_destroy(m);
     bb_backend_destroy(be);

@@ -1,14 +1,23 @@
 /* main.c — `bigbatch <command>`: dispatch, signals, exit codes. */
 #include <string.h>
+#include <unistd.h>
 
 #include "bigbatch/backend.h"
 #include "commands.h"
 
 volatile sig_atomic_t bb_cli_interrupted;
 
+/* The first Ctrl-C (or SIGTERM) asks the command to stop at a safe point
+ * (train: after the step, saved); a second one stops at once. */
 static void on_signal(int sig)
 {
     (void)sig;
+    if (bb_cli_interrupted) {
+        static const char msg[] = "\nbigbatch: interrupted again: stopping now\n";
+        ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)ignored;
+        _exit(BB_EXIT_INTERRUPTED);
+    }
     bb_cli_interrupted = 1;
 }
 

@@ -315,7 +315,18 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
                          "%s): the file is damaged", path, xxh64, actual);
     }
     /* Every tensor is checked before any is copied: a bad file leaves the
-     * model as it was. */
+     * model as it was. A tensor the model does not have means another
+     * shape (e.g. more layers): refused, naming the first. */
+    for (int k = 0; rc == BB_OK && k < count; k++) {
+        bool known = m->cfg.kind == BB_MODEL_GPT && !strcmp(entries[k].name, "lm_head.weight");
+        for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(entries[k].name, m->tensors[i].name);
+        if (!known) {
+            char model[160];
+            bb_model_describe(&m->cfg, model, sizeof model);
+            rc = bb_fail(BB_ERR_FORMAT, "%s: tensor %s is not in the model (%s): is the file for another shape?",
+                         path, entries[k].name, model);
+        }
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
             const bb_tensor_info *t = &m->tensors[i];

@@ -199,7 +199,7 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
 }
 
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const optimizer *o, int keep)
+                          const optimizer *o, int keep, char *name_out, size_t name_cap)
 {
     BB_TRY(make_dirs(dir, NULL));
     char name[64], tmp[4096], final[4096], link_tmp[4096], link[4096], current[256] = "";
@@ -241,6 +241,7 @@ bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_
     BB_TRY(sync_dir(dir));
     /* Only now may older checkpoints go, past the newest `keep`. */
     prune(dir, name, keep);
+    snprintf(name_out, name_cap, "%s", name);
     return BB_OK;
 }
 

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bigbatch/train.h"
 
@@ -24,8 +25,41 @@ static bb_status run_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8
     return BB_OK;
 }
 
-bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, bb_eval_result *out)
+/* Records done and the time left, in place on a terminal, else a line
+ * every 10 s. */
+typedef struct eval_progress {
+    FILE *out;
+    const char *label;
+    bool tty, shown;
+    uint64_t total, start_ns, last_ns;
+} eval_progress;
+
+static void show_progress(eval_progress *p, uint64_t done)
 {
+    uint64_t now = bb_clock_ns();
+    if (!p->out || now - p->last_ns < (p->tty ? 1000000000ull : 10000000000ull)) return;
+    p->last_ns = now;
+    p->shown = true;
+    double seconds = (double)(now - p->start_ns) / 1e9;
+    fprintf(p->out, "%s%s: %llu of %llu records (%.0f%%), %.0fs left%s", p->tty ? "\r\033[K" : "", p->label,
+            (unsigned long long)done, (unsigned long long)p->total, 100.0 * (double)done / (double)p->total,
+            seconds * (double)(p->total - done) / (double)done, p->tty ? "" : "\n");
+    fflush(p->out);
+}
+
+/* Clears the in-place line: the caller prints the result. */
+static void end_progress(const eval_progress *p)
+{
+    if (p->tty && p->shown) fprintf(p->out, "\r\033[K");
+}
+
+bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_options *o, bb_eval_result *out)
+{
+    eval_progress progress = {.out = o ? o->progress : NULL, .label = o && o->label ? o->label : "eval",
+                              .total = bb_dataset_record_count(ds), .start_ns = bb_clock_ns()};
+    progress.last_ns = progress.start_ns;
+    progress.tty = progress.out && isatty(fileno(progress.out));
+    volatile sig_atomic_t *interrupted = o ? o->interrupted : NULL;
     const bb_shard_meta *meta = bb_dataset_meta(ds);
     int B = bb_model_micro_batch(m);
     size_t rs = meta->record_size, cap = 0;
@@ -46,11 +80,16 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, bb_eval_result *out
                 if (++filled == B) {
                     rc = run_batch(m, meta, batch, B, &s);
                     filled = 0;
+                    if (interrupted && *interrupted)
+                        rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted after %llu of %llu records",
+                                     (unsigned long long)s.records, (unsigned long long)progress.total);
+                    show_progress(&progress, s.records);
                 }
             }
         }
     }
     if (rc == BB_OK && filled) rc = run_batch(m, meta, batch, filled, &s); /* padded */
+    end_progress(&progress);
     bb_frame_decoder_destroy(dec);
     free(frame);
     free(batch);

@@ -110,9 +110,12 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
                            .loss = loss, .data = t->o->data};
     uint64_t t0 = bb_clock_ns();
-    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep));
+    char name[64];
+    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep, name, sizeof name));
     t->saved = true;
-    BB_INFO("saved step %llu to %s in %.0f ms", (unsigned long long)step, t->o->save_dir, (double)(bb_clock_ns() - t0) / 1e6);
+    if (t->o->progress)
+        fprintf(t->o->progress, "%ssaved step %llu to %s/%s (%.0f ms)\n", t->tty ? "\r\033[K" : "",
+                (unsigned long long)step, t->o->save_dir, name, (double)(bb_clock_ns() - t0) / 1e6);
     return BB_OK;
 }
 
@@ -142,14 +145,26 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
     bool last = step == t->total_steps || step == o->stop_after;
     bool interrupted = o->interrupted && *o->interrupted;
     /* Saved first: an evaluation that fails must not cost the checkpoint. */
-    if (o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0)))
-        BB_TRY(save(t, step, f.loss));
+    bool saved = o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0));
+    if (saved) BB_TRY(save(t, step, f.loss));
+    /* Once interrupted, no evaluation: the user wants out, and the
+     * checkpoint is written. Ctrl-C during one ends it the same way. */
     bb_eval_result ev;
-    bool evaluate = t->val && (last || interrupted || (o->eval_every && step % o->eval_every == 0));
+    bool evaluate = t->val && !interrupted && (last || (o->eval_every && step % o->eval_every == 0));
     if (evaluate) {
-        BB_TRY(bb_evaluate(t->model[0], t->val, &ev));
-        r->val_loss = ev.loss;
-        r->val_accuracy = ev.accuracy;
+        char label[48];
+        snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
+        bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
+        bb_status rc = bb_evaluate(t->model[0], t->val, &eo, &ev);
+        if (rc == BB_ERR_INTERRUPTED) {
+            evaluate = false;
+            interrupted = true;
+            if (o->save_dir && !saved) BB_TRY(save(t, step, f.loss));
+        } else {
+            BB_TRY(rc);
+            r->val_loss = ev.loss;
+            r->val_accuracy = ev.accuracy;
+        }
     }
     if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluate ? &ev : NULL, nonfinite));
     if (o->progress && (last || evaluate || interrupted || (o->log_every && step % o->log_every == 0))) {

@@ -35,11 +35,11 @@ typedef struct checkpoint_state {
 } checkpoint_state;
 
 /* Writes a step directory under `dir` and switches `latest` to it (see
- * train.h); then keeps the newest `keep` step directories (this one
+ * train.h; its name goes to `name`); then keeps the newest `keep` step directories (this one
  * included) and removes what failed or killed saves left. A failed save
  * removes its own partial directory. */
 bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const optimizer *o, int keep);
+                          const optimizer *o, int keep, char *name, size_t name_cap);
 /* Creates `dir` (and its parents; *created tells whether `dir` itself was
  * made) and checks it is writable: called before training, so a bad
  * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds

@@ -203,7 +203,8 @@ void *trainer_worker_main(void *arg)
     bb_status rc = t->trace ? device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
     if (rc == BB_OK) rc = worker_loop(t, d, &clk, &held);
     if (rc != BB_OK) trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
-    bb_backend_synchronize(t->be[d]);       /* no upload still reads a held slot; a failure is reported */
+    bb_backend_synchronize(t->be[d]);       /* no upload still reads a held slot (it waits even after a failure) */
     release_held(t, &held);
+    device_clock_destroy(&clk);
     return NULL;
 }
