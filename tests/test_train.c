@@ -949,3 +949,78 @@ Test(train, progress_for_evaluation_and_saves)
     tu_run_free(&r);
     free(ckpt), free(mid), free(weights);
 }
+
+/* ---- resume that remembers (issue 14, item 7) ----------------------------- */
+/* The "loss" of each line of a metrics file, as text, one per line. */
+static char *metric_losses(const char *path, unsigned long long from_step)
+{
+    char *m = (char *)tu_read_file(path, NULL), *out = calloc(1, strlen(m) + 1);
+    for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n")) {
+        unsigned long long step;
+        char *loss = strstr(line, "\"loss\": ");
+        if (sscanf(line, "{\"step\": %llu", &step) == 1 && step >= from_step && loss)
+            strncat(out, loss, (size_t)(strchr(loss, ',') - loss + 1));
+    }
+    free(m);
+    return out;
+}
+
+Test(train, resume_with_no_other_flags_continues_the_run)
+{
+    char *data = make_tokens("tokens", 400), *val = make_tokens("val", 40);
+    char *ckpt = tu_path(tmp, "ckpt"), *whole = tu_path(tmp, "w.jsonl"), *resumed = tu_path(tmp, "r.jsonl");
+#define RUN "--data", data, "--val-data", val, "--layers", "1", "--d-model", "16", "--heads", "2", "--devices", "cpu:2", \
+            "--global-batch", "32", "--micro-batch", "8", "--steps", "6", "--optimizer", "sgd", "--lr", "0.05",   \
+            "--warmup", "2", "--lr-schedule", "constant", "--seed", "7", "--checkpoint", "blocks", "--quiet"
+    tu_run r = tu_bigbatch("train", RUN, "--metrics", whole);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", RUN, "--stop-after", "3", "--save", ckpt);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+#undef RUN
+    /* nothing but --resume (and where to write): the same steps 4..6 */
+    r = tu_bigbatch("train", "--resume", ckpt, "--save", ckpt, "--metrics", resumed);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_null(strstr(r.err, "differs"), "a remembered setting was not remembered: %s", r.err);
+    cr_assert_not_null(strstr(r.err, "on cpu:2"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "steps 4..6"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "val loss"), "the validation data was not remembered: %s", r.err);
+    tu_run_free(&r);
+    char *a = metric_losses(whole, 4), *b = metric_losses(resumed, 4);
+    cr_assert_str_eq(b, a, "the resumed run's losses differ from the uninterrupted one's");
+    /* a finished run says so and trains nothing */
+    r = tu_bigbatch("train", "--resume", ckpt);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "already at step 6 of 6"), "%s", r.err);
+    cr_assert_null(strstr(r.err, "step 6/6"), "it pretended to train: %s", r.err);
+    tu_run_free(&r);
+    /* what cannot apply to a resumed run is an error, not ignored */
+    r = tu_bigbatch("train", "--resume", ckpt, "--seed", "3");
+    tu_assert_error(&r, "--seed with --resume");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--resume", ckpt, "--init-from", whole);
+    tu_assert_error(&r, "--init-from with --resume");
+    tu_run_free(&r);
+    free(a), free(b), free(ckpt), free(whole), free(resumed), free(data), free(val);
+}
+
+Test(train, resume_takes_the_directory_its_latest_or_a_step_directory)
+{
+    char *data = make_tokens("tokens", 400);
+    char *ckpt = tu_path(tmp, "ckpt"), *latest = tu_path(ckpt, "latest"), *step4 = tu_path(ckpt, "step-00000004");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "32", "--micro-batch", "8", "--steps", "8", "--stop-after", "5", "--save", ckpt,
+                           "--save-every", "1", "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *from[] = {ckpt, latest, step4};
+    const char *expect[] = {"steps 6..8", "steps 6..8", "steps 5..8"};
+    for (int i = 0; i < 3; i++) {
+        r = tu_bigbatch("train", "--resume", from[i], "--stop-after", "6", "--log-every", "0");
+        cr_assert_eq(r.exit_code, 0, "--resume %s: %s", from[i], r.err);
+        cr_assert_not_null(strstr(r.err, expect[i]), "--resume %s: %s", from[i], r.err);
+        tu_run_free(&r);
+    }
+    free(step4), free(latest), free(ckpt), free(data);
+}

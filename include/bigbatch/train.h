@@ -139,7 +139,8 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
 
 /* ---- checkpoints ------------------------------------------------------- */
 typedef struct bb_checkpoint_info {
-    char dir[4096];            /* the step directory `latest` names */
+    char dir[4096];            /* the step directory read */
+    char root[4096];           /* the checkpoint directory it is in (--save DIR) */
     bb_model_config model;
     uint64_t step;             /* steps done */
     uint64_t seed;
@@ -148,11 +149,15 @@ typedef struct bb_checkpoint_info {
     bb_optimizer_config opt;   /* the hyperparameters the run was saved with */
     uint64_t total_steps;      /* its --steps (the schedule's length) */
     char data[4096];           /* its training data */
+    char val_data[4096];       /* its validation data; "" when none (or not recorded) */
+    char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
+    int micro_batch;           /* 0 when not recorded */
 } bb_checkpoint_info;
 
-/* Reads `ckpt_dir`/latest and its state.json. Fails with BB_ERR_IO when
- * there is no checkpoint, BB_ERR_FORMAT on a state file bigbatch did not
- * write. */
+/* Reads a checkpoint's state.json: `path` is a checkpoint directory (its
+ * `latest` is read), DIR/latest or a step directory DIR/step-N. Fails with
+ * BB_ERR_IO when there is no checkpoint, BB_ERR_FORMAT on a state file
+ * bigbatch did not write. */
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info);
 /* Loads the checkpoint's weights into `m` (created with info->model). */
 bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t *m);

@@ -59,6 +59,17 @@ static bb_status parse_devices(const char *s, bb_train_options *o)
     return BB_OK;
 }
 
+/* The value of --resume in argv, or NULL. */
+static const char *resume_arg(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc) return argv[i + 1];
+        if (!strncmp(argv[i], "--resume=", 9)) return argv[i] + 9;
+    }
+    return NULL;
+}
+
 int bb_cmd_train(int argc, char **argv)
 {
     bb_train_options o;
@@ -69,8 +80,31 @@ int bb_cmd_train(int argc, char **argv)
     int64_t global_batch = o.global_batch, steps = 0, epochs = 0, warmup = 0,
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
             log_every = (int64_t)o.log_every, keep = o.keep;
-    bool no_overlap = false, quiet = false, val_given = false;
+    bool no_overlap = false, quiet = false, val_given = false, seed_given = false, init_given = false,
+         steps_given = false, epochs_given = false;
     const char *on_nonfinite = "stop";
+    /* --resume DIR continues the run as it was: what the checkpoint recorded
+     * is the default of every flag not given. */
+    bb_checkpoint_info info;
+    char micro_text[24];
+    bool resuming = resume_arg(argc, argv) && bb_checkpoint_read_info(resume_arg(argc, argv), &info) == BB_OK;
+    if (resuming) {
+        data = info.data;
+        if (info.val_data[0]) val = info.val_data;
+        if (info.devices[0]) devices = info.devices;
+        precision = bb_precision_name(info.model.precision);
+        global_batch = info.global_batch;
+        if (info.micro_batch > 0) {
+            snprintf(micro_text, sizeof micro_text, "%d", info.micro_batch);
+            micro_batch = micro_text;
+        }
+        steps = (int64_t)info.total_steps;
+        optimizer = info.optimizer == BB_OPT_SGD ? "sgd" : "adamw";
+        schedule = info.opt.schedule == BB_LR_CONSTANT ? "constant" : "cosine";
+        o.opt = info.opt;
+        warmup = (int64_t)info.opt.warmup;
+        seed = (int64_t)info.seed;
+    }
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
         {"--data", BB_OPT_STRING, &data, "DIR", "training data: a dataset, or a directory with train/ inside"},
@@ -85,11 +119,11 @@ int bb_cmd_train(int argc, char **argv)
         {"--micro-batch", BB_OPT_STRING, &micro_batch, "B|auto", "examples per device per micro-step (what must "
          "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)"},
         {"--steps", BB_OPT_INT, &steps, "N", "optimizer steps, counted from step 0 of the run (also when "
-         "resuming)", .min = 1, .max = 1e15},
+         "resuming)", .min = 1, .max = 1e15, .given = &steps_given},
         {"--stop-after", BB_OPT_INT, &stop_after, "N", "end this run after step N, keeping the schedule of "
          "--steps (for time-boxed jobs; continue with --resume)", .min = 1, .max = 1e15},
         {"--epochs", BB_OPT_INT, &epochs, "E", "passes over the data when --steps is not given (default 1)",
-         .min = 1, .max = 1e9},
+         .min = 1, .max = 1e9, .given = &epochs_given},
         {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw or sgd", .choices = "adamw|sgd"},
         {"--lr", BB_OPT_DOUBLE, &o.opt.lr, "LR", "peak learning rate", .min = 0, .max = 1e3},
         {"--lr-schedule", BB_OPT_CHOICE, &schedule, "KIND", "cosine (down to lr/10 at the last step) or constant",
@@ -104,7 +138,8 @@ int bb_cmd_train(int argc, char **argv)
         {"--on-nonfinite", BB_OPT_CHOICE, &on_nonfinite, "WHAT", "when a step's loss or gradient norm is NaN or "
          "infinite: stop (exit 1 naming the step, its update not applied, nothing of it saved) or skip the step "
          "(counted in the progress line, the metrics and at the end)", .choices = "stop|skip"},
-        {"--seed", BB_OPT_INT, &seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18},
+        {"--seed", BB_OPT_INT, &seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18,
+         .given = &seed_given},
         {"--loader-threads", BB_OPT_INT, &loader_threads, "N", "threads reading and decompressing shards",
          .min = 1, .max = 256},
         {"--bucket-mib", BB_OPT_DOUBLE, &o.bucket_mib, "MIB", "gradient bucket size for the reducer (the first "
@@ -121,9 +156,10 @@ int bb_cmd_train(int argc, char **argv)
          "once a newer one is safely written; 2 leaves a fallback if the newest is damaged)", .min = 1, .max = 1e6},
         {"--force", BB_OPT_FLAG, &o.force, NULL, "save into a --save DIR that holds another run's checkpoints "
          "(refused otherwise, unless --resume names it); they count towards --keep"},
-        {"--resume", BB_OPT_STRING, &o.resume_dir, "DIR", "continue exactly from DIR's latest checkpoint"},
+        {"--resume", BB_OPT_STRING, &o.resume_dir, "DIR", "continue exactly from DIR's latest checkpoint (or "
+         "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given"},
         {"--init-from", BB_OPT_STRING, &o.init_from, "FILE", "start from these weights (.safetensors, PyTorch "
-         "names)"},
+         "names)", .given = &init_given},
         {"--metrics", BB_OPT_STRING, &o.metrics_path, "FILE", "one JSON object per step (JSON Lines)"},
         {"--trace", BB_OPT_STRING, &o.trace_path, "FILE", "Chrome trace JSON (open in ui.perfetto.dev)"},
         {"--device-mem", BB_OPT_BYTES, &o.device_mem, "BYTES", "cap each device's memory (e.g. 512MiB); 0: none"},
@@ -137,6 +173,19 @@ int bb_cmd_train(int argc, char **argv)
         mf.checkpoint = "none";
     }
     if (rc == BB_OK) rc = model_flags_config(&mf, &o.model);
+    if (rc == BB_OK && resuming) {
+        if (seed_given)
+            rc = bb_fail(BB_ERR_ARG, "--seed with --resume: the run goes on with its seed %llu (the data order "
+                         "depends on it)", (unsigned long long)info.seed);
+        else if (init_given)
+            rc = bb_fail(BB_ERR_ARG, "--init-from with --resume: the weights come from the checkpoint");
+        if (!mf.shape_given) { /* the checkpoint's model, with --checkpoint if given */
+            int every = o.model.checkpoint_every;
+            o.model = info.model;
+            if (mf.checkpoint_given) o.model.checkpoint_every = every;
+        }
+        if (epochs_given && !steps_given) steps = 0; /* --epochs replaces the run's --steps */
+    }
     if (rc == BB_OK && !strcmp(micro_batch, "auto")) {
         o.auto_micro_batch = true;
         o.micro_batch = 0;

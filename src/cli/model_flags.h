@@ -9,19 +9,26 @@ typedef struct model_flags {
     const char *kind, *checkpoint;
     int64_t layers, heads, d_model;
     bb_str_list hidden;
+    bool shape_given, checkpoint_given; /* a shape flag (--model ... --hidden), --checkpoint appeared */
 } model_flags;
 
 #define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .layers = 4, .heads = 4, .d_model = 128}
 
 /* The option-table rows for model_flags (5 rows + --checkpoint). */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
-    {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", "gpt (tokens) or mlp (images)", .choices = "gpt|mlp"},       \
-    {"--layers", BB_OPT_INT, &(f).layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},             \
-    {"--heads", BB_OPT_INT, &(f).heads, "H", "gpt: attention heads (divide --d-model)", .min = 1, .max = 1024}, \
-    {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},                     \
-    {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default 1024,1024)"},          \
+    {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", "gpt (tokens) or mlp (images)", .choices = "gpt|mlp",        \
+     .given = &(f).shape_given},                                                                               \
+    {"--layers", BB_OPT_INT, &(f).layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024,              \
+     .given = &(f).shape_given},                                                                               \
+    {"--heads", BB_OPT_INT, &(f).heads, "H", "gpt: attention heads (divide --d-model)", .min = 1, .max = 1024, \
+     .given = &(f).shape_given},                                                                               \
+    {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16,                      \
+     .given = &(f).shape_given},                                                                               \
+    {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default 1024,1024)",           \
+     .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
-     "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)"}
+     "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)",  \
+     .given = &(f).checkpoint_given}
 
 /* The model configuration the flags describe; the data fills seq_len and
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */

@@ -51,6 +51,11 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     fprintf(f, "  \"seed\": %llu,\n  \"global_batch\": %d,\n  \"loss\": %s,\n  \"data\": ",
             (unsigned long long)st->seed, st->global_batch, bb_json_number(loss, sizeof loss, "%.9g", st->loss));
     bb_json_write_string(f, st->data ? st->data : "");
+    fprintf(f, ",\n  \"val_data\": ");
+    bb_json_write_string(f, st->val_data ? st->val_data : "");
+    fprintf(f, ",\n  \"devices\": ");
+    bb_json_write_string(f, st->devices ? st->devices : "");
+    fprintf(f, ",\n  \"micro_batch\": %d", st->micro_batch);
     fprintf(f, ",\n  \"model\": \"%s\",\n", c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
     if (c->kind == BB_MODEL_GPT) {
         fprintf(f, "  \"layers\": %d,\n  \"heads\": %d,\n  \"d_model\": %d,\n  \"seq_len\": %d,\n  \"vocab\": %d,\n",
@@ -137,11 +142,11 @@ static bool same_directory(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-bb_status checkpoint_prepare(const char *dir, const char *resume_dir, bool force, bool *created)
+bb_status checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created)
 {
     BB_TRY(make_dirs(dir, created));
     char what[300];
-    if (force || !holds_checkpoints(dir, what, sizeof what) || (resume_dir && same_directory(dir, resume_dir)))
+    if (force || !holds_checkpoints(dir, what, sizeof what) || (resume_root && same_directory(dir, resume_root)))
         return BB_OK;
     return bb_fail(BB_ERR_ARG,
                    "--save %s holds another run's checkpoints (%s): continue that run with --resume %s, save "
@@ -297,12 +302,22 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
 {
     memset(info, 0, sizeof *info);
     char link[4096], target[256], path[4096];
-    BB_TRY(join(link, sizeof link, ckpt_dir, "latest"));
-    ssize_t n = readlink(link, target, sizeof target - 1);
-    if (n <= 0) return bb_fail_errno(BB_ERR_IO, "%s: no checkpoint here (cannot read %s)", ckpt_dir, link);
-    target[n] = 0;
-    BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
-    BB_TRY(join(path, sizeof path, info->dir, "state.json"));
+    BB_TRY(join(path, sizeof path, ckpt_dir, "state.json"));
+    if (access(path, F_OK) == 0) { /* a step directory (or DIR/latest) itself */
+        snprintf(info->dir, sizeof info->dir, "%s", ckpt_dir);
+        snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
+        char *slash = strrchr(info->root, '/');
+        if (slash && slash != info->root) *slash = 0;
+        else snprintf(info->root, sizeof info->root, slash ? "/" : ".");
+    } else {
+        BB_TRY(join(link, sizeof link, ckpt_dir, "latest"));
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) return bb_fail_errno(BB_ERR_IO, "%s: no checkpoint here (cannot read %s)", ckpt_dir, link);
+        target[n] = 0;
+        BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
+        snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
+        BB_TRY(join(path, sizeof path, info->dir, "state.json"));
+    }
     FILE *f = fopen(path, "r");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
     char json[8192];
@@ -345,6 +360,10 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
          get_double(json, "momentum", &oc->momentum) && get_double(json, "weight_decay", &oc->weight_decay) &&
          get_double(json, "grad_clip", &oc->grad_clip);
     oc->schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
+    /* absent in checkpoints from before resume remembered them */
+    get_string(json, "val_data", info->val_data, sizeof info->val_data);
+    get_string(json, "devices", info->devices, sizeof info->devices);
+    get_int(json, "micro_batch", &info->micro_batch);
     if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
     return BB_OK;
 }

@@ -29,9 +29,9 @@ bb_status optimizer_load(bb_backend_t *be, optimizer *o, const char *path);
 /* What a checkpoint records besides the weights and the optimizer. */
 typedef struct checkpoint_state {
     uint64_t step, epoch, step_in_epoch, seed, total_steps;
-    int global_batch;
+    int global_batch, micro_batch;
     double loss;
-    const char *data;
+    const char *data, *val_data, *devices;
 } checkpoint_state;
 
 /* Writes a step directory under `dir` and switches `latest` to it (see
@@ -43,8 +43,9 @@ bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_
 /* Creates `dir` (and its parents; *created tells whether `dir` itself was
  * made) and checks it is writable: called before training, so a bad
  * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds
- * checkpoints, unless it is `resume_dir` or `force` is set. */
-bb_status checkpoint_prepare(const char *dir, const char *resume_dir, bool force, bool *created);
+ * checkpoints, unless it is `resume_root` (the checkpoint directory the run
+ * resumes from) or `force` is set. */
+bb_status checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created);
 /* Loads the optimizer state of the checkpoint `info` names. */
 bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
 
@@ -96,6 +97,7 @@ typedef struct trainer {
     bool stop;
     bool saved;              /* a checkpoint was written */
     uint64_t skipped;        /* non-finite steps skipped */
+    bool finished;           /* --resume of a run already at its last step */
     bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
     FILE *metrics;
     bool tty;

@@ -278,6 +278,10 @@ static bb_status setup(trainer *t)
     t->total_steps = o->steps ? o->steps : o->epochs * t->steps_per_epoch;
     bb_checkpoint_info info;
     if (o->resume_dir) BB_TRY(check_resume(t, &info));
+    if (o->resume_dir && t->first_step == t->total_steps) { /* a finished run: nothing to pretend */
+        t->finished = true;
+        return BB_OK;
+    }
     if (o->val_data) BB_TRY(open_val(t));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "--keep must be at least 1");
     /* Bounds outside which the optimizer cannot work (it would divide by zero). */
@@ -291,7 +295,8 @@ static bb_status setup(trainer *t)
         return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
                        o->opt.eps);
     if (!isfinite(o->opt.lr) || o->opt.lr < 0) return bb_fail(BB_ERR_ARG, "--lr %g: must be finite and >= 0", o->opt.lr);
-    if (o->save_dir) BB_TRY(checkpoint_prepare(o->save_dir, o->resume_dir, o->force, &t->save_dir_created));
+    if (o->save_dir)
+        BB_TRY(checkpoint_prepare(o->save_dir, o->resume_dir ? info.root : NULL, o->force, &t->save_dir_created));
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
@@ -409,6 +414,12 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     BB_TRY_GOTO(setup(t), rc, done);
     r->devices = t->devices;
     r->first_step = r->steps_done = t->first_step;
+    if (t->finished) {
+        if (o->progress)
+            fprintf(o->progress, "train: --resume %s: already at step %llu of %llu; nothing to train\n", o->resume_dir,
+                    (unsigned long long)t->first_step, (unsigned long long)t->total_steps);
+        goto done;
+    }
     uint64_t last = o->stop_after && o->stop_after < t->total_steps ? o->stop_after : t->total_steps;
     r->losses = calloc(last - t->first_step + 1, sizeof *r->losses);
     if (!r->losses) BB_TRY_GOTO(bb_fail(BB_ERR_NOMEM, "out of memory"), rc, done);
