@@ -166,7 +166,7 @@ print("| %s | %s | %s | %s | %s | %s |" % (name, f("tokens_per_s"), f("step_ms",
 row ""
 row "| GPT-2 124M, micro-batch 8, T 1024, V 50257 | tokens/s | step ms | MFU (of 67 fp32, 989 bf16 TFLOP/s) | peak GiB | first loss |"
 row "|---|---|---|---|---|---|"
-gpt2="--model gpt --layers 12 --heads 12 --d-model 768 --seq-len 1024 --vocab 50257 --micro-batch 8 --device cuda:0"
+gpt2="--model gpt --layers 12 --heads 12 --d-model 768 --seq-len 1024 --vocab 50257 --micro-batch 8 --devices cuda:0"
 step model 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json
 fp32=$(result model)
 bench_row "bigbatch fp32" "$fp32" 67e12
@@ -247,7 +247,7 @@ sys.exit(0 if same and vals and traced and b else 1)
 rm -rf "$tmp"
 
 # ---- copies and the loader ---------------------------------------------------------------
-step copy 60 "${bb[@]}" "$BIN" bench copy --device cuda:0 --json
+step copy 60 "${bb[@]}" "$BIN" bench copy --devices cuda:0 --json
 c=$(result copy)
 row "| H2D GB/s, pinned / pageable | $(field "$c" pinned_gb_per_s %.1f) / $(field "$c" pageable_gb_per_s %.1f) |"
 step loader 60 "${bb[@]}" "$BIN" bench loader --data data/kjv/train --pinned --seconds 3 --json

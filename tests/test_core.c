@@ -154,7 +154,8 @@ Test(core, parse_numbers_and_sizes)
     cr_assert_float_eq(d, 0.25, 1e-12);
     cr_assert_eq(bb_parse_double("--f", "nan", &d), BB_ERR_ARG);
     const struct { const char *s; uint64_t v; } sizes[] = {
-        {"4096", 4096}, {"64K", 65536}, {"256MiB", 256ull << 20}, {"1.5G", 3ull << 29}, {"2mb", 2ull << 20}};
+        {"4096", 4096}, {"64K", 65536}, {"256MiB", 256ull << 20}, {"1.5G", 3ull << 29}, {"2mib", 2ull << 20},
+        {"2mb", 2000000} /* MB is 10^6 bytes, as the SI has it (issue 14) */};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         cr_assert_eq(bb_parse_bytes("--mem", sizes[k].s, &b), BB_OK, "%s", sizes[k].s);
         cr_assert_eq(b, sizes[k].v, "%s", sizes[k].s);

@@ -1024,3 +1024,73 @@ Test(train, resume_takes_the_directory_its_latest_or_a_step_directory)
     }
     free(step4), free(latest), free(ckpt), free(data);
 }
+
+/* ---- one interface (issue 14, items 9 and 10) ------------------------------ */
+Test(train, devices_mean_the_same_in_plan_train_and_bench)
+{
+    char *data = make_tokens("tokens", 170);
+    /* plan counts a list of GPUs, present or not */
+    tu_run r = tu_bigbatch("plan", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--devices",
+                           "cuda:0,1,2,3", "--device-mem", "1GiB", "--global-batch", "64");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "on 4 devices"), "%s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--devices", "cpu:2",
+                    "--device-mem", "1GiB", "--global-batch", "64");
+    cr_assert_not_null(strstr(r.out, "on 2 devices"), "%s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--data", data, "--devices", "gpu:2", "--device-mem", "1GiB", "--global-batch", "64");
+    tu_assert_error(&r, "--devices", "cpu:N, cuda:all or cuda:0,1");
+    tu_run_free(&r);
+    /* bench takes --devices, one device */
+    r = tu_bigbatch("bench", "model", "--devices", "cpu", "--layers", "1", "--d-model", "16", "--heads", "2",
+                    "--seq-len", "8", "--vocab", "16", "--steps", "1");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "model", "--devices", "cpu:2", "--steps", "1");
+    tu_assert_error(&r, "--devices cpu:2", "one device");
+    tu_run_free(&r);
+    free(data);
+}
+
+Test(train, train_takes_the_loader_options)
+{
+    char *data = make_tokens("tokens", 400), *a = tu_path(tmp, "a.jsonl"), *b = tu_path(tmp, "b.jsonl");
+#define RUN "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "32", \
+            "--micro-batch", "8", "--steps", "3", "--log-every", "0"
+    tu_run r = tu_bigbatch("train", RUN, "--io", "pread", "--metrics", a);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "(pread)"), "--io pread was not used: %s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", RUN, "--shuffle-frames", "1", "--metrics", b);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+#undef RUN
+    char *la = metric_losses(a, 1), *lb = metric_losses(b, 1);
+    cr_assert_str_neq(la, lb, "--shuffle-frames changed nothing");
+    free(la), free(lb), free(a), free(b), free(data);
+}
+
+Test(train, numbers_read_and_printed_as_a_user_means_them)
+{
+    char *data = make_tokens("tokens", 170);
+    /* integer limits as integers; too large is too large */
+    tu_run r = tu_bigbatch("sample", "--ckpt", data, "--tokens", "100000000");
+    tu_assert_error(&r, "--tokens: 100000000 is out of range [1, 1048576]");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", data, "--steps", "99999999999999999999");
+    tu_assert_error(&r, "--steps", "too large");
+    tu_run_free(&r);
+    /* no allocation scales with --steps */
+    r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "32",
+                    "--micro-batch", "8", "--steps", "1000000000000", "--stop-after", "2", "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    /* MB is 10^6 bytes, MiB 2^20 */
+    tu_run mb = tu_bigbatch("plan", "--data", data, "--device-mem", "512MB", "--global-batch", "32");
+    tu_run mib = tu_bigbatch("plan", "--data", data, "--device-mem", "512MiB", "--global-batch", "32");
+    cr_assert_not_null(strstr(mb.out, "488.3 MiB per device"), "%s", mb.out);
+    cr_assert_not_null(strstr(mib.out, "512.0 MiB per device"), "%s", mib.out);
+    tu_run_free(&mb), tu_run_free(&mib);
+    free(data);
+}

@@ -78,6 +78,9 @@ typedef struct bb_train_options {
     bb_optimizer_config opt;
     uint64_t seed;             /* initialisation and data order */
     int loader_threads;
+    bb_io_mode io;             /* how the loader reads frames (loader.h) */
+    bool direct;               /* O_DIRECT reads */
+    uint32_t shuffle_frames;   /* frames per shuffle window; 0: the loader's default (8) */
     double bucket_mib;         /* reducer bucket size (the first one is 1 MiB, as DDP) */
     bool no_overlap;           /* all-reduce after the whole backward, for comparison */
     uint64_t eval_every, save_every, log_every;
@@ -152,6 +155,7 @@ typedef struct bb_checkpoint_info {
     char val_data[4096];       /* its validation data; "" when none (or not recorded) */
     char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
     int micro_batch;           /* 0 when not recorded */
+    uint32_t shuffle_frames;   /* 0 when not recorded (then the loader's default) */
 } bb_checkpoint_info;
 
 /* Reads a checkpoint's state.json: `path` is a checkpoint directory (its

@@ -4,9 +4,10 @@
 #include <string.h>
 
 #include "bench.h"
+#include "model_flags.h"
 #include "bigbatch/backend.h"
 
-static const char usage[] = "bigbatch bench copy [--device cuda:N] [--mib M] [--runs R] [--json]";
+static const char usage[] = "bigbatch bench copy [--devices cuda:N] [--mib M] [--runs R] [--json]";
 static const char summary[] =
     "Copies M MiB to the device R times from pinned host memory (the loader's slots on\n"
     "GPUs) and R times from ordinary (pageable) memory, and prints the median GB/s of\n"
@@ -34,7 +35,8 @@ int bb_bench_copy(int argc, char **argv)
     int64_t mib = 256, runs = 7;
     bool json = false;
     const bb_opt opts[] = {
-        {"--device", BB_OPT_STRING, &device, "DEV", "cuda:N"},
+        {"--devices", BB_OPT_STRING, &device, "DEV", "cuda:N (as train's --devices, one GPU)"},
+        {"--device", BB_OPT_STRING, &device, "DEV", "the same as --devices"},
         {"--mib", BB_OPT_INT, &mib, "M", "MiB per copy", .min = 1, .max = 1 << 16},
         {"--runs", BB_OPT_INT, &runs, "R", "timed copies of each kind", .min = 1, .max = 1000},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
@@ -44,10 +46,10 @@ int bb_bench_copy(int argc, char **argv)
     double pinned_gbps = 0, pageable_gbps = 0;
     size_t bytes = (size_t)mib << 20;
     bb_status rc = bb_cli_parse("bench copy", opts, argc, argv, NULL);
-    int64_t id = 0;
-    if (rc == BB_OK && strncmp(device, "cuda:", 5)) rc = bb_fail(BB_ERR_ARG, "--device: '%s' is not cuda:N", device);
-    if (rc == BB_OK) rc = bb_parse_int("--device", device + 5, &id);
-    bb_backend_options bo = {.device = (int)id};
+    bool cuda = false;
+    bb_backend_options bo = {0};
+    if (rc == BB_OK) rc = device_flag_parse_one(device, &cuda, &bo.device);
+    if (rc == BB_OK && !cuda) rc = bb_fail(BB_ERR_ARG, "--devices %s: bench copy measures copies to a GPU (cuda:N)", device);
     if (rc == BB_OK) rc = bb_backend_create_cuda(&bo, &be);
     if (rc == BB_OK) rc = bb_backend_alloc(be, bytes, "copy target", &dst);
     if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, &pinned);

@@ -6,11 +6,12 @@
 
 #include "bench.h"
 #include "bigbatch/model.h"
+#include "model_flags.h"
 
 static const char usage[] =
     "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
-    "                     [--checkpoint none|blocks|every:K] [--device cpu|cuda:N] [--precision fp32|bf16]\n"
+    "                     [--checkpoint none|blocks|every:K] [--devices cpu|cuda:N] [--precision fp32|bf16]\n"
     "                     [--threads N] [--steps S] [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
@@ -41,7 +42,8 @@ int bb_bench_model(int argc, char **argv)
          .max = 1 << 20, .given = &micro_given},
         {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
         {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads (cpu)", .min = 1, .max = 1024},
-        {"--device", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N"},
+        {"--devices", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N (as train's --devices, one device)"},
+        {"--device", BB_OPT_STRING, &device, "DEV", "the same as --devices"},
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations in bf16, and bf16 "
          "matrix products on GPUs", .choices = "fp32|bf16"},
         {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
@@ -70,18 +72,11 @@ int bb_bench_model(int argc, char **argv)
     }
     if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
     bb_backend_options bo = {.threads = (int)threads};
-    bool cuda = !strncmp(device, "cuda:", 5);
+    bool cuda = false;
     if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
     c.precision = bo.precision;
-    if (rc == BB_OK && cuda) {
-        int64_t id;
-        rc = bb_parse_int("--device", device + 5, &id);
-        bo.device = (int)id;
-        if (rc == BB_OK) rc = bb_backend_create_cuda(&bo, &be);
-    } else if (rc == BB_OK) {
-        rc = strcmp(device, "cpu") ? bb_fail(BB_ERR_ARG, "--device: '%s' is not cpu or cuda:N", device)
-                                   : bb_backend_create_cpu(&bo, &be);
-    }
+    if (rc == BB_OK) rc = device_flag_parse_one(device, &cuda, &bo.device);
+    if (rc == BB_OK) rc = cuda ? bb_backend_create_cuda(&bo, &be) : bb_backend_create_cpu(&bo, &be);
     if (rc == BB_OK) rc = bb_model_create(be, &c, (int)micro_batch, &m);
     if (rc == BB_OK) rc = bb_model_init(m, 1);
     size_t n_targets = gpt ? (size_t)micro_batch * seq_len : (size_t)micro_batch, params = 0;

@@ -8,7 +8,7 @@
 #include "model_flags.h"
 
 static const char usage[] =
-    "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:N] --device-mem BYTES\n"
+    "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
     "              [--precision fp32|bf16] [--json]";
 static const char summary[] =
@@ -77,7 +77,8 @@ int bb_cmd_plan(int argc, char **argv)
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
         {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)"},
-        {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N, or cuda:N for N GPUs (adds GPU workspaces)"},
+        {"--devices", BB_OPT_STRING, &devices, "LIST", "as for train: cpu:N, cuda:all or cuda:0,1 (GPUs add "
+         "workspaces); a list of GPUs need not be on this machine: cuda:0,1,2,3 plans for four"},
         {"--device-mem", BB_OPT_BYTES, &device_mem, "BYTES", "memory of each device (e.g. 16GiB); 0: no limit"},
         {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
@@ -99,15 +100,8 @@ int bb_cmd_plan(int argc, char **argv)
         const char *train = resolve_split(data, "train");
         rc = model_config_from_data(train ? train : data, &q.model);
     }
-    if (rc == BB_OK) {
-        char *end;
-        long n = 0;
-        if (!strncmp(devices, "cpu:", 4) || !strncmp(devices, "cuda:", 5)) n = strtol(strchr(devices, ':') + 1, &end, 10);
-        if (n < 1 || n > BB_TRAIN_MAX_DEVICES || *end)
-            rc = bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N or cuda:N (N devices)", devices);
-        q.devices = (int)n;
-        q.cuda = !strncmp(devices, "cuda:", 5);
-    }
+    int ids[BB_DEVICES_MAX];
+    if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.cuda, ids);
     if (rc == BB_OK) {
         q.global_batch = (int)global_batch;
         q.device_mem = device_mem;

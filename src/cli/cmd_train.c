@@ -20,45 +20,6 @@ static const char summary[] =
     "the defaults train the gpt on data/kjv on one CPU device. Ctrl-C finishes the\n"
     "current step, saves when --save is set, and exits with status 130.";
 
-/* cpu:N, cuda:all, cuda:0,1 */
-static bb_status parse_devices(const char *s, bb_train_options *o)
-{
-    if (!strncmp(s, "cpu:", 4)) {
-        int64_t n;
-        BB_TRY(bb_parse_int("--devices", s + 4, &n));
-        if (n < 1 || n > BB_TRAIN_MAX_DEVICES)
-            return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
-        o->devices = (int)n;
-        return BB_OK;
-    }
-    if (!strcmp(s, "cpu")) return o->devices = 1, BB_OK;
-    if (strncmp(s, "cuda:", 5) || !s[5])
-        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
-    bb_cuda_info info;
-    bb_cuda_probe(&info);
-    o->cuda = true;
-    o->devices = 0;
-    if (!strcmp(s + 5, "all")) {
-        if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
-        for (int d = 0; d < info.device_count && d < BB_TRAIN_MAX_DEVICES; d++) o->cuda_ids[o->devices++] = d;
-        return BB_OK;
-    }
-    for (const char *p = s + 5; *p;) {
-        char *end;
-        long id = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || id < 0 || o->devices == BB_TRAIN_MAX_DEVICES)
-            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
-        for (int i = 0; i < o->devices; i++)
-            if (o->cuda_ids[i] == id) return bb_fail(BB_ERR_ARG, "--devices %s names cuda:%ld twice", s, id);
-        if (id >= info.device_count)
-            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices %s: %s", s,
-                           info.device_count ? "no such GPU on this machine" : info.reason);
-        o->cuda_ids[o->devices++] = (int)id;
-        p = *end ? end + 1 : end;
-    }
-    return BB_OK;
-}
-
 /* The value of --resume in argv, or NULL. */
 static const char *resume_arg(int argc, char **argv)
 {
@@ -69,6 +30,8 @@ static const char *resume_arg(int argc, char **argv)
     }
     return NULL;
 }
+
+_Static_assert(BB_DEVICES_MAX <= BB_TRAIN_MAX_DEVICES, "--devices lists what the trainer holds");
 
 int bb_cmd_train(int argc, char **argv)
 {
@@ -82,7 +45,8 @@ int bb_cmd_train(int argc, char **argv)
             log_every = (int64_t)o.log_every, keep = o.keep;
     bool no_overlap = false, quiet = false, val_given = false, seed_given = false, init_given = false,
          steps_given = false, epochs_given = false;
-    const char *on_nonfinite = "stop";
+    const char *on_nonfinite = "stop", *io = "auto";
+    int64_t shuffle_frames = 8;
     /* --resume DIR continues the run as it was: what the checkpoint recorded
      * is the default of every flag not given. */
     bb_checkpoint_info info;
@@ -104,6 +68,7 @@ int bb_cmd_train(int argc, char **argv)
         o.opt = info.opt;
         warmup = (int64_t)info.opt.warmup;
         seed = (int64_t)info.seed;
+        if (info.shuffle_frames) shuffle_frames = info.shuffle_frames;
     }
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
@@ -142,6 +107,11 @@ int bb_cmd_train(int argc, char **argv)
          .given = &seed_given},
         {"--loader-threads", BB_OPT_INT, &loader_threads, "N", "threads reading and decompressing shards",
          .min = 1, .max = 256},
+        {"--io", BB_OPT_CHOICE, &io, "MODE", "how the loader reads frames: auto (io_uring, else pread), uring or "
+         "pread", .choices = "auto|uring|pread"},
+        {"--direct", BB_OPT_FLAG, &o.direct, NULL, "read shards with O_DIRECT (bypasses the page cache)"},
+        {"--shuffle-frames", BB_OPT_INT, &shuffle_frames, "W", "frames per shuffle window (the data order "
+         "depends on it)", .min = 1, .max = 1 << 20},
         {"--bucket-mib", BB_OPT_DOUBLE, &o.bucket_mib, "MIB", "gradient bucket size for the reducer (the first "
          "bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536},
         {"--no-overlap", BB_OPT_FLAG, &no_overlap, NULL, "all-reduce only after the whole backward (to measure "
@@ -195,7 +165,7 @@ int bb_cmd_train(int argc, char **argv)
         if (rc == BB_OK && (b < 1 || b > 1 << 24)) rc = bb_fail(BB_ERR_ARG, "--micro-batch must be 1 to %d, or auto", 1 << 24);
         o.micro_batch = (int)b;
     }
-    if (rc == BB_OK) rc = parse_devices(devices, &o);
+    if (rc == BB_OK) rc = devices_flag_parse(devices, true, &o.devices, &o.cuda, o.cuda_ids);
     if (rc == BB_OK) rc = bb_precision_parse(precision, &o.precision);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
@@ -219,6 +189,10 @@ int bb_cmd_train(int argc, char **argv)
         o.save_every = (uint64_t)save_every;
         o.keep = (int)keep;
         o.skip_nonfinite = !strcmp(on_nonfinite, "skip");
+        o.shuffle_frames = (uint32_t)shuffle_frames;
+        rc = bb_io_mode_parse(io, &o.io);
+    }
+    if (rc == BB_OK) {
         o.log_every = (uint64_t)log_every;
         o.progress = quiet ? NULL : stderr;
         o.interrupted = &bb_cli_interrupted;

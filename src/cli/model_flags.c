@@ -3,8 +3,47 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bigbatch/backend.h"
 #include "bigbatch/shard.h"
 #include "model_flags.h"
+
+bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bool *cuda, int *ids)
+{
+    *count = 0;
+    *cuda = false;
+    if (!strcmp(s, "cpu")) return *count = 1, BB_OK;
+    if (!strncmp(s, "cpu:", 4)) {
+        int64_t n;
+        BB_TRY(bb_parse_int("--devices", s + 4, &n));
+        if (n < 1 || n > BB_DEVICES_MAX) return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_DEVICES_MAX);
+        *count = (int)n;
+        return BB_OK;
+    }
+    if (strncmp(s, "cuda:", 5) || !s[5])
+        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    *cuda = true;
+    if (!strcmp(s + 5, "all")) {
+        if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
+        for (int d = 0; d < info.device_count && d < BB_DEVICES_MAX; d++) ids[(*count)++] = d;
+        return BB_OK;
+    }
+    for (const char *p = s + 5; *p;) {
+        char *end;
+        long id = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || id < 0 || *count == BB_DEVICES_MAX)
+            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+        for (int i = 0; i < *count; i++)
+            if (ids[i] == id) return bb_fail(BB_ERR_ARG, "--devices %s names cuda:%ld twice", s, id);
+        if (must_exist && id >= info.device_count)
+            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices %s: %s", s,
+                           info.device_count ? "no such GPU on this machine" : info.reason);
+        ids[(*count)++] = (int)id;
+        p = *end ? end + 1 : end;
+    }
+    return BB_OK;
+}
 
 bb_status model_flags_config(const model_flags *f, bb_model_config *out)
 {
@@ -50,14 +89,25 @@ bb_status model_config_from_data(const char *path, bb_model_config *c)
     return rc;
 }
 
+bb_status device_flag_parse_one(const char *s, bool *cuda, int *id)
+{
+    int ids[BB_DEVICES_MAX], count;
+    BB_TRY(devices_flag_parse(s, true, &count, cuda, ids));
+    if (count != 1) return bb_fail(BB_ERR_ARG, "--devices %s: this command runs on one device (cpu or cuda:N)", s);
+    *id = *cuda ? ids[0] : 0;
+    return BB_OK;
+}
+
 const char *resolve_split(const char *dir, const char *sub)
 {
+    /* The paths live as long as the command: kept here, not leaked. */
+    static char paths[8][4096];
+    static int used;
     struct stat st;
-    size_t n = strlen(dir) + strlen(sub) + 2;
-    char *path = malloc(n);
-    if (!path) return dir;
-    snprintf(path, n, "%s/%s", dir, sub);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return path;
-    free(path);
-    return NULL;
+    if (used == 8) return NULL;
+    char *path = paths[used];
+    if ((size_t)snprintf(path, sizeof paths[0], "%s/%s", dir, sub) >= sizeof paths[0]) return NULL;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    used++;
+    return path;
 }

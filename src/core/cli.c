@@ -16,6 +16,7 @@ bb_status bb_parse_int(const char *what, const char *s, int64_t *out)
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
+    if (errno == ERANGE) return bb_fail(BB_ERR_ARG, "%s: '%s' is too large", what, s);
     if (errno || end == s || *end != '\0')
         return bb_fail(BB_ERR_ARG, "%s: '%s' is not an integer", what, s);
     *out = v;
@@ -39,24 +40,27 @@ bb_status bb_parse_bytes(const char *what, const char *s, uint64_t *out)
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || v < 0 || !isfinite(v))
-        return bb_fail(BB_ERR_ARG, "%s: '%s' is not a size (examples: 4096, 64K, 256MiB, 1.5G)",
+        return bb_fail(BB_ERR_ARG, "%s: '%s' is not a size (examples: 4096, 64K, 256MiB, 1.5GiB, 512MB)",
                        what, s);
-    /* K/M/G/T are binary multiples, with or without a trailing "iB" or "B". */
+    /* K/M/G/T alone or with "iB" are binary multiples (64K, 256MiB); with
+     * "B" they are decimal, as the SI writes them (512MB = 512·10^6). */
     static const char units[] = "KMGT";
     double mult = 1;
     if (*end) {
         const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
         if (!u || !*end) goto bad;
-        mult = pow(1024.0, (double)(u - units + 1));
+        int power = (int)(u - units + 1);
         end++;
-        if (strcasecmp(end, "ib") != 0 && strcasecmp(end, "b") != 0 && *end) goto bad;
+        if (!*end || !strcasecmp(end, "ib")) mult = pow(1024.0, power);
+        else if (!strcasecmp(end, "b")) mult = pow(1000.0, power);
+        else goto bad;
     }
     v *= mult;
     if (v >= 18446744073709551615.0) goto bad;
     *out = (uint64_t)v;
     return BB_OK;
 bad:
-    return bb_fail(BB_ERR_ARG, "%s: '%s' is not a size (examples: 4096, 64K, 256MiB, 1.5G)", what,
+    return bb_fail(BB_ERR_ARG, "%s: '%s' is not a size (examples: 4096, 64K, 256MiB, 1.5GiB, 512MB)", what,
                    s);
 }
 
@@ -82,11 +86,14 @@ static bb_status list_push(bb_str_list *list, const char *item)
     return BB_OK;
 }
 
+/* "out of range [1, 1048576]", integers printed as integers. */
 static bb_status check_range(const bb_opt *o, double v)
 {
-    if (o->min < o->max && (v < o->min || v > o->max))
-        return bb_fail(BB_ERR_ARG, "%s: %g is out of range [%g, %g]", o->name, v, o->min, o->max);
-    return BB_OK;
+    if (!(o->min < o->max) || (v >= o->min && v <= o->max)) return BB_OK;
+    if (o->kind == BB_OPT_INT)
+        return bb_fail(BB_ERR_ARG, "%s: %lld is out of range [%lld, %lld]", o->name, (long long)v, (long long)o->min,
+                       (long long)o->max);
+    return bb_fail(BB_ERR_ARG, "%s: %g is out of range [%g, %g]", o->name, v, o->min, o->max);
 }
 
 static bb_status store_value(const bb_opt *o, const char *v)

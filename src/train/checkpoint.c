@@ -55,7 +55,7 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     bb_json_write_string(f, st->val_data ? st->val_data : "");
     fprintf(f, ",\n  \"devices\": ");
     bb_json_write_string(f, st->devices ? st->devices : "");
-    fprintf(f, ",\n  \"micro_batch\": %d", st->micro_batch);
+    fprintf(f, ",\n  \"micro_batch\": %d,\n  \"shuffle_frames\": %u", st->micro_batch, st->shuffle_frames);
     fprintf(f, ",\n  \"model\": \"%s\",\n", c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
     if (c->kind == BB_MODEL_GPT) {
         fprintf(f, "  \"layers\": %d,\n  \"heads\": %d,\n  \"d_model\": %d,\n  \"seq_len\": %d,\n  \"vocab\": %d,\n",
@@ -364,6 +364,8 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
     get_string(json, "val_data", info->val_data, sizeof info->val_data);
     get_string(json, "devices", info->devices, sizeof info->devices);
     get_int(json, "micro_batch", &info->micro_batch);
+    int frames = 0;
+    if (get_int(json, "shuffle_frames", &frames)) info->shuffle_frames = (uint32_t)frames;
     if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
     return BB_OK;
 }

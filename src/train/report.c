@@ -2,6 +2,7 @@
  * step's figures (progress line, metrics row), evaluation, checkpoint and
  * the decision to stop. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train_internal.h"
@@ -80,9 +81,11 @@ static const char *number_text(char *buf, size_t cap, double v)
 
 static void format_duration(double s, char *buf, size_t cap)
 {
+    long long n = s < 9.2e18 ? (long long)s : (long long)9.2e18;
     if (s < 60) snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, (int)s / 60 % 60);
+    else if (s < 3600) snprintf(buf, cap, "%lldm%02llds", n / 60, n % 60);
+    else if (s < 86400) snprintf(buf, cap, "%lldh%02lldm", n / 3600, n / 60 % 60);
+    else snprintf(buf, cap, "%lldd%02lldh", n / 86400, n / 3600 % 24);
 }
 
 static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint64_t now)
@@ -92,7 +95,9 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     if (t->cfg.kind == BB_MODEL_GPT) snprintf(rate, sizeof rate, "%.0f tok/s", f->tokens_per_s);
     else snprintf(rate, sizeof rate, "%.0f samples/s", f->samples_per_s);
     double per_step = (double)(now - t->run_start_ns) / 1e9 / (double)(step - t->first_step);
-    format_duration(per_step * (double)(t->total_steps - step), eta, sizeof eta);
+    /* to the end of this run: --stop-after ends it early */
+    uint64_t end = t->o->stop_after && t->o->stop_after < t->total_steps ? t->o->stop_after : t->total_steps;
+    format_duration(per_step * (double)(end - step), eta, sizeof eta);
     fprintf(p, "%sstep %llu/%llu  loss %.4f  lr %.2e  %s  data-wait %.1f%%", t->tty ? "\r\033[K" : "",
             (unsigned long long)step, (unsigned long long)t->total_steps, f->loss, f->lr, rate, f->data_wait_pct);
     if (t->skipped) fprintf(p, "  skipped %llu", (unsigned long long)t->skipped);
@@ -112,7 +117,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
         n += snprintf(devices + n, sizeof devices - (size_t)n, "%s%d", d ? "," : "", t->o->cuda_ids[d]);
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
-                           .micro_batch = t->micro_batch, .loss = loss, .data = t->o->data,
+                           .micro_batch = t->micro_batch, .shuffle_frames = t->o->shuffle_frames ? t->o->shuffle_frames : 8,
+                           .loss = loss, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = devices};
     uint64_t t0 = bb_clock_ns();
     char name[64];
@@ -130,7 +136,16 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
     uint64_t step = step0 + 1, now = bb_clock_ns();
     step_figures f = measure(t, now);
     bb_train_result *r = t->result;
-    r->losses[step0 - t->first_step] = f.loss;
+    /* Grown as steps are done: no allocation scales with --steps. */
+    size_t i = (size_t)(step0 - t->first_step);
+    if (i >= t->losses_cap) {
+        size_t cap = t->losses_cap ? 2 * t->losses_cap : 1024;
+        double *grown = realloc(r->losses, cap * sizeof *grown);
+        if (!grown) return bb_fail(BB_ERR_NOMEM, "out of memory for the losses of %zu steps", cap);
+        r->losses = grown;
+        t->losses_cap = cap;
+    }
+    r->losses[i] = f.loss;
     /* A step whose loss or gradient norm is NaN or infinite had its update
      * withheld (optimizer_step): it ends the run, before anything of it is
      * saved, or (--on-nonfinite skip) is counted and passed over. */

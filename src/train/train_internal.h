@@ -30,6 +30,7 @@ bb_status optimizer_load(bb_backend_t *be, optimizer *o, const char *path);
 typedef struct checkpoint_state {
     uint64_t step, epoch, step_in_epoch, seed, total_steps;
     int global_batch, micro_batch;
+    uint32_t shuffle_frames;
     double loss;
     const char *data, *val_data, *devices;
 } checkpoint_state;
@@ -98,6 +99,7 @@ typedef struct trainer {
     bool saved;              /* a checkpoint was written */
     uint64_t skipped;        /* non-finite steps skipped */
     bool finished;           /* --resume of a run already at its last step */
+    size_t losses_cap;       /* result->losses holds this many */
     bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
     FILE *metrics;
     bool tty;

@@ -116,6 +116,10 @@ static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
                 "changes", (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
     if (strcmp(info->data, o->data))
         BB_WARN("--resume: the checkpoint trained on %s, this run reads %s", info->data, o->data);
+    uint32_t frames = o->shuffle_frames ? o->shuffle_frames : 8, saved = info->shuffle_frames ? info->shuffle_frames : 8;
+    if (frames != saved)
+        BB_WARN("--resume: the checkpoint's run shuffled windows of %u frames, this one %u: the data order "
+                "changes", saved, frames);
     if (info->seed != o->seed)
         BB_INFO("--resume: using the checkpoint's seed %llu (the data order depends on it), not %llu",
                 (unsigned long long)info->seed, (unsigned long long)o->seed);
@@ -215,6 +219,9 @@ static bb_status start_loader(trainer *t)
     lo.micro_batch = (uint32_t)t->micro_batch;
     lo.hold = 3; /* one in use, two whose uploads may still read them (worker.c) */
     lo.threads = (uint32_t)t->o->loader_threads;
+    lo.io = t->o->io;
+    lo.direct = t->o->direct;
+    if (t->o->shuffle_frames) lo.shuffle_frames = t->o->shuffle_frames;
     lo.start_epoch = t->first_step / t->steps_per_epoch;
     lo.start_step = t->first_step % t->steps_per_epoch;
     lo.steps = t->total_steps - t->first_step;
@@ -420,9 +427,6 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
                     (unsigned long long)t->first_step, (unsigned long long)t->total_steps);
         goto done;
     }
-    uint64_t last = o->stop_after && o->stop_after < t->total_steps ? o->stop_after : t->total_steps;
-    r->losses = calloc(last - t->first_step + 1, sizeof *r->losses);
-    if (!r->losses) BB_TRY_GOTO(bb_fail(BB_ERR_NOMEM, "out of memory"), rc, done);
     print_start(t);
     rc = run_workers(t);
     if (t->skipped && o->progress)
