@@ -24,12 +24,12 @@ median() { sort -g | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]}'; }
 declare -A R
 add() { R[$1]+="$2 "; }
 for ((i = 0; i < RUNS; i++)); do
-    o=$(bin/bigbatch bench model --model gpt --threads 2 --steps "$STEPS" --json)
+    o=$(bin/bigbatch bench model --model gpt --d-model 256 --threads 2 --steps "$STEPS" --json)
     add gpt_none "$(echo "$o" | field step_ms)"; gpt_act_none=$(echo "$o" | field activation_bytes)
-    o=$(bin/bigbatch bench model --model gpt --threads 2 --steps "$STEPS" --checkpoint blocks --json)
+    o=$(bin/bigbatch bench model --model gpt --d-model 256 --threads 2 --steps "$STEPS" --checkpoint blocks --json)
     add gpt_blocks "$(echo "$o" | field step_ms)"; gpt_act_blocks=$(echo "$o" | field activation_bytes)
     add gpt_torch "$(/usr/bin/python3 perf/torch_model_bench.py gpt 2 "$STEPS" | field step_ms)"
-    o=$(bin/bigbatch bench model --model gpt --threads 2 --steps "$STEPS" --precision bf16 --json)
+    o=$(bin/bigbatch bench model --model gpt --d-model 256 --threads 2 --steps "$STEPS" --precision bf16 --json)
     add gpt_bf16 "$(echo "$o" | field step_ms)"; gpt_act_bf16=$(echo "$o" | field activation_bytes)
     o=$(bin/bigbatch bench model --model mlp --threads 2 --steps "$((STEPS * 4))" --json)
     add mlp_none "$(echo "$o" | field step_ms)"; mlp_act_none=$(echo "$o" | field activation_bytes)

@@ -442,7 +442,7 @@ Test(model, batches_from_loader_records)
     bb_shard_meta longer = tok;
     longer.shape[0] = GPT_T + 2;
     cr_assert_eq(bb_model_set_batch_from_records(m, &longer, tokens, 1), BB_ERR_ARG);
-    cr_assert(strstr(bb_error_message(), "--seq-len 5 needs token records of 6 tokens"), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "this gpt (T 5) takes token records of 6 tokens"), "%s", bb_error_message());
     cr_assert_eq(bb_model_set_batch_from_records(m, &img, images, 1), BB_ERR_ARG); /* images into a gpt */
     bb_model_destroy(m);
 }

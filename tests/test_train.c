@@ -1094,3 +1094,78 @@ Test(train, numbers_read_and_printed_as_a_user_means_them)
     tu_run_free(&mb), tu_run_free(&mib);
     free(data);
 }
+
+/* ---- messages that point the right way (issue 14, item 11) ----------------- */
+Test(train, messages_point_the_right_way)
+{
+    char *tokens = make_tokens("tokens", 170), *images = make_images("images", 64, 3);
+    char *ckpt = tu_path(tmp, "ckpt");
+    /* no micro-batch can help: say what global batch would */
+    tu_run r = tu_bigbatch("train", "--data", tokens, "--devices", "cpu:3", "--global-batch", "64", "--steps", "1");
+    tu_assert_error(&r, "--global-batch 64 does not split over 3 devices", "multiple of 3", "63");
+    tu_run_free(&r);
+    /* a gpt on images: no --seq-len (which train does not have), the whole shape */
+    r = tu_bigbatch("train", "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                    "32", "--micro-batch", "8", "--steps", "1", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", images);
+    tu_assert_error(&r, "image", "8x8");
+    cr_assert_null(strstr(r.err, "--seq-len"), "%s", r.err);
+    tu_run_free(&r);
+    /* a directory where a file is wanted */
+    r = tu_bigbatch("eval", "--init-from", ckpt, "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2");
+    tu_assert_error(&r, "is a directory, not a .safetensors file");
+    tu_run_free(&r);
+    /* plan: nothing fits is an error, on stderr */
+    r = tu_bigbatch("plan", "--data", tokens, "--device-mem", "64KiB", "--global-batch", "32");
+    tu_assert_error(&r, "plan: nothing fits");
+    tu_run_free(&r);
+    /* one of a thing is not "1 steps" */
+    r = tu_bigbatch("train", "--data", tokens, "--layers", "1", "--d-model", "16", "--heads", "2", "--devices", "cpu:2",
+                    "--global-batch", "32", "--micro-batch", "16", "--steps", "1", "--log-every", "0");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "x 1 micro-step x 16; 1 step ("), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "; 1 gradient bucket\n"), "%s", r.err);
+    tu_run_free(&r);
+    free(ckpt), free(tokens), free(images);
+}
+
+/* ---- --help and flags that mean nothing (issue 14, item 12) ----------------- */
+Test(train, help_and_flags_say_what_they_mean)
+{
+    tu_run r = tu_bigbatch("sample", "--help");
+    char *line = strstr(r.out, "  --prompt TEXT ");
+    cr_assert_not_null(line, "%s", r.out);
+    cr_assert(!strncmp(strchr(line, '(') , "(default: \\n)", 13), "the default prompt is printed raw: %s", line);
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--help");
+    cr_assert_not_null(strstr(r.out, "only this micro-batch (default: any)\n"), "%s", r.out);
+    cr_assert_not_null(strstr(r.out, "(default: 1024,1024)"), "%s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "model", "--help");
+    cr_assert(strstr(r.out, "--d-model D") && strstr(strstr(r.out, "--d-model D"), "(default: 128)"),
+              "bench model's gpt is not train's: %s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--help");
+    cr_assert(strstr(strstr(r.out, "--seed N"), "(default: 1)"), "bench loader's seed is not train's: %s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("--help");
+    cr_assert_not_null(strstr(r.out, "a model's steps"), "%s", r.out);
+    tu_run_free(&r);
+    /* flags that cannot apply are errors, or a warning when they still mean something */
+    r = tu_bigbatch("train", "--hidden", "10", "--steps", "1");
+    tu_assert_error(&r, "--hidden", "gpt");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--model", "mlp", "--layers", "2", "--steps", "1");
+    tu_assert_error(&r, "--layers", "mlp");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--steps", "2", "--epochs", "1");
+    tu_assert_error(&r, "--steps and --epochs");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--layers", "1", "--d-model", "16", "--heads", "2", "--checkpoint", "every:5", "--steps",
+                    "1", "--global-batch", "8", "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "warn: --checkpoint every:5: the gpt has 1 layers"), "%s", r.err);
+    tu_run_free(&r);
+}

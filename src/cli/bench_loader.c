@@ -93,7 +93,7 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
 int bb_bench_loader(int argc, char **argv)
 {
     const char *data = NULL, *io = "auto";
-    int64_t threads = 2, micro_batch = 256, shuffle_frames = 8, seed = 0, prefetch = 0;
+    int64_t threads = 2, micro_batch = 256, shuffle_frames = 8, seed = 1, prefetch = 0; /* train's seed */
     double seconds = 3;
     bool cold = false, direct = false, json = false, pinned = false;
     const bb_opt opts[] = {

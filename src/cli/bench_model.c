@@ -24,7 +24,7 @@ static const char summary[] =
 int bb_bench_model(int argc, char **argv)
 {
     const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32";
-    int64_t layers = 4, heads = 4, d_model = 256, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2;
+    int64_t layers = 4, heads = 4, d_model = 128, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2; /* train's */
     int64_t inputs = 784, classes = 10, steps = 10;
     bb_str_list hidden = {0};
     bool json = false, micro_given = false;

@@ -37,9 +37,9 @@ static void show_progress(void *ctx, uint64_t done, uint64_t total)
 static void print_split(const char *dir, const char *name, const bb_dataset_summary *s)
 {
     char raw[32], file[32];
-    fprintf(stdout, "%s%s%s: %llu records in %u shard%s (%u frames): %s raw -> %s, ratio %.2f\n", dir,
+    fprintf(stdout, "%s%s%s: %llu records in %u shard%s (%u frame%s): %s raw -> %s, ratio %.2f\n", dir,
             *name ? "/" : "", name, (unsigned long long)s->records, s->shards, s->shards == 1 ? "" : "s",
-            s->frames, bb_format_bytes(s->raw_bytes, raw, sizeof raw),
+            s->frames, s->frames == 1 ? "" : "s", bb_format_bytes(s->raw_bytes, raw, sizeof raw),
             bb_format_bytes(s->file_bytes, file, sizeof file), (double)s->raw_bytes / (double)s->file_bytes);
 }
 

@@ -117,9 +117,10 @@ int bb_cmd_plan(int argc, char **argv)
         if (q.model.precision == BB_PRECISION_BF16) snprintf(model + strlen(model), sizeof model - strlen(model), " in bf16");
         print_table(&p, &q, model);
     }
-    bool nothing = rc == BB_OK && p.chosen < 0;
+    /* Nothing fits: the table (stdout) shows why, and it is an error (stderr, exit 1). */
+    if (rc == BB_OK && p.chosen < 0) rc = bb_fail(BB_ERR_OOM, "plan: %s", p.why_nothing_fits);
     bb_plan_free(&p);
     int code = bb_cli_report(rc, usage, summary, opts);
     bb_cli_free(opts, NULL);
-    return nothing ? BB_EXIT_ERROR : code; /* nothing fits: the table says why, the status says so */
+    return code;
 }

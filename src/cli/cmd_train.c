@@ -142,6 +142,8 @@ int bb_cmd_train(int argc, char **argv)
         o.auto_checkpoint = true;
         mf.checkpoint = "none";
     }
+    if (rc == BB_OK && steps_given && epochs_given)
+        rc = bb_fail(BB_ERR_ARG, "--steps and --epochs both set the run's length: give one");
     if (rc == BB_OK) rc = model_flags_config(&mf, &o.model);
     if (rc == BB_OK && resuming) {
         if (seed_given)

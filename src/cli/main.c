@@ -33,7 +33,8 @@ static const struct command {
     {"export", bb_cmd_export, "write a checkpoint's weights as one .safetensors file"},
     {"pack", bb_cmd_pack, "turn Fashion-MNIST, text or llm.c token files into .bbs shards"},
     {"inspect", bb_cmd_inspect, "describe shards or a dataset; --verify checks every frame"},
-    {"bench", bb_cmd_bench, "measure the queue and the loader (perf/ runs them beside their peers)"},
+    {"bench", bb_cmd_bench, "measure the queue, the loader, a model's steps, host-to-GPU copies (perf/ runs them "
+                            "beside their peers)"},
     {"version", bb_cmd_version, "print the version and what this build can run on"},
 };
 

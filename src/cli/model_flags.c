@@ -47,9 +47,13 @@ bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bool *c
 
 bb_status model_flags_config(const model_flags *f, bb_model_config *out)
 {
+    const model_flags defaults = MODEL_FLAGS_DEFAULT;
     if (!strcmp(f->kind, "gpt")) {
+        if (f->hidden.count) return bb_fail(BB_ERR_ARG, "--hidden sizes an mlp's layers; this is a gpt (--model mlp?)");
         *out = bb_model_gpt_config((int)f->layers, (int)f->heads, (int)f->d_model, 0, 0);
     } else {
+        if (f->layers != defaults.layers || f->heads != defaults.heads || f->d_model != defaults.d_model)
+            return bb_fail(BB_ERR_ARG, "--layers, --heads and --d-model shape a gpt; an mlp takes --hidden");
         int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = f->hidden.count ? 0 : 2;
         for (int i = 0; i < f->hidden.count; i++) {
             /* "1024,512" and "1024 512" both work */
@@ -66,7 +70,11 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
         }
         *out = bb_model_mlp_config(0, sizes, n, 0);
     }
-    return bb_model_parse_checkpoint(f->checkpoint, &out->checkpoint_every);
+    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &out->checkpoint_every));
+    if (out->kind == BB_MODEL_GPT && out->checkpoint_every > out->layers)
+        BB_WARN("--checkpoint %s: the gpt has %d layers, so every:%d (one segment: only the first block's input is "
+                "kept) is what runs", f->checkpoint, out->layers, out->layers);
+    return BB_OK;
 }
 
 bb_status model_config_from_data(const char *path, bb_model_config *c)

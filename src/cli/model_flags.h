@@ -24,7 +24,7 @@ typedef struct model_flags {
      .given = &(f).shape_given},                                                                               \
     {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16,                      \
      .given = &(f).shape_given},                                                                               \
-    {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default 1024,1024)",           \
+    {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default: 1024,1024)",           \
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)",  \

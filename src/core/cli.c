@@ -255,9 +255,15 @@ static void format_default(const bb_opt *o, char *buf, size_t cap)
         break;
     }
     case BB_OPT_STRING:
-    case BB_OPT_CHOICE: {
+    case BB_OPT_CHOICE: { /* as the user would type it: a line break as \n */
         const char *s = *(const char **)o->dest;
-        if (s) snprintf(buf, cap, "%s", s);
+        size_t n = 0;
+        for (; s && *s && n + 3 < cap; s++) {
+            if (*s == '\n') buf[n++] = '\\', buf[n++] = 'n';
+            else if (*s == '\t') buf[n++] = '\\', buf[n++] = 't';
+            else buf[n++] = *s;
+        }
+        buf[n] = '\0';
         break;
     }
     case BB_OPT_FLAG:
@@ -282,7 +288,7 @@ void bb_cli_help(FILE *out, const char *usage, const char *summary, const bb_opt
         fprintf(out, "  %-26s %s", left, o->help);
         if (o->required)
             fprintf(out, " (required)");
-        else if (def[0])
+        else if (def[0] && !strstr(o->help, "(default")) /* the help may say it in words */
             fprintf(out, " (default: %s)", def);
         fputc('\n', out);
     }

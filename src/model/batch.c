@@ -132,9 +132,13 @@ static bb_status check_records(const bb_model_t *m, const bb_shard_meta *meta, c
     }
     int T = c->seq_len;
     *width = meta->kind == BB_RECORD_TOKENS_U16 ? 2 : meta->kind == BB_RECORD_TOKENS_U32 ? 4 : 0;
-    if (!*width || meta->shape[0] != (uint32_t)T + 1)
-        return bb_fail(BB_ERR_ARG, "gpt with --seq-len %d needs token records of %d tokens, not %s [%u]", T, T + 1,
-                       bb_record_kind_name(meta->kind), meta->shape[0]);
+    if (!*width || meta->shape[0] != (uint32_t)T + 1) {
+        char shape[64] = "";
+        for (uint32_t i = 0; i < meta->rank && i < 4; i++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%u", i ? "x" : "", meta->shape[i]);
+        return bb_fail(BB_ERR_ARG, "this gpt (T %d) takes token records of %d tokens, not %s records of %s", T, T + 1,
+                       bb_record_kind_name(meta->kind), shape);
+    }
     size_t tokens = (size_t)count * (T + 1);
     uint32_t top = 0;
     if (*width == 2)

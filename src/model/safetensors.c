@@ -298,6 +298,11 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
         close(fd);
         return bb_fail_errno(BB_ERR_IO, "%s: cannot stat", path);
     }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return bb_fail(BB_ERR_ARG, "%s is a directory, not a .safetensors file (a checkpoint directory is read with "
+                       "--ckpt or --resume)", path);
+    }
     size_t size = (size_t)st.st_size;
     const uint8_t *file = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);

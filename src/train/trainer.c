@@ -60,10 +60,16 @@ static bb_status check_split(const bb_train_options *o, int micro_batch, int *ac
     size_t len = 0;
     for (int b = 1; b <= o->global_batch / o->devices && len + 16 < sizeof valid; b++)
         if (o->global_batch % (o->devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
+    if (!len) { /* no micro-batch helps: the global batch must change */
+        int below = o->global_batch / o->devices * o->devices, above = below + o->devices;
+        return bb_fail(BB_ERR_ARG,
+                       "--global-batch %d does not split over %d devices: it must be a multiple of %d (e.g. %d)",
+                       o->global_batch, o->devices, o->devices, below ? below : above);
+    }
     return bb_fail(BB_ERR_ARG,
                    "--global-batch %d is not a whole number of micro-batches of %d on %d device%s; valid "
                    "--micro-batch values: %s",
-                   o->global_batch, micro_batch, o->devices, o->devices > 1 ? "s" : "", len ? valid : "none");
+                   o->global_batch, micro_batch, o->devices, o->devices > 1 ? "s" : "", valid);
 }
 
 static bool same_shape(const bb_model_config *a, const bb_model_config *b)
@@ -346,11 +352,14 @@ static void print_start(const trainer *t)
     } else {
         fprintf(p, "train: %s, %s parameters, on cpu:%d\n", model, params, t->devices);
     }
-    fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu steps (%llu per epoch), steps %llu..%llu",
+    fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
             t->global_batch, t->devices, t->devices > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
-            t->micro_batch, (unsigned long long)t->total_steps, (unsigned long long)t->steps_per_epoch,
-            (unsigned long long)t->first_step + 1, (unsigned long long)t->total_steps);
-    if (t->reducer) fprintf(p, "; %d gradient buckets%s", reducer_bucket_count(t->reducer), t->o->no_overlap ? ", no overlap" : "");
+            t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
+            (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,
+            (unsigned long long)t->total_steps);
+    if (t->reducer)
+        fprintf(p, "; %d gradient bucket%s%s", reducer_bucket_count(t->reducer), reducer_bucket_count(t->reducer) > 1 ? "s" : "",
+                t->o->no_overlap ? ", no overlap" : "");
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s\n", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->model[0]), act, sizeof act),
