@@ -105,7 +105,7 @@ $(BIN): $(CLI_OBJ) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/%.c tests/test_util.h $(LIB)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Itests -Isrc $< $(LIB) $(TEST_LIBS) $(LDLIBS) $(LDFLAGS) -o $@
 

@@ -234,20 +234,22 @@ ncclResult_t async_error(void *ctx)
 // Finalizes every live communicator (all of them first: finalizing may
 // wait for the other ranks'), waits for them, at most 60 s, then frees
 // them; one that fails or does not finish in time is aborted.
+constexpr int kMaxDevices = 64; // the trainer's BB_TRAIN_MAX_DEVICES; checked at creation
+
 void finalize_all(nccl_reducer *n)
 {
     reducer_t *r = &n->base;
     int devices = n->dev ? r->devices : 0;
-    ncclResult_t *state = static_cast<ncclResult_t *>(calloc((size_t)devices + 1, sizeof *state));
+    ncclResult_t state[kMaxDevices]; // ncclInvalidUsage: none, or already gone
     for (int d = 0; d < devices; d++) {
         device_side *s = &n->dev[d];
         bool live = s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE;
-        if (state) state[d] = live ? (cudaSetDevice(s->cuda_device), nccl.CommFinalize(s->comm)) : ncclInvalidUsage;
-        else if (live) nccl.CommAbort(s->comm), s->state = COMM_GONE; // no memory to wait with: end them
+        if (live) cudaSetDevice(s->cuda_device);
+        state[d] = live ? nccl.CommFinalize(s->comm) : ncclInvalidUsage;
     }
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (bool waiting = state != NULL; waiting;) {
+    for (bool waiting = true; waiting;) {
         waiting = false;
         clock_gettime(CLOCK_MONOTONIC, &now);
         bool late = now.tv_sec - t0.tv_sec > 60;
@@ -260,14 +262,13 @@ void finalize_all(nccl_reducer *n)
         }
         if (waiting) sched_yield();
     }
-    for (int d = 0; state && d < devices; d++) {
+    for (int d = 0; d < devices; d++) {
         device_side *s = &n->dev[d];
-        if (state[d] == ncclInvalidUsage) continue; // none, or already gone
+        if (state[d] == ncclInvalidUsage) continue;
         cudaSetDevice(s->cuda_device);
         if (state[d] == ncclSuccess) nccl.CommDestroy(s->comm);
         else nccl.CommAbort(s->comm);
     }
-    free(state);
 }
 
 void n_destroy(reducer_t *r)
@@ -402,6 +403,7 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
 {
     *out = NULL;
     BB_TRY(need_nccl());
+    if (devices > kMaxDevices) return bb_fail(BB_ERR_ARG, "the NCCL reducer takes at most %d GPUs", kMaxDevices);
     const char *blocking = getenv("NCCL_COMM_BLOCKING");
     if (blocking && strcmp(blocking, "0"))
         return bb_fail(BB_ERR_ARG, "NCCL_COMM_BLOCKING=%s makes NCCL calls block, where a failed peer could hang the "

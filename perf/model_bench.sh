@@ -4,7 +4,7 @@
 # AdamW), in one run, interleaved, median of RUNS (default 5) runs, each run
 # itself the median of STEPS steps after 2 warm-up steps. 2 threads on both
 # sides; PyTorch gets OpenBLAS (pthread build) and a passive OpenMP wait
-# policy, as DESIGN.md's measured facts require for a fair peer.
+# policy, as ARCHITECTURE.md's measured facts require for a fair peer.
 #
 #   gpt: 4 layers, 4 heads, d 256, seq 256, vocab 256, micro-batch 8 (tokens/s)
 #   mlp: 784-1024-1024-10, micro-batch 256 (samples/s)

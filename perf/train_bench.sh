@@ -14,7 +14,7 @@
 #      x 32, where the all-reduce is a larger part of the step.
 #
 # Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
-# waiting, as DESIGN.md's measured facts require for a fair peer.
+# waiting, as ARCHITECTURE.md's measured facts require for a fair peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}

@@ -79,7 +79,7 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
 }
 
 /* Debian's OpenBLAS 0.3.21 may pick a generic kernel ("Prescott") on CPUs it
- * does not know, and then runs sgemm ~6x slower (DESIGN.md's measured
+ * does not know, and then runs sgemm ~6x slower (ARCHITECTURE.md's measured
  * facts). The choice is made when the library loads, so the fix is to set
  * OPENBLAS_CORETYPE and start the program again. */
 void bb_cpu_fix_blas_core(char **argv)

@@ -51,7 +51,8 @@ int bb_cmd_train(int argc, char **argv)
      * is the default of every flag not given. */
     bb_checkpoint_info info;
     char micro_text[24];
-    bool resuming = resume_arg(argc, argv) && bb_checkpoint_read_info(resume_arg(argc, argv), &info) == BB_OK;
+    const char *resume = resume_arg(argc, argv);
+    bool resuming = resume && bb_checkpoint_read_info(resume, &info) == BB_OK;
     if (resuming) {
         data = info.data;
         if (info.val_data[0]) val = info.val_data;

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
 #include "model_internal.h"
@@ -23,14 +24,11 @@ static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n,
  * tied embedding again as lm_head.weight. */
 static uint64_t data_checksum(const float *host, size_t count, const float *tied, size_t tied_count)
 {
-    XXH64_state_t *st = XXH64_createState();
-    if (!st) return XXH64(host, count * sizeof *host, 0); /* cannot happen but for OOM: still a checksum */
-    XXH64_reset(st, 0);
-    XXH64_update(st, host, count * sizeof *host);
-    if (tied) XXH64_update(st, tied, tied_count * sizeof *tied);
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    XXH64_update(&st, host, count * sizeof *host);
+    if (tied) XXH64_update(&st, tied, tied_count * sizeof *tied);
+    return XXH64_digest(&st);
 }
 
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)

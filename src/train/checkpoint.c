@@ -154,6 +154,14 @@ bb_status checkpoint_prepare(const char *dir, const char *resume_root, bool forc
                    dir, what, dir);
 }
 
+/* Newest first: by step, then by name (a step saved again sorts after). */
+static int newest_first(const void *x, const void *y)
+{
+    const char *a = x, *b = y;
+    long long sa = step_of(a), sb = step_of(b);
+    return sa != sb ? (sa < sb) - (sa > sb) : -strcmp(a, b);
+}
+
 /* Keeps the newest `keep` step directories (counting `current`, the one
  * just published), and removes what killed or failed saves left. */
 static void prune(const char *dir, const char *current, int keep)
@@ -175,14 +183,7 @@ static void prune(const char *dir, const char *current, int keep)
         snprintf(steps[count++], sizeof *steps, "%s", e->d_name);
     }
     closedir(d);
-    /* newest first: by step, then by name (a step saved again sorts after) */
-    for (size_t i = 1; i < count; i++)
-        for (size_t j = i; j > 0; j--) {
-            long long a = step_of(steps[j - 1]), b = step_of(steps[j]);
-            if (a > b || (a == b && strcmp(steps[j - 1], steps[j]) > 0)) break;
-            char t[256];
-            memcpy(t, steps[j], sizeof t), memcpy(steps[j], steps[j - 1], sizeof t), memcpy(steps[j - 1], t, sizeof t);
-        }
+    if (count) qsort(steps, count, sizeof *steps, newest_first);
     for (size_t i = keep > 1 ? (size_t)keep - 1 : 0; i < count; i++)
         if (join(file, sizeof file, dir, steps[i]) == BB_OK) remove_step_dir(file);
     free(steps);

@@ -111,15 +111,11 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
 
 static bb_status save(trainer *t, uint64_t step, double loss)
 {
-    char devices[256];
-    int n = t->o->cuda ? snprintf(devices, sizeof devices, "cuda:") : snprintf(devices, sizeof devices, "cpu:%d", t->devices);
-    for (int d = 0; t->o->cuda && d < t->devices && n < (int)sizeof devices - 12; d++)
-        n += snprintf(devices + n, sizeof devices - (size_t)n, "%s%d", d ? "," : "", t->o->cuda_ids[d]);
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
                            .micro_batch = t->micro_batch, .shuffle_frames = t->o->shuffle_frames ? t->o->shuffle_frames : 8,
                            .loss = loss, .data = t->o->data,
-                           .val_data = t->o->val_data, .devices = devices};
+                           .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();
     char name[64];
     BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep, name, sizeof name));

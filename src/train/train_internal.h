@@ -80,6 +80,7 @@ typedef struct trainer {
     bb_model_config cfg;
     bb_dataset_t *data, *val;
     int devices, accumulation, micro_batch, global_batch;
+    char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
     float normalizer;        /* each device's share of the examples (tokens) of a step */
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];

@@ -275,6 +275,11 @@ static bb_status setup(trainer *t)
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
     t->devices = o->devices;
+    /* as --devices takes it: the progress line and state.json say it so */
+    int n = o->cuda ? snprintf(t->devices_text, sizeof t->devices_text, "cuda:")
+                    : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", t->devices);
+    for (int d = 0; o->cuda && d < t->devices && n < (int)sizeof t->devices_text - 12; d++)
+        n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", o->cuda_ids[d]);
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
     t->seed = o->seed;
@@ -345,13 +350,7 @@ static void print_start(const trainer *t)
     bb_model_describe(&t->cfg, model, sizeof model);
     size_t n = bb_model_param_count(t->model[0]);
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
-    if (t->o->cuda) {
-        fprintf(p, "train: %s, %s parameters, on cuda:", model, params);
-        for (int d = 0; d < t->devices; d++) fprintf(p, "%s%d", d ? "," : "", t->o->cuda_ids[d]);
-        fprintf(p, "\n");
-    } else {
-        fprintf(p, "train: %s, %s parameters, on cpu:%d\n", model, params, t->devices);
-    }
+    fprintf(p, "train: %s, %s parameters, on %s\n", model, params, t->devices_text);
     fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
             t->global_batch, t->devices, t->devices > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
