@@ -55,11 +55,12 @@ CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -fno-trapping-math -fno-math-errno \
 LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
-SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/model/*.c src/trace/*.c src/train/*.c src/plan/*.c)
+SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/backend/cuda/*.c src/model/*.c \
+             src/trace/*.c src/train/*.c src/plan/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
-CU_SRC    := $(wildcard kernels/*.cu)
+CU_SRC    := $(wildcard kernels/*.cu src/backend/cuda/*.cu src/train/*.cu)
 ifeq ($(USE_CUDA),1)
-  SRC     := $(filter-out src/backend/cuda_probe_none.c src/train/nccl_none.c,$(SRC))
+  SRC     := $(filter-out src/backend/cuda/cuda_none.c src/train/nccl_none.c,$(SRC))
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
   # cuBLAS has no static build here: the rpath finds it in the toolkit,
@@ -87,9 +88,9 @@ $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu Makefile
+$(BUILD)/%.o: %.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.
@@ -97,9 +98,16 @@ CUDA_STAMP := $(BUILD)/cuda-$(USE_CUDA).stamp
 $(CUDA_STAMP):
 	@mkdir -p $(@D) && rm -f $(BUILD)/cuda-*.stamp && touch $@
 
-$(LIB): $(OBJ) $(CUDA_STAMP)
+# The library is one relocatable object whose only global symbols are
+# bb_*: what nvcc (kernel stubs, anonymous namespaces, CUB) and the
+# header-only NVTX make global stays inside, and a user's program never
+# meets a name of ours without the prefix.
+$(BUILD)/bigbatch.o: $(OBJ) $(CUDA_STAMP)
+	ld -r -o $@.tmp $(OBJ) && objcopy --wildcard --keep-global-symbol='bb_*' $@.tmp $@ && rm -f $@.tmp
+
+$(LIB): $(BUILD)/bigbatch.o
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $(OBJ)
+	rm -f $@ && ar rcs $@ $<
 
 $(BIN): $(CLI_OBJ) $(LIB)
 	@mkdir -p $(@D)

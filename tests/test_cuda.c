@@ -474,7 +474,7 @@ Test(cuda, nccl_loads_on_demand_and_a_missing_library_is_named)
     bb_cuda_probe(&info);
     setenv("BB_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
     int version = -1;
-    cr_assert_eq(reducer_load_nccl(&version), BB_ERR_UNSUPPORTED);
+    cr_assert_eq(bb_reducer_load_nccl(&version), BB_ERR_UNSUPPORTED);
     unsetenv("BB_NCCL_LIBRARY");
     if (!info.compiled) {
         cr_assert(strstr(bb_error_message(), "CUDA build"), "%s", bb_error_message());
@@ -493,7 +493,7 @@ Test(cuda, nccl_from_the_toolkit_loads_without_a_gpu)
     if (access("/usr/local/cuda/lib64/libnccl.so.2", R_OK) != 0 && !getenv("BB_NCCL_LIBRARY"))
         cr_skip_test("skipped: no libnccl.so.2 in the toolkit here");
     int version = 0;
-    cr_assert_eq(reducer_load_nccl(&version), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_reducer_load_nccl(&version), BB_OK, "%s", bb_error_message());
     cr_assert_geq(version, 21400, "NCCL %d", version);
     cr_log_info("NCCL %d loaded with dlopen", version);
 }
@@ -513,21 +513,21 @@ Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
     float *grads[1] = {bb_model_grads(m)};
     cr_assert_eq(bb_backend_copy(gpu, grads[0], host, n * sizeof *host, BB_COPY_H2D), BB_OK);
     reducer_t *r;
-    cr_assert_eq(reducer_create_nccl(m, &gpu, grads, 1, 4096, &r), BB_OK, "%s", bb_error_message());
-    cr_assert_gt(reducer_bucket_count(r), 1);
+    cr_assert_eq(bb_reducer_create_nccl(m, &gpu, grads, 1, 4096, &r), BB_OK, "%s", bb_error_message());
+    cr_assert_gt(bb_reducer_bucket_count(r), 1);
     for (int step = 0; step < 3; step++) {
-        reducer_post(r, 0, n / 2);
-        reducer_post(r, 0, 0);
-        reducer_wait(r, 0);
-        cr_assert(!reducer_aborted(r), "%s", r->failure_message);
+        bb_reducer_post(r, 0, n / 2);
+        bb_reducer_post(r, 0, 0);
+        bb_reducer_wait(r, 0);
+        cr_assert(!bb_reducer_aborted(r), "%s", r->failure_message);
     }
     cr_assert_eq(bb_backend_copy(gpu, back, grads[0], n * sizeof *back, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
     cr_assert_eq(memcmp(host, back, n * sizeof *back), 0, "the average over one GPU changed the gradients");
-    reducer_abort(r);
-    cr_assert(reducer_aborted(r));
-    reducer_post(r, 0, 0); /* after an abort: returns at once */
-    reducer_wait(r, 0);
-    reducer_destroy(r);
+    bb_reducer_abort(r);
+    cr_assert(bb_reducer_aborted(r));
+    bb_reducer_post(r, 0, 0); /* after an abort: returns at once */
+    bb_reducer_wait(r, 0);
+    bb_reducer_destroy(r);
     bb_model_destroy(m);
     free(host), free(back);
 }

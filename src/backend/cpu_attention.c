@@ -10,7 +10,7 @@
 #include "cpu_math.h"
 #include "cpu_ops.h"
 
-void cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
     (void)b;
     int hs = C / NH, C3 = 3 * C;
@@ -33,7 +33,7 @@ void cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float 
         }
 }
 
-void cpu_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
+void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
                             const float *att, int B, int T, int C, int NH)
 {
     (void)b;

@@ -8,7 +8,7 @@
 #include "cpu_math.h"
 #include "cpu_ops.h"
 
-void cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
+void bb_cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                         int IC, int OC)
 {
     (void)b;
@@ -18,7 +18,7 @@ void cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const floa
                 OC);
 }
 
-void cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                          const float *w, int N, int IC, int OC, bool accumulate)
 {
     (void)b;
@@ -34,13 +34,13 @@ void cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, c
     }
 }
 
-void cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-void cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+void bb_cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) din[i] = in[i] > 0.0f ? dout[i] : 0.0f;
@@ -48,7 +48,7 @@ void cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const flo
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-void cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+void bb_cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) {
@@ -57,7 +57,7 @@ void cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
     }
 }
 
-void cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+void bb_cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) {
@@ -70,7 +70,7 @@ void cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const flo
 
 #define LN_EPS 1e-5f
 
-void cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+void bb_cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
                            const float *bias, int N, int C)
 {
     (void)b;
@@ -88,7 +88,7 @@ void cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd
     }
 }
 
-void cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                             const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
 {
     (void)b;
@@ -117,7 +117,7 @@ void cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias
     }
 }
 
-void cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+void bb_cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                            int B, int T, int C)
 {
     (void)b;
@@ -128,7 +128,7 @@ void cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, c
     }
 }
 
-void cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                             int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
     (void)b;
@@ -144,13 +144,13 @@ void cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const flo
     }
 }
 
-void cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
 }
 
-void cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     (void)b;
@@ -182,7 +182,7 @@ void cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, con
     if (valid) *valid = counted;
 }
 
-void cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int t)
 {
     (void)b;
@@ -199,7 +199,7 @@ void cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, flo
     }
 }
 
-void cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
              float momentum, float weight_decay)
 {
     (void)b;
@@ -210,7 +210,7 @@ void cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum
     }
 }
 
-double cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
+double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
     (void)b;
     double s = 0.0;
@@ -218,13 +218,13 @@ double cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
     return s;
 }
 
-void cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
+void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) x[i] *= factor;
 }
 
-void cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+void bb_cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) {
@@ -234,13 +234,13 @@ void cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
     }
 }
 
-void cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+void bb_cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
     (void)b;
     for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(packed[i]);
 }
 
-void cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
+void bb_cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
                            int B, int T, int width)
 {
     (void)b;
@@ -257,7 +257,7 @@ void cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, c
         }
 }
 
-void cpu_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+void bb_cpu_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
                            int B, int inputs)
 {
     (void)b;

@@ -142,7 +142,7 @@ static bool same_directory(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-bb_status checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created)
+bb_status bb_checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created)
 {
     BB_TRY(make_dirs(dir, created));
     char what[300];
@@ -198,13 +198,13 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
     BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
     BB_TRY(bb_model_save_safetensors(m, file));
     BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
-    BB_TRY(optimizer_save(be, o, file));
+    BB_TRY(bb_optimizer_save(be, o, file));
     BB_TRY(join(file, sizeof file, tmp, "state.json"));
     BB_TRY(write_state(file, st, bb_model_get_config(m), o));
     return sync_dir(tmp);
 }
 
-bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
+bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
                           const optimizer *o, int keep, char *name_out, size_t name_cap)
 {
     BB_TRY(make_dirs(dir, NULL));
@@ -378,9 +378,9 @@ bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t 
     return bb_model_load_safetensors(m, path);
 }
 
-bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o)
+bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o)
 {
     char path[4096];
     BB_TRY(join(path, sizeof path, info->dir, "optimizer.bin"));
-    return optimizer_load(be, o, path);
+    return bb_optimizer_load(be, o, path);
 }

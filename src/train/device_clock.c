@@ -6,7 +6,7 @@
 
 #include "train_internal.h"
 
-bb_status device_clock_init(device_clock *c, bb_backend_t *be, int accumulation)
+bb_status bb_device_clock_init(device_clock *c, bb_backend_t *be, int accumulation)
 {
     *c = (device_clock){.be = be, .count = 3 * accumulation + 2};
     /* Only backends with real events (GPUs) need this; the CPU's spans are true already. */
@@ -18,7 +18,7 @@ bb_status device_clock_init(device_clock *c, bb_backend_t *be, int accumulation)
     return BB_OK;
 }
 
-void device_clock_destroy(device_clock *c)
+void bb_device_clock_destroy(device_clock *c)
 {
     for (int i = 0; c->marks && i < c->count; i++) bb_backend_event_destroy(c->be, c->marks[i]);
     free(c->marks);
@@ -26,7 +26,7 @@ void device_clock_destroy(device_clock *c)
     *c = (device_clock){0};
 }
 
-bb_status device_clock_start(device_clock *c)
+bb_status bb_device_clock_start(device_clock *c)
 {
     if (!c->on) return BB_OK;
     BB_TRY(bb_backend_event_record(c->be, c->anchor, BB_STREAM_COMPUTE));
@@ -35,12 +35,12 @@ bb_status device_clock_start(device_clock *c)
     return BB_OK;
 }
 
-bb_status device_clock_mark(device_clock *c, int i)
+bb_status bb_device_clock_mark(device_clock *c, int i)
 {
     return c->on ? bb_backend_event_record(c->be, c->marks[i], BB_STREAM_COMPUTE) : BB_OK;
 }
 
-bb_status device_clock_time(device_clock *c, int i, uint64_t *ns)
+bb_status bb_device_clock_time(device_clock *c, int i, uint64_t *ns)
 {
     double ms;
     BB_TRY(bb_backend_event_synchronize(c->be, c->marks[i]));

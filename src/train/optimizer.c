@@ -18,7 +18,7 @@ double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
     return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
 }
 
-bb_status optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o)
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o)
 {
     *o = (optimizer){.cfg = *c, .count = count};
     size_t bytes = count * sizeof(float);
@@ -31,14 +31,14 @@ bb_status optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_
     return BB_OK;
 }
 
-void optimizer_destroy(bb_backend_t *be, optimizer *o)
+void bb_optimizer_destroy(bb_backend_t *be, optimizer *o)
 {
     bb_backend_free(be, o->m);
     bb_backend_free(be, o->v);
     o->m = o->v = NULL;
 }
 
-double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr_out)
+double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr_out)
 {
     const bb_optimizer_config *c = &o->cfg;
     float *params = bb_model_params(m), *grads = bb_model_grads(m);
@@ -74,7 +74,7 @@ typedef struct file_header {
 
 static int buffer_count(const optimizer *o) { return o->v ? 2 : 1; }
 
-bb_status optimizer_save(bb_backend_t *be, const optimizer *o, const char *path)
+bb_status bb_optimizer_save(bb_backend_t *be, const optimizer *o, const char *path)
 {
     int n = buffer_count(o);
     float *host = malloc(o->count * n * sizeof *host);
@@ -96,7 +96,7 @@ bb_status optimizer_save(bb_backend_t *be, const optimizer *o, const char *path)
     return rc;
 }
 
-bb_status optimizer_load(bb_backend_t *be, optimizer *o, const char *path)
+bb_status bb_optimizer_load(bb_backend_t *be, optimizer *o, const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);

@@ -9,7 +9,7 @@
 #include "bigbatch/queue.h"
 #include "reducer.h"
 
-bb_status reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes)
+bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes)
 {
     int tensors = bb_model_tensor_count(m);
     r->devices = devices;
@@ -31,7 +31,7 @@ bb_status reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, s
     return BB_OK;
 }
 
-void reducer_free_buckets(reducer_t *r)
+void bb_reducer_free_buckets(reducer_t *r)
 {
     free(r->lo);
     free(r->hi);
@@ -113,7 +113,7 @@ static void cpu_destroy(reducer_t *r)
         }
         pthread_join(c->thread, NULL);
     }
-    reducer_free_buckets(r);
+    bb_reducer_free_buckets(r);
     free(c->grads), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
     free(c->span_start), free(c->span_end), free(c->acc);
     free(c);
@@ -162,7 +162,7 @@ static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_
 
 static const reducer_ops cpu_ops = {cpu_destroy, cpu_post, cpu_wait, cpu_abort, cpu_last_step};
 
-bb_status reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
+bb_status bb_reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
                              uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out)
 {
     *out = NULL;
@@ -173,7 +173,7 @@ bb_status reducer_create_cpu(const bb_model_t *m, float *const *grads, int devic
     c->trace = trace;
     c->track = track;
     c->first_step = first_step;
-    bb_status rc = reducer_init_buckets(r, m, devices, bucket_bytes);
+    bb_status rc = bb_reducer_init_buckets(r, m, devices, bucket_bytes);
     c->grads = calloc((size_t)devices, sizeof *c->grads);
     c->posted = calloc((size_t)r->buckets + 1, sizeof *c->posted);
     c->next_bucket = calloc((size_t)devices, sizeof *c->next_bucket);

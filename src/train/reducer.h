@@ -5,10 +5,10 @@
  * `bucket_bytes` each, never splitting a tensor (as PyTorch DDP).
  *
  * On the last micro-step each worker posts the buckets the backward has
- * finished (reducer_post, from the model's grad-ready hook); a reducer
+ * finished (bb_reducer_post, from the model's grad-ready hook); a reducer
  * thread averages bucket b over the devices' gradient buffers as soon as
  * every device posted it, in bucket order, while the workers go on with the
- * backward. reducer_wait returns once every bucket of the step is averaged.
+ * backward. bb_reducer_wait returns once every bucket of the step is averaged.
  * The counters only grow (step k's bucket b is ready at devices·(k+1)
  * posts), so no reset races with a fast worker; they are compared modulo
  * 2^32 (futex words are 32-bit), which long runs wrap.
@@ -52,51 +52,51 @@ struct reducer {
 
 /* Cuts `m`'s parameter buffer into buckets (see above) and fills the
  * shared part of `r`. Fails with BB_ERR_NOMEM. */
-bb_status reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
-void reducer_free_buckets(reducer_t *r);
+bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
+void bb_reducer_free_buckets(reducer_t *r);
 
 /* The CPU reducer over `devices` gradient buffers `grads` (param_count
  * floats each): starts the reducer thread; its spans go to `trace` (may be
  * NULL) on track `track`, numbered from step first_step + 1. */
-bb_status reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
+bb_status bb_reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
                              uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
 /* Loads NCCL (dlopen of libnccl.so.2, or of BB_NCCL_LIBRARY) once per
  * process; *version (may be NULL) gets ncclGetVersion's code. Fails with
  * BB_ERR_UNSUPPORTED, naming the library, when it cannot be loaded or a
  * CUDA build is missing. */
-bb_status reducer_load_nccl(int *version);
+bb_status bb_reducer_load_nccl(int *version);
 /* The NCCL reducer over the replicas on CUDA backends `be` (one
- * non-blocking communicator per GPU). Fails like reducer_load_nccl,
+ * non-blocking communicator per GPU). Fails like bb_reducer_load_nccl,
  * BB_ERR_DEVICE when NCCL fails. */
-bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
+bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
                               size_t bucket_bytes, reducer_t **out);
 
-static inline void reducer_destroy(reducer_t *r)
+static inline void bb_reducer_destroy(reducer_t *r)
 {
     if (r) r->ops->destroy(r);
 }
-static inline int reducer_bucket_count(const reducer_t *r) { return r->buckets; }
+static inline int bb_reducer_bucket_count(const reducer_t *r) { return r->buckets; }
 /* Device `device`'s gradients from `ready_from` (floats) to the end are
  * final: posts every bucket that lies inside. */
-static inline void reducer_post(reducer_t *r, int device, size_t ready_from) { r->ops->post(r, device, ready_from); }
+static inline void bb_reducer_post(reducer_t *r, int device, size_t ready_from) { r->ops->post(r, device, ready_from); }
 /* Until the step's buckets are all averaged (CPU; every device posted
  * ready_from 0) or ordered before the device's next compute (NCCL), or the
  * reducer is aborted. Returns the nanoseconds the host waited. */
-static inline uint64_t reducer_wait(reducer_t *r, int device) { return r->ops->wait(r, device); }
+static inline uint64_t bb_reducer_wait(reducer_t *r, int device) { return r->ops->wait(r, device); }
 /* Stops the reducer early (a worker failed): waits return at once. */
-static inline void reducer_abort(reducer_t *r) { r->ops->abort(r); }
-static inline bool reducer_aborted(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
+static inline void bb_reducer_abort(reducer_t *r) { r->ops->abort(r); }
+static inline bool bb_reducer_aborted(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
 /* Why an aborted reducer stopped: its own failure, or BB_ERR_CLOSED when a
  * worker's failure stopped it. */
-static inline bb_status reducer_failure(const reducer_t *r)
+static inline bb_status bb_reducer_failure(const reducer_t *r)
 {
     return r->failure != BB_OK ? bb_fail(r->failure, "%s", r->failure_message) : BB_ERR_CLOSED;
 }
 /* The last finished step's reduction: busy time, and the part of it before
  * the last backward ended (until_ns on the host clock; the NCCL reducer
  * measures on the GPU instead) — the overlapped part. Valid between
- * reducer_wait and the next step's first post. */
-static inline void reducer_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
+ * bb_reducer_wait and the next step's first post. */
+static inline void bb_reducer_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
 {
     r->ops->last_step(r, until_ns, busy_ns, overlapped_ns);
 }

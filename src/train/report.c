@@ -33,7 +33,7 @@ static step_figures measure(trainer *t, uint64_t now)
     f.data_wait_pct = 100.0 * wait / 1e9 / f.seconds;
     if (t->reducer) {
         uint64_t busy, overlapped;
-        reducer_last_step(t->reducer, last_backward, &busy, &overlapped);
+        bb_reducer_last_step(t->reducer, last_backward, &busy, &overlapped);
         f.reduce_ms = (double)busy / 1e6;
         f.overlap_pct = busy ? 100.0 * (double)overlapped / (double)busy : 0;
         f.has_overlap = true;
@@ -118,7 +118,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();
     char name[64];
-    BB_TRY(checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep, name, sizeof name));
+    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep, name, sizeof name));
     t->saved = true;
     if (t->o->progress)
         fprintf(t->o->progress, "%ssaved step %llu to %s/%s (%.0f ms)\n", t->tty ? "\r\033[K" : "",
@@ -126,7 +126,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
     return BB_OK;
 }
 
-bb_status trainer_end_of_step(trainer *t, uint64_t step0)
+bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
 {
     const bb_train_options *o = t->o;
     uint64_t step = step0 + 1, now = bb_clock_ns();
@@ -143,7 +143,7 @@ bb_status trainer_end_of_step(trainer *t, uint64_t step0)
     }
     r->losses[i] = f.loss;
     /* A step whose loss or gradient norm is NaN or infinite had its update
-     * withheld (optimizer_step): it ends the run, before anything of it is
+     * withheld (bb_optimizer_step): it ends the run, before anything of it is
      * saved, or (--on-nonfinite skip) is counted and passed over. */
     bool nonfinite = !isfinite(f.loss) || !isfinite(f.grad_norm);
     if (nonfinite && !o->skip_nonfinite) {

@@ -13,18 +13,18 @@ typedef struct optimizer {
     size_t count;
 } optimizer;
 
-bb_status optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o);
-void optimizer_destroy(bb_backend_t *be, optimizer *o);
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o);
+void bb_optimizer_destroy(bb_backend_t *be, optimizer *o);
 /* Clips the gradients to cfg.grad_clip (when set) and updates the
  * parameters for step `step` (0-based) of `total`. Returns the gradient
  * norm before clipping; *lr gets the rate used. A norm that is not finite
  * (NaN or infinite gradients) leaves the parameters and the optimizer
  * state untouched. */
-double optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr);
+double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr);
 /* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then
  * the floats. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming the file. */
-bb_status optimizer_save(bb_backend_t *be, const optimizer *o, const char *path);
-bb_status optimizer_load(bb_backend_t *be, optimizer *o, const char *path);
+bb_status bb_optimizer_save(bb_backend_t *be, const optimizer *o, const char *path);
+bb_status bb_optimizer_load(bb_backend_t *be, optimizer *o, const char *path);
 
 /* What a checkpoint records besides the weights and the optimizer. */
 typedef struct checkpoint_state {
@@ -39,16 +39,16 @@ typedef struct checkpoint_state {
  * train.h; its name goes to `name`); then keeps the newest `keep` step directories (this one
  * included) and removes what failed or killed saves left. A failed save
  * removes its own partial directory. */
-bb_status checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
+bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
                           const optimizer *o, int keep, char *name, size_t name_cap);
 /* Creates `dir` (and its parents; *created tells whether `dir` itself was
  * made) and checks it is writable: called before training, so a bad
  * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds
  * checkpoints, unless it is `resume_root` (the checkpoint directory the run
  * resumes from) or `force` is set. */
-bb_status checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created);
+bb_status bb_checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created);
 /* Loads the optimizer state of the checkpoint `info` names. */
-bb_status checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
+bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o);
 
 #endif
 
@@ -120,19 +120,19 @@ typedef struct device_clock {
     uint64_t anchor_ns;       /* host time of the anchor */
 } device_clock;
 
-bb_status device_clock_init(device_clock *c, bb_backend_t *be, int accumulation);
-void device_clock_destroy(device_clock *c);
+bb_status bb_device_clock_init(device_clock *c, bb_backend_t *be, int accumulation);
+void bb_device_clock_destroy(device_clock *c);
 /* Ties the clocks: waits for the device to reach this point. */
-bb_status device_clock_start(device_clock *c);
-bb_status device_clock_mark(device_clock *c, int i);
+bb_status bb_device_clock_start(device_clock *c);
+bb_status bb_device_clock_mark(device_clock *c, int i);
 /* Host-clock time at which mark i happened on the device (waits for it). */
-bb_status device_clock_time(device_clock *c, int i, uint64_t *ns);
+bb_status bb_device_clock_time(device_clock *c, int i, uint64_t *ns);
 
-bb_status step_barrier_wait(step_barrier *b);
+bb_status bb_step_barrier_wait(step_barrier *b);
 /* Records the failure (first one wins) and wakes every thread. */
-void trainer_fail(trainer *t, bb_status status);
+void bb_trainer_fail(trainer *t, bb_status status);
 /* Worker d's thread body. */
-void *trainer_worker_main(void *arg);
+void *bb_trainer_worker_main(void *arg);
 /* Worker 0, after every worker finished step `step` (0-based): reporting,
  * evaluation, saving, and the decision to stop. */
-bb_status trainer_end_of_step(trainer *t, uint64_t step);
+bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);

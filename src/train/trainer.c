@@ -201,10 +201,10 @@ static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
         BB_TRY(bb_model_create(t->be[d], &t->cfg, t->micro_batch, &t->model[d]));
         BB_TRY(bb_model_init(t->model[d], t->seed));
         if (o->init_from) BB_TRY(bb_model_load_safetensors(t->model[d], o->init_from));
-        BB_TRY(optimizer_create(t->be[d], &o->opt, bb_model_param_count(t->model[d]), &t->opt[d]));
+        BB_TRY(bb_optimizer_create(t->be[d], &o->opt, bb_model_param_count(t->model[d]), &t->opt[d]));
         if (resume) {
             BB_TRY(bb_checkpoint_load_weights(resume, t->model[d]));
-            BB_TRY(checkpoint_load_optimizer(resume, t->be[d], &t->opt[d]));
+            BB_TRY(bb_checkpoint_load_optimizer(resume, t->be[d], &t->opt[d]));
         }
     }
     return BB_OK;
@@ -314,7 +314,7 @@ static bb_status setup(trainer *t)
                        o->opt.eps);
     if (!isfinite(o->opt.lr) || o->opt.lr < 0) return bb_fail(BB_ERR_ARG, "--lr %g: must be finite and >= 0", o->opt.lr);
     if (o->save_dir)
-        BB_TRY(checkpoint_prepare(o->save_dir, o->resume_dir ? info.root : NULL, o->force, &t->save_dir_created));
+        BB_TRY(bb_checkpoint_prepare(o->save_dir, o->resume_dir ? info.root : NULL, o->force, &t->save_dir_created));
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
@@ -333,9 +333,9 @@ static bb_status setup(trainer *t)
         for (int d = 0; d < t->devices; d++) grads[d] = bb_model_grads(t->model[d]);
         size_t bucket_bytes = (size_t)(o->bucket_mib * 1048576.0);
         if (o->cuda)
-            BB_TRY(reducer_create_nccl(t->model[0], t->be, grads, t->devices, bucket_bytes, &t->reducer));
+            BB_TRY(bb_reducer_create_nccl(t->model[0], t->be, grads, t->devices, bucket_bytes, &t->reducer));
         else
-            BB_TRY(reducer_create_cpu(t->model[0], grads, t->devices, bucket_bytes, t->first_step, t->trace,
+            BB_TRY(bb_reducer_create_cpu(t->model[0], grads, t->devices, bucket_bytes, t->first_step, t->trace,
                                       t->devices, &t->reducer));
     }
     if (o->metrics_path) BB_TRY(open_metrics(t));
@@ -357,7 +357,7 @@ static void print_start(const trainer *t)
             (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,
             (unsigned long long)t->total_steps);
     if (t->reducer)
-        fprintf(p, "; %d gradient bucket%s%s", reducer_bucket_count(t->reducer), reducer_bucket_count(t->reducer) > 1 ? "s" : "",
+        fprintf(p, "; %d gradient bucket%s%s", bb_reducer_bucket_count(t->reducer), bb_reducer_bucket_count(t->reducer) > 1 ? "s" : "",
                 t->o->no_overlap ? ", no overlap" : "");
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s\n", t->o->data, bb_loader_io_description(t->loader),
@@ -375,10 +375,10 @@ static bb_status run_workers(trainer *t)
     for (int d = 0; d < t->devices; d++) {
         args[d][0] = t;
         args[d][1] = (void *)(intptr_t)d;
-        int err = pthread_create(&threads[d], NULL, trainer_worker_main, args[d]);
+        int err = pthread_create(&threads[d], NULL, bb_trainer_worker_main, args[d]);
         if (err) {
             bb_fail(BB_ERR_INTERNAL, "cannot start worker %d: error %d", d, err);
-            trainer_fail(t, BB_ERR_INTERNAL);
+            bb_trainer_fail(t, BB_ERR_INTERNAL);
             break;
         }
         started++;
@@ -395,9 +395,9 @@ static bb_status run_workers(trainer *t)
 static void teardown(trainer *t)
 {
     bb_loader_destroy(t->loader);
-    reducer_destroy(t->reducer);
+    bb_reducer_destroy(t->reducer);
     for (int d = 0; d < t->devices; d++) {
-        if (t->be[d]) optimizer_destroy(t->be[d], &t->opt[d]);
+        if (t->be[d]) bb_optimizer_destroy(t->be[d], &t->opt[d]);
         bb_model_destroy(t->model[d]);
         bb_backend_destroy(t->be[d]);
     }

@@ -6,7 +6,7 @@
 
 #include "train_internal.h"
 
-bb_status step_barrier_wait(step_barrier *b)
+bb_status bb_step_barrier_wait(step_barrier *b)
 {
     pthread_mutex_lock(&b->lock);
     uint64_t gen = b->generation;
@@ -22,7 +22,7 @@ bb_status step_barrier_wait(step_barrier *b)
     return aborted ? BB_ERR_CLOSED : BB_OK;
 }
 
-void trainer_fail(trainer *t, bb_status status)
+void bb_trainer_fail(trainer *t, bb_status status)
 {
     pthread_mutex_lock(&t->fail_lock);
     /* A worker that stops because another failed reports BB_ERR_CLOSED:
@@ -33,7 +33,7 @@ void trainer_fail(trainer *t, bb_status status)
     }
     pthread_mutex_unlock(&t->fail_lock);
     bb_loader_stop(t->loader);
-    if (t->reducer) reducer_abort(t->reducer);
+    if (t->reducer) bb_reducer_abort(t->reducer);
     pthread_mutex_lock(&t->barrier.lock);
     t->barrier.aborted = true;
     pthread_cond_broadcast(&t->barrier.cond);
@@ -48,7 +48,7 @@ typedef struct post_ctx {
 static void post_ready(void *ctx, size_t ready_from)
 {
     post_ctx *p = ctx;
-    reducer_post(p->reducer, p->device, ready_from);
+    bb_reducer_post(p->reducer, p->device, ready_from);
 }
 
 static void span(trainer *t, int d, const char *name, uint64_t start, uint64_t end, uint64_t step, int detail)
@@ -116,12 +116,12 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st,
         if (!last) BB_TRY(stage(t, d, step, k + 1, st, h));
         uint64_t t2 = bb_clock_ns();
         double loss;
-        BB_TRY(device_clock_mark(clk, 3 * k));
+        BB_TRY(bb_device_clock_mark(clk, 3 * k));
         bb_trace_range_push("forward");
         bb_status rc = bb_model_forward(m, t->normalizer, &loss, NULL);
         bb_trace_range_pop();
         BB_TRY(rc);
-        BB_TRY(device_clock_mark(clk, 3 * k + 1));
+        BB_TRY(bb_device_clock_mark(clk, 3 * k + 1));
         uint64_t t3 = bb_clock_ns();
         if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
         bb_trace_range_push("backward");
@@ -129,7 +129,7 @@ static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st,
         bb_trace_range_pop();
         bb_model_set_grad_ready(m, NULL, NULL);
         BB_TRY(rc);
-        BB_TRY(device_clock_mark(clk, 3 * k + 2));
+        BB_TRY(bb_device_clock_mark(clk, 3 * k + 2));
         uint64_t t4 = bb_clock_ns();
         st->loss += loss;
         st->fwd_ns += t3 - t2, st->bwd_ns += t4 - t3;
@@ -147,12 +147,12 @@ static bb_status device_spans(trainer *t, int d, uint64_t step, device_clock *cl
 {
     uint64_t at[3];
     for (int k = 0; k < t->accumulation; k++) {
-        for (int i = 0; i < 3; i++) BB_TRY(device_clock_time(clk, 3 * k + i, &at[i]));
+        for (int i = 0; i < 3; i++) BB_TRY(bb_device_clock_time(clk, 3 * k + i, &at[i]));
         span(t, d, "forward", at[0], at[1], step, k);
         span(t, d, "backward", at[1], at[2], step, k);
     }
-    BB_TRY(device_clock_time(clk, 3 * t->accumulation, &at[0]));
-    BB_TRY(device_clock_time(clk, 3 * t->accumulation + 1, &at[1]));
+    BB_TRY(bb_device_clock_time(clk, 3 * t->accumulation, &at[0]));
+    BB_TRY(bb_device_clock_time(clk, 3 * t->accumulation + 1, &at[1]));
     span(t, d, "optimizer", at[0], at[1], step, -1);
     return BB_OK;
 }
@@ -162,21 +162,21 @@ static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches 
     for (uint64_t step = t->first_step; step < t->total_steps; step++) {
         worker_stats *st = &t->stats[d];
         memset(st, 0, sizeof *st);
-        BB_TRY(device_clock_start(clk));
+        BB_TRY(bb_device_clock_start(clk));
         BB_TRY(micro_steps(t, d, step, st, clk, h));
         if (t->reducer) {
             bb_trace_range_push("reduce");
-            if (t->o->no_overlap) reducer_post(t->reducer, d, 0);
-            st->reduce_wait_ns = reducer_wait(t->reducer, d);
+            if (t->o->no_overlap) bb_reducer_post(t->reducer, d, 0);
+            st->reduce_wait_ns = bb_reducer_wait(t->reducer, d);
             bb_trace_range_pop();
-            if (reducer_aborted(t->reducer)) return reducer_failure(t->reducer);
+            if (bb_reducer_aborted(t->reducer)) return bb_reducer_failure(t->reducer);
         }
         uint64_t t0 = bb_clock_ns();
-        BB_TRY(device_clock_mark(clk, 3 * t->accumulation));
+        BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation));
         bb_trace_range_push("optimizer");
-        st->grad_norm = optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
+        st->grad_norm = bb_optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
         bb_trace_range_pop();
-        BB_TRY(device_clock_mark(clk, 3 * t->accumulation + 1));
+        BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation + 1));
         uint64_t t1 = bb_clock_ns();
         st->opt_ns = t1 - t0;
         if (clk->on) BB_TRY(device_spans(t, d, step, clk));
@@ -185,26 +185,26 @@ static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches 
          * nothing has waited for yet) fails it here, before it is reported
          * or saved. */
         BB_TRY(bb_backend_synchronize(t->be[d]));
-        BB_TRY(step_barrier_wait(&t->barrier));
-        if (d == 0) BB_TRY(trainer_end_of_step(t, step));
-        BB_TRY(step_barrier_wait(&t->barrier));
+        BB_TRY(bb_step_barrier_wait(&t->barrier));
+        if (d == 0) BB_TRY(bb_trainer_end_of_step(t, step));
+        BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (t->stop) break;
     }
     return BB_OK;
 }
 
-void *trainer_worker_main(void *arg)
+void *bb_trainer_worker_main(void *arg)
 {
     void **args = arg;
     trainer *t = args[0];
     int d = (int)(intptr_t)args[1];
     device_clock clk = {0};
     held_batches held = {0};
-    bb_status rc = t->trace ? device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
+    bb_status rc = t->trace ? bb_device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
     if (rc == BB_OK) rc = worker_loop(t, d, &clk, &held);
-    if (rc != BB_OK) trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
+    if (rc != BB_OK) bb_trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
     bb_backend_synchronize(t->be[d]);       /* no upload still reads a held slot (it waits even after a failure) */
     release_held(t, &held);
-    device_clock_destroy(&clk);
+    bb_device_clock_destroy(&clk);
     return NULL;
 }

@@ -38,10 +38,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 extern "C" {
-#include "train/reducer.h"
+#include "reducer.h"
 }
 
 namespace {
@@ -288,7 +288,7 @@ void n_destroy(reducer_t *r)
     }
     if (n->backward_end) cudaEventDestroy(n->backward_end);
     free(n->start), free(n->end), free(n->dev);
-    reducer_free_buckets(r);
+    bb_reducer_free_buckets(r);
     pthread_mutex_destroy(&n->fail_lock);
     free(n);
 }
@@ -391,14 +391,14 @@ bb_status init_comms(nccl_reducer *n, int devices, double timeout_s)
 
 } // namespace
 
-extern "C" bb_status reducer_load_nccl(int *version)
+extern "C" bb_status bb_reducer_load_nccl(int *version)
 {
     BB_TRY(need_nccl());
     if (version) *version = nccl_version;
     return BB_OK;
 }
 
-extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads,
+extern "C" bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads,
                                          int devices, size_t bucket_bytes, reducer_t **out)
 {
     *out = NULL;
@@ -413,7 +413,7 @@ extern "C" bb_status reducer_create_nccl(const bb_model_t *m, bb_backend_t *cons
     reducer_t *r = &n->base;
     r->ops = &nccl_ops;
     pthread_mutex_init(&n->fail_lock, NULL);
-    bb_status rc = reducer_init_buckets(r, m, devices, bucket_bytes);
+    bb_status rc = bb_reducer_init_buckets(r, m, devices, bucket_bytes);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
