@@ -54,7 +54,7 @@ typedef struct host_batch {
 
 static host_batch make_batch(const bb_model_config *c, int B, uint64_t seed)
 {
-    bool gpt = c->kind == BB_MODEL_GPT;
+    bool gpt = c->kind == bb_model_kind_find("gpt");
     host_batch h = {.target_count = (size_t)(gpt ? B * c->seq_len : B)};
     h.input_bytes = gpt ? h.target_count * sizeof(int32_t) : (size_t)B * c->inputs * sizeof(float);
     h.inputs = malloc(h.input_bytes);
@@ -173,7 +173,7 @@ static float *gradients_with(const bb_model_config *c, int B, uint64_t *activati
 static void checkpointing_is_bitwise_equal(bb_model_config (*make)(int), const char *kind, int segments_of)
 {
     bb_model_config none = make(0), every = make(segments_of);
-    int B = none.kind == BB_MODEL_GPT ? GPT_B : MLP_B;
+    int B = none.kind == bb_model_kind_find("gpt") ? GPT_B : MLP_B;
     uint64_t bytes_none, bytes_ckpt;
     double loss_none, loss_ckpt;
     float *a = gradients_with(&none, B, &bytes_none, &loss_none);
@@ -364,7 +364,7 @@ static void parity(const bb_model_config *c, int B, const char *kind)
     snprintf(path, sizeof path, "%s/after.safetensors", dir);
     cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
     char spec[512];
-    if (c->kind == BB_MODEL_GPT)
+    if (c->kind == bb_model_kind_find("gpt"))
         snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->layers, c->heads, c->d_model, c->seq_len, c->vocab, B);
     else
         snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->inputs, c->hidden[0], c->hidden[1], c->classes, B);

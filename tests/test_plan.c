@@ -62,7 +62,7 @@ static uint64_t predicted(const bb_train_options *o, int seq_len, int vocab, int
 {
     bb_model_config c = o->model;
     c.precision = o->precision;
-    if (c.kind == BB_MODEL_GPT) c.seq_len = seq_len, c.vocab = vocab;
+    if (c.kind == bb_model_kind_find("gpt")) c.seq_len = seq_len, c.vocab = vocab;
     else c.inputs = inputs, c.classes = classes;
     bb_memory_breakdown m;
     bb_plan_memory(&c, o->micro_batch, o->opt.kind, false, &m);

@@ -135,6 +135,13 @@ void bb_json_write_string(FILE *out, const char *s);
 /* `v` printed with `fmt` (e.g. "%.7g") into buf, or "null" when it is not
  * finite (JSON has no NaN or infinity); returns buf. */
 const char *bb_json_number(char *buf, size_t cap, const char *fmt, double v);
+/* The value of "key" in a flat JSON object as bigbatch writes them
+ * (state.json): false when the key is absent or its value is not of that
+ * type (or, for strings, longer than cap - 1; for ints, above 2^30). */
+bool bb_json_get_u64(const char *json, const char *key, uint64_t *out);
+bool bb_json_get_int(const char *json, const char *key, int *out);
+bool bb_json_get_double(const char *json, const char *key, double *out);
+bool bb_json_get_string(const char *json, const char *key, char *out, size_t cap);
 
 /* ---- command-line parsing ---------------------------------------------
  * A command describes its options in a table ending with {0}; bb_cli_parse()

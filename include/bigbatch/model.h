@@ -41,10 +41,23 @@
 
 #define BB_MLP_MAX_HIDDEN 16
 
-typedef enum bb_model_kind { BB_MODEL_MLP = 1, BB_MODEL_GPT = 2 } bb_model_kind;
+/* ---- model kinds --------------------------------------------------------
+ * A kind (gpt, mlp) is one descriptor, defined in its own file (gpt.c,
+ * mlp.c) and listed in the kind table (model.c): its name and shape flags,
+ * what it takes from the data, its description, its JSON, its batches and
+ * its forward and backward. Code outside src/model asks through the
+ * functions below and never branches on a kind. */
+typedef struct bb_model_kind bb_model_kind;
+
+/* The kind called `name` ("gpt", "mlp"); NULL when there is none. */
+const bb_model_kind *bb_model_kind_find(const char *name);
+const char *bb_model_kind_name(const bb_model_kind *k);
+/* "gpt|mlp" (for --model's choices) and "gpt (tokens) or mlp (images)". */
+const char *bb_model_kind_choices(void);
+const char *bb_model_kind_help(void);
 
 typedef struct bb_model_config {
-    bb_model_kind kind;
+    const bb_model_kind *kind;
     /* mlp */
     int inputs, classes;
     int hidden[BB_MLP_MAX_HIDDEN];
@@ -62,6 +75,39 @@ bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_co
 bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab);
 /* Parses --checkpoint none|blocks|every:K into checkpoint_every (blocks = 1). */
 bb_status bb_model_parse_checkpoint(const char *s, int *every);
+
+/* The shape flags as the command line gave them; each kind takes its own
+ * (gpt: --layers --heads --d-model; mlp: --hidden) and refuses the others'. */
+typedef struct bb_model_flags {
+    int64_t layers, heads, d_model;
+    bool layers_given, heads_given, d_model_given;
+    const char *const *hidden; /* --hidden's items: "1024,512" or "1024" "512" */
+    int hidden_count;          /* 0: not given (the kind's default) */
+} bb_model_flags;
+/* The configuration of kind `kind` (a name) the flags describe, the data's
+ * fields left 0. Fails with BB_ERR_ARG naming the flag. */
+bb_status bb_model_config_from_flags(const char *kind, const bb_model_flags *f, bb_model_config *out);
+/* Fills what the data decides (gpt: seq_len, vocab; mlp: inputs, classes)
+ * from the records `meta` describes (of the dataset at `path`, named in
+ * the message). Fails with BB_ERR_ARG when the kind cannot take them. */
+bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *meta, const char *path);
+/* Same kind and shape (checkpointing and precision aside). */
+bool bb_model_same_shape(const bb_model_config *a, const bb_model_config *b);
+/* What the trainer and the planner count per kind: checkpointable layers
+ * (gpt blocks, mlp linear layers); targets per example (the loss's
+ * normaliser: T tokens or 1 label); logits per target (vocab or classes). */
+int bb_model_layers(const bb_model_config *c);
+int bb_model_targets_per_example(const bb_model_config *c);
+int bb_model_outputs(const bb_model_config *c);
+/* The targets are tokens (tokens/s is reported; sample can continue text). */
+bool bb_model_targets_are_tokens(const bb_model_config *c);
+/* The forward counts argmax hits (classification: evaluation reports accuracy). */
+bool bb_model_counts_correct(const bb_model_config *c);
+/* state.json's model lines (`"model": "gpt",` and the shape, each line
+ * indented by two spaces and ending in ",\n") and their reader: false
+ * when a field is missing or the kind unknown. */
+void bb_model_config_write_json(FILE *f, const bb_model_config *c);
+bool bb_model_config_read_json(const char *json, bb_model_config *c);
 
 typedef struct bb_model bb_model_t;
 

@@ -154,7 +154,7 @@ int bb_cmd_sample(int argc, char **argv)
     bb_status rc = bb_cli_parse("sample", opts, argc, argv, NULL);
     if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, 1, &be, &m);
     const bb_model_config *c = m ? bb_model_get_config(m) : NULL;
-    if (rc == BB_OK && (c->kind != BB_MODEL_GPT || c->vocab != 256))
+    if (rc == BB_OK && (!bb_model_targets_are_tokens(c) || bb_model_outputs(c) != 256))
         rc = bb_fail(BB_ERR_ARG, "%s: sample needs a gpt over bytes (vocabulary 256)", ckpt);
     int T = c ? c->seq_len : 0, len = 0;
     if (rc == BB_OK) {

@@ -152,7 +152,7 @@ int bb_cmd_train(int argc, char **argv)
                          "depends on it)", (unsigned long long)info.seed);
         else if (init_given)
             rc = bb_fail(BB_ERR_ARG, "--init-from with --resume: the weights come from the checkpoint");
-        if (!mf.shape_given) { /* the checkpoint's model, with --checkpoint if given */
+        if (!model_flags_shape_given(&mf)) { /* the checkpoint's model, with --checkpoint if given */
             int every = o.model.checkpoint_every;
             o.model = info.model;
             if (mf.checkpoint_given) o.model.checkpoint_every = every;

@@ -47,33 +47,16 @@ bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bool *c
 
 bb_status model_flags_config(const model_flags *f, bb_model_config *out)
 {
-    const model_flags defaults = MODEL_FLAGS_DEFAULT;
-    if (!strcmp(f->kind, "gpt")) {
-        if (f->hidden.count) return bb_fail(BB_ERR_ARG, "--hidden sizes an mlp's layers; this is a gpt (--model mlp?)");
-        *out = bb_model_gpt_config((int)f->layers, (int)f->heads, (int)f->d_model, 0, 0);
-    } else {
-        if (f->layers != defaults.layers || f->heads != defaults.heads || f->d_model != defaults.d_model)
-            return bb_fail(BB_ERR_ARG, "--layers, --heads and --d-model shape a gpt; an mlp takes --hidden");
-        int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = f->hidden.count ? 0 : 2;
-        for (int i = 0; i < f->hidden.count; i++) {
-            /* "1024,512" and "1024 512" both work */
-            for (const char *p = f->hidden.items[i]; *p;) {
-                char *end;
-                long v = strtol(p, &end, 10);
-                if (end == p || v < 1 || v > 1 << 20 || n == BB_MLP_MAX_HIDDEN)
-                    return bb_fail(BB_ERR_ARG, "--hidden: '%s' is not a list of at most %d sizes >= 1",
-                                   f->hidden.items[i], BB_MLP_MAX_HIDDEN);
-                sizes[n++] = (int)v;
-                p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') return bb_fail(BB_ERR_ARG, "--hidden: bad size list '%s'", f->hidden.items[i]);
-            }
-        }
-        *out = bb_model_mlp_config(0, sizes, n, 0);
-    }
+    bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
+                            .layers_given = f->layers_given, .heads_given = f->heads_given,
+                            .d_model_given = f->d_model_given, .hidden = (const char *const *)f->hidden.items,
+                            .hidden_count = f->hidden.count};
+    BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
     BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &out->checkpoint_every));
-    if (out->kind == BB_MODEL_GPT && out->checkpoint_every > out->layers)
-        BB_WARN("--checkpoint %s: the gpt has %d layers, so every:%d (one segment: only the first block's input is "
-                "kept) is what runs", f->checkpoint, out->layers, out->layers);
+    int layers = bb_model_layers(out);
+    if (out->checkpoint_every > layers)
+        BB_WARN("--checkpoint %s: the %s has %d layers, so every:%d (one segment: only the first layer's input is "
+                "kept) is what runs", f->checkpoint, bb_model_kind_name(out->kind), layers, layers);
     return BB_OK;
 }
 
@@ -81,18 +64,7 @@ bb_status model_config_from_data(const char *path, bb_model_config *c)
 {
     bb_dataset_t *ds;
     BB_TRY(bb_dataset_open(path, &ds));
-    const bb_shard_meta *m = bb_dataset_meta(ds);
-    bb_status rc = BB_OK;
-    if (c->kind == BB_MODEL_GPT && (m->kind == BB_RECORD_TOKENS_U16 || m->kind == BB_RECORD_TOKENS_U32)) {
-        c->seq_len = (int)m->shape[0] - 1;
-        c->vocab = (int)m->classes_or_vocab;
-    } else if (c->kind == BB_MODEL_MLP && m->kind == BB_RECORD_IMAGE_U8) {
-        c->inputs = (int)m->record_size - 1;
-        c->classes = (int)m->classes_or_vocab;
-    } else {
-        rc = bb_fail(BB_ERR_ARG, "%s holds %s records, which a %s cannot take", path, bb_record_kind_name(m->kind),
-                     c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
-    }
+    bb_status rc = bb_model_config_from_data(c, bb_dataset_meta(ds), path);
     bb_dataset_close(ds);
     return rc;
 }

@@ -10,26 +10,32 @@ typedef struct model_flags {
     int64_t layers, heads, d_model;
     bb_str_list hidden;
     bool shape_given, checkpoint_given; /* a shape flag (--model ... --hidden), --checkpoint appeared */
+    bool layers_given, heads_given, d_model_given;
 } model_flags;
 
 #define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .layers = 4, .heads = 4, .d_model = 128}
 
 /* The option-table rows for model_flags (5 rows + --checkpoint). */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
-    {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", "gpt (tokens) or mlp (images)", .choices = "gpt|mlp",        \
+    {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices(),   \
      .given = &(f).shape_given},                                                                               \
     {"--layers", BB_OPT_INT, &(f).layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024,              \
-     .given = &(f).shape_given},                                                                               \
+     .given = &(f).layers_given},                                                                              \
     {"--heads", BB_OPT_INT, &(f).heads, "H", "gpt: attention heads (divide --d-model)", .min = 1, .max = 1024, \
-     .given = &(f).shape_given},                                                                               \
+     .given = &(f).heads_given},                                                                               \
     {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt: width", .min = 1, .max = 1 << 16,                      \
-     .given = &(f).shape_given},                                                                               \
+     .given = &(f).d_model_given},                                                                             \
     {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default: 1024,1024)",           \
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)",  \
      .given = &(f).checkpoint_given}
 
+/* Any shape flag appeared (--model, a gpt's or an mlp's). */
+static inline bool model_flags_shape_given(const model_flags *f)
+{
+    return f->shape_given || f->layers_given || f->heads_given || f->d_model_given;
+}
 /* The model configuration the flags describe; the data fills seq_len and
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */
 bb_status model_flags_config(const model_flags *f, bb_model_config *out);

@@ -85,3 +85,51 @@ bb_status bb_fsync_dir_of(const char *path)
     free(dir);
     return rc;
 }
+
+/* ---- reading the flat JSON objects bigbatch writes (state.json) ---- */
+static const char *find_value(const char *json, const char *key)
+{
+    char pattern[80];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *p = strstr(json, pattern);
+    if (!p) return NULL;
+    for (p += strlen(pattern); *p == ' '; p++) {}
+    return p;
+}
+
+bool bb_json_get_u64(const char *json, const char *key, uint64_t *out)
+{
+    const char *p = find_value(json, key);
+    char *end;
+    if (!p || *p < '0' || *p > '9') return false;
+    *out = strtoull(p, &end, 10);
+    return end != p;
+}
+
+bool bb_json_get_int(const char *json, const char *key, int *out)
+{
+    uint64_t v;
+    if (!bb_json_get_u64(json, key, &v) || v > (1u << 30)) return false;
+    *out = (int)v;
+    return true;
+}
+
+bool bb_json_get_double(const char *json, const char *key, double *out)
+{
+    const char *p = find_value(json, key);
+    char *end;
+    if (!p) return false;
+    *out = strtod(p, &end);
+    return end != p;
+}
+
+bool bb_json_get_string(const char *json, const char *key, char *out, size_t cap)
+{
+    const char *p = find_value(json, key);
+    if (!p || *p != '"') return false;
+    const char *end = strchr(p + 1, '"');
+    if (!end || (size_t)(end - p - 1) >= cap) return false;
+    memcpy(out, p + 1, (size_t)(end - p - 1));
+    out[end - p - 1] = 0;
+    return true;
+}

@@ -64,7 +64,7 @@ static bb_status mlp_create(bb_model_t *m)
     s->host_logits = malloc((size_t)m->B * c->classes * sizeof *s->host_logits);
     if (!s->seg_in || !s->slots || !s->host_logits) return bb_fail(BB_ERR_NOMEM, "out of memory");
     size_t row = (size_t)widest(s) * m->B * sizeof(float);
-    s->seg_in[0] = m->features;
+    s->seg_in[0] = (float *)m->inputs;
     for (int i = 1; i < s->S; i++)
         BB_TRY(bb_model_alloc_activation(m, (size_t)m->B * s->width[i * s->K] * sizeof(float),
                                          "checkpointed layer inputs", (void **)&s->seg_in[i]));
@@ -134,7 +134,7 @@ static bb_status mlp_forward(bb_model_t *m, float normalizer, double *loss, int 
 {
     mlp_state *s = m->impl;
     int classes = m->cfg.classes;
-    s->seg_in[0] = m->features; /* the batch buffers alternate (batch.c) */
+    s->seg_in[0] = (float *)m->inputs; /* the batch buffers alternate (batch.c) */
     for (int seg = 0; seg < s->S; seg++) BB_TRY(segment_forward(m, seg));
     float *logits = s->slots[(s->n - 1) % s->K].pre;
     if (correct) {
@@ -197,7 +197,128 @@ static const float *mlp_logits(bb_model_t *m)
     return s->slots[(s->n - 1) % s->K].pre;
 }
 
-const model_kind_ops bb_mlp_ops = {
+/* ---- the kind: configuration, JSON, batches ------------------------------ */
+bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes)
+{
+    bb_model_config c = {.kind = &bb_model_kind_mlp, .inputs = inputs, .classes = classes, .hidden_count = hidden_count};
+    for (int i = 0; i < hidden_count && i < BB_MLP_MAX_HIDDEN; i++) c.hidden[i] = hidden[i];
+    return c;
+}
+
+static bb_status mlp_from_flags(const bb_model_flags *f, bb_model_config *out)
+{
+    if (f->layers_given || f->heads_given || f->d_model_given)
+        return bb_fail(BB_ERR_ARG, "--layers, --heads and --d-model shape a gpt; an mlp takes --hidden");
+    int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = f->hidden_count ? 0 : 2;
+    for (int i = 0; i < f->hidden_count; i++) {
+        /* "1024,512" and "1024 512" both work */
+        for (const char *p = f->hidden[i]; *p;) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 1 || v > 1 << 20 || n == BB_MLP_MAX_HIDDEN)
+                return bb_fail(BB_ERR_ARG, "--hidden: '%s' is not a list of at most %d sizes >= 1", f->hidden[i],
+                               BB_MLP_MAX_HIDDEN);
+            sizes[n++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',') return bb_fail(BB_ERR_ARG, "--hidden: bad size list '%s'", f->hidden[i]);
+        }
+    }
+    *out = bb_model_mlp_config(0, sizes, n, 0);
+    return BB_OK;
+}
+
+static bb_status mlp_from_data(bb_model_config *c, const bb_shard_meta *meta, const char *path)
+{
+    if (meta->kind != BB_RECORD_IMAGE_U8)
+        return bb_fail(BB_ERR_ARG, "%s holds %s records; --model mlp needs image records", path,
+                       bb_record_kind_name(meta->kind));
+    c->inputs = (int)meta->record_size - 1;
+    c->classes = (int)meta->classes_or_vocab;
+    return BB_OK;
+}
+
+static void mlp_describe(const bb_model_config *c, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
+    for (int i = 0; i < c->hidden_count && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "-%d", c->hidden[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "-%d)", c->classes);
+}
+
+static bool mlp_same_shape(const bb_model_config *a, const bb_model_config *b)
+{
+    if (a->inputs != b->inputs || a->classes != b->classes || a->hidden_count != b->hidden_count) return false;
+    for (int i = 0; i < a->hidden_count; i++)
+        if (a->hidden[i] != b->hidden[i]) return false;
+    return true;
+}
+
+static int mlp_layers(const bb_model_config *c) { return c->hidden_count + 1; }
+static int mlp_one(const bb_model_config *c) { return (void)c, 1; }
+static int mlp_outputs(const bb_model_config *c) { return c->classes; }
+static int mlp_inputs(const bb_model_config *c) { return c->inputs; }
+
+static void mlp_write_json(FILE *f, const bb_model_config *c)
+{
+    fprintf(f, "  \"inputs\": %d,\n  \"classes\": %d,\n  \"hidden\": \"", c->inputs, c->classes);
+    for (int i = 0; i < c->hidden_count; i++) fprintf(f, "%s%d", i ? "," : "", c->hidden[i]);
+    fprintf(f, "\",\n");
+}
+
+static bool mlp_read_json(const char *json, bb_model_config *c)
+{
+    char hidden[256];
+    bool ok = bb_json_get_int(json, "inputs", &c->inputs) && bb_json_get_int(json, "classes", &c->classes) &&
+              bb_json_get_string(json, "hidden", hidden, sizeof hidden);
+    for (char *p = hidden; ok && *p && c->hidden_count < BB_MLP_MAX_HIDDEN; c->hidden_count++) {
+        c->hidden[c->hidden_count] = (int)strtol(p, &p, 10);
+        if (*p == ',') p++;
+    }
+    return ok;
+}
+
+/* a label, then the pixels */
+static size_t mlp_record_bytes(const bb_model_config *c) { return (size_t)c->inputs + 1; }
+
+static bb_status mlp_check_records(const bb_model_config *c, const bb_shard_meta *meta, const uint8_t *records,
+                                   int count, int *width)
+{
+    size_t pixels = meta->record_size - 1;
+    *width = 1;
+    if (meta->kind != BB_RECORD_IMAGE_U8 || pixels != (size_t)c->inputs)
+        return bb_fail(BB_ERR_ARG, "mlp with %d inputs cannot take %s records of %zu pixels", c->inputs,
+                       bb_record_kind_name(meta->kind), pixels);
+    for (int b = 0; b < count; b++) {
+        uint8_t label = records[(size_t)b * meta->record_size];
+        if (label >= c->classes) return bb_fail(BB_ERR_ARG, "label %u is not below %d classes", label, c->classes);
+    }
+    return BB_OK;
+}
+
+static void mlp_convert(bb_model_t *m, void *inputs, int32_t *targets, const uint8_t *records, int count, int width)
+{
+    (void)width;
+    bb_op_records_to_images(m->be, inputs, targets, records, count, m->B, m->cfg.inputs);
+}
+
+const bb_model_kind bb_model_kind_mlp = {
+    .name = "mlp",
+    .takes = "images",
+    .from_flags = mlp_from_flags,
+    .from_data = mlp_from_data,
+    .describe = mlp_describe,
+    .same_shape = mlp_same_shape,
+    .layers = mlp_layers,
+    .targets_per_example = mlp_one,
+    .outputs = mlp_outputs,
+    .counts_correct = true,
+    .write_json = mlp_write_json,
+    .read_json = mlp_read_json,
+    .inputs_per_example = mlp_inputs,
+    .input_size = sizeof(float),
+    .input_name = "features",
+    .record_bytes = mlp_record_bytes,
+    .check_records = mlp_check_records,
+    .convert = mlp_convert,
     .create = mlp_create,
     .init = mlp_init,
     .forward = mlp_forward,

@@ -7,29 +7,83 @@
 
 #include "model_internal.h"
 
-bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes)
+/* ---- the kind table ------------------------------------------------------ */
+static const bb_model_kind *const kinds[] = {&bb_model_kind_gpt, &bb_model_kind_mlp};
+enum { KINDS = sizeof kinds / sizeof *kinds };
+
+const bb_model_kind *bb_model_kind_find(const char *name)
 {
-    bb_model_config c = {.kind = BB_MODEL_MLP, .inputs = inputs, .classes = classes, .hidden_count = hidden_count};
-    for (int i = 0; i < hidden_count && i < BB_MLP_MAX_HIDDEN; i++) c.hidden[i] = hidden[i];
-    return c;
+    for (int i = 0; i < KINDS; i++)
+        if (!strcmp(kinds[i]->name, name)) return kinds[i];
+    return NULL;
 }
 
-bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab)
+const char *bb_model_kind_name(const bb_model_kind *k) { return k ? k->name : "(no kind)"; }
+
+const char *bb_model_kind_choices(void)
 {
-    return (bb_model_config){.kind = BB_MODEL_GPT, .layers = layers, .heads = heads, .d_model = d_model,
-                             .seq_len = seq_len, .vocab = vocab};
+    static char text[128];
+    if (!text[0])
+        for (int i = 0; i < KINDS; i++)
+            snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s", i ? "|" : "", kinds[i]->name);
+    return text;
+}
+
+const char *bb_model_kind_help(void)
+{
+    static char text[256];
+    if (!text[0])
+        for (int i = 0; i < KINDS; i++)
+            snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s (%s)",
+                     i == 0 ? "" : i == KINDS - 1 ? " or " : ", ", kinds[i]->name, kinds[i]->takes);
+    return text;
+}
+
+bb_status bb_model_config_from_flags(const char *kind, const bb_model_flags *f, bb_model_config *out)
+{
+    const bb_model_kind *k = bb_model_kind_find(kind);
+    if (!k) return bb_fail(BB_ERR_ARG, "--model: '%s' is not one of %s", kind, bb_model_kind_choices());
+    BB_TRY(k->from_flags(f, out));
+    out->kind = k;
+    return BB_OK;
+}
+
+bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *meta, const char *path)
+{
+    if (!c->kind) return bb_fail(BB_ERR_ARG, "no model kind given");
+    return c->kind->from_data(c, meta, path);
 }
 
 void bb_model_describe(const bb_model_config *c, char *buf, size_t cap)
 {
-    if (c->kind == BB_MODEL_GPT) {
-        snprintf(buf, cap, "gpt (%d layer%s, %d head%s, d %d, T %d, vocab %d)", c->layers, c->layers > 1 ? "s" : "",
-                 c->heads, c->heads > 1 ? "s" : "", c->d_model, c->seq_len, c->vocab);
-        return;
-    }
-    size_t n = (size_t)snprintf(buf, cap, "mlp (%d", c->inputs);
-    for (int i = 0; i < c->hidden_count && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "-%d", c->hidden[i]);
-    if (n < cap) snprintf(buf + n, cap - n, "-%d)", c->classes);
+    if (c->kind) c->kind->describe(c, buf, cap);
+    else snprintf(buf, cap, "(no model kind)");
+}
+
+bool bb_model_same_shape(const bb_model_config *a, const bb_model_config *b)
+{
+    return a->kind == b->kind && a->kind && a->kind->same_shape(a, b);
+}
+
+int bb_model_layers(const bb_model_config *c) { return c->kind->layers(c); }
+int bb_model_targets_per_example(const bb_model_config *c) { return c->kind->targets_per_example(c); }
+int bb_model_outputs(const bb_model_config *c) { return c->kind->outputs(c); }
+bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->targets_are_tokens; }
+bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->counts_correct; }
+
+void bb_model_config_write_json(FILE *f, const bb_model_config *c)
+{
+    fprintf(f, "  \"model\": ");
+    bb_json_write_string(f, c->kind->name);
+    fprintf(f, ",\n");
+    c->kind->write_json(f, c);
+}
+
+bool bb_model_config_read_json(const char *json, bb_model_config *c)
+{
+    char name[32];
+    if (!bb_json_get_string(json, "model", name, sizeof name) || !(c->kind = bb_model_kind_find(name))) return false;
+    return c->kind->read_json(json, c);
 }
 
 bb_status bb_model_parse_checkpoint(const char *s, int *every)
@@ -105,16 +159,13 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
     m->be = be;
     m->cfg = *cfg;
     m->B = micro_batch;
+    m->kind = cfg->kind;
     bb_status rc;
-    if (cfg->kind == BB_MODEL_GPT)
-        m->ops = &bb_gpt_ops;
-    else if (cfg->kind == BB_MODEL_MLP)
-        m->ops = &bb_mlp_ops;
-    else {
+    if (!m->kind) {
         free(m);
-        return bb_fail(BB_ERR_ARG, "unknown model kind %d", cfg->kind);
+        return bb_fail(BB_ERR_ARG, "no model kind given");
     }
-    BB_TRY_GOTO(m->ops->create(m), rc, fail);
+    BB_TRY_GOTO(m->kind->create(m), rc, fail);
     /* The ops' own scratch, sized now so that no op allocates mid-step: rows
      * up to the batch's, column sums as wide as the widest vector
      * parameter (biases and norms). */
@@ -132,7 +183,7 @@ fail:
 void bb_model_destroy(bb_model_t *m)
 {
     if (!m) return;
-    if (m->ops && m->ops->destroy) m->ops->destroy(m);
+    if (m->kind && m->kind->destroy) m->kind->destroy(m);
     bb_backend_free(m->be, m->params);
     bb_backend_free(m->be, m->grads);
     bb_model_free_batches(m);
@@ -154,7 +205,7 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
 {
     float *host = malloc(m->param_count * sizeof *host);
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
-    bb_status rc = m->ops->init(m, seed, host);
+    bb_status rc = m->kind->init(m, seed, host);
     if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
     free(host);
     return rc;
@@ -164,16 +215,16 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 {
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
     if (correct) *correct = -1;
-    return m->ops->forward(m, normalizer, loss, correct);
+    return m->kind->forward(m, normalizer, loss, correct);
 }
 
-bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->ops->backward(m, accumulate); }
+bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->kind->backward(m, accumulate); }
 
 bb_status bb_model_logits(bb_model_t *m, float *host_logits)
 {
-    BB_TRY(m->ops->forward(m, 1.0f, NULL, NULL));
-    int rows = bb_model_batch_rows(m), width = m->cfg.kind == BB_MODEL_GPT ? m->cfg.vocab : m->cfg.classes;
-    return bb_backend_copy(m->be, host_logits, m->ops->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
+    BB_TRY(m->kind->forward(m, 1.0f, NULL, NULL));
+    int rows = bb_model_batch_rows(m), width = bb_model_outputs(&m->cfg);
+    return bb_backend_copy(m->be, host_logits, m->kind->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
 }
 
 void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx)

@@ -5,7 +5,37 @@
 
 #include "bigbatch/model.h"
 
-typedef struct model_kind_ops {
+/* A model kind: one per file (gpt.c, mlp.c), listed in model.c's table.
+ * Adding a kind is one file that defines one of these and one table entry. */
+struct bb_model_kind {
+    const char *name;      /* --model NAME, state.json's "model" */
+    const char *takes;     /* the records it trains on, for --help: "tokens" */
+    /* ---- configuration (no model needed) ---- */
+    bb_status (*from_flags)(const bb_model_flags *f, bb_model_config *out);
+    bb_status (*from_data)(bb_model_config *c, const bb_shard_meta *meta, const char *path);
+    void (*describe)(const bb_model_config *c, char *buf, size_t cap);
+    bool (*same_shape)(const bb_model_config *a, const bb_model_config *b);
+    int (*layers)(const bb_model_config *c);              /* checkpoint units */
+    int (*targets_per_example)(const bb_model_config *c); /* 1, or T tokens */
+    int (*outputs)(const bb_model_config *c);             /* logits per target */
+    bool targets_are_tokens, counts_correct;
+    const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
+    void (*write_json)(FILE *f, const bb_model_config *c);
+    bool (*read_json)(const char *json, bb_model_config *c);
+    /* ---- batches (batch.c) ---- */
+    int (*inputs_per_example)(const bb_model_config *c); /* elements of input_size bytes */
+    size_t input_size;                                    /* float features, int32 tokens */
+    const char *input_name;                               /* "features", "tokens" */
+    size_t (*record_bytes)(const bb_model_config *c);     /* the widest record it takes */
+    /* checks records on the host (the device indexes tables with them);
+     * *width: a detail the conversion needs (bytes per token) */
+    bb_status (*check_records)(const bb_model_config *c, const bb_shard_meta *meta, const uint8_t *records,
+                               int count, int *width);
+    /* optional: checks host inputs of bb_model_set_batch (n elements) */
+    bb_status (*check_inputs)(const bb_model_config *c, const void *inputs, size_t n);
+    /* turns `count` staged records into inputs and targets on the device */
+    void (*convert)(bb_model_t *m, void *inputs, int32_t *targets, const uint8_t *records, int count, int width);
+    /* ---- the model ---- */
     bb_status (*create)(bb_model_t *m);      /* tensors, then activations */
     bb_status (*init)(bb_model_t *m, uint64_t seed, float *host_params);
     /* loss NULL: stop at the logits (no loss, no backward may follow) */
@@ -13,20 +43,19 @@ typedef struct model_kind_ops {
     const float *(*logits)(bb_model_t *m);   /* device logits after a forward without loss */
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
-} model_kind_ops;
+};
 
 struct bb_model {
     bb_backend_t *be;
     bb_model_config cfg;
-    const model_kind_ops *ops;
+    const bb_model_kind *kind;  /* cfg.kind */
     int B;                   /* micro-batch */
     float *params, *grads;   /* device, param_count floats each */
     size_t param_count;
     bb_tensor_info *tensors;
     int tensor_count, tensor_capacity;
     /* the batch the next forward reads, on the device: batch_sets[current] */
-    float *features;         /* mlp: (B, inputs) */
-    int32_t *tokens;         /* gpt: (B, T) */
+    void *inputs;            /* mlp: float features (B, inputs); gpt: int32 tokens (B, T) */
     int32_t *targets;        /* mlp: (B); gpt: (B, T) */
     int targets_valid;
     struct batch_set *batch_sets; /* (2): the current one and the one being staged (batch.c) */
@@ -37,7 +66,7 @@ struct bb_model {
     void *impl;
 };
 
-extern const model_kind_ops bb_gpt_ops, bb_mlp_ops;
+extern const bb_model_kind bb_model_kind_gpt, bb_model_kind_mlp;
 
 /* model.c helpers for the kinds */
 bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int cols, bool decay);

@@ -33,10 +33,11 @@ static uint64_t data_checksum(const float *host, size_t count, const float *tied
 
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
-    bool tied = m->cfg.kind == BB_MODEL_GPT;
+    const char *head = m->kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte) */
+    bool tied = head != NULL;
     size_t cap = 256, len = 0, offset = 0;
     for (int i = 0; i < m->tensor_count; i++) cap += strlen(m->tensors[i].name) + 112; /* 112: keys, shape, offsets */
-    cap += 128;                                                                        /* lm_head.weight */
+    cap += 128;                                                                        /* the tied head */
     char *json = malloc(cap);
     float *host = malloc(m->param_count * sizeof *host);
     if (!json || !host) {
@@ -53,7 +54,7 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     for (int i = 0; i <= m->tensor_count; i++) {
         const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
         if (i == m->tensor_count && !tied) break;
-        const char *name = i < m->tensor_count ? t->name : "lm_head.weight"; /* tied to wte: written twice */
+        const char *name = i < m->tensor_count ? t->name : head; /* tied to tensor 0: written twice */
         size_t bytes = t->count * sizeof(float);
         len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d", name, t->shape[0]);
         if (t->rank == 2) len += (size_t)snprintf(json + len, cap - len, ",%d", t->shape[1]);
@@ -321,7 +322,8 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
      * model as it was. A tensor the model does not have means another
      * shape (e.g. more layers): refused, naming the first. */
     for (int k = 0; rc == BB_OK && k < count; k++) {
-        bool known = m->cfg.kind == BB_MODEL_GPT && !strcmp(entries[k].name, "lm_head.weight");
+        const char *head = m->kind->tied_head;
+        bool known = head && !strcmp(entries[k].name, head);
         for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(entries[k].name, m->tensors[i].name);
         if (!known) {
             char model[160];
@@ -337,9 +339,9 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
             for (int k = 0; k < count && !e; k++)
                 if (!strcmp(entries[k].name, t->name)) e = &entries[k];
             /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
-            if (!e && i == 0 && m->cfg.kind == BB_MODEL_GPT)
+            if (!e && i == 0 && m->kind->tied_head)
                 for (int k = 0; k < count && !e; k++)
-                    if (!strcmp(entries[k].name, "lm_head.weight")) e = &entries[k];
+                    if (!strcmp(entries[k].name, m->kind->tied_head)) e = &entries[k];
             if (!e)
                 rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
                              path, t->name, count);

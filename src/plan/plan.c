@@ -7,7 +7,7 @@
 static uint64_t param_count(const bb_model_config *c)
 {
     uint64_t n = 0;
-    if (c->kind == BB_MODEL_GPT) {
+    if (bb_model_targets_are_tokens(c)) {
         uint64_t C = (uint64_t)c->d_model;
         n = (uint64_t)c->vocab * C + (uint64_t)c->seq_len * C + 2 * C;        /* wte, wpe, ln_f */
         n += (uint64_t)c->layers * (12 * C * C + 13 * C);                     /* per block */
@@ -25,14 +25,14 @@ static uint64_t param_count(const bb_model_config *c)
 /* Blocks (gpt) or linear layers (mlp) per checkpoint segment. */
 static int segment_size(const bb_model_config *c)
 {
-    int layers = c->kind == BB_MODEL_GPT ? c->layers : c->hidden_count + 1;
+    int layers = bb_model_targets_are_tokens(c) ? c->layers : c->hidden_count + 1;
     return c->checkpoint_every > 0 && c->checkpoint_every < layers ? c->checkpoint_every : layers;
 }
 
 static uint64_t activation_bytes(const bb_model_config *c, int micro_batch)
 {
     uint64_t B = (uint64_t)micro_batch, K = (uint64_t)segment_size(c);
-    if (c->kind == BB_MODEL_GPT) {
+    if (bb_model_targets_are_tokens(c)) {
         uint64_t T = (uint64_t)c->seq_len, C = (uint64_t)c->d_model, H = (uint64_t)c->heads, V = (uint64_t)c->vocab;
         uint64_t BT = B * T, L = (uint64_t)c->layers, S = (L + K - 1) / K;
         uint64_t kept = BT * 16 * C + B * H * T * T; /* a block's kept tensors, in elements */
@@ -62,20 +62,20 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
     memset(m, 0, sizeof *m);
     m->parameters = m->gradients = 4 * P;
     m->optimizer = 4 * P * (opt == BB_OPT_SGD ? 1 : 2);
-    uint64_t rows = c->kind == BB_MODEL_GPT ? B * (uint64_t)c->seq_len : B;
-    uint64_t inputs = c->kind == BB_MODEL_GPT ? rows : B * (uint64_t)c->inputs;
+    uint64_t rows = bb_model_targets_are_tokens(c) ? B * (uint64_t)c->seq_len : B;
+    uint64_t inputs = bb_model_targets_are_tokens(c) ? rows : B * (uint64_t)c->inputs;
     m->batches = 2 * 4 * (inputs + rows); /* two sets: inputs and targets */
     if (cuda) m->batches += 2 * bb_model_record_buffer_bytes(c, micro_batch); /* and the raw records */
     m->activations = activation_bytes(c, micro_batch);
     if (cuda) { /* loss rows, column-sum partials, the embedding's sort, reduction partials, cuBLAS's workspace */
-        uint64_t widest = c->kind == BB_MODEL_GPT ? 4 * (uint64_t)c->d_model : 1024;
+        uint64_t widest = bb_model_targets_are_tokens(c) ? 4 * (uint64_t)c->d_model : 1024;
         m->workspace = 8 * rows + 2 * 64 * 4 * widest + 6 * 4 * rows + 8192 + ((uint64_t)32 << 20);
     }
     m->total = m->parameters + m->gradients + m->optimizer + m->batches + m->activations + m->workspace;
     /* The loader's defaults (loader.c): 16 batches prefetched (fewer past 64 MiB) plus, per serving
      * thread (2 threads), the trainer's 3 held (one in use, two uploading: worker.c), each record
      * with its 8-byte id. */
-    uint64_t record = c->kind == BB_MODEL_GPT ? (uint64_t)(c->seq_len + 1) * (c->vocab > 65536 ? 4 : 2)
+    uint64_t record = bb_model_targets_are_tokens(c) ? (uint64_t)(c->seq_len + 1) * (c->vocab > 65536 ? 4 : 2)
                                                : (uint64_t)c->inputs + 1;
     uint64_t batch = B * (record + 8), prefetch = ((uint64_t)64 << 20) / (B * record);
     prefetch = prefetch >= 16 ? 16 : prefetch < 2 ? 2 : prefetch;
@@ -90,7 +90,7 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
 
 static double relative_time(const bb_model_config *c, int micro_batch, int accumulation)
 {
-    int layers = c->kind == BB_MODEL_GPT ? c->layers : c->hidden_count + 1, K = segment_size(c);
+    int layers = bb_model_targets_are_tokens(c) ? c->layers : c->hidden_count + 1, K = segment_size(c);
     int S = (layers + K - 1) / K;
     double recompute = (double)(S - 1) * K / layers;         /* share of a forward done again */
     double examples = (double)micro_batch * accumulation;
@@ -110,10 +110,10 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
-    if (q->model.kind == BB_MODEL_MLP && q->model.precision != BB_PRECISION_FP32)
+    if (!bb_model_targets_are_tokens(&q->model) && q->model.precision != BB_PRECISION_FP32)
         return bb_fail(BB_ERR_ARG, "--precision bf16 stores gpt activations in bf16; the mlp's stay fp32");
     int per_device = q->global_batch / q->devices;
-    int layers = q->model.kind == BB_MODEL_GPT ? q->model.layers : q->model.hidden_count + 1;
+    int layers = bb_model_targets_are_tokens(&q->model) ? q->model.layers : q->model.hidden_count + 1;
     /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */
     int policies[16], np = 0;
     policies[np++] = 0;

@@ -56,15 +56,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     fprintf(f, ",\n  \"devices\": ");
     bb_json_write_string(f, st->devices ? st->devices : "");
     fprintf(f, ",\n  \"micro_batch\": %d,\n  \"shuffle_frames\": %u", st->micro_batch, st->shuffle_frames);
-    fprintf(f, ",\n  \"model\": \"%s\",\n", c->kind == BB_MODEL_GPT ? "gpt" : "mlp");
-    if (c->kind == BB_MODEL_GPT) {
-        fprintf(f, "  \"layers\": %d,\n  \"heads\": %d,\n  \"d_model\": %d,\n  \"seq_len\": %d,\n  \"vocab\": %d,\n",
-                c->layers, c->heads, c->d_model, c->seq_len, c->vocab);
-    } else {
-        fprintf(f, "  \"inputs\": %d,\n  \"classes\": %d,\n  \"hidden\": \"", c->inputs, c->classes);
-        for (int i = 0; i < c->hidden_count; i++) fprintf(f, "%s%d", i ? "," : "", c->hidden[i]);
-        fprintf(f, "\",\n");
-    }
+    fprintf(f, ",\n");
+    bb_model_config_write_json(f, c);
     const bb_optimizer_config *oc = &o->cfg;
     fprintf(f, "  \"checkpoint_every\": %d,\n  \"precision\": \"%s\",\n  \"optimizer\": \"%s\",\n", c->checkpoint_every,
             bb_precision_name(c->precision), optimizer_name(oc->kind));
@@ -252,52 +245,6 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
 }
 
 /* ---- reading: state.json is flat, written by write_state --------------- */
-static const char *find_value(const char *json, const char *key)
-{
-    char pattern[80];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *p = strstr(json, pattern);
-    if (!p) return NULL;
-    for (p += strlen(pattern); *p == ' '; p++) {}
-    return p;
-}
-
-static bool get_u64(const char *json, const char *key, uint64_t *out)
-{
-    const char *p = find_value(json, key);
-    char *end;
-    if (!p || *p < '0' || *p > '9') return false;
-    *out = strtoull(p, &end, 10);
-    return end != p;
-}
-
-static bool get_int(const char *json, const char *key, int *out)
-{
-    uint64_t v;
-    if (!get_u64(json, key, &v) || v > (1u << 30)) return false;
-    *out = (int)v;
-    return true;
-}
-
-static bool get_double(const char *json, const char *key, double *out)
-{
-    const char *p = find_value(json, key);
-    char *end;
-    if (!p) return false;
-    *out = strtod(p, &end);
-    return end != p;
-}
-
-static bool get_string(const char *json, const char *key, char *out, size_t cap)
-{
-    const char *p = find_value(json, key);
-    if (!p || *p != '"') return false;
-    const char *end = strchr(p + 1, '"');
-    if (!end || (size_t)(end - p - 1) >= cap) return false;
-    memcpy(out, p + 1, (size_t)(end - p - 1));
-    out[end - p - 1] = 0;
-    return true;
-}
 
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
 {
@@ -325,48 +272,32 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
     size_t len = fread(json, 1, sizeof json - 1, f);
     fclose(f);
     json[len] = 0;
-    char kind[16] = "", opt[16] = "", format[64] = "", hidden[256] = "";
+    char opt[16] = "", format[64] = "";
     bb_model_config *c = &info->model;
-    bool ok = get_string(json, "format", format, sizeof format) && !strcmp(format, "bigbatch-checkpoint") &&
-              get_u64(json, "step", &info->step) && get_u64(json, "seed", &info->seed) &&
-              get_int(json, "global_batch", &info->global_batch) && get_string(json, "model", kind, sizeof kind) &&
-              get_string(json, "optimizer", opt, sizeof opt) &&
-              get_int(json, "checkpoint_every", &c->checkpoint_every);
+    bool ok = bb_json_get_string(json, "format", format, sizeof format) && !strcmp(format, "bigbatch-checkpoint") &&
+              bb_json_get_u64(json, "step", &info->step) && bb_json_get_u64(json, "seed", &info->seed) &&
+              bb_json_get_int(json, "global_batch", &info->global_batch) && bb_model_config_read_json(json, c) &&
+              bb_json_get_string(json, "optimizer", opt, sizeof opt) &&
+              bb_json_get_int(json, "checkpoint_every", &c->checkpoint_every);
     char precision[16] = "fp32"; /* absent in checkpoints from before --precision bf16 stored activations */
-    get_string(json, "precision", precision, sizeof precision);
+    bb_json_get_string(json, "precision", precision, sizeof precision);
     if (ok && bb_precision_parse(precision, &c->precision) != BB_OK) ok = false;
-    if (ok && !strcmp(kind, "gpt")) {
-        c->kind = BB_MODEL_GPT;
-        ok = get_int(json, "layers", &c->layers) && get_int(json, "heads", &c->heads) &&
-             get_int(json, "d_model", &c->d_model) && get_int(json, "seq_len", &c->seq_len) &&
-             get_int(json, "vocab", &c->vocab);
-    } else if (ok && !strcmp(kind, "mlp")) {
-        c->kind = BB_MODEL_MLP;
-        ok = get_int(json, "inputs", &c->inputs) && get_int(json, "classes", &c->classes) &&
-             get_string(json, "hidden", hidden, sizeof hidden);
-        for (char *p = hidden; ok && *p && c->hidden_count < BB_MLP_MAX_HIDDEN; c->hidden_count++) {
-            c->hidden[c->hidden_count] = (int)strtol(p, &p, 10);
-            if (*p == ',') p++;
-        }
-    } else {
-        ok = false;
-    }
     bb_optimizer_config *oc = &info->opt;
     char schedule[16] = "";
     oc->kind = info->optimizer = !strcmp(opt, "sgd") ? BB_OPT_SGD : BB_OPT_ADAMW;
-    ok = ok && get_u64(json, "total_steps", &info->total_steps) && get_string(json, "data", info->data, sizeof info->data) &&
-         get_double(json, "lr", &oc->lr) && get_string(json, "lr_schedule", schedule, sizeof schedule) &&
-         get_u64(json, "warmup", &oc->warmup) && get_double(json, "beta1", &oc->beta1) &&
-         get_double(json, "beta2", &oc->beta2) && get_double(json, "eps", &oc->eps) &&
-         get_double(json, "momentum", &oc->momentum) && get_double(json, "weight_decay", &oc->weight_decay) &&
-         get_double(json, "grad_clip", &oc->grad_clip);
+    ok = ok && bb_json_get_u64(json, "total_steps", &info->total_steps) && bb_json_get_string(json, "data", info->data, sizeof info->data) &&
+         bb_json_get_double(json, "lr", &oc->lr) && bb_json_get_string(json, "lr_schedule", schedule, sizeof schedule) &&
+         bb_json_get_u64(json, "warmup", &oc->warmup) && bb_json_get_double(json, "beta1", &oc->beta1) &&
+         bb_json_get_double(json, "beta2", &oc->beta2) && bb_json_get_double(json, "eps", &oc->eps) &&
+         bb_json_get_double(json, "momentum", &oc->momentum) && bb_json_get_double(json, "weight_decay", &oc->weight_decay) &&
+         bb_json_get_double(json, "grad_clip", &oc->grad_clip);
     oc->schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
     /* absent in checkpoints from before resume remembered them */
-    get_string(json, "val_data", info->val_data, sizeof info->val_data);
-    get_string(json, "devices", info->devices, sizeof info->devices);
-    get_int(json, "micro_batch", &info->micro_batch);
+    bb_json_get_string(json, "val_data", info->val_data, sizeof info->val_data);
+    bb_json_get_string(json, "devices", info->devices, sizeof info->devices);
+    bb_json_get_int(json, "micro_batch", &info->micro_batch);
     int frames = 0;
-    if (get_int(json, "shuffle_frames", &frames)) info->shuffle_frames = (uint32_t)frames;
+    if (bb_json_get_int(json, "shuffle_frames", &frames)) info->shuffle_frames = (uint32_t)frames;
     if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
     return BB_OK;
 }

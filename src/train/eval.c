@@ -96,6 +96,6 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
     BB_TRY(rc);
     out->records = s.records;
     out->loss = s.targets ? s.loss / (double)s.targets : NAN;
-    out->accuracy = bb_model_get_config(m)->kind == BB_MODEL_MLP && s.records ? (double)s.correct / (double)s.records : NAN;
+    out->accuracy = bb_model_counts_correct(bb_model_get_config(m)) && s.records ? (double)s.correct / (double)s.records : NAN;
     return BB_OK;
 }

@@ -29,7 +29,7 @@ static step_figures measure(trainer *t, uint64_t now)
     }
     f.seconds = (double)(now - t->last_step_end_ns) / 1e9;
     f.samples_per_s = t->global_batch / f.seconds;
-    f.tokens_per_s = t->cfg.kind == BB_MODEL_GPT ? f.samples_per_s * t->cfg.seq_len : 0;
+    f.tokens_per_s = bb_model_targets_are_tokens(&t->cfg) ? f.samples_per_s * bb_model_targets_per_example(&t->cfg) : 0;
     f.data_wait_pct = 100.0 * wait / 1e9 / f.seconds;
     if (t->reducer) {
         uint64_t busy, overlapped;
@@ -52,7 +52,7 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
             f->samples_per_s);
     if (skipped) fprintf(m, "\"skipped\": true, ");
     /* null where a figure does not apply: tokens for mlp, overlap on one device */
-    if (t->cfg.kind == BB_MODEL_GPT) fprintf(m, "\"tokens_per_s\": %.1f, ", f->tokens_per_s);
+    if (bb_model_targets_are_tokens(&t->cfg)) fprintf(m, "\"tokens_per_s\": %.1f, ", f->tokens_per_s);
     else fprintf(m, "\"tokens_per_s\": null, ");
     fprintf(m, "\"data_wait_pct\": %.3f, ", f->data_wait_pct);
     if (f->has_overlap) fprintf(m, "\"overlap_pct\": %.2f, ", f->overlap_pct);
@@ -92,7 +92,7 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
 {
     FILE *p = t->o->progress;
     char rate[48], eta[32], peak[24];
-    if (t->cfg.kind == BB_MODEL_GPT) snprintf(rate, sizeof rate, "%.0f tok/s", f->tokens_per_s);
+    if (bb_model_targets_are_tokens(&t->cfg)) snprintf(rate, sizeof rate, "%.0f tok/s", f->tokens_per_s);
     else snprintf(rate, sizeof rate, "%.0f samples/s", f->samples_per_s);
     double per_step = (double)(now - t->run_start_ns) / 1e9 / (double)(step - t->first_step);
     /* to the end of this run: --stop-after ends it early */

@@ -28,27 +28,6 @@ void bb_train_defaults(bb_train_options *o)
     };
 }
 
-/* Fills what the data decides (gpt: seq_len, vocab; mlp: inputs, classes)
- * and checks the model kind against the records. */
-static bb_status model_from_data(const bb_train_options *o, const bb_shard_meta *meta, bb_model_config *c)
-{
-    *c = o->model;
-    if (c->kind == BB_MODEL_GPT) {
-        if (meta->kind != BB_RECORD_TOKENS_U16 && meta->kind != BB_RECORD_TOKENS_U32)
-            return bb_fail(BB_ERR_ARG, "%s holds %s records; --model gpt needs token records", o->data,
-                           bb_record_kind_name(meta->kind));
-        c->seq_len = (int)meta->shape[0] - 1;
-        c->vocab = (int)meta->classes_or_vocab;
-    } else {
-        if (meta->kind != BB_RECORD_IMAGE_U8)
-            return bb_fail(BB_ERR_ARG, "%s holds %s records; --model mlp needs image records", o->data,
-                           bb_record_kind_name(meta->kind));
-        c->inputs = (int)meta->record_size - 1;
-        c->classes = (int)meta->classes_or_vocab;
-    }
-    return BB_OK;
-}
-
 static bb_status check_split(const bb_train_options *o, int micro_batch, int *accumulation)
 {
     int per_step = o->devices * micro_batch;
@@ -72,18 +51,6 @@ static bb_status check_split(const bb_train_options *o, int micro_batch, int *ac
                    o->global_batch, micro_batch, o->devices, o->devices > 1 ? "s" : "", valid);
 }
 
-static bool same_shape(const bb_model_config *a, const bb_model_config *b)
-{
-    if (a->kind != b->kind) return false;
-    if (a->kind == BB_MODEL_GPT)
-        return a->layers == b->layers && a->heads == b->heads && a->d_model == b->d_model &&
-               a->seq_len == b->seq_len && a->vocab == b->vocab;
-    if (a->inputs != b->inputs || a->classes != b->classes || a->hidden_count != b->hidden_count) return false;
-    for (int i = 0; i < a->hidden_count; i++)
-        if (a->hidden[i] != b->hidden[i]) return false;
-    return true;
-}
-
 /* Checks a --resume checkpoint against the options; the run continues at its step. */
 static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
 {
@@ -92,7 +59,7 @@ static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
     char want[160], have[160];
     bb_model_describe(&t->cfg, want, sizeof want);
     bb_model_describe(&info->model, have, sizeof have);
-    if (!same_shape(&t->cfg, &info->model))
+    if (!bb_model_same_shape(&t->cfg, &info->model))
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint holds a %s, the options ask for a %s", o->resume_dir,
                        have, want);
     if (info->global_batch != o->global_batch)
@@ -284,7 +251,8 @@ static bb_status setup(trainer *t)
     t->global_batch = o->global_batch;
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
-    BB_TRY(model_from_data(o, bb_dataset_meta(t->data), &t->cfg));
+    t->cfg = o->model;
+    BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
     t->cfg.precision = o->precision;
     if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
     BB_TRY(check_split(o, t->micro_batch, &t->accumulation));
@@ -317,7 +285,7 @@ static bb_status setup(trainer *t)
         BB_TRY(bb_checkpoint_prepare(o->save_dir, o->resume_dir ? info.root : NULL, o->force, &t->save_dir_created));
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
-    t->normalizer = (float)examples * (t->cfg.kind == BB_MODEL_GPT ? (float)t->cfg.seq_len : 1.0f);
+    t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     BB_TRY(build_devices(t, o->resume_dir ? &info : NULL));
     if (o->trace_path) {
         BB_TRY(bb_trace_create(t->devices + 1, &t->trace));
