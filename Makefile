@@ -50,7 +50,7 @@ SAN_FLAGS := $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer,)
 # without those two the compiler vectorizes the CPU ops' loops (clamps, exp).
 CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -fno-trapping-math -fno-math-errno \
              -Wall -Wextra -Werror -Wno-missing-field-initializers \
-             -Iinclude -D_GNU_SOURCE \
+             -Iinclude -Isrc -D_GNU_SOURCE \
              -MMD -MP $(SAN_FLAGS) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)

@@ -417,8 +417,8 @@ Test(cuda, ten_training_steps_match_the_cpu)
     o.progress = NULL;
     bb_train_result c, g;
     cr_assert_eq(bb_train_run(&o, &c), BB_OK, "cpu: %s", bb_error_message());
-    o.cuda = true;
-    o.cuda_ids[0] = 0;
+    o.device = BB_DEVICE_CUDA;
+    o.device_ids[0] = 0;
     cr_assert_eq(bb_train_run(&o, &g), BB_OK, "cuda: %s", bb_error_message());
     for (int s = 0; s < 10; s++) {
         double rel = fabs(c.losses[s] - g.losses[s]) / fabs(c.losses[s]);
@@ -429,7 +429,7 @@ Test(cuda, ten_training_steps_match_the_cpu)
     o.precision = BB_PRECISION_BF16;
     bb_train_result g16, c16;
     cr_assert_eq(bb_train_run(&o, &g16), BB_OK, "cuda bf16: %s", bb_error_message());
-    o.cuda = false;
+    o.device = BB_DEVICE_CPU;
     cr_assert_eq(bb_train_run(&o, &c16), BB_OK, "cpu bf16: %s", bb_error_message());
     for (int s = 0; s < 10; s++) {
         double rel = fabs(c16.losses[s] - g16.losses[s]) / fabs(c16.losses[s]);
@@ -513,7 +513,9 @@ Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
     float *grads[1] = {bb_model_grads(m)};
     cr_assert_eq(bb_backend_copy(gpu, grads[0], host, n * sizeof *host, BB_COPY_H2D), BB_OK);
     reducer_t *r;
-    cr_assert_eq(bb_reducer_create_nccl(m, &gpu, grads, 1, 4096, &r), BB_OK, "%s", bb_error_message());
+    bb_device_spec spec = {.kind = BB_DEVICE_CUDA, .count = 1, .world = 1};
+    reducer_args ra = {.spec = &spec, .model = m, .be = &gpu, .grads = grads, .bucket_bytes = 4096};
+    cr_assert_eq(bb_reducer_create_nccl(&ra, &r), BB_OK, "%s", bb_error_message());
     cr_assert_gt(bb_reducer_bucket_count(r), 1);
     for (int step = 0; step < 3; step++) {
         bb_reducer_post(r, 0, n / 2);
@@ -523,6 +525,8 @@ Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
     }
     cr_assert_eq(bb_backend_copy(gpu, back, grads[0], n * sizeof *back, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
     cr_assert_eq(memcmp(host, back, n * sizeof *back), 0, "the average over one GPU changed the gradients");
+    cr_assert_eq(bb_reducer_allreduce_scalar(r, 0, 2.5), 2.5, "the mean over one GPU of 2.5");
+    cr_assert(bb_reducer_broadcast_stop(r, 0, true) && !bb_reducer_broadcast_stop(r, 0, false));
     bb_reducer_abort(r);
     cr_assert(bb_reducer_aborted(r));
     bb_reducer_post(r, 0, 0); /* after an abort: returns at once */
@@ -544,8 +548,8 @@ Test(cuda, resume_on_the_gpu_is_bitwise)
     o.devices = 1, o.global_batch = 32, o.micro_batch = 8;
     o.steps = 6, o.epochs = 0;
     o.progress = NULL;
-    o.cuda = true;
-    o.cuda_ids[0] = 0;
+    o.device = BB_DEVICE_CUDA;
+    o.device_ids[0] = 0;
     bb_train_result whole, first, second;
     cr_assert_eq(bb_train_run(&o, &whole), BB_OK, "%s", bb_error_message());
     o.save_dir = ckpt, o.stop_after = 3;

@@ -460,6 +460,37 @@ Test(loader, destroy_mid_epoch)
     bb_loader_destroy(NULL);
 }
 
+/* bb_loader_slot_bytes (what the planner counts) is what the loader
+ * allocates for each device's slots: their data through the host_alloc
+ * hook, and an 8-byte id per record. */
+static void *counting_alloc(void *ctx, size_t bytes)
+{
+    *(uint64_t *)ctx += bytes;
+    return malloc(bytes);
+}
+static void counting_free(void *ctx, void *ptr, size_t bytes) { (void)ctx, (void)bytes, free(ptr); }
+
+Test(loader, slot_bytes_are_what_the_loader_allocates)
+{
+    for (uint32_t threads = 1; threads <= 4; threads++)
+        for (uint32_t devices = 1; devices <= 3; devices++)
+            for (uint32_t prefetch = 0; prefetch <= 5; prefetch += 5) {
+                uint64_t data = 0;
+                bb_loader_options o;
+                bb_loader_defaults(&o);
+                o.devices = devices, o.micro_batch = 4, o.threads = threads, o.prefetch = prefetch, o.hold = 3;
+                o.host_alloc = counting_alloc, o.host_free = counting_free, o.host_ctx = &data;
+                bb_loader_t *l;
+                cr_assert_eq(bb_loader_create(ds, &o, &l), BB_OK, "%s", bb_error_message());
+                bb_loader_destroy(l);
+                uint64_t want = bb_loader_slot_bytes(&o, RECORD_SIZE) * devices;
+                uint64_t got = data / RECORD_SIZE * (RECORD_SIZE + sizeof(uint64_t)); /* and their ids */
+                cr_assert_eq(got, want, "%u threads, %u devices, prefetch %u: the loader allocated %llu bytes of "
+                             "slots, bb_loader_slot_bytes says %llu", threads, devices, prefetch,
+                             (unsigned long long)got, (unsigned long long)want);
+            }
+}
+
 /* Registered io_uring buffers count against RLIMIT_MEMLOCK: with a limit
  * that fits the ring but not 8 buffers of 4 KiB or more (and CAP_IPC_LOCK
  * dropped, which would bypass it) the loader reads into unregistered

@@ -65,7 +65,7 @@ static uint64_t predicted(const bb_train_options *o, int seq_len, int vocab, int
     if (c.kind == bb_model_kind_find("gpt")) c.seq_len = seq_len, c.vocab = vocab;
     else c.inputs = inputs, c.classes = classes;
     bb_memory_breakdown m;
-    bb_plan_memory(&c, o->micro_batch, o->opt.kind, false, &m);
+    bb_plan_memory(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, &m);
     return m.total;
 }
 
@@ -85,7 +85,7 @@ Test(plan, predicted_peaks_equal_the_allocator_s)
                     bb_train_options o = options(k == 1 ? img : tok, models[k], batches[b], 32);
                     o.model.checkpoint_every = every[e];
                     o.precision = k == 2 ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
-                    o.opt.kind = opt ? BB_OPT_SGD : BB_OPT_ADAMW;
+                    o.opt.kind = opt ? BB_OPTIMIZER_SGD : BB_OPTIMIZER_ADAMW;
                     bb_train_result r;
                     cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
                     uint64_t want = predicted(&o, 16, 32, 64, 4), got = r.peak_bytes[0];
@@ -112,9 +112,9 @@ Test(plan, auto_checkpoints_when_one_sample_does_not_fit_and_both_runs_agree)
     bb_model_config c = bb_model_gpt_config(4, 2, 32, 16, 32);
     bb_memory_breakdown none1, blocks1;
     c.checkpoint_every = 0;
-    bb_plan_memory(&c, 1, BB_OPT_ADAMW, false, &none1);
+    bb_plan_memory(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &none1);
     c.checkpoint_every = 1;
-    bb_plan_memory(&c, 1, BB_OPT_ADAMW, false, &blocks1);
+    bb_plan_memory(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &blocks1);
     cr_assert_lt(blocks1.total, none1.total);
     uint64_t small = (uint64_t)((blocks1.total + none1.total) / 2 / 0.95); /* usable: between the two */
     bb_train_options o = options(tok, bb_model_gpt_config(4, 2, 32, 0, 0), 0, 1024);

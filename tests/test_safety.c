@@ -184,7 +184,7 @@ Test(safety, on_nonfinite_skip_passes_over_such_steps_and_counts_them)
     /* the end says how many, and the weights kept are finite */
     bb_train_options o = gpt_options(data, 1, 8, 16);
     o.model = bb_model_gpt_config(1, 2, 32, 0, 0);
-    o.steps = 30, o.opt.kind = BB_OPT_SGD, o.opt.lr = 1000, o.opt.grad_clip = 0, o.skip_nonfinite = true;
+    o.steps = 30, o.opt.kind = BB_OPTIMIZER_SGD, o.opt.lr = 1000, o.opt.grad_clip = 0, o.skip_nonfinite = true;
     bb_train_result res = train(&o);
     cr_assert_gt(res.skipped_steps, 0);
     for (size_t i = 0; i < res.param_count; i++) cr_assert(isfinite(res.params[i]), "weight %zu is %f", i, res.params[i]);

@@ -84,6 +84,33 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
  * synchronize or event call. Any thread may call it (each call makes the
  * device current). */
 bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_backend_t **out);
+/* ---- device kinds: one descriptor each (backend.c's table) ------------ */
+typedef enum bb_device_kind { BB_DEVICE_CPU = 0, BB_DEVICE_CUDA } bb_device_kind;
+/* "cpu", "cuda". */
+const char *bb_device_kind_name(bb_device_kind k);
+/* The devices one process trains on: their kind, their local ids (GPU
+ * ordinals; 0..count-1 for CPU devices), and the process's rank among
+ * `world` processes (0 and 1 when it runs alone). */
+#define BB_DEVICES_MAX 64
+typedef struct bb_device_spec {
+    bb_device_kind kind;
+    int count;
+    int ids[BB_DEVICES_MAX];
+    int rank, world;
+} bb_device_spec;
+/* A backend of kind `k` (bb_backend_create_cpu or _cuda); fails as they do. */
+bb_status bb_backend_create(bb_device_kind k, const bb_backend_options *o, bb_backend_t **out);
+/* The planner's backend: it allocates nothing and runs no op, but counts
+ * every allocation (bytes in use, peak), scratch reservation and the
+ * scratch ops would need, as a backend of kind `like` would: its host is
+ * its device where like's is (no record buffers), and its workspace is
+ * like's for the scratch reserved. Device pointers it returns are distinct
+ * and never to be dereferenced. Fails with BB_ERR_NOMEM. */
+bb_status bb_backend_create_counting(bb_device_kind like, const bb_backend_options *o, bb_backend_t **out);
+/* Device bytes the backend holds outside its counted allocations: on CUDA
+ * the ops' scratch and cuBLAS's workspace; 0 on the CPU. */
+uint64_t bb_backend_workspace_bytes(const bb_backend_t *b);
+
 /* Frees the backend and every allocation still live; accepts NULL. */
 void bb_backend_destroy(bb_backend_t *b);
 /* "cpu", "cuda:0", ... */

@@ -83,6 +83,11 @@ typedef struct bb_loader_options {
 } bb_loader_options;
 
 void bb_loader_defaults(bb_loader_options *o);
+/* Host bytes of one device's batch slots (data and record ids) for records
+ * of `record_size` bytes under options `o` (threads, devices, micro_batch,
+ * prefetch, hold): what the loader allocates per device, its prefetched
+ * batches plus `hold` per thread serving the device. Never fails. */
+uint64_t bb_loader_slot_bytes(const bb_loader_options *o, size_t record_size);
 
 typedef struct bb_loader bb_loader_t;
 

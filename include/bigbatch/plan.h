@@ -4,26 +4,24 @@
  *
  * How to use:
  *   bb_plan_request q = {.model = cfg, .devices = 1, .global_batch = 1024,
- *                        .device_mem = 128 << 20, .optimizer = BB_OPT_ADAMW};
+ *                        .device_mem = 128 << 20, .optimizer = BB_OPTIMIZER_ADAMW};
  *   bb_plan p;
  *   BB_TRY(bb_plan_make(&q, &p));        // every candidate, fitting or not
  *   if (p.chosen < 0) puts(p.why_nothing_fits);
  *   bb_plan_free(&p);
  *
- * The memory model mirrors what the models allocate (model.c, gpt.c,
- * mlp.c, batch.c) and what the trainer adds: parameters, gradients and
- * optimizer state (4 bytes each per parameter, AdamW two moments, SGD one),
- * two batch buffers, and the activations of the checkpoint policy: for gpt
- * with L blocks in segments of K, micro-batch B, sequence T, width C, H
- * heads and vocabulary V, one block's slot is 4·(B·T·(16C + 4) + B·H·T²)
- * bytes; a run keeps min(K, L) slots, ceil(L/K) segment inputs of 4·B·T·C,
- * and 4·(B·T·(10C + 2 + V) + B·H·T²) for the final norm, the logits and the
- * backward scratch. With bf16 activations one slot's tensors stay fp32 as
- * work buffers, min(K, L) − 1 more are kept at 2 bytes per element (the
- * LayerNorm statistics, 16·B·T per slot, stay fp32), segment inputs take
- * 2·B·T·C, and the block input 4·B·T·C more. On the CPU that is all of it (tests check the
- * prediction against the allocator); on a GPU the planner adds the
- * backend's small uncounted scratch and keeps a safety margin.
+ * Memory is measured, not modelled: for each candidate the planner builds
+ * the model and the optimizer on a counting backend (backend.h) of the
+ * device kind — allocations counted, nothing allocated, ops no-ops — and
+ * runs one micro-step's forward and backward on it. Parameters, gradients
+ * and optimizer state (4 bytes each per parameter, AdamW two moments, SGD
+ * one), the two batch buffers (and, where the host is not the device, the
+ * raw records' buffers), the activations of the checkpoint policy and the
+ * backend's workspace (on GPUs the ops' scratch and cuBLAS's) are what the
+ * model and the backend allocate, so the prediction is exact against the
+ * allocator (tests/test_plan.c) and follows any change to the models. The
+ * loader's host slots come from the loader itself (bb_loader_slot_bytes).
+ * On a GPU the planner keeps a safety margin for what CUDA itself takes.
  *
  * Relative step time counts FLOPs: a step is forward (1) + backward (2) of
  * every example; checkpointing recomputes the forward of every segment but
@@ -44,16 +42,21 @@ typedef struct bb_memory_breakdown {
 } bb_memory_breakdown;
 
 /* Device bytes one replica needs for `cfg` (seq_len/vocab or
- * inputs/classes filled) at micro-batch B with cfg->checkpoint_every. */
-void bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bool cuda,
-                    bb_memory_breakdown *out);
+ * inputs/classes filled) at micro-batch B with cfg->checkpoint_every on a
+ * device of kind `device`; loader_slots for one device, 2 loader threads
+ * and records as wide as the model takes. Fails with BB_ERR_ARG when the
+ * model cannot be built (its message), BB_ERR_NOMEM. */
+bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
+                         bb_memory_breakdown *out);
 
 typedef struct bb_plan_request {
     bb_model_config model;     /* shape filled from the data; checkpoint_every ignored */
     int devices, global_batch;
     uint64_t device_mem;       /* per device; 0: no limit (the fastest choice wins) */
     bb_optimizer_kind optimizer;
-    bool cuda;
+    bb_device_kind device;
+    int loader_threads;        /* for loader_slots; 0: train's default */
+    uint32_t record_size;      /* the data's bytes per record, for loader_slots; 0: the widest the model takes */
     int fixed_micro_batch;     /* > 0: only this micro-batch */
     int fixed_checkpoint;      /* >= 0: only this checkpoint_every; -1: any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
@@ -77,7 +80,8 @@ typedef struct bb_plan {
 
 /* Every (micro-batch dividing G/devices, checkpoint policy) candidate,
  * the fastest that fits chosen (ties: the larger micro-batch). Fails with
- * BB_ERR_ARG when G is not a multiple of devices, BB_ERR_NOMEM. */
+ * BB_ERR_ARG when G is not a multiple of devices or the model cannot be
+ * built, BB_ERR_NOMEM. */
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out);
 void bb_plan_free(bb_plan *p);
 

@@ -39,9 +39,9 @@
 #include "bigbatch/loader.h"
 #include "bigbatch/model.h"
 
-#define BB_TRAIN_MAX_DEVICES 64
+#define BB_TRAIN_MAX_DEVICES BB_DEVICES_MAX
 
-typedef enum bb_optimizer_kind { BB_OPT_ADAMW = 0, BB_OPT_SGD } bb_optimizer_kind;
+typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD } bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
 
 typedef struct bb_optimizer_config {
@@ -55,6 +55,13 @@ typedef struct bb_optimizer_config {
     double grad_clip;      /* clip the global gradient norm to this; 0: off */
 } bb_optimizer_config;
 
+/* The loader options of a run on `devices` devices at `micro_batch` with
+ * `loader_threads` threads: the threads and the batches each device may
+ * hold that the trainer uses, the rest the loader's defaults (what the
+ * planner counts as host memory). */
+void bb_train_loader_options(int devices, int micro_batch, int loader_threads, bb_loader_options *lo);
+/* "adamw", "sgd" (--optimizer's names). */
+const char *bb_optimizer_kind_name(bb_optimizer_kind k);
 /* The learning rate of step `step` (0-based) of a `total`-step run. */
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total);
 
@@ -65,8 +72,8 @@ typedef struct bb_train_options {
     const char *data;          /* training dataset directory */
     const char *val_data;      /* evaluated every eval_every steps and at the end; NULL: none */
     int devices;               /* worker threads: CPU virtual devices, or GPUs */
-    bool cuda;                 /* GPUs cuda_ids[0..devices) instead of CPU devices */
-    int cuda_ids[BB_TRAIN_MAX_DEVICES];
+    bb_device_kind device;     /* BB_DEVICE_CUDA: GPUs device_ids[0..devices); CPU: virtual devices */
+    int device_ids[BB_TRAIN_MAX_DEVICES];
     bb_precision precision;    /* bf16: gpt activations kept in bf16; on GPUs also bf16 products */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
@@ -148,8 +155,7 @@ typedef struct bb_checkpoint_info {
     uint64_t step;             /* steps done */
     uint64_t seed;
     int global_batch;
-    bb_optimizer_kind optimizer;
-    bb_optimizer_config opt;   /* the hyperparameters the run was saved with */
+    bb_optimizer_config opt;   /* the optimizer (opt.kind) and hyperparameters the run was saved with */
     uint64_t total_steps;      /* its --steps (the schedule's length) */
     char data[4096];           /* its training data */
     char val_data[4096];       /* its validation data; "" when none (or not recorded) */

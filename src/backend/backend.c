@@ -42,6 +42,11 @@ static inline void op_entry(bb_backend_t *b, const char *op)
                               b->fault_op, (unsigned long long)b->fault_at);
 }
 
+/* Ops run, except on a counting backend (the planner's): there every op
+ * is a no-op, while the allocations, the scratch reservations and the
+ * scratch the ops would need are all counted. */
+static inline bool runs(const bb_backend_t *b) { return !b->vt->counts_only; }
+
 /* Ops with scratch of their own pass here too: what they need beyond the
  * reservation is counted (the CUDA backend then grows it in stream order). */
 static inline void scratch_need(bb_backend_t *b, size_t rows, size_t width)
@@ -88,6 +93,33 @@ void bb_backend_destroy(bb_backend_t *b)
 }
 
 const char *bb_backend_name(const bb_backend_t *b) { return b->name; }
+
+uint64_t bb_backend_workspace_bytes(const bb_backend_t *b) { return b->vt->workspace_bytes ? b->vt->workspace_bytes(b) : 0; }
+
+/* ---- device kinds -------------------------------------------------------- */
+static const bb_device_desc devices[] = {
+    [BB_DEVICE_CPU] = {.name = "cpu", .create = bb_backend_create_cpu, .host_is_device = true},
+    [BB_DEVICE_CUDA] = {.name = "cuda", .create = bb_backend_create_cuda, .workspace_bytes = bb_cuda_workspace_bytes},
+};
+
+const bb_device_desc *bb_device_desc_of(bb_device_kind k)
+{
+    return (unsigned)k < sizeof devices / sizeof *devices ? &devices[k] : NULL;
+}
+
+const char *bb_device_kind_name(bb_device_kind k)
+{
+    const bb_device_desc *d = bb_device_desc_of(k);
+    return d ? d->name : "(unknown device kind)";
+}
+
+bb_status bb_backend_create(bb_device_kind k, const bb_backend_options *o, bb_backend_t **out)
+{
+    *out = NULL;
+    const bb_device_desc *d = bb_device_desc_of(k);
+    if (!d) return bb_fail(BB_ERR_ARG, "unknown device kind %d", k);
+    return d->create(o, out);
+}
 
 const char *bb_precision_name(bb_precision p) { return p == BB_PRECISION_BF16 ? "bf16" : "fp32"; }
 
@@ -250,7 +282,7 @@ void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const fl
                           int IC, int OC)
 {
     op_entry(b, "linear_forward");
-    b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
+    if (runs(b)) b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
 }
 
 void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
@@ -258,38 +290,38 @@ void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias,
 {
     op_entry(b, "linear_backward");
     if (dbias) scratch_need(b, 0, (size_t)OC);
-    b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
+    if (runs(b)) b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
 }
 
 void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     op_entry(b, "relu_forward");
-    b->vt->relu_forward(b, out, in, n);
+    if (runs(b)) b->vt->relu_forward(b, out, in, n);
 }
 
 void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     op_entry(b, "relu_backward");
-    b->vt->relu_backward(b, din, dout, in, n);
+    if (runs(b)) b->vt->relu_backward(b, din, dout, in, n);
 }
 
 void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     op_entry(b, "gelu_forward");
-    b->vt->gelu_forward(b, out, in, n);
+    if (runs(b)) b->vt->gelu_forward(b, out, in, n);
 }
 
 void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     op_entry(b, "gelu_backward");
-    b->vt->gelu_backward(b, din, dout, in, n);
+    if (runs(b)) b->vt->gelu_backward(b, din, dout, in, n);
 }
 
 void bb_op_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
                              const float *bias, int N, int C)
 {
     op_entry(b, "layernorm_forward");
-    b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
+    if (runs(b)) b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
 }
 
 void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
@@ -298,14 +330,14 @@ void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbi
 {
     op_entry(b, "layernorm_backward");
     scratch_need(b, 0, (size_t)C);
-    b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
+    if (runs(b)) b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
 }
 
 void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                              int B, int T, int C)
 {
     op_entry(b, "embedding_forward");
-    b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
+    if (runs(b)) b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
 }
 
 void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
@@ -313,26 +345,26 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const f
 {
     op_entry(b, "embedding_backward");
     scratch_need(b, (size_t)B * T, 0);
-    b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
+    if (runs(b)) b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
 }
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_forward");
-    b->vt->attention_forward(b, out, att, qkv, B, T, C, NH);
+    if (runs(b)) b->vt->attention_forward(b, out, att, qkv, B, T, C, NH);
 }
 
 void bb_op_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
                               const float *att, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_backward");
-    b->vt->attention_backward(b, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    if (runs(b)) b->vt->attention_backward(b, dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }
 
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
     op_entry(b, "add");
-    b->vt->add(b, out, x, y, n);
+    if (runs(b)) b->vt->add(b, out, x, y, n);
 }
 
 void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
@@ -340,57 +372,62 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, c
 {
     op_entry(b, "softmax_crossentropy");
     scratch_need(b, (size_t)N, 0);
-    b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
+    if (runs(b)) {
+        b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
+        return;
+    }
+    if (loss) *loss = 0; /* what the caller reads on the host */
+    if (valid) *valid = 0;
 }
 
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                  float beta1, float beta2, float eps, float weight_decay, int t)
 {
     op_entry(b, "adamw");
-    b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    if (runs(b)) b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
 void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                float momentum, float weight_decay)
 {
     op_entry(b, "sgd");
-    b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
+    if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
 }
 
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
     op_entry(b, "sum_squares");
-    return b->vt->sum_squares(b, x, n);
+    return runs(b) ? b->vt->sum_squares(b, x, n) : 0;
 }
 
 void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n)
 {
     op_entry(b, "scale");
-    b->vt->scale(b, x, factor, n);
+    if (runs(b)) b->vt->scale(b, x, factor, n);
 }
 
 void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
     op_entry(b, "bf16_round");
-    b->vt->bf16_round(b, x, packed, n);
+    if (runs(b)) b->vt->bf16_round(b, x, packed, n);
 }
 
 void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
     op_entry(b, "bf16_unpack");
-    b->vt->bf16_unpack(b, out, packed, n);
+    if (runs(b)) b->vt->bf16_unpack(b, out, packed, n);
 }
 
 void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
                              int B, int T, int width)
 {
     op_entry(b, "records_to_tokens");
-    b->vt->records_to_tokens(b, tokens, targets, records, count, B, T, width);
+    if (runs(b)) b->vt->records_to_tokens(b, tokens, targets, records, count, B, T, width);
 }
 
 void bb_op_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
                              int B, int inputs)
 {
     op_entry(b, "records_to_images");
-    b->vt->records_to_images(b, features, labels, records, count, B, inputs);
+    if (runs(b)) b->vt->records_to_images(b, features, labels, records, count, B, inputs);
 }

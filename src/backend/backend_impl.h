@@ -26,6 +26,10 @@ typedef struct bb_backend_vtable {
     bb_status (*reserve_scratch)(bb_backend_t *b, size_t rows, size_t width);
     /* device pointers are host pointers (the CPU): ops may read host memory */
     bool host_is_device;
+    /* every op is a no-op (the counting backend: the planner's) */
+    bool counts_only;
+    /* optional: device bytes outside the counted allocations (scratch, workspaces) */
+    uint64_t (*workspace_bytes)(const bb_backend_t *b);
     /* optional: streams and events (NULL: work is done when a call returns) */
     bb_status (*event_create)(bb_backend_t *b, bb_event_t **out);
     void (*event_destroy)(bb_backend_t *b, bb_event_t *e);
@@ -112,5 +116,22 @@ bb_status bb_backend_pending(bb_backend_t *b);
 
 /* cpu_ops.c */
 extern const bb_backend_vtable bb_cpu_vtable;
+
+/* A device kind: how to make its backends, and what the counting backend
+ * mimics of them (backend.c's table; adding a kind is one entry). */
+typedef struct bb_device_desc {
+    const char *name;
+    bb_status (*create)(const bb_backend_options *o, bb_backend_t **out);
+    bool host_is_device;
+    /* device bytes its backend holds besides allocations for ops' scratch
+     * of `rows` rows and `width` columns; NULL: none */
+    uint64_t (*workspace_bytes)(size_t rows, size_t width);
+} bb_device_desc;
+const bb_device_desc *bb_device_desc_of(bb_device_kind k);
+
+/* cuda_sizes.c (every build): what the CUDA backend holds besides its
+ * allocations for that scratch — the per-row loss, the column-sum
+ * partials, the embedding's sort and cuBLAS's default workspace. */
+uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width);
 
 #endif

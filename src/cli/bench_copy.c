@@ -46,10 +46,10 @@ int bb_bench_copy(int argc, char **argv)
     double pinned_gbps = 0, pageable_gbps = 0;
     size_t bytes = (size_t)mib << 20;
     bb_status rc = bb_cli_parse("bench copy", opts, argc, argv, NULL);
-    bool cuda = false;
+    bb_device_kind kind = BB_DEVICE_CPU;
     bb_backend_options bo = {0};
-    if (rc == BB_OK) rc = device_flag_parse_one(device, &cuda, &bo.device);
-    if (rc == BB_OK && !cuda) rc = bb_fail(BB_ERR_ARG, "--devices %s: bench copy measures copies to a GPU (cuda:N)", device);
+    if (rc == BB_OK) rc = device_flag_parse_one(device, &kind, &bo.device);
+    if (rc == BB_OK && kind != BB_DEVICE_CUDA) rc = bb_fail(BB_ERR_ARG, "--devices %s: bench copy measures copies to a GPU (cuda:N)", device);
     if (rc == BB_OK) rc = bb_backend_create_cuda(&bo, &be);
     if (rc == BB_OK) rc = bb_backend_alloc(be, bytes, "copy target", &dst);
     if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, &pinned);

@@ -29,7 +29,7 @@ int bb_bench_model(int argc, char **argv)
     bb_str_list hidden = {0};
     bool json = false, micro_given = false;
     const bb_opt opts[] = {
-        {"--model", BB_OPT_CHOICE, &kind, "KIND", "which model", .choices = "gpt|mlp"},
+        {"--model", BB_OPT_CHOICE, &kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices()},
         {"--layers", BB_OPT_INT, &layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},
         {"--heads", BB_OPT_INT, &heads, "H", "gpt: attention heads", .min = 1, .max = 1024},
         {"--d-model", BB_OPT_INT, &d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},
@@ -57,26 +57,21 @@ int bb_bench_model(int argc, char **argv)
     float *mom = NULL, *var = NULL;
     bb_status rc = bb_cli_parse("bench model", opts, argc, argv, NULL);
     bb_model_config c = {0};
-    bool gpt = !strcmp(kind, "gpt");
-    if (rc == BB_OK && gpt) {
-        c = bb_model_gpt_config((int)layers, (int)heads, (int)d_model, (int)seq_len, (int)vocab);
-    } else if (rc == BB_OK) {
-        int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = hidden.count ? 0 : 2;
-        for (int i = 0; rc == BB_OK && i < hidden.count; i++) {
-            int64_t v;
-            if (n == BB_MLP_MAX_HIDDEN) rc = bb_fail(BB_ERR_ARG, "--hidden: at most %d sizes", BB_MLP_MAX_HIDDEN);
-            else if ((rc = bb_parse_int("--hidden", hidden.items[i], &v)) == BB_OK) sizes[n++] = (int)v;
-        }
-        c = bb_model_mlp_config((int)inputs, sizes, n, (int)classes);
-        if (!micro_given) micro_batch = 256;
-    }
+    /* no data here: the flags give what the data would (each kind reads its own) */
+    bb_model_flags shape = {.layers = layers, .heads = heads, .d_model = d_model,
+                            .hidden = (const char *const *)hidden.items, .hidden_count = hidden.count};
+    if (rc == BB_OK) rc = bb_model_config_from_flags(kind, &shape, &c);
+    c.seq_len = (int)seq_len, c.vocab = (int)vocab, c.inputs = (int)inputs, c.classes = (int)classes;
+    /* synthetic batches: tokens (a gpt's), or features and labels */
+    bool gpt = rc == BB_OK && bb_model_targets_are_tokens(&c);
+    if (rc == BB_OK && !micro_given && !gpt) micro_batch = 256;
     if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
     bb_backend_options bo = {.threads = (int)threads};
-    bool cuda = false;
+    bb_device_kind device_kind = BB_DEVICE_CPU;
     if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
     c.precision = bo.precision;
-    if (rc == BB_OK) rc = device_flag_parse_one(device, &cuda, &bo.device);
-    if (rc == BB_OK) rc = cuda ? bb_backend_create_cuda(&bo, &be) : bb_backend_create_cpu(&bo, &be);
+    if (rc == BB_OK) rc = device_flag_parse_one(device, &device_kind, &bo.device);
+    if (rc == BB_OK) rc = bb_backend_create(device_kind, &bo, &be);
     if (rc == BB_OK) rc = bb_model_create(be, &c, (int)micro_batch, &m);
     if (rc == BB_OK) rc = bb_model_init(m, 1);
     size_t n_targets = gpt ? (size_t)micro_batch * seq_len : (size_t)micro_batch, params = 0;

@@ -21,7 +21,7 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
     } else {
         BB_TRY(model_flags_config(mf, &c));
         if (!data) return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");
-        BB_TRY(model_config_from_data(data, &c));
+        BB_TRY(model_config_from_data(data, &c, NULL));
     }
     c.checkpoint_every = 0;
     c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */

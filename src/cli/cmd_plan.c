@@ -46,11 +46,11 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
            r->accumulation);
     printf("  its peak: parameters %s, gradients %s, %s state %s, batches %s, activations %s",
            bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
-           q->optimizer == BB_OPT_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
+           q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
            bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
     printf("\n  host memory: about %s of loader slots per device%s\n",
-           bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->cuda ? " (pinned)" : "");
+           bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
 }
 
 static void print_json(const bb_plan *p)
@@ -98,14 +98,14 @@ int bb_cmd_plan(int argc, char **argv)
     if (rc == BB_OK) rc = bb_precision_parse(precision, &q.model.precision);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
-        rc = model_config_from_data(train ? train : data, &q.model);
+        rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);
     }
     int ids[BB_DEVICES_MAX];
-    if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.cuda, ids);
+    if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.device, ids);
     if (rc == BB_OK) {
         q.global_batch = (int)global_batch;
         q.device_mem = device_mem;
-        q.optimizer = strcmp(optimizer, "sgd") ? BB_OPT_ADAMW : BB_OPT_SGD;
+        q.optimizer = strcmp(optimizer, "sgd") ? BB_OPTIMIZER_ADAMW : BB_OPTIMIZER_SGD;
         q.fixed_micro_batch = (int)micro_batch;
         rc = bb_plan_make(&q, &p);
     }

@@ -64,7 +64,7 @@ int bb_cmd_train(int argc, char **argv)
             micro_batch = micro_text;
         }
         steps = (int64_t)info.total_steps;
-        optimizer = info.optimizer == BB_OPT_SGD ? "sgd" : "adamw";
+        optimizer = bb_optimizer_kind_name(info.opt.kind);
         schedule = info.opt.schedule == BB_LR_CONSTANT ? "constant" : "cosine";
         o.opt = info.opt;
         warmup = (int64_t)info.opt.warmup;
@@ -168,7 +168,7 @@ int bb_cmd_train(int argc, char **argv)
         if (rc == BB_OK && (b < 1 || b > 1 << 24)) rc = bb_fail(BB_ERR_ARG, "--micro-batch must be 1 to %d, or auto", 1 << 24);
         o.micro_batch = (int)b;
     }
-    if (rc == BB_OK) rc = devices_flag_parse(devices, true, &o.devices, &o.cuda, o.cuda_ids);
+    if (rc == BB_OK) rc = devices_flag_parse(devices, true, &o.devices, &o.device, o.device_ids);
     if (rc == BB_OK) rc = bb_precision_parse(precision, &o.precision);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
@@ -182,7 +182,7 @@ int bb_cmd_train(int argc, char **argv)
         o.steps = (uint64_t)steps;
         o.stop_after = (uint64_t)stop_after;
         o.epochs = steps ? 0 : epochs ? (uint64_t)epochs : 1;
-        o.opt.kind = strcmp(optimizer, "sgd") ? BB_OPT_ADAMW : BB_OPT_SGD;
+        o.opt.kind = strcmp(optimizer, "sgd") ? BB_OPTIMIZER_ADAMW : BB_OPTIMIZER_SGD;
         o.opt.schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
         o.opt.warmup = (uint64_t)warmup;
         o.seed = (uint64_t)seed;

@@ -7,23 +7,23 @@
 #include "bigbatch/shard.h"
 #include "model_flags.h"
 
-bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bool *cuda, int *ids)
+bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids)
 {
     *count = 0;
-    *cuda = false;
-    if (!strcmp(s, "cpu")) return *count = 1, BB_OK;
+    *kind = BB_DEVICE_CPU;
+    if (!strcmp(s, "cpu")) return *count = 1, ids[0] = 0, BB_OK;
     if (!strncmp(s, "cpu:", 4)) {
         int64_t n;
         BB_TRY(bb_parse_int("--devices", s + 4, &n));
         if (n < 1 || n > BB_DEVICES_MAX) return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_DEVICES_MAX);
-        *count = (int)n;
+        for (*count = 0; *count < n; (*count)++) ids[*count] = *count;
         return BB_OK;
     }
     if (strncmp(s, "cuda:", 5) || !s[5])
         return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
     bb_cuda_info info;
     bb_cuda_probe(&info);
-    *cuda = true;
+    *kind = BB_DEVICE_CUDA;
     if (!strcmp(s + 5, "all")) {
         if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
         for (int d = 0; d < info.device_count && d < BB_DEVICES_MAX; d++) ids[(*count)++] = d;
@@ -60,21 +60,22 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
     return BB_OK;
 }
 
-bb_status model_config_from_data(const char *path, bb_model_config *c)
+bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size)
 {
     bb_dataset_t *ds;
     BB_TRY(bb_dataset_open(path, &ds));
     bb_status rc = bb_model_config_from_data(c, bb_dataset_meta(ds), path);
+    if (record_size) *record_size = bb_dataset_meta(ds)->record_size;
     bb_dataset_close(ds);
     return rc;
 }
 
-bb_status device_flag_parse_one(const char *s, bool *cuda, int *id)
+bb_status device_flag_parse_one(const char *s, bb_device_kind *kind, int *id)
 {
     int ids[BB_DEVICES_MAX], count;
-    BB_TRY(devices_flag_parse(s, true, &count, cuda, ids));
+    BB_TRY(devices_flag_parse(s, true, &count, kind, ids));
     if (count != 1) return bb_fail(BB_ERR_ARG, "--devices %s: this command runs on one device (cpu or cuda:N)", s);
-    *id = *cuda ? ids[0] : 0;
+    *id = ids[0];
     return BB_OK;
 }
 

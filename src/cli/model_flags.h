@@ -39,19 +39,19 @@ static inline bool model_flags_shape_given(const model_flags *f)
 /* The model configuration the flags describe; the data fills seq_len and
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */
 bb_status model_flags_config(const model_flags *f, bb_model_config *out);
-/* Fills the data-given fields of `c` from the dataset at `path`. */
-bb_status model_config_from_data(const char *path, bb_model_config *c);
+/* Fills the data-given fields of `c` from the dataset at `path`;
+ * *record_size (may be NULL) gets its bytes per record. */
+bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size);
 /* --devices, the same in train, plan and bench: cpu (one device), cpu:N
  * (N CPU devices), cuda:all (every GPU here), cuda:0,1 (those GPUs).
  * `must_exist`: the GPUs must be on this machine (train, bench); plan
  * counts a list of hypothetical ones (cuda:0,1,2,3 is four GPUs), and
- * needs real ones only for cuda:all. Sets *count, *cuda and ids[0..count)
+ * needs real ones only for cuda:all. Sets *count, *kind and ids[0..count)
  * (at most BB_DEVICES_MAX). Fails with BB_ERR_ARG naming the flag,
  * BB_ERR_UNSUPPORTED when a needed GPU is missing (saying why). */
-#define BB_DEVICES_MAX 64
-bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bool *cuda, int *ids);
+bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids);
 /* The same for commands that run on one device (bench): *id is the GPU's. */
-bb_status device_flag_parse_one(const char *s, bool *cuda, int *id);
+bb_status device_flag_parse_one(const char *s, bb_device_kind *kind, int *id);
 /* `dir`/<sub> when that directory exists (data/kjv -> data/kjv/train),
  * else NULL. The string lasts as long as the command (up to 8 per command). */
 const char *resolve_split(const char *dir, const char *sub);

@@ -284,13 +284,25 @@ static uint32_t auto_prefetch(size_t batch_bytes)
  * `prefetch` ready batches, plus `hold` that the device may keep unreleased
  * (they may all come from one pair). A device therefore has about
  * prefetch + hold x (threads serving it) slots. */
+static uint32_t pair_slots(const bb_loader_options *o, size_t data_bytes, uint32_t *serving)
+{
+    uint32_t prefetch = o->prefetch ? o->prefetch : auto_prefetch(data_bytes);
+    *serving = o->threads / gcd(o->threads, o->devices); /* threads that fill units for one device */
+    return (prefetch + *serving - 1) / *serving + o->hold;
+}
+
+uint64_t bb_loader_slot_bytes(const bb_loader_options *o, size_t record_size)
+{
+    uint32_t serving, per_pair = pair_slots(o, (size_t)o->micro_batch * record_size, &serving);
+    return (uint64_t)serving * per_pair * o->micro_batch * (record_size + sizeof(uint64_t));
+}
+
 static bb_status create_pairs(struct bb_loader *l)
 {
-    uint32_t T = l->opt.threads, D = l->opt.devices, g = gcd(T, D);
+    uint32_t T = l->opt.threads, D = l->opt.devices, g = gcd(T, D), serving;
     size_t data_bytes = (size_t)l->opt.micro_batch * l->record_size;
     if (l->opt.prefetch == 0) l->opt.prefetch = auto_prefetch(data_bytes);
-    uint32_t serving = T / g; /* threads that fill units for one device */
-    uint32_t per_pair = (l->opt.prefetch + serving - 1) / serving + l->opt.hold;
+    uint32_t per_pair = pair_slots(&l->opt, data_bytes, &serving);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t d = 0; d < D; d++) {
             pair_rings *p = &l->pairs[t * D + d];

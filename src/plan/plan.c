@@ -1,85 +1,55 @@
-/* plan.c — the memory model and the candidate table (see plan.h). */
+/* plan.c — memory measured on a counting backend, and the candidate
+ * table (see plan.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bigbatch/plan.h"
+#include "train/optimizer.h"
 
-static uint64_t param_count(const bb_model_config *c)
+/* Loader slots (host memory, per device) for the request's devices,
+ * loader threads and records. */
+static uint64_t loader_slots(const bb_model_config *c, int micro_batch, int devices, int threads, uint32_t record)
 {
-    uint64_t n = 0;
-    if (bb_model_targets_are_tokens(c)) {
-        uint64_t C = (uint64_t)c->d_model;
-        n = (uint64_t)c->vocab * C + (uint64_t)c->seq_len * C + 2 * C;        /* wte, wpe, ln_f */
-        n += (uint64_t)c->layers * (12 * C * C + 13 * C);                     /* per block */
-        return n;
+    if (!threads) {
+        bb_train_options defaults;
+        bb_train_defaults(&defaults);
+        threads = defaults.loader_threads;
     }
-    int prev = c->inputs;
-    for (int i = 0; i <= c->hidden_count; i++) {
-        int out = i < c->hidden_count ? c->hidden[i] : c->classes;
-        n += (uint64_t)out * prev + (uint64_t)out;
-        prev = out;
-    }
-    return n;
+    bb_loader_options lo;
+    bb_train_loader_options(devices, micro_batch, threads, &lo);
+    return bb_loader_slot_bytes(&lo, record ? record : bb_model_record_buffer_bytes(c, 1));
 }
 
-/* Blocks (gpt) or linear layers (mlp) per checkpoint segment. */
-static int segment_size(const bb_model_config *c)
+/* Builds the model and the optimizer on a counting backend of the device
+ * kind and runs one micro-step there: what they allocate is what a run
+ * does (plan.h). */
+bb_status bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
+                         bb_memory_breakdown *out)
 {
-    int layers = bb_model_targets_are_tokens(c) ? c->layers : c->hidden_count + 1;
-    return c->checkpoint_every > 0 && c->checkpoint_every < layers ? c->checkpoint_every : layers;
-}
-
-static uint64_t activation_bytes(const bb_model_config *c, int micro_batch)
-{
-    uint64_t B = (uint64_t)micro_batch, K = (uint64_t)segment_size(c);
-    if (bb_model_targets_are_tokens(c)) {
-        uint64_t T = (uint64_t)c->seq_len, C = (uint64_t)c->d_model, H = (uint64_t)c->heads, V = (uint64_t)c->vocab;
-        uint64_t BT = B * T, L = (uint64_t)c->layers, S = (L + K - 1) / K;
-        uint64_t kept = BT * 16 * C + B * H * T * T; /* a block's kept tensors, in elements */
-        uint64_t stats = 4 * 4 * BT;                   /* its two LayerNorms' mean and 1/std */
-        uint64_t fixed = 4 * (BT * (10 * C + 2 + V) + B * H * T * T);
-        if (c->precision == BB_PRECISION_BF16) /* fp32 work buffers and input, K-1 packed blocks, packed inputs */
-            return 4 * kept + K * stats + 4 * BT * C + (K - 1) * 2 * kept + S * 2 * BT * C + fixed;
-        return K * (4 * kept + stats) + S * 4 * BT * C + fixed;
-    }
-    int n = c->hidden_count + 1, widest = c->inputs;
-    int width[BB_MLP_MAX_HIDDEN + 2];
-    width[0] = c->inputs;
-    for (int i = 1; i <= n; i++) {
-        width[i] = i < n ? c->hidden[i - 1] : c->classes;
-        widest = width[i] > widest ? width[i] : widest;
-    }
-    uint64_t row = (uint64_t)widest * B * 4, bytes = 0;
-    int S = (n + (int)K - 1) / (int)K;
-    for (int i = 1; i < S; i++) bytes += B * (uint64_t)width[i * K] * 4; /* checkpointed layer inputs */
-    return bytes + K * 2 * row + 2 * row;                                  /* slots (pre, post), scratch */
-}
-
-void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bool cuda,
-                    bb_memory_breakdown *m)
-{
-    uint64_t P = param_count(c), B = (uint64_t)micro_batch;
-    memset(m, 0, sizeof *m);
-    m->parameters = m->gradients = 4 * P;
-    m->optimizer = 4 * P * (opt == BB_OPT_SGD ? 1 : 2);
-    uint64_t rows = bb_model_targets_are_tokens(c) ? B * (uint64_t)c->seq_len : B;
-    uint64_t inputs = bb_model_targets_are_tokens(c) ? rows : B * (uint64_t)c->inputs;
-    m->batches = 2 * 4 * (inputs + rows); /* two sets: inputs and targets */
-    if (cuda) m->batches += 2 * bb_model_record_buffer_bytes(c, micro_batch); /* and the raw records */
-    m->activations = activation_bytes(c, micro_batch);
-    if (cuda) { /* loss rows, column-sum partials, the embedding's sort, reduction partials, cuBLAS's workspace */
-        uint64_t widest = bb_model_targets_are_tokens(c) ? 4 * (uint64_t)c->d_model : 1024;
-        m->workspace = 8 * rows + 2 * 64 * 4 * widest + 6 * 4 * rows + 8192 + ((uint64_t)32 << 20);
-    }
-    m->total = m->parameters + m->gradients + m->optimizer + m->batches + m->activations + m->workspace;
-    /* The loader's defaults (loader.c): 16 batches prefetched (fewer past 64 MiB) plus, per serving
-     * thread (2 threads), the trainer's 3 held (one in use, two uploading: worker.c), each record
-     * with its 8-byte id. */
-    uint64_t record = bb_model_targets_are_tokens(c) ? (uint64_t)(c->seq_len + 1) * (c->vocab > 65536 ? 4 : 2)
-                                               : (uint64_t)c->inputs + 1;
-    uint64_t batch = B * (record + 8), prefetch = ((uint64_t)64 << 20) / (B * record);
-    prefetch = prefetch >= 16 ? 16 : prefetch < 2 ? 2 : prefetch;
-    m->loader_slots = (prefetch + 2 * 3) * batch;
+    memset(out, 0, sizeof *out);
+    bb_backend_t *be = NULL;
+    bb_model_t *m = NULL;
+    bb_optimizer o = {0};
+    double loss;
+    bb_status rc;
+    BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
+    BB_TRY_GOTO(bb_model_create(be, c, micro_batch, &m), rc, done);
+    uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float);
+    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, bb_model_param_count(m), &o), rc, done);
+    out->optimizer = bb_backend_bytes_in_use(be) - model_bytes;
+    BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
+    BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
+    out->parameters = out->gradients = P;
+    out->activations = bb_model_activation_bytes(m);
+    out->batches = model_bytes - 2 * P - out->activations;
+    out->workspace = bb_backend_workspace_bytes(be);
+    out->total = bb_backend_peak_bytes(be) + out->workspace;
+    out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);
+done:
+    if (be) bb_optimizer_destroy(be, &o);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    return rc;
 }
 
 /* ---- candidates -------------------------------------------------------- */
@@ -88,9 +58,16 @@ void bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind
  * against measurements in perf/RESULTS.md. */
 #define MICRO_STEP_COST 0.25
 
+/* Blocks (gpt) or linear layers (mlp) per checkpoint segment. */
+static int segment_size(const bb_model_config *c)
+{
+    int layers = bb_model_layers(c);
+    return c->checkpoint_every > 0 && c->checkpoint_every < layers ? c->checkpoint_every : layers;
+}
+
 static double relative_time(const bb_model_config *c, int micro_batch, int accumulation)
 {
-    int layers = bb_model_targets_are_tokens(c) ? c->layers : c->hidden_count + 1, K = segment_size(c);
+    int layers = bb_model_layers(c), K = segment_size(c);
     int S = (layers + K - 1) / K;
     double recompute = (double)(S - 1) * K / layers;         /* share of a forward done again */
     double examples = (double)micro_batch * accumulation;
@@ -110,10 +87,8 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
-    if (!bb_model_targets_are_tokens(&q->model) && q->model.precision != BB_PRECISION_FP32)
-        return bb_fail(BB_ERR_ARG, "--precision bf16 stores gpt activations in bf16; the mlp's stay fp32");
     int per_device = q->global_batch / q->devices;
-    int layers = bb_model_targets_are_tokens(&q->model) ? q->model.layers : q->model.hidden_count + 1;
+    int layers = bb_model_layers(&q->model);
     /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */
     int policies[16], np = 0;
     policies[np++] = 0;
@@ -135,7 +110,12 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             r->accumulation = per_device / b;
             r->checkpoint_every = policies[i];
             checkpoint_name(policies[i], layers, r->checkpoint, sizeof r->checkpoint);
-            bb_plan_memory(&c, b, q->optimizer, q->cuda, &r->memory);
+            bb_status rc = bb_plan_memory(&c, b, q->optimizer, q->device, &r->memory);
+            if (rc != BB_OK) {
+                bb_plan_free(out);
+                return rc;
+            }
+            r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
             r->relative_time = relative_time(&c, b, r->accumulation);
             r->fits = r->memory.total <= out->budget;
             if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
@@ -164,7 +144,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
                  "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed",
-                 q->optimizer == BB_OPT_SGD ? "SGD" : "AdamW", fixed, have, 100 * margin);
+                 q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", fixed, have, 100 * margin);
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "

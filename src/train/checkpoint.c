@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "train_internal.h"
+#include "checkpoint.h"
 
 static bb_status join(char *out, size_t cap, const char *dir, const char *name)
 {
@@ -33,10 +33,8 @@ static void remove_step_dir(const char *path)
     rmdir(path);
 }
 
-static const char *optimizer_name(bb_optimizer_kind k) { return k == BB_OPT_SGD ? "sgd" : "adamw"; }
-
 static bb_status write_state(const char *path, const checkpoint_state *st, const bb_model_config *c,
-                             const optimizer *o)
+                             const bb_optimizer *o)
 {
     FILE *f = fopen(path, "w");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
@@ -60,7 +58,7 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     bb_model_config_write_json(f, c);
     const bb_optimizer_config *oc = &o->cfg;
     fprintf(f, "  \"checkpoint_every\": %d,\n  \"precision\": \"%s\",\n  \"optimizer\": \"%s\",\n", c->checkpoint_every,
-            bb_precision_name(c->precision), optimizer_name(oc->kind));
+            bb_precision_name(c->precision), bb_optimizer_kind_name(oc->kind));
     fprintf(f, "  \"lr\": %.17g,\n  \"lr_schedule\": \"%s\",\n  \"warmup\": %llu,\n  \"beta1\": %.17g,\n  \"beta2\": %.17g,\n"
                "  \"eps\": %.17g,\n  \"momentum\": %.17g,\n  \"weight_decay\": %.17g,\n  \"grad_clip\": %.17g\n}\n",
             oc->lr, oc->schedule == BB_LR_CONSTANT ? "constant" : "cosine", (unsigned long long)oc->warmup, oc->beta1,
@@ -184,7 +182,7 @@ static void prune(const char *dir, const char *current, int keep)
 
 /* Writes the step directory under its temporary name. */
 static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                            const optimizer *o)
+                            const bb_optimizer *o)
 {
     char file[4096];
     if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
@@ -198,7 +196,7 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
 }
 
 bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const optimizer *o, int keep, char *name_out, size_t name_cap)
+                          const bb_optimizer *o, int keep, char *name_out, size_t name_cap)
 {
     BB_TRY(make_dirs(dir, NULL));
     char name[64], tmp[4096], final[4096], link_tmp[4096], link[4096], current[256] = "";
@@ -284,7 +282,7 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
     if (ok && bb_precision_parse(precision, &c->precision) != BB_OK) ok = false;
     bb_optimizer_config *oc = &info->opt;
     char schedule[16] = "";
-    oc->kind = info->optimizer = !strcmp(opt, "sgd") ? BB_OPT_SGD : BB_OPT_ADAMW;
+    oc->kind = !strcmp(opt, "sgd") ? BB_OPTIMIZER_SGD : BB_OPTIMIZER_ADAMW;
     ok = ok && bb_json_get_u64(json, "total_steps", &info->total_steps) && bb_json_get_string(json, "data", info->data, sizeof info->data) &&
          bb_json_get_double(json, "lr", &oc->lr) && bb_json_get_string(json, "lr_schedule", schedule, sizeof schedule) &&
          bb_json_get_u64(json, "warmup", &oc->warmup) && bb_json_get_double(json, "beta1", &oc->beta1) &&
@@ -309,7 +307,7 @@ bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t 
     return bb_model_load_safetensors(m, path);
 }
 
-bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, optimizer *o)
+bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o)
 {
     char path[4096];
     BB_TRY(join(path, sizeof path, info->dir, "optimizer.bin"));

@@ -4,7 +4,7 @@
  * phases are events after it, turned into spans once the step is done. */
 #include <stdlib.h>
 
-#include "train_internal.h"
+#include "trainer.h"
 
 bb_status bb_device_clock_init(device_clock *c, bb_backend_t *be, int accumulation)
 {

@@ -7,10 +7,9 @@ bb_status bb_reducer_load_nccl(int *version)
     return bb_fail(BB_ERR_UNSUPPORTED, "the NCCL reducer needs a CUDA build");
 }
 
-bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
-                              size_t bucket_bytes, reducer_t **out)
+bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **out)
 {
-    (void)m, (void)be, (void)grads, (void)devices, (void)bucket_bytes;
+    (void)a;
     *out = NULL;
     return bb_fail(BB_ERR_UNSUPPORTED, "the NCCL reducer needs a CUDA build");
 }

@@ -30,6 +30,7 @@
 // NCCL is loaded with dlopen when a reducer is created (libnccl.so.2, or
 // BB_NCCL_LIBRARY), so a CUDA build runs where NCCL is not installed.
 #include <dlfcn.h>
+#include <math.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -58,6 +59,7 @@ struct nccl_api {
     ncclResult_t (*GroupStart)(void);
     ncclResult_t (*GroupEnd)(void);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
 };
 
@@ -91,6 +93,7 @@ void load_nccl()
         {(void **)&nccl.GroupStart, "ncclGroupStart"},
         {(void **)&nccl.GroupEnd, "ncclGroupEnd"},
         {(void **)&nccl.AllReduce, "ncclAllReduce"},
+        {(void **)&nccl.Broadcast, "ncclBroadcast"},
         {(void **)&nccl.GetErrorString, "ncclGetErrorString"},
     };
     for (auto &e : table)
@@ -118,6 +121,7 @@ struct device_side {
     float *grads;
     int cuda_device, next_bucket;
     cudaEvent_t ready, done;
+    double *scalar, *host_scalar; // the scalar collectives' value: device, pinned host
 };
 
 struct nccl_reducer {
@@ -280,6 +284,8 @@ void n_destroy(reducer_t *r)
         cudaSetDevice(s->cuda_device);
         if (s->ready) cudaEventDestroy(s->ready);
         if (s->done) cudaEventDestroy(s->done);
+        if (s->scalar) cudaFree(s->scalar);
+        if (s->host_scalar) cudaFreeHost(s->host_scalar);
     }
     if (n->dev) cudaSetDevice(n->dev[0].cuda_device);
     for (int b = 0; b < r->buckets; b++) {
@@ -350,7 +356,53 @@ void n_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint6
     }
 }
 
-const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step};
+struct scalar_args {
+    device_side *s;
+    bool broadcast;
+};
+
+ncclResult_t scalar_call(void *ctx)
+{
+    scalar_args *a = static_cast<scalar_args *>(ctx);
+    device_side *s = a->s;
+    return a->broadcast ? nccl.Broadcast(s->scalar, s->scalar, 1, ncclDouble, 0, s->comm, s->comm_stream)
+                        : nccl.AllReduce(s->scalar, s->scalar, 1, ncclDouble, ncclAvg, s->comm, s->comm_stream);
+}
+
+// A scalar collective on the communication stream, after the step's
+// buckets: device 0's value (broadcast) or the mean. The host polls for the
+// result, so that an abort frees it. false when the reducer stopped.
+bool scalar_collective(nccl_reducer *n, int device, bool broadcast, double *value)
+{
+    reducer_t *r = &n->base;
+    device_side *s = &n->dev[device];
+    cudaSetDevice(s->cuda_device);
+    *s->host_scalar = *value;
+    scalar_args a = {s, broadcast};
+    bool ok = cuda_ok(n, cudaMemcpyAsync(s->scalar, s->host_scalar, sizeof(double), cudaMemcpyHostToDevice,
+                                         s->comm_stream), "copy") &&
+              nccl_step(n, s, scalar_call, &a, broadcast ? "ncclBroadcast" : "ncclAllReduce") &&
+              cuda_ok(n, cudaMemcpyAsync(s->host_scalar, s->scalar, sizeof(double), cudaMemcpyDeviceToHost,
+                                         s->comm_stream), "copy");
+    cudaError_t e = cudaErrorNotReady;
+    while (ok && (e = cudaStreamQuery(s->comm_stream)) == cudaErrorNotReady && !stopping(r)) sched_yield();
+    ok = ok && e != cudaErrorNotReady && cuda_ok(n, e, "a scalar collective");
+    if (ok) *value = *s->host_scalar;
+    return ok;
+}
+
+double n_allreduce_scalar(reducer_t *r, int device, double value)
+{
+    return scalar_collective(of(r), device, false, &value) ? value : NAN;
+}
+
+bool n_broadcast_stop(reducer_t *r, int device, bool stop)
+{
+    double v = stop ? 1 : 0;
+    return !scalar_collective(of(r), device, true, &v) || v != 0;
+}
+
+const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step, n_allreduce_scalar, n_broadcast_stop};
 
 // The communicators, one per device, non-blocking; waits for them to be
 // ready (at most `timeout_s`).
@@ -398,10 +450,10 @@ extern "C" bb_status bb_reducer_load_nccl(int *version)
     return BB_OK;
 }
 
-extern "C" bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads,
-                                         int devices, size_t bucket_bytes, reducer_t **out)
+extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **out)
 {
     *out = NULL;
+    int devices = a->spec->count;
     BB_TRY(need_nccl());
     if (devices > kMaxDevices) return bb_fail(BB_ERR_ARG, "the NCCL reducer takes at most %d GPUs", kMaxDevices);
     const char *blocking = getenv("NCCL_COMM_BLOCKING");
@@ -413,21 +465,23 @@ extern "C" bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *c
     reducer_t *r = &n->base;
     r->ops = &nccl_ops;
     pthread_mutex_init(&n->fail_lock, NULL);
-    bb_status rc = bb_reducer_init_buckets(r, m, devices, bucket_bytes);
+    bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
     if (rc == BB_OK && (!n->dev || !n->start || !n->end)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         device_side *s = &n->dev[d];
-        s->cuda_device = bb_cuda_backend_device(be[d]);
-        s->compute = bb_cuda_backend_stream(be[d], BB_STREAM_COMPUTE);
-        s->comm_stream = bb_cuda_backend_stream(be[d], BB_STREAM_COMM);
-        s->grads = grads[d];
+        s->cuda_device = bb_cuda_backend_device(a->be[d]);
+        s->compute = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMPUTE);
+        s->comm_stream = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMM);
+        s->grads = a->grads[d];
         cudaSetDevice(s->cuda_device);
         if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess)
-            rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events for the reducer", s->cuda_device);
+            cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||
+            cudaMalloc(&s->scalar, sizeof(double)) != cudaSuccess ||
+            cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess)
+            rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
     }
     if (rc == BB_OK) rc = init_comms(n, devices, 300.0);
     if (rc == BB_OK) {

@@ -7,7 +7,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "train_internal.h"
+#include "optimizer.h"
+
+const char *bb_optimizer_kind_name(bb_optimizer_kind k) { return k == BB_OPTIMIZER_SGD ? "sgd" : "adamw"; }
 
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
 {
@@ -18,27 +20,27 @@ double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
     return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
 }
 
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, optimizer *o)
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_optimizer *o)
 {
-    *o = (optimizer){.cfg = *c, .count = count};
+    *o = (bb_optimizer){.cfg = *c, .count = count};
     size_t bytes = count * sizeof(float);
     BB_TRY(bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->m));
     BB_TRY(bb_backend_memset(be, o->m, 0, bytes));
-    if (c->kind == BB_OPT_ADAMW) {
+    if (c->kind == BB_OPTIMIZER_ADAMW) {
         BB_TRY(bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->v));
         BB_TRY(bb_backend_memset(be, o->v, 0, bytes));
     }
     return BB_OK;
 }
 
-void bb_optimizer_destroy(bb_backend_t *be, optimizer *o)
+void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
 {
     bb_backend_free(be, o->m);
     bb_backend_free(be, o->v);
     o->m = o->v = NULL;
 }
 
-double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t step, uint64_t total, double *lr_out)
+double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr_out)
 {
     const bb_optimizer_config *c = &o->cfg;
     float *params = bb_model_params(m), *grads = bb_model_grads(m);
@@ -53,7 +55,7 @@ double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, optimizer *o, uint64_t
     for (int i = 0; i < bb_model_tensor_count(m); i++) {
         const bb_tensor_info *t = bb_model_tensor(m, i);
         float wd = t->decay ? (float)c->weight_decay : 0.0f;
-        if (c->kind == BB_OPT_ADAMW)
+        if (c->kind == BB_OPTIMIZER_ADAMW)
             bb_op_adamw(be, params + t->offset, grads + t->offset, o->m + t->offset, o->v + t->offset, t->count, lr,
                         (float)c->beta1, (float)c->beta2, (float)c->eps, wd, adam_t);
         else
@@ -72,9 +74,9 @@ typedef struct file_header {
     uint64_t count, checksum; /* floats per buffer; XXH64 of all floats */
 } file_header;
 
-static int buffer_count(const optimizer *o) { return o->v ? 2 : 1; }
+static int buffer_count(const bb_optimizer *o) { return o->v ? 2 : 1; }
 
-bb_status bb_optimizer_save(bb_backend_t *be, const optimizer *o, const char *path)
+bb_status bb_optimizer_save(bb_backend_t *be, const bb_optimizer *o, const char *path)
 {
     int n = buffer_count(o);
     float *host = malloc(o->count * n * sizeof *host);
@@ -96,7 +98,7 @@ bb_status bb_optimizer_save(bb_backend_t *be, const optimizer *o, const char *pa
     return rc;
 }
 
-bb_status bb_optimizer_load(bb_backend_t *be, optimizer *o, const char *path)
+bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);

@@ -2,6 +2,7 @@
  * posting protocol and the thread that averages each bucket across the
  * replicas' gradient buffers. */
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,15 @@ void bb_reducer_free_buckets(reducer_t *r)
     free(r->hi);
 }
 
+bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)
+{
+    *out = NULL;
+    if (a->spec->world > 1)
+        return bb_fail(BB_ERR_UNSUPPORTED, "training over %d processes is not supported yet", a->spec->world);
+    if (a->spec->count < 2) return BB_OK;
+    return a->spec->kind == BB_DEVICE_CUDA ? bb_reducer_create_nccl(a, out) : bb_reducer_create_cpu(a, out);
+}
+
 /* ---- the CPU reducer --------------------------------------------------- */
 #define CHUNK 8192 /* floats averaged at a time: 32 KiB, stays in L1/L2 */
 
@@ -54,6 +64,12 @@ typedef struct cpu_reducer {
     uint64_t first_step;
     pthread_t thread;
     bool started;
+    /* the scalar collectives: every device's value of the current round */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    double *values, result;
+    int arrived;
+    uint64_t round;
 } cpu_reducer;
 
 static bool stopping(const cpu_reducer *c) { return __atomic_load_n(&c->base.stop, __ATOMIC_SEQ_CST); }
@@ -115,7 +131,9 @@ static void cpu_destroy(reducer_t *r)
     }
     bb_reducer_free_buckets(r);
     free(c->grads), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
-    free(c->span_start), free(c->span_end), free(c->acc);
+    free(c->span_start), free(c->span_end), free(c->acc), free(c->values);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
     free(c);
 }
 
@@ -147,6 +165,45 @@ static void cpu_abort(reducer_t *r)
     __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
     bb_futex_wake(&c->reduced, INT_MAX);
     for (int b = 0; b < r->buckets; b++) bb_futex_wake(&c->posted[b], INT_MAX);
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* One round of a scalar collective: the last device to arrive computes the
+ * result from every device's value (mean: in device order; else device
+ * 0's), the others wait for it. false when the reducer was aborted. */
+static bool exchange(cpu_reducer *c, int device, double value, bool mean, double *out)
+{
+    reducer_t *r = &c->base;
+    pthread_mutex_lock(&c->lock);
+    c->values[device] = value;
+    uint64_t round = c->round;
+    if (++c->arrived == r->devices) {
+        double v = 0;
+        for (int d = 0; d < r->devices; d++) v += c->values[d] / r->devices;
+        c->result = mean ? v : c->values[0];
+        c->arrived = 0;
+        c->round++;
+        pthread_cond_broadcast(&c->cond);
+    }
+    while (round == c->round && !stopping(c)) pthread_cond_wait(&c->cond, &c->lock);
+    bool done = round != c->round;
+    *out = c->result;
+    pthread_mutex_unlock(&c->lock);
+    return done;
+}
+
+static double cpu_allreduce_scalar(reducer_t *r, int device, double value)
+{
+    double v;
+    return exchange((cpu_reducer *)r, device, value, true, &v) ? v : NAN;
+}
+
+static bool cpu_broadcast_stop(reducer_t *r, int device, bool stop)
+{
+    double v;
+    return !exchange((cpu_reducer *)r, device, stop ? 1 : 0, false, &v) || v != 0;
 }
 
 static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
@@ -160,20 +217,29 @@ static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_
     }
 }
 
-static const reducer_ops cpu_ops = {cpu_destroy, cpu_post, cpu_wait, cpu_abort, cpu_last_step};
+static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
+                                    .post = cpu_post,
+                                    .wait = cpu_wait,
+                                    .abort = cpu_abort,
+                                    .last_step = cpu_last_step,
+                                    .allreduce_scalar = cpu_allreduce_scalar,
+                                    .broadcast_stop = cpu_broadcast_stop};
 
-bb_status bb_reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
-                             uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out)
+bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
 {
     *out = NULL;
     cpu_reducer *c = calloc(1, sizeof *c);
     if (!c) return bb_fail(BB_ERR_NOMEM, "out of memory");
     reducer_t *r = &c->base;
+    int devices = a->spec->count;
     r->ops = &cpu_ops;
-    c->trace = trace;
-    c->track = track;
-    c->first_step = first_step;
-    bb_status rc = bb_reducer_init_buckets(r, m, devices, bucket_bytes);
+    c->trace = a->trace;
+    c->track = a->track;
+    c->first_step = a->first_step;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
+    c->values = calloc((size_t)devices, sizeof *c->values);
     c->grads = calloc((size_t)devices, sizeof *c->grads);
     c->posted = calloc((size_t)r->buckets + 1, sizeof *c->posted);
     c->next_bucket = calloc((size_t)devices, sizeof *c->next_bucket);
@@ -182,11 +248,11 @@ bb_status bb_reducer_create_cpu(const bb_model_t *m, float *const *grads, int de
     c->span_end = calloc((size_t)r->buckets + 1, sizeof *c->span_end);
     c->acc = malloc(CHUNK * sizeof *c->acc);
     if (rc == BB_OK && (!c->grads || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
-                        !c->acc))
+                        !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     int err = 0;
     if (rc == BB_OK) {
-        for (int d = 0; d < devices; d++) c->grads[d] = grads[d];
+        for (int d = 0; d < devices; d++) c->grads[d] = a->grads[d];
         if ((err = pthread_create(&c->thread, NULL, reducer_main, c)))
             rc = bb_fail(BB_ERR_INTERNAL, "cannot start the reducer thread: error %d", err);
     }

@@ -13,7 +13,16 @@
  * posts), so no reset races with a fast worker; they are compared modulo
  * 2^32 (futex words are 32-bit), which long runs wrap.
  *
- * The NCCL reducer (kernels/nccl_reducer.cu) keeps the same buckets and
+ * Besides the gradients, two small collectives cross devices once a step:
+ * the mean of a scalar (the step's loss) and the stop decision of device
+ * 0. Every device calls each, in the same order; they wait for the others
+ * and return at once when the reducer is aborted.
+ *
+ * bb_reducer_create picks the reducer for a device spec: the CPU one
+ * (reducer.c) for CPU devices, NCCL (nccl_reducer.cu) for GPUs; both take
+ * the same arguments.
+ *
+ * The NCCL reducer keeps the same buckets and
  * calls: a post enqueues the bucket's all-reduce on the device's
  * communication stream after an event of its compute stream, and a wait
  * makes the compute stream wait for the step's reductions (the host does
@@ -38,6 +47,8 @@ typedef struct reducer_ops {
     uint64_t (*wait)(reducer_t *r, int device);
     void (*abort)(reducer_t *r);
     void (*last_step)(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns);
+    double (*allreduce_scalar)(reducer_t *r, int device, double value);
+    bool (*broadcast_stop)(reducer_t *r, int device, bool stop);
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -55,21 +66,37 @@ struct reducer {
 bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
 void bb_reducer_free_buckets(reducer_t *r);
 
-/* The CPU reducer over `devices` gradient buffers `grads` (param_count
- * floats each): starts the reducer thread; its spans go to `trace` (may be
- * NULL) on track `track`, numbered from step first_step + 1. */
-bb_status bb_reducer_create_cpu(const bb_model_t *m, float *const *grads, int devices, size_t bucket_bytes,
-                             uint64_t first_step, bb_trace_t *trace, int track, reducer_t **out);
+/* What a reducer is made over: the devices, the replicas' backends and
+ * gradient buffers (param_count floats each, laid out as `model`'s), the
+ * bucket size, and where its spans go (CPU: `trace`, may be NULL, on
+ * track `track`, numbered from step first_step + 1). */
+typedef struct reducer_args {
+    const bb_device_spec *spec;
+    const bb_model_t *model;
+    bb_backend_t *const *be;
+    float *const *grads;
+    size_t bucket_bytes;
+    uint64_t first_step;
+    bb_trace_t *trace;
+    int track;
+} reducer_args;
+
+/* The reducer for a->spec: *out NULL when there is nothing to reduce (one
+ * device, one process), else the CPU or the NCCL reducer. Fails like them,
+ * and with BB_ERR_UNSUPPORTED for several processes (not yet). */
+bb_status bb_reducer_create(const reducer_args *a, reducer_t **out);
+/* The CPU reducer: starts the reducer thread. Fails with BB_ERR_NOMEM,
+ * BB_ERR_INTERNAL when the thread cannot start. */
+bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out);
 /* Loads NCCL (dlopen of libnccl.so.2, or of BB_NCCL_LIBRARY) once per
  * process; *version (may be NULL) gets ncclGetVersion's code. Fails with
  * BB_ERR_UNSUPPORTED, naming the library, when it cannot be loaded or a
  * CUDA build is missing. */
 bb_status bb_reducer_load_nccl(int *version);
-/* The NCCL reducer over the replicas on CUDA backends `be` (one
- * non-blocking communicator per GPU). Fails like bb_reducer_load_nccl,
- * BB_ERR_DEVICE when NCCL fails. */
-bb_status bb_reducer_create_nccl(const bb_model_t *m, bb_backend_t *const *be, float *const *grads, int devices,
-                              size_t bucket_bytes, reducer_t **out);
+/* The NCCL reducer over the replicas on CUDA backends (one non-blocking
+ * communicator per GPU). Fails like bb_reducer_load_nccl, BB_ERR_DEVICE
+ * when NCCL fails. */
+bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **out);
 
 static inline void bb_reducer_destroy(reducer_t *r)
 {
@@ -91,6 +118,17 @@ static inline bool bb_reducer_aborted(const reducer_t *r) { return __atomic_load
 static inline bb_status bb_reducer_failure(const reducer_t *r)
 {
     return r->failure != BB_OK ? bb_fail(r->failure, "%s", r->failure_message) : BB_ERR_CLOSED;
+}
+/* The mean of every device's `value` (on the CPU: the sum of value/devices
+ * in device order, the same every run); NaN when the reducer is aborted. */
+static inline double bb_reducer_allreduce_scalar(reducer_t *r, int device, double value)
+{
+    return r->ops->allreduce_scalar(r, device, value);
+}
+/* Device 0's `stop`, on every device; true when the reducer is aborted. */
+static inline bool bb_reducer_broadcast_stop(reducer_t *r, int device, bool stop)
+{
+    return r->ops->broadcast_stop(r, device, stop);
 }
 /* The last finished step's reduction: busy time, and the part of it before
  * the last backward ended (until_ns on the host clock; the NCCL reducer

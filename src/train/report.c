@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_internal.h"
+#include "trainer.h"
 
 typedef struct step_figures {
     double loss, lr, grad_norm, seconds, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
@@ -15,16 +15,18 @@ typedef struct step_figures {
 
 static step_figures measure(trainer *t, uint64_t now)
 {
-    step_figures f = {.lr = t->stats[0].lr, .grad_norm = t->stats[0].grad_norm};
+    const worker_stats *s0 = &t->replicas[0].stats;
+    /* the loss: the mean of the devices' equal shares, through the reducer (worker.c) */
+    step_figures f = {.loss = t->step_loss, .lr = s0->lr, .grad_norm = s0->grad_norm};
     uint64_t last_backward = 0;
     double wait = 0;
-    for (int d = 0; d < t->devices; d++) {
-        const worker_stats *s = &t->stats[d];
-        f.loss += s->loss / t->devices; /* the devices' shares are equal: the mean is the step's loss */
-        wait += (double)s->wait_ns / t->devices;
-        f.fwd_ms += (double)s->fwd_ns / 1e6 / t->devices;
-        f.bwd_ms += (double)s->bwd_ns / 1e6 / t->devices;
-        f.opt_ms += (double)s->opt_ns / 1e6 / t->devices;
+    int D = t->spec.count;
+    for (int d = 0; d < D; d++) { /* this process's timings */
+        const worker_stats *s = &t->replicas[d].stats;
+        wait += (double)s->wait_ns / D;
+        f.fwd_ms += (double)s->fwd_ns / 1e6 / D;
+        f.bwd_ms += (double)s->bwd_ns / 1e6 / D;
+        f.opt_ms += (double)s->opt_ns / 1e6 / D;
         if (s->backward_end_ns > last_backward) last_backward = s->backward_end_ns;
     }
     f.seconds = (double)(now - t->last_step_end_ns) / 1e9;
@@ -59,8 +61,8 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
     else fprintf(m, "\"overlap_pct\": null, ");
     fprintf(m, "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"reduce_ms\": %.3f, \"opt_ms\": %.3f, \"peak_mem_bytes\": [",
             f->fwd_ms, f->bwd_ms, f->reduce_ms, f->opt_ms);
-    for (int d = 0; d < t->devices; d++)
-        fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->be[d]));
+    for (int d = 0; d < t->spec.count; d++)
+        fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->replicas[d].be));
     fprintf(m, "]");
     if (ev) {
         fprintf(m, ", \"val_loss\": %s", bb_json_number(val, sizeof val, "%.7g", ev->loss));
@@ -103,8 +105,8 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     if (t->skipped) fprintf(p, "  skipped %llu", (unsigned long long)t->skipped);
     if (f->has_overlap) fprintf(p, "  overlap %.0f%%", f->overlap_pct);
     fprintf(p, "  peak");
-    for (int d = 0; d < t->devices; d++)
-        fprintf(p, "%s%s", d ? "," : " ", bb_format_bytes(bb_backend_peak_bytes(t->be[d]), peak, sizeof peak));
+    for (int d = 0; d < t->spec.count; d++)
+        fprintf(p, "%s%s", d ? "," : " ", bb_format_bytes(bb_backend_peak_bytes(t->replicas[d].be), peak, sizeof peak));
     fprintf(p, "  ETA %s%s", eta, t->tty ? "" : "\n");
     fflush(p);
 }
@@ -118,7 +120,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();
     char name[64];
-    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, t->model[0], t->be[0], &t->opt[0], t->o->keep, name, sizeof name));
+    replica *r0 = &t->replicas[0];
+    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, r0->model, r0->be, &r0->opt, t->o->keep, name, sizeof name));
     t->saved = true;
     if (t->o->progress)
         fprintf(t->o->progress, "%ssaved step %llu to %s/%s (%.0f ms)\n", t->tty ? "\r\033[K" : "",
@@ -171,7 +174,7 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
         char label[48];
         snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
         bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
-        bb_status rc = bb_evaluate(t->model[0], t->val, &eo, &ev);
+        bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, &ev);
         if (rc == BB_ERR_INTERRUPTED) {
             evaluate = false;
             interrupted = true;

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "bigbatch/plan.h"
-#include "train_internal.h"
+#include "trainer.h"
 
 void bb_train_defaults(bb_train_options *o)
 {
@@ -18,7 +18,7 @@ void bb_train_defaults(bb_train_options *o)
         .global_batch = 64,
         .micro_batch = 8,
         .epochs = 1,
-        .opt = {.kind = BB_OPT_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .momentum = 0.9,
+        .opt = {.kind = BB_OPTIMIZER_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .momentum = 0.9,
                 .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0},
         .seed = 1,
         .loader_threads = 2,
@@ -65,17 +65,17 @@ static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
     if (info->global_batch != o->global_batch)
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint was trained with --global-batch %d, not %d (the data "
                        "order and the step count depend on it)", o->resume_dir, info->global_batch, o->global_batch);
-    if (info->optimizer != o->opt.kind)
+    if (info->opt.kind != o->opt.kind)
         return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint's optimizer is %s, not %s", o->resume_dir,
-                       info->optimizer == BB_OPT_SGD ? "sgd" : "adamw", o->opt.kind == BB_OPT_SGD ? "sgd" : "adamw");
+                       bb_optimizer_kind_name(info->opt.kind), bb_optimizer_kind_name(o->opt.kind));
     /* Hyperparameters may change on purpose; say that the run is no longer exact. */
     const bb_optimizer_config *a = &o->opt, *b = &info->opt;
     static const char *const names[] = {"--lr", "--warmup", "--lr-schedule", "--weight-decay", "--grad-clip",
                                         "--beta2", "--momentum"};
     bool differ[] = {a->lr != b->lr, a->warmup != b->warmup, a->schedule != b->schedule,
                      a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip,
-                     a->kind == BB_OPT_ADAMW && (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps),
-                     a->kind == BB_OPT_SGD && a->momentum != b->momentum};
+                     a->kind == BB_OPTIMIZER_ADAMW && (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps),
+                     a->kind == BB_OPTIMIZER_SGD && a->momentum != b->momentum};
     for (size_t i = 0; i < sizeof differ / sizeof *differ; i++)
         if (differ[i])
             BB_WARN("--resume: %s differs from the checkpoint's; the run continues, but not as the saved run would "
@@ -156,42 +156,50 @@ static bb_status open_metrics(trainer *t)
     return BB_OK;
 }
 
-static bb_status build_devices(trainer *t, const bb_checkpoint_info *resume)
+/* One replica per device: backend, model (initialised, or loaded), optimizer. */
+static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
 {
     const bb_train_options *o = t->o;
     /* OpenBLAS threads are process-wide: divide the cores among the workers. */
-    int blas_threads = bb_cpu_count() / t->devices > 1 ? bb_cpu_count() / t->devices : 1;
-    for (int d = 0; d < t->devices; d++) {
-        bb_backend_options bo = {.device = o->cuda ? o->cuda_ids[d] : d, .device_mem = o->device_mem,
-                                 .threads = blas_threads, .precision = o->precision};
-        BB_TRY(o->cuda ? bb_backend_create_cuda(&bo, &t->be[d]) : bb_backend_create_cpu(&bo, &t->be[d]));
-        BB_TRY(bb_model_create(t->be[d], &t->cfg, t->micro_batch, &t->model[d]));
-        BB_TRY(bb_model_init(t->model[d], t->seed));
-        if (o->init_from) BB_TRY(bb_model_load_safetensors(t->model[d], o->init_from));
-        BB_TRY(bb_optimizer_create(t->be[d], &o->opt, bb_model_param_count(t->model[d]), &t->opt[d]));
+    int blas_threads = bb_cpu_count() / t->spec.count > 1 ? bb_cpu_count() / t->spec.count : 1;
+    for (int d = 0; d < t->spec.count; d++) {
+        replica *r = &t->replicas[d];
+        *r = (replica){.t = t, .index = d};
+        bb_backend_options bo = {.device = t->spec.ids[d], .device_mem = o->device_mem, .threads = blas_threads,
+                                 .precision = o->precision};
+        BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
+        BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));
+        BB_TRY(bb_model_init(r->model, t->seed));
+        if (o->init_from) BB_TRY(bb_model_load_safetensors(r->model, o->init_from));
+        BB_TRY(bb_optimizer_create(r->be, &o->opt, bb_model_param_count(r->model), &r->opt));
         if (resume) {
-            BB_TRY(bb_checkpoint_load_weights(resume, t->model[d]));
-            BB_TRY(bb_checkpoint_load_optimizer(resume, t->be[d], &t->opt[d]));
+            BB_TRY(bb_checkpoint_load_weights(resume, r->model));
+            BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt));
         }
     }
     return BB_OK;
 }
 
+void bb_train_loader_options(int devices, int micro_batch, int loader_threads, bb_loader_options *lo)
+{
+    bb_loader_defaults(lo);
+    lo->devices = (uint32_t)devices;
+    lo->micro_batch = (uint32_t)micro_batch;
+    lo->threads = (uint32_t)loader_threads;
+    lo->hold = 3; /* one in use, two whose uploads may still read them (worker.c) */
+}
+
 static bb_status start_loader(trainer *t)
 {
     bb_loader_options lo;
-    bb_loader_defaults(&lo);
-    if (t->o->cuda) { /* slots in pinned memory: the uploads to the devices run at full speed */
+    bb_train_loader_options(t->spec.count, t->micro_batch, t->o->loader_threads, &lo);
+    if (!bb_backend_host_is_device(t->replicas[0].be)) { /* slots in pinned memory: uploads run at full speed */
         lo.host_alloc = bb_backend_slot_alloc;
         lo.host_free = bb_backend_slot_free;
-        lo.host_ctx = t->be[0];
+        lo.host_ctx = t->replicas[0].be;
     }
     lo.seed = t->seed;
-    lo.devices = (uint32_t)t->devices;
     lo.accumulation = (uint32_t)t->accumulation;
-    lo.micro_batch = (uint32_t)t->micro_batch;
-    lo.hold = 3; /* one in use, two whose uploads may still read them (worker.c) */
-    lo.threads = (uint32_t)t->o->loader_threads;
     lo.io = t->o->io;
     lo.direct = t->o->direct;
     if (t->o->shuffle_frames) lo.shuffle_frames = t->o->shuffle_frames;
@@ -206,7 +214,8 @@ static bb_status apply_plan(trainer *t)
 {
     const bb_train_options *o = t->o;
     bb_plan_request q = {.model = t->cfg, .devices = o->devices, .global_batch = o->global_batch,
-                         .device_mem = o->device_mem, .optimizer = o->opt.kind, .cuda = o->cuda,
+                         .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
+                         .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_checkpoint = o->auto_checkpoint ? -1 : t->cfg.checkpoint_every};
     bb_plan p;
@@ -241,12 +250,14 @@ static bb_status setup(trainer *t)
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
-    t->devices = o->devices;
+    t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .world = 1};
+    for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
     /* as --devices takes it: the progress line and state.json say it so */
-    int n = o->cuda ? snprintf(t->devices_text, sizeof t->devices_text, "cuda:")
-                    : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", t->devices);
-    for (int d = 0; o->cuda && d < t->devices && n < (int)sizeof t->devices_text - 12; d++)
-        n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", o->cuda_ids[d]);
+    bool listed = o->device != BB_DEVICE_CPU;
+    int n = listed ? snprintf(t->devices_text, sizeof t->devices_text, "%s:", bb_device_kind_name(o->device))
+                   : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", o->devices);
+    for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
+        n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
     t->seed = o->seed;
@@ -271,13 +282,13 @@ static bb_status setup(trainer *t)
     if (o->val_data) BB_TRY(open_val(t));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "--keep must be at least 1");
     /* Bounds outside which the optimizer cannot work (it would divide by zero). */
-    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
+    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
         return bb_fail(BB_ERR_ARG, "--beta1 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
                        o->opt.beta1);
-    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
+    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
         return bb_fail(BB_ERR_ARG, "--beta2 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
                        o->opt.beta2);
-    if (o->opt.kind == BB_OPT_ADAMW && !(o->opt.eps > 0))
+    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.eps > 0))
         return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
                        o->opt.eps);
     if (!isfinite(o->opt.lr) || o->opt.lr < 0) return bb_fail(BB_ERR_ARG, "--lr %g: must be finite and >= 0", o->opt.lr);
@@ -286,26 +297,24 @@ static bb_status setup(trainer *t)
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
-    BB_TRY(build_devices(t, o->resume_dir ? &info : NULL));
+    BB_TRY(build_replicas(t, o->resume_dir ? &info : NULL));
+    int D = t->spec.count;
     if (o->trace_path) {
-        BB_TRY(bb_trace_create(t->devices + 1, &t->trace));
-        for (int d = 0; d < t->devices; d++) {
+        BB_TRY(bb_trace_create(D + 1, &t->trace));
+        for (int d = 0; d < D; d++) {
             char name[48];
-            snprintf(name, sizeof name, "worker %d (cpu:%d)", d, d);
+            snprintf(name, sizeof name, "worker %d (%s:%d)", d, bb_device_kind_name(t->spec.kind), t->spec.ids[d]);
             bb_trace_name_track(t->trace, d, name);
         }
-        bb_trace_name_track(t->trace, t->devices, "reducer");
+        bb_trace_name_track(t->trace, D, "reducer");
     }
-    if (t->devices > 1) {
-        float *grads[BB_TRAIN_MAX_DEVICES];
-        for (int d = 0; d < t->devices; d++) grads[d] = bb_model_grads(t->model[d]);
-        size_t bucket_bytes = (size_t)(o->bucket_mib * 1048576.0);
-        if (o->cuda)
-            BB_TRY(bb_reducer_create_nccl(t->model[0], t->be, grads, t->devices, bucket_bytes, &t->reducer));
-        else
-            BB_TRY(bb_reducer_create_cpu(t->model[0], grads, t->devices, bucket_bytes, t->first_step, t->trace,
-                                      t->devices, &t->reducer));
-    }
+    bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
+    float *grads[BB_TRAIN_MAX_DEVICES];
+    for (int d = 0; d < D; d++) be[d] = t->replicas[d].be, grads[d] = bb_model_grads(t->replicas[d].model);
+    reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads,
+                       .bucket_bytes = (size_t)(o->bucket_mib * 1048576.0), .first_step = t->first_step,
+                       .trace = t->trace, .track = D};
+    BB_TRY(bb_reducer_create(&ra, &t->reducer));
     if (o->metrics_path) BB_TRY(open_metrics(t));
     return start_loader(t);
 }
@@ -316,11 +325,11 @@ static void print_start(const trainer *t)
     if (!p) return;
     char model[160], params[24];
     bb_model_describe(&t->cfg, model, sizeof model);
-    size_t n = bb_model_param_count(t->model[0]);
+    size_t n = bb_model_param_count(t->replicas[0].model);
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
     fprintf(p, "train: %s, %s parameters, on %s\n", model, params, t->devices_text);
     fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
-            t->global_batch, t->devices, t->devices > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
+            t->global_batch, t->spec.count, t->spec.count > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
             (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,
             (unsigned long long)t->total_steps);
@@ -329,7 +338,7 @@ static void print_start(const trainer *t)
                 t->o->no_overlap ? ", no overlap" : "");
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s\n", t->o->data, bb_loader_io_description(t->loader),
-            bb_format_bytes(bb_model_activation_bytes(t->model[0]), act, sizeof act),
+            bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
             t->cfg.precision == BB_PRECISION_BF16 ? " (kept in bf16)" : "");
     fflush(p);
 }
@@ -337,13 +346,10 @@ static void print_start(const trainer *t)
 static bb_status run_workers(trainer *t)
 {
     pthread_t threads[BB_TRAIN_MAX_DEVICES];
-    void *args[BB_TRAIN_MAX_DEVICES][2];
     int started = 0;
     t->run_start_ns = t->last_step_end_ns = bb_clock_ns();
-    for (int d = 0; d < t->devices; d++) {
-        args[d][0] = t;
-        args[d][1] = (void *)(intptr_t)d;
-        int err = pthread_create(&threads[d], NULL, bb_trainer_worker_main, args[d]);
+    for (int d = 0; d < t->spec.count; d++) {
+        int err = pthread_create(&threads[d], NULL, bb_trainer_worker_main, &t->replicas[d]);
         if (err) {
             bb_fail(BB_ERR_INTERNAL, "cannot start worker %d: error %d", d, err);
             bb_trainer_fail(t, BB_ERR_INTERNAL);
@@ -356,7 +362,7 @@ static bb_status run_workers(trainer *t)
     if (t->fail_status != BB_OK) return bb_fail(t->fail_status, "%s", t->fail_message);
     /* Work still queued on a device (a GPU's last kernels) must not fail
      * unseen: the run succeeds only if every device finished cleanly. */
-    for (int d = 0; d < t->devices; d++) BB_TRY(bb_backend_synchronize(t->be[d]));
+    for (int d = 0; d < t->spec.count; d++) BB_TRY(bb_backend_synchronize(t->replicas[d].be));
     return t->result->interrupted ? bb_fail(BB_ERR_INTERRUPTED, "interrupted") : BB_OK;
 }
 
@@ -364,10 +370,11 @@ static void teardown(trainer *t)
 {
     bb_loader_destroy(t->loader);
     bb_reducer_destroy(t->reducer);
-    for (int d = 0; d < t->devices; d++) {
-        if (t->be[d]) bb_optimizer_destroy(t->be[d], &t->opt[d]);
-        bb_model_destroy(t->model[d]);
-        bb_backend_destroy(t->be[d]);
+    for (int d = 0; d < t->spec.count; d++) {
+        replica *r = &t->replicas[d];
+        if (r->be) bb_optimizer_destroy(r->be, &r->opt);
+        bb_model_destroy(r->model);
+        bb_backend_destroy(r->be);
     }
     bb_trace_destroy(t->trace);
     if (t->metrics) fclose(t->metrics);
@@ -395,7 +402,7 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
     t->barrier.parties = o->devices;
     bb_status rc;
     BB_TRY_GOTO(setup(t), rc, done);
-    r->devices = t->devices;
+    r->devices = t->spec.count;
     r->first_step = r->steps_done = t->first_step;
     if (t->finished) {
         if (o->progress)
@@ -417,14 +424,14 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
         else if (trc != BB_OK) bb_fail(rc, "%s", first);
         if (trc == BB_OK) t->trace_created = false; /* written: it stays */
     }
-    for (int d = 0; d < t->devices; d++) r->peak_bytes[d] = bb_backend_peak_bytes(t->be[d]);
-    r->param_count = bb_model_param_count(t->model[0]);
+    for (int d = 0; d < t->spec.count; d++) r->peak_bytes[d] = bb_backend_peak_bytes(t->replicas[d].be);
+    r->param_count = bb_model_param_count(t->replicas[0].model);
     /* A failed run returns no weights rather than possibly wrong ones (an
      * interrupted run's are those of its last step). */
     if (rc == BB_OK || rc == BB_ERR_INTERRUPTED) {
         r->params = malloc(r->param_count * sizeof *r->params);
         bb_status copied = !r->params ? bb_fail(BB_ERR_NOMEM, "out of memory")
-                                      : bb_backend_copy(t->be[0], r->params, bb_model_params(t->model[0]),
+                                      : bb_backend_copy(t->replicas[0].be, r->params, bb_model_params(t->replicas[0].model),
                                                         r->param_count * sizeof *r->params, BB_COPY_D2H);
         if (copied != BB_OK) {
             free(r->params);

@@ -4,7 +4,7 @@
  * between them, so every replica sees the same decision to stop). */
 #include <string.h>
 
-#include "train_internal.h"
+#include "trainer.h"
 
 bb_status bb_step_barrier_wait(step_barrier *b)
 {
@@ -72,8 +72,11 @@ static void release_held(trainer *t, held_batches *h)
 
 /* Takes micro-step k's batch from the loader and stages it on the device
  * (its upload queued on the copy stream, straight from the loader's slot). */
-static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st, held_batches *h)
+static bb_status stage(replica *r, uint64_t step, int k, held_batches *h)
 {
+    trainer *t = r->t;
+    int d = r->index;
+    worker_stats *st = &r->stats;
     bb_batch b;
     uint64_t t0 = bb_clock_ns();
     bb_trace_range_push("load");
@@ -82,7 +85,7 @@ static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st
     BB_TRY(rc);
     uint64_t t1 = bb_clock_ns();
     bb_trace_range_push("copy");
-    rc = bb_model_stage_records(t->model[d], bb_dataset_meta(t->data), b.data, (int)b.count);
+    rc = bb_model_stage_records(r->model, bb_dataset_meta(t->data), b.data, (int)b.count);
     bb_trace_range_pop();
     if (rc != BB_OK) {
         bb_loader_release(t->loader, &b);
@@ -105,15 +108,18 @@ static bb_status stage(trainer *t, int d, uint64_t step, int k, worker_stats *st
  * others add to them; on the last one the backward posts buckets. The next
  * micro-batch is staged before this one's forward, so on a GPU its upload
  * overlaps this compute (double buffering, batch.c). */
-static bb_status micro_steps(trainer *t, int d, uint64_t step, worker_stats *st, device_clock *clk, held_batches *h)
+static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_batches *h)
 {
-    bb_model_t *m = t->model[d];
+    trainer *t = r->t;
+    int d = r->index;
+    worker_stats *st = &r->stats;
+    bb_model_t *m = r->model;
     post_ctx post = {t->reducer, d};
-    BB_TRY(stage(t, d, step, 0, st, h));
+    BB_TRY(stage(r, step, 0, h));
     for (int k = 0; k < t->accumulation; k++) {
         BB_TRY(bb_model_use_staged(m));
         bool last = k == t->accumulation - 1;
-        if (!last) BB_TRY(stage(t, d, step, k + 1, st, h));
+        if (!last) BB_TRY(stage(r, step, k + 1, h));
         uint64_t t2 = bb_clock_ns();
         double loss;
         BB_TRY(bb_device_clock_mark(clk, 3 * k));
@@ -157,13 +163,31 @@ static bb_status device_spans(trainer *t, int d, uint64_t step, device_clock *cl
     return BB_OK;
 }
 
-static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches *h)
+/* The step's loss, the mean of the replicas' shares, and the decision to
+ * stop, replica 0's: through the reducer, which all replicas call. */
+static bb_status step_loss(replica *r, double *loss)
 {
+    reducer_t *red = r->t->reducer;
+    *loss = red ? bb_reducer_allreduce_scalar(red, r->index, r->stats.loss) : r->stats.loss;
+    return red && bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
+}
+
+static bb_status decide_stop(replica *r, bool *stop)
+{
+    reducer_t *red = r->t->reducer;
+    *stop = red ? bb_reducer_broadcast_stop(red, r->index, r->index == 0 && r->t->stop) : r->t->stop;
+    return red && bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
+}
+
+static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
+{
+    trainer *t = r->t;
+    int d = r->index;
     for (uint64_t step = t->first_step; step < t->total_steps; step++) {
-        worker_stats *st = &t->stats[d];
+        worker_stats *st = &r->stats;
         memset(st, 0, sizeof *st);
         BB_TRY(bb_device_clock_start(clk));
-        BB_TRY(micro_steps(t, d, step, st, clk, h));
+        BB_TRY(micro_steps(r, step, clk, h));
         if (t->reducer) {
             bb_trace_range_push("reduce");
             if (t->o->no_overlap) bb_reducer_post(t->reducer, d, 0);
@@ -174,7 +198,7 @@ static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches 
         uint64_t t0 = bb_clock_ns();
         BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation));
         bb_trace_range_push("optimizer");
-        st->grad_norm = bb_optimizer_step(t->be[d], t->model[d], &t->opt[d], step, t->total_steps, &st->lr);
+        st->grad_norm = bb_optimizer_step(r->be, r->model, &r->opt, step, t->total_steps, &st->lr);
         bb_trace_range_pop();
         BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation + 1));
         uint64_t t1 = bb_clock_ns();
@@ -184,26 +208,32 @@ static bb_status worker_loop(trainer *t, int d, device_clock *clk, held_batches 
         /* A device fault in this step (the backward or the optimizer, which
          * nothing has waited for yet) fails it here, before it is reported
          * or saved. */
-        BB_TRY(bb_backend_synchronize(t->be[d]));
+        BB_TRY(bb_backend_synchronize(r->be));
+        double loss;
+        BB_TRY(step_loss(r, &loss));
         BB_TRY(bb_step_barrier_wait(&t->barrier));
-        if (d == 0) BB_TRY(bb_trainer_end_of_step(t, step));
+        if (d == 0) {
+            t->step_loss = loss;
+            BB_TRY(bb_trainer_end_of_step(t, step));
+        }
+        bool stop;
+        BB_TRY(decide_stop(r, &stop));
         BB_TRY(bb_step_barrier_wait(&t->barrier));
-        if (t->stop) break;
+        if (stop) break;
     }
     return BB_OK;
 }
 
 void *bb_trainer_worker_main(void *arg)
 {
-    void **args = arg;
-    trainer *t = args[0];
-    int d = (int)(intptr_t)args[1];
+    replica *r = arg;
+    trainer *t = r->t;
     device_clock clk = {0};
     held_batches held = {0};
-    bb_status rc = t->trace ? bb_device_clock_init(&clk, t->be[d], t->accumulation) : BB_OK;
-    if (rc == BB_OK) rc = worker_loop(t, d, &clk, &held);
+    bb_status rc = t->trace ? bb_device_clock_init(&clk, r->be, t->accumulation) : BB_OK;
+    if (rc == BB_OK) rc = worker_loop(r, &clk, &held);
     if (rc != BB_OK) bb_trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
-    bb_backend_synchronize(t->be[d]);       /* no upload still reads a held slot (it waits even after a failure) */
+    bb_backend_synchronize(r->be);          /* no upload still reads a held slot (it waits even after a failure) */
     release_held(t, &held);
     bb_device_clock_destroy(&clk);
     return NULL;

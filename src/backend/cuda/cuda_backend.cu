@@ -123,11 +123,29 @@ void *sort_scratch(bb_backend_t *b, size_t rows)
     return grow(b, &s->sort, &s->sort_bytes, bbk_embedding_sort_bytes(rows), "embedding sort scratch") ? s->sort : NULL;
 }
 
+static_assert(BBK_COLUMN_CHUNKS == 64, "cuda_sizes.c counts 64 column chunks");
+
+// What this backend holds besides its counted allocations: the scratch,
+// the reduction partials and cuBLAS's default workspace (as cuda_sizes.c
+// counts it for the planner).
+uint64_t cuda_workspace_bytes(const bb_backend_t *b)
+{
+    const cuda_state *s = static_cast<const cuda_state *>(b->impl);
+    return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + kPartials * sizeof(double) + (uint64_t(32) << 20);
+}
+
 bb_status cuda_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
 {
     use(b);
     if (width) column_scratch(b, width);
     if (rows) row_scratch(b, rows), sort_scratch(b, rows);
+    // The planner counts bb_cuda_workspace_bytes: say so when the real scratch is larger.
+    uint64_t real = cuda_workspace_bytes(b), counted = bb_cuda_workspace_bytes(rows, width);
+    if (real > counted) {
+        char a[24], c[24];
+        BB_WARN("%s: the ops' scratch takes %s, more than the planner counts (%s): its predictions are low by "
+                "the difference", b->name, bb_format_bytes(real, a, sizeof a), bb_format_bytes(counted, c, sizeof c));
+    }
     return bb_backend_pending(b);
 }
 
@@ -557,6 +575,7 @@ bb_backend_vtable make_vtable()
     v.synchronize = cuda_synchronize;
     v.destroy = cuda_destroy;
     v.reserve_scratch = cuda_reserve_scratch;
+    v.workspace_bytes = cuda_workspace_bytes;
     v.event_create = cuda_event_create;
     v.event_destroy = cuda_event_destroy;
     v.event_record = cuda_event_record;

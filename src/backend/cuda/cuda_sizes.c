@@ -1,0 +1,18 @@
+/* cuda_sizes.c — what the CUDA backend holds besides its counted
+ * allocations, in plain C so that every build (and the planner's counting
+ * backend) can count it; cuda_backend.cu reports its real sizes through
+ * the same vtable entry and warns when they exceed these. */
+#include "backend/backend_impl.h"
+
+/* kernels/cuda_kernels.h's BBK_COLUMN_CHUNKS (cuda_backend.cu checks). */
+enum { COLUMN_CHUNKS = 64, PARTIAL_BYTES = 1024 * 8 };
+
+uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
+{
+    uint64_t R = rows, W = width;
+    return 8 * R                       /* per-row loss (doubles) */
+           + 2 * COLUMN_CHUNKS * 4 * W /* column-sum partials */
+           + 6 * 4 * R                 /* the embedding backward's sort (its index arrays) */
+           + PARTIAL_BYTES             /* reduction partials */
+           + ((uint64_t)32 << 20);     /* cuBLAS's default workspace */
+}

@@ -1,0 +1,111 @@
+/* trainer.h — private: the trainer's state, shared by trainer.c (set-up
+ * and teardown), worker.c (one thread per replica), report.c (the end of a
+ * step) and device_clock.c.
+ *
+ * A run has one replica per local device: its backend, model, optimizer
+ * and step figures. Worker thread i runs replica i; replica 0 also
+ * reports, evaluates and saves between the step's two barriers. What
+ * crosses devices goes through the reducer: the gradients (bucketed,
+ * overlapping the backward), the step's loss (bb_reducer_allreduce_scalar)
+ * and the decision to stop (bb_reducer_broadcast_stop).
+ */
+#ifndef BIGBATCH_TRAIN_TRAINER_H
+#define BIGBATCH_TRAIN_TRAINER_H
+
+#include <pthread.h>
+
+#include "bigbatch/trace.h"
+#include "checkpoint.h"
+#include "reducer.h"
+
+/* A barrier that a failing worker can open for everyone. */
+typedef struct step_barrier {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int parties, waiting;
+    uint64_t generation;
+    bool aborted;
+} step_barrier;
+
+/* What one worker measured in the current step. */
+typedef struct worker_stats {
+    double loss;             /* its share: sum over micro-steps of loss / its normalizer */
+    double grad_norm, lr;
+    uint64_t wait_ns, copy_ns, fwd_ns, bwd_ns, reduce_wait_ns, opt_ns;
+    uint64_t backward_end_ns; /* end of the last micro-step's backward */
+} worker_stats;
+
+struct trainer;
+
+/* One device's copy of the model: what its worker thread owns. */
+typedef struct replica {
+    struct trainer *t;
+    int index;               /* among this process's devices: 0..spec.count */
+    bb_backend_t *be;
+    bb_model_t *model;
+    bb_optimizer opt;
+    worker_stats stats;
+} replica;
+
+typedef struct trainer {
+    const bb_train_options *o;
+    bb_model_config cfg;
+    bb_dataset_t *data, *val;
+    bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
+    int accumulation, micro_batch, global_batch;
+    char devices_text[256];  /* "cpu:2", "cuda:0,1" */
+    uint64_t first_step, total_steps, steps_per_epoch, seed;
+    float normalizer;        /* each device's share of the examples (tokens) of a step */
+    replica replicas[BB_TRAIN_MAX_DEVICES];
+    bb_loader_t *loader;
+    reducer_t *reducer;      /* NULL with one device in a world of one */
+    bb_trace_t *trace;       /* NULL without --trace */
+    step_barrier barrier;
+    /* the first failure of any worker */
+    pthread_mutex_t fail_lock;
+    bb_status fail_status;
+    char fail_message[1024];
+    /* replica 0's, between the two barriers of a step */
+    double step_loss;        /* the mean of the replicas' shares (through the reducer) */
+    bool stop;
+    bool saved;              /* a checkpoint was written */
+    uint64_t skipped;        /* non-finite steps skipped */
+    bool finished;           /* --resume of a run already at its last step */
+    size_t losses_cap;       /* result->losses holds this many */
+    bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
+    FILE *metrics;
+    bool tty;
+    uint64_t run_start_ns, last_step_end_ns;
+    bb_train_result *result;
+} trainer;
+
+/* Device times of a worker's phases for the trace (device_clock.c): marks
+ * 3k, 3k+1, 3k+2 are micro-step k's forward start, forward end and
+ * backward end; 3A and 3A+1 the optimizer's start and end. Off (every call
+ * a no-op) on backends whose work is done when a call returns. */
+typedef struct device_clock {
+    bool on;
+    bb_backend_t *be;
+    bb_event_t *anchor, **marks;
+    int count;
+    uint64_t anchor_ns;       /* host time of the anchor */
+} device_clock;
+
+bb_status bb_device_clock_init(device_clock *c, bb_backend_t *be, int accumulation);
+void bb_device_clock_destroy(device_clock *c);
+/* Ties the clocks: waits for the device to reach this point. */
+bb_status bb_device_clock_start(device_clock *c);
+bb_status bb_device_clock_mark(device_clock *c, int i);
+/* Host-clock time at which mark i happened on the device (waits for it). */
+bb_status bb_device_clock_time(device_clock *c, int i, uint64_t *ns);
+
+bb_status bb_step_barrier_wait(step_barrier *b);
+/* Records the failure (first one wins) and wakes every thread. */
+void bb_trainer_fail(trainer *t, bb_status status);
+/* A worker thread's body: its argument is its replica. */
+void *bb_trainer_worker_main(void *replica);
+/* Replica 0, after every worker finished step `step` (0-based): reporting,
+ * evaluation, saving, and the decision to stop (t->stop). */
+bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);
+
+#endif
