@@ -382,6 +382,18 @@ __global__ void sgd_k(float *p, const float *g, float *buf, size_t n, float lr, 
     }
 }
 
+// The CPU's loop, row by row: the first largest logit wins (a NaN never does).
+__global__ void count_correct_k(int *hits, const float *logits, const int32_t *targets, int N, int V)
+{
+    GRID_STRIDE(n, (size_t)N)
+    {
+        const float *row = logits + n * (size_t)V;
+        int best = 0;
+        for (int k = 1; k < V; k++) best = row[k] > row[best] ? k : best;
+        if (best == targets[n]) atomicAdd(hits, 1);
+    }
+}
+
 __global__ void sum_squares_k(double *partial, const float *x, size_t n)
 {
     __shared__ double lanes[kThreads];
@@ -609,6 +621,13 @@ cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t
                     float weight_decay)
 {
     sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_count_correct(cudaStream_t s, int *hits, const float *logits, const int32_t *targets, int N, int V)
+{
+    if (N <= 0) return cudaGetLastError();
+    count_correct_k<<<grid_for((size_t)N), kThreads, 0, s>>>(hits, logits, targets, N, V);
     return cudaGetLastError();
 }
 

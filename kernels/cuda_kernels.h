@@ -78,6 +78,9 @@ cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t
                     float weight_decay);
 /* partial[b] = sum of squares of block b's share; returns the block count
  * used through *blocks (at most max_blocks). */
+/* *hits += rows whose argmax is their target (see bb_op_count_correct);
+ * one thread per row: for classifier heads. */
+cudaError_t bbk_count_correct(cudaStream_t s, int *hits, const float *logits, const int32_t *targets, int N, int V);
 cudaError_t bbk_sum_squares(cudaStream_t s, double *partial, int max_blocks, int *blocks, const float *x, size_t n);
 
 #ifdef __cplusplus

@@ -349,6 +349,29 @@ Test(cuda, softmax_crossentropy_matches_cpu)
     expect_close("softmax_crossentropy in place", logits, 1e-5);
 }
 
+/* Argmax hits: ties (the first wins), NaNs (first and elsewhere), ignored
+ * rows, and many rows, counted the same on both backends. */
+Test(cuda, count_correct_matches_cpu)
+{
+    need_gpu();
+    enum { N = 5003, V = 10 };
+    float *h = random_host((size_t)N * V, 61, 3);
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (int n = 0; n < N; n++) {
+        targets[n] = n % 7 == 0 ? -1 : (int32_t)((n * 2654435761u) % V);
+        if (n % 5 == 1) h[(size_t)n * V + 4] = h[(size_t)n * V + 7] = 10; /* a tie: 4 wins */
+        if (n % 11 == 2) h[(size_t)n * V] = NAN;
+        if (n % 13 == 3) h[(size_t)n * V + 2] = NAN;
+    }
+    twin logits = upload(h, (size_t)N * V * sizeof *h), tg = upload(targets, N * sizeof *targets);
+    int c = bb_op_count_correct(cpu, logits.c, (int32_t *)tg.c, N, V);
+    int g = bb_op_count_correct(gpu, logits.g, (int32_t *)tg.g, N, V);
+    cr_assert_eq(bb_backend_synchronize(gpu), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(c, g, "count_correct: cpu %d, gpu %d", c, g);
+    cr_assert_gt(c, N / V / 2, "a random classifier still hits some rows");
+    free(h), free(targets);
+}
+
 Test(cuda, optimizers_match_cpu)
 {
     need_gpu();

@@ -329,6 +329,22 @@ Test(ops, adamw_and_sgd_match_a_double_precision_reference)
     free(p), free(g), free(q);
 }
 
+/* Argmax hits against the rule written out: the first largest logit wins,
+ * a NaN never beats anything (a NaN first logit keeps 0), -1 never counts. */
+Test(ops, count_correct_is_the_first_argmax_rule)
+{
+    enum { V = 4 };
+    const float logits[][V] = {
+        {0, 3, 1, 2}, /* 1 */        {5, 5, 1, 2}, /* tie: 0 */   {NAN, 9, 9, 1}, /* NaN first: 0 */
+        {1, NAN, 0, 2}, /* 3 */      {-1, -2, -3, -4}, /* 0 */   {0, 1, 2, 3}, /* 3, target -1 */
+    };
+    const int32_t hit[] = {1, 0, 0, 3, 0, -1}, miss[] = {2, 1, 1, 1, 3, 0};
+    int N = (int)(sizeof hit / sizeof *hit);
+    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], hit, N, V), N - 1);
+    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], miss, N, V), 0);
+    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], hit, 2, V), 2, "only the first N rows");
+}
+
 /* ---- memory accounting ------------------------------------------------- */
 Test(ops, allocations_are_counted_and_capped)
 {

@@ -245,6 +245,13 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits /*
                                 const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
                                 float normalizer, int *valid);
 
+/* Rows whose argmax (the first largest logit; a row whose first logit is
+ * NaN picks 0) is their target: a classifier's hits, counted on the device
+ * and returned (waits for the device; 0 after a device fault, which the
+ * next synchronizing call reports). Rows whose target is -1 never count. */
+int bb_op_count_correct(bb_backend_t *b, const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N,
+                        int V);
+
 /* AdamW (decoupled weight decay, bias correction at step t >= 1), in place. */
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                  float beta1, float beta2, float eps, float weight_decay, int t);

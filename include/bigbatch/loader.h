@@ -56,8 +56,7 @@ typedef enum bb_io_mode {
     BB_IO_PREAD,
 } bb_io_mode;
 
-/* "auto", "uring", "pread"; and the parser for --io. */
-const char *bb_io_mode_name(bb_io_mode mode);
+/* The parser for --io: "auto", "uring", "pread". */
 bb_status bb_io_mode_parse(const char *s, bb_io_mode *out);
 
 typedef struct bb_loader_options {

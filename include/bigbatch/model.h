@@ -7,10 +7,10 @@
  *   cfg.checkpoint_every = 1;                        // --checkpoint blocks
  *   bb_model_t *m;
  *   BB_TRY(bb_model_create(be, &cfg, micro_batch, &m));
- *   bb_model_init(m, seed);
+ *   BB_TRY(bb_model_init(m, seed));
  *   BB_TRY(bb_model_set_batch(m, inputs, targets));  // host arrays, see below
  *   double loss;
- *   BB_TRY(bb_model_forward(m, normalizer, &loss));  // loss = sum / normalizer
+ *   BB_TRY(bb_model_forward(m, normalizer, &loss, NULL)); // loss = sum / normalizer
  *   BB_TRY(bb_model_backward(m, accumulate));        // false on the first micro-step
  *   // bb_model_grads(m) now holds d(sum of losses / normalizer)/d(params)
  *

@@ -21,14 +21,6 @@
 
 typedef struct bb_trace bb_trace_t;
 
-typedef struct bb_trace_span {
-    const char *name;   /* a string that outlives the trace: "forward" */
-    uint64_t start_ns;  /* bb_clock_ns() */
-    uint64_t end_ns;
-    int64_t step;       /* training step (1-based), or -1 */
-    int32_t detail;     /* micro-step or bucket index, or -1 */
-} bb_trace_span;
-
 /* A trace of `tracks` tracks. Fails with BB_ERR_NOMEM. */
 bb_status bb_trace_create(int tracks, bb_trace_t **out);
 void bb_trace_destroy(bb_trace_t *t);
@@ -38,8 +30,6 @@ void bb_trace_name_track(bb_trace_t *t, int track, const char *name);
  * stored (out of memory) is counted and reported when the trace is written. */
 void bb_trace_add(bb_trace_t *t, int track, const char *name, uint64_t start_ns, uint64_t end_ns, int64_t step,
                   int32_t detail);
-size_t bb_trace_span_count(const bb_trace_t *t, int track);
-const bb_trace_span *bb_trace_span_at(const bb_trace_t *t, int track, size_t index);
 /* NVTX ranges for Nsight Systems (CUDA builds; no-ops otherwise): the
  * calling thread's phase starts (push) and ends (pop), under the same
  * names as the spans. */

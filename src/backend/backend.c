@@ -394,6 +394,12 @@ void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *moment
     if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
 }
 
+int bb_op_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
+{
+    op_entry(b, "count_correct");
+    return runs(b) ? b->vt->count_correct(b, logits, targets, N, V) : 0;
+}
+
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
     op_entry(b, "sum_squares");

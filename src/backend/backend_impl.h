@@ -68,6 +68,7 @@ typedef struct bb_backend_vtable {
     void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                 float momentum, float weight_decay);
     double (*sum_squares)(bb_backend_t *b, const float *x, size_t n);
+    int (*count_correct)(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
     void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
     void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
     void (*bf16_unpack)(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);

@@ -218,6 +218,19 @@ double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
     return s;
 }
 
+int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
+{
+    (void)b;
+    int hits = 0;
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V;
+        int best = 0;
+        for (int k = 1; k < V; k++) best = row[k] > row[best] ? k : best;
+        hits += best == targets[n];
+    }
+    return hits;
+}
+
 void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
 {
     (void)b;

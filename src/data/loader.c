@@ -8,11 +8,6 @@
 
 #include "loader_internal.h"
 
-const char *bb_io_mode_name(bb_io_mode mode)
-{
-    return mode == BB_IO_URING ? "uring" : mode == BB_IO_PREAD ? "pread" : "auto";
-}
-
 bb_status bb_io_mode_parse(const char *s, bb_io_mode *out)
 {
     if (!strcmp(s, "auto")) *out = BB_IO_AUTO;

@@ -18,7 +18,6 @@ typedef struct mlp_state {
     float **seg_in;     /* (S) segment inputs; seg_in[0] is the current batch's features */
     layer_acts *slots;  /* (K) */
     float *d_a, *d_b;   /* backward scratch, (B, widest) each */
-    float *host_logits; /* (B, classes) for the accuracy */
     int computed_segment;
 } mlp_state;
 
@@ -61,8 +60,7 @@ static bb_status mlp_create(bb_model_t *m)
     s->S = (s->n + s->K - 1) / s->K;
     s->seg_in = calloc((size_t)s->S, sizeof *s->seg_in);
     s->slots = calloc((size_t)s->K, sizeof *s->slots);
-    s->host_logits = malloc((size_t)m->B * c->classes * sizeof *s->host_logits);
-    if (!s->seg_in || !s->slots || !s->host_logits) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (!s->seg_in || !s->slots) return bb_fail(BB_ERR_NOMEM, "out of memory");
     size_t row = (size_t)widest(s) * m->B * sizeof(float);
     s->seg_in[0] = (float *)m->inputs;
     for (int i = 1; i < s->S; i++)
@@ -92,7 +90,6 @@ static void mlp_destroy(bb_model_t *m)
     free(s->width);
     free(s->seg_in);
     free(s->slots);
-    free(s->host_logits);
     free(s);
 }
 
@@ -137,21 +134,9 @@ static bb_status mlp_forward(bb_model_t *m, float normalizer, double *loss, int 
     s->seg_in[0] = (float *)m->inputs; /* the batch buffers alternate (batch.c) */
     for (int seg = 0; seg < s->S; seg++) BB_TRY(segment_forward(m, seg));
     float *logits = s->slots[(s->n - 1) % s->K].pre;
-    if (correct) {
-        int32_t *labels = malloc((size_t)m->B * sizeof *labels);
-        if (!labels) return bb_fail(BB_ERR_NOMEM, "out of memory");
-        bb_status rc = bb_backend_copy(m->be, s->host_logits, logits, (size_t)m->B * classes * sizeof(float),
-                                       BB_COPY_D2H);
-        if (rc == BB_OK) rc = bb_backend_copy(m->be, labels, m->targets, (size_t)m->B * sizeof *labels, BB_COPY_D2H);
-        *correct = 0;
-        for (int b = 0; rc == BB_OK && b < m->B; b++) {
-            const float *row = s->host_logits + (size_t)b * classes;
-            int best = 0;
-            for (int k = 1; k < classes; k++) best = row[k] > row[best] ? k : best;
-            *correct += best == labels[b];
-        }
-        free(labels);
-        BB_TRY(rc);
+    if (correct) { /* counted on the device: no logits cross to the host */
+        *correct = bb_op_count_correct(m->be, logits, m->targets, m->B, classes);
+        BB_TRY(bb_backend_synchronize(m->be)); /* a count after a fault is not one */
     }
     if (!loss) {
         s->computed_segment = -1; /* the logits stay logits: no backward */

@@ -14,9 +14,17 @@ void bb_trace_range_push(const char *name) { (void)name; }
 void bb_trace_range_pop(void) {}
 #endif
 
+typedef struct span {
+    const char *name;   /* a string that outlives the trace: "forward" */
+    uint64_t start_ns;  /* bb_clock_ns() */
+    uint64_t end_ns;
+    int64_t step;       /* training step (1-based), or -1 */
+    int32_t detail;     /* micro-step or bucket index, or -1 */
+} span;
+
 typedef struct track {
     char name[48];
-    bb_trace_span *spans;
+    span *spans;
     size_t count, capacity;
     size_t dropped;
 } track;
@@ -61,7 +69,7 @@ void bb_trace_add(bb_trace_t *t, int i, const char *name, uint64_t start_ns, uin
     track *k = &t->tracks[i];
     if (k->count == k->capacity) {
         size_t cap = k->capacity ? 2 * k->capacity : 1024;
-        bb_trace_span *s = realloc(k->spans, cap * sizeof *s);
+        span *s = realloc(k->spans, cap * sizeof *s);
         if (!s) {
             k->dropped++;
             return;
@@ -69,14 +77,7 @@ void bb_trace_add(bb_trace_t *t, int i, const char *name, uint64_t start_ns, uin
         k->spans = s;
         k->capacity = cap;
     }
-    k->spans[k->count++] = (bb_trace_span){name, start_ns, end_ns, step, detail};
-}
-
-size_t bb_trace_span_count(const bb_trace_t *t, int i) { return t && i >= 0 && i < t->count ? t->tracks[i].count : 0; }
-
-const bb_trace_span *bb_trace_span_at(const bb_trace_t *t, int i, size_t index)
-{
-    return index < bb_trace_span_count(t, i) ? &t->tracks[i].spans[index] : NULL;
+    k->spans[k->count++] = (span){name, start_ns, end_ns, step, detail};
 }
 
 bb_status bb_trace_write(const bb_trace_t *t, const char *path)
@@ -103,7 +104,7 @@ bb_status bb_trace_write(const bb_trace_t *t, const char *path)
     for (int i = 0; i < t->count; i++) {
         const track *k = &t->tracks[i];
         for (size_t j = 0; j < k->count; j++) {
-            const bb_trace_span *s = &k->spans[j];
+            const span *s = &k->spans[j];
             bool reduce = !strcmp(s->name, "reduce");
             fprintf(f, "{\"name\":\"%s", s->name);
             if (reduce) fprintf(f, " bucket %d", s->detail);

@@ -167,13 +167,25 @@ void fail(nccl_reducer *n, const char *what, const char *why)
     abort_all(n);
 }
 
-bool cuda_ok(nccl_reducer *n, cudaError_t e, const char *what)
+// The error family's member for the reducer: a failed CUDA call fails the
+// reducer (naming the call) and aborts every communicator; true when it
+// succeeded.
+bool cuda_call_ok(nccl_reducer *n, cudaError_t e, const char *call)
 {
     if (e == cudaSuccess) return true;
     cudaGetLastError(); // reported here, not blamed on the next kernel
-    fail(n, what, cudaGetErrorString(e));
+    fail(n, call, cudaGetErrorString(e));
     return false;
 }
+#define BB_CUDA_REDUCER(n, expr) cuda_call_ok((n), (expr), #expr)
+
+// In functions returning bb_status (NCCL's calls outside the step machinery).
+#define BB_NCCL(expr)                                                                             \
+    do {                                                                                          \
+        ncclResult_t bb_nccl_rc_ = (expr);                                                        \
+        if (bb_nccl_rc_ != ncclSuccess)                                                           \
+            return bb_fail(BB_ERR_DEVICE, "%s: %s", #expr, nccl.GetErrorString(bb_nccl_rc_));     \
+    } while (0)
 
 // The owner's side of a communicator: enter before an NCCL call (false: it
 // is gone), leave after it (takes it down if an abort came meanwhile).
@@ -305,15 +317,15 @@ void n_post(reducer_t *r, int device, size_t ready_from)
     device_side *s = &n->dev[device];
     cudaSetDevice(s->cuda_device);
     bool ok = !stopping(r);
-    if (ok && device == 0 && ready_from == 0) ok = cuda_ok(n, cudaEventRecord(n->backward_end, s->compute), "event");
+    if (ok && device == 0 && ready_from == 0) ok = BB_CUDA_REDUCER(n, cudaEventRecord(n->backward_end, s->compute));
     for (; ok && s->next_bucket < r->buckets && r->lo[s->next_bucket] >= ready_from; s->next_bucket++) {
         int b = s->next_bucket;
         all_reduce_args a = {s, r->lo[b], r->hi[b] - r->lo[b]};
-        ok = cuda_ok(n, cudaEventRecord(s->ready, s->compute), "event") &&
-             cuda_ok(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0), "stream wait") &&
-             (device != 0 || cuda_ok(n, cudaEventRecord(n->start[b], s->comm_stream), "event")) &&
+        ok = BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
+             BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0)) &&
+             (device != 0 || BB_CUDA_REDUCER(n, cudaEventRecord(n->start[b], s->comm_stream))) &&
              nccl_step(n, s, all_reduce, &a, "ncclAllReduce") &&
-             (device != 0 || cuda_ok(n, cudaEventRecord(n->end[b], s->comm_stream), "event"));
+             (device != 0 || BB_CUDA_REDUCER(n, cudaEventRecord(n->end[b], s->comm_stream)));
     }
 }
 
@@ -323,8 +335,8 @@ uint64_t n_wait(reducer_t *r, int device)
     device_side *s = &n->dev[device];
     cudaSetDevice(s->cuda_device);
     bool ok = nccl_step(n, s, async_error, s, "an all-reduce") &&
-              cuda_ok(n, cudaEventRecord(s->done, s->comm_stream), "event") &&
-              cuda_ok(n, cudaStreamWaitEvent(s->compute, s->done, 0), "stream wait");
+              BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
+              BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
     s->next_bucket = 0;
     if (ok && device == 0) n->timed = true;
     return 0;
@@ -379,14 +391,14 @@ bool scalar_collective(nccl_reducer *n, int device, bool broadcast, double *valu
     cudaSetDevice(s->cuda_device);
     *s->host_scalar = *value;
     scalar_args a = {s, broadcast};
-    bool ok = cuda_ok(n, cudaMemcpyAsync(s->scalar, s->host_scalar, sizeof(double), cudaMemcpyHostToDevice,
-                                         s->comm_stream), "copy") &&
+    cudaStream_t st = s->comm_stream;
+    double *dev = s->scalar, *host = s->host_scalar;
+    bool ok = BB_CUDA_REDUCER(n, cudaMemcpyAsync(dev, host, sizeof *dev, cudaMemcpyHostToDevice, st)) &&
               nccl_step(n, s, scalar_call, &a, broadcast ? "ncclBroadcast" : "ncclAllReduce") &&
-              cuda_ok(n, cudaMemcpyAsync(s->host_scalar, s->scalar, sizeof(double), cudaMemcpyDeviceToHost,
-                                         s->comm_stream), "copy");
+              BB_CUDA_REDUCER(n, cudaMemcpyAsync(host, dev, sizeof *dev, cudaMemcpyDeviceToHost, st));
     cudaError_t e = cudaErrorNotReady;
-    while (ok && (e = cudaStreamQuery(s->comm_stream)) == cudaErrorNotReady && !stopping(r)) sched_yield();
-    ok = ok && e != cudaErrorNotReady && cuda_ok(n, e, "a scalar collective");
+    while (ok && (e = cudaStreamQuery(st)) == cudaErrorNotReady && !stopping(r)) sched_yield();
+    ok = ok && e != cudaErrorNotReady && cuda_call_ok(n, e, "cudaStreamQuery");
     if (ok) *value = *s->host_scalar;
     return ok;
 }
@@ -409,8 +421,8 @@ const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step, n
 bb_status init_comms(nccl_reducer *n, int devices, double timeout_s)
 {
     ncclUniqueId id;
-    ncclResult_t rc = nccl.GetUniqueId(&id);
-    if (rc != ncclSuccess) return bb_fail(BB_ERR_DEVICE, "ncclGetUniqueId: %s", nccl.GetErrorString(rc));
+    BB_NCCL(nccl.GetUniqueId(&id));
+    ncclResult_t rc = ncclSuccess;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     nccl.GroupStart();

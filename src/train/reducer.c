@@ -225,6 +225,13 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .allreduce_scalar = cpu_allreduce_scalar,
                                     .broadcast_stop = cpu_broadcast_stop};
 
+static bb_status start_thread(cpu_reducer *c)
+{
+    BB_PTHREAD(pthread_create(&c->thread, NULL, reducer_main, c));
+    c->started = true;
+    return BB_OK;
+}
+
 bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
 {
     *out = NULL;
@@ -250,17 +257,12 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     if (rc == BB_OK && (!c->grads || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-    int err = 0;
-    if (rc == BB_OK) {
-        for (int d = 0; d < devices; d++) c->grads[d] = a->grads[d];
-        if ((err = pthread_create(&c->thread, NULL, reducer_main, c)))
-            rc = bb_fail(BB_ERR_INTERNAL, "cannot start the reducer thread: error %d", err);
-    }
+    for (int d = 0; rc == BB_OK && d < devices; d++) c->grads[d] = a->grads[d];
+    if (rc == BB_OK) rc = start_thread(c);
     if (rc != BB_OK) {
         cpu_destroy(r);
         return rc;
     }
-    c->started = true;
     *out = r;
     return BB_OK;
 }

@@ -19,11 +19,8 @@
 #include <new>
 
 #include "cuda_backend.h"
+#include "cuda_check.h"
 #include "cuda_kernels.h"
-
-extern "C" {
-#include "backend/backend_impl.h"
-}
 
 namespace {
 
@@ -45,7 +42,7 @@ struct cuda_state {
     int *counter;               // device: rows with a target
     struct host_result {
         double loss;
-        int valid;
+        int valid, correct;
     } *host;                    // pinned: what the loss reads back
 };
 
@@ -56,31 +53,7 @@ cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUT
 
 void use(bb_backend_t *b) { cudaSetDevice(state(b)->device); }
 
-// Keeps the first error of an op (backend.c returns it from the next
-// synchronizing call) and clears CUDA's last-error state, so that the next
-// launch's check does not blame its own op for it.
-void note(bb_backend_t *b, cudaError_t err, const char *op)
-{
-    if (err == cudaSuccess) return;
-    cudaGetLastError();
-    bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: %s", b->name, op, cudaGetErrorString(err));
-}
-
-void note_blas(bb_backend_t *b, cublasStatus_t st, const char *op)
-{
-    if (st != CUBLAS_STATUS_SUCCESS) bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s: cuBLAS error %d", b->name, op, (int)st);
-}
-
 bool failed(bb_backend_t *b) { return b->error != BB_OK; }
-
-bb_status check(bb_backend_t *b, cudaError_t err, const char *what)
-{
-    if (err != cudaSuccess) {
-        cudaGetLastError(); // reported here: not again by the next kernel launch's check
-        return bb_fail(BB_ERR_DEVICE, "%s: %s: %s", b->name, what, cudaGetErrorString(err));
-    }
-    return bb_backend_pending(b);
-}
 
 // Makes *p hold at least `need` bytes, in stream order on the compute
 // stream: the old buffer is freed after the ops queued before, the new one
@@ -89,11 +62,11 @@ bool grow(bb_backend_t *b, void **p, size_t *bytes, size_t need, const char *wha
 {
     if (need <= *bytes) return true;
     cudaStream_t st = compute(b);
-    if (*p) note(b, cudaFreeAsync(*p, st), what);
+    if (*p) BB_CUDA_OP(b, cudaFreeAsync(*p, st));
     *p = NULL;
     *bytes = 0;
     cudaError_t e = cudaMallocAsync(p, need, st);
-    note(b, e, what);
+    bb_cuda_note(b, e, what);
     if (e != cudaSuccess) {
         *p = NULL;
         return false;
@@ -167,7 +140,7 @@ void gemm(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, in
         st = batch == 1 ? cublasSgemm(h, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc)
                         : cublasSgemmStridedBatched(h, ta, tb, m, n, k, &alpha, A, lda, sa, B, ldb, sb, &beta, C, ldc,
                                                     sc, batch);
-    note_blas(b, st, op);
+    bb_cublas_note(b, st, op);
 }
 
 // ---- memory ----------------------------------------------------------------
@@ -222,7 +195,8 @@ bb_status cuda_copy_async(bb_backend_t *b, void *dst, const void *src, size_t by
 {
     use(b);
     static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
-    return check(b, cudaMemcpyAsync(dst, src, bytes, kinds[kind], state(b)->stream[stream]), "cudaMemcpyAsync");
+    BB_CUDA(cudaMemcpyAsync(dst, src, bytes, kinds[kind], state(b)->stream[stream]));
+    return bb_backend_pending(b);
 }
 
 // Copies run on the compute stream, so they are ordered after the ops that
@@ -233,13 +207,15 @@ bb_status cuda_copy_async(bb_backend_t *b, void *dst, const void *src, size_t by
 bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
     BB_TRY(cuda_copy_async(b, dst, src, bytes, kind, BB_STREAM_COMPUTE));
-    return kind == BB_COPY_D2D ? BB_OK : check(b, cudaStreamSynchronize(compute(b)), "copy");
+    if (kind != BB_COPY_D2D) BB_CUDA(cudaStreamSynchronize(compute(b)));
+    return bb_backend_pending(b);
 }
 
 bb_status cuda_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 {
     use(b);
-    return check(b, cudaMemsetAsync(dst, value, bytes, compute(b)), "cudaMemsetAsync");
+    BB_CUDA(cudaMemsetAsync(dst, value, bytes, compute(b)));
+    return bb_backend_pending(b);
 }
 
 // Waits for all three streams, also after one of them failed.
@@ -248,10 +224,10 @@ bb_status cuda_synchronize(bb_backend_t *b)
     use(b);
     bb_status rc = BB_OK;
     for (int i = 0; i < 3; i++) {
-        bb_status s = check(b, cudaStreamSynchronize(state(b)->stream[i]), "synchronize");
-        if (rc == BB_OK) rc = s;
+        cudaError_t e = cudaStreamSynchronize(state(b)->stream[i]);
+        if (e != cudaSuccess && rc == BB_OK) rc = bb_cuda_fail(e, "cudaStreamSynchronize");
     }
-    return rc;
+    return rc != BB_OK ? rc : bb_backend_pending(b);
 }
 
 void cuda_destroy(bb_backend_t *b)
@@ -282,7 +258,7 @@ bb_status cuda_event_create(bb_backend_t *b, bb_event_t **out)
 {
     use(b);
     cudaEvent_t e;
-    BB_TRY(check(b, cudaEventCreate(&e), "cudaEventCreate")); // with timing: the trace reads device times
+    BB_CUDA(cudaEventCreate(&e)); // with timing: the trace reads device times
     *out = reinterpret_cast<bb_event_t *>(e);
     return BB_OK;
 }
@@ -296,22 +272,23 @@ void cuda_event_destroy(bb_backend_t *b, bb_event_t *e)
 bb_status cuda_event_record(bb_backend_t *b, bb_event_t *e, bb_stream stream)
 {
     use(b);
-    return check(b, cudaEventRecord(reinterpret_cast<cudaEvent_t>(e), state(b)->stream[stream]), "cudaEventRecord");
+    BB_CUDA(cudaEventRecord(reinterpret_cast<cudaEvent_t>(e), state(b)->stream[stream]));
+    return bb_backend_pending(b);
 }
 
 bb_status cuda_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
 {
     use(b);
-    return check(b, cudaStreamWaitEvent(state(b)->stream[stream], reinterpret_cast<cudaEvent_t>(e), 0),
-                 "cudaStreamWaitEvent");
+    BB_CUDA(cudaStreamWaitEvent(state(b)->stream[stream], reinterpret_cast<cudaEvent_t>(e), 0));
+    return bb_backend_pending(b);
 }
 
 bb_status cuda_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms)
 {
     use(b);
     float f = 0;
-    BB_TRY(check(b, cudaEventElapsedTime(&f, reinterpret_cast<cudaEvent_t>(from), reinterpret_cast<cudaEvent_t>(to)),
-                 "cudaEventElapsedTime"));
+    BB_CUDA(cudaEventElapsedTime(&f, reinterpret_cast<cudaEvent_t>(from), reinterpret_cast<cudaEvent_t>(to)));
+    BB_TRY(bb_backend_pending(b));
     *ms = f;
     return BB_OK;
 }
@@ -319,7 +296,8 @@ bb_status cuda_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, 
 bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
 {
     use(b);
-    return check(b, cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+    BB_CUDA(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)));
+    return bb_backend_pending(b);
 }
 
 // ---- matrix products (row-major through column-major cuBLAS) ---------------
@@ -330,7 +308,7 @@ void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const flo
     use(b);
     float beta = 0.0f;
     if (bias) {
-        note(b, bbk_broadcast_rows(compute(b), out, bias, N, OC), "linear_forward bias");
+        BB_CUDA_OP(b, bbk_broadcast_rows(compute(b), out, bias, N, OC));
         beta = 1.0f;
     }
     gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, 0, in, IC, 0, beta, out, OC, 0, 1, "linear_forward");
@@ -347,7 +325,7 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
     float *scratch = dbias ? column_scratch(b, (size_t)OC) : NULL;
-    if (scratch) note(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate), "linear_backward dbias");
+    if (scratch) BB_CUDA_OP(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate));
 }
 
 // Causal attention per batch element, heads as a strided batch: head h of
@@ -364,7 +342,7 @@ void cuda_attention_forward(bb_backend_t *b, float *out, float *att, const float
         // att (T,T) row-major = scale · q kᵀ. cuBLAS is column-major: it sees q and k as (hs,T)
         // matrices (leading dimension 3C) and att as attᵀ, so attᵀ = scale · kᵀ q.
         gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, ld, hs, q, ld, hs, 0.0f, a, T, tt, NH, "attention q·kᵀ");
-        note(b, bbk_causal_softmax(compute(b), a, NH * T, T), "attention softmax");
+        BB_CUDA_OP(b, bbk_causal_softmax(compute(b), a, NH * T, T));
         // out (T,hs) = att · v: column-major outᵀ (hs,T) = vᵀ (hs,T) · attᵀ (T,T)
         gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, a, T, tt, 0.0f, o, C, hs, NH, "attention att·v");
     }
@@ -386,7 +364,7 @@ void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const
         // dV (T,hs) = Pᵀ · dO: column-major dVᵀ (hs,T) = dOᵀ (hs,T) · P (T,T)
         gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_i, C, hs, p, T, tt, 0.0f, dv, ld, hs, NH, "attention dV");
         // ds = dS (as the CPU's scratch); the 1/sqrt(hs) goes into the products' alpha, as on the CPU
-        note(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, 1.0f), "attention softmax backward");
+        BB_CUDA_OP(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, 1.0f));
         // dQ (T,hs) = dS · k: column-major dQᵀ = kᵀ (hs,T) · dSᵀ (T,T)
         gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, ld, hs, ds, T, tt, 0.0f, dq, ld, hs, NH, "attention dQ");
         // dK (T,hs) = dSᵀ · q: column-major dKᵀ = qᵀ (hs,T) · dS (T,T)
@@ -398,32 +376,32 @@ void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const
 void cuda_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     use(b);
-    note(b, bbk_relu_forward(compute(b), out, in, n), "relu_forward");
+    BB_CUDA_OP(b, bbk_relu_forward(compute(b), out, in, n));
 }
 
 void cuda_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     use(b);
-    note(b, bbk_relu_backward(compute(b), din, dout, in, n), "relu_backward");
+    BB_CUDA_OP(b, bbk_relu_backward(compute(b), din, dout, in, n));
 }
 
 void cuda_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
     use(b);
-    note(b, bbk_gelu_forward(compute(b), out, in, n), "gelu_forward");
+    BB_CUDA_OP(b, bbk_gelu_forward(compute(b), out, in, n));
 }
 
 void cuda_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
     use(b);
-    note(b, bbk_gelu_backward(compute(b), din, dout, in, n), "gelu_backward");
+    BB_CUDA_OP(b, bbk_gelu_backward(compute(b), din, dout, in, n));
 }
 
 void cuda_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
                             const float *bias, int N, int C)
 {
     use(b);
-    note(b, bbk_layernorm_forward(compute(b), out, mean, rstd, in, w, bias, N, C), "layernorm_forward");
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), out, mean, rstd, in, w, bias, N, C));
 }
 
 void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
@@ -432,15 +410,15 @@ void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbia
     use(b);
     float *scratch = column_scratch(b, (size_t)C);
     if (scratch)
-        note(b, bbk_layernorm_backward(compute(b), din, dw, dbias, scratch, dout, in, w, mean, rstd, N, C, accumulate),
-             "layernorm_backward");
+        BB_CUDA_OP(b,
+                   bbk_layernorm_backward(compute(b), din, dw, dbias, scratch, dout, in, w, mean, rstd, N, C, accumulate));
 }
 
 void cuda_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                             int B, int T, int C)
 {
     use(b);
-    note(b, bbk_embedding_forward(compute(b), out, tokens, wte, wpe, B, T, C), "embedding_forward");
+    BB_CUDA_OP(b, bbk_embedding_forward(compute(b), out, tokens, wte, wpe, B, T, C));
 }
 
 // The token table's gradient is an ordered reduction: positions sorted by
@@ -454,51 +432,49 @@ void cuda_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const fl
     void *sort = sort_scratch(b, (size_t)B * T);
     if (!sort) return;
     // Overwriting means the whole table: rows no token (position) touched become 0.
-    if (!accumulate_wte) note(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s), "embedding_backward");
-    note(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes),
-         "embedding_backward wte");
+    if (!accumulate_wte) BB_CUDA_OP(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s));
+    BB_CUDA_OP(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes));
     if (!accumulate_wpe && maxT > T)
-        note(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s),
-             "embedding_backward");
-    note(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe), "embedding_backward wpe");
+        BB_CUDA_OP(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s));
+    BB_CUDA_OP(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe));
 }
 
 void cuda_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
                             int B, int T, int width)
 {
     use(b);
-    note(b, bbk_records_to_tokens(compute(b), tokens, targets, records, count, B, T, width), "records_to_tokens");
+    BB_CUDA_OP(b, bbk_records_to_tokens(compute(b), tokens, targets, records, count, B, T, width));
 }
 
 void cuda_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
                             int B, int inputs)
 {
     use(b);
-    note(b, bbk_records_to_images(compute(b), features, labels, records, count, B, inputs), "records_to_images");
+    BB_CUDA_OP(b, bbk_records_to_images(compute(b), features, labels, records, count, B, inputs));
 }
 
 void cuda_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
     use(b);
-    note(b, bbk_add(compute(b), out, x, y, n), "add");
+    BB_CUDA_OP(b, bbk_add(compute(b), out, x, y, n));
 }
 
 void cuda_scale(bb_backend_t *b, float *x, float factor, size_t n)
 {
     use(b);
-    note(b, bbk_scale(compute(b), x, factor, n), "scale");
+    BB_CUDA_OP(b, bbk_scale(compute(b), x, factor, n));
 }
 
 void cuda_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
     use(b);
-    note(b, bbk_bf16_round(compute(b), x, packed, n), "bf16_round");
+    BB_CUDA_OP(b, bbk_bf16_round(compute(b), x, packed, n));
 }
 
 void cuda_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
     use(b);
-    note(b, bbk_bf16_unpack(compute(b), out, packed, n), "bf16_unpack");
+    BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, packed, n));
 }
 
 // The loss leaves the device as one double: per-row losses (in double, as
@@ -513,15 +489,12 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     if (valid) *valid = 0;
     double *rows = row_scratch(b, (size_t)N);
     if (!rows) return;
-    note(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st), "softmax_crossentropy");
-    note(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter),
-         "softmax_crossentropy");
-    note(b, bbk_sum_rows(st, s->loss_sum, rows, N), "softmax_crossentropy sum");
-    note(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st),
-         "softmax_crossentropy");
-    note(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st),
-         "softmax_crossentropy");
-    note(b, cudaStreamSynchronize(st), "softmax_crossentropy");
+    BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+    BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, N));
+    BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
+    BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
+    BB_CUDA_OP(b, cudaStreamSynchronize(st));
     if (failed(b)) return;
     *loss = s->host->loss / normalizer;
     if (valid) *valid = s->host->valid;
@@ -532,15 +505,27 @@ void cuda_adamw(bb_backend_t *b, float *params, const float *grads, float *m, fl
 {
     use(b);
     float bias1 = 1.0f - powf(beta1, (float)t), bias2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    note(b, bbk_adamw(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt),
-         "adamw");
+    BB_CUDA_OP(b,
+               bbk_adamw(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt));
 }
 
 void cuda_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
               float momentum, float weight_decay)
 {
     use(b);
-    note(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay), "sgd");
+    BB_CUDA_OP(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay));
+}
+
+int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
+{
+    use(b);
+    cuda_state *s = state(b);
+    cudaStream_t st = compute(b);
+    BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
+    BB_CUDA_OP(b, bbk_count_correct(st, s->counter, logits, targets, N, V));
+    BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->correct, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
+    BB_CUDA_OP(b, cudaStreamSynchronize(st));
+    return failed(b) ? 0 : s->host->correct;
 }
 
 double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
@@ -550,10 +535,9 @@ double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
     cudaStream_t st = compute(b);
     int blocks = 0;
     double host[kPartials];
-    note(b, bbk_sum_squares(st, s->partial, kPartials, &blocks, x, n), "sum_squares");
-    note(b, cudaMemcpyAsync(host, s->partial, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost, st),
-         "sum_squares");
-    note(b, cudaStreamSynchronize(st), "sum_squares");
+    BB_CUDA_OP(b, bbk_sum_squares(st, s->partial, kPartials, &blocks, x, n));
+    BB_CUDA_OP(b, cudaMemcpyAsync(host, s->partial, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost, st));
+    BB_CUDA_OP(b, cudaStreamSynchronize(st));
     if (failed(b)) return NAN;
     double sum = 0.0;
     for (int i = 0; i < blocks; i++) sum += host[i];
@@ -599,6 +583,7 @@ bb_backend_vtable make_vtable()
     v.adamw = cuda_adamw;
     v.sgd = cuda_sgd;
     v.sum_squares = cuda_sum_squares;
+    v.count_correct = cuda_count_correct;
     v.scale = cuda_scale;
     v.bf16_round = cuda_bf16_round;
     v.bf16_unpack = cuda_bf16_unpack;
@@ -609,10 +594,24 @@ bb_backend_vtable make_vtable()
 
 const bb_backend_vtable cuda_vtable = make_vtable();
 
-bb_status fail_cuda(const char *what, cudaError_t err)
+// Streams, the cuBLAS handle and the small buffers of a new backend; what
+// is made before a failure is freed by cuda_destroy.
+bb_status cuda_start(bb_backend_t *b, const bb_backend_options *o)
 {
-    cudaGetLastError();
-    return bb_fail(BB_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(err));
+    cuda_state *s = state(b);
+    BB_CUDA(cudaSetDevice(o->device));
+    for (int i = 0; i < 3; i++) BB_CUDA(cudaStreamCreateWithFlags(&s->stream[i], cudaStreamNonBlocking));
+    BB_CUBLAS(cublasCreate(&s->blas));
+    BB_CUBLAS(cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]));
+    // fp32 must not use TF32 (to match the CPU backend to 1e-5): the default math mode does not, unless
+    // NVIDIA_TF32_OVERRIDE=1 forces it, which pedantic mode refuses. bf16 picks its compute type per call.
+    cublasMath_t math = o->precision == BB_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+    BB_CUBLAS(cublasSetMathMode(s->blas, math));
+    BB_CUDA(cudaMalloc(&s->partial, kPartials * sizeof(double)));
+    BB_CUDA(cudaMalloc(&s->counter, sizeof(int)));
+    BB_CUDA(cudaMalloc(&s->loss_sum, sizeof(double)));
+    BB_CUDA(cudaHostAlloc(&s->host, sizeof *s->host, cudaHostAllocDefault));
+    return BB_OK;
 }
 
 } // namespace
@@ -643,26 +642,7 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     b->impl = s;
     bb_backend_init_common(b, name, o);
     s->device = o->device;
-    bb_status rc = BB_OK;
-    if ((err = cudaSetDevice(o->device)) != cudaSuccess) rc = fail_cuda(name, err);
-    for (int i = 0; rc == BB_OK && i < 3; i++)
-        if ((err = cudaStreamCreateWithFlags(&s->stream[i], cudaStreamNonBlocking)) != cudaSuccess)
-            rc = fail_cuda("cudaStreamCreate", err);
-    if (rc == BB_OK && cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS)
-        rc = bb_fail(BB_ERR_DEVICE, "%s: cannot create a cuBLAS handle", name);
-    if (rc == BB_OK && cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]) != CUBLAS_STATUS_SUCCESS)
-        rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetStream failed", name);
-    // fp32 must not use TF32 (to match the CPU backend to 1e-5): the default math mode does not, unless
-    // NVIDIA_TF32_OVERRIDE=1 forces it, which pedantic mode refuses. bf16 picks its compute type per call.
-    cublasMath_t math = o->precision == BB_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
-    if (rc == BB_OK && cublasSetMathMode(s->blas, math) != CUBLAS_STATUS_SUCCESS)
-        rc = bb_fail(BB_ERR_DEVICE, "%s: cublasSetMathMode failed", name);
-    if (rc == BB_OK && (err = cudaMalloc(&s->partial, kPartials * sizeof(double))) != cudaSuccess)
-        rc = fail_cuda("cudaMalloc", err);
-    if (rc == BB_OK && (err = cudaMalloc(&s->counter, sizeof(int))) != cudaSuccess) rc = fail_cuda("cudaMalloc", err);
-    if (rc == BB_OK && (err = cudaMalloc(&s->loss_sum, sizeof(double))) != cudaSuccess) rc = fail_cuda("cudaMalloc", err);
-    if (rc == BB_OK && (err = cudaHostAlloc(&s->host, sizeof *s->host, cudaHostAllocDefault)) != cudaSuccess)
-        rc = fail_cuda("cudaHostAlloc", err);
+    bb_status rc = cuda_start(b, o);
     if (rc != BB_OK) {
         bb_backend_destroy(b);
         return rc;

@@ -1,4 +1,4 @@
-/* cuda_probe_none.c — bb_cuda_probe and bb_backend_create_cuda for builds
+/* cuda_none.c — bb_cuda_probe and bb_backend_create_cuda for builds
  * without CUDA (CUDA=0). */
 #include <string.h>
 
