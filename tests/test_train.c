@@ -2,6 +2,9 @@
  * resume bitwise, the reducer's overlap in the trace, crash-safe saves,
  * memory errors and balance, the train/eval/export/sample commands, and
  * device faults. Helpers: train_fixture.h. */
+#include <pthread.h>
+
+#include "train/reducer.h"
 #include "train_fixture.h"
 
 /* No .timeout: Criterion 2.4.1 leaks a timer when two tests with timeouts
@@ -455,4 +458,73 @@ Test(train, a_device_fault_in_the_last_step_fails_the_run)
     }
     free(ckpt);
     free(data);
+}
+
+/* ---- the reducer's scalar collectives ------------------------------------ */
+typedef struct collective_arg {
+    reducer_t *r;
+    int device, rounds;
+    double mean;
+    bool stop, aborted;
+} collective_arg;
+
+static void *collective_worker(void *p)
+{
+    collective_arg *a = p;
+    for (int k = 0; k < a->rounds; k++) {
+        a->mean = bb_reducer_allreduce_scalar(a->r, a->device, 1.0 + a->device + 10.0 * k);
+        a->stop = bb_reducer_broadcast_stop(a->r, a->device, a->device == 0 && k == a->rounds - 1);
+        if (bb_reducer_aborted(a->r)) a->aborted = true;
+    }
+    return NULL;
+}
+
+/* The loss and the stop decision cross devices through the reducer: the
+ * mean is the same sum of value/devices in device order every time, the
+ * stop is device 0's, and an abort frees devices waiting for one that
+ * never comes. */
+Test(train, reducer_scalars_cross_devices_and_an_abort_frees_waiters)
+{
+    bb_backend_t *be;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){0}, &be), BB_OK);
+    bb_model_config c = bb_model_gpt_config(1, 1, 8, 4, 16);
+    bb_model_t *m;
+    cr_assert_eq(bb_model_create(be, &c, 1, &m), BB_OK, "%s", bb_error_message());
+    enum { D = 3 };
+    float *grads[D] = {bb_model_grads(m), bb_model_grads(m), bb_model_grads(m)};
+    bb_device_spec spec = {.kind = BB_DEVICE_CPU, .count = D, .world = 1};
+    reducer_args ra = {.spec = &spec, .model = m, .grads = grads, .bucket_bytes = 1 << 20};
+    reducer_t *r;
+    cr_assert_eq(bb_reducer_create(&ra, &r), BB_OK, "%s", bb_error_message());
+    pthread_t th[D];
+    collective_arg args[D];
+    for (int d = 0; d < D; d++) {
+        args[d] = (collective_arg){.r = r, .device = d, .rounds = 4};
+        pthread_create(&th[d], NULL, collective_worker, &args[d]);
+    }
+    for (int d = 0; d < D; d++) pthread_join(th[d], NULL);
+    double want = 0; /* the last round's values: 31, 32, 33 */
+    for (int d = 0; d < D; d++) want += (1.0 + d + 30.0) / D;
+    for (int d = 0; d < D; d++) {
+        cr_assert_eq(args[d].mean, want, "device %d: mean %.17g, want %.17g", d, args[d].mean, want);
+        cr_assert(args[d].stop && !args[d].aborted, "device %d: device 0's stop, no abort", d);
+    }
+    /* device 2 never arrives: the others wait until the abort */
+    for (int d = 0; d < D - 1; d++) {
+        args[d] = (collective_arg){.r = r, .device = d, .rounds = 1};
+        pthread_create(&th[d], NULL, collective_worker, &args[d]);
+    }
+    usleep(50000);
+    bb_reducer_abort(r);
+    for (int d = 0; d < D - 1; d++) {
+        pthread_join(th[d], NULL);
+        cr_assert(isnan(args[d].mean) && args[d].stop && args[d].aborted, "device %d after the abort", d);
+    }
+    bb_reducer_destroy(r);
+    /* one device in a world of one needs no reducer */
+    spec.count = 1;
+    cr_assert_eq(bb_reducer_create(&ra, &r), BB_OK);
+    cr_assert_null(r);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
 }

@@ -18,7 +18,8 @@
  * computes its loss over its own records normalised by its share (A·b
  * examples, times T tokens for gpt), and the reducer averages the gradients
  * over the devices, so every split of G gives the same step up to the
- * order of float sums. Only loss scalars cross devices for reporting.
+ * order of float sums. Besides the gradients only the step's loss and the
+ * decision to stop cross devices, through the reducer.
  *
  * A checkpoint directory holds `latest` (a symbolic link) and the step
  * directory it names, `step-NNNNNNNN/` with model.safetensors (the weights

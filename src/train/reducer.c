@@ -177,6 +177,10 @@ static bool exchange(cpu_reducer *c, int device, double value, bool mean, double
 {
     reducer_t *r = &c->base;
     pthread_mutex_lock(&c->lock);
+    if (stopping(c)) { /* aborted: a round may be half joined for ever */
+        pthread_mutex_unlock(&c->lock);
+        return false;
+    }
     c->values[device] = value;
     uint64_t round = c->round;
     if (++c->arrived == r->devices) {
