@@ -229,6 +229,6 @@ gpu-bundle: deps
 	@ldd $(GPU_BUNDLE)/bin/bigbatch $(GPU_BUNDLE)/tests/test_cuda | awk '/=> \// {print $$3}' | sort -u | \
 	  grep -v -E '/(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcublas|libnccl|libcudart' | \
 	  xargs -I{} cp -L {} $(GPU_BUNDLE)/so/
-	@rm -rf $(GPU_BUNDLE)/src $(GPU_BUNDLE)/kernels $(GPU_BUNDLE)/lib $(GPU_BUNDLE)/tests/*.d
+	@rm -rf $(GPU_BUNDLE)/src $(GPU_BUNDLE)/kernels $(GPU_BUNDLE)/lib $(GPU_BUNDLE)/bigbatch.o $(GPU_BUNDLE)/tests/*.d
 	@strip --strip-debug $(GPU_BUNDLE)/bin/bigbatch $(GPU_BUNDLE)/tests/test_cuda
 	@du -sh $(GPU_BUNDLE) && ls $(GPU_BUNDLE)/so
