@@ -7,7 +7,7 @@
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need
 #
-# Variables: CUDA=auto|0|1 (auto: use nvcc when found), OPT (-O3 -g), ARCH
+# Variables: CUDA=auto|0|1 (auto: use nvcc when found), MPI=auto|0|1 (auto: use mpicc when found), OPT (-O3 -g), ARCH
 # (-march=native), CUDA_GENCODE (sm_90 and sm_80), NCCL_INC/NCCL_LIB (default
 # the toolkit's), BUILD (object directory).
 
@@ -27,6 +27,17 @@ CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,cod
 NCCL_INC  ?= $(CUDA_HOME)/include
 NCCL_LIB  ?= $(CUDA_HOME)/lib64
 
+# MPI=auto|0|1 (auto: when mpicc is found): multi-process training under
+# mpirun/srun (src/world/world.c); without it the binary refuses a launch
+# of several processes.
+MPI       ?= auto
+MPICC     ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(MPI),auto)
+  USE_MPI := $(if $(MPICC),1,0)
+else
+  USE_MPI := $(MPI)
+endif
+
 ifeq ($(CUDA),auto)
   USE_CUDA := $(if $(NVCC),1,0)
 else
@@ -40,7 +51,8 @@ endif
 
 PKGS      := liburing libzstd libxxhash zlib openblas
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch clang
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch clang \
+             openmpi-bin libopenmpi-dev
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -56,7 +68,7 @@ LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
 SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/backend/cuda/*.c src/model/*.c \
-             src/trace/*.c src/train/*.c src/plan/*.c)
+             src/trace/*.c src/train/*.c src/plan/*.c src/world/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu src/backend/cuda/*.cu src/train/*.cu)
 ifeq ($(USE_CUDA),1)
@@ -68,6 +80,13 @@ ifeq ($(USE_CUDA),1)
   # the multi-GPU reducer loads it with dlopen, first through this rpath.
   CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -Wl,-rpath,$(NCCL_LIB) -lcudart_static -ldl -lrt -lstdc++
+endif
+ifeq ($(USE_MPI),1)
+  ifeq ($(MPICC),)
+    $(error MPI=1 but mpicc was not found; make deps installs Open MPI)
+  endif
+  CFLAGS  += -DBB_MPI $(shell $(MPICC) --showme:compile)
+  LDLIBS  += $(shell $(MPICC) --showme:link)
 endif
 OBJ       := $(SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -94,9 +113,10 @@ $(BUILD)/%.o: %.cu Makefile
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.
-CUDA_STAMP := $(BUILD)/cuda-$(USE_CUDA).stamp
+CUDA_STAMP := $(BUILD)/cuda-$(USE_CUDA)-mpi-$(USE_MPI).stamp
 $(CUDA_STAMP):
 	@mkdir -p $(@D) && rm -f $(BUILD)/cuda-*.stamp && touch $@
+$(BUILD)/src/world/world.o: $(CUDA_STAMP)
 
 # The library is one relocatable object whose only global symbols are
 # bb_*: what nvcc (kernel stubs, anonymous namespaces, CUB) and the
@@ -145,14 +165,14 @@ demo: deps
 
 # Sanitizer builds keep their own objects and binaries under build/<name>.
 asan: deps
-	@$(MAKE) --no-print-directory check-tests CUDA=0 SAN=address,undefined BUILD=build/asan \
+	@$(MAKE) --no-print-directory check-tests CUDA=0 MPI=0 SAN=address,undefined BUILD=build/asan \
 	  BIN_DIR=build/asan/bin LIB_DIR=build/asan/lib OPT="-O1 -g" \
 	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
 # Criterion cannot start under TSan (Snaipe/Criterion#274): the threaded
 # paths run from plain programs, tests/tsan_*.c, and through the CLI.
 TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 tsan: deps
-	@$(MAKE) --no-print-directory tsan-run CUDA=0 SAN=thread BUILD=build/tsan \
+	@$(MAKE) --no-print-directory tsan-run CUDA=0 MPI=0 SAN=thread BUILD=build/tsan \
 	  BIN_DIR=build/tsan/bin LIB_DIR=build/tsan/lib OPT="-O1 -g"
 TSAN_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/tsan_*.c))
 $(BUILD)/tests/tsan_%: tests/tsan_%.c tests/tsan_check.h $(LIB)

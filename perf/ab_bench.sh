@@ -21,9 +21,7 @@ PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 NEW=bin/bigbatch
-field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
-steady() { $PY -c 'import json,sys,statistics as s; r=[json.loads(l) for l in open(sys.argv[1])][2:]; print(s.median(x[sys.argv[2]] for x in r))' "$1" "$2"; }
-median() { $PY -c 'import sys,statistics as s; print(s.median(float(x) for x in sys.argv[1:]))' "$@"; }
+. perf/train_common.sh
 
 declare -A R
 add() { R[$1]+="$2 "; }

@@ -244,6 +244,16 @@ print("| train on cuda:0, data-wait %% of step (median) | %s |" % (round(statist
 sys.exit(0 if same and vals and traced and b else 1)
 ' "$tmp" "$r1" "$r2" "$r3" "$r4" | tee -a "$OUT/table.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "train checks"
+# under mpirun -np 1 (a job of one process: MPI initialised, the same run)
+if command -v mpirun > /dev/null; then
+    step train_mpi 90 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 "${bb[@]}" "$BIN" \
+        train $train --stop-after 4 --metrics "$tmp/mpi.jsonl"
+    mpi_same=$($PY -c 'import json,sys; a=[json.loads(l)["loss"] for l in open(sys.argv[1])][:4]; b=[json.loads(l)["loss"] for l in open(sys.argv[2])]; print("equal to the bit" if a == b and b else "FAILED")' "$tmp/whole.jsonl" "$tmp/mpi.jsonl" 2>/dev/null || echo FAILED)
+    row "| mpirun -np 1 train on cuda:0, 4 steps vs the plain run | $mpi_same |"
+    [ "$mpi_same" = "equal to the bit" ] || fail "mpirun -np 1"
+else
+    row "| mpirun -np 1 train on cuda:0 | n/a (no mpirun on this machine) |"
+fi
 rm -rf "$tmp"
 
 # ---- copies and the loader ---------------------------------------------------------------

@@ -27,11 +27,7 @@ export OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# median over steps 3.. of a metrics file: KEY
-steady() { $PY -c 'import json,sys,statistics as s; r=[json.loads(l) for l in open(sys.argv[1])][2:]; print(s.median(x[sys.argv[2]] for x in r))' "$1" "$2"; }
-field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
-median() { $PY -c 'import sys,statistics as s; print(s.median(float(x) for x in sys.argv[1:]))' "$@"; }
-r2() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+. perf/train_common.sh
 
 gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS --lr 1e-3 --quiet"
 mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"

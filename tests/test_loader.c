@@ -165,7 +165,8 @@ static const split splits[] = {{1, 1, 32}, {2, 2, 8}, {4, 1, 8}, {1, 4, 8}, {2, 
 static uint64_t consume_and_check(bb_loader_t *l, const bb_loader_options *o, uint64_t epoch,
                                   uint64_t step, uint64_t steps, uint32_t *seen)
 {
-    uint64_t G = (uint64_t)o->devices * o->accumulation * o->micro_batch, S = RECORDS / G;
+    uint32_t W = o->world_devices ? o->world_devices : o->devices; /* the job's devices; ours from first_device */
+    uint64_t G = (uint64_t)W * o->accumulation * o->micro_batch, S = RECORDS / G;
     bb_sampler_t *s;
     cr_assert_eq(bb_sampler_create(ds, o->seed, o->shuffle_frames, &s), BB_OK);
     uint64_t *expect = malloc(G * sizeof *expect), records = 0;
@@ -183,7 +184,7 @@ static uint64_t consume_and_check(bb_loader_t *l, const bb_loader_options *o, ui
                 cr_assert_eq(b.device, d);
                 cr_assert_eq(b.count, o->micro_batch);
                 cr_assert_eq(b.record_size, RECORD_SIZE);
-                uint64_t base = ((uint64_t)m * o->devices + d) * o->micro_batch;
+                uint64_t base = ((uint64_t)m * W + o->first_device + d) * o->micro_batch;
                 for (uint32_t i = 0; i < b.count; i++) {
                     cr_assert_eq(b.record_ids[i], expect[base + i], "step %llu position %llu",
                                  (unsigned long long)step, (unsigned long long)(base + i));
@@ -458,6 +459,37 @@ Test(loader, destroy_mid_epoch)
         bb_loader_destroy(l);
     }
     bb_loader_destroy(NULL);
+}
+
+/* A job of several processes: each process's loader serves its own
+ * devices of the job's (world_devices, first_device) and delivers exactly
+ * their records; together they deliver the epoch once, as one loader for
+ * all the devices would, also when resumed mid-epoch. */
+Test(loader, processes_split_the_job_s_devices)
+{
+    static const uint32_t layouts[][3] = {{4, 2, 2}, {3, 1, 1}}; /* world devices, per process, resume step */
+    for (size_t k = 0; k < 2; k++) {
+        uint32_t W = layouts[k][0], N = layouts[k][1], from = layouts[k][2];
+        uint32_t seen[RECORDS] = {0};
+        uint64_t got = 0, G = (uint64_t)W * 2 * 8, S = RECORDS / G;
+        for (uint32_t first = 0; first < W; first += N) {
+            bb_loader_options o;
+            bb_loader_defaults(&o);
+            o.seed = 5, o.devices = N, o.world_devices = W, o.first_device = first;
+            o.accumulation = 2, o.micro_batch = 8, o.threads = 2, o.start_step = from, o.steps = S - from;
+            bb_loader_t *l = start(&o);
+            cr_assert_eq(bb_loader_steps_per_epoch(l), S);
+            got += consume_and_check(l, &o, 0, from, S - from, seen);
+            bb_loader_destroy(l);
+        }
+        cr_assert_eq(got, (S - from) * G, "%u devices in processes of %u: %llu records", W, N, (unsigned long long)got);
+        for (int i = 0; i < RECORDS; i++) cr_assert_leq(seen[i], 1, "record %d delivered %u times", i, seen[i]);
+    }
+    bb_loader_options o;
+    bb_loader_defaults(&o);
+    o.devices = 2, o.world_devices = 3, o.first_device = 2;
+    bb_loader_t *l;
+    cr_assert_eq(bb_loader_create(ds, &o, &l), BB_ERR_ARG, "devices 2..3 of a job of 3");
 }
 
 /* bb_loader_slot_bytes (what the planner counts) is what the loader

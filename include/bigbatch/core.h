@@ -107,6 +107,10 @@ typedef enum bb_log_level {
 
 bb_log_level bb_log_threshold(void);
 void bb_log_set_threshold(bb_log_level level);
+/* Names the process in every line ("rank 1" gives "bigbatch: rank 1: warn:
+ * ..."); call before starting threads. "" (the default): no name. */
+void bb_log_set_prefix(const char *prefix);
+const char *bb_log_prefix(void);
 void bb_log(bb_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define BB_WARN(...) bb_log(BB_LOG_WARN, __VA_ARGS__)
 #define BB_INFO(...) bb_log(BB_LOG_INFO, __VA_ARGS__)

@@ -63,6 +63,10 @@ typedef struct bb_loader_options {
     uint64_t seed;
     uint32_t shuffle_frames;  /* frames per shuffle window (default 8) */
     uint32_t devices;         /* consumers, one per device (default 1) */
+    uint32_t world_devices;   /* the devices of every process of the job; 0: `devices` (alone) */
+    uint32_t first_device;    /* this process's first device among world_devices: its devices
+                                 d take global device first_device + d's records, and the
+                                 loader reads only frames that hold some of them */
     uint32_t accumulation;    /* micro-steps per step (default 1) */
     uint32_t micro_batch;     /* records per batch (default 32) */
     uint64_t start_epoch;     /* first batch delivered: (start_epoch, start_step) */

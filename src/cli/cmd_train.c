@@ -77,7 +77,7 @@ int bb_cmd_train(int argc, char **argv)
         {"--val-data", BB_OPT_STRING, &val, "DIR", "evaluated every --eval-every steps and at the end (default: "
          "val/ or test/ beside train/)", .given = &val_given},
         {"--devices", BB_OPT_STRING, &devices, "LIST", "cpu:N (N worker threads, the cores divided among "
-         "them), cuda:all or cuda:0,1"},
+         "them), cuda:all or cuda:0,1; under mpirun/srun, each process's own (cuda:local: one GPU a process)"},
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations stored in bf16 (about "
          "half the activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients "
          "and optimizer state stay fp32", .choices = "fp32|bf16"},

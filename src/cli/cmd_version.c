@@ -1,7 +1,9 @@
 /* cmd_version.c — `bigbatch version`: version and what this build can use. */
+#include <string.h>
 #include <zstd.h>
 
 #include "bigbatch/backend.h"
+#include "bigbatch/world.h"
 #include "commands.h"
 
 int bb_cmd_version(int argc, char **argv)
@@ -25,5 +27,12 @@ int bb_cmd_version(int argc, char **argv)
                info.device_name, info.compute_major, info.compute_minor,
                bb_format_bytes(info.device_memory, mem, sizeof mem));
     }
+    const bb_world *w = bb_world_get();
+    if (!strcmp(bb_world_library(), "none"))
+        printf("mpi: not built in (make deps, then make MPI=1): one process only\n");
+    else if (w->size > 1)
+        printf("mpi: %s; rank %d of %d (%d on this machine)\n", bb_world_library(), w->rank, w->size, w->local_size);
+    else
+        printf("mpi: %s; launch several processes with mpirun or srun\n", bb_world_library());
     return BB_EXIT_OK;
 }

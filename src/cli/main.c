@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "bigbatch/backend.h"
+#include "bigbatch/world.h"
 #include "commands.h"
 
 volatile sig_atomic_t bb_cli_interrupted;
@@ -57,14 +58,38 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
         bb_cli_help(stdout, usage, summary, opts);
         return BB_EXIT_OK;
     }
-    fprintf(stderr, "bigbatch: error: %s\n", bb_error_message());
+    fprintf(stderr, "bigbatch: %serror: %s\n", bb_log_prefix(), bb_error_message());
     if (status == BB_ERR_INTERRUPTED) return BB_EXIT_INTERRUPTED;
     return status == BB_ERR_ARG ? BB_EXIT_USAGE : BB_EXIT_ERROR;
 }
 
+static int run(int argc, char **argv);
+
+/* Under mpirun/srun every process runs the command; a process that fails
+ * ends the whole job (the others may wait for it in a collective), after
+ * its one-line error naming its rank. */
 int main(int argc, char **argv)
 {
     bb_cpu_fix_blas_core(argv);
+    if (bb_world_init(&argc, &argv) != BB_OK) {
+        fprintf(stderr, "bigbatch: error: %s\n", bb_error_message());
+        return BB_EXIT_ERROR;
+    }
+    const bb_world *w = bb_world_get();
+    char name[32];
+    snprintf(name, sizeof name, "rank %d", w->rank);
+    if (w->size > 1) bb_log_set_prefix(name);
+    int code = run(argc, argv);
+    if (w->size > 1 && code != BB_EXIT_OK && code != BB_EXIT_INTERRUPTED) {
+        fflush(stdout), fflush(stderr);
+        bb_world_abort(code);
+    }
+    bb_world_finalize();
+    return code;
+}
+
+static int run(int argc, char **argv)
+{
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);

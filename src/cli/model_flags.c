@@ -5,6 +5,7 @@
 
 #include "bigbatch/backend.h"
 #include "bigbatch/shard.h"
+#include "bigbatch/world.h"
 #include "model_flags.h"
 
 bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids)
@@ -20,10 +21,19 @@ bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_devi
         return BB_OK;
     }
     if (strncmp(s, "cuda:", 5) || !s[5])
-        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,... (or cuda:local under "
+                       "mpirun)", s);
     bb_cuda_info info;
     bb_cuda_probe(&info);
     *kind = BB_DEVICE_CUDA;
+    if (!strcmp(s + 5, "local")) { /* one process per GPU: the GPU of this process's local rank */
+        int id = bb_world_get()->local_rank;
+        if (must_exist && id >= info.device_count)
+            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices cuda:local: local rank %d, "
+                           "but %s", id, info.device_count ? "no such GPU on this machine" : info.reason);
+        ids[(*count)++] = id;
+        return BB_OK;
+    }
     if (!strcmp(s + 5, "all")) {
         if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
         for (int d = 0; d < info.device_count && d < BB_DEVICES_MAX; d++) ids[(*count)++] = d;
@@ -33,7 +43,8 @@ bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_devi
         char *end;
         long id = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',') || id < 0 || *count == BB_DEVICES_MAX)
-            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,...", s);
+            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,... (or cuda:local under "
+                       "mpirun)", s);
         for (int i = 0; i < *count; i++)
             if (ids[i] == id) return bb_fail(BB_ERR_ARG, "--devices %s names cuda:%ld twice", s, id);
         if (must_exist && id >= info.device_count)

@@ -43,7 +43,9 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out);
  * *record_size (may be NULL) gets its bytes per record. */
 bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size);
 /* --devices, the same in train, plan and bench: cpu (one device), cpu:N
- * (N CPU devices), cuda:all (every GPU here), cuda:0,1 (those GPUs).
+ * (N CPU devices), cuda:all (every GPU here), cuda:0,1 (those GPUs),
+ * cuda:local (under mpirun/srun, one process per GPU: the GPU numbered as
+ * this process's rank on its machine).
  * `must_exist`: the GPUs must be on this machine (train, bench); plan
  * counts a list of hypothetical ones (cuda:0,1,2,3 is four GPUs), and
  * needs real ones only for cuda:all. Sets *count, *kind and ids[0..count)

@@ -34,6 +34,11 @@ void bb_log_set_threshold(bb_log_level level)
     atomic_store_explicit(&threshold, (int)level, memory_order_relaxed);
 }
 
+static char prefix[32]; /* "rank 1: " in a job of several processes; set once, before threads */
+
+void bb_log_set_prefix(const char *p) { snprintf(prefix, sizeof prefix, "%s%s", p, *p ? ": " : ""); }
+const char *bb_log_prefix(void) { return prefix; }
+
 void bb_log(bb_log_level level, const char *fmt, ...)
 {
     if (level > bb_log_threshold()) return;
@@ -44,5 +49,5 @@ void bb_log(bb_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "bigbatch: %s: %s\n", tags[level], line);
+    fprintf(stderr, "bigbatch: %s%s: %s\n", prefix, tags[level], line);
 }

@@ -112,8 +112,25 @@ static bb_status skip_before_start(struct bb_loader *l, epoch_table *t, uint32_t
     return forget_positions(t, window_start, start - window_start);
 }
 
+/* In a job of several processes, the records of the other processes'
+ * devices from step `from` on: this loader never copies them (and never
+ * reads a frame that holds only such records). */
+static bb_status forget_foreign(struct bb_loader *l, epoch_table *t, uint64_t from)
+{
+    uint64_t B = l->opt.micro_batch, W = l->world_devices, first = l->opt.first_device, D = l->opt.devices;
+    if (W == D) return BB_OK;
+    for (uint64_t s = from; s < l->steps_per_epoch; s++)
+        for (uint64_t m = 0; m < l->opt.accumulation; m++) {
+            uint64_t row = s * l->global_batch + m * W * B; /* micro-step m of every device */
+            if (first) BB_TRY(forget_positions(t, row, first * B));
+            if (first + D < W) BB_TRY(forget_positions(t, row + (first + D) * B, (W - first - D) * B));
+        }
+    return BB_OK;
+}
+
 /* Makes `t` describe `epoch`: its order, and for each frame the records the
- * epoch will take from it (all but those in the dropped tail). */
+ * epoch will take from it (all but those in the dropped tail and, in a job
+ * of several processes, those of the other processes' devices). */
 static bb_status reset_table(struct bb_loader *l, epoch_table *t, uint64_t epoch)
 {
     for (uint32_t j = 0; j < l->frames; j++)
@@ -132,8 +149,9 @@ static bb_status reset_table(struct bb_loader *l, epoch_table *t, uint64_t epoch
     }
     BB_TRY(forget_positions(t, l->steps_per_epoch * l->global_batch, l->dropped));
     uint32_t first_claim = 0;
-    if (epoch == l->opt.start_epoch && l->opt.start_step > 0)
-        BB_TRY(skip_before_start(l, t, &first_claim));
+    bool resumed = epoch == l->opt.start_epoch && l->opt.start_step > 0;
+    if (resumed) BB_TRY(skip_before_start(l, t, &first_claim));
+    BB_TRY(forget_foreign(l, t, resumed ? l->opt.start_step : 0));
     atomic_store_explicit(&t->claim_cursor, first_claim, memory_order_relaxed);
     t->epoch = epoch;
     return BB_OK;
@@ -187,10 +205,14 @@ static bb_status check_options(const bb_dataset_t *ds, const bb_loader_options *
     if (o->io_depth < 1 || o->io_depth > 256) return bb_fail(BB_ERR_ARG, "io depth must be in 1..256");
     if (o->shuffle_frames < 1) return bb_fail(BB_ERR_ARG, "--shuffle-frames must be at least 1");
     if (o->hold < 1 || o->hold > 1024) return bb_fail(BB_ERR_ARG, "hold must be in 1..1024");
+    uint32_t world = o->world_devices ? o->world_devices : o->devices;
+    if (o->world_devices && ((uint64_t)o->first_device + o->devices > o->world_devices))
+        return bb_fail(BB_ERR_ARG, "devices %u..%u are not among the job's %u", o->first_device,
+                       o->first_device + o->devices - 1, o->world_devices);
     uint64_t g, units;
-    if (__builtin_mul_overflow((uint64_t)o->devices * o->accumulation, o->micro_batch, &g) || g > UINT32_MAX)
+    if (__builtin_mul_overflow((uint64_t)world * o->accumulation, o->micro_batch, &g) || g > UINT32_MAX)
         return bb_fail(BB_ERR_ARG, "global batch devices %u x accumulation %u x micro-batch %u is too large",
-                       o->devices, o->accumulation, o->micro_batch);
+                       world, o->accumulation, o->micro_batch);
     if (__builtin_mul_overflow(o->steps, (uint64_t)o->devices * o->accumulation, &units))
         return bb_fail(BB_ERR_ARG, "%llu steps is too many", (unsigned long long)o->steps);
     if (g > bb_dataset_record_count(ds))
@@ -198,7 +220,7 @@ static bb_status check_options(const bb_dataset_t *ds, const bb_loader_options *
                        "%s holds %llu records, fewer than one global batch of %llu (devices %u x accumulation %u "
                        "x micro-batch %u)",
                        bb_dataset_path(ds), (unsigned long long)bb_dataset_record_count(ds), (unsigned long long)g,
-                       o->devices, o->accumulation, o->micro_batch);
+                       world, o->accumulation, o->micro_batch);
     return BB_OK;
 }
 
@@ -340,7 +362,8 @@ bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, b
     BB_TRY_GOTO(bb_sampler_create(ds, o->seed, o->shuffle_frames, &l->sampler), rc, fail);
     l->record_size = bb_dataset_meta(ds)->record_size;
     l->frames = bb_sampler_frame_count(l->sampler);
-    l->global_batch = (uint64_t)D * o->accumulation * o->micro_batch;
+    l->world_devices = o->world_devices ? o->world_devices : D;
+    l->global_batch = (uint64_t)l->world_devices * o->accumulation * o->micro_batch;
     l->steps_per_epoch = bb_sampler_record_count(l->sampler) / l->global_batch;
     l->dropped = bb_sampler_record_count(l->sampler) % l->global_batch;
     if (o->start_step >= l->steps_per_epoch) {

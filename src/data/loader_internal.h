@@ -74,6 +74,7 @@ struct bb_loader {
     bb_sampler_t *sampler;
     uint32_t record_size, frames, max_frame_bytes;
     uint64_t global_batch, steps_per_epoch, dropped;
+    uint32_t world_devices;                    /* opt.world_devices, or opt.devices */
     uint64_t units_per_epoch, first_unit_step; /* the run starts at absolute step first_unit_step */
     uint64_t total_units;                      /* UINT64_MAX when steps == 0 */
     int *direct_fds;                           /* (shards) when opt.direct */

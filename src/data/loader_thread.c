@@ -153,7 +153,8 @@ static bb_status fill_slot(thread_state *ts, epoch_table *table, unit_scratch *u
 {
     struct bb_loader *l = ts->loader;
     uint32_t b = l->opt.micro_batch, rs = l->record_size;
-    uint64_t first = s->step * l->global_batch + ((uint64_t)s->micro_step * l->opt.devices + s->device) * b;
+    uint64_t device = (uint64_t)l->opt.first_device + s->device; /* among the job's */
+    uint64_t first = s->step * l->global_batch + ((uint64_t)s->micro_step * l->world_devices + device) * b;
     BB_TRY(bb_order_cursor_get(&u->cursor, first, b, u->refs));
     u->use_count = 0;
     for (uint32_t i = 0; i < b; i++)

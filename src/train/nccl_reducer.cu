@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 extern "C" {
+#include "bigbatch/world.h"
 #include "reducer.h"
 }
 
@@ -416,19 +417,23 @@ bool n_broadcast_stop(reducer_t *r, int device, bool stop)
 
 const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step, n_allreduce_scalar, n_broadcast_stop};
 
-// The communicators, one per device, non-blocking; waits for them to be
-// ready (at most `timeout_s`).
-bb_status init_comms(nccl_reducer *n, int devices, double timeout_s)
+// The communicators, one per device, non-blocking, over every GPU of every
+// process of the job (rank 0's unique id is broadcast over MPI; this
+// process's GPU d is rank rank * devices + d); waits for them to be ready
+// (at most `timeout_s`).
+bb_status init_comms(nccl_reducer *n, const bb_device_spec *spec, double timeout_s)
 {
+    int devices = spec->count, world = spec->world > 1 ? spec->world : 1;
     ncclUniqueId id;
-    BB_NCCL(nccl.GetUniqueId(&id));
+    if (spec->rank == 0) BB_NCCL(nccl.GetUniqueId(&id));
+    BB_TRY(bb_world_broadcast_bytes(&id, sizeof id, 0));
     ncclResult_t rc = ncclSuccess;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     nccl.GroupStart();
     for (int d = 0; d < devices; d++) {
         cudaSetDevice(n->dev[d].cuda_device);
-        rc = nccl.CommInitRankConfig(&n->dev[d].comm, devices, id, d, &config);
+        rc = nccl.CommInitRankConfig(&n->dev[d].comm, devices * world, id, spec->rank * devices + d, &config);
         if (rc != ncclSuccess && rc != ncclInProgress) break;
     }
     ncclResult_t end = nccl.GroupEnd();
@@ -443,13 +448,13 @@ bb_status init_comms(nccl_reducer *n, int devices, double timeout_s)
             if (rc == ncclSuccess) rc = state;
             clock_gettime(CLOCK_MONOTONIC, &now);
             if (rc == ncclInProgress && (double)(now.tv_sec - t0.tv_sec) > timeout_s)
-                return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs not ready after %.0f s", devices,
+                return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs not ready after %.0f s", devices * world,
                                timeout_s);
             if (rc == ncclInProgress) sched_yield();
         } while (rc == ncclInProgress);
     }
     if (rc != ncclSuccess)
-        return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs: %s", devices, nccl.GetErrorString(rc));
+        return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs: %s", devices * world, nccl.GetErrorString(rc));
     return BB_OK;
 }
 
@@ -495,7 +500,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
             cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess)
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
     }
-    if (rc == BB_OK) rc = init_comms(n, devices, 300.0);
+    if (rc == BB_OK) rc = init_comms(n, a->spec, 300.0);
     if (rc == BB_OK) {
         cudaSetDevice(n->dev[0].cuda_device);
         bool ok = cudaEventCreate(&n->backward_end) == cudaSuccess;

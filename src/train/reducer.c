@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bigbatch/queue.h"
+#include "bigbatch/world.h"
 #include "reducer.h"
 
 bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes)
@@ -41,9 +42,7 @@ void bb_reducer_free_buckets(reducer_t *r)
 bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)
 {
     *out = NULL;
-    if (a->spec->world > 1)
-        return bb_fail(BB_ERR_UNSUPPORTED, "training over %d processes is not supported yet", a->spec->world);
-    if (a->spec->count < 2) return BB_OK;
+    if (a->spec->count < 2 && a->spec->world < 2) return BB_OK;
     return a->spec->kind == BB_DEVICE_CUDA ? bb_reducer_create_nccl(a, out) : bb_reducer_create_cpu(a, out);
 }
 
@@ -58,7 +57,8 @@ typedef struct cpu_reducer {
     int *next_bucket;             /* per device: the next bucket it will post this step */
     uint32_t *rounds;             /* per device: steps it has waited for */
     uint64_t *span_start, *span_end; /* per bucket, the last step */
-    float *acc;                   /* CHUNK floats */
+    float *acc;                   /* CHUNK floats; a whole bucket with several processes */
+    int world;                    /* processes of the job (spec->world) */
     bb_trace_t *trace;
     int track;
     uint64_t first_step;
@@ -74,8 +74,43 @@ typedef struct cpu_reducer {
 
 static bool stopping(const cpu_reducer *c) { return __atomic_load_n(&c->base.stop, __ATOMIC_SEQ_CST); }
 
+/* The reducer's own failure: the workers' waits return and report it. */
+static void fail_reducer(cpu_reducer *c)
+{
+    reducer_t *r = &c->base;
+    if (r->failure == BB_OK) {
+        snprintf(r->failure_message, sizeof r->failure_message, "%s", bb_error_message());
+        r->failure = BB_ERR_DEVICE;
+    }
+    r->ops->abort(r);
+}
+
+/* Several processes: this process's devices summed in device order, the
+ * sums summed over the processes (MPI, one call per bucket), then every
+ * device's buffer gets the average over all the job's devices. */
+static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi)
+{
+    int devices = c->base.devices;
+    size_t n = hi - lo;
+    float *acc = c->acc;
+    memcpy(acc, c->grads[0] + lo, n * sizeof *acc);
+    for (int d = 1; d < devices; d++) {
+        const float *g = c->grads[d] + lo;
+        for (size_t i = 0; i < n; i++) acc[i] += g[i];
+    }
+    BB_TRY(bb_world_sum_floats(acc, n));
+    float inv = 1.0f / (float)(devices * c->world);
+    for (size_t i = 0; i < n; i++) acc[i] *= inv;
+    for (int d = 0; d < devices; d++) memcpy(c->grads[d] + lo, acc, n * sizeof *acc);
+    return BB_OK;
+}
+
 static void average(cpu_reducer *c, size_t lo, size_t hi)
 {
+    if (c->world > 1) {
+        if (average_world(c, lo, hi) != BB_OK) fail_reducer(c);
+        return;
+    }
     int devices = c->base.devices;
     float inv = 1.0f / (float)devices;
     for (size_t k = lo; k < hi; k += CHUNK) {
@@ -186,7 +221,17 @@ static bool exchange(cpu_reducer *c, int device, double value, bool mean, double
     if (++c->arrived == r->devices) {
         double v = 0;
         for (int d = 0; d < r->devices; d++) v += c->values[d] / r->devices;
-        c->result = mean ? v : c->values[0];
+        v = mean ? v : c->values[0];
+        /* across processes: the mean of the processes' means, or rank 0's */
+        bb_status rc = c->world == 1 ? BB_OK
+                       : mean        ? bb_world_sum_doubles(&v, 1)
+                                     : bb_world_broadcast_doubles(&v, 1, 0);
+        if (rc != BB_OK) {
+            pthread_mutex_unlock(&c->lock);
+            fail_reducer(c);
+            return false;
+        }
+        c->result = mean && c->world > 1 ? v / c->world : v;
         c->arrived = 0;
         c->round++;
         pthread_cond_broadcast(&c->cond);
@@ -247,6 +292,7 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     c->trace = a->trace;
     c->track = a->track;
     c->first_step = a->first_step;
+    c->world = a->spec->world > 1 ? a->spec->world : 1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
@@ -257,7 +303,9 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     c->rounds = calloc((size_t)devices, sizeof *c->rounds);
     c->span_start = calloc((size_t)r->buckets + 1, sizeof *c->span_start);
     c->span_end = calloc((size_t)r->buckets + 1, sizeof *c->span_end);
-    c->acc = malloc(CHUNK * sizeof *c->acc);
+    size_t acc = CHUNK;
+    for (int b = 0; c->world > 1 && b < r->buckets; b++) acc = r->hi[b] - r->lo[b] > acc ? r->hi[b] - r->lo[b] : acc;
+    c->acc = malloc(acc * sizeof *c->acc);
     if (rc == BB_OK && (!c->grads || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");

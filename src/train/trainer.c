@@ -6,7 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "bigbatch/plan.h"
+#include "bigbatch/world.h"
 #include "trainer.h"
 
 void bb_train_defaults(bb_train_options *o)
@@ -28,27 +31,28 @@ void bb_train_defaults(bb_train_options *o)
     };
 }
 
-static bb_status check_split(const bb_train_options *o, int micro_batch, int *accumulation)
+/* `devices`: the job's (every process's). */
+static bb_status check_split(const bb_train_options *o, int devices, int micro_batch, int *accumulation)
 {
-    int per_step = o->devices * micro_batch;
+    int per_step = devices * micro_batch;
     if (o->global_batch > 0 && micro_batch > 0 && o->global_batch % per_step == 0) {
         *accumulation = o->global_batch / per_step;
         return BB_OK;
     }
     char valid[512] = "";
     size_t len = 0;
-    for (int b = 1; b <= o->global_batch / o->devices && len + 16 < sizeof valid; b++)
-        if (o->global_batch % (o->devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
+    for (int b = 1; b <= o->global_batch / devices && len + 16 < sizeof valid; b++)
+        if (o->global_batch % (devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
     if (!len) { /* no micro-batch helps: the global batch must change */
-        int below = o->global_batch / o->devices * o->devices, above = below + o->devices;
+        int below = o->global_batch / devices * devices, above = below + devices;
         return bb_fail(BB_ERR_ARG,
                        "--global-batch %d does not split over %d devices: it must be a multiple of %d (e.g. %d)",
-                       o->global_batch, o->devices, o->devices, below ? below : above);
+                       o->global_batch, devices, devices, below ? below : above);
     }
     return bb_fail(BB_ERR_ARG,
                    "--global-batch %d is not a whole number of micro-batches of %d on %d device%s; valid "
                    "--micro-batch values: %s",
-                   o->global_batch, micro_batch, o->devices, o->devices > 1 ? "s" : "", valid);
+                   o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", valid);
 }
 
 /* Checks a --resume checkpoint against the options; the run continues at its step. */
@@ -160,8 +164,10 @@ static bb_status open_metrics(trainer *t)
 static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
 {
     const bb_train_options *o = t->o;
-    /* OpenBLAS threads are process-wide: divide the cores among the workers. */
-    int blas_threads = bb_cpu_count() / t->spec.count > 1 ? bb_cpu_count() / t->spec.count : 1;
+    /* OpenBLAS threads are process-wide: divide the cores among the workers
+     * of every process on this machine. */
+    int workers = t->spec.count * bb_world_get()->local_size;
+    int blas_threads = bb_cpu_count() / workers > 1 ? bb_cpu_count() / workers : 1;
     for (int d = 0; d < t->spec.count; d++) {
         replica *r = &t->replicas[d];
         *r = (replica){.t = t, .index = d};
@@ -199,6 +205,8 @@ static bb_status start_loader(trainer *t)
         lo.host_ctx = t->replicas[0].be;
     }
     lo.seed = t->seed;
+    lo.world_devices = (uint32_t)t->world_devices; /* this process reads its own devices' records */
+    lo.first_device = (uint32_t)(t->spec.rank * t->spec.count);
     lo.accumulation = (uint32_t)t->accumulation;
     lo.io = t->o->io;
     lo.direct = t->o->direct;
@@ -213,7 +221,7 @@ static bb_status start_loader(trainer *t)
 static bb_status apply_plan(trainer *t)
 {
     const bb_train_options *o = t->o;
-    bb_plan_request q = {.model = t->cfg, .devices = o->devices, .global_batch = o->global_batch,
+    bb_plan_request q = {.model = t->cfg, .devices = t->world_devices, .global_batch = o->global_batch,
                          .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
@@ -250,7 +258,9 @@ static bb_status setup(trainer *t)
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
-    t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .world = 1};
+    const bb_world *w = bb_world_get();
+    t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .rank = w->rank, .world = w->size};
+    t->world_devices = o->devices * w->size;
     for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
     /* as --devices takes it: the progress line and state.json say it so */
     bool listed = o->device != BB_DEVICE_CPU;
@@ -266,7 +276,7 @@ static bb_status setup(trainer *t)
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
     t->cfg.precision = o->precision;
     if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
-    BB_TRY(check_split(o, t->micro_batch, &t->accumulation));
+    BB_TRY(check_split(o, t->world_devices, t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
     if (!t->steps_per_epoch)
@@ -303,10 +313,14 @@ static bb_status setup(trainer *t)
         BB_TRY(bb_trace_create(D + 1, &t->trace));
         for (int d = 0; d < D; d++) {
             char name[48];
-            snprintf(name, sizeof name, "worker %d (%s:%d)", d, bb_device_kind_name(t->spec.kind), t->spec.ids[d]);
+            int n = t->spec.world > 1 ? snprintf(name, sizeof name, "rank %d ", t->spec.rank) : 0;
+            snprintf(name + n, sizeof name - (size_t)n, "worker %d (%s:%d)", d, bb_device_kind_name(t->spec.kind),
+                     t->spec.ids[d]);
             bb_trace_name_track(t->trace, d, name);
         }
-        bb_trace_name_track(t->trace, D, "reducer");
+        char name[32] = "reducer";
+        if (t->spec.world > 1) snprintf(name, sizeof name, "rank %d reducer", t->spec.rank);
+        bb_trace_name_track(t->trace, D, name);
     }
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
     float *grads[BB_TRAIN_MAX_DEVICES];
@@ -327,9 +341,11 @@ static void print_start(const trainer *t)
     bb_model_describe(&t->cfg, model, sizeof model);
     size_t n = bb_model_param_count(t->replicas[0].model);
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
-    fprintf(p, "train: %s, %s parameters, on %s\n", model, params, t->devices_text);
-    fprintf(p, "train: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
-            t->global_batch, t->spec.count, t->spec.count > 1 ? "s" : "", t->accumulation, t->accumulation > 1 ? "s" : "",
+    fprintf(p, "train: %s, %s parameters, on %s", model, params, t->devices_text);
+    if (t->spec.world > 1) fprintf(p, " in each of %d processes", t->spec.world);
+    fprintf(p, "\ntrain: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
+            t->global_batch, t->world_devices, t->world_devices > 1 ? "s" : "", t->accumulation,
+            t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
             (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,
             (unsigned long long)t->total_steps);
@@ -385,8 +401,41 @@ static void teardown(trainer *t)
     pthread_cond_destroy(&t->barrier.cond);
 }
 
-bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
+/* A job of several processes: rank 0 reports, evaluates and saves; every
+ * rank may trace, rank r > 0 into FILE.rankR.EXT. */
+static void options_of_rank(const bb_train_options *o, int rank, bb_train_options *mine, char *trace, size_t cap)
 {
+    *mine = *o;
+    if (!rank) return;
+    mine->progress = NULL;
+    mine->metrics_path = mine->save_dir = mine->val_data = NULL;
+    if (!o->trace_path) return;
+    const char *dot = strrchr(o->trace_path, '.'), *slash = strrchr(o->trace_path, '/');
+    if (!dot || (slash && dot < slash)) dot = o->trace_path + strlen(o->trace_path);
+    snprintf(trace, cap, "%.*s.rank%d%s", (int)(dot - o->trace_path), o->trace_path, rank, dot);
+    mine->trace_path = trace;
+}
+
+/* Every rank ends with the same parameters, bitwise: checked by their hash. */
+static bb_status check_ranks_agree(const trainer *t, const float *params, size_t count)
+{
+    if (t->spec.world < 2) return BB_OK;
+    uint64_t h = XXH64(params, count * sizeof *params, 0);
+    bool same;
+    BB_TRY(bb_world_all_equal(h, &same));
+    if (!same) return bb_fail(BB_ERR_INTERNAL, "rank %d: the processes ended with different parameters", t->spec.rank);
+    if (t->o->progress)
+        fprintf(t->o->progress, "train: the %d processes' parameters are identical (xxh64 %016llx)\n", t->spec.world,
+                (unsigned long long)h);
+    return BB_OK;
+}
+
+bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
+{
+    bb_train_options mine;
+    char trace[4200];
+    options_of_rank(options, bb_world_get()->rank, &mine, trace, sizeof trace);
+    const bb_train_options *o = &mine;
     bb_train_result local;
     bb_train_result *r = result ? result : &local;
     memset(r, 0, sizeof *r);
@@ -438,6 +487,7 @@ bb_status bb_train_run(const bb_train_options *o, bb_train_result *result)
             r->params = NULL;
             rc = copied;
         }
+        if (rc == BB_OK) rc = check_ranks_agree(t, r->params, r->param_count);
     }
 done:
     if (rc != BB_OK && rc != BB_ERR_INTERRUPTED) { /* nothing half-made stays behind */

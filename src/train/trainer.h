@@ -48,10 +48,11 @@ typedef struct replica {
 } replica;
 
 typedef struct trainer {
-    const bb_train_options *o;
+    const bb_train_options *o; /* on ranks but 0: without progress, metrics, saves, evaluation */
     bb_model_config cfg;
     bb_dataset_t *data, *val;
     bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
+    int world_devices;       /* every process's: spec.count x spec.world */
     int accumulation, micro_batch, global_batch;
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;

@@ -1,0 +1,148 @@
+/* world.c — bb_world with MPI when the build has it (BB_MPI), alone
+ * otherwise; see world.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bigbatch/world.h"
+
+#ifdef BB_MPI
+#include <mpi.h>
+#endif
+
+static bb_world world = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1};
+
+const bb_world *bb_world_get(void) { return &world; }
+
+/* Processes the launcher says it started: Open MPI's mpirun, PMI/PMIx
+ * (srun --mpi=pmix, MPICH's hydra); 0 when no launcher is seen (a shell
+ * inside a Slurm allocation is not a launch). */
+static int launched_size(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") || getenv("PMI_RANK") ? 1 : 0;
+}
+
+#ifdef BB_MPI
+#define MPI_OK(call)                                                                               \
+    do {                                                                                           \
+        int bb_mpi_rc_ = (call);                                                                   \
+        if (bb_mpi_rc_ != MPI_SUCCESS) {                                                           \
+            char bb_mpi_msg_[MPI_MAX_ERROR_STRING];                                                \
+            int bb_mpi_len_ = 0;                                                                   \
+            MPI_Error_string(bb_mpi_rc_, bb_mpi_msg_, &bb_mpi_len_);                               \
+            return bb_fail(BB_ERR_DEVICE, "%s: %s", #call, bb_mpi_msg_);     \
+        }                                                                                          \
+    } while (0)
+
+bb_status bb_world_init(int *argc, char ***argv)
+{
+    if (!launched_size() || world.mpi) return BB_OK;
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        return bb_fail(BB_ERR_INTERNAL, "MPI_Init_thread failed");
+    world.mpi = true;
+    if (provided < MPI_THREAD_SERIALIZED) {
+        bb_world_finalize();
+        return bb_fail(BB_ERR_UNSUPPORTED, "the MPI library gives thread level %d; bigbatch needs "
+                       "MPI_THREAD_SERIALIZED (its reducer thread and workers call MPI, never at once)", provided);
+    }
+    /* Errors come back as return codes, to be reported as bb_status. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &world.local_rank);
+    MPI_Comm_size(local, &world.local_size);
+    MPI_Comm_free(&local);
+    return BB_OK;
+}
+
+void bb_world_finalize(void)
+{
+    if (!world.mpi) return;
+    world.mpi = false;
+    MPI_Finalize();
+}
+
+void bb_world_abort(int code)
+{
+    if (world.mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+const char *bb_world_library(void)
+{
+    static char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (!text[0]) {
+        MPI_Get_library_version(text, &len);
+        text[strcspn(text, ",\n")] = 0; /* "Open MPI v4.1.4, package: ..." */
+    }
+    return text;
+}
+
+bb_status bb_world_sum_floats(float *x, size_t n)
+{
+    for (size_t done = 0; world.size > 1 && done < n;) { /* counts are ints */
+        int count = n - done > (1u << 30) ? 1 << 30 : (int)(n - done);
+        MPI_OK(MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        done += (size_t)count;
+    }
+    return BB_OK;
+}
+
+bb_status bb_world_sum_doubles(double *x, size_t n)
+{
+    if (world.size > 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    return BB_OK;
+}
+
+bb_status bb_world_broadcast_doubles(double *x, size_t n, int root)
+{
+    if (world.size > 1) MPI_OK(MPI_Bcast(x, (int)n, MPI_DOUBLE, root, MPI_COMM_WORLD));
+    return BB_OK;
+}
+
+bb_status bb_world_broadcast_bytes(void *x, size_t n, int root)
+{
+    if (world.size > 1) MPI_OK(MPI_Bcast(x, (int)n, MPI_BYTE, root, MPI_COMM_WORLD));
+    return BB_OK;
+}
+
+bb_status bb_world_all_equal(uint64_t value, bool *out)
+{
+    *out = true;
+    if (world.size == 1) return BB_OK;
+    uint64_t v[2] = {value, ~value}, m[2];
+    MPI_OK(MPI_Allreduce(v, m, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD)); /* max of v and of ~v: min */
+    *out = m[0] == value && m[1] == ~value;
+    return BB_OK;
+}
+
+#else /* a build without MPI */
+
+bb_status bb_world_init(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    int n = launched_size();
+    if (n > 1)
+        return bb_fail(BB_ERR_UNSUPPORTED, "launched as %d processes, but this bigbatch was built without MPI: each "
+                       "would train alone; rebuild with Open MPI installed (make deps; make MPI=1)", n);
+    return BB_OK;
+}
+
+void bb_world_finalize(void) {}
+void bb_world_abort(int code) { exit(code); }
+const char *bb_world_library(void) { return "none"; }
+bb_status bb_world_sum_floats(float *x, size_t n) { return (void)x, (void)n, BB_OK; }
+bb_status bb_world_sum_doubles(double *x, size_t n) { return (void)x, (void)n, BB_OK; }
+bb_status bb_world_broadcast_doubles(double *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
+bb_status bb_world_broadcast_bytes(void *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
+bb_status bb_world_all_equal(uint64_t value, bool *out) { return (void)value, *out = true, BB_OK; }
+
+#endif

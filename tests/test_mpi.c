@@ -1,0 +1,217 @@
+/* test_mpi.c — training over processes (`mpirun -np P bigbatch train`):
+ * partition invariance across processes with bitwise-equal parameters on
+ * every rank, resume under another split, and faults that end the job
+ * instead of hanging it. Runs mpirun on loopback (--oversubscribe: 4 ranks
+ * on 2 cores); skipped, saying so, where MPI is not built or mpirun is
+ * missing. A build without MPI is checked to refuse a launch of several
+ * processes. Helpers: train_fixture.h. */
+#include "bigbatch/world.h"
+#include "train_fixture.h"
+
+TestSuite(mpi, .init = fixture_setup, .fini = fixture_teardown);
+
+static const char *mpirun(void)
+{
+    static const char *const paths[] = {"/usr/bin/mpirun", "/usr/local/bin/mpirun"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
+        if (access(paths[i], X_OK) == 0) return paths[i];
+    return NULL;
+}
+
+static void need_mpi(void)
+{
+    if (!strcmp(bb_world_library(), "none")) cr_skip_test("skipped: this build has no MPI (make deps; make MPI=1)");
+    if (!mpirun()) cr_skip_test("skipped: no mpirun on this machine");
+    /* Open MPI refuses root (CI) unless told; the harness says so, not the program. */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+}
+
+/* `bigbatch train ARGS` under `mpirun -np P` (P 0: no mpirun), devices cpu:N,
+ * metrics to `metrics`; returns the run. */
+static tu_run train_job(int P, int N, const char *data, const char *metrics, const char *extra)
+{
+    char cmd[8192], devices[16];
+    snprintf(devices, sizeof devices, "cpu:%d", N);
+    int n = P ? snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d ", mpirun(), P) : 0;
+    snprintf(cmd + n, sizeof cmd - (size_t)n,
+             "%s train --data %s --devices %s --global-batch 16 --micro-batch 2 --steps 4 --lr 3e-3 --log-every 0 "
+             "--metrics %s %s", tu_bigbatch_bin(), data, devices, metrics, extra);
+    return tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
+}
+
+/* The losses of a metrics file, from step `from` on. */
+static int losses(const char *path, int from, double *out, int cap)
+{
+    char *m = (char *)tu_read_file(path, NULL);
+    int n = 0;
+    for (char *line = strtok(m, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        int step;
+        char *loss = strstr(line, "\"loss\": ");
+        if (sscanf(line, "{\"step\": %d", &step) == 1 && step >= from && loss) out[n++] = strtod(loss + 8, NULL);
+    }
+    free(m);
+    return n;
+}
+
+static void expect_same_losses(const char *want_path, const char *got_path, int from, const char *what)
+{
+    double want[16], got[16];
+    int n = losses(want_path, from, want, 16), m = losses(got_path, from, got, 16);
+    cr_assert(n > 0 && n == m, "%s: %d losses, the reference %d", what, m, n);
+    for (int i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= 1e-5 * fabs(want[i]), "%s: step %d loss %.9g, one process %.9g", what,
+                  from + i, got[i], want[i]);
+}
+
+/* P processes x N devices give one process's losses with P·N devices, and
+ * every rank the same parameters (the job compares their hashes). */
+static void check_splits(const char *data, const char *model)
+{
+    static const int splits[][2] = {{2, 2}, {4, 1}, {2, 1}};
+    char *ref4 = tu_path(tmp, "ref4.jsonl"), *ref2 = tu_path(tmp, "ref2.jsonl"), *got = tu_path(tmp, "got.jsonl");
+    tu_run r = train_job(0, 4, data, ref4, model);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = train_job(0, 2, data, ref2, model);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) {
+        int P = splits[i][0], N = splits[i][1];
+        r = train_job(P, N, data, got, model);
+        char what[160], agree[64];
+        snprintf(what, sizeof what, "%s, %d processes x cpu:%d", model, P, N);
+        cr_assert_eq(r.exit_code, 0, "%s: %s", what, r.err);
+        snprintf(agree, sizeof agree, "the %d processes' parameters are identical", P);
+        cr_assert_not_null(strstr(r.err, agree), "%s: no '%s' in: %s", what, agree, r.err);
+        expect_same_losses(P * N == 4 ? ref4 : ref2, got, 1, what);
+        cr_log_info("%s: losses within 1e-5 of one process, parameters bitwise equal on every rank", what);
+        tu_run_free(&r);
+    }
+    free(ref4), free(ref2), free(got);
+}
+
+Test(mpi, gpt_losses_match_one_process_and_ranks_agree_bitwise)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400);
+    check_splits(data, "--model gpt --layers 2 --heads 2 --d-model 32");
+    free(data);
+}
+
+Test(mpi, mlp_losses_match_one_process_and_ranks_agree_bitwise)
+{
+    need_mpi();
+    char *data = make_images("images", 400, 1);
+    check_splits(data, "--model mlp --hidden 32");
+    free(data);
+}
+
+/* Saved at step 2 by 2 processes x cpu:2, resumed by 1 x cpu:4 and by
+ * 4 x cpu:1: the remaining steps' losses are the uninterrupted run's. */
+Test(mpi, resume_under_another_split)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400);
+    const char *model = "--model gpt --layers 2 --heads 2 --d-model 32";
+    char *whole = tu_path(tmp, "whole.jsonl"), *part = tu_path(tmp, "part.jsonl"), *ckpt = tu_path(tmp, "ckpt");
+    tu_run r = train_job(0, 4, data, whole, model);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char extra[4400];
+    snprintf(extra, sizeof extra, "%s --stop-after 2 --save %s", model, ckpt);
+    r = train_job(2, 2, data, part, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    static const int splits[][2] = {{0, 4}, {4, 1}};
+    for (int i = 0; i < 2; i++) {
+        char copy[4200], cmd[8600], *resumed = tu_path(tmp, i ? "r41.jsonl" : "r14.jsonl");
+        snprintf(copy, sizeof copy, "%s-%d", ckpt, i);
+        snprintf(cmd, sizeof cmd, "cp -r %s %s", ckpt, copy);
+        cr_assert_eq(system(cmd), 0);
+        snprintf(extra, sizeof extra, "--resume %s", copy);
+        r = train_job(splits[i][0], splits[i][1], data, resumed, extra);
+        cr_assert_eq(r.exit_code, 0, "resume under %d x cpu:%d: %s", splits[i][0], splits[i][1], r.err);
+        expect_same_losses(whole, resumed, 3, i ? "resumed by 4 x cpu:1" : "resumed by 1 x cpu:4");
+        tu_run_free(&r);
+        free(resumed);
+    }
+    free(data), free(whole), free(part), free(ckpt);
+}
+
+/* Data that only rank 0 has: rank 1's one-line error, and the whole job
+ * ends (not a hang), non-zero. */
+Test(mpi, bad_data_on_one_rank_ends_the_job_with_its_error)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np 2 sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then d=%s/nowhere; else d=%s; fi; "
+             "exec %s train --data $d --global-batch 16 --micro-batch 2 --steps 400 --quiet'",
+             mpirun(), tmp, data, tu_bigbatch_bin());
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    double t0 = now_s();
+    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+    int code = exit_within(pid, 30);
+    cr_assert(code > 0, "the job should end non-zero within 30 s (exit %d after %.0f s)", code, now_s() - t0);
+    char *text = (char *)tu_read_file(err, NULL);
+    cr_assert_not_null(strstr(text, "bigbatch: rank 1: error: "), "rank 1's error: %s", text);
+    cr_assert_not_null(strstr(text, "nowhere"), "the path: %s", text);
+    cr_log_info("a bad --data on rank 1 ended the job in %.1f s, exit %d", now_s() - t0, code);
+    free(text), free(out), free(err), free(data);
+}
+
+/* kill -9 of one rank mid-training: mpirun ends the job non-zero. */
+Test(mpi, a_killed_rank_ends_the_job)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), cmd[8192];
+    char *pids = tu_path(tmp, "pids"), *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np 2 sh -c 'echo $$ > %s.$OMPI_COMM_WORLD_RANK; exec %s train --data %s "
+             "--global-batch 16 --micro-batch 2 --steps 100000 --quiet'",
+             mpirun(), pids, tu_bigbatch_bin(), data);
+    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.1", pids);
+    for (double t0 = now_s(); !tu_exists(path) && now_s() - t0 < 20;) usleep(20000);
+    usleep(1500000); /* training */
+    cr_assert(running(pid), "the job ended before the kill");
+    char *text = (char *)tu_read_file(path, NULL);
+    pid_t victim = (pid_t)atoi(text);
+    free(text);
+    cr_assert_eq(kill(victim, SIGKILL), 0, "kill -9 %d", (int)victim);
+    double t0 = now_s();
+    int code = exit_within(pid, 30);
+    cr_assert(code > 0, "the job should end non-zero within 30 s of the kill (exit %d)", code);
+    cr_log_info("kill -9 of rank 1 ended the job in %.1f s, exit %d", now_s() - t0, code);
+    free(pids), free(out), free(err), free(data);
+}
+
+/* A build without MPI refuses a launch of several processes rather than
+ * training alone in each. */
+Test(mpi, a_build_without_mpi_refuses_several_processes)
+{
+    if (strcmp(bb_world_library(), "none")) cr_skip_test("skipped: this build has MPI (the MPI tests run instead)");
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    tu_run r = tu_bigbatch("train", "--steps", "1");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    tu_assert_error(&r, "launched as 2 processes", "without MPI");
+    tu_run_free(&r);
+}
+
+/* Every rank traces into its own file, and every track names its rank. */
+Test(mpi, each_rank_writes_its_own_trace)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), *metrics = tu_path(tmp, "m.jsonl"), *trace = tu_path(tmp, "t.json");
+    char extra[4400], *rank1 = tu_path(tmp, "t.rank1.json");
+    snprintf(extra, sizeof extra, "--model gpt --layers 1 --heads 2 --d-model 32 --trace %s", trace);
+    tu_run r = train_job(2, 1, data, metrics, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char *t0 = (char *)tu_read_file(trace, NULL), *t1 = (char *)tu_read_file(rank1, NULL);
+    cr_assert(strstr(t0, "rank 0 worker 0") && strstr(t0, "rank 0 reducer"), "rank 0's tracks");
+    cr_assert(strstr(t1, "rank 1 worker 0") && strstr(t1, "rank 1 reducer"), "rank 1's tracks");
+    free(t0), free(t1), free(rank1), free(trace), free(metrics), free(data);
+    tu_run_free(&r);
+}
