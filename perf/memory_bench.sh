@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# memory_bench.sh — where a real model's memory goes, measured by the
+# allocator: the GPT-2 124M shape (12 layers, 12 heads, d 768, vocabulary
+# 50257) on the CPU backend, `bench model` (peak device bytes and
+# activation bytes of a training step, 2 threads):
+#
+#   T 1024 at micro-batch 1 and 4, checkpoint none and blocks;
+#   T 512 vs 1024 at micro-batch 4 (the attention's T² term: ratio ~4 when
+#   quadratic, ~2 when linear);
+#   vocabulary 256 vs 50257 at T 1024, micro-batch 4 (the logits' B·T·V);
+#
+# and the largest micro-batch `plan` fits for G 64 in 16 GiB and in 80 GiB
+# of one GPU (T 1024, vocabulary 50257; an llm.c-format file of random
+# tokens packed with `pack --format llmc` gives the shape).
+# Memory is deterministic: one run each. Slow: about 10 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+make --no-print-directory all >/dev/null
+export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
+gib() { awk -v b="$1" 'BEGIN {printf "%.2f GiB", b / 1073741824}'; }
+shape="--model gpt --layers 12 --heads 12 --d-model 768 --threads 2 --steps 1 --json"
+bench() { bin/bigbatch bench model $shape "$@"; }
+
+echo "# memory_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
+echo
+echo "| T | vocab | micro-batch | checkpoint | peak | activations |"
+echo "|---|---|---|---|---|---|"
+declare -A act
+for cfg in "1024 50257 1 none" "1024 50257 1 blocks" "1024 50257 4 none" "1024 50257 4 blocks" \
+           "512 50257 4 none" "1024 256 4 none"; do
+    read -r T V B P <<< "$cfg"
+    o=$(bench --seq-len "$T" --vocab "$V" --micro-batch "$B" --checkpoint "$P")
+    a=$(echo "$o" | field activation_bytes)
+    act["$T $V $B $P"]=$a
+    echo "| $T | $V | $B | $P | $(gib "$(echo "$o" | field peak_bytes)") | $(gib "$a") |"
+done
+echo
+printf '| activations, T 1024 / T 512 (micro-batch 4, none) | %.2fx |\n' \
+    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["512 50257 4 none"]}" 'BEGIN {print a / b}')"
+printf '| activations, vocabulary 50257 - 256 (T 1024, micro-batch 4, none) | %s |\n' \
+    "$(gib $((act["1024 50257 4 none"] - act["1024 256 4 none"])))"
+printf '| activations with blocks, none / blocks (micro-batch 4) | %.2fx |\n' \
+    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["1024 50257 4 blocks"]}" 'BEGIN {print a / b}')"
+
+# the largest micro-batch plan fits, G 64 on one GPU
+$PY - "$tmp/gpt2.bin" <<'EOF'
+import random, struct, sys
+n = 1025 * 8
+random.seed(1)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack("<%dH" % n, *[random.randrange(50257) for _ in range(n)]))
+EOF
+bin/bigbatch pack --format llmc --in "$tmp/gpt2.bin" --seq-len 1024 --vocab 50257 --out "$tmp/data" >/dev/null
+echo
+echo "| plan, G 64, T 1024, vocabulary 50257 | 16 GiB | 80 GiB |"
+echo "|---|---|---|"
+for P in none blocks auto; do
+    row="| --checkpoint $P |"
+    for M in 16GiB 80GiB; do
+        best=$(bin/bigbatch plan --data "$tmp/data" --layers 12 --heads 12 --d-model 768 --global-batch 64 \
+            --devices cuda:0 --device-mem "$M" --checkpoint "$P" --json 2>/dev/null |
+            $PY -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["fits"]]; print(max((x["micro_batch"] for x in r), default=0))' || echo 0)
+        row="$row micro-batch $best |"
+    done
+    echo "$row"
+done
