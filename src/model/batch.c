@@ -29,11 +29,11 @@ struct batch_set {
     bb_event_t *released;     /* the compute stream stopped reading it */
 };
 
-int bb_model_batch_rows(const bb_model_t *m) { return m->B * m->kind->targets_per_example(&m->cfg); }
+int bb_model_batch_rows(const bb_model_t *m) { return m->B * m->cfg.kind->targets_per_example(&m->cfg); }
 
 static size_t input_bytes(const bb_model_t *m)
 {
-    return (size_t)m->B * (size_t)m->kind->inputs_per_example(&m->cfg) * m->kind->input_size;
+    return (size_t)m->B * (size_t)m->cfg.kind->inputs_per_example(&m->cfg) * m->cfg.kind->input_size;
 }
 
 size_t bb_model_record_buffer_bytes(const bb_model_config *c, int micro_batch)
@@ -55,7 +55,7 @@ bb_status bb_model_alloc_batches(bb_model_t *m)
     int n = bb_model_batch_rows(m);
     for (int i = 0; i < 2; i++) {
         struct batch_set *s = &m->batch_sets[i];
-        BB_TRY(bb_backend_alloc(m->be, input_bytes(m), m->kind->input_name, &s->inputs));
+        BB_TRY(bb_backend_alloc(m->be, input_bytes(m), m->cfg.kind->input_name, &s->inputs));
         /* Zeroed, so that a forward before the first batch indexes row 0. */
         BB_TRY(bb_backend_memset(m->be, s->inputs, 0, input_bytes(m)));
         BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "targets", (void **)&s->targets));
@@ -94,8 +94,8 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
         if (targets[i] < -1 || targets[i] >= classes)
             return bb_fail(BB_ERR_ARG, "target %d at position %d is not -1 (ignored) or below %d", targets[i], i,
                            classes);
-    if (m->kind->check_inputs)
-        BB_TRY(m->kind->check_inputs(&m->cfg, inputs, (size_t)m->B * m->kind->inputs_per_example(&m->cfg)));
+    if (m->cfg.kind->check_inputs)
+        BB_TRY(m->cfg.kind->check_inputs(&m->cfg, inputs, (size_t)m->B * m->cfg.kind->inputs_per_example(&m->cfg)));
     struct batch_set *s = &m->batch_sets[m->current];
     s->targets_valid = 0;
     for (int i = 0; i < n; i++) s->targets_valid += targets[i] >= 0;
@@ -111,11 +111,11 @@ bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const
         return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
     struct batch_set *s = &m->batch_sets[m->current ^ 1];
     int width = 0;
-    BB_TRY(m->kind->check_records(&m->cfg, meta, records, count, &width));
+    BB_TRY(m->cfg.kind->check_records(&m->cfg, meta, records, count, &width));
     BB_TRY(bb_backend_event_synchronize(m->be, s->copied)); /* the set's last upload is done */
     s->count = count;
     s->width = width;
-    s->targets_valid = count * m->kind->targets_per_example(&m->cfg);
+    s->targets_valid = count * m->cfg.kind->targets_per_example(&m->cfg);
     if (!s->records) { /* host is device: the op reads the records where they are */
         s->source = records;
         return BB_OK;
@@ -134,7 +134,7 @@ bb_status bb_model_use_staged(bb_model_t *m)
     BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COMPUTE, s->copied));
     BB_TRY(bb_backend_event_record(m->be, m->batch_sets[m->current].released, BB_STREAM_COMPUTE));
     point_at(m, next);
-    m->kind->convert(m, s->inputs, s->targets, s->source, s->count, s->width);
+    m->cfg.kind->convert(m, s->inputs, s->targets, s->source, s->count, s->width);
     return BB_OK;
 }
 

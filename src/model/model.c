@@ -159,13 +159,12 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
     m->be = be;
     m->cfg = *cfg;
     m->B = micro_batch;
-    m->kind = cfg->kind;
     bb_status rc;
-    if (!m->kind) {
+    if (!m->cfg.kind) {
         free(m);
         return bb_fail(BB_ERR_ARG, "no model kind given");
     }
-    BB_TRY_GOTO(m->kind->create(m), rc, fail);
+    BB_TRY_GOTO(m->cfg.kind->create(m), rc, fail);
     /* The ops' own scratch, sized now so that no op allocates mid-step: rows
      * up to the batch's, column sums as wide as the widest vector
      * parameter (biases and norms). */
@@ -183,7 +182,7 @@ fail:
 void bb_model_destroy(bb_model_t *m)
 {
     if (!m) return;
-    if (m->kind && m->kind->destroy) m->kind->destroy(m);
+    if (m->cfg.kind && m->cfg.kind->destroy) m->cfg.kind->destroy(m);
     bb_backend_free(m->be, m->params);
     bb_backend_free(m->be, m->grads);
     bb_model_free_batches(m);
@@ -205,7 +204,7 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
 {
     float *host = malloc(m->param_count * sizeof *host);
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
-    bb_status rc = m->kind->init(m, seed, host);
+    bb_status rc = m->cfg.kind->init(m, seed, host);
     if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
     free(host);
     return rc;
@@ -215,16 +214,16 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 {
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
     if (correct) *correct = -1;
-    return m->kind->forward(m, normalizer, loss, correct);
+    return m->cfg.kind->forward(m, normalizer, loss, correct);
 }
 
-bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->kind->backward(m, accumulate); }
+bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->cfg.kind->backward(m, accumulate); }
 
 bb_status bb_model_logits(bb_model_t *m, float *host_logits)
 {
-    BB_TRY(m->kind->forward(m, 1.0f, NULL, NULL));
+    BB_TRY(m->cfg.kind->forward(m, 1.0f, NULL, NULL));
     int rows = bb_model_batch_rows(m), width = bb_model_outputs(&m->cfg);
-    return bb_backend_copy(m->be, host_logits, m->kind->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
+    return bb_backend_copy(m->be, host_logits, m->cfg.kind->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
 }
 
 void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx)

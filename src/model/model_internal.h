@@ -48,7 +48,6 @@ struct bb_model_kind {
 struct bb_model {
     bb_backend_t *be;
     bb_model_config cfg;
-    const bb_model_kind *kind;  /* cfg.kind */
     int B;                   /* micro-batch */
     float *params, *grads;   /* device, param_count floats each */
     size_t param_count;

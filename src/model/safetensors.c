@@ -33,7 +33,7 @@ static uint64_t data_checksum(const float *host, size_t count, const float *tied
 
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
-    const char *head = m->kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte) */
+    const char *head = m->cfg.kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte) */
     bool tied = head != NULL;
     size_t cap = 256, len = 0, offset = 0;
     for (int i = 0; i < m->tensor_count; i++) cap += strlen(m->tensors[i].name) + 112; /* 112: keys, shape, offsets */
@@ -322,7 +322,7 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
      * model as it was. A tensor the model does not have means another
      * shape (e.g. more layers): refused, naming the first. */
     for (int k = 0; rc == BB_OK && k < count; k++) {
-        const char *head = m->kind->tied_head;
+        const char *head = m->cfg.kind->tied_head;
         bool known = head && !strcmp(entries[k].name, head);
         for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(entries[k].name, m->tensors[i].name);
         if (!known) {
@@ -339,9 +339,9 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
             for (int k = 0; k < count && !e; k++)
                 if (!strcmp(entries[k].name, t->name)) e = &entries[k];
             /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
-            if (!e && i == 0 && m->kind->tied_head)
+            if (!e && i == 0 && m->cfg.kind->tied_head)
                 for (int k = 0; k < count && !e; k++)
-                    if (!strcmp(entries[k].name, m->kind->tied_head)) e = &entries[k];
+                    if (!strcmp(entries[k].name, m->cfg.kind->tied_head)) e = &entries[k];
             if (!e)
                 rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
                              path, t->name, count);

@@ -219,9 +219,8 @@ static bool exchange(cpu_reducer *c, int device, double value, bool mean, double
     c->values[device] = value;
     uint64_t round = c->round;
     if (++c->arrived == r->devices) {
-        double v = 0;
-        for (int d = 0; d < r->devices; d++) v += c->values[d] / r->devices;
-        v = mean ? v : c->values[0];
+        double v = mean ? 0 : c->values[0];
+        for (int d = 0; mean && d < r->devices; d++) v += c->values[d] / r->devices;
         /* across processes: the mean of the processes' means, or rank 0's */
         bb_status rc = c->world == 1 ? BB_OK
                        : mean        ? bb_world_sum_doubles(&v, 1)

@@ -205,7 +205,7 @@ static bb_status start_loader(trainer *t)
         lo.host_ctx = t->replicas[0].be;
     }
     lo.seed = t->seed;
-    lo.world_devices = (uint32_t)t->world_devices; /* this process reads its own devices' records */
+    lo.world_devices = (uint32_t)trainer_world_devices(t); /* this process reads its own devices' records */
     lo.first_device = (uint32_t)(t->spec.rank * t->spec.count);
     lo.accumulation = (uint32_t)t->accumulation;
     lo.io = t->o->io;
@@ -221,7 +221,7 @@ static bb_status start_loader(trainer *t)
 static bb_status apply_plan(trainer *t)
 {
     const bb_train_options *o = t->o;
-    bb_plan_request q = {.model = t->cfg, .devices = t->world_devices, .global_batch = o->global_batch,
+    bb_plan_request q = {.model = t->cfg, .devices = trainer_world_devices(t), .global_batch = o->global_batch,
                          .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
@@ -260,7 +260,6 @@ static bb_status setup(trainer *t)
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
     const bb_world *w = bb_world_get();
     t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .rank = w->rank, .world = w->size};
-    t->world_devices = o->devices * w->size;
     for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
     /* as --devices takes it: the progress line and state.json say it so */
     bool listed = o->device != BB_DEVICE_CPU;
@@ -276,7 +275,7 @@ static bb_status setup(trainer *t)
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
     t->cfg.precision = o->precision;
     if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
-    BB_TRY(check_split(o, t->world_devices, t->micro_batch, &t->accumulation));
+    BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
     if (!t->steps_per_epoch)
@@ -344,7 +343,7 @@ static void print_start(const trainer *t)
     fprintf(p, "train: %s, %s parameters, on %s", model, params, t->devices_text);
     if (t->spec.world > 1) fprintf(p, " in each of %d processes", t->spec.world);
     fprintf(p, "\ntrain: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
-            t->global_batch, t->world_devices, t->world_devices > 1 ? "s" : "", t->accumulation,
+            t->global_batch, trainer_world_devices(t), trainer_world_devices(t) > 1 ? "s" : "", t->accumulation,
             t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
             (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,

@@ -52,7 +52,6 @@ typedef struct trainer {
     bb_model_config cfg;
     bb_dataset_t *data, *val;
     bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
-    int world_devices;       /* every process's: spec.count x spec.world */
     int accumulation, micro_batch, global_batch;
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
@@ -99,6 +98,9 @@ bb_status bb_device_clock_start(device_clock *c);
 bb_status bb_device_clock_mark(device_clock *c, int i);
 /* Host-clock time at which mark i happened on the device (waits for it). */
 bb_status bb_device_clock_time(device_clock *c, int i, uint64_t *ns);
+
+/* The job's devices: every process's. */
+static inline int trainer_world_devices(const trainer *t) { return t->spec.count * t->spec.world; }
 
 bb_status bb_step_barrier_wait(step_barrier *b);
 /* Records the failure (first one wins) and wakes every thread. */
