@@ -182,6 +182,9 @@ tsan-run: $(TSAN_BIN) $(BIN)
 	@set -e; for t in $(TSAN_BIN); do echo "== $$t"; $(TSAN_ENV) $$t; done
 	@echo "== $(BIN) bench queue"; $(TSAN_ENV) $(BIN) bench queue --seconds 0.05 --runs 1 >/dev/null
 	@echo "== $(BIN) bench loader"; $(TSAN_ENV) $(BIN) bench loader --data data/kjv/train --seconds 0.3 >/dev/null
+	@echo "== $(BIN) bench model --threads 3 (the CPU pool: products, attention, loss)"; \
+	  $(TSAN_ENV) $(BIN) bench model --layers 1 --d-model 32 --heads 2 --seq-len 130 --micro-batch 2 --threads 3 \
+	    --loss-chunk 100 --steps 2 >/dev/null
 	@echo "== $(BIN) train --devices cpu:3, save, resume"; tmp=$$(mktemp -d); \
 	  args="--data data/kjv --layers 1 --d-model 32 --heads 2 --devices cpu:3 --global-batch 24 --micro-batch 4 \
 	    --steps 4 --bucket-mib 0.01 --quiet --save $$tmp/ck"; \

@@ -57,11 +57,14 @@ cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targ
 cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labels, const uint8_t *records, int count,
                                   int B, int inputs);
 
-/* Causal softmax of each (T, T) row block in place: row i keeps columns
- * 0..i (scaled logits in, probabilities out; later columns become 0). */
-cudaError_t bbk_causal_softmax(cudaStream_t s, float *att, int rows, int T);
-/* dS = P * (dP - rowsum(P * dP)) * scale, in place over dP. */
-cudaError_t bbk_causal_softmax_backward(cudaStream_t s, float *dp, const float *p, int rows, int T, float scale);
+/* Tiled causal attention (see bb_op_attention_forward and _backward);
+ * bf16: the products' operands rounded to bf16, sums in fp32. Fails
+ * (cudaErrorInvalidValue) when a head is too wide for the device's shared
+ * memory (head size ~400 on sm_90). */
+cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
+                                  bool bf16);
+cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C, int NH, bool bf16);
 
 /* Per row: row_loss[n] = -log softmax(logits[n])[target] in double (0
  * when target is -1); dlogits (may alias logits, may be NULL) = (softmax -

@@ -5,9 +5,11 @@
 # activation bytes of a training step, 2 threads):
 #
 #   T 1024 at micro-batch 1 and 4, checkpoint none and blocks;
-#   T 512 vs 1024 at micro-batch 4 (the attention's T² term: ratio ~4 when
-#   quadratic, ~2 when linear);
-#   vocabulary 256 vs 50257 at T 1024, micro-batch 4 (the logits' B·T·V);
+#   T 512 vs 1024 at micro-batch 4 (an attention that keeps T² terms: ratio
+#   above 2; linear: 2 or below — issue 17's goal: <= 2.1);
+#   vocabulary 256 vs 50257 at T 1024, micro-batch 4 (logits of B·T·V, or
+#   one chunk of the fused head: the peak may grow by the extra parameters,
+#   gradients and AdamW state, 16 bytes per extra parameter, and one chunk);
 #
 # and the largest micro-batch `plan` fits for G 64 in 16 GiB and in 80 GiB
 # of one GPU (T 1024, vocabulary 50257; an llm.c-format file of random
@@ -22,31 +24,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 field() { $PY -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 gib() { awk -v b="$1" 'BEGIN {printf "%.2f GiB", b / 1073741824}'; }
-shape="--model gpt --layers 12 --heads 12 --d-model 768 --threads 2 --steps 1 --json"
-bench() { bin/bigbatch bench model $shape "$@"; }
-
-echo "# memory_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
-echo
-echo "| T | vocab | micro-batch | checkpoint | peak | activations |"
-echo "|---|---|---|---|---|---|"
-declare -A act
-for cfg in "1024 50257 1 none" "1024 50257 1 blocks" "1024 50257 4 none" "1024 50257 4 blocks" \
-           "512 50257 4 none" "1024 256 4 none"; do
-    read -r T V B P <<< "$cfg"
-    o=$(bench --seq-len "$T" --vocab "$V" --micro-batch "$B" --checkpoint "$P")
-    a=$(echo "$o" | field activation_bytes)
-    act["$T $V $B $P"]=$a
-    echo "| $T | $V | $B | $P | $(gib "$(echo "$o" | field peak_bytes)") | $(gib "$a") |"
-done
-echo
-printf '| activations, T 1024 / T 512 (micro-batch 4, none) | %.2fx |\n' \
-    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["512 50257 4 none"]}" 'BEGIN {print a / b}')"
-printf '| activations, vocabulary 50257 - 256 (T 1024, micro-batch 4, none) | %s |\n' \
-    "$(gib $((act["1024 50257 4 none"] - act["1024 256 4 none"])))"
-printf '| activations with blocks, none / blocks (micro-batch 4) | %.2fx |\n' \
-    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["1024 50257 4 blocks"]}" 'BEGIN {print a / b}')"
-
-# the largest micro-batch plan fits, G 64 on one GPU
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+# the GPT-2 shape as data (for plan): an llm.c file of random tokens
 $PY - "$tmp/gpt2.bin" <<'EOF'
 import random, struct, sys
 n = 1025 * 8
@@ -56,6 +35,40 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<%dH" % n, *[random.randrange(50257) for _ in range(n)]))
 EOF
 bin/bigbatch pack --format llmc --in "$tmp/gpt2.bin" --seq-len 1024 --vocab 50257 --out "$tmp/data" >/dev/null
+shape="--model gpt --layers 12 --heads 12 --d-model 768 --threads 2 --steps 1 --json"
+bench() { bin/bigbatch bench model $shape "$@"; }
+
+echo "# memory_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
+echo
+echo "| T | vocab | micro-batch | checkpoint | peak | activations |"
+echo "|---|---|---|---|---|---|"
+declare -A act peak
+for cfg in "1024 50257 1 none" "1024 50257 1 blocks" "1024 50257 4 none" "1024 50257 4 blocks" \
+           "512 50257 4 none" "1024 256 4 none"; do
+    read -r T V B P <<< "$cfg"
+    o=$(bench --seq-len "$T" --vocab "$V" --micro-batch "$B" --checkpoint "$P")
+    a=$(echo "$o" | field activation_bytes)
+    act["$T $V $B $P"]=$a
+    peak["$T $V $B $P"]=$(echo "$o" | field peak_bytes)
+    echo "| $T | $V | $B | $P | $(gib "$(echo "$o" | field peak_bytes)") | $(gib "$a") |"
+done
+echo
+printf '| activations, T 1024 / T 512 (micro-batch 4, none) | %.2fx |\n' \
+    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["512 50257 4 none"]}" 'BEGIN {print a / b}')"
+printf '| activations, vocabulary 50257 - 256 (T 1024, micro-batch 4, none) | %s |\n' \
+    "$(gib $((act["1024 50257 4 none"] - act["1024 256 4 none"])))"
+printf '| activations with blocks, none / blocks (micro-batch 4) | %.2fx |\n' \
+    "$(awk -v a="${act["1024 50257 4 none"]}" -v b="${act["1024 50257 4 blocks"]}" 'BEGIN {print a / b}')"
+printf '| activations with blocks, micro-batch 4 | %s MiB |\n' \
+    "$(awk -v a="${act["1024 50257 4 blocks"]}" 'BEGIN {printf "%.1f", a / 1048576}')"
+# what the vocabulary may add: 16 bytes per extra parameter (weights, gradients, AdamW's two moments) and one chunk
+chunk=$(bin/bigbatch plan --data "$tmp/data" --layers 12 --heads 12 --d-model 768 --global-batch 4 --micro-batch 4 \
+    --checkpoint none --json | $PY -c 'import json,sys; print(json.load(sys.stdin)[0]["loss_chunk"])')
+bound=$(( (50257 - 256) * 768 * 16 + chunk * 50257 * 4 ))
+printf '| peak, vocabulary 50257 - 256 (T 1024, micro-batch 4, none) | %s MiB (bound: %s MiB = 16 B x extra parameters + one chunk of %d tokens) |\n' \
+    "$(mib $((peak["1024 50257 4 none"] - peak["1024 256 4 none"])))" "$(mib "$bound")" "$chunk"
+
+# the largest micro-batch plan fits, G 64 on one GPU
 echo
 echo "| plan, G 64, T 1024, vocabulary 50257 | 16 GiB | 80 GiB |"
 echo "|---|---|---|"

@@ -17,8 +17,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
 STEPS=${STEPS:-5}
 make --no-print-directory all >/dev/null
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OMP_WAIT_POLICY=PASSIVE
+. perf/peer_env.sh
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
 median() { sort -g | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]}'; }
 declare -A R

@@ -15,10 +15,10 @@ STEPS=${STEPS:-8}
 make --no-print-directory all >/dev/null
 [ -d data/fmnist/train ] || make --no-print-directory data-fmnist >/dev/null
 bin/bigbatch version | grep -q "mpi: Open MPI" || { echo "mpi_bench: this build has no MPI (make deps; make MPI=1)"; exit 1; }
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OMP_WAIT_POLICY=PASSIVE OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. perf/peer_env.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 PY=/usr/bin/python3
-MPIRUN="mpirun --oversubscribe -np 2 -x LD_LIBRARY_PATH -x OMP_WAIT_POLICY"
+MPIRUN="mpirun --oversubscribe -np 2 -x LD_LIBRARY_PATH -x OMP_WAIT_POLICY${OPENBLAS_CORETYPE:+ -x OPENBLAS_CORETYPE}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . perf/train_common.sh

@@ -22,8 +22,7 @@ STEPS=${STEPS:-8}
 ACC_RUNS=${ACC_RUNS:-1}
 make --no-print-directory all >/dev/null
 [ -d data/fmnist/train ] || make --no-print-directory data-fmnist >/dev/null
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OMP_WAIT_POLICY=PASSIVE
+. perf/peer_env.sh
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

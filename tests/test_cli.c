@@ -74,6 +74,12 @@ Test(cli, help_and_usage_errors)
     r = tu_bigbatch("pack", "--format", "fmnist", "--images", "a", "--labels", "b", "--seq-len", "8", "--out", "x");
     tu_assert_error(&r, "--seq-len", "not fmnist");
     tu_run_free(&r);
+    r = tu_bigbatch("bench", "model", "--help");
+    cr_assert_not_null(strstr(r.out, "--loss-chunk TOKENS"));
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "model", "--model", "mlp", "--loss-chunk", "10");
+    tu_assert_error(&r, "--loss-chunk sizes a gpt's LM head", "mlp");
+    tu_run_free(&r);
 }
 
 Test(cli, version_reports_cuda_state)

@@ -230,30 +230,115 @@ Test(ops, embedding_backward_is_an_ordered_sum_per_token)
 }
 
 /* ---- attention --------------------------------------------------------- */
-enum { AT_B = 2, AT_T = 5, AT_C = 8, AT_NH = 2 };
 typedef struct attention_ctx {
-    float *qkv, *out, *att, *r;
+    int B, T, C, NH;
+    float *qkv, *out, *lse, *r;
 } attention_ctx;
 
 static double attention_loss(void *arg)
 {
     attention_ctx *c = arg;
-    bb_op_attention_forward(be, c->out, c->att, c->qkv, AT_B, AT_T, AT_C, AT_NH);
-    return dot(c->out, c->r, AT_B * AT_T * AT_C);
+    bb_op_attention_forward(be, c->out, c->lse, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot(c->out, c->r, (size_t)c->B * c->T * c->C);
+}
+
+/* The written-out rule: per (b, h, i), softmax over keys j <= i of
+ * q_i·k_j / sqrt(hs), times v; lse = log Σ exp of the scores. In double. */
+static void attention_reference(const attention_ctx *c, double *out, double *lse)
+{
+    int hs = c->C / c->NH, C3 = 3 * c->C;
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->NH; h++)
+            for (int i = 0; i < c->T; i++) {
+                const float *q = c->qkv + ((size_t)b * c->T + i) * C3 + h * hs;
+                double *s = malloc((size_t)(i + 1) * sizeof *s), mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *k = c->qkv + ((size_t)b * c->T + j) * C3 + c->C + h * hs;
+                    double d = 0;
+                    for (int e = 0; e < hs; e++) d += (double)q[e] * k[e];
+                    s[j] = d / sqrt((double)hs), mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
+                lse[((size_t)b * c->NH + h) * c->T + i] = mx + log(sum);
+                for (int e = 0; e < hs; e++) {
+                    double o = 0;
+                    for (int j = 0; j <= i; j++)
+                        o += exp(s[j] - mx) / sum * c->qkv[((size_t)b * c->T + j) * C3 + 2 * c->C + h * hs + e];
+                    out[((size_t)b * c->T + i) * c->C + h * hs + e] = o;
+                }
+                free(s);
+            }
+}
+
+static attention_ctx attention_make(int B, int T, int C, int NH, uint64_t seed)
+{
+    attention_ctx c = {B, T, C, NH, random_floats((size_t)B * T * 3 * C, seed, 1),
+                       malloc((size_t)B * T * C * sizeof(float)), malloc((size_t)B * NH * T * sizeof(float)),
+                       random_floats((size_t)B * T * C, seed + 1, 1)};
+    return c;
+}
+
+static void attention_free(attention_ctx *c) { free(c->qkv), free(c->out), free(c->lse), free(c->r); }
+
+/* Shapes around the tiles (64 rows and keys): one partial tile, several
+ * with a partial last one, heads of 4 and of 80. */
+Test(ops, tiled_attention_is_the_softmax_rule)
+{
+    const int shapes[][4] = {{2, 5, 8, 2}, {1, 130, 16, 4}, {2, 67, 160, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        attention_ctx c = attention_make(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 30 + s);
+        size_t n_out = (size_t)c.B * c.T * c.C, n_lse = (size_t)c.B * c.NH * c.T;
+        double *out = malloc(n_out * sizeof *out), *lse = malloc(n_lse * sizeof *lse), worst = 0;
+        attention_loss(&c);
+        attention_reference(&c, out, lse);
+        for (size_t i = 0; i < n_out; i++) worst = fmax(worst, fabs(out[i] - c.out[i]));
+        for (size_t i = 0; i < n_lse; i++) worst = fmax(worst, fabs(lse[i] - c.lse[i]) / fmax(1.0, fabs(lse[i])));
+        cr_assert_lt(worst, 2e-5, "B %d T %d C %d NH %d: worst difference %.3e", c.B, c.T, c.C, c.NH, worst);
+        free(out), free(lse);
+        attention_free(&c);
+    }
 }
 
 Test(ops, attention_backward_matches_finite_differences)
 {
-    size_t n_qkv = AT_B * AT_T * 3 * AT_C, n_att = AT_B * AT_NH * AT_T * AT_T;
-    attention_ctx c = {random_floats(n_qkv, 14, 1), malloc(AT_B * AT_T * AT_C * sizeof(float)),
-                       malloc(n_att * sizeof(float)), random_floats(AT_B * AT_T * AT_C, 15, 1)};
-    attention_loss(&c);
-    /* causal: position 0 attends only to itself */
-    for (int h = 0; h < AT_NH; h++) cr_assert_float_eq(c.att[h * AT_T * AT_T], 1.0f, 1e-6);
-    float *dqkv = malloc(n_qkv * sizeof(float)), *scratch = malloc(n_att * sizeof(float));
-    bb_op_attention_backward(be, dqkv, scratch, c.r, c.qkv, c.att, AT_B, AT_T, AT_C, AT_NH);
-    fd_check("attention.qkv", c.qkv, n_qkv, dqkv, attention_loss, &c, 1e-2f, 2e-3);
-    free(c.qkv), free(c.out), free(c.att), free(c.r), free(dqkv), free(scratch);
+    /* T 70: two key tiles, the second partial, and rows on both sides */
+    const int shapes[][4] = {{2, 5, 8, 2}, {1, 70, 8, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        attention_ctx c = attention_make(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 14);
+        size_t n_qkv = (size_t)c.B * c.T * 3 * c.C;
+        attention_loss(&c);
+        /* causal: position 0 attends only to itself (lse = its own score) */
+        float q0k0 = 0;
+        for (int e = 0; e < c.C / c.NH; e++) q0k0 += c.qkv[e] * c.qkv[c.C + e];
+        cr_assert_float_eq(c.lse[0], q0k0 / sqrtf((float)(c.C / c.NH)), 1e-5);
+        float *dqkv = malloc(n_qkv * sizeof(float));
+        bb_op_attention_backward(be, dqkv, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
+        fd_check("attention.qkv", c.qkv, n_qkv, dqkv, attention_loss, &c, 1e-2f, 2e-3);
+        free(dqkv);
+        attention_free(&c);
+    }
+}
+
+/* Heads and row tiles run on the backend's threads: any thread count gives
+ * the same bits. */
+Test(ops, attention_is_bitwise_the_same_on_any_thread_count)
+{
+    attention_ctx c = attention_make(2, 150, 32, 4, 60);
+    size_t n_out = (size_t)c.B * c.T * c.C, n_qkv = 3 * n_out;
+    float *out1 = malloc(n_out * 4), *d1 = malloc(n_qkv * 4), *d3 = malloc(n_qkv * 4);
+    bb_backend_t *one, *three;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &one), BB_OK);
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &three), BB_OK);
+    bb_op_attention_forward(one, c.out, c.lse, c.qkv, c.B, c.T, c.C, c.NH);
+    memcpy(out1, c.out, n_out * 4);
+    bb_op_attention_backward(one, d1, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
+    bb_op_attention_forward(three, c.out, c.lse, c.qkv, c.B, c.T, c.C, c.NH);
+    cr_assert_eq(memcmp(out1, c.out, n_out * 4), 0);
+    bb_op_attention_backward(three, d3, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
+    cr_assert_eq(memcmp(d1, d3, n_qkv * 4), 0);
+    bb_backend_destroy(one), bb_backend_destroy(three);
+    free(out1), free(d1), free(d3);
+    attention_free(&c);
 }
 
 /* ---- softmax + cross-entropy ------------------------------------------ */

@@ -61,7 +61,7 @@ typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precis
 typedef struct bb_backend_options {
     int device;              /* index among the backend's devices */
     uint64_t device_mem;     /* cap on device allocations in bytes; 0: none */
-    int threads;             /* CPU: BLAS threads for this backend; 0: all CPUs */
+    int threads;             /* CPU: this backend's threads (products, attention, loss); 0: all CPUs */
     bb_precision precision;  /* CUDA: bf16 matrix products; the CPU ignores it */
 } bb_backend_options;
 
@@ -127,6 +127,8 @@ void bb_backend_free(bb_backend_t *b, void *ptr);
 /* Bytes allocated now and the most at any time since creation (or since
  * bb_backend_reset_peak). */
 uint64_t bb_backend_bytes_in_use(const bb_backend_t *b);
+/* The cap on allocations (bb_backend_options.device_mem); 0: none. */
+uint64_t bb_backend_mem_cap(const bb_backend_t *b);
 uint64_t bb_backend_peak_bytes(const bb_backend_t *b);
 void bb_backend_reset_peak(bb_backend_t *b);
 
@@ -192,7 +194,8 @@ bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, siz
 /* out = in · wᵀ + bias (bias may be NULL). */
 void bb_op_linear_forward(bb_backend_t *b, float *out /* (N,OC) */, const float *in /* (N,IC) */,
                           const float *w /* (OC,IC) */, const float *bias /* (OC) */, int N, int IC, int OC);
-/* din = dout · w (overwritten; din may be NULL); dw, dbias accumulate. */
+/* din = dout · w (overwritten; din may be NULL); dw, dbias accumulate.
+ * dw and dbias are formed first: din may alias `in` (not dout). */
 void bb_op_linear_backward(bb_backend_t *b, float *din /* (N,IC) */, float *dw /* (OC,IC) */,
                            float *dbias /* (OC) or NULL */, const float *dout /* (N,OC) */,
                            const float *in /* (N,IC) */, const float *w /* (OC,IC) */, int N, int IC, int OC,
@@ -203,7 +206,7 @@ void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
 void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
 /* GELU, tanh form (GPT-2; PyTorch approximate='tanh'). */
 void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
-/* din = dout * gelu'(in) (overwritten; may alias dout). */
+/* din = dout * gelu'(in) (overwritten; may alias dout or in). */
 void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
 
 /* LayerNorm over the last dimension, eps 1e-5; saves mean and 1/std. */
@@ -224,20 +227,25 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte /* (V,C) */, float *d
                               const float *dout /* (B,T,C) */, const int32_t *tokens, int B, int T, int C, int V,
                               int maxT, bool accumulate_wte, bool accumulate_wpe);
 
-/* Causal multi-head self-attention of qkv = [q | k | v]; saves the
- * softmax probabilities in att for the backward. */
-void bb_op_attention_forward(bb_backend_t *b, float *out /* (B,T,C) */, float *att /* (B,NH,T,T) */,
+/* Causal multi-head self-attention of qkv = [q | k | v], scaled by
+ * 1/sqrt(C/NH), tiled (flash-style): no T×T matrix is ever stored. Saves
+ * per row and head the log-sum-exp of its scores in lse for the backward,
+ * which recomputes the probabilities tile by tile from q, k and lse.
+ * Memory is linear in T; the CPU spreads heads and row tiles over the
+ * backend's threads. */
+void bb_op_attention_forward(bb_backend_t *b, float *out /* (B,T,C) */, float *lse /* (B,NH,T) */,
                              const float *qkv /* (B,T,3C) */, int B, int T, int C, int NH);
-/* dqkv overwritten; scratch (B,NH,T,T) is clobbered. */
-void bb_op_attention_backward(bb_backend_t *b, float *dqkv /* (B,T,3C) */, float *scratch /* (B,NH,T,T) */,
-                              const float *dout /* (B,T,C) */, const float *qkv, const float *att, int B, int T,
-                              int C, int NH);
+/* dqkv overwritten, from dout, the forward's qkv, out and lse. */
+void bb_op_attention_backward(bb_backend_t *b, float *dqkv /* (B,T,3C) */, const float *dout /* (B,T,C) */,
+                              const float *qkv /* (B,T,3C) */, const float *out /* (B,T,C) */,
+                              const float *lse /* (B,NH,T) */, int B, int T, int C, int NH);
 
 /* out = x + y (out may alias either). */
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
 
 /* Softmax + cross-entropy in one pass over logits (N,V). Returns through
- * *loss the sum of -log p[target] over the rows divided by `normalizer`;
+ * *loss (when not NULL; on CUDA returning it waits for the device) the sum
+ * of -log p[target] over the rows divided by `normalizer`;
  * when dlogits is not NULL, writes (softmax - onehot) / normalizer (it may
  * alias logits). Rows whose target is -1 are ignored. `valid` (may be
  * NULL) gets the number of rows with a target. */

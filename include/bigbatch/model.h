@@ -69,6 +69,10 @@ typedef struct bb_model_config {
     /* gpt: bf16 stores the activations kept for the backward in bf16 (the
      * mlp takes fp32 only; its activations are small) */
     bb_precision precision;
+    /* gpt: tokens per chunk of the fused LM head + loss (--loss-chunk);
+     * 0: chosen by bb_model_loss_chunk. Not part of the shape (nor of
+     * state.json): any value trains the same model. */
+    int loss_chunk;
 } bb_model_config;
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
@@ -103,6 +107,8 @@ int bb_model_outputs(const bb_model_config *c);
 bool bb_model_targets_are_tokens(const bb_model_config *c);
 /* The forward counts argmax hits (classification: evaluation reports accuracy). */
 bool bb_model_counts_correct(const bb_model_config *c);
+/* The head and loss run in chunks of tokens (gpt; bb_model_loss_chunk). */
+bool bb_model_chunks_loss(const bb_model_config *c);
 /* state.json's model lines (`"model": "gpt",` and the shape, each line
  * indented by two spaces and ending in ",\n") and their reader: false
  * when a field is missing or the kind unknown. */
@@ -179,9 +185,11 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 /* Gradients of the last forward's loss: written into the gradient buffer
  * when accumulate is false, added to it when true. */
 bb_status bb_model_backward(bb_model_t *m, bool accumulate);
-/* Forward pass without the loss; copies the logits to `host_logits`:
- * (B, classes) for mlp, (B, T, vocab) for gpt. A backward may not follow. */
-bb_status bb_model_logits(bb_model_t *m, float *host_logits);
+/* Forward pass without the loss; copies to `host_logits` every example's
+ * logits at `position` (gpt: a token position, 0..T-1; mlp: 0): (B, vocab)
+ * or (B, classes). A backward may not follow. Fails with BB_ERR_ARG for a
+ * position out of range. */
+bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits);
 /* Called during bb_model_backward as soon as the gradients of the buffer's
  * tail [ready_from, param_count) (in floats) are final, ready_from falling
  * tensor by tensor in reverse layer order to 0: the trainer's reducer
@@ -191,9 +199,18 @@ void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx);
 /* Examples (mlp) or target tokens (gpt) the last batch had. */
 int bb_model_batch_targets(const bb_model_t *m);
 
+/* The fused LM head + loss (gpt) runs over chunks of this many tokens, so
+ * that at most one chunk's logits (tokens × vocab floats) exist: c->loss_chunk
+ * when set, else as many as fit in BB_LOSS_CHUNK_BYTES (32 MiB) — at most a
+ * 64th of `device_mem` when that is set (0: no cap) — and never more than
+ * the micro-batch's micro_batch × T tokens, nor fewer than 1. 0 for kinds
+ * whose loss does not run in chunks (mlp: its logits are small). */
+#define BB_LOSS_CHUNK_BYTES (32u << 20)
+int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t device_mem);
+
 /* Bytes of activation memory (block/layer slots, checkpointed segment
- * inputs, logits, backward scratch), all allocated when the model is
- * created: what checkpointing and the micro-batch size change. */
+ * inputs, one chunk of logits, backward scratch), all allocated when the
+ * model is created: what checkpointing and the micro-batch size change. */
 uint64_t bb_model_activation_bytes(const bb_model_t *m);
 
 /* ---- weights for other tools: safetensors, F32 ------------------------- */

@@ -67,6 +67,7 @@ typedef struct bb_plan_row {
     char checkpoint[24];       /* "none", "blocks", "every:3" */
     bb_memory_breakdown memory;
     double relative_time;      /* 1.0: the whole per-device batch at once, no checkpointing */
+    int loss_chunk;            /* tokens per chunk of the fused head + loss (bb_model_loss_chunk); 0: none */
     bool fits, chosen;
 } bb_plan_row;
 

@@ -94,6 +94,8 @@ void bb_backend_destroy(bb_backend_t *b)
 
 const char *bb_backend_name(const bb_backend_t *b) { return b->name; }
 
+uint64_t bb_backend_mem_cap(const bb_backend_t *b) { return b->opt.device_mem; }
+
 uint64_t bb_backend_workspace_bytes(const bb_backend_t *b) { return b->vt->workspace_bytes ? b->vt->workspace_bytes(b) : 0; }
 
 /* ---- device kinds -------------------------------------------------------- */
@@ -348,17 +350,17 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const f
     if (runs(b)) b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
 }
 
-void bb_op_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_forward");
-    if (runs(b)) b->vt->attention_forward(b, out, att, qkv, B, T, C, NH);
+    if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
 }
 
-void bb_op_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
-                              const float *att, int B, int T, int C, int NH)
+void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                              const float *lse, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_backward");
-    if (runs(b)) b->vt->attention_backward(b, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)

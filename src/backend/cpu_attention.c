@@ -1,64 +1,179 @@
-/* cpu_attention.c — causal multi-head self-attention on the CPU. Per
- * (batch, head) the products Q·Kᵀ, P·V and their gradients are cblas_sgemm
- * calls on strided views of qkv (row stride 3C), so BLAS threads carry the
- * bulk of the work; the softmax and its gradient are row loops over the
- * causal part only. */
+/* cpu_attention.c — causal multi-head self-attention on the CPU, tiled
+ * (flash-style): memory linear in T.
+ *
+ * Forward: a task is one (batch, head, tile of QT query rows). It walks the
+ * key/value tiles of KT keys up to the diagonal with an online softmax
+ * (running max m and sum l per row, the output accumulator rescaled when
+ * the max grows) and keeps only the output and lse = m + log l per row.
+ * Backward: a task is one (batch, head). D = rowsum(dout ∘ out) first;
+ * then per key tile, every query row at or below it recomputes its
+ * probabilities p = exp(scale·q·k - lse), and dV += p·dout, dS = p ∘
+ * (dout·vᵀ - D), dK += scale·dS·q, dQ += scale·dS·k. No tile outlives its
+ * task's loop: the only scratch is a few tiles and D (T floats) per thread.
+ *
+ * Tasks spread over the backend's threads (cpu_pool.h); a tile's products
+ * are cblas_sgemm calls in the task's thread on strided views of qkv (row
+ * stride 3C), the softmax parts plain loops. Each task's sums run in a
+ * fixed order whatever the thread count, so results are bitwise the same
+ * on any number of threads. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_math.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 
-void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+enum { QT = 64, KT = 64 };
+
+typedef struct attn_args {
+    float *out, *lse, *dqkv;
+    const float *qkv, *dout, *o;
+    const float *lse_in;
+    int B, T, C, NH, hs, qtiles;
+    float scale;
+    float **scratch; /* per thread */
+} attn_args;
+
+/* C (m,n) = alpha · A (m,k) · op(B) + beta · C, row-major, on this thread
+ * (OpenBLAS is single-threaded here: the tasks are the parallelism). */
+static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda, const float *B, int ldb,
+                 float beta, float *C, int ldc)
 {
-    (void)b;
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int bi = 0; bi < B; bi++)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)bi * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-            float *p = att + ((size_t)bi * NH + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
-            for (int i = 0; i < T; i++) {
-                float *row = p + (size_t)i * T, max = row[0], sum = 0.0f;
-                for (int j = 1; j <= i; j++) max = row[j] > max ? row[j] : max;
-                for (int j = 0; j <= i; j++) sum += row[j] = bb_expf(row[j] - max);
-                float inv = 1.0f / sum;
-                for (int j = 0; j <= i; j++) row[j] *= inv;
-                memset(row + i + 1, 0, (size_t)(T - i - 1) * sizeof *row);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
-                        out + (size_t)bi * T * C + h * hs, C);
-        }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda,
+                B, ldb, beta, C, ldc);
 }
 
-void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH)
+static void forward_task(void *ctx, int index, int thread)
 {
-    (void)b;
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int bi = 0; bi < B; bi++)
-        for (int h = 0; h < NH; h++) {
-            size_t qoff = (size_t)bi * T * C3 + h * hs;
-            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-            const float *p = att + ((size_t)bi * NH + h) * T * T, *dy = dout + (size_t)bi * T * C + h * hs;
-            float *dp = scratch + ((size_t)bi * NH + h) * T * T;
-            /* dP = dY·Vᵀ and dV = Pᵀ·dY */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, dp, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dy, C, 0.0f, dv, C3);
-            /* softmax backward, in place: dS = P ∘ (dP - rowsum(P ∘ dP)) */
-            for (int i = 0; i < T; i++) {
-                const float *prow = p + (size_t)i * T;
-                float *drow = dp + (size_t)i * T, dot = 0.0f;
-                for (int j = 0; j <= i; j++) dot += prow[j] * drow[j];
-                for (int j = 0; j <= i; j++) drow[j] = prow[j] * (drow[j] - dot);
-                memset(drow + i + 1, 0, (size_t)(T - i - 1) * sizeof *drow);
-            }
-            /* dQ = scale·dS·K and dK = scale·dSᵀ·Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dp, T, k, C3, 0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dp, T, q, C3, 0.0f, dk, C3);
+    const attn_args *a = ctx;
+    int hs = a->hs, C = a->C, C3 = 3 * C, T = a->T;
+    int bh = index / a->qtiles, qt = a->qtiles - 1 - index % a->qtiles; /* longest rows first */
+    int bi = bh / a->NH, h = bh % a->NH;
+    int i0 = qt * QT, rows = i0 + QT < T ? QT : T - i0;
+    const float *q = a->qkv + (size_t)bi * T * C3 + (size_t)h * hs;
+    float *s = a->scratch[thread], *acc = s + QT * KT, *m = acc + (size_t)QT * hs, *l = m + QT;
+    for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int j0 = 0; j0 < i0 + rows; j0 += KT) {
+        int nk = j0 + KT < i0 + rows ? KT : i0 + rows - j0;
+        /* S = scale · Q Kᵀ for this tile (ld KT) */
+        gemm(false, true, rows, nk, hs, a->scale, q + (size_t)i0 * C3, C3, q + (size_t)j0 * C3 + C, C3, 0.0f, s, KT);
+        for (int r = 0; r < rows; r++) {
+            int valid = i0 + r - j0 + 1 < nk ? i0 + r - j0 + 1 : nk; /* keys j <= i; >= 1 since j0 <= i0 */
+            float *sr = s + (size_t)r * KT, mx = m[r], sum = 0.0f;
+            for (int j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+            for (int j = 0; j < valid; j++) sr[j] = bb_expf(sr[j] - mx);
+            for (int j = valid; j < nk; j++) sr[j] = 0.0f;
+            for (int j = 0; j < valid; j++) sum += sr[j];
+            float corr = bb_expf(m[r] - mx), *ar = acc + (size_t)r * hs;
+            if (j0 == 0) memset(ar, 0, (size_t)hs * sizeof *ar);
+            else if (corr != 1.0f)
+                for (int d = 0; d < hs; d++) ar[d] *= corr;
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
         }
+        /* acc += P · V */
+        gemm(false, false, rows, hs, nk, 1.0f, s, KT, q + (size_t)j0 * C3 + 2 * C, C3, 1.0f, acc, hs);
+    }
+    for (int r = 0; r < rows; r++) {
+        int i = i0 + r;
+        float inv = 1.0f / l[r], *o = a->out + ((size_t)bi * T + i) * C + (size_t)h * hs;
+        for (int d = 0; d < hs; d++) o[d] = acc[(size_t)r * hs + d] * inv;
+        a->lse[(size_t)bh * T + i] = m[r] + logf(l[r]);
+    }
+}
+
+static void backward_task(void *ctx, int bh, int thread)
+{
+    const attn_args *a = ctx;
+    int hs = a->hs, C = a->C, C3 = 3 * C, T = a->T;
+    int bi = bh / a->NH, h = bh % a->NH;
+    size_t off = (size_t)bi * T * C3 + (size_t)h * hs, yoff = (size_t)bi * T * C + (size_t)h * hs;
+    const float *q = a->qkv + off, *dy = a->dout + yoff, *y = a->o + yoff, *lse = a->lse_in + (size_t)bh * T;
+    float *dq = a->dqkv + off;
+    float *p = a->scratch[thread], *ds = p + QT * KT, *dk = ds + QT * KT, *dv = dk + (size_t)KT * hs,
+          *D = dv + (size_t)KT * hs;
+    for (int i = 0; i < T; i++) {
+        float dot = 0.0f;
+        for (int d = 0; d < hs; d++) dot += dy[(size_t)i * C + d] * y[(size_t)i * C + d];
+        D[i] = dot;
+        memset(dq + (size_t)i * C3, 0, (size_t)hs * sizeof *dq);
+    }
+    for (int j0 = 0; j0 < T; j0 += KT) {
+        int nk = j0 + KT < T ? KT : T - j0;
+        const float *k = q + (size_t)j0 * C3 + C, *v = k + C;
+        for (int i0 = j0 / QT * QT; i0 < T; i0 += QT) {
+            int rows = i0 + QT < T ? QT : T - i0;
+            const float *qi = q + (size_t)i0 * C3, *dyi = dy + (size_t)i0 * C;
+            /* P from the saved lse; dP = dout · Vᵀ */
+            gemm(false, true, rows, nk, hs, a->scale, qi, C3, k, C3, 0.0f, p, KT);
+            gemm(false, true, rows, nk, hs, 1.0f, dyi, C, v, C3, 0.0f, ds, KT);
+            for (int r = 0; r < rows; r++) {
+                int i = i0 + r, valid = i - j0 + 1 < nk ? i - j0 + 1 : nk;
+                float *pr = p + (size_t)r * KT, *dr = ds + (size_t)r * KT;
+                if (valid < 0) valid = 0;
+                for (int j = 0; j < valid; j++) pr[j] = bb_expf(pr[j] - lse[i]);
+                for (int j = 0; j < valid; j++) dr[j] = pr[j] * (dr[j] - D[i]) * a->scale;
+                for (int j = valid; j < nk; j++) pr[j] = dr[j] = 0.0f;
+            }
+            bool first = i0 == j0 / QT * QT;
+            /* dV += Pᵀ · dout, dK += scale·dSᵀ · Q (scale is in dS), dQ += dS · K */
+            gemm(true, false, nk, hs, rows, 1.0f, p, KT, dyi, C, first ? 0.0f : 1.0f, dv, hs);
+            gemm(true, false, nk, hs, rows, 1.0f, ds, KT, qi, C3, first ? 0.0f : 1.0f, dk, hs);
+            gemm(false, false, rows, hs, nk, 1.0f, ds, KT, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);
+        }
+        for (int j = 0; j < nk; j++) {
+            memcpy(dq + (size_t)(j0 + j) * C3 + C, dk + (size_t)j * hs, (size_t)hs * sizeof *dk);
+            memcpy(dq + (size_t)(j0 + j) * C3 + 2 * C, dv + (size_t)j * hs, (size_t)hs * sizeof *dv);
+        }
+    }
+}
+
+/* Per-thread scratch of `floats` each; NULL when out of memory. */
+static float **thread_scratch(int threads, size_t floats)
+{
+    float **s = calloc((size_t)threads, sizeof *s);
+    for (int t = 0; s && t < threads; t++)
+        if (!(s[t] = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64))) {
+            while (t--) free(s[t]);
+            free(s);
+            return NULL;
+        }
+    return s;
+}
+
+static void free_scratch(float **s, int threads)
+{
+    for (int t = 0; s && t < threads; t++) free(s[t]);
+    free(s);
+}
+
+void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH, threads = bb_cpu_threads(b);
+    attn_args a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .hs = hs,
+                   .qtiles = (T + QT - 1) / QT, .scale = 1.0f / sqrtf((float)hs)};
+    a.scratch = thread_scratch(threads, (size_t)QT * KT + (size_t)QT * hs + 2 * QT);
+    if (!a.scratch) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "attention_forward: out of host memory for its tiles");
+        return;
+    }
+    bb_cpu_parallel(b, B * NH * a.qtiles, forward_task, &a);
+    free_scratch(a.scratch, threads);
+}
+
+void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int C, int NH)
+{
+    int hs = C / NH, threads = bb_cpu_threads(b);
+    attn_args a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .o = out, .lse_in = lse, .B = B, .T = T, .C = C,
+                   .NH = NH, .hs = hs, .scale = 1.0f / sqrtf((float)hs)};
+    a.scratch = thread_scratch(threads, 2 * (size_t)QT * KT + 2 * (size_t)KT * hs + (size_t)T);
+    if (!a.scratch) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "attention_backward: out of host memory for its tiles");
+        return;
+    }
+    bb_cpu_parallel(b, B * NH, backward_task, &a);
+    free_scratch(a.scratch, threads);
 }

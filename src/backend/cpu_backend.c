@@ -1,11 +1,13 @@
 /* cpu_backend.c — the CPU backend: device memory is host memory (64-byte
- * aligned), copies are memcpy, and the ops of cpu_ops.c. */
+ * aligned), copies are memcpy, the ops of cpu_ops.c and cpu_attention.c,
+ * and a pool of worker threads (cpu_pool.c) made when an op first splits. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 
 static bb_status cpu_alloc(bb_backend_t *b, size_t bytes, void **out)
 {
@@ -34,8 +36,11 @@ static bb_status cpu_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
     return BB_OK;
 }
 
+static void cpu_destroy(bb_backend_t *b) { bb_cpu_pool_destroy(b); }
+
 const bb_backend_vtable bb_cpu_vtable = {
     .host_is_device = true,
+    .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
@@ -72,9 +77,10 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
     if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
     b->vt = &bb_cpu_vtable;
     bb_backend_init_common(b, "cpu", o);
-    /* BLAS threads are process-wide in OpenBLAS; the trainer divides the
-     * cores among its CPU workers before creating them. */
-    if (b->opt.threads > 0) openblas_set_num_threads(b->opt.threads);
+    /* OpenBLAS runs in the caller's thread; each backend's pool (threads:
+     * the trainer divides the cores among its CPU devices) splits the
+     * products and the other ops. */
+    openblas_set_num_threads(1);
     *out = b;
     return BB_OK;
 }

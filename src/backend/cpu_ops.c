@@ -1,30 +1,74 @@
 /* cpu_ops.c — the CPU backend's ops: matrix products through OpenBLAS
  * cblas_sgemm, everything else plain loops the compiler vectorizes.
- * Contracts are in backend.h. */
+ * Contracts are in backend.h.
+ *
+ * Threads: OpenBLAS runs single-threaded (cpu_backend.c) and a product is
+ * split into one slice of rows (or columns) per thread of the backend's
+ * pool, so that BLAS and the other ops share one set of threads: OpenBLAS's
+ * own workers, which spin between calls, would take the cores the pool's
+ * ops need. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_math.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
+
+/* C (M,N) = alpha · op(A) (M,K) · op(B) (K,N) + beta · C, row-major, split
+ * over the pool: the longer of M and N in slices of whole 16s. */
+typedef struct gemm_args {
+    CBLAS_TRANSPOSE ta, tb;
+    int M, N, K, lda, ldb, ldc, per;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    bool split_rows;
+} gemm_args;
+
+static void gemm_task(void *ctx, int part, int thread)
+{
+    (void)thread;
+    const gemm_args *g = ctx;
+    int lo = part * g->per, hi = lo + g->per, total = g->split_rows ? g->M : g->N;
+    hi = hi < total ? hi : total;
+    if (lo >= hi) return;
+    if (g->split_rows)
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, hi - lo, g->N, g->K, g->alpha,
+                    g->A + (g->ta == CblasNoTrans ? (size_t)lo * g->lda : (size_t)lo), g->lda, g->B, g->ldb, g->beta,
+                    g->C + (size_t)lo * g->ldc, g->ldc);
+    else
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, hi - lo, g->K, g->alpha, g->A, g->lda,
+                    g->B + (g->tb == CblasNoTrans ? (size_t)lo : (size_t)lo * g->ldb), g->ldb, g->beta, g->C + lo,
+                    g->ldc);
+}
+
+static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    gemm_args g = {ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, M >= N};
+    int parts = bb_cpu_threads(b), total = g.split_rows ? M : N;
+    /* below ~2 MFLOP a slice costs more to hand out than to compute */
+    if ((double)M * N * K < 1 << 20) parts = 1;
+    g.per = ((total + parts - 1) / parts + 15) / 16 * 16;
+    parts = (total + g.per - 1) / g.per;
+    bb_cpu_parallel(b, parts, gemm_task, &g);
+}
 
 void bb_cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                         int IC, int OC)
 {
-    (void)b;
     if (bias)
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof *out);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out,
-                OC);
+    sgemm(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out, OC);
 }
 
 void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                          const float *w, int N, int IC, int OC, bool accumulate)
 {
-    (void)b;
-    if (din) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f,
-                dw, IC);
+    sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
         for (int n = 0; n < N; n++) {
@@ -32,6 +76,8 @@ void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias
             for (int o = 0; o < OC; o++) dbias[o] += row[o];
         }
     }
+    /* last: din may alias in */
+    if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
 }
 
 void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
@@ -150,16 +196,27 @@ void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, siz
     for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
 }
 
-void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
-                              const int32_t *targets, int N, int V, float normalizer, int *valid)
+typedef struct xent_args {
+    double *row_loss;
+    float *dlogits;
+    const float *logits;
+    const int32_t *targets;
+    int N, V;
+    float normalizer;
+} xent_args;
+
+enum { XENT_ROWS = 8 }; /* rows per task */
+
+static void xent_task(void *ctx, int task, int thread)
 {
-    (void)b;
-    double total = 0.0;
-    int counted = 0;
-    for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * V;
-        float *dx = dlogits ? dlogits + (size_t)n * V : NULL;
-        int target = targets[n];
+    (void)thread;
+    const xent_args *a = ctx;
+    int V = a->V;
+    for (int n = task * XENT_ROWS; n < a->N && n < (task + 1) * XENT_ROWS; n++) {
+        const float *x = a->logits + (size_t)n * V;
+        float *dx = a->dlogits ? a->dlogits + (size_t)n * V : NULL;
+        int target = a->targets[n];
+        a->row_loss[n] = 0.0;
         if (target < 0) {
             if (dx) memset(dx, 0, (size_t)V * sizeof *dx);
             continue;
@@ -168,17 +225,35 @@ void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, 
         for (int i = 1; i < V; i++) max = x[i] > max ? x[i] : max;
         double sum = 0.0;
         for (int i = 0; i < V; i++) sum += bb_expf(x[i] - max);
-        double log_sum = log(sum);
-        total += log_sum - (double)(x[target] - max);
-        counted++;
+        a->row_loss[n] = log(sum) - (double)(x[target] - max);
         if (dx) {
             /* The loss above already read x[target]: dx may alias x. */
-            float scale = (float)(1.0 / sum) / normalizer;
+            float scale = (float)(1.0 / sum) / a->normalizer;
             for (int i = 0; i < V; i++) dx[i] = bb_expf(x[i] - max) * scale;
-            dx[target] -= 1.0f / normalizer;
+            dx[target] -= 1.0f / a->normalizer;
         }
     }
-    *loss = total / normalizer;
+}
+
+/* Rows spread over the backend's threads; the loss is the per-row losses
+ * summed in row order, the same for any thread count. */
+void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer, int *valid)
+{
+    xent_args a = {.row_loss = malloc(((size_t)N + 1) * sizeof(double)), .dlogits = dlogits, .logits = logits,
+                   .targets = targets, .N = N, .V = V, .normalizer = normalizer};
+    if (loss) *loss = NAN;
+    if (valid) *valid = 0;
+    if (!a.row_loss) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "softmax_crossentropy: out of host memory for %d row losses", N);
+        return;
+    }
+    bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
+    double total = 0.0;
+    int counted = 0;
+    for (int n = 0; n < N; n++) total += a.row_loss[n], counted += targets[n] >= 0;
+    free(a.row_loss);
+    if (loss) *loss = total / normalizer;
     if (valid) *valid = counted;
 }
 

@@ -21,9 +21,9 @@ void bb_cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens
                            int B, int T, int C);
 void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                             int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe);
-void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH);
+void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int C, int NH);
 void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
 void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int N, int V, float normalizer, int *valid);

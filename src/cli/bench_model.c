@@ -11,11 +11,11 @@
 static const char usage[] =
     "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
-    "                     [--checkpoint none|blocks|every:K] [--devices cpu|cuda:N] [--precision fp32|bf16]\n"
-    "                     [--threads N] [--steps S] [--json]";
+    "                     [--checkpoint none|blocks|every:K] [--loss-chunk TOKENS] [--devices cpu|cuda:N]\n"
+    "                     [--precision fp32|bf16] [--threads N] [--steps S] [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
-    "model on random data after 2 warm-up steps, on the CPU backend with N BLAS\n"
+    "model on random data after 2 warm-up steps, on the CPU backend with N\n"
     "threads or on a GPU, and prints the median step time, tokens/s (gpt) or\n"
     "samples/s (mlp), the activation memory, the allocator's peak, and the loss of\n"
     "the first step (a fresh gpt's is about ln V) and of the last.\n"
@@ -25,9 +25,9 @@ int bb_bench_model(int argc, char **argv)
 {
     const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32";
     int64_t layers = 4, heads = 4, d_model = 128, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2; /* train's */
-    int64_t inputs = 784, classes = 10, steps = 10;
+    int64_t inputs = 784, classes = 10, steps = 10, loss_chunk = 0;
     bb_str_list hidden = {0};
-    bool json = false, micro_given = false;
+    bool json = false, micro_given = false, loss_chunk_given = false;
     const bb_opt opts[] = {
         {"--model", BB_OPT_CHOICE, &kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices()},
         {"--layers", BB_OPT_INT, &layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},
@@ -41,7 +41,10 @@ int bb_bench_model(int argc, char **argv)
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per step (gpt default 8, mlp 256)", .min = 1,
          .max = 1 << 20, .given = &micro_given},
         {"--checkpoint", BB_OPT_STRING, &checkpoint, "POLICY", "none, blocks or every:K"},
-        {"--threads", BB_OPT_INT, &threads, "N", "BLAS threads (cpu)", .min = 1, .max = 1024},
+        {"--loss-chunk", BB_OPT_INT, &loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,
+         .given = &loss_chunk_given},
+        {"--threads", BB_OPT_INT, &threads, "N", "CPU threads (matrix products, attention, loss)", .min = 1,
+         .max = 1024},
         {"--devices", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N (as train's --devices, one device)"},
         {"--device", BB_OPT_STRING, &device, "DEV", "the same as --devices"},
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations in bf16, and bf16 "
@@ -66,6 +69,7 @@ int bb_bench_model(int argc, char **argv)
     bool gpt = rc == BB_OK && bb_model_targets_are_tokens(&c);
     if (rc == BB_OK && !micro_given && !gpt) micro_batch = 256;
     if (rc == BB_OK) rc = bb_model_parse_checkpoint(checkpoint, &c.checkpoint_every);
+    if (rc == BB_OK) rc = loss_chunk_flag(&(model_flags){.loss_chunk = loss_chunk, .loss_chunk_given = loss_chunk_given}, &c);
     bb_backend_options bo = {.threads = (int)threads};
     bb_device_kind device_kind = BB_DEVICE_CPU;
     if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);

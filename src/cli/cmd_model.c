@@ -25,6 +25,7 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
     }
     c.checkpoint_every = 0;
     c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */
+    if (mf) BB_TRY(loss_chunk_flag(mf, &c));
     bb_backend_options bo = {0};
     BB_TRY(bb_backend_create_cpu(&bo, be));
     BB_TRY(bb_model_create(*be, &c, micro_batch, m));
@@ -159,7 +160,7 @@ int bb_cmd_sample(int argc, char **argv)
     int T = c ? c->seq_len : 0, len = 0;
     if (rc == BB_OK) {
         context = calloc((size_t)T, sizeof *context);
-        logits = malloc((size_t)T * c->vocab * sizeof *logits);
+        logits = malloc((size_t)c->vocab * sizeof *logits);
         if (!context || !logits) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     size_t plen = strlen(prompt);
@@ -173,9 +174,9 @@ int bb_cmd_sample(int argc, char **argv)
     for (int64_t n = 0; rc == BB_OK && n < tokens && !bb_cli_interrupted; n++) {
         if (len == 0) context[len++] = '\n';
         rc = bb_model_set_batch(m, context, ignored);
-        if (rc == BB_OK) rc = bb_model_logits(m, logits);
+        if (rc == BB_OK) rc = bb_model_logits(m, len - 1, logits);
         if (rc != BB_OK) break;
-        int next = draw(logits + (size_t)(len - 1) * c->vocab, c->vocab, temperature, &rng);
+        int next = draw(logits, c->vocab, temperature, &rng);
         putchar(next);
         fflush(stdout);
         if (len == T) memmove(context, context + 1, (size_t)(T - 1) * sizeof *context), len--; /* slide the window */

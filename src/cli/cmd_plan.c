@@ -49,6 +49,15 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
            q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
            bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
+    uint64_t chunk_bytes = (uint64_t)r->loss_chunk * bb_model_outputs(&q->model) * sizeof(float);
+    if (r->loss_chunk == r->micro_batch * bb_model_targets_per_example(&q->model))
+        printf("\n  LM head + loss in one chunk: the micro-batch's %d tokens (%s of logits)", r->loss_chunk,
+               bb_format_bytes(chunk_bytes, a, sizeof a));
+    else if (r->loss_chunk)
+        printf("\n  LM head + loss in chunks of %d tokens (%s of logits at a time: %s)", r->loss_chunk,
+               bb_format_bytes(chunk_bytes, a, sizeof a),
+               q->model.loss_chunk ? "--loss-chunk" : q->device_mem ? "32 MiB at most, a 64th of --device-mem"
+                                                                    : "32 MiB at most");
     printf("\n  host memory: about %s of loader slots per device%s\n",
            bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
 }
@@ -59,9 +68,9 @@ static void print_json(const bb_plan *p)
     for (int i = 0; i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
         printf("%s\n  {\"micro_batch\": %d, \"accumulation\": %d, \"checkpoint\": \"%s\", \"peak_bytes\": %llu, "
-               "\"relative_time\": %.4f, \"fits\": %s, \"chosen\": %s}",
+               "\"relative_time\": %.4f, \"loss_chunk\": %d, \"fits\": %s, \"chosen\": %s}",
                i ? "," : "", r->micro_batch, r->accumulation, r->checkpoint, (unsigned long long)r->memory.total,
-               r->relative_time, r->fits ? "true" : "false", r->chosen ? "true" : "false");
+               r->relative_time, r->loss_chunk, r->fits ? "true" : "false", r->chosen ? "true" : "false");
     }
     printf("\n]\n");
 }

@@ -156,6 +156,7 @@ int bb_cmd_train(int argc, char **argv)
             int every = o.model.checkpoint_every;
             o.model = info.model;
             if (mf.checkpoint_given) o.model.checkpoint_every = every;
+            if (rc == BB_OK) rc = loss_chunk_flag(&mf, &o.model);
         }
         if (epochs_given && !steps_given) steps = 0; /* --epochs replaces the run's --steps */
     }

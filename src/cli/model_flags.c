@@ -56,6 +56,15 @@ bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_devi
     return BB_OK;
 }
 
+bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c)
+{
+    c->loss_chunk = (int)f->loss_chunk;
+    if (f->loss_chunk_given && !bb_model_chunks_loss(c))
+        return bb_fail(BB_ERR_ARG, "--loss-chunk sizes a gpt's LM head; the %s's loss runs whole",
+                       bb_model_kind_name(c->kind));
+    return BB_OK;
+}
+
 bb_status model_flags_config(const model_flags *f, bb_model_config *out)
 {
     bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
@@ -64,6 +73,7 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
                             .hidden_count = f->hidden.count};
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
     BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &out->checkpoint_every));
+    BB_TRY(loss_chunk_flag(f, out));
     int layers = bb_model_layers(out);
     if (out->checkpoint_every > layers)
         BB_WARN("--checkpoint %s: the %s has %d layers, so every:%d (one segment: only the first layer's input is "

@@ -7,15 +7,15 @@
 
 typedef struct model_flags {
     const char *kind, *checkpoint;
-    int64_t layers, heads, d_model;
+    int64_t layers, heads, d_model, loss_chunk;
     bb_str_list hidden;
     bool shape_given, checkpoint_given; /* a shape flag (--model ... --hidden), --checkpoint appeared */
-    bool layers_given, heads_given, d_model_given;
+    bool layers_given, heads_given, d_model_given, loss_chunk_given;
 } model_flags;
 
 #define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .layers = 4, .heads = 4, .d_model = 128}
 
-/* The option-table rows for model_flags (5 rows + --checkpoint). */
+/* The option-table rows for model_flags (5 rows, --checkpoint, --loss-chunk). */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
     {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices(),   \
      .given = &(f).shape_given},                                                                               \
@@ -29,7 +29,12 @@ typedef struct model_flags {
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)",  \
-     .given = &(f).checkpoint_given}
+     .given = &(f).checkpoint_given},                                                                          \
+    {"--loss-chunk", BB_OPT_INT, &(f).loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,         \
+     .given = &(f).loss_chunk_given}
+#define LOSS_CHUNK_HELP                                                                                        \
+    "gpt: tokens per chunk of the fused LM head + loss (at most one chunk's logits exist); 0: as many as 32 MiB " \
+    "of logits hold, less under --device-mem"
 
 /* Any shape flag appeared (--model, a gpt's or an mlp's). */
 static inline bool model_flags_shape_given(const model_flags *f)
@@ -37,8 +42,12 @@ static inline bool model_flags_shape_given(const model_flags *f)
     return f->shape_given || f->layers_given || f->heads_given || f->d_model_given;
 }
 /* The model configuration the flags describe; the data fills seq_len and
- * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG. */
+ * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG (also for
+ * --loss-chunk on a kind whose loss does not run in chunks). */
 bb_status model_flags_config(const model_flags *f, bb_model_config *out);
+/* Sets c->loss_chunk from --loss-chunk; fails with BB_ERR_ARG when it was
+ * given for a kind that does not chunk its loss. */
+bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c);
 /* Fills the data-given fields of `c` from the dataset at `path`;
  * *record_size (may be NULL) gets its bytes per record. */
 bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size);

@@ -15,7 +15,17 @@
  * its backward. The last block of a segment needs no stash: the forward
  * (or the recomputation) leaves it in the work buffers right before its
  * backward. Segment inputs are packed too, and every block's input is
- * unpacked into one fp32 buffer `x`. */
+ * unpacked into one fp32 buffer `x`.
+ *
+ * Attention is tiled (bb_op_attention_*): a block keeps its output and one
+ * log-sum-exp per row and head, nothing of size T×T. The LM head and the
+ * loss run fused, in chunks of `chunk` tokens (bb_model_loss_chunk): per
+ * chunk the logits, the loss and, in place, their gradient; at most one
+ * chunk's logits exist. The backward walks the chunks in reverse: the
+ * last one is still in the buffer, the others are recomputed from the
+ * final LayerNorm's output (one more head product for all chunks but the
+ * last), and each adds its part to the input's and the tied embedding's
+ * gradients. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +39,7 @@ enum { WTE = 0, WPE = 1, FIRST_BLOCK = 2 };
 typedef struct block_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (BT,C), (BT), (BT) */
     float *qkv;                       /* (BT,3C) */
-    float *att;                       /* (B,NH,T,T) */
+    float *lse;                       /* (B,NH,T) attention's log-sum-exp per row; fp32 always */
     float *atty;                      /* (BT,C) */
     float *res2;                      /* (BT,C) after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
@@ -39,7 +49,7 @@ typedef struct block_acts {
 
 /* The tensors of a block that its backward (or the next block) reads,
  * in block_acts order: what bf16 packs. */
-enum { KEPT_LN1, KEPT_QKV, KEPT_ATT, KEPT_ATTY, KEPT_RES2, KEPT_LN2, KEPT_FCH, KEPT_GELU, KEPT_RES3, KEPT };
+enum { KEPT_LN1, KEPT_QKV, KEPT_ATTY, KEPT_RES2, KEPT_LN2, KEPT_FCH, KEPT_GELU, KEPT_RES3, KEPT };
 
 typedef struct gpt_state {
     int K, S;                /* blocks per segment, segments */
@@ -49,8 +59,11 @@ typedef struct gpt_state {
     uint16_t **stash;        /* bf16: K x KEPT slots, the first (K-1) x KEPT allocated; block l's at (l % K) * KEPT */
     uint16_t **seg_packed;   /* bf16: (S) segment inputs (BT,C) */
     float *x;                /* bf16: (BT,C) the input of the block being computed */
-    float *lnf, *lnf_mean, *lnf_rstd, *logits; /* logits become dlogits in the forward */
-    float *dres, *dln, *dqkv, *dfch, *datt;     /* backward scratch */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;           /* (chunk, V): one chunk's logits, then their gradient */
+    int chunk, chunks;       /* tokens per chunk of the head + loss, and their number */
+    float normalizer;        /* the last forward's, for the backward's recomputed chunks */
+    float *dres, *dln;       /* backward scratch; a block's other gradients reuse its own slot */
     int computed_segment;    /* whose activations the slots hold */
 } gpt_state;
 
@@ -87,7 +100,7 @@ static bb_status alloc_floats(bb_model_t *m, float **out, size_t count, const ch
 
 static float **kept_tensor(block_acts *a, int k)
 {
-    float **t[KEPT] = {&a->ln1, &a->qkv, &a->att, &a->atty, &a->res2, &a->ln2, &a->fch, &a->fch_gelu, &a->res3};
+    float **t[KEPT] = {&a->ln1, &a->qkv, &a->atty, &a->res2, &a->ln2, &a->fch, &a->fch_gelu, &a->res3};
     return t[k];
 }
 
@@ -97,23 +110,22 @@ static size_t kept_count(const bb_model_t *m, int k)
     size_t BT = (size_t)m->B * c->seq_len, C = (size_t)c->d_model;
     switch (k) {
     case KEPT_QKV: return BT * 3 * C;
-    case KEPT_ATT: return (size_t)m->B * c->heads * c->seq_len * c->seq_len;
     case KEPT_FCH:
     case KEPT_GELU: return BT * 4 * C;
     default: return BT * C;
     }
 }
 
-/* A slot's buffers: its LayerNorm statistics, and the kept tensors unless
- * it shares `work`'s (bf16). */
+/* A slot's buffers: its LayerNorm and attention statistics, and the kept
+ * tensors unless it shares `work`'s (bf16). */
 static bb_status alloc_slot(bb_model_t *m, block_acts *a, block_acts *work)
 {
     size_t BT = (size_t)m->B * m->cfg.seq_len;
     for (int k = 0; k < KEPT; k++) {
         if (work) *kept_tensor(a, k) = *kept_tensor(work, k);
-        else BB_TRY(alloc_floats(m, kept_tensor(a, k), kept_count(m, k),
-                                 k == KEPT_ATT ? "attention probabilities" : "activations"));
+        else BB_TRY(alloc_floats(m, kept_tensor(a, k), kept_count(m, k), "activations"));
     }
+    BB_TRY(alloc_floats(m, &a->lse, BT * m->cfg.heads, "activations"));
     BB_TRY(alloc_floats(m, &a->ln1_mean, BT, "activations"));
     BB_TRY(alloc_floats(m, &a->ln1_rstd, BT, "activations"));
     BB_TRY(alloc_floats(m, &a->ln2_mean, BT, "activations"));
@@ -147,7 +159,9 @@ static bb_status gpt_create(bb_model_t *m)
     g->seg_packed = calloc((size_t)g->S, sizeof *g->seg_packed);
     g->stash = calloc((size_t)g->K * KEPT, sizeof *g->stash);
     if (!g->seg_in || !g->slots || !g->seg_packed || !g->stash) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    size_t BT = (size_t)m->B * c->seq_len, C = c->d_model, TT = (size_t)m->B * c->heads * c->seq_len * c->seq_len;
+    size_t BT = (size_t)m->B * c->seq_len, C = c->d_model;
+    g->chunk = bb_model_loss_chunk(c, m->B, bb_backend_mem_cap(m->be));
+    g->chunks = (int)((BT + (size_t)g->chunk - 1) / (size_t)g->chunk);
     for (int s = 0; s < g->S; s++) {
         if (g->bf16) BB_TRY(alloc_bf16(m, &g->seg_packed[s], BT * C, "checkpointed block inputs"));
         else BB_TRY(alloc_floats(m, &g->seg_in[s], BT * C, "checkpointed block inputs"));
@@ -161,12 +175,9 @@ static bb_status gpt_create(bb_model_t *m)
     BB_TRY(alloc_floats(m, &g->lnf, BT * C, "activations"));
     BB_TRY(alloc_floats(m, &g->lnf_mean, BT, "activations"));
     BB_TRY(alloc_floats(m, &g->lnf_rstd, BT, "activations"));
-    BB_TRY(alloc_floats(m, &g->logits, BT * c->vocab, "logits"));
+    BB_TRY(alloc_floats(m, &g->logits, (size_t)g->chunk * c->vocab, "logits (one chunk)"));
     BB_TRY(alloc_floats(m, &g->dres, BT * C, "backward scratch"));
     BB_TRY(alloc_floats(m, &g->dln, BT * C, "backward scratch"));
-    BB_TRY(alloc_floats(m, &g->dqkv, BT * 3 * C, "backward scratch"));
-    BB_TRY(alloc_floats(m, &g->dfch, BT * 4 * C, "backward scratch"));
-    BB_TRY(alloc_floats(m, &g->datt, TT, "backward scratch"));
     g->computed_segment = -1;
     return BB_OK;
 }
@@ -176,8 +187,7 @@ static void gpt_destroy(bb_model_t *m)
     gpt_state *g = m->impl;
     if (!g) return;
     /* The buffers belong to the backend's accounting: free them there. */
-    float **all[] = {&g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->dres, &g->dln, &g->dqkv, &g->dfch,
-                     &g->datt};
+    float **all[] = {&g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->dres, &g->dln};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) bb_backend_free(m->be, *all[i]);
     bb_backend_free(m->be, g->x);
     for (int s = 0; g->seg_in && s < g->S; s++) bb_backend_free(m->be, g->seg_in[s]);
@@ -185,7 +195,7 @@ static void gpt_destroy(bb_model_t *m)
     for (int i = 0; g->stash && i < g->K * KEPT; i++) bb_backend_free(m->be, g->stash[i]);
     for (int k = 0; g->slots && k < g->K; k++) {
         block_acts *a = &g->slots[k];
-        float *stats[] = {a->ln1_mean, a->ln1_rstd, a->ln2_mean, a->ln2_rstd};
+        float *stats[] = {a->lse, a->ln1_mean, a->ln1_rstd, a->ln2_mean, a->ln2_rstd};
         for (size_t i = 0; i < sizeof stats / sizeof *stats; i++) bb_backend_free(m->be, stats[i]);
         for (int t = 0; t < KEPT && (k == 0 || !g->bf16); t++) bb_backend_free(m->be, *kept_tensor(a, t)); /* bf16: shared */
     }
@@ -212,6 +222,19 @@ static bb_status gpt_init(bb_model_t *m, uint64_t seed, float *host)
 }
 
 /* ---- forward ----------------------------------------------------------- */
+/* Chunk k of the head: its logits from the final LayerNorm's output, then
+ * in place d(loss)/d(logits); *loss (may be NULL) gets the chunk's loss. */
+static void head_chunk(bb_model_t *m, int k, double *loss)
+{
+    gpt_state *g = m->impl;
+    const bb_model_config *c = &m->cfg;
+    int BT = m->B * c->seq_len, first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
+    bb_op_linear_forward(m->be, g->logits, g->lnf + (size_t)first * c->d_model, model_param(m, WTE), NULL, n,
+                         c->d_model, c->vocab);
+    bb_op_softmax_crossentropy(m->be, loss, g->logits, g->logits, m->targets + first, n, c->vocab, g->normalizer,
+                               NULL);
+}
+
 static int segment_end(const gpt_state *g, const bb_model_config *c, int s)
 {
     return (s + 1) * g->K < c->layers ? (s + 1) * g->K : c->layers;
@@ -263,8 +286,7 @@ static void block_forward(bb_model_t *m, int l, block_acts *a, const float *x)
     bb_op_linear_forward(be, a->qkv, a->ln1, model_param(m, BLOCK_TENSOR(l, ATTN_W)),
                          model_param(m, BLOCK_TENSOR(l, ATTN_B)), BT, C, 3 * C);
     keep(m, l, a, KEPT_QKV);
-    bb_op_attention_forward(be, a->atty, a->att, a->qkv, B, T, C, c->heads);
-    keep(m, l, a, KEPT_ATT); /* the output came from the fp32 probabilities; the backward reads these */
+    bb_op_attention_forward(be, a->atty, a->lse, a->qkv, B, T, C, c->heads);
     keep(m, l, a, KEPT_ATTY);
     bb_op_linear_forward(be, a->res2, a->atty, model_param(m, BLOCK_TENSOR(l, PROJ_W)),
                          model_param(m, BLOCK_TENSOR(l, PROJ_B)), BT, C, C);
@@ -326,35 +348,43 @@ static bb_status gpt_forward(bb_model_t *m, float normalizer, double *loss, int 
     int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
     bb_op_layernorm_forward(m->be, g->lnf, g->lnf_mean, g->lnf_rstd, final_output(g, c), model_param(m, lnf),
                             model_param(m, lnf + 1), BT, C);
-    bb_op_linear_forward(m->be, g->logits, g->lnf, model_param(m, WTE), NULL, BT, C, c->vocab);
     if (!loss) {
-        g->computed_segment = -1; /* the logits stay logits: no backward */
+        g->computed_segment = -1; /* the head runs in gpt_logits: no backward */
         return BB_OK;
     }
-    /* Fused loss and its gradient: logits become d(loss)/d(logits). */
-    bb_op_softmax_crossentropy(m->be, loss, g->logits, g->logits, m->targets, BT, c->vocab, normalizer, NULL);
+    g->normalizer = normalizer;
+    *loss = 0.0;
+    for (int k = 0; k < g->chunks; k++) {
+        double part;
+        head_chunk(m, k, &part);
+        *loss += part;
+    }
     return BB_OK;
 }
 
 /* ---- backward ---------------------------------------------------------- */
-/* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on exit. */
+/* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on
+ * exit. The block's slot is spent as it goes: d(fch) overwrites fch_gelu
+ * once its product's weight gradient is formed, then fch once GELU's
+ * backward has read it, and d(qkv) takes fch's place. */
 static void block_backward(bb_model_t *m, int l, const block_acts *a, const float *x, bool acc)
 {
     const bb_model_config *c = &m->cfg;
     gpt_state *g = m->impl;
     bb_backend_t *be = m->be;
     int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
+    float *dfch = a->fch, *dqkv = a->fch; /* (BT,4C) and (BT,3C) */
 #define W(k) model_param(m, BLOCK_TENSOR(l, k))
 #define D(k) model_grad(m, BLOCK_TENSOR(l, k))
-    bb_op_linear_backward(be, g->dfch, D(FCPROJ_W), D(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), BT, 4 * C, C,
-                          acc);
-    bb_op_gelu_backward(be, g->dfch, g->dfch, a->fch, (size_t)BT * 4 * C);
-    bb_op_linear_backward(be, g->dln, D(FC_W), D(FC_B), g->dfch, a->ln2, W(FC_W), BT, C, 4 * C, acc);
+    bb_op_linear_backward(be, a->fch_gelu, D(FCPROJ_W), D(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), BT, 4 * C,
+                          C, acc);
+    bb_op_gelu_backward(be, dfch, a->fch_gelu, a->fch, (size_t)BT * 4 * C);
+    bb_op_linear_backward(be, g->dln, D(FC_W), D(FC_B), dfch, a->ln2, W(FC_W), BT, C, 4 * C, acc);
     bb_op_layernorm_backward(be, g->dres, D(LN2_W), D(LN2_B), g->dln, a->res2, W(LN2_W), a->ln2_mean, a->ln2_rstd,
                              BT, C, acc);
     bb_op_linear_backward(be, g->dln, D(PROJ_W), D(PROJ_B), g->dres, a->atty, W(PROJ_W), BT, C, C, acc);
-    bb_op_attention_backward(be, g->dqkv, g->datt, g->dln, a->qkv, a->att, B, T, C, c->heads);
-    bb_op_linear_backward(be, g->dln, D(ATTN_W), D(ATTN_B), g->dqkv, a->ln1, W(ATTN_W), BT, C, 3 * C, acc);
+    bb_op_attention_backward(be, dqkv, g->dln, a->qkv, a->atty, a->lse, B, T, C, c->heads);
+    bb_op_linear_backward(be, g->dln, D(ATTN_W), D(ATTN_B), dqkv, a->ln1, W(ATTN_W), BT, C, 3 * C, acc);
     bb_op_layernorm_backward(be, g->dres, D(LN1_W), D(LN1_B), g->dln, x, W(LN1_W), a->ln1_mean, a->ln1_rstd, BT, C,
                              acc);
 #undef W
@@ -368,8 +398,15 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
     if (g->computed_segment != g->S - 1) return bb_fail(BB_ERR_INTERNAL, "gpt backward without a forward");
     int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
-    bb_op_linear_backward(m->be, g->dln, model_grad(m, WTE), NULL, g->logits, g->lnf, model_param(m, WTE), BT, C,
-                          c->vocab, acc);
+    /* The head, chunk by chunk from the last (whose gradient the forward
+     * left in the buffer): d(lnf) rows, and the tied embedding's gradient. */
+    for (int k = g->chunks - 1; k >= 0; k--) {
+        if (k < g->chunks - 1) head_chunk(m, k, NULL);
+        int first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
+        bb_op_linear_backward(m->be, g->dln + (size_t)first * C, model_grad(m, WTE), NULL, g->logits,
+                              g->lnf + (size_t)first * C, model_param(m, WTE), n, C, c->vocab,
+                              acc || k < g->chunks - 1);
+    }
     BB_TRY(bb_backend_memset(m->be, g->dres, 0, (size_t)BT * C * sizeof(float)));
     bb_op_layernorm_backward(m->be, g->dres, model_grad(m, lnf), model_grad(m, lnf + 1), g->dln, final_output(g, c),
                              model_param(m, lnf), g->lnf_mean, g->lnf_rstd, BT, C, acc);
@@ -394,7 +431,20 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     return BB_OK;
 }
 
-static const float *gpt_logits(bb_model_t *m) { return ((gpt_state *)m->impl)->logits; }
+/* The logits at `position` of every example, one row at a time through
+ * the chunk buffer (after a forward without loss). */
+static bb_status gpt_logits(bb_model_t *m, int position, float *host)
+{
+    gpt_state *g = m->impl;
+    const bb_model_config *c = &m->cfg;
+    for (int b = 0; b < m->B; b++) {
+        bb_op_linear_forward(m->be, g->logits, g->lnf + ((size_t)b * c->seq_len + position) * c->d_model,
+                             model_param(m, WTE), NULL, 1, c->d_model, c->vocab);
+        BB_TRY(bb_backend_copy(m->be, host + (size_t)b * c->vocab, g->logits, (size_t)c->vocab * sizeof(float),
+                               BB_COPY_D2H));
+    }
+    return BB_OK;
+}
 
 /* ---- the kind: configuration, JSON, batches ------------------------------ */
 bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab)
@@ -507,6 +557,7 @@ const bb_model_kind bb_model_kind_gpt = {
     .targets_per_example = gpt_tokens,
     .outputs = gpt_outputs,
     .targets_are_tokens = true,
+    .chunks_loss = true,
     .tied_head = "lm_head.weight",
     .write_json = gpt_write_json,
     .read_json = gpt_read_json,

@@ -176,10 +176,12 @@ static bb_status mlp_backward(bb_model_t *m, bool acc)
     return BB_OK;
 }
 
-static const float *mlp_logits(bb_model_t *m)
+static bb_status mlp_logits(bb_model_t *m, int position, float *host)
 {
+    (void)position; /* one: the example */
     mlp_state *s = m->impl;
-    return s->slots[(s->n - 1) % s->K].pre;
+    return bb_backend_copy(m->be, host, s->slots[(s->n - 1) % s->K].pre,
+                           (size_t)m->B * m->cfg.classes * sizeof(float), BB_COPY_D2H);
 }
 
 /* ---- the kind: configuration, JSON, batches ------------------------------ */

@@ -70,6 +70,7 @@ int bb_model_targets_per_example(const bb_model_config *c) { return c->kind->tar
 int bb_model_outputs(const bb_model_config *c) { return c->kind->outputs(c); }
 bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->targets_are_tokens; }
 bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->counts_correct; }
+bool bb_model_chunks_loss(const bb_model_config *c) { return c->kind->chunks_loss; }
 
 void bb_model_config_write_json(FILE *f, const bb_model_config *c)
 {
@@ -219,11 +220,27 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 
 bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->cfg.kind->backward(m, accumulate); }
 
-bb_status bb_model_logits(bb_model_t *m, float *host_logits)
+bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
 {
+    int positions = bb_model_targets_per_example(&m->cfg);
+    if (position < 0 || position >= positions)
+        return bb_fail(BB_ERR_ARG, "logits at position %d: this %s has positions 0 to %d", position,
+                       m->cfg.kind->name, positions - 1);
     BB_TRY(m->cfg.kind->forward(m, 1.0f, NULL, NULL));
-    int rows = bb_model_batch_rows(m), width = bb_model_outputs(&m->cfg);
-    return bb_backend_copy(m->be, host_logits, m->cfg.kind->logits(m), (size_t)rows * width * sizeof(float), BB_COPY_D2H);
+    return m->cfg.kind->logits(m, position, host_logits);
+}
+
+int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t device_mem)
+{
+    if (!bb_model_chunks_loss(c)) return 0;
+    int64_t rows = (int64_t)micro_batch * bb_model_targets_per_example(c), outputs = bb_model_outputs(c);
+    int64_t chunk = c->loss_chunk;
+    if (chunk <= 0) {
+        uint64_t budget = BB_LOSS_CHUNK_BYTES;
+        if (device_mem && device_mem / 64 < budget) budget = device_mem / 64;
+        chunk = (int64_t)(budget / ((uint64_t)(outputs > 1 ? outputs : 1) * sizeof(float)));
+    }
+    return (int)(chunk < 1 ? 1 : chunk > rows ? rows : chunk);
 }
 
 void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx)

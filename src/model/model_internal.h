@@ -19,6 +19,7 @@ struct bb_model_kind {
     int (*targets_per_example)(const bb_model_config *c); /* 1, or T tokens */
     int (*outputs)(const bb_model_config *c);             /* logits per target */
     bool targets_are_tokens, counts_correct;
+    bool chunks_loss;      /* its head and loss run in chunks of tokens (bb_model_loss_chunk) */
     const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
     void (*write_json)(FILE *f, const bb_model_config *c);
     bool (*read_json)(const char *json, bb_model_config *c);
@@ -38,9 +39,10 @@ struct bb_model_kind {
     /* ---- the model ---- */
     bb_status (*create)(bb_model_t *m);      /* tensors, then activations */
     bb_status (*init)(bb_model_t *m, uint64_t seed, float *host_params);
-    /* loss NULL: stop at the logits (no loss, no backward may follow) */
+    /* loss NULL: stop before the loss (no backward may follow) */
     bb_status (*forward)(bb_model_t *m, float normalizer, double *loss, int *correct);
-    const float *(*logits)(bb_model_t *m);   /* device logits after a forward without loss */
+    /* after a forward without loss: every example's logits at `position`, to the host */
+    bb_status (*logits)(bb_model_t *m, int position, float *host);
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
 };

@@ -164,14 +164,14 @@ static bb_status open_metrics(trainer *t)
 static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
 {
     const bb_train_options *o = t->o;
-    /* OpenBLAS threads are process-wide: divide the cores among the workers
-     * of every process on this machine. */
+    /* Each CPU device's threads (its pool): the cores divided among the
+     * workers of every process on this machine. */
     int workers = t->spec.count * bb_world_get()->local_size;
-    int blas_threads = bb_cpu_count() / workers > 1 ? bb_cpu_count() / workers : 1;
+    int threads = bb_cpu_count() / workers > 1 ? bb_cpu_count() / workers : 1;
     for (int d = 0; d < t->spec.count; d++) {
         replica *r = &t->replicas[d];
         *r = (replica){.t = t, .index = d};
-        bb_backend_options bo = {.device = t->spec.ids[d], .device_mem = o->device_mem, .threads = blas_threads,
+        bb_backend_options bo = {.device = t->spec.ids[d], .device_mem = o->device_mem, .threads = threads,
                                  .precision = o->precision};
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
         BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));

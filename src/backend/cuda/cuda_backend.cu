@@ -318,58 +318,30 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
                           const float *w, int N, int IC, int OC, bool accumulate)
 {
     use(b);
-    if (din) // dinᵀ (IC,N) = wᵀ (IC,OC) · doutᵀ (OC,N)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, 0, dout, OC, 0, 0.0f, din, IC, 0, 1,
-             "linear_backward din");
-    // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC)
+    // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC); before din, which may alias in
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
     float *scratch = dbias ? column_scratch(b, (size_t)OC) : NULL;
     if (scratch) BB_CUDA_OP(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate));
+    if (din) // dinᵀ (IC,N) = wᵀ (IC,OC) · doutᵀ (OC,N)
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, 0, dout, OC, 0, 0.0f, din, IC, 0, 1,
+             "linear_backward din");
 }
 
-// Causal attention per batch element, heads as a strided batch: head h of
-// q, k, v starts at qkv + b·T·3C + {0, C, 2C} + h·hs with row stride 3C.
-void cuda_attention_forward(bb_backend_t *b, float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+// Tiled (flash-style) attention: kernels of cuda_kernels.cu, no T×T matrix.
+void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
     use(b);
-    int hs = C / NH, ld = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    long long tt = (long long)T * T;
-    for (int i = 0; i < B; i++) {
-        const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
-        float *a = att + (size_t)i * NH * tt, *o = out + (size_t)i * T * C;
-        // att (T,T) row-major = scale · q kᵀ. cuBLAS is column-major: it sees q and k as (hs,T)
-        // matrices (leading dimension 3C) and att as attᵀ, so attᵀ = scale · kᵀ q.
-        gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, ld, hs, q, ld, hs, 0.0f, a, T, tt, NH, "attention q·kᵀ");
-        BB_CUDA_OP(b, bbk_causal_softmax(compute(b), a, NH * T, T));
-        // out (T,hs) = att · v: column-major outᵀ (hs,T) = vᵀ (hs,T) · attᵀ (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, a, T, tt, 0.0f, o, C, hs, NH, "attention att·v");
-    }
+    BB_CUDA_OP(b, bbk_attention_forward(compute(b), out, lse, qkv, B, T, C, NH,
+                                        b->opt.precision == BB_PRECISION_BF16));
 }
 
-void cuda_attention_backward(bb_backend_t *b, float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH)
+void cuda_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int C, int NH)
 {
     use(b);
-    int hs = C / NH, ld = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    long long tt = (long long)T * T;
-    for (int i = 0; i < B; i++) {
-        const float *q = qkv + (size_t)i * T * ld, *k = q + C, *v = q + 2 * C;
-        const float *p = att + (size_t)i * NH * tt, *dout_i = dout + (size_t)i * T * C;
-        float *dq = dqkv + (size_t)i * T * ld, *dk = dq + C, *dv = dq + 2 * C, *ds = scratch + (size_t)i * NH * tt;
-        // dP (T,T) = dO · vᵀ
-        gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, hs, dout_i, C, hs, 0.0f, ds, T, tt, NH, "attention dP");
-        // dV (T,hs) = Pᵀ · dO: column-major dVᵀ (hs,T) = dOᵀ (hs,T) · P (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_i, C, hs, p, T, tt, 0.0f, dv, ld, hs, NH, "attention dV");
-        // ds = dS (as the CPU's scratch); the 1/sqrt(hs) goes into the products' alpha, as on the CPU
-        BB_CUDA_OP(b, bbk_causal_softmax_backward(compute(b), ds, p, NH * T, T, 1.0f));
-        // dQ (T,hs) = dS · k: column-major dQᵀ = kᵀ (hs,T) · dSᵀ (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, ld, hs, ds, T, tt, 0.0f, dq, ld, hs, NH, "attention dQ");
-        // dK (T,hs) = dSᵀ · q: column-major dKᵀ = qᵀ (hs,T) · dS (T,T)
-        gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, scale, q, ld, hs, ds, T, tt, 0.0f, dk, ld, hs, NH, "attention dK");
-    }
+    BB_CUDA_OP(b, bbk_attention_backward(compute(b), dqkv, dout, qkv, out, lse, B, T, C, NH,
+                                         b->opt.precision == BB_PRECISION_BF16));
 }
 
 // ---- the other ops -----------------------------------------------------------
@@ -485,8 +457,13 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     use(b);
     cuda_state *s = state(b);
     cudaStream_t st = compute(b);
-    *loss = NAN;
+    if (loss) *loss = NAN;
     if (valid) *valid = 0;
+    if (!loss && !valid) { // the gradient alone: nothing to wait for
+        double *rows = row_scratch(b, (size_t)N);
+        if (rows) BB_CUDA_OP(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+        return;
+    }
     double *rows = row_scratch(b, (size_t)N);
     if (!rows) return;
     BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
@@ -496,7 +473,7 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
     BB_CUDA_OP(b, cudaStreamSynchronize(st));
     if (failed(b)) return;
-    *loss = s->host->loss / normalizer;
+    if (loss) *loss = s->host->loss / normalizer;
     if (valid) *valid = s->host->valid;
 }
 
