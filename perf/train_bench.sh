@@ -12,6 +12,8 @@
 #      overlapping the backward vs --no-overlap: step time, overlap % and
 #      data-wait %; and the Fashion-MNIST mlp on 2 devices with G 64 = 2 x 1
 #      x 32, where the all-reduce is a larger part of the step.
+#   4. ZeRO-1: the same gpt on cpu:2 (G 64 = 2 x 4 x 8) and cpu:4 (4 x 2 x
+#      8) with --zero 1 against --zero 0: step time (goal: <= 1.05x).
 #
 # Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
 # waiting, as ARCHITECTURE.md's measured facts require for a fair peer.
@@ -30,7 +32,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS --lr 1e-3 --quiet"
 mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"
-declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct
+declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct z0_2 z1_2 z0_4 z1_4
+step_ms() { $PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$1" samples_per_s)"; }
 for ((i = 0; i < RUNS; i++)); do
     bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
     bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
@@ -48,6 +51,11 @@ for ((i = 0; i < RUNS; i++)); do
     mov_red+=("$(steady "$tmp/mo.jsonl" reduce_ms)"); mov_pct+=("$(steady "$tmp/mo.jsonl" overlap_pct)")
     bin/bigbatch train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
     mno_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/mn.jsonl" samples_per_s)")")
+    for n in 2 4; do
+        bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 0 --metrics "$tmp/z0.jsonl"
+        bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 1 --metrics "$tmp/z1.jsonl"
+        eval "z0_$n+=(\"\$(step_ms \"\$tmp/z0.jsonl\")\")"; eval "z1_$n+=(\"\$(step_ms \"\$tmp/z1.jsonl\")\")"
+    done
 done
 
 declare -a bb_acc torch_acc
@@ -87,6 +95,13 @@ echo "|---|---|---|---|"
 printf '| reducer overlapping the backward | %.2f | %.2f | %.0f |\n' "$mo" "$(median "${mov_red[@]}")" "$(median "${mov_pct[@]}")"
 printf '| --no-overlap | %.2f | | 0 |\n' "$mn"
 printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$mo" "$mn")"
+echo
+echo "| gpt, ZeRO-1 (G 64) | --zero 0 step ms | --zero 1 step ms | zero 1 / zero 0 |"
+echo "|---|---|---|---|"
+for n in 2 4; do
+    eval "a=\$(median \"\${z0_$n[@]}\") b=\$(median \"\${z1_$n[@]}\")"
+    printf '| cpu:%d (%d x %d x 8) | %.0f | %.0f | **%s** |\n' "$n" "$n" $((8 / n)) "$a" "$b" "$(r2 "$b" "$a")"
+done
 echo
 echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
 echo "per-run cpu:2 step ms: overlap ${ov_ms[*]}; no-overlap ${no_ms[*]}"

@@ -429,10 +429,9 @@ static char *token_dataset(const char *root)
     return dir;
 }
 
-Test(cuda, ten_training_steps_match_the_cpu)
+/* Ten steps of a small gpt on `data`, on the CPU (switch o.device to run it on GPU 0). */
+static bb_train_options ten_steps(const char *data)
 {
-    need_gpu();
-    char *root = tu_temp_dir(), *data = token_dataset(root);
     bb_train_options o;
     bb_train_defaults(&o);
     o.model = bb_model_gpt_config(2, 4, 64, 0, 0);
@@ -441,6 +440,14 @@ Test(cuda, ten_training_steps_match_the_cpu)
     o.steps = 10, o.epochs = 0;
     o.opt.lr = 3e-3;
     o.progress = NULL;
+    return o;
+}
+
+Test(cuda, ten_training_steps_match_the_cpu)
+{
+    need_gpu();
+    char *root = tu_temp_dir(), *data = token_dataset(root);
+    bb_train_options o = ten_steps(data);
     bb_train_result c, g;
     cr_assert_eq(bb_train_run(&o, &c), BB_OK, "cpu: %s", bb_error_message());
     o.device = BB_DEVICE_CUDA;
@@ -451,6 +458,15 @@ Test(cuda, ten_training_steps_match_the_cpu)
         cr_log_info("step %d: cpu %.7f cuda %.7f (rel %.1e)", s + 1, c.losses[s], g.losses[s], rel);
         cr_assert(rel <= 1e-4, "step %d: cpu loss %.9g, cuda %.9g", s + 1, c.losses[s], g.losses[s]);
     }
+    /* --zero 1 on one GPU (its shard: everything): the same training */
+    o.zero = 1;
+    bb_train_result z;
+    cr_assert_eq(bb_train_run(&o, &z), BB_OK, "cuda --zero 1: %s", bb_error_message());
+    for (int s = 0; s < 10; s++)
+        cr_assert(fabs(c.losses[s] - z.losses[s]) <= 1e-4 * fabs(c.losses[s]), "--zero 1 step %d: cpu %.9g, cuda %.9g",
+                  s + 1, c.losses[s], z.losses[s]);
+    bb_train_result_free(&z);
+    o.zero = 0;
     /* --precision bf16: bf16 activations on both, bf16 products on the GPU */
     o.precision = BB_PRECISION_BF16;
     bb_train_result g16, c16;
@@ -536,11 +552,12 @@ Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
     cr_assert_eq(bb_model_init(m, 1), BB_OK);
     size_t n = bb_model_param_count(m);
     float *host = random_host(n, 91, 1), *back = malloc(n * sizeof *back);
-    float *grads[1] = {bb_model_grads(m)};
+    float *grads[1] = {bb_model_grads(m)}, *params[1] = {bb_model_params(m)};
     cr_assert_eq(bb_backend_copy(gpu, grads[0], host, n * sizeof *host, BB_COPY_H2D), BB_OK);
     reducer_t *r;
     bb_device_spec spec = {.kind = BB_DEVICE_CUDA, .count = 1, .world = 1};
-    reducer_args ra = {.spec = &spec, .model = m, .be = &gpu, .grads = grads, .bucket_bytes = 4096};
+    reducer_args ra = {.spec = &spec, .model = m, .be = &gpu, .grads = grads, .params = params,
+                       .bucket_bytes = 4096, .zero = 1};
     cr_assert_eq(bb_reducer_create_nccl(&ra, &r), BB_OK, "%s", bb_error_message());
     cr_assert_gt(bb_reducer_bucket_count(r), 1);
     for (int step = 0; step < 3; step++) {
@@ -553,6 +570,13 @@ Test(cuda, a_one_gpu_nccl_reducer_reduces_and_aborts)
     cr_assert_eq(memcmp(host, back, n * sizeof *back), 0, "the average over one GPU changed the gradients");
     cr_assert_eq(bb_reducer_allreduce_scalar(r, 0, 2.5), 2.5, "the mean over one GPU of 2.5");
     cr_assert(bb_reducer_broadcast_stop(r, 0, true) && !bb_reducer_broadcast_stop(r, 0, false));
+    /* ZeRO-1's gather over one GPU: its own slices, the weights unchanged */
+    float *before = malloc(n * sizeof *before);
+    cr_assert_eq(bb_backend_copy(gpu, before, params[0], n * sizeof *before, BB_COPY_D2H), BB_OK);
+    cr_assert(bb_reducer_allgather(r, 0), "%s", r->failure_message);
+    cr_assert_eq(bb_backend_copy(gpu, back, params[0], n * sizeof *back, BB_COPY_D2H), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(memcmp(before, back, n * sizeof *back), 0, "the gather over one GPU changed the weights");
+    free(before);
     bb_reducer_abort(r);
     cr_assert(bb_reducer_aborted(r));
     bb_reducer_post(r, 0, 0); /* after an abort: returns at once */

@@ -215,3 +215,37 @@ Test(mpi, each_rank_writes_its_own_trace)
     free(t0), free(t1), free(rank1), free(trace), free(metrics), free(data);
     tu_run_free(&r);
 }
+
+/* --zero 1 over 2 processes x cpu:2 (4 shards): the losses of --zero 0, the
+ * same optimizer.bin (gathered from every process), and that checkpoint
+ * resumes in one process without sharding. */
+Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), extra[4200];
+    char *m0 = tu_path(tmp, "m0.jsonl"), *m1 = tu_path(tmp, "m1.jsonl"), *mr = tu_path(tmp, "mr.jsonl");
+    char *c0 = tu_path(tmp, "c0"), *c1 = tu_path(tmp, "c1");
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 0 --save %s", c0);
+    tu_run r = train_job(2, 2, data, m0, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 1 --save %s", c1);
+    r = train_job(2, 2, data, m1, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    expect_same_losses(m0, m1, 1, "--zero 1 over 2 processes");
+    char *f0 = tu_path(c0, "latest/optimizer.bin"), *f1 = tu_path(c1, "latest/optimizer.bin");
+    size_t n0, n1;
+    uint8_t *b0 = tu_read_file(f0, &n0), *b1 = tu_read_file(f1, &n1);
+    cr_assert(n0 == n1 && !memcmp(b0, b1, n0), "optimizer.bin differs between --zero 0 and --zero 1 (gathered)");
+    /* the sharded checkpoint, resumed in one process on 4 devices without --zero: one more step */
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", c1);
+    r = train_job(0, 4, data, mr, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    double last[16];
+    cr_assert_eq(losses(mr, 5, last, 16), 1, "the resumed run's step 5");
+    cr_assert(isfinite(last[0]));
+    cr_log_info("--zero 1 over 2 processes x cpu:2: --zero 0's losses, optimizer.bin byte for byte; resumed on cpu:4");
+    free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
+}

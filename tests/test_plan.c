@@ -103,6 +103,36 @@ Test(plan, predicted_peaks_equal_the_allocator_s)
     free(tok), free(img);
 }
 
+/* ZeRO-1 (plan --zero 1): the largest shard's state, exact against the
+ * allocator on the device that holds it, on 2 and 4 devices, gpt and mlp. */
+Test(plan, zero1_predicted_peaks_equal_the_allocator_s)
+{
+    char *tok = tokens(200), *img = images(300);
+    int hidden[] = {48, 24, 16};
+    bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0)};
+    for (int k = 0; k < 2; k++)
+        for (int devices = 2; devices <= 4; devices += 2) {
+            bb_train_options o = options(k ? img : tok, models[k], 4, 32);
+            o.devices = devices, o.zero = 1, o.bucket_mib = 0.004;
+            bb_train_result r;
+            cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
+            bb_model_config c = o.model;
+            if (k) c.inputs = 64, c.classes = 4;
+            else c.seq_len = 16, c.vocab = 32;
+            bb_memory_breakdown m;
+            cr_assert_eq(bb_plan_memory_sharded(&c, 4, o.opt.kind, BB_DEVICE_CPU, devices,
+                                                (size_t)(o.bucket_mib * 1048576.0), &m), BB_OK);
+            uint64_t most = 0;
+            for (int d = 0; d < devices; d++) most = r.peak_bytes[d] > most ? r.peak_bytes[d] : most;
+            cr_log_info("%s on %d devices, --zero 1: predicted %llu, the largest allocator peak %llu",
+                        k ? "mlp" : "gpt", devices, (unsigned long long)m.total, (unsigned long long)most);
+            cr_assert_eq(m.total, most, "%s on %d devices: predicted %llu, allocator %llu", k ? "mlp" : "gpt",
+                         devices, (unsigned long long)m.total, (unsigned long long)most);
+            bb_train_result_free(&r);
+        }
+    free(tok), free(img);
+}
+
 /* The seed's scenario: a memory so small that a micro-batch of 1 fits only
  * with checkpointing; auto picks it and trains; with more memory auto picks
  * no checkpointing and a larger micro-batch; both runs agree. */

@@ -4,6 +4,7 @@
  * device faults. Helpers: train_fixture.h. */
 #include <pthread.h>
 
+#include "bigbatch/plan.h"
 #include "train/reducer.h"
 #include "train_fixture.h"
 
@@ -527,4 +528,108 @@ Test(train, reducer_scalars_cross_devices_and_an_abort_frees_waiters)
     cr_assert_null(r);
     bb_model_destroy(m);
     bb_backend_destroy(be);
+}
+
+/* ---- ZeRO-1 -------------------------------------------------------------- */
+/* The shards' optimizer state the planner counts for `devices` devices
+ * sharing it: what each device saves against one whole copy. */
+static uint64_t state_saved(const bb_train_options *o, const char *data, int devices)
+{
+    bb_dataset_t *ds;
+    cr_assert_eq(bb_dataset_open(data, &ds), BB_OK);
+    bb_model_config c = o->model;
+    cr_assert_eq(bb_model_config_from_data(&c, bb_dataset_meta(ds), data), BB_OK);
+    bb_dataset_close(ds);
+    bb_memory_breakdown whole, shard;
+    size_t bucket = (size_t)(o->bucket_mib * 1048576.0);
+    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, 1, bucket, &whole), BB_OK);
+    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, devices, bucket, &shard),
+                 BB_OK);
+    return whole.optimizer - shard.optimizer;
+}
+
+/* --zero 1 trains what --zero 0 trains (20 steps, clipping on), and each
+ * device's peak drops by (N-1)/N of the optimizer state, as planned. */
+static void zero_case(bb_train_options (*make)(const char *, int, int, int), const char *data, int G, int devices,
+                      int micro, bb_optimizer_kind kind)
+{
+    bb_train_options o = make(data, devices, micro, G);
+    o.steps = 20;
+    o.opt.kind = kind;
+    o.opt.grad_clip = 0.5;
+    o.bucket_mib = 0.004; /* several buckets, so that every device owns a slice of each */
+    bb_train_result a = train(&o);
+    o.zero = 1;
+    bb_train_result b = train(&o);
+    const char *name = kind == BB_OPTIMIZER_SGD ? "sgd" : "adamw";
+    for (int s = 0; s < 20; s++) {
+        double rel = fabs(b.losses[s] - a.losses[s]) / fabs(a.losses[s]);
+        cr_assert(rel <= 1e-6, "%d devices, %s: step %d loss %.9g vs %.9g (rel %.2e)", devices, name, s + 1,
+                  b.losses[s], a.losses[s], rel);
+    }
+    double d = relative_distance(a.params, b.params, a.param_count);
+    cr_assert(d <= 1e-6, "%d devices, %s: parameters differ by %.2e", devices, name, d);
+    uint64_t saved = state_saved(&o, data, devices);
+    uint64_t least = UINT64_MAX;
+    for (int k = 0; k < devices; k++) {
+        uint64_t drop = a.peak_bytes[k] - b.peak_bytes[k];
+        least = drop < least ? drop : least;
+        /* the planner counts the largest shard: the others save up to a float per bucket more */
+        cr_assert(drop >= saved && drop <= saved + 64 * sizeof(float) * 2, "%d devices, %s: device %d's peak dropped "
+                  "by %llu bytes, the planner says %llu", devices, name, k, (unsigned long long)drop,
+                  (unsigned long long)saved);
+    }
+    cr_log_info("--zero 1 on %d devices, %s: losses and parameters within 1e-6 (%.1e); peak -%llu bytes per device "
+                "(planned -%llu)", devices, name, d, (unsigned long long)least, (unsigned long long)saved);
+    bb_train_result_free(&a), bb_train_result_free(&b);
+}
+
+Test(train, zero1_trains_what_zero0_trains_with_less_memory)
+{
+    char *tokens = make_tokens("tokens", 170), *images = make_images("images", 1300, 1);
+    const bb_optimizer_kind kinds[] = {BB_OPTIMIZER_ADAMW, BB_OPTIMIZER_SGD};
+    for (int k = 0; k < 2; k++) {
+        zero_case(gpt_options, tokens, 32, 2, 8, kinds[k]);
+        zero_case(gpt_options, tokens, 32, 4, 4, kinds[k]);
+        zero_case(mlp_options, images, 64, 2, 16, kinds[k]);
+        zero_case(mlp_options, images, 64, 4, 16, kinds[k]);
+    }
+    free(tokens), free(images);
+}
+
+/* optimizer.bin is one format: saved with --zero 1 it resumes with --zero 0
+ * on another device count, and the other way round. */
+Test(train, zero1_checkpoints_resume_across_zero_and_device_counts)
+{
+    char *data = make_tokens("tokens", 100);
+    bb_train_options o = gpt_options(data, 2, 4, 32);
+    o.steps = 10;
+    o.bucket_mib = 0.004;
+    bb_train_result whole = train(&o);
+    const int cases[][4] = {{1, 2, 0, 4}, {0, 4, 1, 2}, {1, 4, 1, 2}}; /* saved: zero, devices; resumed: zero, devices */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "ckpt%d", i);
+        char *ckpt = tu_path(tmp, name);
+        bb_train_options s = gpt_options(data, cases[i][1], 32 / cases[i][1] >= 8 ? 8 : 4, 32);
+        s.steps = 10, s.bucket_mib = 0.004, s.zero = cases[i][0], s.save_dir = ckpt, s.stop_after = 5;
+        bb_train_result first = train(&s);
+        bb_train_options r = gpt_options(data, cases[i][3], 32 / cases[i][3] >= 8 ? 8 : 4, 32);
+        r.steps = 10, r.bucket_mib = 0.004, r.zero = cases[i][2], r.resume_dir = ckpt;
+        bb_train_result second = train(&r);
+        cr_assert_eq(second.first_step, 5);
+        for (int k = 5; k < 10; k++) {
+            double rel = fabs(second.losses[k - 5] - whole.losses[k]) / whole.losses[k];
+            cr_assert(rel <= 1e-5, "saved zero %d on %d, resumed zero %d on %d: step %d loss %.9g vs %.9g",
+                      cases[i][0], cases[i][1], cases[i][2], cases[i][3], k + 1, second.losses[k - 5],
+                      whole.losses[k]);
+        }
+        double d = relative_distance(whole.params, second.params, whole.param_count);
+        cr_assert(d <= 1e-5, "saved zero %d on %d, resumed zero %d on %d: parameters differ by %.2e", cases[i][0],
+                  cases[i][1], cases[i][2], cases[i][3], d);
+        bb_train_result_free(&first), bb_train_result_free(&second);
+        free(ckpt);
+    }
+    bb_train_result_free(&whole);
+    free(data);
 }

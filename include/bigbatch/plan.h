@@ -48,6 +48,11 @@ typedef struct bb_memory_breakdown {
  * model cannot be built (its message), BB_ERR_NOMEM. */
 bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out);
+/* The same with ZeRO-1 over `shards` devices (1: none): the optimizer
+ * state of the largest shard, cut on buckets of `bucket_bytes` as the
+ * trainer cuts them (--bucket-mib). */
+bb_status bb_plan_memory_sharded(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt,
+                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out);
 
 typedef struct bb_plan_request {
     bb_model_config model;     /* shape filled from the data; checkpoint_every ignored */
@@ -60,6 +65,8 @@ typedef struct bb_plan_request {
     int fixed_micro_batch;     /* > 0: only this micro-batch */
     int fixed_checkpoint;      /* >= 0: only this checkpoint_every; -1: any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
+    int zero;                  /* 1: ZeRO-1 (train --zero 1): the optimizer state sharded over the devices */
+    double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
 } bb_plan_request;
 
 typedef struct bb_plan_row {

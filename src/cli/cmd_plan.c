@@ -44,10 +44,12 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     char a[24], b[24], c[24], d[24], e[24];
     printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->checkpoint,
            r->accumulation);
-    printf("  its peak: parameters %s, gradients %s, %s state %s, batches %s, activations %s",
+    char shard[48] = "";
+    if (q->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero 1)", q->devices);
+    printf("  its peak: parameters %s, gradients %s, %s state %s%s, batches %s, activations %s",
            bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
            q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
-           bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
+           shard, bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
     uint64_t chunk_bytes = (uint64_t)r->loss_chunk * bb_model_outputs(&q->model) * sizeof(float);
     if (r->loss_chunk == r->micro_batch * bb_model_targets_per_example(&q->model))
@@ -80,7 +82,8 @@ int bb_cmd_plan(int argc, char **argv)
     model_flags mf = MODEL_FLAGS_DEFAULT;
     mf.checkpoint = "auto";
     const char *data = "data/kjv", *devices = "cpu:1", *optimizer = "adamw", *precision = "fp32";
-    int64_t global_batch = 64, micro_batch = 0;
+    int64_t global_batch = 64, micro_batch = 0, zero = 0;
+    double bucket_mib = 0;
     uint64_t device_mem = 0;
     bool json = false;
     const bb_opt opts[] = {
@@ -95,6 +98,10 @@ int bb_cmd_plan(int argc, char **argv)
         {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw (two moments) or sgd (one)", .choices = "adamw|sgd"},
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 (gpt activations in bf16)",
          .choices = "fp32|bf16"},
+        {"--zero", BB_OPT_INT, &zero, "0|1", "1: as train --zero 1, the optimizer state sharded over the devices",
+         .min = 0, .max = 1},
+        {"--bucket-mib", BB_OPT_DOUBLE, &bucket_mib, "MIB", "as train's (the shards follow the buckets); 0: its "
+         "default", .min = 0, .max = 65536},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
         {0}};
     bb_plan_request q = {.fixed_checkpoint = -1};
@@ -116,6 +123,7 @@ int bb_cmd_plan(int argc, char **argv)
         q.device_mem = device_mem;
         q.optimizer = strcmp(optimizer, "sgd") ? BB_OPTIMIZER_ADAMW : BB_OPTIMIZER_SGD;
         q.fixed_micro_batch = (int)micro_batch;
+        q.zero = (int)zero, q.bucket_mib = bucket_mib;
         rc = bb_plan_make(&q, &p);
     }
     if (rc == BB_OK && json) {

@@ -46,7 +46,7 @@ int bb_cmd_train(int argc, char **argv)
     bool no_overlap = false, quiet = false, val_given = false, seed_given = false, init_given = false,
          steps_given = false, epochs_given = false;
     const char *on_nonfinite = "stop", *io = "auto";
-    int64_t shuffle_frames = 8;
+    int64_t shuffle_frames = 8, zero = 0;
     /* --resume DIR continues the run as it was: what the checkpoint recorded
      * is the default of every flag not given. */
     bb_checkpoint_info info;
@@ -117,6 +117,8 @@ int bb_cmd_train(int argc, char **argv)
          "bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536},
         {"--no-overlap", BB_OPT_FLAG, &no_overlap, NULL, "all-reduce only after the whole backward (to measure "
          "what overlap gains)"},
+        {"--zero", BB_OPT_INT, &zero, "0|1", "1: ZeRO-1, each device keeps the optimizer state of its shard only "
+         "(saves (N-1)/N of it on N devices) and the updated weights are gathered", .min = 0, .max = 1},
         {"--eval-every", BB_OPT_INT, &eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",
          .min = 0, .max = 1e15},
         {"--save", BB_OPT_STRING, &o.save_dir, "DIR", "write checkpoints here (atomically; DIR/latest is the "
@@ -189,6 +191,7 @@ int bb_cmd_train(int argc, char **argv)
         o.seed = (uint64_t)seed;
         o.loader_threads = (int)loader_threads;
         o.no_overlap = no_overlap;
+        o.zero = (int)zero;
         o.eval_every = (uint64_t)eval_every;
         o.save_every = (uint64_t)save_every;
         o.keep = (int)keep;

@@ -26,6 +26,29 @@ static uint64_t loader_slots(const bb_model_config *c, int micro_batch, int devi
 bb_status bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out)
 {
+    return bb_plan_memory_sharded(c, micro_batch, opt, device, 1, 0, out);
+}
+
+/* The largest of `shards` shards (they differ by a float per bucket). */
+static bb_status largest_shard(const bb_model_t *m, int shards, size_t bucket_bytes, bb_shard *out)
+{
+    *out = (bb_shard){0};
+    for (int k = 0; k < shards; k++) {
+        bb_shard s;
+        bb_status rc = bb_shard_make(m, bucket_bytes, shards, k, &s);
+        if (rc != BB_OK) {
+            bb_shard_free(out);
+            return rc;
+        }
+        if (s.floats > out->floats || !out->lo) bb_shard_free(out), *out = s;
+        else bb_shard_free(&s);
+    }
+    return BB_OK;
+}
+
+bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
+                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out)
+{
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
@@ -35,7 +58,10 @@ bb_status bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer
     BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
     BB_TRY_GOTO(bb_model_create(be, c, micro_batch, &m), rc, done);
     uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float);
-    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, bb_model_param_count(m), &o), rc, done);
+    bb_shard shard = {0};
+    if (shards > 1) BB_TRY_GOTO(largest_shard(m, shards, bucket_bytes, &shard), rc, done);
+    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, bb_model_param_count(m),
+                                    shards > 1 ? &shard : NULL, &o), rc, done);
     out->optimizer = bb_backend_bytes_in_use(be) - model_bytes;
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
     BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
@@ -88,6 +114,9 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
     int per_device = q->global_batch / q->devices;
+    bb_train_options defaults;
+    bb_train_defaults(&defaults);
+    size_t bucket_bytes = (size_t)((q->bucket_mib > 0 ? q->bucket_mib : defaults.bucket_mib) * 1048576.0);
     int layers = bb_model_layers(&q->model);
     /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */
     int policies[16], np = 0;
@@ -111,7 +140,8 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             r->accumulation = per_device / b;
             r->checkpoint_every = policies[i];
             checkpoint_name(policies[i], layers, r->checkpoint, sizeof r->checkpoint);
-            bb_status rc = bb_plan_memory(&c, b, q->optimizer, q->device, &r->memory);
+            bb_status rc = bb_plan_memory_sharded(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1,
+                                                  bucket_bytes, &r->memory);
             if (rc != BB_OK) {
                 bb_plan_free(out);
                 return rc;

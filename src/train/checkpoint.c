@@ -181,22 +181,22 @@ static void prune(const char *dir, const char *current, int keep)
 }
 
 /* Writes the step directory under its temporary name. */
-static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                            const bb_optimizer *o)
+static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_model_t *m, bb_backend_t *const *be,
+                            const bb_optimizer *const *o, int n)
 {
     char file[4096];
     if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
     BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
     BB_TRY(bb_model_save_safetensors(m, file));
     BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
-    BB_TRY(bb_optimizer_save(be, o, file));
+    BB_TRY(bb_optimizer_save(be, o, n, bb_model_param_count(m), st->shards_across_processes, file));
     BB_TRY(join(file, sizeof file, tmp, "state.json"));
-    BB_TRY(write_state(file, st, bb_model_get_config(m), o));
+    BB_TRY(write_state(file, st, bb_model_get_config(m), o[0]));
     return sync_dir(tmp);
 }
 
-bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const bb_optimizer *o, int keep, char *name_out, size_t name_cap)
+bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *const *be,
+                             const bb_optimizer *const *o, int opts, int keep, char *name_out, size_t name_cap)
 {
     BB_TRY(make_dirs(dir, NULL));
     char name[64], tmp[4096], final[4096], link_tmp[4096], link[4096], current[256] = "";
@@ -213,7 +213,7 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
     BB_TRY(join(tmp, sizeof tmp, dir, tmp_name));
     BB_TRY(join(final, sizeof final, dir, name));
     remove_step_dir(tmp);
-    bb_status rc = write_step(tmp, st, m, be, o);
+    bb_status rc = write_step(tmp, st, m, be, o, opts);
     if (rc != BB_OK) {
         remove_step_dir(tmp); /* a failed save leaves nothing behind */
         return rc;
@@ -307,9 +307,10 @@ bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t 
     return bb_model_load_safetensors(m, path);
 }
 
-bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o)
+bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,
+                                       size_t param_count)
 {
     char path[4096];
     BB_TRY(join(path, sizeof path, info->dir, "optimizer.bin"));
-    return bb_optimizer_load(be, o, path);
+    return bb_optimizer_load(be, o, param_count, path);
 }

@@ -4,7 +4,7 @@
  *
  * How to use:
  *   BB_TRY(bb_checkpoint_prepare(dir, NULL, false, &created)); // before training
- *   BB_TRY(bb_checkpoint_save(dir, &state, model, be, &opt, keep, name, sizeof name));
+ *   BB_TRY(bb_checkpoint_save(dir, &state, model, bes, opts, n, keep, name, sizeof name));
  */
 #ifndef BIGBATCH_TRAIN_CHECKPOINT_H
 #define BIGBATCH_TRAIN_CHECKPOINT_H
@@ -18,21 +18,25 @@ typedef struct checkpoint_state {
     uint32_t shuffle_frames;
     double loss;
     const char *data, *val_data, *devices;
+    bool shards_across_processes; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
 } checkpoint_state;
 
 /* Writes a step directory under `dir` and switches `latest` to it (see
  * train.h; its name goes to `name`); then keeps the newest `keep` step directories (this one
  * included) and removes what failed or killed saves left. A failed save
- * removes its own partial directory. */
-bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *be,
-                          const bb_optimizer *o, int keep, char *name, size_t name_cap);
+ * removes its own partial directory. The optimizer state is gathered from
+ * `n` optimizers on their backends (one, or the ZeRO-1 shards). */
+bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *const *be,
+                             const bb_optimizer *const *o, int n, int keep, char *name, size_t name_cap);
 /* Creates `dir` (and its parents; *created tells whether `dir` itself was
  * made) and checks it is writable: called before training, so a bad
  * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds
  * checkpoints, unless it is `resume_root` (the checkpoint directory the run
  * resumes from) or `force` is set. */
 bb_status bb_checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created);
-/* Loads the optimizer state of the checkpoint `info` names. */
-bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o);
+/* Loads o's part of the optimizer state of the checkpoint `info` names
+ * (of a model of `param_count` parameters). */
+bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,
+                                       size_t param_count);
 
 #endif

@@ -119,7 +119,7 @@ struct device_side {
     ncclComm_t comm;
     int state;                  // comm_state, __atomic builtins
     cudaStream_t compute, comm_stream;
-    float *grads;
+    float *grads, *params;
     int cuda_device, next_bucket;
     cudaEvent_t ready, done;
     double *scalar, *host_scalar; // the scalar collectives' value: device, pinned host
@@ -415,7 +415,47 @@ bool n_broadcast_stop(reducer_t *r, int device, bool stop)
     return !scalar_collective(of(r), device, true, &v) || v != 0;
 }
 
-const reducer_ops nccl_ops = {n_destroy, n_post, n_wait, n_abort, n_last_step, n_allreduce_scalar, n_broadcast_stop};
+// ZeRO-1's gather of the weights: each owner's slices broadcast from it,
+// one group on the communication stream after the compute stream's
+// update, which the next compute waits for. (Gradients stay all-reduced:
+// the owner's slice has the average, as a reduce-scatter would leave it;
+// ncclReduceScatter and ncclAllGather need slices of equal length.)
+struct gather_args {
+    reducer_t *r;
+    device_side *s;
+};
+
+ncclResult_t gather_call(void *ctx)
+{
+    gather_args *a = static_cast<gather_args *>(ctx);
+    reducer_t *r = a->r;
+    ncclResult_t rc = nccl.GroupStart();
+    for (int b = 0; rc == ncclSuccess && b < r->buckets; b++)
+        for (int k = 0; rc == ncclSuccess && k < r->owners; k++) { // k: the owner's rank in the communicator
+            size_t lo, hi;
+            bb_reducer_slice(r, b, k, r->owners, &lo, &hi);
+            float *p = a->s->params + lo;
+            if (hi > lo) rc = nccl.Broadcast(p, p, hi - lo, ncclFloat, k, a->s->comm, a->s->comm_stream);
+        }
+    ncclResult_t end = nccl.GroupEnd();
+    return rc != ncclSuccess ? rc : end;
+}
+
+bool n_allgather(reducer_t *r, int device)
+{
+    nccl_reducer *n = of(r);
+    device_side *s = &n->dev[device];
+    cudaSetDevice(s->cuda_device);
+    gather_args a = {r, s};
+    return !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
+           BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0)) &&
+           nccl_step(n, s, gather_call, &a, "ncclBroadcast (the ZeRO-1 gather)") &&
+           BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
+           BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
+}
+
+const reducer_ops nccl_ops = {n_destroy,    n_post,           n_wait,     n_abort, n_last_step, n_allreduce_scalar,
+                              n_broadcast_stop, n_allgather};
 
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this
@@ -483,6 +523,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     r->ops = &nccl_ops;
     pthread_mutex_init(&n->fail_lock, NULL);
     bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
+    bb_reducer_init_owners(r, a);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
@@ -493,6 +534,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
         s->compute = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMPUTE);
         s->comm_stream = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMM);
         s->grads = a->grads[d];
+        s->params = a->params ? a->params[d] : NULL;
         cudaSetDevice(s->cuda_device);
         if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||

@@ -7,7 +7,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "bigbatch/world.h"
 #include "optimizer.h"
+#include "reducer.h"
 
 const char *bb_optimizer_kind_name(bb_optimizer_kind k) { return k == BB_OPTIMIZER_SGD ? "sgd" : "adamw"; }
 
@@ -20,9 +22,46 @@ double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
     return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
 }
 
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_optimizer *o)
+bb_status bb_shard_make(const bb_model_t *m, size_t bucket_bytes, int owners, int owner, bb_shard *out)
+{
+    *out = (bb_shard){0};
+    reducer_t buckets = {0};
+    bb_status rc = bb_reducer_init_buckets(&buckets, m, owners, bucket_bytes);
+    out->lo = calloc((size_t)buckets.buckets + 1, sizeof *out->lo);
+    out->hi = calloc((size_t)buckets.buckets + 1, sizeof *out->hi);
+    out->at = calloc((size_t)buckets.buckets + 1, sizeof *out->at);
+    if (rc == BB_OK && (!out->lo || !out->hi || !out->at)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int b = 0; rc == BB_OK && b < buckets.buckets; b++) {
+        bb_reducer_slice(&buckets, b, owner, owners, &out->lo[b], &out->hi[b]);
+        out->at[b] = out->floats;
+        out->floats += out->hi[b] - out->lo[b];
+    }
+    out->ranges = rc == BB_OK ? buckets.buckets : 0;
+    bb_reducer_free_buckets(&buckets);
+    if (rc != BB_OK) bb_shard_free(out);
+    return rc;
+}
+
+void bb_shard_free(bb_shard *s)
+{
+    free(s->lo), free(s->hi), free(s->at);
+    *s = (bb_shard){0};
+}
+
+/* The optimizer's ranges of parameters: its shard's, or one of all. */
+static int ranges_of(const bb_optimizer *o) { return o->shard.ranges ? o->shard.ranges : 1; }
+static size_t range_lo(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.lo[r] : 0; }
+static size_t range_hi(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.hi[r] : o->count; }
+static size_t range_at(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.at[r] : 0; }
+
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_shard *shard,
+                              bb_optimizer *o)
 {
     *o = (bb_optimizer){.cfg = *c, .count = count};
+    if (shard) {
+        o->shard = *shard, *shard = (bb_shard){0};
+        o->count = count = o->shard.floats;
+    }
     size_t bytes = count * sizeof(float);
     BB_TRY(bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->m));
     BB_TRY(bb_backend_memset(be, o->m, 0, bytes));
@@ -38,30 +77,51 @@ void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
     bb_backend_free(be, o->m);
     bb_backend_free(be, o->v);
     o->m = o->v = NULL;
+    bb_shard_free(&o->shard);
 }
 
-double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr_out)
+double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o)
+{
+    const float *grads = bb_model_grads(m);
+    double sum = 0.0;
+    for (int r = 0; r < ranges_of(o); r++) sum += bb_op_sum_squares(be, grads + range_lo(o, r), range_hi(o, r) - range_lo(o, r));
+    return sum;
+}
+
+void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,
+                        double *lr_out)
 {
     const bb_optimizer_config *c = &o->cfg;
     float *params = bb_model_params(m), *grads = bb_model_grads(m);
-    double norm = sqrt(bb_op_sum_squares(be, grads, o->count));
     float lr = (float)bb_lr_at(c, step, total);
     *lr_out = lr;
-    /* The gradients are reduced, so every replica sees the same norm and
-     * makes the same choice. */
-    if (!isfinite(norm)) return norm;
-    if (c->grad_clip > 0 && norm > c->grad_clip) bb_op_scale(be, grads, (float)(c->grad_clip / norm), o->count);
+    /* The norm is of the reduced gradients, the same on every replica,
+     * which all make the same choice. */
+    if (!isfinite(norm)) return;
+    bool clip = c->grad_clip > 0 && norm > c->grad_clip;
     int adam_t = step + 1 < INT_MAX ? (int)(step + 1) : INT_MAX; /* bias corrections are 1 long before */
-    for (int i = 0; i < bb_model_tensor_count(m); i++) {
-        const bb_tensor_info *t = bb_model_tensor(m, i);
-        float wd = t->decay ? (float)c->weight_decay : 0.0f;
-        if (c->kind == BB_OPTIMIZER_ADAMW)
-            bb_op_adamw(be, params + t->offset, grads + t->offset, o->m + t->offset, o->v + t->offset, t->count, lr,
-                        (float)c->beta1, (float)c->beta2, (float)c->eps, wd, adam_t);
-        else
-            bb_op_sgd(be, params + t->offset, grads + t->offset, o->m + t->offset, t->count, lr, (float)c->momentum,
-                      wd);
+    for (int r = 0; r < ranges_of(o); r++) {
+        size_t lo = range_lo(o, r), hi = range_hi(o, r);
+        if (clip) bb_op_scale(be, grads + lo, (float)(c->grad_clip / norm), hi - lo);
+        for (int i = 0; i < bb_model_tensor_count(m); i++) { /* the range's pieces, tensor by tensor */
+            const bb_tensor_info *t = bb_model_tensor(m, i);
+            size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
+            if (a >= b) continue;
+            size_t at = range_at(o, r) + (a - lo);
+            float wd = t->decay ? (float)c->weight_decay : 0.0f;
+            if (c->kind == BB_OPTIMIZER_ADAMW)
+                bb_op_adamw(be, params + a, grads + a, o->m + at, o->v + at, b - a, lr, (float)c->beta1,
+                            (float)c->beta2, (float)c->eps, wd, adam_t);
+            else
+                bb_op_sgd(be, params + a, grads + a, o->m + at, b - a, lr, (float)c->momentum, wd);
+        }
     }
+}
+
+double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr)
+{
+    double norm = sqrt(bb_optimizer_sum_squares(be, m, o));
+    bb_optimizer_apply(be, m, o, step, total, norm, lr);
     return norm;
 }
 
@@ -76,20 +136,41 @@ typedef struct file_header {
 
 static int buffer_count(const bb_optimizer *o) { return o->v ? 2 : 1; }
 
-bb_status bb_optimizer_save(bb_backend_t *be, const bb_optimizer *o, const char *path)
+/* Between the whole state on the host (`host`: param_count floats per
+ * buffer) and o's part of it on the device. */
+static bb_status copy_state(bb_backend_t *be, const bb_optimizer *o, float *host, size_t param_count, bool to_host)
 {
-    int n = buffer_count(o);
-    float *host = malloc(o->count * n * sizeof *host);
+    float *buffers[2] = {o->m, o->v};
+    for (int k = 0; k < buffer_count(o); k++)
+        for (int r = 0; r < ranges_of(o); r++) {
+            float *h = host + k * param_count + range_lo(o, r), *d = buffers[k] + range_at(o, r);
+            size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
+            BB_TRY(to_host ? bb_backend_copy(be, h, d, bytes, BB_COPY_D2H) : bb_backend_copy(be, d, h, bytes, BB_COPY_H2D));
+        }
+    return BB_OK;
+}
+
+bb_status bb_optimizer_save(bb_backend_t *const *be, const bb_optimizer *const *o, int n, size_t param_count,
+                            bool across_processes, const char *path)
+{
+    int buffers = buffer_count(o[0]);
+    size_t floats = param_count * (size_t)buffers;
+    float *host = calloc(floats, sizeof *host); /* every float is some optimizer's: the shards cover the parameters */
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory saving %s", path);
-    bb_status rc = bb_backend_copy(be, host, o->m, o->count * sizeof *host, BB_COPY_D2H);
-    if (rc == BB_OK && o->v) rc = bb_backend_copy(be, host + o->count, o->v, o->count * sizeof *host, BB_COPY_D2H);
-    file_header h = {.buffers = (uint32_t)n, .count = o->count};
+    bb_status rc = BB_OK;
+    for (int i = 0; rc == BB_OK && i < n; i++) rc = copy_state(be[i], o[i], host, param_count, true);
+    if (rc == BB_OK && across_processes) rc = bb_world_sum_floats(host, floats); /* zeros elsewhere: exact */
+    if (rc != BB_OK || !path) {
+        free(host);
+        return rc;
+    }
+    file_header h = {.buffers = (uint32_t)buffers, .count = param_count};
     memcpy(h.magic, magic, sizeof magic);
-    h.checksum = XXH64(host, o->count * n * sizeof *host, 0);
+    h.checksum = XXH64(host, floats * sizeof *host, 0);
     FILE *f = rc == BB_OK ? fopen(path, "wb") : NULL;
     if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
     if (f) {
-        bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(host, sizeof *host, o->count * n, f) == o->count * n &&
+        bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(host, sizeof *host, floats, f) == floats &&
                   fflush(f) == 0 && fsync(fileno(f)) == 0;
         if (fclose(f) != 0) ok = false;
         if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
@@ -98,26 +179,26 @@ bb_status bb_optimizer_save(bb_backend_t *be, const bb_optimizer *o, const char 
     return rc;
 }
 
-bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, const char *path)
+bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, size_t param_count, const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
     file_header h;
     int n = buffer_count(o);
+    size_t floats = param_count * (size_t)n;
     bb_status rc = BB_OK;
     if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, magic, sizeof magic))
         rc = bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch optimizer state", path);
-    else if (h.buffers != (uint32_t)n || h.count != o->count)
+    else if (h.buffers != (uint32_t)n || h.count != param_count)
         rc = bb_fail(BB_ERR_FORMAT, "%s: holds %u buffers of %llu floats; this %s run needs %d of %zu", path,
-                     h.buffers, (unsigned long long)h.count, o->v ? "AdamW" : "SGD", n, o->count);
-    float *host = rc == BB_OK ? malloc(o->count * n * sizeof *host) : NULL;
+                     h.buffers, (unsigned long long)h.count, o->v ? "AdamW" : "SGD", n, param_count);
+    float *host = rc == BB_OK ? malloc(floats * sizeof *host) : NULL;
     if (rc == BB_OK && !host) rc = bb_fail(BB_ERR_NOMEM, "out of memory loading %s", path);
-    if (rc == BB_OK && fread(host, sizeof *host, o->count * n, f) != o->count * n)
-        rc = bb_fail(BB_ERR_CORRUPT, "%s: truncated (expected %zu bytes of state)", path, o->count * n * sizeof *host);
-    if (rc == BB_OK && XXH64(host, o->count * n * sizeof *host, 0) != h.checksum)
+    if (rc == BB_OK && fread(host, sizeof *host, floats, f) != floats)
+        rc = bb_fail(BB_ERR_CORRUPT, "%s: truncated (expected %zu bytes of state)", path, floats * sizeof *host);
+    if (rc == BB_OK && XXH64(host, floats * sizeof *host, 0) != h.checksum)
         rc = bb_fail(BB_ERR_CORRUPT, "%s: checksum mismatch: the optimizer state is damaged", path);
-    if (rc == BB_OK) rc = bb_backend_copy(be, o->m, host, o->count * sizeof *host, BB_COPY_H2D);
-    if (rc == BB_OK && o->v) rc = bb_backend_copy(be, o->v, host + o->count, o->count * sizeof *host, BB_COPY_H2D);
+    if (rc == BB_OK) rc = copy_state(be, o, host, param_count, false);
     free(host);
     fclose(f);
     return rc;

@@ -13,14 +13,36 @@
 
 #include "bigbatch/train.h"
 
-/* One replica's optimizer: AdamW moments (m, v) or the SGD momentum (m). */
+/* The parameters a replica's optimizer updates: all of them, or with
+ * ZeRO-1 (--zero 1) its shard — in every gradient bucket (reducer.h) the
+ * owner's slice, bucket b's [lo[b], hi[b]) floats, held in the state at
+ * `at[b]`. Owner k of n gets floats [lo + len·k/n, lo + len·(k+1)/n) of a
+ * bucket of len floats. */
+typedef struct bb_shard {
+    int ranges;
+    size_t *lo, *hi, *at;
+    size_t floats; /* the state's length: the sum of hi - lo */
+} bb_shard;
+
+/* Owner `owner` of `owners`'s shard of `m`'s parameters, cut on the
+ * reducer's buckets of `bucket_bytes` (bb_reducer_init_buckets). Fails with
+ * BB_ERR_NOMEM. */
+bb_status bb_shard_make(const bb_model_t *m, size_t bucket_bytes, int owners, int owner, bb_shard *out);
+void bb_shard_free(bb_shard *s);
+
+/* One replica's optimizer: AdamW moments (m, v) or the SGD momentum (m),
+ * for every parameter, or for its shard's (shard.ranges > 0). */
 typedef struct bb_optimizer {
     bb_optimizer_config cfg;
-    float *m, *v;  /* device memory, param_count floats; v NULL for SGD */
-    size_t count;
+    float *m, *v;  /* device memory, `count` floats; v NULL for SGD */
+    size_t count;  /* param_count, or the shard's floats */
+    bb_shard shard;
 } bb_optimizer;
 
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_optimizer *o);
+/* State for `count` parameters, or with `shard` (may be NULL; taken over
+ * by the optimizer, also when it fails) for that shard. */
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_shard *shard,
+                              bb_optimizer *o);
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
 /* Clips the gradients to cfg.grad_clip (when set) and updates the
  * parameters for step `step` (0-based) of `total`. Returns the gradient
@@ -28,9 +50,22 @@ void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
  * (NaN or infinite gradients) leaves the parameters and the optimizer
  * state untouched. */
 double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr);
+/* The same in two halves, for a sharded optimizer: the sum of squares of
+ * the gradients it updates, then, given the norm of all of them (the
+ * shards' sums added over the devices), the clip and update of its part. */
+double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o);
+void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,
+                        double *lr);
 /* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then
- * the floats. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming the file. */
-bb_status bb_optimizer_save(bb_backend_t *be, const bb_optimizer *o, const char *path);
-bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, const char *path);
+ * the floats — always the whole state, in parameter order. Save gathers it
+ * from `n` optimizers (one whole one, or the shards that cover the
+ * parameters, each on its backend); `across_processes`: from every
+ * process's too (ZeRO-1 over MPI: a sum over the processes, which every
+ * process joins; the others pass path NULL and write nothing). Load takes
+ * the part `o` holds. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming
+ * the file. */
+bb_status bb_optimizer_save(bb_backend_t *const *be, const bb_optimizer *const *o, int n, size_t param_count,
+                            bool across_processes, const char *path);
+bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, size_t param_count, const char *path);
 
 #endif

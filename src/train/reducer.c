@@ -51,13 +51,15 @@ bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)
 
 typedef struct cpu_reducer {
     reducer_t base;
-    float **grads;
+    float **grads, **params;
     _Atomic uint32_t *posted;     /* per bucket: posts so far (grows by devices per step) */
     _Atomic uint32_t reduced;     /* buckets averaged so far (grows by buckets per step) */
     int *next_bucket;             /* per device: the next bucket it will post this step */
     uint32_t *rounds;             /* per device: steps it has waited for */
     uint64_t *span_start, *span_end; /* per bucket, the last step */
     float *acc;                   /* CHUNK floats; a whole bucket with several processes */
+    float *gathered;              /* ZeRO-1 over processes: the weights being gathered */
+    size_t param_count;
     int world;                    /* processes of the job (spec->world) */
     bb_trace_t *trace;
     int track;
@@ -105,7 +107,7 @@ static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi)
     return BB_OK;
 }
 
-static void average(cpu_reducer *c, size_t lo, size_t hi)
+static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
 {
     if (c->world > 1) {
         if (average_world(c, lo, hi) != BB_OK) fail_reducer(c);
@@ -122,7 +124,15 @@ static void average(cpu_reducer *c, size_t lo, size_t hi)
             for (size_t i = 0; i < n; i++) acc[i] += g[i];
         }
         for (size_t i = 0; i < n; i++) acc[i] *= inv;
-        for (int d = 0; d < devices; d++) memcpy(c->grads[d] + k, acc, n * sizeof *acc);
+        for (int d = 0; d < devices; d++) {
+            size_t a = k, b = k + n; /* ZeRO-1: only into the owner's slice */
+            if (c->base.zero) {
+                size_t slo, shi;
+                bb_reducer_slice(&c->base, bucket, c->base.first_owner + d, c->base.owners, &slo, &shi);
+                a = slo > a ? slo : a, b = shi < b ? shi : b;
+            }
+            if (a < b) memcpy(c->grads[d] + a, acc + (a - k), (b - a) * sizeof *acc);
+        }
     }
 }
 
@@ -142,7 +152,7 @@ static void *reducer_main(void *arg)
             }
             if (stopping(c)) return NULL;
             uint64_t t0 = bb_clock_ns();
-            average(c, r->lo[b], r->hi[b]);
+            average(c, b, r->lo[b], r->hi[b]);
             c->span_start[b] = t0;
             c->span_end[b] = bb_clock_ns();
             bb_trace_add(c->trace, c->track, "reduce", t0, c->span_end[b], (int64_t)(c->first_step + step), b);
@@ -165,8 +175,8 @@ static void cpu_destroy(reducer_t *r)
         pthread_join(c->thread, NULL);
     }
     bb_reducer_free_buckets(r);
-    free(c->grads), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
-    free(c->span_start), free(c->span_end), free(c->acc), free(c->values);
+    free(c->grads), free(c->params), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
+    free(c->span_start), free(c->span_end), free(c->acc), free(c->values), free(c->gathered);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
     free(c);
@@ -208,7 +218,7 @@ static void cpu_abort(reducer_t *r)
 /* One round of a scalar collective: the last device to arrive computes the
  * result from every device's value (mean: in device order; else device
  * 0's), the others wait for it. false when the reducer was aborted. */
-static bool exchange(cpu_reducer *c, int device, double value, bool mean, double *out)
+static bool exchange(cpu_reducer *c, int device, double value, bool mean, double *out, bb_status (*last)(cpu_reducer *))
 {
     reducer_t *r = &c->base;
     pthread_mutex_lock(&c->lock);
@@ -218,7 +228,12 @@ static bool exchange(cpu_reducer *c, int device, double value, bool mean, double
     }
     c->values[device] = value;
     uint64_t round = c->round;
-    if (++c->arrived == r->devices) {
+    if (++c->arrived == r->devices && last && last(c) != BB_OK) {
+        pthread_mutex_unlock(&c->lock);
+        fail_reducer(c);
+        return false;
+    }
+    if (c->arrived == r->devices) {
         double v = mean ? 0 : c->values[0];
         for (int d = 0; mean && d < r->devices; d++) v += c->values[d] / r->devices;
         /* across processes: the mean of the processes' means, or rank 0's */
@@ -245,13 +260,47 @@ static bool exchange(cpu_reducer *c, int device, double value, bool mean, double
 static double cpu_allreduce_scalar(reducer_t *r, int device, double value)
 {
     double v;
-    return exchange((cpu_reducer *)r, device, value, true, &v) ? v : NAN;
+    return exchange((cpu_reducer *)r, device, value, true, &v, NULL) ? v : NAN;
 }
 
 static bool cpu_broadcast_stop(reducer_t *r, int device, bool stop)
 {
     double v;
-    return !exchange((cpu_reducer *)r, device, stop ? 1 : 0, false, &v) || v != 0;
+    return !exchange((cpu_reducer *)r, device, stop ? 1 : 0, false, &v, NULL) || v != 0;
+}
+
+/* Across processes, by the last device of this process to arrive: every
+ * process's slices summed over the processes into a buffer that is zero
+ * elsewhere (exact: x + 0 is x), then copied into each replica. */
+static bb_status gather_world(cpu_reducer *c)
+{
+    reducer_t *r = &c->base;
+    float *all = c->gathered;
+    memset(all, 0, c->param_count * sizeof *all);
+    for (int d = 0; d < r->devices; d++)
+        for (int b = 0; b < r->buckets; b++) {
+            size_t lo, hi;
+            bb_reducer_slice(r, b, r->first_owner + d, r->owners, &lo, &hi);
+            memcpy(all + lo, c->params[d] + lo, (hi - lo) * sizeof *all);
+        }
+    BB_TRY(bb_world_sum_floats(all, c->param_count));
+    for (int d = 0; d < r->devices; d++) memcpy(c->params[d], all, c->param_count * sizeof *all);
+    return BB_OK;
+}
+
+/* Each device copies its slices into the other replicas (disjoint writes),
+ * then all meet, as in a scalar round, before any reads its weights. */
+static bool cpu_allgather(reducer_t *r, int device)
+{
+    cpu_reducer *c = (cpu_reducer *)r;
+    for (int b = 0; c->world == 1 && b < r->buckets; b++) {
+        size_t lo, hi;
+        bb_reducer_slice(r, b, r->first_owner + device, r->owners, &lo, &hi);
+        for (int e = 0; e < r->devices; e++)
+            if (e != device && hi > lo) memcpy(c->params[e] + lo, c->params[device] + lo, (hi - lo) * sizeof(float));
+    }
+    double v;
+    return exchange(c, device, 0, false, &v, c->world > 1 ? gather_world : NULL);
 }
 
 static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
@@ -271,7 +320,8 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .abort = cpu_abort,
                                     .last_step = cpu_last_step,
                                     .allreduce_scalar = cpu_allreduce_scalar,
-                                    .broadcast_stop = cpu_broadcast_stop};
+                                    .broadcast_stop = cpu_broadcast_stop,
+                                    .allgather = cpu_allgather};
 
 static bb_status start_thread(cpu_reducer *c)
 {
@@ -295,8 +345,10 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
+    bb_reducer_init_owners(r, a);
     c->values = calloc((size_t)devices, sizeof *c->values);
     c->grads = calloc((size_t)devices, sizeof *c->grads);
+    c->params = calloc((size_t)devices, sizeof *c->params);
     c->posted = calloc((size_t)r->buckets + 1, sizeof *c->posted);
     c->next_bucket = calloc((size_t)devices, sizeof *c->next_bucket);
     c->rounds = calloc((size_t)devices, sizeof *c->rounds);
@@ -305,10 +357,13 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     size_t acc = CHUNK;
     for (int b = 0; c->world > 1 && b < r->buckets; b++) acc = r->hi[b] - r->lo[b] > acc ? r->hi[b] - r->lo[b] : acc;
     c->acc = malloc(acc * sizeof *c->acc);
-    if (rc == BB_OK && (!c->grads || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
+    c->param_count = bb_model_param_count(a->model);
+    if (a->zero && c->world > 1 && !(c->gathered = malloc(c->param_count * sizeof *c->gathered)))
+        rc = rc == BB_OK ? bb_fail(BB_ERR_NOMEM, "out of memory") : rc;
+    if (rc == BB_OK && (!c->grads || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int d = 0; rc == BB_OK && d < devices; d++) c->grads[d] = a->grads[d];
+    for (int d = 0; rc == BB_OK && d < devices; d++) c->grads[d] = a->grads[d], c->params[d] = a->params ? a->params[d] : NULL;
     if (rc == BB_OK) rc = start_thread(c);
     if (rc != BB_OK) {
         cpu_destroy(r);

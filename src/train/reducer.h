@@ -13,6 +13,12 @@
  * posts), so no reset races with a fast worker; they are compared modulo
  * 2^32 (futex words are 32-bit), which long runs wrap.
  *
+ * With ZeRO-1 (reducer_args.zero) each device owns a slice of every bucket
+ * (optimizer.h's bb_shard): the reduction leaves the average in the
+ * owner's slice (a reduce-scatter; CPU: only there, NCCL: everywhere, an
+ * all-reduce), each device updates its slices, and bb_reducer_allgather
+ * copies every owner's updated weights into every replica.
+ *
  * Besides the gradients, two small collectives cross devices once a step:
  * the mean of a scalar (the step's loss) and the stop decision of device
  * 0. Every device calls each, in the same order; they wait for the others
@@ -49,6 +55,7 @@ typedef struct reducer_ops {
     void (*last_step)(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns);
     double (*allreduce_scalar)(reducer_t *r, int device, double value);
     bool (*broadcast_stop)(reducer_t *r, int device, bool stop);
+    bool (*allgather)(reducer_t *r, int device);
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -56,6 +63,8 @@ struct reducer {
     const reducer_ops *ops;
     int devices, buckets;
     size_t *lo, *hi;      /* bucket b covers floats [lo[b], hi[b]); lo falls with b */
+    bool zero;            /* ZeRO-1: buckets are owned in slices, weights gathered */
+    int owners, first_owner; /* the job's devices; this process's first (rank x devices) */
     int stop;             /* aborted or shutting down; __atomic builtins (C and C++) */
     bb_status failure;    /* set before stop when the reducer itself failed (NCCL) */
     char failure_message[256];
@@ -74,12 +83,21 @@ typedef struct reducer_args {
     const bb_device_spec *spec;
     const bb_model_t *model;
     bb_backend_t *const *be;
-    float *const *grads;
+    float *const *grads, *const *params; /* params: what bb_reducer_allgather fills (ZeRO-1) */
     size_t bucket_bytes;
+    int zero;                            /* 1: ZeRO-1 (see above) */
     uint64_t first_step;
     bb_trace_t *trace;
     int track;
 } reducer_args;
+
+/* ZeRO-1's part of the shared state: zero, owners, first_owner. */
+static inline void bb_reducer_init_owners(reducer_t *r, const reducer_args *a)
+{
+    r->zero = a->zero != 0;
+    r->owners = a->spec->count * (a->spec->world > 1 ? a->spec->world : 1);
+    r->first_owner = a->spec->rank * a->spec->count;
+}
 
 /* The reducer for a->spec: *out NULL when there is nothing to reduce (one
  * device, one process), else the CPU or the NCCL reducer. Fails like them,
@@ -124,6 +142,18 @@ static inline bb_status bb_reducer_failure(const reducer_t *r)
 static inline double bb_reducer_allreduce_scalar(reducer_t *r, int device, double value)
 {
     return r->ops->allreduce_scalar(r, device, value);
+}
+/* ZeRO-1, after each device updated its slices of the weights: every
+ * owner's slices into every replica; returns when this replica holds them
+ * all (false when the reducer is aborted). Every device calls it. */
+static inline bool bb_reducer_allgather(reducer_t *r, int device) { return r->ops->allgather(r, device); }
+/* Owner k of n's slice of bucket b: the floats it updates and gathers
+ * (owners are the job's devices: local device d is owner first_owner + d). */
+static inline void bb_reducer_slice(const reducer_t *r, int b, int k, int n, size_t *lo, size_t *hi)
+{
+    size_t len = r->hi[b] - r->lo[b];
+    *lo = r->lo[b] + len * (size_t)k / (size_t)n;
+    *hi = r->lo[b] + len * (size_t)(k + 1) / (size_t)n;
 }
 /* Device 0's `stop`, on every device; true when the reducer is aborted. */
 static inline bool bb_reducer_broadcast_stop(reducer_t *r, int device, bool stop)

@@ -111,6 +111,14 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     fflush(p);
 }
 
+bool bb_trainer_saves_at(const trainer *t, uint64_t step)
+{
+    const bb_train_options *o = t->o;
+    bool last = step == t->total_steps || step == o->stop_after;
+    bool interrupted = o->interrupted && *o->interrupted;
+    return o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0));
+}
+
 static bb_status save(trainer *t, uint64_t step, double loss)
 {
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
@@ -120,8 +128,16 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();
     char name[64];
-    replica *r0 = &t->replicas[0];
-    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, r0->model, r0->be, &r0->opt, t->o->keep, name, sizeof name));
+    /* the optimizer state: replica 0's, or with ZeRO-1 every replica's shard
+     * (over processes: every process's, the others contributing theirs) */
+    bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
+    const bb_optimizer *opt[BB_TRAIN_MAX_DEVICES];
+    int n = t->o->zero ? t->spec.count : 1;
+    for (int d = 0; d < n; d++) be[d] = t->replicas[d].be, opt[d] = &t->replicas[d].opt;
+    st.shards_across_processes = t->gather_saves;
+    if (!t->o->save_dir) /* a rank but 0, under ZeRO-1 */
+        return bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model), true, NULL);
+    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, t->replicas[0].model, be, opt, n, t->o->keep, name, sizeof name));
     t->saved = true;
     if (t->o->progress)
         fprintf(t->o->progress, "%ssaved step %llu to %s/%s (%.0f ms)\n", t->tty ? "\r\033[K" : "",
@@ -163,8 +179,9 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     r->steps_done = step;
     bool last = step == t->total_steps || step == o->stop_after;
     bool interrupted = o->interrupted && *o->interrupted;
-    /* Saved first: an evaluation that fails must not cost the checkpoint. */
-    bool saved = o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0));
+    /* Saved first: an evaluation that fails must not cost the checkpoint.
+     * ZeRO-1 over processes: every rank joins, as rank 0 decided (worker.c). */
+    bool saved = t->gather_saves ? t->save_now : bb_trainer_saves_at(t, step);
     if (saved) BB_TRY(save(t, step, f.loss));
     /* Once interrupted, no evaluation: the user wants out, and the
      * checkpoint is written. Ctrl-C during one ends it the same way. */
@@ -178,7 +195,7 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
         if (rc == BB_ERR_INTERRUPTED) {
             evaluate = false;
             interrupted = true;
-            if (o->save_dir && !saved) BB_TRY(save(t, step, f.loss));
+            if (o->save_dir && !saved && !t->gather_saves) BB_TRY(save(t, step, f.loss));
         } else {
             BB_TRY(rc);
             r->val_loss = ev.loss;
@@ -197,7 +214,13 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
         if (t->tty && last && !evaluate) fprintf(o->progress, "\n");
     }
     t->stop = last;
-    if (interrupted) {
+    if (interrupted && t->gather_saves && !saved) {
+        /* ZeRO-1 over processes: a save needs every rank, and they decided
+         * before the signal: the next step saves, then the run stops. */
+        if (o->progress)
+            fprintf(o->progress, "%sinterrupted after step %llu; saving after the next step\n", t->tty ? "\n" : "",
+                    (unsigned long long)step);
+    } else if (interrupted) {
         t->stop = r->interrupted = true;
         if (o->progress)
             fprintf(o->progress, "%sinterrupted after step %llu%s\n", t->tty ? "\n" : "", (unsigned long long)step,

@@ -160,6 +160,8 @@ static bb_status open_metrics(trainer *t)
     return BB_OK;
 }
 
+static size_t bucket_bytes(const bb_train_options *o) { return (size_t)(o->bucket_mib * 1048576.0); }
+
 /* One replica per device: backend, model (initialised, or loaded), optimizer. */
 static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
 {
@@ -177,10 +179,15 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
         BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));
         BB_TRY(bb_model_init(r->model, t->seed));
         if (o->init_from) BB_TRY(bb_model_load_safetensors(r->model, o->init_from));
-        BB_TRY(bb_optimizer_create(r->be, &o->opt, bb_model_param_count(r->model), &r->opt));
+        size_t params = bb_model_param_count(r->model);
+        bb_shard shard = {0};
+        if (o->zero) /* this device's shard of every bucket, among all the job's devices */
+            BB_TRY(bb_shard_make(r->model, bucket_bytes(o), trainer_world_devices(t),
+                                 t->spec.rank * t->spec.count + d, &shard));
+        BB_TRY(bb_optimizer_create(r->be, &o->opt, params, o->zero ? &shard : NULL, &r->opt));
         if (resume) {
             BB_TRY(bb_checkpoint_load_weights(resume, r->model));
-            BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt));
+            BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
         }
     }
     return BB_OK;
@@ -225,7 +232,8 @@ static bb_status apply_plan(trainer *t)
                          .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
-                         .fixed_checkpoint = o->auto_checkpoint ? -1 : t->cfg.checkpoint_every};
+                         .fixed_checkpoint = o->auto_checkpoint ? -1 : t->cfg.checkpoint_every,
+                         .zero = o->zero, .bucket_mib = o->bucket_mib};
     bb_plan p;
     BB_TRY(bb_plan_make(&q, &p));
     if (p.chosen < 0) {
@@ -257,8 +265,11 @@ static bb_status setup(trainer *t)
         return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
+    if (o->zero != 0 && o->zero != 1)
+        return bb_fail(BB_ERR_ARG, "--zero %d: 0 (none) or 1 (shard the optimizer state)", o->zero);
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
     const bb_world *w = bb_world_get();
+    t->gather_saves = o->zero && w->size > 1;
     t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .rank = w->rank, .world = w->size};
     for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
     /* as --devices takes it: the progress line and state.json say it so */
@@ -322,10 +333,14 @@ static bb_status setup(trainer *t)
         bb_trace_name_track(t->trace, D, name);
     }
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
-    float *grads[BB_TRAIN_MAX_DEVICES];
-    for (int d = 0; d < D; d++) be[d] = t->replicas[d].be, grads[d] = bb_model_grads(t->replicas[d].model);
-    reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads,
-                       .bucket_bytes = (size_t)(o->bucket_mib * 1048576.0), .first_step = t->first_step,
+    float *grads[BB_TRAIN_MAX_DEVICES], *params[BB_TRAIN_MAX_DEVICES];
+    for (int d = 0; d < D; d++) {
+        be[d] = t->replicas[d].be;
+        grads[d] = bb_model_grads(t->replicas[d].model);
+        params[d] = bb_model_params(t->replicas[d].model);
+    }
+    reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
+                       .bucket_bytes = bucket_bytes(o), .zero = o->zero, .first_step = t->first_step,
                        .trace = t->trace, .track = D};
     BB_TRY(bb_reducer_create(&ra, &t->reducer));
     if (o->metrics_path) BB_TRY(open_metrics(t));

@@ -68,6 +68,8 @@ typedef struct trainer {
     /* replica 0's, between the two barriers of a step */
     double step_loss;        /* the mean of the replicas' shares (through the reducer) */
     bool stop;
+    bool gather_saves;       /* ZeRO-1 over processes: every rank joins a save (its shards) */
+    bool save_now;           /* gather_saves: rank 0's decision for this step, on every rank */
     bool saved;              /* a checkpoint was written */
     uint64_t skipped;        /* non-finite steps skipped */
     bool finished;           /* --resume of a run already at its last step */
@@ -109,6 +111,9 @@ void bb_trainer_fail(trainer *t, bb_status status);
 void *bb_trainer_worker_main(void *replica);
 /* Replica 0, after every worker finished step `step` (0-based): reporting,
  * evaluation, saving, and the decision to stop (t->stop). */
+/* Whether the end of step `step` (1-based) saves: a --save run's last
+ * step, an interrupted one, and every --save-every (report.c). */
+bool bb_trainer_saves_at(const trainer *t, uint64_t step);
 bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);
 
 #endif

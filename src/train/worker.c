@@ -2,6 +2,7 @@
  * backward), the reducer hand-off on the last one, the optimizer step, and
  * the two barriers that end a step (worker 0 reports, evaluates and saves
  * between them, so every replica sees the same decision to stop). */
+#include <math.h>
 #include <string.h>
 
 #include "trainer.h"
@@ -179,6 +180,37 @@ static bb_status decide_stop(replica *r, bool *stop)
     return red && bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
 }
 
+/* The optimizer step. ZeRO-1: the norm adds the shards' sums of squares
+ * over the devices, each replica updates its shard, and the reducer
+ * gathers the updated weights into every replica. */
+static bb_status optimizer_step(replica *r, uint64_t step)
+{
+    trainer *t = r->t;
+    worker_stats *st = &r->stats;
+    reducer_t *red = t->reducer;
+    if (!t->o->zero) {
+        st->grad_norm = bb_optimizer_step(r->be, r->model, &r->opt, step, t->total_steps, &st->lr);
+        return BB_OK;
+    }
+    double sum = bb_optimizer_sum_squares(r->be, r->model, &r->opt);
+    if (red) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
+    st->grad_norm = sqrt(sum);
+    bb_optimizer_apply(r->be, r->model, &r->opt, step, t->total_steps, st->grad_norm, &st->lr);
+    if (red && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
+    return BB_OK;
+}
+
+/* ZeRO-1 over processes: rank 0's decision to save at the end of `step`,
+ * on every rank, which all join the gather of the optimizer shards. */
+static bb_status decide_save(replica *r, uint64_t step)
+{
+    reducer_t *red = r->t->reducer;
+    bool save = bb_reducer_broadcast_stop(red, r->index, r->index == 0 && bb_trainer_saves_at(r->t, step));
+    if (bb_reducer_aborted(red)) return bb_reducer_failure(red);
+    if (r->index == 0) r->t->save_now = save;
+    return BB_OK;
+}
+
 static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
 {
     trainer *t = r->t;
@@ -198,8 +230,9 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         uint64_t t0 = bb_clock_ns();
         BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation));
         bb_trace_range_push("optimizer");
-        st->grad_norm = bb_optimizer_step(r->be, r->model, &r->opt, step, t->total_steps, &st->lr);
+        bb_status rc = optimizer_step(r, step);
         bb_trace_range_pop();
+        BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation + 1));
         uint64_t t1 = bb_clock_ns();
         st->opt_ns = t1 - t0;
@@ -211,6 +244,7 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         BB_TRY(bb_backend_synchronize(r->be));
         double loss;
         BB_TRY(step_loss(r, &loss));
+        if (t->gather_saves) BB_TRY(decide_save(r, step + 1));
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (d == 0) {
             t->step_loss = loss;
