@@ -57,6 +57,40 @@ static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M
     bb_cpu_parallel(b, parts, gemm_task, &g);
 }
 
+/* ---- element-wise and row-wise ops over the pool ----------------------------
+ * An op's loop runs over fixed slices (EW_GRAIN elements, or whole rows
+ * near that), so a sum made of per-slice parts is the same for any thread
+ * count; an op smaller than one slice runs in the caller's thread. */
+enum { EW_GRAIN = 1 << 15 };
+
+typedef struct ew_args {
+    void (*range)(const struct ew_args *a, size_t lo, size_t hi, int slice);
+    float *x, *y, *z;      /* outputs (or in-place operands) */
+    const float *a, *c;    /* inputs */
+    uint16_t *h;           /* bf16 out */
+    const uint16_t *hc;    /* bf16 in */
+    float f[6];            /* scalars */
+    double *parts;         /* a sum's part per slice */
+    size_t n, grain;
+    int C;                 /* row-wise ops: the row width; n counts rows */
+} ew_args;
+
+static void ew_task(void *ctx, int slice, int thread)
+{
+    (void)thread;
+    const ew_args *a = ctx;
+    size_t lo = (size_t)slice * a->grain, hi = lo + a->grain < a->n ? lo + a->grain : a->n;
+    a->range(a, lo, hi, slice);
+}
+
+static int ew_slices(const ew_args *a) { return (int)((a->n + a->grain - 1) / a->grain); }
+
+static void ew_run(bb_backend_t *b, ew_args *a)
+{
+    if (!a->grain) a->grain = a->C ? (EW_GRAIN / (size_t)a->C > 0 ? EW_GRAIN / (size_t)a->C : 1) : EW_GRAIN;
+    bb_cpu_parallel(b, ew_slices(a), ew_task, a);
+}
+
 void bb_cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                         int IC, int OC)
 {
@@ -80,33 +114,52 @@ void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias
     if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
 }
 
+static void relu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) a->x[i] = a->a[i] > 0.0f ? a->a[i] : 0.0f;
+}
+
 void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+    ew_run(b, &(ew_args){.range = relu_forward_range, .x = out, .a = in, .n = n});
+}
+
+static void relu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) a->x[i] = a->c[i] > 0.0f ? a->a[i] : 0.0f;
 }
 
 void bb_cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) din[i] = in[i] > 0.0f ? dout[i] : 0.0f;
+    ew_run(b, &(ew_args){.range = relu_backward_range, .x = din, .a = dout, .c = in, .n = n});
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-void bb_cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+static void gelu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) {
+    (void)slice;
+    float *restrict out = a->x;
+    const float *restrict in = a->a;
+    for (size_t i = lo; i < hi; i++) {
         float x = in[i];
         out[i] = 0.5f * x * (1.0f + bb_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
     }
 }
 
-void bb_cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+void bb_cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) {
+    ew_run(b, &(ew_args){.range = gelu_forward_range, .x = out, .a = in, .n = n});
+}
+
+static void gelu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    float *din = a->x;
+    const float *dout = a->a, *in = a->c;
+    for (size_t i = lo; i < hi; i++) {
         float x = in[i];
         float t = bb_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
         float local = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
@@ -114,13 +167,28 @@ void bb_cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const 
     }
 }
 
+void bb_cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+{
+    ew_run(b, &(ew_args){.range = gelu_backward_range, .x = din, .a = dout, .c = in, .n = n});
+}
+
 #define LN_EPS 1e-5f
 
-void bb_cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
-                           const float *bias, int N, int C)
+/* LayerNorm's rows: x = out, y = mean, z = rstd, a = in, c = w, and: */
+typedef struct ln_args {
+    ew_args e;
+    const float *bias, *mean, *rstd, *dout;
+    float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
+} ln_args;
+
+static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
 {
-    (void)b;
-    for (int n = 0; n < N; n++) {
+    (void)slice;
+    const ln_args *a = (const ln_args *)ea;
+    int C = ea->C;
+    const float *in = ea->a, *w = ea->c, *bias = a->bias;
+    float *out = ea->x, *mean = ea->y, *rstd = ea->z;
+    for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C;
         float *y = out + (size_t)n * C;
         float m = 0.0f, var = 0.0f;
@@ -134,15 +202,25 @@ void bb_cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *r
     }
 }
 
-void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                            const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+void bb_cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
+                           const float *bias, int N, int C)
 {
-    (void)b;
-    if (!accumulate) {
-        memset(dw, 0, (size_t)C * sizeof *dw);
-        memset(dbias, 0, (size_t)C * sizeof *dbias);
-    }
-    for (int n = 0; n < N; n++) {
+    ln_args a = {.e = {.range = layernorm_forward_range, .x = out, .y = mean, .z = rstd, .a = in, .c = w,
+                       .n = (size_t)N, .C = C},
+                 .bias = bias};
+    ew_run(b, &a.e);
+}
+
+/* din for rows [lo, hi), and this slice's parts of dw and dbias (summed
+ * in slice order afterwards: the same for any thread count). */
+static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
+{
+    const ln_args *a = (const ln_args *)ea;
+    int C = ea->C;
+    const float *in = ea->a, *w = ea->c, *dout = a->dout, *mean = a->mean, *rstd = a->rstd;
+    float *din = a->din, *dw = a->parts + (size_t)slice * 2 * C, *dbias = dw + C;
+    memset(dw, 0, 2 * (size_t)C * sizeof *dw);
+    for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = din + (size_t)n * C;
         float m = mean[n], s = rstd[n];
@@ -161,6 +239,30 @@ void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *db
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
     }
+}
+
+void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
+                            const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+{
+    ln_args a = {.e = {.range = layernorm_backward_range, .a = in, .c = w, .n = (size_t)N, .C = C},
+                 .mean = mean, .rstd = rstd, .dout = dout, .din = din};
+    a.e.grain = EW_GRAIN / (size_t)C > 0 ? EW_GRAIN / (size_t)C : 1;
+    int slices = ew_slices(&a.e);
+    a.parts = malloc((size_t)slices * 2 * C * sizeof *a.parts);
+    if (!a.parts) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_backward: out of host memory for %d slices", slices);
+        return;
+    }
+    ew_run(b, &a.e);
+    if (!accumulate) {
+        memset(dw, 0, (size_t)C * sizeof *dw);
+        memset(dbias, 0, (size_t)C * sizeof *dbias);
+    }
+    for (int k = 0; k < slices; k++) {
+        const float *pw = a.parts + (size_t)k * 2 * C, *pb = pw + C;
+        for (int i = 0; i < C; i++) dw[i] += pw[i], dbias[i] += pb[i];
+    }
+    free(a.parts);
 }
 
 void bb_cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
@@ -190,10 +292,15 @@ void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const 
     }
 }
 
+static void add_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) a->x[i] = a->a[i] + a->c[i];
+}
+
 void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
+    ew_run(b, &(ew_args){.range = add_range, .x = out, .a = x, .c = y, .n = n});
 }
 
 typedef struct xent_args {
@@ -257,15 +364,13 @@ void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, 
     if (valid) *valid = counted;
 }
 
-void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float weight_decay, int t)
+static void adamw_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
-    (void)b;
-    /* torch.optim.AdamW's formula (foreach=False), in float: decay, then
-     * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
-    float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    float step = lr / bc1, decay = 1.0f - lr * weight_decay;
-    for (size_t i = 0; i < n; i++) {
+    (void)slice;
+    float *params = a->x, *m = a->y, *v = a->z;
+    const float *grads = a->a;
+    float beta1 = a->f[0], beta2 = a->f[1], eps = a->f[2], step = a->f[3], decay = a->f[4], bc2_sqrt = a->f[5];
+    for (size_t i = lo; i < hi; i++) {
         float g = grads[i];
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -274,22 +379,57 @@ void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, 
     }
 }
 
-void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-             float momentum, float weight_decay)
+void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) {
+    /* torch.optim.AdamW's formula (foreach=False), in float: decay, then
+     * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+    float step = lr / bc1, decay = 1.0f - lr * weight_decay;
+    ew_run(b, &(ew_args){.range = adamw_range, .x = params, .y = m, .z = v, .a = grads, .n = n,
+                         .f = {beta1, beta2, eps, step, decay, bc2_sqrt}});
+}
+
+static void sgd_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    float *params = a->x, *momentum_buf = a->y, lr = a->f[0], momentum = a->f[1], weight_decay = a->f[2];
+    const float *grads = a->a;
+    for (size_t i = lo; i < hi; i++) {
         float d = grads[i] + weight_decay * params[i];
         if (momentum != 0.0f) d = momentum_buf[i] = momentum * momentum_buf[i] + d;
         params[i] -= lr * d;
     }
 }
 
+void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+             float momentum, float weight_decay)
+{
+    ew_run(b, &(ew_args){.range = sgd_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
+                         .f = {lr, momentum, weight_decay}});
+}
+
+static void sum_squares_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    double s = 0.0;
+    for (size_t i = lo; i < hi; i++) s += (double)a->a[i] * a->a[i];
+    a->parts[slice] = s;
+}
+
+/* Per slice in double, the slices summed in order. */
 double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
-    (void)b;
+    ew_args a = {.range = sum_squares_range, .a = x, .n = n, .grain = EW_GRAIN};
+    double one, *parts = ew_slices(&a) > 1 ? malloc((size_t)ew_slices(&a) * sizeof *parts) : &one;
+    if (!parts) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "sum_squares: out of host memory");
+        return NAN;
+    }
+    a.parts = parts;
+    ew_run(b, &a);
     double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (int k = 0; k < ew_slices(&a); k++) s += parts[k];
+    if (parts != &one) free(parts);
     return s;
 }
 
@@ -306,26 +446,41 @@ int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *ta
     return hits;
 }
 
+static void scale_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) a->x[i] *= a->f[0];
+}
+
 void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) x[i] *= factor;
+    ew_run(b, &(ew_args){.range = scale_range, .x = x, .n = n, .f = {factor}});
+}
+
+static void bf16_round_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) {
+        uint16_t h = bb_bf16_from_float(a->x[i]);
+        a->x[i] = bb_bf16_to_float(h);
+        if (a->h) a->h[i] = h;
+    }
 }
 
 void bb_cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = bb_bf16_from_float(x[i]);
-        x[i] = bb_bf16_to_float(h);
-        if (packed) packed[i] = h;
-    }
+    ew_run(b, &(ew_args){.range = bf16_round_range, .x = x, .h = packed, .n = n});
+}
+
+static void bf16_unpack_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    for (size_t i = lo; i < hi; i++) a->x[i] = bb_bf16_to_float(a->hc[i]);
 }
 
 void bb_cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(packed[i]);
+    ew_run(b, &(ew_args){.range = bf16_unpack_range, .x = out, .hc = packed, .n = n});
 }
 
 void bb_cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
