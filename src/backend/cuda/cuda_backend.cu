@@ -328,7 +328,7 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
              "linear_backward din");
 }
 
-// Tiled (flash-style) attention: kernels of cuda_kernels.cu, no T×T matrix.
+// Tiled (flash-style) attention: kernels of cuda_attention.cu, no T×T matrix.
 void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
     use(b);

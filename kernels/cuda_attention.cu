@@ -1,0 +1,245 @@
+// cuda_attention.cu — the tiled (flash-style) attention kernels and their
+// launchers (cuda_kernels.h): forward, dQ and dK/dV, fp32 and bf16 operands.
+#include <math.h>
+
+#include "bigbatch/backend.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+
+namespace {
+
+// ---- tiled (flash-style) attention ------------------------------------------
+// Head h of row t: q at qkv + (b·T + t)·3C + h·hs, k at +C, v at +2C. Tiles
+// of kKeys keys (one lane each) are staged in shared memory with a row
+// pitch of hs + 1 (no bank conflicts when lanes read different keys). The
+// forward and the dQ kernel give each warp one query row, kRows rows per
+// block sharing the key tiles; the dK/dV kernel gives one warp kKeys keys
+// and walks the query rows below them. Every sum runs in a fixed order
+// (no atomics): the results are deterministic. Bf16: the products' operands
+// (q, k, v, dout, p, dS) are rounded to bf16 as tensor cores would take
+// them; sums stay fp32.
+constexpr int kRows = 8, kKeys = 32;
+
+template <bool Bf16> __device__ float operand(float x)
+{
+    return Bf16 ? bb_bf16_to_float(bb_bf16_from_float(x)) : x;
+}
+
+// Stages keys j0 .. j0+kKeys-1 of k and v into shared memory (rows past T
+// become 0), between two barriers: the previous tile is no longer read,
+// and this one is whole. All threads of the block take part.
+template <bool Bf16>
+__device__ void stage_keys(float *ks, float *vs, const float *base, int j0, int T, int C, int hs, int pitch)
+{
+    __syncthreads();
+    for (int e = threadIdx.x; e < kKeys * hs; e += blockDim.x) {
+        int jj = e / hs, d = e % hs, j = j0 + jj;
+        const float *row = base + (size_t)j * 3 * C;
+        ks[jj * pitch + d] = j < T ? operand<Bf16>(row[C + d]) : 0.0f;
+        vs[jj * pitch + d] = j < T ? operand<Bf16>(row[2 * C + d]) : 0.0f;
+    }
+    __syncthreads();
+}
+
+__device__ float row_dot(const float *x, const float *y, int hs)
+{
+    float s = 0.0f;
+    for (int d = 0; d < hs; d++) s += x[d] * y[d];
+    return s;
+}
+
+// dout_i · out_i, summed by the warp.
+__device__ float warp_row_dot(const float *x, const float *y, int hs)
+{
+    float s = 0.0f;
+    for (int d = threadIdx.x % 32; d < hs; d += 32) s += x[d] * y[d];
+    return warp_sum(s);
+}
+
+// grid (ceil(T / kRows), NH, B), kRows warps. Shared: k and v tiles, then
+// per warp its q row, output accumulator and probabilities.
+template <bool Bf16>
+__global__ void attention_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale)
+{
+    extern __shared__ float sm[];
+    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
+    float *ks = sm, *vs = ks + kKeys * pitch, *q = vs + kKeys * pitch + warp * hs,
+          *acc = vs + kKeys * pitch + kRows * hs + warp * hs, *ps = vs + kKeys * pitch + 2 * kRows * hs + warp * kKeys;
+    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    bool active = i < T;
+    for (int d = lane; d < hs; d += 32) {
+        q[d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) * scale : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    int keys = min(i0 + kRows, T); // j0 <= i0 <= i for every tile: each row sees a key per tile
+    for (int j0 = 0; j0 < keys; j0 += kKeys) {
+        stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
+        if (!active) continue;
+        int j = j0 + lane;
+        float s = j <= i ? row_dot(q, ks + lane * pitch, hs) : -INFINITY;
+        float mx = fmaxf(m, warp_max(s));
+        float p = j <= i ? expf(s - mx) : 0.0f, corr = expf(m - mx);
+        l = l * corr + warp_sum(p);
+        m = mx;
+        ps[lane] = operand<Bf16>(p);
+        __syncwarp();
+        for (int d = lane; d < hs; d += 32) {
+            float a = acc[d] * corr;
+            for (int jj = 0; jj < kKeys; jj++) a += ps[jj] * vs[jj * pitch + d];
+            acc[d] = a;
+        }
+        __syncwarp();
+    }
+    if (!active) return;
+    float *o = out + ((size_t)b * T + i) * C + (size_t)h * hs;
+    for (int d = lane; d < hs; d += 32) o[d] = acc[d] / l;
+    if (lane == 0) lse[((size_t)b * NH + h) * T + i] = m + logf(l);
+}
+
+// dQ: as the forward, per query row: p = exp(scale·q·k - lse), dS = p ∘
+// (dout·vᵀ - D) with D = dout·out, dq = scale · Σ dS·k.
+template <bool Bf16>
+__global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int T, int C, int NH, float scale)
+{
+    extern __shared__ float sm[];
+    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
+    float *ks = sm, *vs = ks + kKeys * pitch, *rows = vs + kKeys * pitch;
+    float *q = rows + warp * hs, *dy = rows + (kRows + warp) * hs, *acc = rows + (2 * kRows + warp) * hs,
+          *ds = rows + 3 * kRows * hs + warp * kKeys;
+    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    bool active = i < T;
+    size_t yoff = ((size_t)b * T + (active ? i : 0)) * C + (size_t)h * hs;
+    for (int d = lane; d < hs; d += 32) {
+        q[d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) * scale : 0.0f;
+        dy[d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
+        acc[d] = 0.0f;
+    }
+    __syncwarp();
+    float D = warp_row_dot(dout + yoff, out + yoff, hs);
+    float L = active ? lse[((size_t)b * NH + h) * T + i] : 0.0f;
+    int keys = min(i0 + kRows, T);
+    for (int j0 = 0; j0 < keys; j0 += kKeys) {
+        stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
+        if (!active) continue;
+        int j = j0 + lane;
+        float g = 0.0f;
+        if (j <= i) {
+            float p = expf(row_dot(q, ks + lane * pitch, hs) - L);
+            g = p * (row_dot(dy, vs + lane * pitch, hs) - D) * scale;
+        }
+        ds[lane] = operand<Bf16>(g);
+        __syncwarp();
+        for (int d = lane; d < hs; d += 32) {
+            float a = acc[d];
+            for (int jj = 0; jj < kKeys; jj++) a += ds[jj] * ks[jj * pitch + d];
+            acc[d] = a;
+        }
+        __syncwarp();
+    }
+    if (!active) return;
+    float *dq = dqkv + ((size_t)b * T + i) * 3 * C + (size_t)h * hs;
+    for (int d = lane; d < hs; d += 32) dq[d] = acc[d];
+}
+
+// dK and dV: grid (ceil(T / kKeys), NH, B), one warp; lane jj owns key
+// j0 + jj and accumulates its rows over the query rows i >= j0 in order.
+template <bool Bf16>
+__global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                                int T, int C, int NH, float scale)
+{
+    extern __shared__ float sm[];
+    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+    int j0 = blockIdx.x * kKeys, j = j0 + lane;
+    float *ks = sm, *vs = ks + kKeys * pitch, *dk = vs + kKeys * pitch, *dv = dk + kKeys * pitch,
+          *q = dv + kKeys * pitch, *dy = q + hs;
+    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
+    for (int d = 0; d < hs; d++) dk[lane * pitch + d] = dv[lane * pitch + d] = 0.0f;
+    __syncwarp();
+    for (int i = j0; i < T; i++) {
+        size_t yoff = ((size_t)b * T + i) * C + (size_t)h * hs;
+        for (int d = lane; d < hs; d += 32) {
+            q[d] = operand<Bf16>(base[(size_t)i * 3 * C + d]);
+            dy[d] = operand<Bf16>(dout[yoff + d]);
+        }
+        float D = warp_row_dot(dout + yoff, out + yoff, hs), L = lse[((size_t)b * NH + h) * T + i];
+        __syncwarp();
+        if (j <= i) {
+            float p = expf(row_dot(q, ks + lane * pitch, hs) * scale - L);
+            float g = operand<Bf16>(p * (row_dot(dy, vs + lane * pitch, hs) - D) * scale);
+            p = operand<Bf16>(p);
+            for (int d = 0; d < hs; d++) {
+                dv[lane * pitch + d] += p * dy[d];
+                dk[lane * pitch + d] += g * q[d];
+            }
+        }
+        __syncwarp();
+    }
+    if (j >= T) return;
+    float *dkr = dqkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+    for (int d = 0; d < hs; d++) dkr[d] = dk[lane * pitch + d], dkr[C + d] = dv[lane * pitch + d];
+}
+
+// Dynamic shared memory beyond the default 48 KiB must be asked for per
+// kernel; past the device's limit the launch fails (a head too wide).
+template <typename K> cudaError_t allow_shared(K kernel, size_t bytes)
+{
+    return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)
+                             : cudaSuccess;
+}
+
+template <bool Bf16>
+cudaError_t attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    size_t bytes = (2 * (size_t)kKeys * (hs + 1) + 2 * (size_t)kRows * hs + kRows * kKeys) * sizeof(float);
+    cudaError_t e = allow_shared(attention_forward_k<Bf16>, bytes);
+    if (e != cudaSuccess) return e;
+    dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
+    attention_forward_k<Bf16><<<grid, kRows * 32, bytes, s>>>(out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    return cudaGetLastError();
+}
+
+template <bool Bf16>
+cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t dq_bytes = (2 * (size_t)kKeys * (hs + 1) + 3 * (size_t)kRows * hs + kRows * kKeys) * sizeof(float);
+    size_t dkv_bytes = (4 * (size_t)kKeys * (hs + 1) + 2 * (size_t)hs) * sizeof(float);
+    cudaError_t e = allow_shared(attention_dq_k<Bf16>, dq_bytes);
+    if (e == cudaSuccess) e = allow_shared(attention_dkv_k<Bf16>, dkv_bytes);
+    if (e != cudaSuccess) return e;
+    dim3 rows((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
+    attention_dq_k<Bf16><<<rows, kRows * 32, dq_bytes, s>>>(dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    dim3 keys((unsigned)((T + kKeys - 1) / kKeys), (unsigned)NH, (unsigned)B);
+    attention_dkv_k<Bf16><<<keys, 32, dkv_bytes, s>>>(dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
+                                  bool bf16)
+{
+    if (B <= 0 || T <= 0) return cudaGetLastError();
+    return bf16 ? attention_forward<true>(s, out, lse, qkv, B, T, C, NH)
+                : attention_forward<false>(s, out, lse, qkv, B, T, C, NH);
+}
+
+cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C, int NH, bool bf16)
+{
+    if (B <= 0 || T <= 0) return cudaGetLastError();
+    return bf16 ? attention_backward<true>(s, dqkv, dout, qkv, out, lse, B, T, C, NH)
+                : attention_backward<false>(s, dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+
+} // extern "C"
