@@ -1,22 +1,10 @@
 /* test_model.c — the models on the CPU backend: gradients against finite
  * differences, checkpointing (bitwise-equal gradients, less activation
- * memory), gradient accumulation, safetensors, and parity with PyTorch
- * (tests/torch_parity.py, run on the weights and batch written here). */
+ * memory), the chunked LM head, gradient accumulation, safetensors and
+ * batches. Parity with PyTorch is test_parity.c. */
 #include <math.h>
 
-#include "bigbatch/model.h"
-#include "bigbatch/pack.h"
-#include "test_util.h"
-
-static bb_backend_t *be;
-
-static void backend_up(void)
-{
-    bb_backend_options o = {.threads = 1};
-    cr_assert_eq(bb_backend_create_cpu(&o, &be), BB_OK);
-}
-
-static void backend_down(void) { bb_backend_destroy(be); }
+#include "model_fixture.h"
 
 TestSuite(model, .init = backend_up, .fini = backend_down);
 
@@ -35,43 +23,6 @@ static bb_model_config tiny_mlp(int checkpoint_every)
     bb_model_config c = bb_model_mlp_config(MLP_IN, hidden, 2, MLP_CLASSES);
     c.checkpoint_every = checkpoint_every;
     return c;
-}
-
-static bb_model_t *make_model(const bb_model_config *c, int B, uint64_t seed)
-{
-    bb_model_t *m;
-    cr_assert_eq(bb_model_create(be, c, B, &m), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_model_init(m, seed), BB_OK);
-    return m;
-}
-
-/* A deterministic batch for either kind (gpt: one target ignored), in host
- * arrays: inputs are int32 tokens (gpt) or float features (mlp). */
-typedef struct host_batch {
-    void *inputs;
-    int32_t *targets;
-    size_t input_bytes, target_count;
-} host_batch;
-
-static host_batch make_batch(const bb_model_config *c, int B, uint64_t seed)
-{
-    bool gpt = c->kind == bb_model_kind_find("gpt");
-    host_batch h = {.target_count = (size_t)(gpt ? B * c->seq_len : B)};
-    h.input_bytes = gpt ? h.target_count * sizeof(int32_t) : (size_t)B * c->inputs * sizeof(float);
-    h.inputs = malloc(h.input_bytes);
-    h.targets = malloc(h.target_count * sizeof *h.targets);
-    uint64_t s = seed;
-    for (size_t i = 0; i < h.target_count; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        h.targets[i] = (int32_t)((s >> 45) % (uint64_t)(gpt ? c->vocab : c->classes));
-        if (gpt) ((int32_t *)h.inputs)[i] = (int32_t)((s >> 20) % (uint64_t)c->vocab);
-    }
-    if (gpt) h.targets[1] = -1;
-    for (int i = 0; !gpt && i < B * c->inputs; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        ((float *)h.inputs)[i] = (float)((s >> 40) % 1000) / 1000.0f;
-    }
-    return h;
 }
 
 static void set_batch(bb_model_t *m, int B, uint64_t seed)
@@ -445,140 +396,6 @@ Test(model, safetensors_round_trip_and_errors)
     bb_model_destroy(a), bb_model_destroy(b), bb_model_destroy(w), bb_model_destroy(d);
     tu_rm_tree(dir);
     free(path), free(dir);
-}
-
-/* ---- PyTorch parity ---------------------------------------------------- */
-/* Writes the initial weights, the batch, the loss and gradients of one
- * forward/backward, and the weights after 10 AdamW steps on that batch, for
- * tests/torch_parity.py to redo in PyTorch and compare. */
-static void need_torch(void)
-{
-    if (system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
-        cr_skip_test("skipped: /usr/bin/python3 cannot import torch (make deps installs python3-torch)");
-}
-
-/* On the batch `h` (make_batch's when NULL). */
-static void parity_on(const bb_model_config *c, int B, const char *kind, const host_batch *batch)
-{
-    need_torch();
-    char *dir = tu_temp_dir(), path[4200];
-    bb_model_t *m = make_model(c, B, 42), *g = make_model(c, B, 42);
-    host_batch h = batch ? *batch : make_batch(c, B, 43);
-    snprintf(path, sizeof path, "%s/inputs.bin", dir), tu_write_file(path, h.inputs, h.input_bytes);
-    snprintf(path, sizeof path, "%s/targets.bin", dir), tu_write_file(path, h.targets, h.target_count * 4);
-    snprintf(path, sizeof path, "%s/init.safetensors", dir);
-    cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
-    cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
-    float normalizer = (float)bb_model_batch_targets(m);
-    double loss = 0;
-    float *mom = calloc(bb_model_param_count(m), sizeof *mom), *var = calloc(bb_model_param_count(m), sizeof *var);
-    for (int step = 1; step <= 10; step++) {
-        double l;
-        cr_assert_eq(bb_model_forward(m, normalizer, &l, NULL), BB_OK);
-        cr_assert_eq(bb_model_backward(m, false), BB_OK);
-        if (step == 1) {
-            loss = l;
-            memcpy(bb_model_params(g), bb_model_grads(m), bb_model_param_count(m) * sizeof(float));
-            snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-            cr_assert_eq(bb_model_save_safetensors(g, path), BB_OK);
-        }
-        for (int t = 0; t < bb_model_tensor_count(m); t++) {
-            const bb_tensor_info *ti = bb_model_tensor(m, t);
-            bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
-                        var + ti->offset, ti->count, 1e-3f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, step);
-        }
-    }
-    snprintf(path, sizeof path, "%s/after.safetensors", dir);
-    cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
-    char spec[512];
-    if (c->kind == bb_model_kind_find("gpt"))
-        snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->layers, c->heads, c->d_model, c->seq_len, c->vocab, B);
-    else
-        snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->inputs, c->hidden[0], c->hidden[1], c->classes, B);
-    char loss_text[64];
-    snprintf(loss_text, sizeof loss_text, "%.17g", loss);
-    tu_run r = tu_run_argv((char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, NULL});
-    printf("%s", r.out);
-    cr_assert_eq(r.exit_code, 0, "%s parity with PyTorch failed:\n%s%s", kind, r.out, r.err);
-    tu_run_free(&r);
-    if (!batch) free(h.inputs), free(h.targets);
-    free(mom), free(var);
-    bb_model_destroy(m), bb_model_destroy(g);
-    tu_rm_tree(dir);
-    free(dir);
-}
-
-static void parity(const bb_model_config *c, int B, const char *kind) { parity_on(c, B, kind, NULL); }
-
-Test(model, mlp_matches_pytorch, .timeout = 120)
-{
-    const int hidden[] = {32, 16};
-    bb_model_config c = bb_model_mlp_config(20, hidden, 2, 10);
-    parity(&c, 16, "mlp");
-}
-
-Test(model, gpt_matches_pytorch, .timeout = 120)
-{
-    bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
-    parity(&c, 3, "gpt");
-}
-
-/* GPT-2's vocabulary, 12 heads and T 512 (8 tiles of attention rows and
- * keys), the head in 11 chunks of 100 tokens (the last one 24), on tokens
- * from an llm.c token file packed as `pack --format llmc` does. (No
- * .timeout: with a third timed test Criterion's runner leaks 48 bytes,
- * which ASan reports.) */
-Test(model, gpt_matches_pytorch_at_t512_with_gpt2_vocabulary)
-{
-    need_torch();
-    enum { T = 512, B = 2, V = 50257 };
-    char *dir = tu_temp_dir(), *bin = tu_path(dir, "tokens.bin"), *packed = tu_path(dir, "packed");
-    size_t n = (size_t)B * T + 1;
-    int32_t header[256] = {20240520, 1, (int32_t)n};
-    uint8_t *file = malloc(sizeof header + 2 * n);
-    memcpy(file, header, sizeof header);
-    uint64_t s = 7;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t t = (uint16_t)(bb_splitmix64(&s) % V);
-        memcpy(file + sizeof header + 2 * i, &t, 2);
-    }
-    tu_write_file(bin, file, sizeof header + 2 * n);
-    bb_pack_options o = bb_pack_defaults();
-    o.format = BB_PACK_LLMC;
-    o.inputs = (const char *const[]){bin};
-    o.input_count = 1;
-    o.seq_len = T;
-    o.vocab = V;
-    o.out_dir = packed;
-    bb_pack_report report;
-    cr_assert_eq(bb_pack(&o, &report), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(report.train.records, B);
-
-    bb_dataset_t *ds;
-    cr_assert_eq(bb_dataset_open(packed, &ds), BB_OK, "%s", bb_error_message());
-    const bb_shard_meta *meta = bb_dataset_meta(ds);
-    bb_model_config c = bb_model_gpt_config(2, 12, 96, 0, 0);
-    cr_assert_eq(bb_model_config_from_data(&c, meta, packed), BB_OK, "%s", bb_error_message());
-    cr_assert(c.seq_len == T && c.vocab == V, "the packed data gives T %d, vocabulary %d", c.seq_len, c.vocab);
-    c.loss_chunk = 100;
-    uint16_t *records = malloc((size_t)B * (T + 1) * 2);
-    bb_frame_decoder_t *dec;
-    cr_assert_eq(bb_frame_decoder_create(&dec), BB_OK);
-    cr_assert_eq(bb_shard_read_frame(bb_dataset_shard(ds, 0), 0, dec, records, (size_t)B * (T + 1) * 2), BB_OK,
-                 "%s", bb_error_message());
-    host_batch h = {.inputs = malloc((size_t)B * T * 4), .targets = malloc((size_t)B * T * 4),
-                    .input_bytes = (size_t)B * T * 4, .target_count = (size_t)B * T};
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            ((int32_t *)h.inputs)[b * T + t] = records[b * (T + 1) + t];
-            h.targets[b * T + t] = records[b * (T + 1) + t + 1];
-        }
-    parity_on(&c, B, "gpt (T 512, 12 heads, vocabulary 50257, chunks of 100)", &h);
-    bb_frame_decoder_destroy(dec);
-    bb_dataset_close(ds);
-    free(records), free(h.inputs), free(h.targets), free(file), free(bin), free(packed);
-    tu_rm_tree(dir);
-    free(dir);
 }
 
 /* ---- loader records to batches ----------------------------------------- */

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""torch_parity.py DIR SPEC LOSS — redo in PyTorch what tests/test_model.c did
+"""torch_parity.py DIR SPEC LOSS — redo in PyTorch what tests/test_parity.c did
 in bigbatch, and compare.
 
 DIR holds init.safetensors (the initial weights), inputs.bin and targets.bin
