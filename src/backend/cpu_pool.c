@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "cpu_pool.h"
 
@@ -92,8 +91,7 @@ static void *worker_main(void *arg)
 
 static int budget(const bb_backend_t *b)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = b->opt.threads > 0 ? b->opt.threads : cpus > 0 ? (int)cpus : 1;
+    int n = b->opt.threads > 0 ? b->opt.threads : bb_cpu_count();
     return n < 1 ? 1 : n > 256 ? 256 : n;
 }
 
