@@ -320,25 +320,26 @@ __global__ void sum_rows_k(double *out, const double *rows, int n)
 }
 
 // ---- optimizers --------------------------------------------------------------
-// torch.optim.AdamW (foreach=False): decay, then lr/bias1 · m / (sqrt(v)/bias2_sqrt + eps).
+// torch.optim.AdamW (foreach=False): decay, then lr/bias1 · m / (sqrt(v)/bias2_sqrt + eps),
+// on the gradient times `scale` (a clip's factor).
 __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                        float wd, float bias1, float bias2_sqrt)
+                        float wd, float bias1, float bias2_sqrt, float scale)
 {
     float step = lr / bias1, decay = 1.0f - lr * wd;
     GRID_STRIDE(i, n)
     {
-        float gi = g[i];
+        float gi = g[i] * scale;
         float mi = m[i] = b1 * m[i] + (1.0f - b1) * gi;
         float vi = v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
         p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bias2_sqrt + eps);
     }
 }
 
-__global__ void sgd_k(float *p, const float *g, float *buf, size_t n, float lr, float momentum, float wd)
+__global__ void sgd_k(float *p, const float *g, float *buf, size_t n, float lr, float momentum, float wd, float scale)
 {
     GRID_STRIDE(i, n)
     {
-        float d = g[i] + wd * p[i];
+        float d = g[i] * scale + wd * p[i];
         if (momentum != 0.0f) d = buf[i] = momentum * buf[i] + d;
         p[i] -= lr * d;
     }
@@ -561,16 +562,17 @@ cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n)
 }
 
 cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt)
+                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale)
 {
-    adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt);
+    adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt,
+                                             grad_scale);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
-                    float weight_decay)
+                    float weight_decay, float grad_scale)
 {
-    sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay);
+    sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
     return cudaGetLastError();
 }
 

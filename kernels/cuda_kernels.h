@@ -76,9 +76,9 @@ cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dl
 cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n);
 
 cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt);
+                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale);
 cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
-                    float weight_decay);
+                    float weight_decay, float grad_scale);
 /* partial[b] = sum of squares of block b's share; returns the block count
  * used through *blocks (at most max_blocks). */
 /* *hits += rows whose argmax is their target (see bb_op_count_correct);

@@ -5,10 +5,15 @@ run beside it by perf/train_bench.sh to compare
   mlp: final test accuracy of a 784-1024-1024-10 ReLU MLP on Fashion-MNIST
        (AdamW, constant lr, a fresh permutation each epoch, the last N mod G
        records of an epoch dropped, weight decay on weight matrices only —
-       bigbatch's rules), and
+       bigbatch's rules), or, with --steps, its training throughput with
+       gradient accumulation (as the gpt's);
   gpt: training throughput of a small GPT (seq 256, vocab 256) with gradient
        accumulation: G/micro-batch micro-steps, each loss divided by that
-       count, one AdamW step per global batch G.
+       count, one optimizer step per global batch G.
+
+Throughput runs time whole optimizer steps (after --warmup-steps untimed
+ones) and clip the gradient norm to --grad-clip first, as `bigbatch train`
+does by default; --optimizer sgd is SGD with --momentum.
 
 The models are tests/torch_parity.py's reference modules (nanoGPT's names);
 the GPT gets bigbatch's initialisation here (normal 0.02, c_proj weights
@@ -54,12 +59,46 @@ def read_records(directory, record_bytes):
     return np.frombuffer(raw, dtype=np.uint8).reshape(-1, record_bytes)
 
 
-def adamw(model, args):
+def optimizer(model, args):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum)
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+
+
+def timed_steps(args, model, opt, micro_batches, examples):
+    """Runs --warmup-steps + --steps optimizer steps of G/B micro-steps each
+    (micro_batches() yields (input, target) pairs of --micro-batch records),
+    prints one JSON line with the median step's throughput."""
+    G, B = args.global_batch, args.micro_batch
+    if G % B:
+        sys.exit("torch_train_bench: --global-batch must be a multiple of --micro-batch")
+    accum = G // B
+    times, losses = [], []
+    for step in range(args.warmup_steps + args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(accum):
+            x, y = next(micro_batches)
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)) / accum
+            loss.backward()
+            total += loss.item()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        elapsed = time.perf_counter() - t0
+        losses.append(total)
+        print(f"step {step + 1}: loss {total:.4f}, {elapsed * 1e3:.1f} ms"
+              f"{' (warm-up)' if step < args.warmup_steps else ''}", file=sys.stderr)
+        if step >= args.warmup_steps:
+            times.append(elapsed)
+    median = statistics.median(times)
+    print(json.dumps({"step_ms": median * 1e3, "samples_per_s": G / median, "tokens_per_s": G * examples / median,
+                      "loss_first": losses[0], "loss_last": losses[-1]}))
 
 
 def fmnist(directory):
@@ -69,10 +108,20 @@ def fmnist(directory):
 
 def run_mlp(args):
     x_train, y_train = fmnist(os.path.join(args.data, "train"))
+    if args.steps is not None:
+        torch.manual_seed(args.seed)
+        model = MLP(784, [1024, 1024], 10)
+
+        def micro_batches():
+            while True:
+                for i in range(0, len(x_train) - args.micro_batch + 1, args.micro_batch):
+                    yield x_train[i:i + args.micro_batch], y_train[i:i + args.micro_batch]
+        timed_steps(args, model, optimizer(model, args), micro_batches(), 1)
+        return
     x_test, y_test = fmnist(os.path.join(args.data, "test"))
     torch.manual_seed(args.seed)
     model = MLP(784, [1024, 1024], 10)  # nn.Linear's default initialisation
-    opt = adamw(model, args)
+    opt = optimizer(model, args)
     G, N = args.global_batch, len(x_train)
     steps_per_epoch = N // G  # the last N mod G records of an epoch are dropped
 
@@ -119,40 +168,18 @@ def gpt_init(model, layers):
 
 
 def run_gpt(args):
-    G, B = args.global_batch, args.micro_batch
-    if G % B:
-        sys.exit("torch_train_bench: --global-batch must be a multiple of --micro-batch")
-    accum = G // B
     tokens = torch.from_numpy(read_records(os.path.join(args.data, "train"), 514).view("<u2").astype(np.int64))
     T = tokens.shape[1] - 1
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.heads, args.d_model, T, 256)
     gpt_init(model, args.layers)
-    opt = adamw(model, args)
-    times, losses, cursor = [], [], 0
-    for step in range(args.warmup_steps + args.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(accum):
-            if cursor + B > len(tokens):
-                cursor = 0
-            batch = tokens[cursor:cursor + B]
-            cursor += B
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1)) / accum
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        elapsed = time.perf_counter() - t0
-        losses.append(total)
-        print(f"step {step + 1}: loss {total:.4f}, {elapsed * 1e3:.0f} ms"
-              f"{' (warm-up)' if step < args.warmup_steps else ''}", file=sys.stderr)
-        if step >= args.warmup_steps:
-            times.append(elapsed)
-    median = statistics.median(times)
-    print(json.dumps({"step_ms": median * 1e3, "tokens_per_s": G * T / median,
-                      "loss_first": losses[0], "loss_last": losses[-1]}))
+
+    def micro_batches():
+        while True:
+            for i in range(0, len(tokens) - args.micro_batch + 1, args.micro_batch):
+                batch = tokens[i:i + args.micro_batch]
+                yield batch[:, :-1], batch[:, 1:]
+    timed_steps(args, model, optimizer(model, args), micro_batches(), T)
 
 
 def main():
@@ -161,6 +188,9 @@ def main():
     ap.add_argument("--data", required=True, help="dataset directory holding train/ and test/ (mlp) or train/ (gpt)")
     ap.add_argument("--global-batch", type=int, default=None, help="records per optimizer step (mlp 256, gpt 64)")
     ap.add_argument("--lr", type=float, default=1e-3, help="constant learning rate")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--momentum", type=float, default=0.9, help="sgd")
+    ap.add_argument("--grad-clip", type=float, default=0.0, help="throughput runs: clip the gradient norm; 0: off")
     ap.add_argument("--weight-decay", type=float, default=None, help="on weight matrices only (mlp 0.01, gpt 0.0)")
     ap.add_argument("--beta2", type=float, default=0.999)
     ap.add_argument("--seed", type=int, default=1)
@@ -170,15 +200,18 @@ def main():
     ap.add_argument("--layers", type=int, default=4, help="gpt")
     ap.add_argument("--heads", type=int, default=4, help="gpt")
     ap.add_argument("--d-model", type=int, default=128, help="gpt")
-    ap.add_argument("--micro-batch", type=int, default=8, help="gpt: records per micro-step")
-    ap.add_argument("--steps", type=int, default=6, help="gpt: timed optimizer steps")
-    ap.add_argument("--warmup-steps", type=int, default=2, help="gpt: untimed optimizer steps first")
+    ap.add_argument("--micro-batch", type=int, default=8, help="throughput: records per micro-step")
+    ap.add_argument("--steps", type=int, default=None, help="throughput: timed optimizer steps (gpt: default 6; "
+                    "mlp: a throughput run instead of the accuracy run)")
+    ap.add_argument("--warmup-steps", type=int, default=2, help="throughput: untimed optimizer steps first")
     args = ap.parse_args()
     gpt = args.model == "gpt"
     if args.global_batch is None:
         args.global_batch = 64 if gpt else 256
     if args.weight_decay is None:
         args.weight_decay = 0.0 if gpt else 0.01
+    if gpt and args.steps is None:
+        args.steps = 6
     torch.set_num_threads(args.threads)
     (run_gpt if gpt else run_mlp)(args)
 

@@ -14,6 +14,16 @@
 #      x 32, where the all-reduce is a larger part of the step.
 #   4. ZeRO-1: the same gpt on cpu:2 (G 64 = 2 x 4 x 8) and cpu:4 (4 x 2 x
 #      8) with --zero 1 against --zero 0: step time (goal: <= 1.05x).
+#   5. CPU speed against PyTorch on the same work, every side with 2
+#      threads and clipping the gradient norm to 1: a gpt of 4 layers, 4
+#      heads, d 256, T 256, G 32 (8192 tokens a step; AdamW) as 8 x 4 on
+#      cpu:1 and as 2 x 4 x 4 or 2 x 2 x 8 on cpu:2; the Fashion-MNIST mlp
+#      with SGD (momentum 0.9), G 256 as 1 x 256 and as 8 x 32 (cpu:2:
+#      2 x 1 x 128 and 2 x 4 x 32). Tokens or samples per second, and the
+#      share of the machine's sgemm rate on the gpt's own shapes
+#      (perf/gemm_bench.c, same run) that the gpt step reaches.
+#
+# SECTIONS=5 (a list, e.g. "1 5") runs only those sections; default all.
 #
 # Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
 # waiting, as ARCHITECTURE.md's measured facts require for a fair peer.
@@ -22,6 +32,8 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
 STEPS=${STEPS:-8}
 ACC_RUNS=${ACC_RUNS:-1}
+SECTIONS=${SECTIONS:-1 2 3 4 5}
+on() { [[ " $SECTIONS " == *" $1 "* ]]; }
 make --no-print-directory all >/dev/null
 [ -d data/fmnist/train ] || make --no-print-directory data-fmnist >/dev/null
 . perf/peer_env.sh
@@ -34,32 +46,67 @@ gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS
 mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"
 declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct z0_2 z1_2 z0_4 z1_4
 step_ms() { $PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$1" samples_per_s)"; }
+# section 5: name -> "bigbatch arguments" (the peer's in peer_of)
+declare -A speed_args peer_of S
+speed_cases=(gpt1 gpt2a gpt2b mlp256_1 mlp256_2 mlp32_1 mlp32_2)
+g5="--data data/kjv/train --d-model 256 --global-batch 32 --steps $STEPS --grad-clip 1 --quiet"
+m5="--model mlp --data data/fmnist/train --global-batch 256 --optimizer sgd --lr 0.01 --momentum 0.9 --grad-clip 1 --steps 30 --quiet"
+speed_args=([gpt1]="$g5 --micro-batch 8" [gpt2a]="$g5 --devices cpu:2 --micro-batch 4" [gpt2b]="$g5 --devices cpu:2 --micro-batch 8"
+            [mlp256_1]="$m5 --micro-batch 256" [mlp256_2]="$m5 --devices cpu:2 --micro-batch 128"
+            [mlp32_1]="$m5 --micro-batch 32" [mlp32_2]="$m5 --devices cpu:2 --micro-batch 32")
+peer5() { # KIND MICRO_BATCH: the PyTorch peer's throughput (tokens/s for the gpt, samples/s for the mlp)
+    if [ "$1" = gpt ]; then
+        $PY perf/torch_train_bench.py gpt --data data/kjv --layers 4 --heads 4 --d-model 256 --global-batch 32 \
+            --micro-batch "$2" --steps $((STEPS - 2)) --warmup-steps 2 --lr 1e-3 --grad-clip 1 --threads 2 2>/dev/null |
+            field tokens_per_s
+    else
+        $PY perf/torch_train_bench.py mlp --data data/fmnist --global-batch 256 --micro-batch "$2" --steps 20 \
+            --warmup-steps 3 --optimizer sgd --lr 0.01 --momentum 0.9 --grad-clip 1 --threads 2 2>/dev/null |
+            field samples_per_s
+    fi
+}
 for ((i = 0; i < RUNS; i++)); do
-    bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
-    bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
-    torch_tok+=("$($PY perf/torch_train_bench.py gpt --data data/kjv --layers 4 --heads 4 --d-model 128 \
-        --global-batch 64 --micro-batch 8 --steps $((STEPS - 2)) --warmup-steps 2 --lr 1e-3 --threads 2 \
-        2>/dev/null | field tokens_per_s)")
-    bin/bigbatch train $gpt_args --devices cpu:2 --metrics "$tmp/o.jsonl"
-    ov_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/o.jsonl" samples_per_s)")")
-    ov_pct+=("$(steady "$tmp/o.jsonl" overlap_pct)"); ov_wait+=("$(steady "$tmp/o.jsonl" data_wait_pct)")
-    bin/bigbatch train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
-    no_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/n.jsonl" samples_per_s)")")
-    no_wait+=("$(steady "$tmp/n.jsonl" data_wait_pct)")
-    bin/bigbatch train $mlp_args --metrics "$tmp/mo.jsonl"
-    mov_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/mo.jsonl" samples_per_s)")")
-    mov_red+=("$(steady "$tmp/mo.jsonl" reduce_ms)"); mov_pct+=("$(steady "$tmp/mo.jsonl" overlap_pct)")
-    bin/bigbatch train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
-    mno_ms+=("$($PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$tmp/mn.jsonl" samples_per_s)")")
-    for n in 2 4; do
-        bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 0 --metrics "$tmp/z0.jsonl"
-        bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 1 --metrics "$tmp/z1.jsonl"
-        eval "z0_$n+=(\"\$(step_ms \"\$tmp/z0.jsonl\")\")"; eval "z1_$n+=(\"\$(step_ms \"\$tmp/z1.jsonl\")\")"
-    done
+    if on 2; then
+        bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
+        bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
+        torch_tok+=("$($PY perf/torch_train_bench.py gpt --data data/kjv --layers 4 --heads 4 --d-model 128 \
+            --global-batch 64 --micro-batch 8 --steps $((STEPS - 2)) --warmup-steps 2 --lr 1e-3 --threads 2 \
+            2>/dev/null | field tokens_per_s)")
+    fi
+    if on 3; then
+        bin/bigbatch train $gpt_args --devices cpu:2 --metrics "$tmp/o.jsonl"
+        ov_ms+=("$(step_ms "$tmp/o.jsonl")")
+        ov_pct+=("$(steady "$tmp/o.jsonl" overlap_pct)"); ov_wait+=("$(steady "$tmp/o.jsonl" data_wait_pct)")
+        bin/bigbatch train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
+        no_ms+=("$(step_ms "$tmp/n.jsonl")")
+        no_wait+=("$(steady "$tmp/n.jsonl" data_wait_pct)")
+        bin/bigbatch train $mlp_args --metrics "$tmp/mo.jsonl"
+        mov_ms+=("$(step_ms "$tmp/mo.jsonl")")
+        mov_red+=("$(steady "$tmp/mo.jsonl" reduce_ms)"); mov_pct+=("$(steady "$tmp/mo.jsonl" overlap_pct)")
+        bin/bigbatch train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
+        mno_ms+=("$(step_ms "$tmp/mn.jsonl")")
+    fi
+    if on 4; then
+        for n in 2 4; do
+            bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 0 --metrics "$tmp/z0.jsonl"
+            bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 1 --metrics "$tmp/z1.jsonl"
+            eval "z0_$n+=(\"\$(step_ms \"\$tmp/z0.jsonl\")\")"; eval "z1_$n+=(\"\$(step_ms \"\$tmp/z1.jsonl\")\")"
+        done
+    fi
+    if on 5; then
+        for c in "${speed_cases[@]}"; do
+            bin/bigbatch train ${speed_args[$c]} --metrics "$tmp/s.jsonl"
+            key=samples_per_s; [[ $c == gpt* ]] && key=tokens_per_s
+            S[$c]+="$(steady "$tmp/s.jsonl" $key) "
+        done
+        S[peer_gpt]+="$(peer5 gpt 8) "
+        S[peer_mlp256]+="$(peer5 mlp 256) "
+        S[peer_mlp32]+="$(peer5 mlp 32) "
+    fi
 done
 
 declare -a bb_acc torch_acc
-for ((i = 0; i < ACC_RUNS; i++)); do
+for ((i = 0; on 1 && i < ACC_RUNS; i++)); do
     bin/bigbatch train --model mlp --data data/fmnist --global-batch 256 --micro-batch 32 --epochs 5 --lr 1e-3 \
         --lr-schedule constant --weight-decay 0.01 --grad-clip 0 --beta2 0.999 --seed $((i + 1)) --log-every 0 \
         --metrics "$tmp/m.jsonl" 2>/dev/null
@@ -68,41 +115,82 @@ for ((i = 0; i < ACC_RUNS; i++)); do
         --weight-decay 0.01 --seed $((i + 1)) --threads 2 2>/dev/null | field test_accuracy)")
 done
 
-bt=$(median "${bb_tok[@]}") tt=$(median "${torch_tok[@]}")
-om=$(median "${ov_ms[@]}") nm=$(median "${no_ms[@]}")
-echo "# train_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of $RUNS runs (steps 3..$STEPS of each)"
-echo
-echo "| what | bigbatch | PyTorch $($PY -c 'import torch; print(torch.__version__)') | ratio |"
-echo "|---|---|---|---|"
-printf '| gpt 4x128 T 256, G 64 = 8 x 8, tokens/s | %.0f | %.0f | **%sx** |\n' "$bt" "$tt" "$(r2 "$bt" "$tt")"
-for ((i = 0; i < ACC_RUNS; i++)); do
+torch_version=$($PY -c 'import torch; print(torch.__version__)')
+echo "# train_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of $RUNS runs (steps 3..$STEPS of each), sections $SECTIONS"
+if on 1 || on 2; then
+    echo
+    echo "| what | bigbatch | PyTorch $torch_version | ratio |"
+    echo "|---|---|---|---|"
+fi
+if on 2; then
+    bt=$(median "${bb_tok[@]}") tt=$(median "${torch_tok[@]}")
+    printf '| gpt 4x128 T 256, G 64 = 8 x 8, tokens/s | %.0f | %.0f | **%sx** |\n' "$bt" "$tt" "$(r2 "$bt" "$tt")"
+fi
+for ((i = 0; on 1 && i < ACC_RUNS; i++)); do
     printf '| Fashion-MNIST mlp, 5 epochs, test accuracy (seed %d) | %.2f%% | %.2f%% | %+.2f points |\n' $((i + 1)) \
         "$(awk -v a="${bb_acc[$i]}" 'BEGIN {print 100 * a}')" "$(awk -v a="${torch_acc[$i]}" 'BEGIN {print 100 * a}')" \
         "$(awk -v a="${bb_acc[$i]}" -v b="${torch_acc[$i]}" 'BEGIN {print 100 * (a - b)}')"
 done
+if on 3; then
+    om=$(median "${ov_ms[@]}") nm=$(median "${no_ms[@]}")
+    echo
+    echo "| gpt on cpu:2 (G 64 = 2 x 4 x 8) | step ms | overlap % | data-wait % |"
+    echo "|---|---|---|---|"
+    printf '| reducer overlapping the backward | %.0f | %.0f | %.2f |\n' "$om" "$(median "${ov_pct[@]}")" "$(median "${ov_wait[@]}")"
+    printf '| --no-overlap | %.0f | 0 | %.2f |\n' "$nm" "$(median "${no_wait[@]}")"
+    printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$om" "$nm")"
+    if on 2; then
+        printf '| gpt tokens/s on cpu:2 vs cpu:1 (data parallel vs 2 BLAS threads) | %.0f vs %.0f: **%sx** | | |\n' \
+            "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt" "$(r2 "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt")"
+    fi
+    mo=$(median "${mov_ms[@]}") mn=$(median "${mno_ms[@]}")
+    echo
+    echo "| mlp 784-1024-1024-10 on cpu:2 (G 64 = 2 x 1 x 32) | step ms | reduce ms | overlap % |"
+    echo "|---|---|---|---|"
+    printf '| reducer overlapping the backward | %.2f | %.2f | %.0f |\n' "$mo" "$(median "${mov_red[@]}")" "$(median "${mov_pct[@]}")"
+    printf '| --no-overlap | %.2f | | 0 |\n' "$mn"
+    printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$mo" "$mn")"
+fi
+if on 4; then
+    echo
+    echo "| gpt, ZeRO-1 (G 64) | --zero 0 step ms | --zero 1 step ms | zero 1 / zero 0 |"
+    echo "|---|---|---|---|"
+    for n in 2 4; do
+        eval "a=\$(median \"\${z0_$n[@]}\") b=\$(median \"\${z1_$n[@]}\")"
+        printf '| cpu:%d (%d x %d x 8) | %.0f | %.0f | **%s** |\n' "$n" "$n" $((8 / n)) "$a" "$b" "$(r2 "$b" "$a")"
+    done
+fi
+if on 5; then
+    # shellcheck disable=SC2086
+    gcc -O2 -o "$tmp/gemm_bench" perf/gemm_bench.c $(pkg-config --cflags --libs openblas)
+    gemm=$("$tmp/gemm_bench" 2048 256 256 4 2) # a micro-batch of 8 x 256 tokens, the gpt's shapes, 2 threads
+    ceiling=$(echo "$gemm" | field ceiling_gflops)
+    # the gpt step's model FLOPs per token: 6 x (12 L C^2 + C V) for the linear layers (forward and
+    # backward), 6 L T C for causal attention's two products (forward and backward, recomputation not counted)
+    per_token=$((6 * (12 * 4 * 256 * 256 + 256 * 256) + 6 * 4 * 256 * 256))
+    m() { median ${S[$1]}; }
+    echo
+    echo "| CPU speed, 2 threads a side, clip 1 | bigbatch | PyTorch $torch_version | ratio |"
+    echo "|---|---|---|---|"
+    for row in "gpt1 peer_gpt gpt 4x256 T 256, G 32 = 1 x 4 x 8 (AdamW), cpu:1, tokens/s" \
+               "gpt2a peer_gpt the same on cpu:2 (2 x 4 x 4)" "gpt2b peer_gpt the same on cpu:2 (2 x 2 x 8)" \
+               "mlp256_1 peer_mlp256 mlp G 256 = 1 x 1 x 256 (SGD), cpu:1, samples/s" "mlp256_2 peer_mlp256 the same on cpu:2 (2 x 1 x 128)" \
+               "mlp32_1 peer_mlp32 mlp G 256 = 1 x 8 x 32 (SGD), cpu:1, samples/s" "mlp32_2 peer_mlp32 the same on cpu:2 (2 x 4 x 32)"; do
+        read -r c p what <<<"$row"
+        printf '| %s | %.0f | %.0f | **%sx** |\n' "$what" "$(m $c)" "$(m $p)" "$(r2 "$(m $c)" "$(m $p)")"
+    done
+    best=$(m gpt1)
+    for c in gpt2a gpt2b; do best=$(awk -v a="$best" -v b="$(m $c)" 'BEGIN {print (b > a ? b : a)}'); done
+    echo
+    echo "sgemm on the gpt's shapes (perf/gemm_bench.c, 2 threads): $gemm"
+    printf 'gpt step at its best --devices: %.0f tokens/s x %d FLOP/token = %.1f GFLOP/s = **%.0f%%** of the %.1f GFLOP/s ceiling (cpu:1: %.0f%%)\n' \
+        "$best" "$per_token" "$(awk -v t="$best" -v f="$per_token" 'BEGIN {print t * f * 1e-9}')" \
+        "$(awk -v t="$best" -v f="$per_token" -v c="$ceiling" 'BEGIN {print 100 * t * f * 1e-9 / c}')" "$ceiling" \
+        "$(awk -v t="$(m gpt1)" -v f="$per_token" -v c="$ceiling" 'BEGIN {print 100 * t * f * 1e-9 / c}')"
+    for c in "${speed_cases[@]}" peer_gpt peer_mlp256 peer_mlp32; do echo "per-run $c: ${S[$c]}"; done
+fi
 echo
-echo "| gpt on cpu:2 (G 64 = 2 x 4 x 8) | step ms | overlap % | data-wait % |"
-echo "|---|---|---|---|"
-printf '| reducer overlapping the backward | %.0f | %.0f | %.2f |\n' "$om" "$(median "${ov_pct[@]}")" "$(median "${ov_wait[@]}")"
-printf '| --no-overlap | %.0f | 0 | %.2f |\n' "$nm" "$(median "${no_wait[@]}")"
-printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$om" "$nm")"
-printf '| gpt tokens/s on cpu:2 vs cpu:1 (data parallel vs 2 BLAS threads) | %.0f vs %.0f: **%sx** | | |\n' \
-    "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt" "$(r2 "$(awk -v ms="$om" 'BEGIN {print 64 * 256 / ms * 1000}')" "$bt")"
-mo=$(median "${mov_ms[@]}") mn=$(median "${mno_ms[@]}")
-echo
-echo "| mlp 784-1024-1024-10 on cpu:2 (G 64 = 2 x 1 x 32) | step ms | reduce ms | overlap % |"
-echo "|---|---|---|---|"
-printf '| reducer overlapping the backward | %.2f | %.2f | %.0f |\n' "$mo" "$(median "${mov_red[@]}")" "$(median "${mov_pct[@]}")"
-printf '| --no-overlap | %.2f | | 0 |\n' "$mn"
-printf '| overlap / no-overlap step time | **%s** | | |\n' "$(r2 "$mo" "$mn")"
-echo
-echo "| gpt, ZeRO-1 (G 64) | --zero 0 step ms | --zero 1 step ms | zero 1 / zero 0 |"
-echo "|---|---|---|---|"
-for n in 2 4; do
-    eval "a=\$(median \"\${z0_$n[@]}\") b=\$(median \"\${z1_$n[@]}\")"
-    printf '| cpu:%d (%d x %d x 8) | %.0f | %.0f | **%s** |\n' "$n" "$n" $((8 / n)) "$a" "$b" "$(r2 "$b" "$a")"
-done
-echo
-echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
-echo "per-run cpu:2 step ms: overlap ${ov_ms[*]}; no-overlap ${no_ms[*]}"
-echo "per-run mlp cpu:2 step ms: overlap ${mov_ms[*]}; no-overlap ${mno_ms[*]}"
+on 2 && echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
+on 3 && echo "per-run cpu:2 step ms: overlap ${ov_ms[*]}; no-overlap ${no_ms[*]}"
+on 3 && echo "per-run mlp cpu:2 step ms: overlap ${mov_ms[*]}; no-overlap ${mno_ms[*]}"
+true

@@ -387,13 +387,13 @@ Test(cuda, optimizers_match_cpu)
     bb_backend_copy(gpu, v.g, absv, n * sizeof *absv, BB_COPY_H2D);
     free(absv);
     for (int t = 1; t <= 3; t++) {
-        bb_op_adamw(cpu, p.c, g.c, m.c, v.c, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        bb_op_adamw(gpu, p.g, g.g, m.g, v.g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        bb_op_adamw(cpu, p.c, g.c, m.c, v.c, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+        bb_op_adamw(gpu, p.g, g.g, m.g, v.g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
     }
     expect_close("adamw params", p, 1e-5);
     expect_close("adamw m", m, 1e-5);
     expect_close("adamw v", v, 1e-5);
-    bb_op_sgd(cpu, p.c, g.c, m.c, n, 0.1f, 0.9f, 0.01f), bb_op_sgd(gpu, p.g, g.g, m.g, n, 0.1f, 0.9f, 0.01f);
+    bb_op_sgd(cpu, p.c, g.c, m.c, n, 0.1f, 0.9f, 0.01f, 0.5f), bb_op_sgd(gpu, p.g, g.g, m.g, n, 0.1f, 0.9f, 0.01f, 0.5f);
     expect_close("sgd params", p, 1e-5);
 }
 

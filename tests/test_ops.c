@@ -385,7 +385,7 @@ Test(ops, adamw_and_sgd_match_a_double_precision_reference)
     for (int i = 0; i < N; i++) rp[i] = p[i];
     const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
     for (int t = 1; t <= 5; t++) {
-        bb_op_adamw(be, p, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        bb_op_adamw(be, p, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t, 1.0f);
         for (int i = 0; i < N; i++) {
             rm[i] = b1 * rm[i] + (1 - b1) * g[i];
             rv[i] = b2 * rv[i] + (1 - b2) * g[i] * g[i];
@@ -399,7 +399,7 @@ Test(ops, adamw_and_sgd_match_a_double_precision_reference)
     double rq[N], rb[N] = {0};
     for (int i = 0; i < N; i++) rq[i] = q[i];
     for (int t = 0; t < 3; t++) {
-        bb_op_sgd(be, q, g, buf, N, 0.1f, 0.9f, 0.01f);
+        bb_op_sgd(be, q, g, buf, N, 0.1f, 0.9f, 0.01f, 1.0f);
         for (int i = 0; i < N; i++) {
             rb[i] = 0.9 * rb[i] + g[i] + 0.01 * rq[i];
             rq[i] -= 0.1 * rb[i];
@@ -412,6 +412,43 @@ Test(ops, adamw_and_sgd_match_a_double_precision_reference)
     bb_op_scale(be, g, 0.5f, N);
     cr_assert_float_eq(bb_op_sum_squares(be, g, N), ref / 4, 1e-9);
     free(p), free(g), free(q);
+}
+
+/* The clip folded into the update (grad_scale) is the old clip-then-update:
+ * AdamW to the bit, SGD within rounding (where g·scale + wd·p compiles to a
+ * fused multiply-add, the product g·scale is not rounded on its own); the
+ * gradients are left as they were. */
+Test(ops, an_update_with_grad_scale_equals_scaling_the_gradients_first)
+{
+    enum { N = 1000 };
+    const float s = 0.3712f;
+    float *g = random_floats(N, 21, 1), *gs = random_floats(N, 21, 1), *keep = random_floats(N, 21, 1);
+    bb_op_scale(be, gs, s, N);
+    for (int kind = 0; kind < 2; kind++) {
+        float *p1 = random_floats(N, 22, 1), *p2 = random_floats(N, 22, 1), m1[N] = {0}, m2[N] = {0}, v1[N] = {0},
+              v2[N] = {0};
+        for (int t = 1; t <= 3; t++) {
+            if (kind == 0) {
+                bb_op_adamw(be, p1, g, m1, v1, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, s);
+                bb_op_adamw(be, p2, gs, m2, v2, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+            } else {
+                bb_op_sgd(be, p1, g, m1, N, 0.1f, 0.9f, 0.01f, s);
+                bb_op_sgd(be, p2, gs, m2, N, 0.1f, 0.9f, 0.01f, 1.0f);
+            }
+        }
+        if (kind == 0) {
+            cr_assert_eq(memcmp(p1, p2, sizeof(float) * N), 0, "adamw: params differ");
+            cr_assert_eq(memcmp(m1, m2, sizeof m1), 0);
+            cr_assert_eq(memcmp(v1, v2, sizeof v1), 0);
+        } else
+            for (int i = 0; i < N; i++) {
+                cr_assert_float_eq(p1[i], p2[i], 1e-6f * (1 + fabsf(p2[i])), "sgd param %d", i);
+                cr_assert_float_eq(m1[i], m2[i], 1e-6f * (1 + fabsf(m2[i])), "sgd momentum %d", i);
+            }
+        free(p1), free(p2);
+    }
+    cr_assert_eq(memcmp(g, keep, sizeof(float) * N), 0, "the gradients were changed");
+    free(g), free(gs), free(keep);
 }
 
 /* Argmax hits against the rule written out: the first largest logit wins,

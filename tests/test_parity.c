@@ -44,7 +44,7 @@ static void parity_on(const bb_model_config *c, int B, const char *kind, const h
         for (int t = 0; t < bb_model_tensor_count(m); t++) {
             const bb_tensor_info *ti = bb_model_tensor(m, t);
             bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
-                        var + ti->offset, ti->count, 1e-3f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, step);
+                        var + ti->offset, ti->count, 1e-3f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, step, 1.0f);
         }
     }
     snprintf(path, sizeof path, "%s/after.safetensors", dir);

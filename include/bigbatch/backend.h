@@ -260,12 +260,15 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits /*
 int bb_op_count_correct(bb_backend_t *b, const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N,
                         int V);
 
-/* AdamW (decoupled weight decay, bias correction at step t >= 1), in place. */
+/* AdamW (decoupled weight decay, bias correction at step t >= 1), in place,
+ * on the gradients times grad_scale (a clip's factor, applied as they are
+ * read; grads is left as it is; 1: none). */
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int t);
-/* SGD with momentum (PyTorch's rule: buf = momentum*buf + g + wd*p). */
+                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
+/* SGD with momentum (PyTorch's rule: buf = momentum*buf + g + wd*p) on
+ * g = grads times grad_scale (as in bb_op_adamw). */
 void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-               float momentum, float weight_decay);
+               float momentum, float weight_decay, float grad_scale);
 /* Sum of squares of x[0..n), accumulated in double. */
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
 /* x *= factor. */

@@ -383,17 +383,17 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, c
 }
 
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int t)
+                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
 {
     op_entry(b, "adamw");
-    if (runs(b)) b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    if (runs(b)) b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
 void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-               float momentum, float weight_decay)
+               float momentum, float weight_decay, float grad_scale)
 {
     op_entry(b, "sgd");
-    if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay);
+    if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale);
 }
 
 int bb_op_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)

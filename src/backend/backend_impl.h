@@ -64,9 +64,9 @@ typedef struct bb_backend_vtable {
     void (*softmax_crossentropy)(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int N, int V, float normalizer, int *valid);
     void (*adamw)(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
+                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
     void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                float momentum, float weight_decay);
+                float momentum, float weight_decay, float grad_scale);
     double (*sum_squares)(bb_backend_t *b, const float *x, size_t n);
     int (*count_correct)(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
     void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);

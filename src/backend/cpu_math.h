@@ -1,7 +1,9 @@
 /* cpu_math.h — private: exp and tanh for the CPU ops, written so that the
  * compiler vectorizes the loops that call them (libm's expf/tanhf are
  * scalar calls: GELU alone spent 15% of a gpt step in them). Cephes'
- * single-precision exp polynomial: within 1 ulp of expf on [-87, 88]. */
+ * single-precision exp polynomial: within 1 ulp of expf on [-87, 88].
+ * And the sum of squares of a float array, vectorized the same way (the
+ * CPU ops' and the CPU reducer's). */
 #ifndef BIGBATCH_CPU_MATH_H
 #define BIGBATCH_CPU_MATH_H
 
@@ -35,5 +37,21 @@ static inline float bb_expf(float x)
 }
 
 static inline float bb_tanhf(float x) { return 1.0f - 2.0f / (bb_expf(2.0f * x) + 1.0f); }
+
+/* Sum of x[i]² in double: BB_SUM_LANES running sums (i mod lanes) that
+ * the compiler keeps in one vector register, added in lane order after the
+ * tail. The same result for the same n, whatever the machine's vectors. */
+enum { BB_SUM_LANES = 8 };
+static inline double bb_sum_squares_f32(const float *x, size_t n)
+{
+    double lane[BB_SUM_LANES] = {0};
+    size_t i = 0;
+    for (; i + BB_SUM_LANES <= n; i += BB_SUM_LANES)
+        for (int k = 0; k < BB_SUM_LANES; k++) lane[k] += (double)x[i + k] * x[i + k];
+    double s = 0.0;
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    for (int k = 0; k < BB_SUM_LANES; k++) s += lane[k];
+    return s;
+}
 
 #endif

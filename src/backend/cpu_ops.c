@@ -69,7 +69,7 @@ typedef struct ew_args {
     const float *a, *c;    /* inputs */
     uint16_t *h;           /* bf16 out */
     const uint16_t *hc;    /* bf16 in */
-    float f[6];            /* scalars */
+    float f[7];            /* scalars */
     double *parts;         /* a sum's part per slice */
     size_t n, grain;
     int C;                 /* row-wise ops: the row width; n counts rows */
@@ -117,7 +117,9 @@ void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias
 static void relu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    for (size_t i = lo; i < hi; i++) a->x[i] = a->a[i] > 0.0f ? a->a[i] : 0.0f;
+    float *out = a->x;
+    const float *in = a->a;
+    for (size_t i = lo; i < hi; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
 void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
@@ -128,7 +130,12 @@ void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 static void relu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    for (size_t i = lo; i < hi; i++) a->x[i] = a->c[i] > 0.0f ? a->a[i] : 0.0f;
+    float *din = a->x;
+    const float *dout = a->a, *in = a->c;
+    for (size_t i = lo; i < hi; i++) {
+        float g = dout[i]; /* read unconditionally: the loop vectorizes into a blend */
+        din[i] = in[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 void bb_cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
@@ -295,7 +302,9 @@ void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const 
 static void add_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    for (size_t i = lo; i < hi; i++) a->x[i] = a->a[i] + a->c[i];
+    float *out = a->x;
+    const float *x = a->a, *y = a->c;
+    for (size_t i = lo; i < hi; i++) out[i] = x[i] + y[i];
 }
 
 void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
@@ -369,9 +378,10 @@ static void adamw_range(const ew_args *a, size_t lo, size_t hi, int slice)
     (void)slice;
     float *params = a->x, *m = a->y, *v = a->z;
     const float *grads = a->a;
-    float beta1 = a->f[0], beta2 = a->f[1], eps = a->f[2], step = a->f[3], decay = a->f[4], bc2_sqrt = a->f[5];
+    float beta1 = a->f[0], beta2 = a->f[1], eps = a->f[2], step = a->f[3], decay = a->f[4], bc2_sqrt = a->f[5],
+          scale = a->f[6];
     for (size_t i = lo; i < hi; i++) {
-        float g = grads[i];
+        float g = grads[i] * scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         float p = params[i] * decay;
@@ -380,40 +390,39 @@ static void adamw_range(const ew_args *a, size_t lo, size_t hi, int slice)
 }
 
 void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float weight_decay, int t)
+               float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
 {
     /* torch.optim.AdamW's formula (foreach=False), in float: decay, then
      * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step = lr / bc1, decay = 1.0f - lr * weight_decay;
     ew_run(b, &(ew_args){.range = adamw_range, .x = params, .y = m, .z = v, .a = grads, .n = n,
-                         .f = {beta1, beta2, eps, step, decay, bc2_sqrt}});
+                         .f = {beta1, beta2, eps, step, decay, bc2_sqrt, grad_scale}});
 }
 
 static void sgd_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    float *params = a->x, *momentum_buf = a->y, lr = a->f[0], momentum = a->f[1], weight_decay = a->f[2];
+    float *params = a->x, *momentum_buf = a->y, lr = a->f[0], momentum = a->f[1], weight_decay = a->f[2],
+          scale = a->f[3];
     const float *grads = a->a;
     for (size_t i = lo; i < hi; i++) {
-        float d = grads[i] + weight_decay * params[i];
+        float d = grads[i] * scale + weight_decay * params[i];
         if (momentum != 0.0f) d = momentum_buf[i] = momentum * momentum_buf[i] + d;
         params[i] -= lr * d;
     }
 }
 
 void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-             float momentum, float weight_decay)
+             float momentum, float weight_decay, float grad_scale)
 {
     ew_run(b, &(ew_args){.range = sgd_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
-                         .f = {lr, momentum, weight_decay}});
+                         .f = {lr, momentum, weight_decay, grad_scale}});
 }
 
 static void sum_squares_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
-    double s = 0.0;
-    for (size_t i = lo; i < hi; i++) s += (double)a->a[i] * a->a[i];
-    a->parts[slice] = s;
+    a->parts[slice] = bb_sum_squares_f32(a->a + lo, hi - lo);
 }
 
 /* Per slice in double, the slices summed in order. */
@@ -449,7 +458,8 @@ int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *ta
 static void scale_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    for (size_t i = lo; i < hi; i++) a->x[i] *= a->f[0];
+    float *x = a->x, factor = a->f[0];
+    for (size_t i = lo; i < hi; i++) x[i] *= factor;
 }
 
 void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
@@ -460,10 +470,12 @@ void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
 static void bf16_round_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
+    float *x = a->x;
+    uint16_t *packed = a->h;
     for (size_t i = lo; i < hi; i++) {
-        uint16_t h = bb_bf16_from_float(a->x[i]);
-        a->x[i] = bb_bf16_to_float(h);
-        if (a->h) a->h[i] = h;
+        uint16_t h = bb_bf16_from_float(x[i]);
+        x[i] = bb_bf16_to_float(h);
+        if (packed) packed[i] = h;
     }
 }
 
@@ -475,7 +487,9 @@ void bb_cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 static void bf16_unpack_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    for (size_t i = lo; i < hi; i++) a->x[i] = bb_bf16_to_float(a->hc[i]);
+    float *out = a->x;
+    const uint16_t *packed = a->hc;
+    for (size_t i = lo; i < hi; i++) out[i] = bb_bf16_to_float(packed[i]);
 }
 
 void bb_cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)

@@ -28,9 +28,9 @@ void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, siz
 void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int N, int V, float normalizer, int *valid);
 void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float weight_decay, int t);
+               float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
 void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-             float momentum, float weight_decay);
+             float momentum, float weight_decay, float grad_scale);
 double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n);
 int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
 void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n);

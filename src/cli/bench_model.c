@@ -109,7 +109,8 @@ int bb_bench_model(int argc, char **argv)
         for (int t = 0; rc == BB_OK && t < bb_model_tensor_count(m); t++) {
             const bb_tensor_info *ti = bb_model_tensor(m, t);
             bb_op_adamw(be, bb_model_params(m) + ti->offset, bb_model_grads(m) + ti->offset, mom + ti->offset,
-                        var + ti->offset, ti->count, 1e-4f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, (int)s + 3);
+                        var + ti->offset, ti->count, 1e-4f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, (int)s + 3,
+                        1.0f);
         }
         if (rc == BB_OK) rc = bb_backend_synchronize(be); /* a GPU step ends when its work does */
         if (rc == BB_OK && s >= 0) times[s] = (bb_clock_ns() - t0) / 1e9;

@@ -98,11 +98,11 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
     /* The norm is of the reduced gradients, the same on every replica,
      * which all make the same choice. */
     if (!isfinite(norm)) return;
-    bool clip = c->grad_clip > 0 && norm > c->grad_clip;
+    /* A clip scales the gradients as the update reads them: one pass. */
+    float scale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
     int adam_t = step + 1 < INT_MAX ? (int)(step + 1) : INT_MAX; /* bias corrections are 1 long before */
     for (int r = 0; r < ranges_of(o); r++) {
         size_t lo = range_lo(o, r), hi = range_hi(o, r);
-        if (clip) bb_op_scale(be, grads + lo, (float)(c->grad_clip / norm), hi - lo);
         for (int i = 0; i < bb_model_tensor_count(m); i++) { /* the range's pieces, tensor by tensor */
             const bb_tensor_info *t = bb_model_tensor(m, i);
             size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
@@ -111,18 +111,11 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
             float wd = t->decay ? (float)c->weight_decay : 0.0f;
             if (c->kind == BB_OPTIMIZER_ADAMW)
                 bb_op_adamw(be, params + a, grads + a, o->m + at, o->v + at, b - a, lr, (float)c->beta1,
-                            (float)c->beta2, (float)c->eps, wd, adam_t);
+                            (float)c->beta2, (float)c->eps, wd, adam_t, scale);
             else
-                bb_op_sgd(be, params + a, grads + a, o->m + at, b - a, lr, (float)c->momentum, wd);
+                bb_op_sgd(be, params + a, grads + a, o->m + at, b - a, lr, (float)c->momentum, wd, scale);
         }
     }
-}
-
-double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr)
-{
-    double norm = sqrt(bb_optimizer_sum_squares(be, m, o));
-    bb_optimizer_apply(be, m, o, step, total, norm, lr);
-    return norm;
 }
 
 /* ---- optimizer.bin ----------------------------------------------------- */

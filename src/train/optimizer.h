@@ -44,16 +44,18 @@ typedef struct bb_optimizer {
 bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_shard *shard,
                               bb_optimizer *o);
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
-/* Clips the gradients to cfg.grad_clip (when set) and updates the
- * parameters for step `step` (0-based) of `total`. Returns the gradient
- * norm before clipping; *lr gets the rate used. A norm that is not finite
- * (NaN or infinite gradients) leaves the parameters and the optimizer
- * state untouched. */
-double bb_optimizer_step(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double *lr);
-/* The same in two halves, for a sharded optimizer: the sum of squares of
- * the gradients it updates, then, given the norm of all of them (the
- * shards' sums added over the devices), the clip and update of its part. */
+/* A step is two passes over the gradients at most: their sum of squares
+ * (this optimizer's part: all of them, or its shard's), which a caller
+ * skips when it has the norm already (the CPU reducer adds it up as it
+ * averages), then bb_optimizer_apply. */
 double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o);
+/* Given `norm`, the norm of the whole gradient (every shard's), updates
+ * o's parameters for step `step` (0-based) of `total` with the gradients
+ * clipped to norm cfg.grad_clip (when set), in one pass: the clip scales
+ * them as the update reads them (the gradient buffer keeps the unclipped
+ * values). *lr gets the rate used. A norm that is not finite (NaN or
+ * infinite gradients) leaves the parameters and the optimizer state
+ * untouched. */
 void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,
                         double *lr);
 /* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then

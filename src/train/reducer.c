@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu_math.h"
 #include "bigbatch/queue.h"
 #include "bigbatch/world.h"
 #include "reducer.h"
@@ -57,6 +58,7 @@ typedef struct cpu_reducer {
     int *next_bucket;             /* per device: the next bucket it will post this step */
     uint32_t *rounds;             /* per device: steps it has waited for */
     uint64_t *span_start, *span_end; /* per bucket, the last step */
+    double *squares;              /* per bucket: sum of squares of its average, the last step */
     float *acc;                   /* CHUNK floats; a whole bucket with several processes */
     float *gathered;              /* ZeRO-1 over processes: the weights being gathered */
     size_t param_count;
@@ -90,7 +92,7 @@ static void fail_reducer(cpu_reducer *c)
 /* Several processes: this process's devices summed in device order, the
  * sums summed over the processes (MPI, one call per bucket), then every
  * device's buffer gets the average over all the job's devices. */
-static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi)
+static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi, double *squares)
 {
     int devices = c->base.devices;
     size_t n = hi - lo;
@@ -104,13 +106,20 @@ static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi)
     float inv = 1.0f / (float)(devices * c->world);
     for (size_t i = 0; i < n; i++) acc[i] *= inv;
     for (int d = 0; d < devices; d++) memcpy(c->grads[d] + lo, acc, n * sizeof *acc);
+    for (size_t k = 0; k < n; k += CHUNK) *squares += bb_sum_squares_f32(acc + k, n - k < CHUNK ? n - k : CHUNK);
     return BB_OK;
 }
 
+/* The bucket's average into every device's buffer (ZeRO-1: its owner's
+ * slice), and the average's sum of squares into c->squares[bucket], added
+ * chunk by chunk (the same chunks with one process or several) while the
+ * chunk is in cache: the gradient norm costs no pass of its own. */
 static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
 {
+    double *squares = &c->squares[bucket];
+    *squares = 0.0;
     if (c->world > 1) {
-        if (average_world(c, lo, hi) != BB_OK) fail_reducer(c);
+        if (average_world(c, lo, hi, squares) != BB_OK) fail_reducer(c);
         return;
     }
     int devices = c->base.devices;
@@ -124,6 +133,7 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
             for (size_t i = 0; i < n; i++) acc[i] += g[i];
         }
         for (size_t i = 0; i < n; i++) acc[i] *= inv;
+        *squares += bb_sum_squares_f32(acc, n);
         for (int d = 0; d < devices; d++) {
             size_t a = k, b = k + n; /* ZeRO-1: only into the owner's slice */
             if (c->base.zero) {
@@ -176,7 +186,7 @@ static void cpu_destroy(reducer_t *r)
     }
     bb_reducer_free_buckets(r);
     free(c->grads), free(c->params), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
-    free(c->span_start), free(c->span_end), free(c->acc), free(c->values), free(c->gathered);
+    free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->gathered);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
     free(c);
@@ -314,6 +324,16 @@ static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_
     }
 }
 
+/* After cpu_wait: the buckets' sums in bucket order. */
+static bool cpu_sum_squares(const reducer_t *r, double *out)
+{
+    const cpu_reducer *c = (const cpu_reducer *)r;
+    double s = 0.0;
+    for (int b = 0; b < r->buckets; b++) s += c->squares[b];
+    *out = s;
+    return true;
+}
+
 static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .post = cpu_post,
                                     .wait = cpu_wait,
@@ -321,7 +341,8 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .last_step = cpu_last_step,
                                     .allreduce_scalar = cpu_allreduce_scalar,
                                     .broadcast_stop = cpu_broadcast_stop,
-                                    .allgather = cpu_allgather};
+                                    .allgather = cpu_allgather,
+                                    .sum_squares = cpu_sum_squares};
 
 static bb_status start_thread(cpu_reducer *c)
 {
@@ -354,13 +375,14 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     c->rounds = calloc((size_t)devices, sizeof *c->rounds);
     c->span_start = calloc((size_t)r->buckets + 1, sizeof *c->span_start);
     c->span_end = calloc((size_t)r->buckets + 1, sizeof *c->span_end);
+    c->squares = calloc((size_t)r->buckets + 1, sizeof *c->squares);
     size_t acc = CHUNK;
     for (int b = 0; c->world > 1 && b < r->buckets; b++) acc = r->hi[b] - r->lo[b] > acc ? r->hi[b] - r->lo[b] : acc;
     c->acc = malloc(acc * sizeof *c->acc);
     c->param_count = bb_model_param_count(a->model);
     if (a->zero && c->world > 1 && !(c->gathered = malloc(c->param_count * sizeof *c->gathered)))
         rc = rc == BB_OK ? bb_fail(BB_ERR_NOMEM, "out of memory") : rc;
-    if (rc == BB_OK && (!c->grads || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end ||
+    if (rc == BB_OK && (!c->grads || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int d = 0; rc == BB_OK && d < devices; d++) c->grads[d] = a->grads[d], c->params[d] = a->params ? a->params[d] : NULL;

@@ -56,6 +56,7 @@ typedef struct reducer_ops {
     double (*allreduce_scalar)(reducer_t *r, int device, double value);
     bool (*broadcast_stop)(reducer_t *r, int device, bool stop);
     bool (*allgather)(reducer_t *r, int device);
+    bool (*sum_squares)(const reducer_t *r, double *out); /* NULL: not kept */
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -147,6 +148,15 @@ static inline double bb_reducer_allreduce_scalar(reducer_t *r, int device, doubl
  * owner's slices into every replica; returns when this replica holds them
  * all (false when the reducer is aborted). Every device calls it. */
 static inline bool bb_reducer_allgather(reducer_t *r, int device) { return r->ops->allgather(r, device); }
+/* After bb_reducer_wait: the sum of squares of the whole averaged gradient
+ * (every bucket, every owner's slice), which the CPU reducer adds up as it
+ * averages, in a fixed order (the same on every device, and for ZeRO-1 the
+ * same as without). False when this reducer does not keep it (NCCL): the
+ * optimizer then reads the gradients for their norm. */
+static inline bool bb_reducer_sum_squares(const reducer_t *r, double *out)
+{
+    return r->ops->sum_squares && r->ops->sum_squares(r, out);
+}
 /* Owner k of n's slice of bucket b: the floats it updates and gathers
  * (owners are the job's devices: local device d is owner first_owner + d). */
 static inline void bb_reducer_slice(const reducer_t *r, int b, int k, int n, size_t *lo, size_t *hi)

@@ -162,7 +162,7 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     }
     r->losses[i] = f.loss;
     /* A step whose loss or gradient norm is NaN or infinite had its update
-     * withheld (bb_optimizer_step): it ends the run, before anything of it is
+     * withheld (bb_optimizer_apply): it ends the run, before anything of it is
      * saved, or (--on-nonfinite skip) is counted and passed over. */
     bool nonfinite = !isfinite(f.loss) || !isfinite(f.grad_norm);
     if (nonfinite && !o->skip_nonfinite) {

@@ -188,15 +188,17 @@ static bb_status optimizer_step(replica *r, uint64_t step)
     trainer *t = r->t;
     worker_stats *st = &r->stats;
     reducer_t *red = t->reducer;
-    if (!t->o->zero) {
-        st->grad_norm = bb_optimizer_step(r->be, r->model, &r->opt, step, t->total_steps, &st->lr);
-        return BB_OK;
+    /* The norm: the CPU reducer's, added up as it averaged; else a pass
+     * over this replica's gradients (with ZeRO-1 its shard's, summed over
+     * the devices). Then one pass that clips and updates. */
+    double sum;
+    if (!red || !bb_reducer_sum_squares(red, &sum)) {
+        sum = bb_optimizer_sum_squares(r->be, r->model, &r->opt);
+        if (red && t->o->zero) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
     }
-    double sum = bb_optimizer_sum_squares(r->be, r->model, &r->opt);
-    if (red) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
     st->grad_norm = sqrt(sum);
     bb_optimizer_apply(r->be, r->model, &r->opt, step, t->total_steps, st->grad_norm, &st->lr);
-    if (red && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
+    if (red && t->o->zero && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
     return BB_OK;
 }
 

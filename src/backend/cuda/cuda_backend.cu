@@ -478,19 +478,19 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
 }
 
 void cuda_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int t)
+                float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
 {
     use(b);
     float bias1 = 1.0f - powf(beta1, (float)t), bias2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    BB_CUDA_OP(b,
-               bbk_adamw(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt));
+    BB_CUDA_OP(b, bbk_adamw(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt,
+                            grad_scale));
 }
 
 void cuda_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-              float momentum, float weight_decay)
+              float momentum, float weight_decay, float grad_scale)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay));
+    BB_CUDA_OP(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale));
 }
 
 int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
