@@ -16,23 +16,18 @@ set -euo pipefail
 command -v perf >/dev/null || { echo "cpu_busy.sh: perf is not installed" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-perf record -q -a -F 997 -e cpu-clock -g -o "$tmp/perf.data" -- "$@" >"$tmp/out" 2>"$tmp/err" ||
+perf record -q -a -F 997 -e cpu-clock -o "$tmp/perf.data" -- "$@" >"$tmp/out" 2>"$tmp/err" ||
     { cat "$tmp/err" >&2; exit 1; }
-perf script -i "$tmp/perf.data" -F pid,cpu,time,sym 2>/dev/null >"$tmp/script" || true
+perf script -i "$tmp/perf.data" -F pid,cpu,time,ip,sym 2>/dev/null >"$tmp/script" || true
 /usr/bin/python3 - "$tmp/script" "$(nproc)" "$1" <<'EOF'
 import collections, re, sys
 path, ncpu, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-head = re.compile(r"^\s*(\d+)\s+\[(\d+)\]\s+([\d.]+):")
-samples, stack = [], None
+line_re = re.compile(r"^\s*(\d+)\s+\[(\d+)\]\s+([\d.]+):\s*(?:[0-9a-f]+\s+)?(\S*)")
+samples = []
 for line in open(path, errors="replace"):
-    m = head.match(line)
+    m = line_re.match(line)
     if m:
-        stack = [int(m.group(1)), int(m.group(2)), float(m.group(3)), None]
-        samples.append(stack)
-    elif stack is not None and stack[3] is None and line.strip():
-        parts = line.split()
-        stack[3] = parts[1] if len(parts) > 1 else "?"
-perf_pids = set()
+        samples.append((int(m.group(1)), int(m.group(2)), float(m.group(3)), m.group(4) or None))
 ours = [s for s in samples if s[0] != 0]
 # The command's process (and its re-exec, same pid) owns the most samples
 # besides perf itself, which records its own pid's few samples.
@@ -42,25 +37,14 @@ if not by_pid:
 pid = by_pid.most_common(1)[0][0]
 mine = [s for s in ours if s[0] == pid]
 t0, t1 = min(s[2] for s in mine), max(s[2] for s in mine)
-period = 1 / 997
-busy = collections.defaultdict(set)
-for _, cpu, t, _ in mine:
-    busy[int((t - t0) / period)].add(cpu)
-bins = int((t1 - t0) / period) + 1
-count = collections.Counter(len(busy.get(b, ())) for b in range(bins))
-print(f"# cpu_busy: {what}, {t1 - t0:.2f} s of wall time, {ncpu} CPUs, {len(mine)} samples of pid {pid}")
-print("| CPUs busy with the command | share of wall time |")
-print("|---|---|")
-for k in range(ncpu + 1):
-    print(f"| {k} | {100 * count.get(k, 0) / bins:.1f}% |")
-groups = collections.Counter()
+SPIN = "pool: waiting and spinning"
 def group(sym):
     if sym is None or sym == "[unknown]":
         return "other"
     if sym.startswith("sgemm") or "openblas" in sym.lower() or sym.startswith("blas"):
         return "BLAS (sgemm)"
     if sym in ("worker_main", "bb_cpu_parallel", "run_tasks") or "sched_yield" in sym or "futex" in sym:
-        return "pool: waiting and spinning"
+        return SPIN
     if sym.endswith("_range") or sym.startswith("xent") or "layernorm" in sym or "gelu" in sym:
         return "element-wise and row-wise ops"
     if "attention" in sym or sym in ("forward_task", "backward_task"):
@@ -68,8 +52,21 @@ def group(sym):
     if sym.startswith("__") or sym.startswith("_raw") or sym.startswith("do_") or sym.startswith("exc_") or "page" in sym:
         return "kernel and libc"
     return "other"
-for s in mine:
-    groups[group(s[3])] += 1
+period = 1 / 997
+busy, working = collections.defaultdict(set), collections.defaultdict(set)
+for _, cpu, t, sym in mine:
+    busy[int((t - t0) / period)].add(cpu)
+    if group(sym) != SPIN:
+        working[int((t - t0) / period)].add(cpu)
+bins = int((t1 - t0) / period) + 1
+count = collections.Counter(len(busy.get(b, ())) for b in range(bins))
+work = collections.Counter(len(working.get(b, ())) for b in range(bins))
+print(f"# cpu_busy: {what}, {t1 - t0:.2f} s of wall time, {ncpu} CPUs, {len(mine)} samples of pid {pid}")
+print("| CPUs running the command | share of wall time | the same, a pool thread's spin-wait counted as idle |")
+print("|---|---|---|")
+for k in range(ncpu + 1):
+    print(f"| {k} | {100 * count.get(k, 0) / bins:.1f}% | {100 * work.get(k, 0) / bins:.1f}% |")
+groups = collections.Counter(group(s[3]) for s in mine)
 print()
 print("| where the command's CPU time went | share |")
 print("|---|---|")

@@ -106,7 +106,8 @@ for ((i = 0; i < RUNS; i++)); do
 done
 
 declare -a bb_acc torch_acc
-for ((i = 0; on 1 && i < ACC_RUNS; i++)); do
+on 1 || ACC_RUNS=0
+for ((i = 0; i < ACC_RUNS; i++)); do
     bin/bigbatch train --model mlp --data data/fmnist --global-batch 256 --micro-batch 32 --epochs 5 --lr 1e-3 \
         --lr-schedule constant --weight-decay 0.01 --grad-clip 0 --beta2 0.999 --seed $((i + 1)) --log-every 0 \
         --metrics "$tmp/m.jsonl" 2>/dev/null
@@ -126,7 +127,7 @@ if on 2; then
     bt=$(median "${bb_tok[@]}") tt=$(median "${torch_tok[@]}")
     printf '| gpt 4x128 T 256, G 64 = 8 x 8, tokens/s | %.0f | %.0f | **%sx** |\n' "$bt" "$tt" "$(r2 "$bt" "$tt")"
 fi
-for ((i = 0; on 1 && i < ACC_RUNS; i++)); do
+for ((i = 0; i < ACC_RUNS; i++)); do
     printf '| Fashion-MNIST mlp, 5 epochs, test accuracy (seed %d) | %.2f%% | %.2f%% | %+.2f points |\n' $((i + 1)) \
         "$(awk -v a="${bb_acc[$i]}" 'BEGIN {print 100 * a}')" "$(awk -v a="${torch_acc[$i]}" 'BEGIN {print 100 * a}')" \
         "$(awk -v a="${bb_acc[$i]}" -v b="${torch_acc[$i]}" 'BEGIN {print 100 * (a - b)}')"

@@ -99,6 +99,42 @@ Test(ops, linear_backward_matches_finite_differences)
     free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
 }
 
+/* Products split over the backend's threads (by rows when the output is
+ * taller than wide, else by columns), each task starting its rows from the
+ * bias, and the bias gradient split by columns: the written-out rule, and
+ * the bias gradient the same bits on any thread count. */
+Test(ops, linear_layers_split_over_threads_are_the_rule)
+{
+    const int shapes[2][3] = {{1024, 48, 200}, {40, 48, 1024}}; /* N, IC, OC: rows split, columns split */
+    bb_backend_t *three;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &three), BB_OK);
+    for (int k = 0; k < 2; k++) {
+        int N = shapes[k][0], IC = shapes[k][1], OC = shapes[k][2];
+        float *in = random_floats((size_t)N * IC, 30, 1), *w = random_floats((size_t)OC * IC, 31, 1),
+              *bias = random_floats(OC, 32, 1), *dout = random_floats((size_t)N * OC, 33, 1),
+              *out = malloc((size_t)N * OC * 4), *dw = malloc((size_t)OC * IC * 4), *db1 = malloc(OC * 4),
+              *db3 = malloc(OC * 4), *din = malloc((size_t)N * IC * 4);
+        bb_op_linear_forward(three, out, in, w, bias, N, IC, OC);
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                double ref = bias[o];
+                for (int i = 0; i < IC; i++) ref += (double)in[(size_t)n * IC + i] * w[(size_t)o * IC + i];
+                cr_assert_float_eq(out[(size_t)n * OC + o], ref, 1e-4, "shape %d: out[%d][%d]", k, n, o);
+            }
+        for (int o = 0; o < OC; o++) db1[o] = db3[o] = 0.5f; /* accumulate onto a previous micro-step's */
+        bb_op_linear_backward(be, NULL, dw, db1, dout, in, w, N, IC, OC, true);
+        bb_op_linear_backward(three, din, dw, db3, dout, in, w, N, IC, OC, true);
+        cr_assert_eq(memcmp(db1, db3, OC * 4), 0, "shape %d: the bias gradient depends on the threads", k);
+        for (int o = 0; o < OC; o++) {
+            double ref = 0.5;
+            for (int n = 0; n < N; n++) ref += dout[(size_t)n * OC + o];
+            cr_assert_float_eq(db3[o], ref, 1e-3, "shape %d: dbias[%d]", k, o);
+        }
+        free(in), free(w), free(bias), free(dout), free(out), free(dw), free(db1), free(db3), free(din);
+    }
+    bb_backend_destroy(three);
+}
+
 /* ---- elementwise activations ------------------------------------------ */
 enum { ACT_N = 64 };
 typedef struct act_ctx {

@@ -24,6 +24,7 @@ typedef struct gemm_args {
     float alpha, beta;
     const float *A, *B;
     float *C;
+    const float *bias; /* when set: each row of the task's part of C starts as bias, then beta = 1 */
     bool split_rows;
 } gemm_args;
 
@@ -34,6 +35,11 @@ static void gemm_task(void *ctx, int part, int thread)
     int lo = part * g->per, hi = lo + g->per, total = g->split_rows ? g->M : g->N;
     hi = hi < total ? hi : total;
     if (lo >= hi) return;
+    if (g->bias) { /* in the task: its rows (or columns) of C are in cache for the product */
+        int r0 = g->split_rows ? lo : 0, r1 = g->split_rows ? hi : g->M, c0 = g->split_rows ? 0 : lo,
+            c1 = g->split_rows ? g->N : hi;
+        for (int r = r0; r < r1; r++) memcpy(g->C + (size_t)r * g->ldc + c0, g->bias + c0, (size_t)(c1 - c0) * sizeof *g->C);
+    }
     if (g->split_rows)
         cblas_sgemm(CblasRowMajor, g->ta, g->tb, hi - lo, g->N, g->K, g->alpha,
                     g->A + (g->ta == CblasNoTrans ? (size_t)lo * g->lda : (size_t)lo), g->lda, g->B, g->ldb, g->beta,
@@ -44,17 +50,25 @@ static void gemm_task(void *ctx, int part, int thread)
                     g->ldc);
 }
 
-static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
-                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* With `bias` (N floats), C's rows start as bias and beta must be 1. */
+static void sgemm_bias(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                       const float *bias)
 {
     if (M <= 0 || N <= 0) return;
-    gemm_args g = {ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, M >= N};
+    gemm_args g = {ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, bias, M >= N};
     int parts = bb_cpu_threads(b), total = g.split_rows ? M : N;
     /* below ~2 MFLOP a slice costs more to hand out than to compute */
     if ((double)M * N * K < 1 << 20) parts = 1;
     g.per = ((total + parts - 1) / parts + 15) / 16 * 16;
     parts = (total + g.per - 1) / g.per;
     bb_cpu_parallel(b, parts, gemm_task, &g);
+}
+
+static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    sgemm_bias(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 /* ---- element-wise and row-wise ops over the pool ----------------------------
@@ -73,6 +87,7 @@ typedef struct ew_args {
     double *parts;         /* a sum's part per slice */
     size_t n, grain;
     int C;                 /* row-wise ops: the row width; n counts rows */
+    int rows;              /* column-wise ops (the bias gradient): n counts columns of `rows` rows */
 } ew_args;
 
 static void ew_task(void *ctx, int slice, int thread)
@@ -94,9 +109,20 @@ static void ew_run(bb_backend_t *b, ew_args *a)
 void bb_cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                         int IC, int OC)
 {
-    if (bias)
-        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof *out);
-    sgemm(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out, OC);
+    sgemm_bias(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out, OC, bias);
+}
+
+/* dbias[lo, hi) += the column sums of dout, rows in order (the same sums
+ * for any split of the columns). */
+static void bias_grad_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    float *dbias = a->x;
+    const float *dout = a->a;
+    for (int r = 0; r < a->rows; r++) {
+        const float *row = dout + (size_t)r * a->n;
+        for (size_t o = lo; o < hi; o++) dbias[o] += row[o];
+    }
 }
 
 void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
@@ -105,10 +131,9 @@ void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias
     sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
-        for (int n = 0; n < N; n++) {
-            const float *row = dout + (size_t)n * OC;
-            for (int o = 0; o < OC; o++) dbias[o] += row[o];
-        }
+        size_t columns = EW_GRAIN / (size_t)N; /* about EW_GRAIN elements a slice, whole 16s of columns */
+        ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = dout, .n = (size_t)OC, .rows = N,
+                             .grain = columns < 16 ? 16 : columns / 16 * 16});
     }
     /* last: din may alias in */
     if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
