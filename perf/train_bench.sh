@@ -24,6 +24,7 @@
 #      (perf/gemm_bench.c, same run) that the gpt step reaches.
 #
 # SECTIONS=5 (a list, e.g. "1 5") runs only those sections; default all.
+# BB=path/to/bigbatch measures another build (e.g. main before a change).
 #
 # Both sides use 2 threads, OpenBLAS (pthread build) and passive OpenMP
 # waiting, as ARCHITECTURE.md's measured facts require for a fair peer.
@@ -34,6 +35,7 @@ STEPS=${STEPS:-8}
 ACC_RUNS=${ACC_RUNS:-1}
 SECTIONS=${SECTIONS:-1 2 3 4 5}
 on() { [[ " $SECTIONS " == *" $1 "* ]]; }
+BB=${BB:-bin/bigbatch}
 make --no-print-directory all >/dev/null
 [ -d data/fmnist/train ] || make --no-print-directory data-fmnist >/dev/null
 . perf/peer_env.sh
@@ -46,8 +48,8 @@ gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS
 mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"
 declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct z0_2 z1_2 z0_4 z1_4
 step_ms() { $PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$1" samples_per_s)"; }
-# section 5: name -> "bigbatch arguments" (the peer's in peer_of)
-declare -A speed_args peer_of S
+# section 5: a case's name -> its bigbatch arguments; S: name -> its runs' throughputs
+declare -A speed_args S
 speed_cases=(gpt1 gpt2a gpt2b mlp256_1 mlp256_2 mlp32_1 mlp32_2)
 g5="--data data/kjv/train --d-model 256 --global-batch 32 --steps $STEPS --grad-clip 1 --quiet"
 m5="--model mlp --data data/fmnist/train --global-batch 256 --optimizer sgd --lr 0.01 --momentum 0.9 --grad-clip 1 --steps 30 --quiet"
@@ -67,35 +69,35 @@ peer5() { # KIND MICRO_BATCH: the PyTorch peer's throughput (tokens/s for the gp
 }
 for ((i = 0; i < RUNS; i++)); do
     if on 2; then
-        bin/bigbatch train $gpt_args --metrics "$tmp/g.jsonl"
+        "$BB" train $gpt_args --metrics "$tmp/g.jsonl"
         bb_tok+=("$(steady "$tmp/g.jsonl" tokens_per_s)")
         torch_tok+=("$($PY perf/torch_train_bench.py gpt --data data/kjv --layers 4 --heads 4 --d-model 128 \
             --global-batch 64 --micro-batch 8 --steps $((STEPS - 2)) --warmup-steps 2 --lr 1e-3 --threads 2 \
             2>/dev/null | field tokens_per_s)")
     fi
     if on 3; then
-        bin/bigbatch train $gpt_args --devices cpu:2 --metrics "$tmp/o.jsonl"
+        "$BB" train $gpt_args --devices cpu:2 --metrics "$tmp/o.jsonl"
         ov_ms+=("$(step_ms "$tmp/o.jsonl")")
         ov_pct+=("$(steady "$tmp/o.jsonl" overlap_pct)"); ov_wait+=("$(steady "$tmp/o.jsonl" data_wait_pct)")
-        bin/bigbatch train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
+        "$BB" train $gpt_args --devices cpu:2 --no-overlap --metrics "$tmp/n.jsonl"
         no_ms+=("$(step_ms "$tmp/n.jsonl")")
         no_wait+=("$(steady "$tmp/n.jsonl" data_wait_pct)")
-        bin/bigbatch train $mlp_args --metrics "$tmp/mo.jsonl"
+        "$BB" train $mlp_args --metrics "$tmp/mo.jsonl"
         mov_ms+=("$(step_ms "$tmp/mo.jsonl")")
         mov_red+=("$(steady "$tmp/mo.jsonl" reduce_ms)"); mov_pct+=("$(steady "$tmp/mo.jsonl" overlap_pct)")
-        bin/bigbatch train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
+        "$BB" train $mlp_args --no-overlap --metrics "$tmp/mn.jsonl"
         mno_ms+=("$(step_ms "$tmp/mn.jsonl")")
     fi
     if on 4; then
         for n in 2 4; do
-            bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 0 --metrics "$tmp/z0.jsonl"
-            bin/bigbatch train $gpt_args --devices cpu:$n --micro-batch 8 --zero 1 --metrics "$tmp/z1.jsonl"
+            "$BB" train $gpt_args --devices cpu:$n --micro-batch 8 --zero 0 --metrics "$tmp/z0.jsonl"
+            "$BB" train $gpt_args --devices cpu:$n --micro-batch 8 --zero 1 --metrics "$tmp/z1.jsonl"
             eval "z0_$n+=(\"\$(step_ms \"\$tmp/z0.jsonl\")\")"; eval "z1_$n+=(\"\$(step_ms \"\$tmp/z1.jsonl\")\")"
         done
     fi
     if on 5; then
         for c in "${speed_cases[@]}"; do
-            bin/bigbatch train ${speed_args[$c]} --metrics "$tmp/s.jsonl"
+            "$BB" train ${speed_args[$c]} --metrics "$tmp/s.jsonl"
             key=samples_per_s; [[ $c == gpt* ]] && key=tokens_per_s
             S[$c]+="$(steady "$tmp/s.jsonl" $key) "
         done
@@ -108,7 +110,7 @@ done
 declare -a bb_acc torch_acc
 on 1 || ACC_RUNS=0
 for ((i = 0; i < ACC_RUNS; i++)); do
-    bin/bigbatch train --model mlp --data data/fmnist --global-batch 256 --micro-batch 32 --epochs 5 --lr 1e-3 \
+    "$BB" train --model mlp --data data/fmnist --global-batch 256 --micro-batch 32 --epochs 5 --lr 1e-3 \
         --lr-schedule constant --weight-decay 0.01 --grad-clip 0 --beta2 0.999 --seed $((i + 1)) --log-every 0 \
         --metrics "$tmp/m.jsonl" 2>/dev/null
     bb_acc+=("$(tail -1 "$tmp/m.jsonl" | field val_accuracy)")
@@ -117,7 +119,7 @@ for ((i = 0; i < ACC_RUNS; i++)); do
 done
 
 torch_version=$($PY -c 'import torch; print(torch.__version__)')
-echo "# train_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of $RUNS runs (steps 3..$STEPS of each), sections $SECTIONS"
+echo "# train_bench: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), median of $RUNS runs (steps 3..$STEPS of each), sections $SECTIONS, $BB"
 if on 1 || on 2; then
     echo
     echo "| what | bigbatch | PyTorch $torch_version | ratio |"
