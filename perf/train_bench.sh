@@ -67,6 +67,10 @@ peer5() { # KIND MICRO_BATCH: the PyTorch peer's throughput (tokens/s for the gp
             field samples_per_s
     fi
 }
+if on 5; then
+    # shellcheck disable=SC2086
+    gcc -O2 -o "$tmp/gemm_bench" perf/gemm_bench.c $(pkg-config --cflags --libs openblas)
+fi
 for ((i = 0; i < RUNS; i++)); do
     if on 2; then
         "$BB" train $gpt_args --metrics "$tmp/g.jsonl"
@@ -96,6 +100,8 @@ for ((i = 0; i < RUNS; i++)); do
         done
     fi
     if on 5; then
+        # the sgemm rate of the gpt's shapes, beside the gpt runs of the same round
+        S[ceiling]+="$("$tmp/gemm_bench" 2048 256 256 4 2 | tee "$tmp/gemm.json" | field ceiling_gflops) "
         for c in "${speed_cases[@]}"; do
             "$BB" train ${speed_args[$c]} --metrics "$tmp/s.jsonl"
             key=samples_per_s; [[ $c == gpt* ]] && key=tokens_per_s
@@ -164,14 +170,20 @@ if on 4; then
     done
 fi
 if on 5; then
-    # shellcheck disable=SC2086
-    gcc -O2 -o "$tmp/gemm_bench" perf/gemm_bench.c $(pkg-config --cflags --libs openblas)
-    gemm=$("$tmp/gemm_bench" 2048 256 256 4 2) # a micro-batch of 8 x 256 tokens, the gpt's shapes, 2 threads
-    ceiling=$(echo "$gemm" | field ceiling_gflops)
     # the gpt step's model FLOPs per token: 6 x (12 L C^2 + C V) for the linear layers (forward and
     # backward), 6 L T C for causal attention's two products (forward and backward, recomputation not counted)
     per_token=$((6 * (12 * 4 * 256 * 256 + 256 * 256) + 6 * 4 * 256 * 256))
     m() { median ${S[$1]}; }
+    # per round: the gpt's achieved rate (its best --devices, and cpu:1) over that round's sgemm rate
+    fractions() {
+        $PY - "$per_token" "${S[ceiling]}" "${S[gpt1]}" "${S[gpt2a]}" "${S[gpt2b]}" <<'PY'
+import statistics as st, sys
+f = float(sys.argv[1]); ceil, g1, g2a, g2b = ([float(x) for x in a.split()] for a in sys.argv[2:])
+best = [100 * max(r) * f * 1e-9 / c for r, c in zip(zip(g1, g2a, g2b), ceil)]
+one = [100 * r * f * 1e-9 / c for r, c in zip(g1, ceil)]
+print(f"{st.median(best):.0f}% (rounds: {', '.join(f'{x:.0f}' for x in best)}); cpu:1 {st.median(one):.0f}%")
+PY
+    }
     echo
     echo "| CPU speed, 2 threads a side, clip 1 | bigbatch | PyTorch $torch_version | ratio |"
     echo "|---|---|---|---|"
@@ -182,15 +194,10 @@ if on 5; then
         read -r c p what <<<"$row"
         printf '| %s | %.0f | %.0f | **%sx** |\n' "$what" "$(m $c)" "$(m $p)" "$(r2 "$(m $c)" "$(m $p)")"
     done
-    best=$(m gpt1)
-    for c in gpt2a gpt2b; do best=$(awk -v a="$best" -v b="$(m $c)" 'BEGIN {print (b > a ? b : a)}'); done
     echo
-    echo "sgemm on the gpt's shapes (perf/gemm_bench.c, 2 threads): $gemm"
-    printf 'gpt step at its best --devices: %.0f tokens/s x %d FLOP/token = %.1f GFLOP/s = **%.0f%%** of the %.1f GFLOP/s ceiling (cpu:1: %.0f%%)\n' \
-        "$best" "$per_token" "$(awk -v t="$best" -v f="$per_token" 'BEGIN {print t * f * 1e-9}')" \
-        "$(awk -v t="$best" -v f="$per_token" -v c="$ceiling" 'BEGIN {print 100 * t * f * 1e-9 / c}')" "$ceiling" \
-        "$(awk -v t="$(m gpt1)" -v f="$per_token" -v c="$ceiling" 'BEGIN {print 100 * t * f * 1e-9 / c}')"
-    for c in "${speed_cases[@]}" peer_gpt peer_mlp256 peer_mlp32; do echo "per-run $c: ${S[$c]}"; done
+    echo "sgemm on the gpt's shapes (perf/gemm_bench.c, 2 threads), the last round: $(cat "$tmp/gemm.json")"
+    echo "gpt step (model FLOPs $per_token per token) over the sgemm rate of its round, its best --devices: **$(fractions)**"
+    for c in "${speed_cases[@]}" peer_gpt peer_mlp256 peer_mlp32 ceiling; do echo "per-run $c: ${S[$c]}"; done
 fi
 echo
 on 2 && echo "per-run gpt tokens/s: bigbatch ${bb_tok[*]}; PyTorch ${torch_tok[*]}"
