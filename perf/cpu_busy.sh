@@ -45,8 +45,8 @@ def group(sym):
         return "BLAS (sgemm)"
     if sym in ("worker_main", "bb_cpu_parallel", "run_tasks") or "sched_yield" in sym or "futex" in sym:
         return SPIN
-    if sym.endswith("_range") or sym.startswith("xent") or "layernorm" in sym or "gelu" in sym:
-        return "element-wise and row-wise ops"
+    if sym.endswith("_range") or sym.startswith("xent") or sym.startswith("bb_cpu_"):
+        return "bigbatch's other CPU ops (element-wise, row-wise, loss)"
     if "attention" in sym or sym in ("forward_task", "backward_task"):
         return "attention (non-GEMM part)"
     if sym.startswith("__") or sym.startswith("_raw") or sym.startswith("do_") or sym.startswith("exc_") or "page" in sym:
