@@ -2,7 +2,7 @@
 #
 #   make            build bin/bigbatch and lib/libbigbatch.a
 #   make test       install missing Debian packages, build, run every Criterion suite
-#   make demo       the main job on the embedded data (data/kjv): verify it, train the gpt ~2 min, sample
+#   make demo       the main job on the embedded data (data/kjv): verify it, train the gpt ~3 min, sample, report
 #   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need
@@ -52,7 +52,7 @@ endif
 PKGS      := liburing libzstd libxxhash zlib openblas
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
              libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch clang \
-             openmpi-bin libopenmpi-dev
+             openmpi-bin libopenmpi-dev chromium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -68,7 +68,7 @@ LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
 SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/backend/cuda/*.c src/model/*.c \
-             src/trace/*.c src/train/*.c src/plan/*.c src/world/*.c)
+             src/trace/*.c src/train/*.c src/plan/*.c src/world/*.c src/report/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu src/backend/cuda/*.cu src/train/*.cu)
 ifeq ($(USE_CUDA),1)
@@ -97,7 +97,7 @@ TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: all test check-tests demo deps asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
+.PHONY: FORCE all test check-tests demo deps report-screenshot asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -110,6 +110,17 @@ $(BUILD)/%.o: %.c Makefile
 $(BUILD)/%.o: %.cu Makefile
 	@mkdir -p $(@D)
 	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
+
+# The commit the binary reports (bb_commit): the header is rewritten only
+# when it changes, so only version.o rebuilds.
+COMMIT_H := $(BUILD)/gen/bb_commit.h
+$(COMMIT_H): FORCE
+	@mkdir -p $(@D); c=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown); \
+	  git diff --quiet HEAD -- 2>/dev/null || c="$$c+"; \
+	  echo "#define BB_COMMIT \"$$c\"" > $@.tmp; cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+$(BUILD)/src/core/version.o: $(COMMIT_H)
+$(BUILD)/src/core/version.o: CFLAGS += -I$(BUILD)/gen
+FORCE:
 
 # The stamp changes when CUDA=0/1 switches in the same BUILD, so the library
 # is re-archived without (or with) the CUDA objects.
@@ -159,9 +170,19 @@ demo: deps
 	$(BIN) version
 	$(BIN) inspect data/kjv --verify
 	@rm -rf build/demo-ckpt
-	$(BIN) train --data data/kjv --devices cpu:2 --global-batch 128 --micro-batch 8 --steps 60 --lr 3e-3 \
-	  --warmup 5 --log-every 5 --save build/demo-ckpt
+	$(BIN) train --data data/kjv --devices cpu:2 --global-batch 32 --micro-batch 8 --steps 450 --lr 4e-3 \
+	  --warmup 20 --log-every 50 --eval-every 150 --save build/demo-ckpt \
+	  --metrics build/demo-metrics.jsonl --trace build/demo-trace.json --report build/demo-report.html
 	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 300
+	@echo; echo "demo: open $(abspath build/demo-report.html) in a browser (loss, speed, time, memory, timeline)"
+
+# The README's picture of a report: the demo's page through the report
+# test's screenshot command (tests/test_report.c), which the test then checks.
+report-screenshot: $(BUILD)/tests/test_report $(BIN)
+	test -f build/demo-report.html || $(MAKE) --no-print-directory demo
+	BIGBATCH_BIN=$(abspath $(BIN)) BB_REPORT_PAGE=$(abspath build/demo-report.html) $(BUILD)/tests/test_report \
+	  --filter 'report/a_real_run*'
+	cp build/report-screenshot.png docs/report.png
 
 # Sanitizer builds keep their own objects and binaries under build/<name>.
 asan: deps

@@ -22,7 +22,7 @@ run() { # model-args data G micro checkpoint
     bin/bigbatch plan $args --data "$data" --global-batch "$g" --micro-batch "$b" --checkpoint "$p" --json > "$tmp/p.json"
     rows+=("$($PY - "$tmp/m.jsonl" "$tmp/p.json" "$args" "$b" "$p" <<'PYEOF'
 import json, statistics, sys
-m = [json.loads(l) for l in open(sys.argv[1])]
+m = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]  # the first line is the run's configuration
 p = json.load(open(sys.argv[2]))[0]
 ms = statistics.median(1000.0 / r["samples_per_s"] for r in m[1:])  # ms per example: comparable across G
 model = ("gpt" if "gpt" in sys.argv[3] else "mlp") + (" bf16" if "bf16" in sys.argv[3] else "")

@@ -402,7 +402,9 @@ Test(train, resume_keeps_metrics_in_step_order_and_warns_on_changed_settings)
     tu_run_free(&r);
     char *m = (char *)tu_read_file(metrics, NULL);
     unsigned long long step, expect = 1;
-    for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n"), expect++) {
+    char *line = strtok(m, "\n");
+    cr_assert(line && !strncmp(line, "{\"run\": {", 9), "the first line is not the run's configuration: %s", line);
+    for (line = strtok(NULL, "\n"); line; line = strtok(NULL, "\n"), expect++) {
         cr_assert_eq(sscanf(line, "{\"step\": %llu", &step), 1, "%s", line);
         cr_assert_eq(step, expect, "metrics rows out of order: %s", line);
         cr_assert_null(strstr(line, "\"loss\": 99"), "a stale row survived: %s", line);

@@ -26,6 +26,9 @@
 #include <stdio.h>
 
 #define BB_VERSION "0.1.0"
+/* The git commit this binary was built from ("1a2b3c4d5e6f", "+" appended
+ * when the tree had changes; "unknown" outside a git checkout). */
+const char *bb_commit(void);
 
 typedef enum bb_status {
     BB_OK = 0,

@@ -69,10 +69,16 @@ static void print_json(const bb_plan *p)
     printf("[");
     for (int i = 0; i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
+        const bb_memory_breakdown *m = &r->memory;
         printf("%s\n  {\"micro_batch\": %d, \"accumulation\": %d, \"checkpoint\": \"%s\", \"peak_bytes\": %llu, "
-               "\"relative_time\": %.4f, \"loss_chunk\": %d, \"fits\": %s, \"chosen\": %s}",
-               i ? "," : "", r->micro_batch, r->accumulation, r->checkpoint, (unsigned long long)r->memory.total,
-               r->relative_time, r->loss_chunk, r->fits ? "true" : "false", r->chosen ? "true" : "false");
+               "\"relative_time\": %.4f, \"loss_chunk\": %d, \"fits\": %s, \"chosen\": %s, \"parameters_bytes\": %llu, "
+               "\"gradients_bytes\": %llu, \"optimizer_bytes\": %llu, \"batches_bytes\": %llu, "
+               "\"activations_bytes\": %llu, \"workspace_bytes\": %llu}",
+               i ? "," : "", r->micro_batch, r->accumulation, r->checkpoint, (unsigned long long)m->total,
+               r->relative_time, r->loss_chunk, r->fits ? "true" : "false", r->chosen ? "true" : "false",
+               (unsigned long long)m->parameters, (unsigned long long)m->gradients, (unsigned long long)m->optimizer,
+               (unsigned long long)m->batches, (unsigned long long)m->activations,
+               (unsigned long long)m->workspace);
     }
     printf("\n]\n");
 }

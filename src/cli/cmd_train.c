@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include "bigbatch/backend.h"
+#include "bigbatch/report.h"
 #include "bigbatch/train.h"
+#include "bigbatch/world.h"
 #include "commands.h"
 #include "model_flags.h"
 
@@ -33,13 +35,36 @@ static const char *resume_arg(int argc, char **argv)
 
 _Static_assert(BB_DEVICES_MAX <= BB_TRAIN_MAX_DEVICES, "--devices lists what the trainer holds");
 
+/* `--report FILE` runs `bigbatch report` on the run's metrics (a temporary
+ * file beside FILE when --metrics was not given) and trace, once the run
+ * ended or was interrupted; rank 0 writes it. The run's own failure stays
+ * the one reported. */
+static bb_status train_with_report(bb_train_options *o, const char *report)
+{
+    char tmp[4200] = "";
+    if (report && !o->metrics_path) {
+        snprintf(tmp, sizeof tmp, "%s.metrics-%d.jsonl", report, (int)getpid());
+        o->metrics_path = tmp;
+    }
+    bb_status rc = bb_train_run(o, NULL);
+    if (report && bb_world_get()->rank == 0 && (rc == BB_OK || rc == BB_ERR_INTERRUPTED)) {
+        bb_report_options ro = {.metrics = o->metrics_path, .trace = o->trace_path, .out = report};
+        bb_status wrote = bb_report_write(&ro);
+        if (wrote == BB_OK && o->progress) fprintf(o->progress, "train: report written to %s\n", report);
+        if (rc == BB_OK) rc = wrote;
+        else if (wrote != BB_OK && o->progress) fprintf(o->progress, "train: no report: %s\n", bb_error_message());
+    }
+    if (tmp[0]) unlink(tmp);
+    return rc;
+}
+
 int bb_cmd_train(int argc, char **argv)
 {
     bb_train_options o;
     bb_train_defaults(&o);
     model_flags mf = MODEL_FLAGS_DEFAULT;
     const char *devices = "cpu:1", *precision = "fp32", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
-    const char *micro_batch = "8";
+    const char *micro_batch = "8", *report = NULL;
     int64_t global_batch = o.global_batch, steps = 0, epochs = 0, warmup = 0,
             seed = (int64_t)o.seed, stop_after = 0, loader_threads = o.loader_threads, eval_every = 0, save_every = 0,
             log_every = (int64_t)o.log_every, keep = o.keep;
@@ -133,7 +158,10 @@ int bb_cmd_train(int argc, char **argv)
          "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given"},
         {"--init-from", BB_OPT_STRING, &o.init_from, "FILE", "start from these weights (.safetensors, PyTorch "
          "names)", .given = &init_given},
-        {"--metrics", BB_OPT_STRING, &o.metrics_path, "FILE", "one JSON object per step (JSON Lines)"},
+        {"--metrics", BB_OPT_STRING, &o.metrics_path, "FILE", "one JSON object per step (JSON Lines), after a first "
+         "line with the run's configuration"},
+        {"--report", BB_OPT_STRING, &report, "FILE", "write `bigbatch report`'s HTML page of the run here when it ends "
+         "(also on Ctrl-C); with --trace, its timeline too"},
         {"--trace", BB_OPT_STRING, &o.trace_path, "FILE", "Chrome trace JSON (open in ui.perfetto.dev)"},
         {"--device-mem", BB_OPT_BYTES, &o.device_mem, "BYTES", "cap each device's memory (e.g. 512MiB); 0: none"},
         {"--log-every", BB_OPT_INT, &log_every, "N", "progress line every N steps; 0: only evaluations and the "
@@ -203,7 +231,7 @@ int bb_cmd_train(int argc, char **argv)
         o.log_every = (uint64_t)log_every;
         o.progress = quiet ? NULL : stderr;
         o.interrupted = &bb_cli_interrupted;
-        rc = bb_train_run(&o, NULL);
+        rc = train_with_report(&o, report);
     }
     int code = bb_cli_report(rc, usage, summary, opts);
     bb_cli_free(opts, NULL);

@@ -26,5 +26,6 @@ int bb_cmd_eval(int argc, char **argv);
 int bb_cmd_export(int argc, char **argv);
 int bb_cmd_sample(int argc, char **argv);
 int bb_cmd_plan(int argc, char **argv);
+int bb_cmd_report(int argc, char **argv);
 
 #endif

@@ -138,8 +138,34 @@ static bb_status probe_writable(const char *path, const char *flag, bool *create
     return BB_OK;
 }
 
+/* The metrics file's first line: the run's configuration, for `bigbatch
+ * report` (rows are the lines with a "step"). */
+static void write_run_line(const trainer *t)
+{
+    const bb_train_options *o = t->o;
+    FILE *m = t->metrics;
+    char describe[160], checkpoint[24];
+    bb_model_describe(&t->cfg, describe, sizeof describe);
+    int every = t->cfg.checkpoint_every;
+    snprintf(checkpoint, sizeof checkpoint, every == 0 ? "none" : every == 1 ? "blocks" : "every:%d", every);
+    fprintf(m, "{\"run\": {\"kind\": \"train\", \"model\": \"%s\", \"describe\": ", bb_model_kind_name(t->cfg.kind));
+    bb_json_write_string(m, describe);
+    fprintf(m, ", \"devices\": ");
+    bb_json_write_string(m, t->devices_text);
+    fprintf(m, ", \"device_count\": %d, \"processes\": %d, \"global_batch\": %d, \"accumulation\": %d, "
+               "\"micro_batch\": %d, \"tokens_per_example\": %d, \"checkpoint\": \"%s\", \"precision\": \"%s\", "
+               "\"zero\": %d, \"optimizer\": \"%s\", \"lr\": %.7g, \"steps\": %llu, \"device_mem\": %llu, \"data\": ",
+            t->spec.count, t->spec.world > 1 ? t->spec.world : 1, t->global_batch, t->accumulation, t->micro_batch,
+            bb_model_targets_are_tokens(&t->cfg) ? bb_model_targets_per_example(&t->cfg) : 1, checkpoint,
+            bb_precision_name(t->cfg.precision), o->zero, bb_optimizer_kind_name(o->opt.kind), o->opt.lr,
+            (unsigned long long)t->total_steps, (unsigned long long)o->device_mem);
+    bb_json_write_string(m, o->data);
+    fprintf(m, ", \"version\": \"%s\", \"commit\": \"%s\"}}\n", BB_VERSION, bb_commit());
+}
+
 /* A resumed run's metrics continue the file: rows past the checkpoint's
- * step (from the run that went on after it) are dropped. */
+ * step (from the run that went on after it) are dropped, and the first
+ * line is this run's configuration. */
 static bb_status open_metrics(trainer *t)
 {
     const char *path = t->o->metrics_path;
@@ -150,7 +176,8 @@ static bb_status open_metrics(trainer *t)
         if (old) fclose(old);
         return bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
     }
-    if (!old) return BB_OK;
+    write_run_line(t);
+    if (!old) return fflush(t->metrics) == 0 ? BB_OK : bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
     char line[8192];
     unsigned long long step;
     while (fgets(line, sizeof line, old))

@@ -1,0 +1,71 @@
+/* report_internal.h — private: what report_read.c makes of a run's files
+ * and report.c draws. Each reader fails with a one-line error naming the
+ * file (and line); what it can do without is noted in `notes` instead. */
+#ifndef BIGBATCH_REPORT_INTERNAL_H
+#define BIGBATCH_REPORT_INTERNAL_H
+
+#include <stdio.h>
+
+#include "bigbatch/core.h"
+
+enum { BB_REPORT_MAX_DEVICES = 64 };
+
+typedef struct bb_report_row {
+    double step, loss, lr, grad_norm, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
+    double fwd_ms, bwd_ms, reduce_ms, opt_ms, val_loss, val_accuracy; /* NaN: absent or null */
+    bool skipped;
+} bb_report_row;
+
+/* One run's metrics file. */
+typedef struct bb_report_run {
+    const char *path;
+    bool has_config;                  /* the "run" line of train --metrics */
+    char model[16], describe[160], devices[48], checkpoint[24], precision[8], optimizer[8], data[256];
+    char version[16], commit[48];
+    int device_count, processes, global_batch, accumulation, micro_batch, tokens_per_example, zero;
+    double lr, device_mem;
+    uint64_t steps;
+    bb_report_row *rows;
+    int count;
+    uint64_t peak[BB_REPORT_MAX_DEVICES]; /* per device, the largest over the rows */
+    int peak_devices;
+    char notes[512];                  /* what was missing or skipped, for the page */
+} bb_report_run;
+
+/* One span of a trace ("X" events); lanes are the trace's threads. */
+typedef struct bb_report_span {
+    double ts_us, dur_us;
+    int lane;
+    long long step;
+    char name[32];
+} bb_report_span;
+
+typedef struct bb_report_trace {
+    char lane_name[BB_REPORT_MAX_DEVICES + 1][48];
+    int lanes;
+    bb_report_span *spans;
+    int count;
+    char note[256];                   /* why there is no timeline, when there is none */
+} bb_report_trace;
+
+/* The planner's chosen row (`plan --json`). */
+typedef struct bb_report_plan {
+    bool present;
+    int micro_batch, accumulation;
+    char checkpoint[24];
+    uint64_t peak_bytes, parameters, gradients, optimizer, batches, activations, workspace;
+} bb_report_plan;
+
+bb_status bb_report_read_run(const char *path, bb_report_run *run);
+void bb_report_free_run(bb_report_run *run);
+/* An empty or span-less trace is not an error: trace->note says so. */
+bb_status bb_report_read_trace(const char *path, bb_report_trace *trace);
+void bb_report_free_trace(bb_report_trace *trace);
+bb_status bb_report_read_plan(const char *path, bb_report_plan *plan);
+/* One step's spans (`step`, or the median step by duration when 0 or
+ * absent), a lane per trace thread, or a note saying why there is none. */
+void bb_report_timeline(FILE *out, const bb_report_trace *trace, int step);
+/* Shared by the charts: the colour of a kind of work. */
+const char *bb_report_part_colour(const char *span_name);
+
+#endif

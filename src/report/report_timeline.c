@@ -1,0 +1,106 @@
+/* report_timeline.c — one step of a `train --trace` file as lanes of spans
+ * (report_internal.h): a lane per worker and the reducer, so that the
+ * reduce buckets' overlap with the backward shows. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report_internal.h"
+#include "svg.h"
+
+const char *bb_report_part_colour(const char *name)
+{
+    static const struct {
+        const char *prefix, *colour;
+    } kinds[] = {{"forward", "#0072B2"}, {"backward", "#D55E00"}, {"reduce", "#009E73"},
+                 {"optimizer", "#CC79A7"}, {"load", "#E69F00"},    {"copy", "#56B4E9"}};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+        if (!strncmp(name, kinds[i].prefix, strlen(kinds[i].prefix))) return kinds[i].colour;
+    return "#999999";
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* [*t0, *t1) of `step`'s spans; false when it has none. */
+static bool step_bounds(const bb_report_trace *t, long long step, double *t0, double *t1)
+{
+    *t0 = INFINITY, *t1 = -INFINITY;
+    for (int i = 0; i < t->count; i++) {
+        const bb_report_span *s = &t->spans[i];
+        if (s->step != step) continue;
+        *t0 = s->ts_us < *t0 ? s->ts_us : *t0;
+        *t1 = s->ts_us + s->dur_us > *t1 ? s->ts_us + s->dur_us : *t1;
+    }
+    return isfinite(*t0);
+}
+
+/* The step whose duration is the median of all steps' (the lower one). */
+static long long median_step(const bb_report_trace *t)
+{
+    long long first = t->spans[0].step, last = first;
+    for (int i = 0; i < t->count; i++) {
+        first = t->spans[i].step < first ? t->spans[i].step : first;
+        last = t->spans[i].step > last ? t->spans[i].step : last;
+    }
+    long long n = last - first + 1;
+    double(*d)[2] = n > 0 && n < (1 << 24) ? calloc((size_t)n, sizeof *d) : NULL;
+    if (!d) return first;
+    int k = 0;
+    for (long long s = first; s <= last; s++) {
+        double a, b;
+        if (step_bounds(t, s, &a, &b)) d[k][0] = b - a, d[k][1] = (double)s, k++;
+    }
+    qsort(d, (size_t)k, sizeof *d, cmp_double); /* by duration (the first double) */
+    long long chosen = k ? (long long)d[(k - 1) / 2][1] : first;
+    free(d);
+    return chosen;
+}
+
+void bb_report_timeline(FILE *out, const bb_report_trace *t, int want)
+{
+    if (t->count == 0) {
+        fprintf(out, "<p class=\"note\">");
+        bb_svg_text(out, t->note[0] ? t->note : "The trace has no spans: no timeline.");
+        fprintf(out, "</p>\n");
+        return;
+    }
+    long long step = want > 0 ? want : median_step(t);
+    double t0, t1;
+    if (!step_bounds(t, step, &t0, &t1)) {
+        fprintf(out, "<p class=\"note\">The trace has no spans of step %lld: no timeline.</p>\n", step);
+        return;
+    }
+    int lanes = t->lanes > 0 ? t->lanes : 1;
+    char title[96];
+    snprintf(title, sizeof title, "Step %lld%s, one lane per thread", step, want > 0 ? "" : " (the median step)");
+    bb_svg_chart c;
+    /* y: lane k occupies [lanes - k - 1, lanes - k) so lane 0 is on top */
+    bb_svg_chart_begin(&c, out, title, "milliseconds from the step's start", "", 0, (t1 - t0) / 1000, 0, lanes, 0);
+    for (int i = 0; i < t->count; i++) {
+        const bb_report_span *s = &t->spans[i];
+        if (s->step != step) continue;
+        double y = lanes - s->lane - 1;
+        char tip[128];
+        snprintf(tip, sizeof tip, "%s: %s, %.2f ms", t->lane_name[s->lane][0] ? t->lane_name[s->lane] : "thread", s->name,
+                 s->dur_us / 1000);
+        bb_svg_rect(&c, (s->ts_us - t0) / 1000, (s->ts_us + s->dur_us - t0) / 1000, y + 0.08, y + 0.72,
+                    bb_report_part_colour(s->name), tip);
+    }
+    for (int k = 0; k < lanes; k++) {
+        fprintf(out, "<text class=\"legend\" x=\"%d\" y=\"%.1f\">", BB_SVG_LEFT + 4, bb_svg_py(&c, lanes - k) + 14);
+        bb_svg_text(out, t->lane_name[k][0] ? t->lane_name[k] : "thread");
+        fprintf(out, "</text>\n");
+    }
+    const char *names[] = {"forward", "backward", "reduce", "optimizer", "load", "copy"};
+    const char *colours[6];
+    for (int k = 0; k < 6; k++) colours[k] = bb_report_part_colour(names[k]);
+    bb_svg_legend(&c, names, 6, colours);
+    bb_svg_chart_end(&c);
+    fprintf(out, "<p class=\"caption\">Reduce spans on the reducer's lane that sit under a worker's backward are "
+                 "the overlap: the gradients of the layers already done are averaged while the earlier layers' "
+                 "backward still runs.</p>\n");
+}
