@@ -173,7 +173,7 @@ demo: deps
 	$(BIN) train --data data/kjv --devices cpu:2 --global-batch 32 --micro-batch 8 --steps 450 --lr 4e-3 \
 	  --warmup 20 --log-every 50 --eval-every 150 --save build/demo-ckpt \
 	  --metrics build/demo-metrics.jsonl --trace build/demo-trace.json --report build/demo-report.html
-	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 300
+	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 220 --temperature 0.6
 	@echo; echo "demo: open $(abspath build/demo-report.html) in a browser (loss, speed, time, memory, timeline)"
 
 # The README's picture of a report: the demo's page through the report

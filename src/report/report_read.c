@@ -6,13 +6,36 @@
 
 #include "report_internal.h"
 
-/* A line of any length (NULL at the end of the file); *len its length. */
-static char *read_line(FILE *f, char **buf, size_t *cap, size_t *len)
+/* A file's lines, of any length. */
+typedef struct lines {
+    FILE *f;
+    char *buf;
+    size_t cap, len; /* len: the current line's, newline included */
+    int number;      /* the current line's, from 1 */
+} lines;
+
+static bb_status lines_open(const char *path, lines *l)
 {
-    ssize_t n = getline(buf, cap, f);
+    *l = (lines){.f = fopen(path, "r")};
+    return l->f ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+}
+
+/* The next line, or NULL at the end of the file (or a read error). */
+static char *lines_next(lines *l)
+{
+    ssize_t n = getline(&l->buf, &l->cap, l->f);
     if (n < 0) return NULL;
-    *len = (size_t)n;
-    return *buf;
+    l->len = (size_t)n;
+    l->number++;
+    return l->buf;
+}
+
+static bb_status lines_close(lines *l, const char *path)
+{
+    bool failed = ferror(l->f);
+    free(l->buf);
+    fclose(l->f);
+    return failed ? bb_fail_errno(BB_ERR_IO, "%s: read failed", path) : BB_OK;
 }
 
 static double get_num(const char *line, const char *key)
@@ -96,15 +119,16 @@ static void note(char *notes, size_t cap, const char *text)
 bb_status bb_report_read_run(const char *path, bb_report_run *r)
 {
     *r = (bb_report_run){.path = path};
-    FILE *f = fopen(path, "r");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
-    char *buf = NULL, *line;
-    size_t cap = 0, len, cap_rows = 0;
-    int number = 0, bad_line = 0;
+    lines in;
+    BB_TRY(lines_open(path, &in));
+    char *line;
+    size_t cap_rows = 0;
+    int bad_line = 0;
     bool bad_last = false;
     bb_status rc = BB_OK;
-    while (rc == BB_OK && (line = read_line(f, &buf, &cap, &len))) {
-        number++;
+    while (rc == BB_OK && (line = lines_next(&in))) {
+        int number = in.number;
+        size_t len = in.len;
         if (bad_line) { /* a damaged line with more after it: not a truncated last line */
             rc = bb_fail(BB_ERR_FORMAT, "%s: line %d: not a metrics row (damaged?)", path, bad_line);
             break;
@@ -139,9 +163,8 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
         r->rows[r->count++] = w;
         read_peaks(line, r);
     }
-    if (rc == BB_OK && ferror(f)) rc = bb_fail_errno(BB_ERR_IO, "%s: read failed", path);
-    free(buf);
-    fclose(f);
+    bb_status closed = lines_close(&in, path);
+    if (rc == BB_OK) rc = closed;
     if (rc == BB_OK && r->count == 0)
         rc = bb_fail(BB_ERR_FORMAT, "%s: no step rows%s", path,
                      bad_line ? " (its only line is damaged)" : " (the run has not finished a step yet?)");
@@ -170,13 +193,13 @@ void bb_report_free_run(bb_report_run *r)
 bb_status bb_report_read_trace(const char *path, bb_report_trace *t)
 {
     *t = (bb_report_trace){0};
-    FILE *f = fopen(path, "r");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
-    char *buf = NULL, *line;
-    size_t cap = 0, len, cap_spans = 0;
+    lines in;
+    BB_TRY(lines_open(path, &in));
+    char *line;
+    size_t cap_spans = 0;
     bool any = false;
     bb_status rc = BB_OK;
-    while (rc == BB_OK && (line = read_line(f, &buf, &cap, &len))) {
+    while (rc == BB_OK && (line = lines_next(&in))) {
         any = any || strstr(line, "traceEvents");
         int lane;
         if (!bb_json_get_int(line, "tid", &lane) || lane < 0 || lane > BB_REPORT_MAX_DEVICES) continue;
@@ -205,8 +228,8 @@ bb_status bb_report_read_trace(const char *path, bb_report_trace *t)
         t->spans[t->count++] = s;
         if (lane + 1 > t->lanes) t->lanes = lane + 1;
     }
-    free(buf);
-    fclose(f);
+    bb_status closed = lines_close(&in, path);
+    if (rc == BB_OK) rc = closed;
     if (rc == BB_OK && !any)
         snprintf(t->note, sizeof t->note, "%s is empty or not a Chrome trace: no timeline.", path);
     else if (rc == BB_OK && t->count == 0)
@@ -226,12 +249,11 @@ void bb_report_free_trace(bb_report_trace *t)
 bb_status bb_report_read_plan(const char *path, bb_report_plan *p)
 {
     *p = (bb_report_plan){0};
-    FILE *f = fopen(path, "r");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
-    char *buf = NULL, *line;
-    size_t cap = 0, len;
+    lines in;
+    BB_TRY(lines_open(path, &in));
+    char *line;
     bool rows = false;
-    while ((line = read_line(f, &buf, &cap, &len))) {
+    while ((line = lines_next(&in))) {
         if (!strstr(line, "{\"micro_batch\":")) continue; /* a row of the list */
         rows = true;
         if (!strstr(line, "\"chosen\": true")) continue;
@@ -247,8 +269,7 @@ bb_status bb_report_read_plan(const char *path, bb_report_plan *p)
         bb_json_get_u64(line, "activations_bytes", &p->activations);
         bb_json_get_u64(line, "workspace_bytes", &p->workspace);
     }
-    free(buf);
-    fclose(f);
+    BB_TRY(lines_close(&in, path));
     if (!rows) return bb_fail(BB_ERR_FORMAT, "%s: not `bigbatch plan --json` output (no rows)", path);
     return BB_OK;
 }
