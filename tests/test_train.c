@@ -293,8 +293,12 @@ Test(train, save_export_eval_sample_and_resume_conflicts)
     cr_assert_not_null(strstr(r.err, "step 3/3"), "%s", r.err);
     cr_assert_not_null(strstr(r.err, "val loss"), "%s", r.err);
     tu_run_free(&r);
-    /* metrics: one JSON object per step with every key; eval on the last */
+    /* metrics: the run's configuration, then one JSON object per step with
+     * every key; eval on the last */
     char *m = (char *)tu_read_file(metrics, NULL);
+    cr_assert(!strncmp(m, "{\"run\": {\"kind\": \"train\", \"model\": \"gpt\"", 40), "first line: %.80s", m);
+    for (const char *k = "\"global_batch\": \0\"accumulation\": \0\"commit\": \"\0"; *k; k += strlen(k) + 1)
+        cr_assert_not_null(strstr(m, k), "the configuration line lacks %s", k);
     static const char *const keys[] = {"\"step\": 3", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"samples_per_s\"",
                                        "\"tokens_per_s\"", "\"data_wait_pct\"", "\"overlap_pct\"", "\"fwd_ms\"",
                                        "\"bwd_ms\"", "\"reduce_ms\"", "\"opt_ms\"", "\"peak_mem_bytes\": [",
@@ -302,7 +306,7 @@ Test(train, save_export_eval_sample_and_resume_conflicts)
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert_not_null(strstr(m, keys[i]), "metrics lack %s", keys[i]);
     int lines = 0;
     for (char *p = m; *p; p++) lines += *p == '\n';
-    cr_assert_eq(lines, 3);
+    cr_assert_eq(lines, 1 + 3, "the configuration line and 3 rows");
     free(m);
     /* export, then the same loss from the checkpoint and from the file */
     r = tu_bigbatch("export", "--ckpt", ckpt, "--out", weights);

@@ -65,7 +65,5 @@ bb_status bb_report_read_plan(const char *path, bb_report_plan *plan);
 /* One step's spans (`step`, or the median step by duration when 0 or
  * absent), a lane per trace thread, or a note saying why there is none. */
 void bb_report_timeline(FILE *out, const bb_report_trace *trace, int step);
-/* Shared by the charts: the colour of a kind of work. */
-const char *bb_report_part_colour(const char *span_name);
 
 #endif

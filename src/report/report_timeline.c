@@ -8,7 +8,8 @@
 #include "report_internal.h"
 #include "svg.h"
 
-const char *bb_report_part_colour(const char *name)
+/* The colour of a kind of work, as the step-time chart of report.c has it. */
+static const char *part_colour(const char *name)
 {
     static const struct {
         const char *prefix, *colour;
@@ -88,7 +89,7 @@ void bb_report_timeline(FILE *out, const bb_report_trace *t, int want)
         snprintf(tip, sizeof tip, "%s: %s, %.2f ms", t->lane_name[s->lane][0] ? t->lane_name[s->lane] : "thread", s->name,
                  s->dur_us / 1000);
         bb_svg_rect(&c, (s->ts_us - t0) / 1000, (s->ts_us + s->dur_us - t0) / 1000, y + 0.08, y + 0.72,
-                    bb_report_part_colour(s->name), tip);
+                    part_colour(s->name), tip);
     }
     for (int k = 0; k < lanes; k++) {
         fprintf(out, "<text class=\"legend\" x=\"%d\" y=\"%.1f\">", BB_SVG_LEFT + 4, bb_svg_py(&c, lanes - k) + 14);
@@ -97,7 +98,7 @@ void bb_report_timeline(FILE *out, const bb_report_trace *t, int want)
     }
     const char *names[] = {"forward", "backward", "reduce", "optimizer", "load", "copy"};
     const char *colours[6];
-    for (int k = 0; k < 6; k++) colours[k] = bb_report_part_colour(names[k]);
+    for (int k = 0; k < 6; k++) colours[k] = part_colour(names[k]);
     bb_svg_legend(&c, names, 6, colours);
     bb_svg_chart_end(&c);
     fprintf(out, "<p class=\"caption\">Reduce spans on the reducer's lane that sit under a worker's backward are "

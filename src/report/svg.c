@@ -141,9 +141,14 @@ void bb_svg_line(bb_svg_chart *c, const double *x, const double *y, int n, int s
                  const char *label)
 {
     bool open = false;
-    for (int i = 0; i < n; i++) {
-        bool ok = isfinite(x[i]) && isfinite(y[i]) && (!c->log_y || y[i] > 0);
-        if (!ok && open) fprintf(c->out, "\"><title>%s</title></polyline>\n", label ? label : ""), open = false;
+    for (int i = 0; i <= n; i++) {
+        bool ok = i < n && isfinite(x[i]) && isfinite(y[i]) && (!c->log_y || y[i] > 0);
+        if (!ok && open) { /* the segment ends */
+            fprintf(c->out, "\"><title>");
+            bb_svg_text(c->out, label);
+            fprintf(c->out, "</title></polyline>\n");
+            open = false;
+        }
         if (!ok) continue;
         if (!open) {
             fprintf(c->out, "<polyline fill=\"none\" stroke-width=\"1.8\"");
@@ -152,11 +157,6 @@ void bb_svg_line(bb_svg_chart *c, const double *x, const double *y, int n, int s
             open = true;
         }
         fprintf(c->out, "%.1f,%.1f ", bb_svg_px(c, x[i]), bb_svg_py(c, y[i]));
-    }
-    if (open) {
-        fprintf(c->out, "\"><title>");
-        bb_svg_text(c->out, label);
-        fprintf(c->out, "</title></polyline>\n");
     }
 }
 
