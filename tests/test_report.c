@@ -122,11 +122,13 @@ Test(report, a_real_run_renders_in_headless_chromium, .timeout = 120)
         cr_skip_test("skipped: chromium is not installed (make deps installs it); the HTML checks passed");
     }
     const char *shown = getenv("BB_REPORT_PAGE") ? getenv("BB_REPORT_PAGE") : html;
-    char cmd[8600];
+    char *profile = tu_path(tmp, "chromium-profile"), cmd[13000];
+    /* root needs --no-sandbox; containers often have a small /dev/shm */
     snprintf(cmd, sizeof cmd,
-             "chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=%d,%d "
-             "--screenshot='%s' 'file://%s' > /dev/null 2>&1",
-             SHOT_W, SHOT_H, shot, shown);
+             "timeout 90 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars "
+             "--user-data-dir='%s' --window-size=%d,%d --screenshot='%s' 'file://%s' > /dev/null 2>&1",
+             profile, SHOT_W, SHOT_H, shot, shown);
+    free(profile);
     int rc = system(cmd);
     cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "chromium failed: %s", cmd);
     int w, h;
