@@ -345,13 +345,14 @@ Test(train, mlp_learns_and_eval_reports_accuracy)
     free(data), free(val);
 }
 
+/* ... and writes its --report (from a temporary metrics file it removes). */
 Test(train, interrupt_finishes_the_step_saves_and_exits_130)
 {
     char *data = make_tokens("tokens", 170);
-    char *ckpt = tu_path(tmp, "ckpt"), *latest = tu_path(ckpt, "latest");
+    char *ckpt = tu_path(tmp, "ckpt"), *latest = tu_path(ckpt, "latest"), *report = tu_path(tmp, "report.html");
     char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", data, "--layers", "2", "--d-model", "16", "--heads",
                     "2", "--global-batch", "32", "--micro-batch", "8", "--steps", "100000", "--save", ckpt,
-                    "--save-every", "2", "--quiet", NULL};
+                    "--save-every", "2", "--quiet", "--report", report, NULL};
     pid_t pid = start_logged(argv, "/dev/null", "/dev/null");
     while (!tu_exists(latest)) usleep(5000);
     kill(pid, SIGINT);
@@ -362,7 +363,13 @@ Test(train, interrupt_finishes_the_step_saves_and_exits_130)
     cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
     cr_assert_gt(info.step, 0);
     cr_assert_eq(info.model.layers, 2);
-    free(ckpt), free(latest), free(data);
+    char *page = (char *)tu_read_file(report, NULL);
+    cr_assert_not_null(strstr(page, "class=\"series-loss\""), "the interrupted run's report has no loss plot");
+    free(page);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q metrics-", tmp);
+    cr_assert_neq(system(cmd), 0, "the temporary metrics file was left behind");
+    free(ckpt), free(latest), free(report), free(data);
 }
 
 Test(train, bad_paths_and_data_fail_before_training)
