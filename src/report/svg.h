@@ -1,7 +1,7 @@
 /* svg.h — private: a small writer of inline SVG charts for report.c.
  *
  *   bb_svg_chart c;
- *   bb_svg_chart_begin(&c, out, "Loss", "step", "loss", x_min, x_max, y_min, y_max, false);
+ *   bb_svg_chart_begin(&c, out, "Loss", "step", "loss", x_min, x_max, y_min, y_max, 0);
  *   bb_svg_line(&c, xs, ys, n, 0, "loss", "run.jsonl");     // series 0's colour
  *   bb_svg_chart_end(&c);
  *
