@@ -5,7 +5,7 @@
  *   bb_svg_line(&c, xs, ys, n, 0, "loss", "run.jsonl");     // series 0's colour
  *   bb_svg_chart_end(&c);
  *
- * A chart is a 720 x 300 viewBox (it scales to the page's width) with
+ * A chart is a 720 x 310 viewBox (it scales to the page's width) with
  * axes, "nice" ticks and their labels, the axis titles with their units,
  * and a grid. Colours come from a colour-blind-safe palette (Okabe–Ito) by
  * series index; series also differ in dash pattern, so they stay apart in
