@@ -126,6 +126,9 @@ void bb_model_destroy(bb_model_t *m);
 const bb_model_config *bb_model_get_config(const bb_model_t *m);
 /* "gpt (4 layers, 4 heads, d 128, T 256, vocab 256)" or "mlp (784-1024-10)". */
 void bb_model_describe(const bb_model_config *c, char *buf, size_t cap);
+/* The checkpointing policy as --checkpoint spells it: "none" (also when
+ * one segment holds every layer), "blocks" or "every:K". */
+void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap);
 int bb_model_micro_batch(const bb_model_t *m);
 
 /* GPT-2 initialisation for gpt (normal 0.02, residual projections

@@ -54,6 +54,14 @@ bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *met
     return c->kind->from_data(c, meta, path);
 }
 
+void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap)
+{
+    int every = c->checkpoint_every;
+    if (every == 0 || every >= bb_model_layers(c)) snprintf(buf, cap, "none");
+    else if (every == 1) snprintf(buf, cap, "blocks");
+    else snprintf(buf, cap, "every:%d", every);
+}
+
 void bb_model_describe(const bb_model_config *c, char *buf, size_t cap)
 {
     if (c->kind) c->kind->describe(c, buf, cap);

@@ -100,13 +100,6 @@ static double relative_time(const bb_model_config *c, int micro_batch, int accum
     return (3.0 + recompute) / 3.0 * (examples + MICRO_STEP_COST * accumulation) / (examples + MICRO_STEP_COST);
 }
 
-static void checkpoint_name(int every, int layers, char *buf, size_t cap)
-{
-    if (every == 0 || every >= layers) snprintf(buf, cap, "none");
-    else if (every == 1) snprintf(buf, cap, "blocks");
-    else snprintf(buf, cap, "every:%d", every);
-}
-
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
 {
     memset(out, 0, sizeof *out);
@@ -139,7 +132,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             r->micro_batch = b;
             r->accumulation = per_device / b;
             r->checkpoint_every = policies[i];
-            checkpoint_name(policies[i], layers, r->checkpoint, sizeof r->checkpoint);
+            bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
             bb_status rc = bb_plan_memory_sharded(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1,
                                                   bucket_bytes, &r->memory);
             if (rc != BB_OK) {

@@ -156,6 +156,7 @@ static void header(page *p)
 
 /* Forward, backward, reduce wait, optimizer and data wait per step, stacked. */
 static const char *const part_names[] = {"forward", "backward", "reduce wait", "optimizer", "data wait", "other"};
+/* the palette's first five (svg.c), then grey for "other" */
 static const char *const part_colours[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#BBBBBB"};
 
 static void time_chart(page *p)

@@ -44,6 +44,18 @@ static double get_num(const char *line, const char *key)
     return bb_json_get_double(line, key, &v) ? v : NAN;
 }
 
+/* Room for item `count` in *items (capacity *cap, doubling); false when
+ * out of memory (*items unchanged). */
+static bool grow(void **items, size_t *cap, int count, size_t size)
+{
+    if ((size_t)count < *cap) return true;
+    size_t n = *cap ? 2 * *cap : 256;
+    void *grown = realloc(*items, n * size);
+    if (!grown) return false;
+    *items = grown, *cap = n;
+    return true;
+}
+
 static void get_str(const char *line, const char *key, char *out, size_t cap)
 {
     if (!bb_json_get_string(line, key, out, cap)) snprintf(out, cap, "?");
@@ -151,14 +163,9 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
             continue;
         }
         bad_last = false;
-        if (r->count == (int)cap_rows) {
-            size_t n = cap_rows ? 2 * cap_rows : 256;
-            bb_report_row *grown = realloc(r->rows, n * sizeof *grown);
-            if (!grown) {
-                rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory at line %d", path, number);
-                break;
-            }
-            r->rows = grown, cap_rows = n;
+        if (!grow((void **)&r->rows, &cap_rows, r->count, sizeof *r->rows)) {
+            rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory at line %d", path, number);
+            break;
         }
         r->rows[r->count++] = w;
         read_peaks(line, r);
@@ -216,14 +223,9 @@ bb_status bb_report_read_trace(const char *path, bb_report_trace *t)
         if (isnan(s.ts_us) || isnan(s.dur_us) || isnan(step) || !bb_json_get_string(line, "name", s.name, sizeof s.name))
             continue;
         s.step = (long long)step;
-        if (t->count == (int)cap_spans) {
-            size_t n = cap_spans ? 2 * cap_spans : 1024;
-            bb_report_span *grown = realloc(t->spans, n * sizeof *grown);
-            if (!grown) {
-                rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
-                break;
-            }
-            t->spans = grown, cap_spans = n;
+        if (!grow((void **)&t->spans, &cap_spans, t->count, sizeof *t->spans)) {
+            rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+            break;
         }
         t->spans[t->count++] = s;
         if (lane + 1 > t->lanes) t->lanes = lane + 1;

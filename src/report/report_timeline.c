@@ -8,15 +8,15 @@
 #include "report_internal.h"
 #include "svg.h"
 
-/* The colour of a kind of work, as the step-time chart of report.c has it. */
+/* Kinds of work, coloured as the step-time chart of report.c has them:
+ * kind i in the palette's colour i. */
+static const char *const kinds[] = {"forward", "backward", "reduce", "optimizer", "load", "copy"};
+enum { KINDS = sizeof kinds / sizeof *kinds };
+
 static const char *part_colour(const char *name)
 {
-    static const struct {
-        const char *prefix, *colour;
-    } kinds[] = {{"forward", "#0072B2"}, {"backward", "#D55E00"}, {"reduce", "#009E73"},
-                 {"optimizer", "#CC79A7"}, {"load", "#E69F00"},    {"copy", "#56B4E9"}};
-    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
-        if (!strncmp(name, kinds[i].prefix, strlen(kinds[i].prefix))) return kinds[i].colour;
+    for (int i = 0; i < KINDS; i++)
+        if (!strncmp(name, kinds[i], strlen(kinds[i]))) return bb_svg_colour(i);
     return "#999999";
 }
 
@@ -96,10 +96,7 @@ void bb_report_timeline(FILE *out, const bb_report_trace *t, int want)
         bb_svg_text(out, t->lane_name[k][0] ? t->lane_name[k] : "thread");
         fprintf(out, "</text>\n");
     }
-    const char *names[] = {"forward", "backward", "reduce", "optimizer", "load", "copy"};
-    const char *colours[6];
-    for (int k = 0; k < 6; k++) colours[k] = part_colour(names[k]);
-    bb_svg_legend(&c, names, 6, colours);
+    bb_svg_legend(&c, kinds, KINDS, NULL);
     bb_svg_chart_end(&c);
     fprintf(out, "<p class=\"caption\">Reduce spans on the reducer's lane that sit under a worker's backward are "
                  "the overlap: the gradients of the layers already done are averaged while the earlier layers' "

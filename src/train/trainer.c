@@ -146,8 +146,7 @@ static void write_run_line(const trainer *t)
     FILE *m = t->metrics;
     char describe[160], checkpoint[24];
     bb_model_describe(&t->cfg, describe, sizeof describe);
-    int every = t->cfg.checkpoint_every;
-    snprintf(checkpoint, sizeof checkpoint, every == 0 ? "none" : every == 1 ? "blocks" : "every:%d", every);
+    bb_model_checkpoint_name(&t->cfg, checkpoint, sizeof checkpoint);
     fprintf(m, "{\"run\": {\"kind\": \"train\", \"model\": \"%s\", \"describe\": ", bb_model_kind_name(t->cfg.kind));
     bb_json_write_string(m, describe);
     fprintf(m, ", \"devices\": ");
