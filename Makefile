@@ -4,10 +4,13 @@
 #   make test       install missing Debian packages, build, run every Criterion suite
 #   make demo       the main job on the embedded data (data/kjv): verify it, train the gpt ~3 min, sample, report
 #   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
+#   make cuda-emu   the CUDA backend on emulated GPUs (tests/cuda_emu): build/cuda-emu/bin/bigbatch
+#                   and build/cuda-emu/tests/test_cuda; `make test` builds and runs it
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need
 #
-# Variables: CUDA=auto|0|1 (auto: use nvcc when found), MPI=auto|0|1 (auto: use mpicc when found), OPT (-O3 -g), ARCH
+# Variables: CUDA=auto|0|1|emu (auto: use nvcc when found; emu: the .cu sources as C++ on
+# emulated GPUs, a test build), MPI=auto|0|1 (auto: use mpicc when found), OPT (-O3 -g), ARCH
 # (-march=native), CUDA_GENCODE (sm_90 and sm_80), NCCL_INC/NCCL_LIB (default
 # the toolkit's), BUILD (object directory).
 
@@ -20,6 +23,7 @@ BIN_DIR   ?= bin
 LIB_DIR   ?= lib
 SAN       ?=
 
+CXX       ?= g++
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80
@@ -42,6 +46,9 @@ ifeq ($(CUDA),auto)
   USE_CUDA := $(if $(NVCC),1,0)
 else
   USE_CUDA := $(CUDA)
+endif
+ifeq ($(filter $(USE_CUDA),0 1 emu),)
+  $(error CUDA=$(CUDA): say auto, 0, 1 or emu)
 endif
 ifeq ($(USE_CUDA),1)
   ifeq ($(NVCC),)
@@ -81,6 +88,19 @@ ifeq ($(USE_CUDA),1)
   CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -Wl,-rpath,$(NCCL_LIB) -lcudart_static -ldl -lrt -lstdc++
 endif
+# The emulated CUDA build (tests/cuda_emu): the same .cu sources compiled as
+# C++ against the emulator's headers, linked with its runtime (cuBLAS on
+# OpenBLAS inside), which points the reducer at its own libnccl.so.2. No
+# toolkit is needed; the binaries find the libraries in ../lib.
+EMU_DIR   := tests/cuda_emu
+EMU_LIBS  := $(LIB_DIR)/libbbcudaemu.so $(LIB_DIR)/libnccl.so.2
+ifeq ($(USE_CUDA),emu)
+  SRC     := $(filter-out src/backend/cuda/cuda_none.c src/train/nccl_none.c,$(SRC))
+  CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+  CFLAGS  += -DBB_CUDA_EMU -I$(EMU_DIR)/include
+  LDLIBS  += -L$(LIB_DIR) -lbbcudaemu -Wl,-rpath,'$$ORIGIN/../lib' -ldl -lstdc++
+  EMU_DEPS := $(EMU_LIBS)
+endif
 ifeq ($(USE_MPI),1)
   ifeq ($(MPICC),)
     $(error MPI=1 but mpicc was not found; make deps installs Open MPI)
@@ -93,11 +113,11 @@ CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 LIB       := $(LIB_DIR)/libbigbatch.a
 BIN       := $(BIN_DIR)/bigbatch
 
-TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_SRC  ?= $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: FORCE all test check-tests demo deps report-screenshot asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
+.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -107,9 +127,29 @@ $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+ifeq ($(USE_CUDA),emu)
+$(BUILD)/%.o: %.cu Makefile
+	@mkdir -p $(@D)
+	$(CXX) -x c++ -std=c++17 $(OPT) $(ARCH) -fno-gnu-unique -DBB_CUDA_EMU -I$(EMU_DIR)/include -Iinclude -Isrc -Ikernels \
+	  -Wall -Wextra -Werror -Wno-missing-field-initializers -MMD -MP $(SAN_FLAGS) $(EXTRA_CFLAGS) -c $< -o $@
+else
 $(BUILD)/%.o: %.cu Makefile
 	@mkdir -p $(@D)
 	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
+endif
+
+# The emulator's runtime (with cuBLAS; a library the binaries load at start,
+# so its thread-locals are initial-exec) and its NCCL, which the reducer dlopens.
+EMU_CXXFLAGS = -std=c++17 $(OPT) $(ARCH) -fPIC -fvisibility=hidden -Wall -Wextra -Werror -I$(EMU_DIR)/include \
+               $(shell pkg-config --cflags openblas 2>/dev/null) $(SAN_FLAGS) $(EXTRA_CFLAGS)
+EMU_RUNTIME := $(addprefix $(EMU_DIR)/,runtime.cpp memory.cpp streams.cpp kernels.cpp cublas.cpp)
+$(LIB_DIR)/libbbcudaemu.so: $(EMU_RUNTIME) $(EMU_DIR)/emu.h $(wildcard $(EMU_DIR)/include/*.h) Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -ftls-model=initial-exec -shared -Wl,-soname,libbbcudaemu.so $(EMU_RUNTIME) \
+	  $(shell pkg-config --libs openblas 2>/dev/null) -ldl -lpthread $(LDFLAGS) -o $@
+$(LIB_DIR)/libnccl.so.2: $(EMU_DIR)/nccl.cpp $(LIB_DIR)/libbbcudaemu.so $(wildcard $(EMU_DIR)/include/*.h) Makefile
+	$(CXX) $(EMU_CXXFLAGS) -shared -Wl,-soname,libnccl.so.2 $< -L$(LIB_DIR) -lbbcudaemu -Wl,-rpath,'$$ORIGIN' \
+	  -lpthread $(LDFLAGS) -o $@
 
 # The commit the binary reports (bb_commit): the header is rewritten only
 # when it changes, so only version.o rebuilds.
@@ -140,13 +180,19 @@ $(LIB): $(BUILD)/bigbatch.o
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $<
 
-$(BIN): $(CLI_OBJ) $(LIB)
+$(BIN): $(CLI_OBJ) $(LIB) $(EMU_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(LIB) $(EMU_DEPS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests -Isrc $< $(LIB) $(TEST_LIBS) $(LDLIBS) $(LDFLAGS) -o $@
+	$(CC) $(CFLAGS) -Itests -Isrc $< $(TEST_OBJS) $(LIB) $(TEST_LIBS) $(LDLIBS) $(TEST_LDLIBS) $(LDFLAGS) -o $@
+# The emulator's own suite, in the emulated build: its kernels, and its NCCL called directly.
+ifeq ($(USE_CUDA),emu)
+$(BUILD)/tests/test_cuda_emu: TEST_OBJS = $(BUILD)/tests/cuda_emu/selftest.o
+$(BUILD)/tests/test_cuda_emu: $(BUILD)/tests/cuda_emu/selftest.o
+$(BUILD)/tests/test_cuda_emu: TEST_LDLIBS = -L$(LIB_DIR) -l:libnccl.so.2
+endif
 
 # Runs every suite; the tests find the CLI through BIGBATCH_BIN. Passing
 # tests stay quiet; skipped ones are listed with their reason.
@@ -164,6 +210,15 @@ check-tests: $(TEST_BIN) $(BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory check-tests
+	@$(MAKE) --no-print-directory cuda-emu-test
+
+# The CUDA backend on emulated GPUs (tests/cuda_emu): every CUDA test runs.
+CUDA_EMU_VARS := CUDA=emu BUILD=build/cuda-emu BIN_DIR=build/cuda-emu/bin LIB_DIR=build/cuda-emu/lib \
+                 TEST_SRC="tests/test_cuda.c tests/test_cuda_emu.c"
+cuda-emu: deps
+	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) all build/cuda-emu/tests/test_cuda build/cuda-emu/tests/test_cuda_emu
+cuda-emu-test: deps
+	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) check-tests
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -188,6 +243,9 @@ report-screenshot: $(BUILD)/tests/test_report $(BIN)
 asan: deps
 	@$(MAKE) --no-print-directory check-tests CUDA=0 MPI=0 SAN=address,undefined BUILD=build/asan \
 	  BIN_DIR=build/asan/bin LIB_DIR=build/asan/lib OPT="-O1 -g" \
+	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
+	@$(MAKE) --no-print-directory check-tests CUDA=emu MPI=0 SAN=address,undefined BUILD=build/asan-emu \
+	  BIN_DIR=build/asan-emu/bin LIB_DIR=build/asan-emu/lib OPT="-O1 -g" TEST_SRC="tests/test_cuda.c tests/test_cuda_emu.c" \
 	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
 # Criterion cannot start under TSan (Snaipe/Criterion#274): the threaded
 # paths run from plain programs, tests/tsan_*.c, and through the CLI.

@@ -61,7 +61,7 @@ __device__ float warp_row_dot(const float *x, const float *y, int hs)
 template <bool Bf16>
 __global__ void attention_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale)
 {
-    extern __shared__ float sm[];
+    BB_DYNAMIC_SHARED(float, sm);
     int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
     float *ks = sm, *vs = ks + kKeys * pitch, *q = vs + kKeys * pitch + warp * hs,
@@ -104,7 +104,7 @@ template <bool Bf16>
 __global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int T, int C, int NH, float scale)
 {
-    extern __shared__ float sm[];
+    BB_DYNAMIC_SHARED(float, sm);
     int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
     float *ks = sm, *vs = ks + kKeys * pitch, *rows = vs + kKeys * pitch;
@@ -151,7 +151,7 @@ template <bool Bf16>
 __global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                 int T, int C, int NH, float scale)
 {
-    extern __shared__ float sm[];
+    BB_DYNAMIC_SHARED(float, sm);
     int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
     int j0 = blockIdx.x * kKeys, j = j0 + lane;
     float *ks = sm, *vs = ks + kKeys * pitch, *dk = vs + kKeys * pitch, *dv = dk + kKeys * pitch,
@@ -200,7 +200,7 @@ cudaError_t attention_forward(cudaStream_t s, float *out, float *lse, const floa
     cudaError_t e = allow_shared(attention_forward_k<Bf16>, bytes);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
-    attention_forward_k<Bf16><<<grid, kRows * 32, bytes, s>>>(out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    BB_LAUNCH(attention_forward_k<Bf16>, grid, kRows * 32, bytes, s)(out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
     return cudaGetLastError();
 }
 
@@ -216,9 +216,9 @@ cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, c
     if (e == cudaSuccess) e = allow_shared(attention_dkv_k<Bf16>, dkv_bytes);
     if (e != cudaSuccess) return e;
     dim3 rows((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
-    attention_dq_k<Bf16><<<rows, kRows * 32, dq_bytes, s>>>(dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    BB_LAUNCH(attention_dq_k<Bf16>, rows, kRows * 32, dq_bytes, s)(dqkv, dout, qkv, out, lse, T, C, NH, scale);
     dim3 keys((unsigned)((T + kKeys - 1) / kKeys), (unsigned)NH, (unsigned)B);
-    attention_dkv_k<Bf16><<<keys, 32, dkv_bytes, s>>>(dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    BB_LAUNCH(attention_dkv_k<Bf16>, keys, 32, dkv_bytes, s)(dqkv, dout, qkv, out, lse, T, C, NH, scale);
     return cudaGetLastError();
 }
 

@@ -1,6 +1,24 @@
-// cuda_device.cuh — private: device helpers the kernel files share.
+// cuda_device.cuh — private: device helpers the kernel files share, and
+// the two macros every kernel file uses for what C++ cannot parse:
+//
+//   BB_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...);
+//   BB_DYNAMIC_SHARED(float, sm);   // the launch's dynamic shared memory
+//
+// The CUDA build expands them to kernel<<<grid, block, shared_bytes,
+// stream>>>(args...) and extern __shared__ float sm[]; the emulated build
+// (BB_CUDA_EMU, tests/cuda_emu) to its launcher and its per-block buffer.
 #ifndef BIGBATCH_CUDA_DEVICE_CUH
 #define BIGBATCH_CUDA_DEVICE_CUH
+
+#include <cuda_runtime.h>
+
+#ifdef BB_CUDA_EMU
+#define BB_LAUNCH(kernel, grid, block, shared, stream) ::bbemu::launch(#kernel, kernel, grid, block, shared, stream)
+#define BB_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(::bbemu::self()->dynamic_shared)
+#else
+#define BB_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#define BB_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 // Sum (max) over the 32 lanes of a warp; every lane gets the result.
 static __device__ __forceinline__ float warp_sum(float v)

@@ -360,15 +360,16 @@ __global__ void count_correct_k(int *hits, const float *logits, const int32_t *t
 __global__ void sum_squares_k(double *partial, const float *x, size_t n)
 {
     __shared__ double lanes[kThreads];
+    int t = threadIdx.x;
     double s = 0.0;
     GRID_STRIDE(i, n) s += (double)x[i] * x[i];
-    lanes[threadIdx.x] = s;
+    lanes[t] = s;
     __syncthreads();
     for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) lanes[threadIdx.x] += lanes[threadIdx.x + o];
+        if (t < o) lanes[t] += lanes[t + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) partial[blockIdx.x] = lanes[0];
+    if (t == 0) partial[blockIdx.x] = lanes[0];
 }
 
 int row_threads(int width)
@@ -399,55 +400,55 @@ extern "C" {
 
 cudaError_t bbk_relu_forward(cudaStream_t s, float *out, const float *in, size_t n)
 {
-    relu_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
+    BB_LAUNCH(relu_forward_k, grid_for(n), kThreads, 0, s)(out, in, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
 {
-    relu_backward_k<<<grid_for(n), kThreads, 0, s>>>(din, dout, in, n);
+    BB_LAUNCH(relu_backward_k, grid_for(n), kThreads, 0, s)(din, dout, in, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n)
 {
-    gelu_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
+    BB_LAUNCH(gelu_forward_k, grid_for(n), kThreads, 0, s)(out, in, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
 {
-    gelu_backward_k<<<grid_for(n), kThreads, 0, s>>>(din, dout, in, n);
+    BB_LAUNCH(gelu_backward_k, grid_for(n), kThreads, 0, s)(din, dout, in, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n)
 {
-    add_k<<<grid_for(n), kThreads, 0, s>>>(out, x, y, n);
+    BB_LAUNCH(add_k, grid_for(n), kThreads, 0, s)(out, x, y, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n)
 {
-    scale_k<<<grid_for(n), kThreads, 0, s>>>(x, factor, n);
+    BB_LAUNCH(scale_k, grid_for(n), kThreads, 0, s)(x, factor, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n)
 {
-    bf16_round_k<<<grid_for(n), kThreads, 0, s>>>(x, packed, n);
+    BB_LAUNCH(bf16_round_k, grid_for(n), kThreads, 0, s)(x, packed, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, size_t n)
 {
-    bf16_unpack_k<<<grid_for(n), kThreads, 0, s>>>(out, packed, n);
+    BB_LAUNCH(bf16_unpack_k, grid_for(n), kThreads, 0, s)(out, packed, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C)
 {
-    broadcast_rows_k<<<grid_for((size_t)N * C), kThreads, 0, s>>>(out, bias, (size_t)N, C);
+    BB_LAUNCH(broadcast_rows_k, grid_for((size_t)N * C), kThreads, 0, s)(out, bias, (size_t)N, C);
     return cudaGetLastError();
 }
 
@@ -457,15 +458,15 @@ cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, float *scratch, const 
                             bool accumulate)
 {
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
-    column_partials_k<<<grid, kThreads, 0, s>>>(scratch, dout, N, C, chunk_rows(N));
-    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, scratch, BBK_COLUMN_CHUNKS, C, accumulate);
+    BB_LAUNCH(column_partials_k, grid, kThreads, 0, s)(scratch, dout, N, C, chunk_rows(N));
+    BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, scratch, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
                                   const float *w, const float *bias, int N, int C)
 {
-    if (N > 0) layernorm_forward_k<<<N, row_threads(C), 0, s>>>(out, mean, rstd, in, w, bias, C);
+    if (N > 0) BB_LAUNCH(layernorm_forward_k, N, row_threads(C), 0, s)(out, mean, rstd, in, w, bias, C);
     return cudaGetLastError();
 }
 
@@ -473,12 +474,12 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float 
                                    const float *dout, const float *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate)
 {
-    if (N > 0) layernorm_backward_input_k<<<N, row_threads(C), 0, s>>>(din, dout, in, w, mean, rstd, C);
+    if (N > 0) BB_LAUNCH(layernorm_backward_input_k, N, row_threads(C), 0, s)(din, dout, in, w, mean, rstd, C);
     float *pw = scratch, *pb = scratch + (size_t)BBK_COLUMN_CHUNKS * C;
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
-    layernorm_param_partials_k<<<grid, kThreads, 0, s>>>(pw, pb, dout, in, mean, rstd, N, C, chunk_rows(N));
-    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
-    column_finish_k<<<grid_for((size_t)C), kThreads, 0, s>>>(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
+    BB_LAUNCH(layernorm_param_partials_k, grid, kThreads, 0, s)(pw, pb, dout, in, mean, rstd, N, C, chunk_rows(N));
+    BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
+    BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 
@@ -486,7 +487,7 @@ cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tok
                                   const float *wpe, int B, int T, int C)
 {
     size_t n = (size_t)B * T * C;
-    embedding_forward_k<<<grid_for(n), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n);
+    BB_LAUNCH(embedding_forward_k, grid_for(n), kThreads, 0, s)(out, tokens, wte, wpe, T, C, n);
     return cudaGetLastError();
 }
 
@@ -511,7 +512,7 @@ cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float 
     size_t temp_bytes = scratch_bytes - 6 * slice - 256;
     int bits = 1;
     while (bits < 31 && (1 << bits) < V) bits++;
-    iota_k<<<grid_for((size_t)n), kThreads, 0, s>>>(pos_in, n);
+    BB_LAUNCH(iota_k, grid_for((size_t)n), kThreads, 0, s)(pos_in, n);
     // Stable: equal tokens keep their positions in increasing order.
     // Runs past the count stay 0, so the scan below reads no uninitialized memory.
     cudaError_t e = cudaMemsetAsync(run_length, 0, (size_t)n * sizeof *run_length, s);
@@ -520,14 +521,14 @@ cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float 
     if (e == cudaSuccess) e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, run_length, run_start, n, s);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)n, (unsigned)((C + kThreads - 1) / kThreads));
-    embedding_runs_k<<<grid, kThreads, 0, s>>>(dwte, dout, pos, run_token, run_length, run_start, runs, C);
+    BB_LAUNCH(embedding_runs_k, grid, kThreads, 0, s)(dwte, dout, pos, run_token, run_length, run_start, runs, C);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
                                        bool accumulate)
 {
-    embedding_backward_wpe_k<<<grid_for((size_t)T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C, accumulate);
+    BB_LAUNCH(embedding_backward_wpe_k, grid_for((size_t)T * C), kThreads, 0, s)(dwpe, dout, B, T, C, accumulate);
     return cudaGetLastError();
 }
 
@@ -535,7 +536,7 @@ cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targ
                                   int B, int T, int width)
 {
     size_t n = (size_t)B * T;
-    records_to_tokens_k<<<grid_for(n), kThreads, 0, s>>>(tokens, targets, records, count, T, width, n);
+    BB_LAUNCH(records_to_tokens_k, grid_for(n), kThreads, 0, s)(tokens, targets, records, count, T, width, n);
     return cudaGetLastError();
 }
 
@@ -543,7 +544,7 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
                                   int B, int inputs)
 {
     size_t n = (size_t)B * inputs;
-    records_to_images_k<<<grid_for(n), kThreads, 0, s>>>(features, labels, records, count, B, inputs, n);
+    BB_LAUNCH(records_to_images_k, grid_for(n), kThreads, 0, s)(features, labels, records, count, B, inputs, n);
     return cudaGetLastError();
 }
 
@@ -551,20 +552,20 @@ cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dl
                                      const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     if (N > 0)
-        softmax_crossentropy_k<<<N, row_threads(V), 0, s>>>(row_loss, dlogits, logits, targets, V, normalizer, valid);
+        BB_LAUNCH(softmax_crossentropy_k, N, row_threads(V), 0, s)(row_loss, dlogits, logits, targets, V, normalizer, valid);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n)
 {
-    sum_rows_k<<<1, 1024, 0, s>>>(out, rows, n);
+    BB_LAUNCH(sum_rows_k, 1, 1024, 0, s)(out, rows, n);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                       float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale)
 {
-    adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt,
+    BB_LAUNCH(adamw_k, grid_for(n), kThreads, 0, s)(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt,
                                              grad_scale);
     return cudaGetLastError();
 }
@@ -572,14 +573,14 @@ cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float 
 cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
                     float weight_decay, float grad_scale)
 {
-    sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
+    BB_LAUNCH(sgd_k, grid_for(n), kThreads, 0, s)(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_count_correct(cudaStream_t s, int *hits, const float *logits, const int32_t *targets, int N, int V)
 {
     if (N <= 0) return cudaGetLastError();
-    count_correct_k<<<grid_for((size_t)N), kThreads, 0, s>>>(hits, logits, targets, N, V);
+    BB_LAUNCH(count_correct_k, grid_for((size_t)N), kThreads, 0, s)(hits, logits, targets, N, V);
     return cudaGetLastError();
 }
 
@@ -587,7 +588,7 @@ cudaError_t bbk_sum_squares(cudaStream_t s, double *partial, int max_blocks, int
 {
     unsigned g = grid_for(n);
     *blocks = (int)(g < (unsigned)max_blocks ? g : (unsigned)max_blocks);
-    sum_squares_k<<<*blocks, kThreads, 0, s>>>(partial, x, n);
+    BB_LAUNCH(sum_squares_k, *blocks, kThreads, 0, s)(partial, x, n);
     return cudaGetLastError();
 }
 

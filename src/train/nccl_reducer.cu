@@ -384,22 +384,28 @@ ncclResult_t scalar_call(void *ctx)
 
 // A scalar collective on the communication stream, after the step's
 // buckets: device 0's value (broadcast) or the mean. The host polls for the
-// result, so that an abort frees it. false when the reducer stopped.
+// result, and the communicator's error while it waits and once the stream
+// is done: a collective of this step (a bucket's, or this one) that failed
+// fails the reducer here, which aborts every communicator — the peers that
+// wait for this device are freed instead of waiting for ever, and this
+// device does not take its own value for the mean. false when the reducer
+// stopped or failed.
 bool scalar_collective(nccl_reducer *n, int device, bool broadcast, double *value)
 {
-    reducer_t *r = &n->base;
     device_side *s = &n->dev[device];
     cudaSetDevice(s->cuda_device);
     *s->host_scalar = *value;
     scalar_args a = {s, broadcast};
     cudaStream_t st = s->comm_stream;
     double *dev = s->scalar, *host = s->host_scalar;
+    const char *what = broadcast ? "ncclBroadcast" : "ncclAllReduce";
     bool ok = BB_CUDA_REDUCER(n, cudaMemcpyAsync(dev, host, sizeof *dev, cudaMemcpyHostToDevice, st)) &&
-              nccl_step(n, s, scalar_call, &a, broadcast ? "ncclBroadcast" : "ncclAllReduce") &&
+              nccl_step(n, s, scalar_call, &a, what) &&
               BB_CUDA_REDUCER(n, cudaMemcpyAsync(host, dev, sizeof *dev, cudaMemcpyDeviceToHost, st));
     cudaError_t e = cudaErrorNotReady;
-    while (ok && (e = cudaStreamQuery(st)) == cudaErrorNotReady && !stopping(r)) sched_yield();
-    ok = ok && e != cudaErrorNotReady && cuda_call_ok(n, e, "cudaStreamQuery");
+    while (ok && (e = cudaStreamQuery(st)) == cudaErrorNotReady)
+        if ((ok = nccl_step(n, s, async_error, s, what))) sched_yield();
+    ok = ok && cuda_call_ok(n, e, "cudaStreamQuery") && nccl_step(n, s, async_error, s, what);
     if (ok) *value = *s->host_scalar;
     return ok;
 }
