@@ -552,7 +552,8 @@ cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dl
                                      const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     if (N > 0)
-        BB_LAUNCH(softmax_crossentropy_k, N, row_threads(V), 0, s)(row_loss, dlogits, logits, targets, V, normalizer, valid);
+        BB_LAUNCH(softmax_crossentropy_k, N, row_threads(V), 0, s)(row_loss, dlogits, logits, targets, V, normalizer,
+                                                                   valid);
     return cudaGetLastError();
 }
 
@@ -565,8 +566,8 @@ cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n)
 cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                       float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale)
 {
-    BB_LAUNCH(adamw_k, grid_for(n), kThreads, 0, s)(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt,
-                                             grad_scale);
+    BB_LAUNCH(adamw_k, grid_for(n), kThreads, 0, s)(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1,
+                                                    bias2_sqrt, grad_scale);
     return cudaGetLastError();
 }
 

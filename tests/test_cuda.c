@@ -654,7 +654,7 @@ static void need_gpus(int n)
     bb_cuda_info info;
     bb_cuda_probe(&info);
     if (info.device_count < n)
-        cr_skip_test("skipped: needs %d GPUs, this machine has %d%s%s", n, info.device_count,
+        cr_skip_test("skipped: needs %d GPU%s, this machine has %d%s%s", n, n > 1 ? "s" : "", info.device_count,
                      info.device_count ? "" : ": ", info.device_count ? "" : info.reason);
 }
 
@@ -694,16 +694,20 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
  * so that several are reduced while the backward runs), without overlap,
  * with --checkpoint blocks and with --zero 1; the mlp; bf16 (within 2e-2:
  * the GPU's products are bf16, the CPU's fp32). */
-static void two_gpus_against_cpu_2(void)
+Test(cuda_train, two_gpus_train_as_cpu_2)
 {
+    need_gpus(2);
     char *tokens = make_tokens("tokens", 200), *images = make_images("images", 200, 3);
     struct {
         const char *name;
         bool mlp, no_overlap, blocks, bf16;
         int zero;
-    } cases[] = {{"gpt", false, false, false, false, 0},      {"gpt --no-overlap", false, true, false, false, 0},
-                 {"gpt --checkpoint blocks", false, false, true, false, 0}, {"gpt --zero 1", false, false, false, false, 1},
-                 {"mlp", true, false, false, false, 0},       {"gpt --precision bf16", false, false, false, true, 0}};
+    } cases[] = {{"gpt", false, false, false, false, 0},
+                 {"gpt --no-overlap", false, true, false, false, 0},
+                 {"gpt --checkpoint blocks", false, false, true, false, 0},
+                 {"gpt --zero 1", false, false, false, false, 1},
+                 {"mlp", true, false, false, false, 0},
+                 {"gpt --precision bf16", false, false, false, true, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = cases[i].mlp ? mlp_options(images, 2, 4, 16) : gpt_options(tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
@@ -720,12 +724,6 @@ static void two_gpus_against_cpu_2(void)
         bb_train_result_free(&c), bb_train_result_free(&g);
     }
     free(tokens), free(images);
-}
-
-Test(cuda_train, two_gpus_train_as_cpu_2)
-{
-    need_gpus(2);
-    two_gpus_against_cpu_2();
 }
 
 /* The same with each stream of the emulator waiting up to 200 µs before
@@ -937,8 +935,10 @@ Test(cuda_train, a_gpt_step_on_a_gpu_syncs_launches_and_copies_as_designed)
         o.steps = 3, o.global_batch = 16; /* 4 micro-steps a step: 6 more in the run */
         step_counts m4 = counts_of(&o);
         micro[chunked] = counts_between(m4, s3, 6);
-        own[chunked] = counts_between(counts_between(s4, s3, 1), counts_between(micro[chunked], (step_counts){0}, 0.5), 1);
-        log_counts(chunked ? "per micro-step, 4 loss chunks:" : "per micro-step (B 4, T 16, 2 layers):", micro[chunked]);
+        step_counts step = counts_between(s4, s3, 1), two = counts_between(micro[chunked], (step_counts){0}, 0.5);
+        own[chunked] = counts_between(step, two, 1);
+        log_counts(chunked ? "per micro-step, 4 loss chunks:" : "per micro-step (B 4, T 16, 2 layers):",
+                   micro[chunked]);
         log_counts("per step, besides its micro-steps:", own[chunked]);
         double *f = (double *)&micro[chunked];
         for (size_t i = 0; i < sizeof micro[0] / sizeof(double); i++)

@@ -10,10 +10,10 @@
 // that is not there or returned, a shuffle from outside its mask): the
 // block ends with the error, a sticky cudaErrorLaunchFailure naming the
 // kernel, the block and the line.
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <inttypes.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -162,7 +162,6 @@ void *initial_frame(fiber *f, uint8_t *top)
 #endif
 
 uint8_t *stack_base(fiber_pool *p, size_t i) { return p->region + i * BBEMU_STACK_BYTES; }
-constexpr size_t kStackUsable = BBEMU_STACK_BYTES - kPage - BBEMU_VIEW_BYTES - 4096;
 
 // Grows the pool to n fibers (the region is aligned to the stack size).
 void ensure_fibers(fiber_pool *p, size_t n)
@@ -241,12 +240,11 @@ void yield(fiber *f, bool forever)
     fiber *g = pick(b);
     if (g == f) return;
     cur_fiber = g;
-    ASAN_START(forever ? nullptr : &f->fake_stack, g ? stack_lo(g) : b->sched_bottom, g ? stack_size(g) : b->sched_size);
+    ASAN_START(forever ? nullptr : &f->fake_stack, g ? stack_lo(g) : b->sched_bottom,
+               g ? stack_size(g) : b->sched_size);
     bbemu_swap(forever ? &b->dead_sp : &f->sp, g ? g->sp : b->sched_sp);
     ASAN_FINISH(f->fake_stack, nullptr, nullptr);
 }
-
-void yield_to_scheduler(fiber *f) { yield(f, false); }
 
 [[noreturn]] void leave_for_good(fiber *f)
 {
@@ -291,6 +289,10 @@ const char *base_name(const char *file)
 }
 
 std::string site(const char *file, int line) { return format("%s:%d", base_name(file), line); }
+std::string at(bbemu_warp_op op, const char *file, int line)
+{
+    return format("%s at %s", op_name(op), site(file, line).c_str());
+}
 
 // Ends the block with an error (the scheduler abandons it); never returns.
 // The message is made in a statement of its own: nothing it allocates is
@@ -312,29 +314,30 @@ void release(block_run *b, fiber *f)
     b->runq.push_back(f->linear);
 }
 
+// Threads at the barrier where the first arrived, and at another one.
+bool at_first_barrier(const fiber *x, const void *block)
+{
+    const block_run *b = static_cast<const block_run *>(block);
+    return x->state == F_BARRIER && x->line == b->bar_line && x->file == b->bar_file;
+}
+
+bool at_other_barrier(const fiber *x, const void *block)
+{
+    return x->state == F_BARRIER && !at_first_barrier(x, block);
+}
+
 // Completes the barrier when every thread that has not returned waits at it.
 void check_barrier(block_run *b, fiber *self)
 {
     if (b->bar_arrived == 0 || b->bar_arrived + b->done < b->n) return;
-    if (b->done > 0) {
-        BLOCK_ERROR(self, "__syncthreads at %s:%d is not reached by threads %s, which returned "
-                                 "(a barrier every thread of the block must reach)",
-                                 base_name(b->bar_file), b->bar_line,
-                                 thread_list(b, [](const fiber *x, const void *) { return x->state == F_DONE; },
-                                             nullptr).c_str());
-    }
+    if (b->done > 0)
+        BLOCK_ERROR(self, "__syncthreads at %s:%d is not reached by threads %s, which returned (a barrier every "
+                    "thread of the block must reach)", base_name(b->bar_file), b->bar_line,
+                    thread_list(b, [](const fiber *x, const void *) { return x->state == F_DONE; }, nullptr).c_str());
     if (b->other_file)
         BLOCK_ERROR(self, "divergent __syncthreads: threads %s wait at %s:%d, threads %s at %s:%d",
-                                 thread_list(b, [](const fiber *x, const void *a) {
-                                     const block_run *bb = (const block_run *)a;
-                                     return x->state == F_BARRIER && x->line == bb->bar_line && x->file == bb->bar_file;
-                                 }, b).c_str(),
-                                 base_name(b->bar_file), b->bar_line,
-                                 thread_list(b, [](const fiber *x, const void *a) {
-                                     const block_run *bb = (const block_run *)a;
-                                     return x->state == F_BARRIER && (x->line != bb->bar_line || x->file != bb->bar_file);
-                                 }, b).c_str(),
-                                 base_name(b->other_file), b->other_line);
+                    thread_list(b, at_first_barrier, b).c_str(), base_name(b->bar_file), b->bar_line,
+                    thread_list(b, at_other_barrier, b).c_str(), base_name(b->other_file), b->other_line);
     for (int i = 0; i < b->n; i++)
         if (b->f[i]->state == F_BARRIER) release(b, b->f[i]);
     for (int w = 0; w < (b->n + 31) / 32; w++) b->w[w].barrier = 0;
@@ -407,9 +410,9 @@ void try_complete_warp(block_run *b, fiber *self, int warp, unsigned mask)
         if (x->mask != mask) return; // another group is still forming
         bool sync_a = x->op == BBEMU_SYNCWARP, sync_b = first->op == BBEMU_SYNCWARP;
         if (sync_a != sync_b || (!sync_a && x->op != first->op))
-            BLOCK_ERROR(self, "lanes of warp %d meet at different warp operations: %s (%s:%d) and %s (%s:%d)",
-                                     warp, op_name(first->op), base_name(first->file), first->line, op_name(x->op),
-                                     base_name(x->file), x->line);
+            BLOCK_ERROR(self, "lanes of warp %d meet at different warp operations: %s (%s:%d) and %s (%s:%d)", warp,
+                        op_name(first->op), base_name(first->file), first->line, op_name(x->op), base_name(x->file),
+                        x->line);
     }
     for (unsigned m = mask; m; m &= m - 1) {
         fiber *x = b->f[warp * 32 + __builtin_ctz(m)];
@@ -452,7 +455,7 @@ EXPORT void bbemu_syncthreads(const char *file, int line)
     else if ((b->bar_line != line || b->bar_file != file) && !b->other_file) b->other_file = file, b->other_line = line;
     b->bar_arrived++;
     check_barrier(b, f);
-    yield_to_scheduler(f);
+    yield(f, false);
 }
 
 EXPORT uint64_t bbemu_warp(const char *file, int line, bbemu_warp_op op, unsigned mask, uint64_t bits, int arg,
@@ -466,19 +469,18 @@ EXPORT uint64_t bbemu_warp(const char *file, int line, bbemu_warp_op op, unsigne
     }
     int warp = f->linear / 32, lane = f->linear % 32, lanes = lanes_of_warp(b, warp);
     unsigned present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
-#define where format("%s at %s", op_name(op), site(file, line).c_str())
+// A warp operation's error, naming it and where it is.
+#define WARP_ERROR(fmt, ...) BLOCK_ERROR(f, "%s: " fmt, at(op, file, line).c_str(), __VA_ARGS__)
     if (!(mask & (1u << lane)))
-        BLOCK_ERROR(f, "%s: lane %d of warp %d calls it with mask 0x%08x, which leaves the lane out",
-                              where.c_str(), lane, warp, mask);
+        WARP_ERROR("lane %d of warp %d calls it with mask 0x%08x, which leaves the lane out", lane, warp, mask);
     if (mask & ~present)
-        BLOCK_ERROR(f, "%s: mask 0x%08x names lanes %s of warp %d, which are not there (the block has %d "
-                              "threads: warp %d has %d lanes)", where.c_str(), mask, lane_list(mask & ~present).c_str(),
-                              warp, b->n, warp, lanes);
+        WARP_ERROR("mask 0x%08x names lanes %s of warp %d, which are not there (the block has %d threads: warp %d "
+                   "has %d lanes)", mask, lane_list(mask & ~present).c_str(), warp, b->n, warp, lanes);
     if (mask & b->w[warp].done)
-        BLOCK_ERROR(f, "%s: mask 0x%08x names lanes %s of warp %d, which returned", where.c_str(), mask,
-                              lane_list(mask & b->w[warp].done).c_str(), warp);
+        WARP_ERROR("mask 0x%08x names lanes %s of warp %d, which returned", mask,
+                   lane_list(mask & b->w[warp].done).c_str(), warp);
     if (width <= 0 || width > 32 || (width & (width - 1)))
-        BLOCK_ERROR(f, "%s: width %d is not a power of two up to 32", where.c_str(), width);
+        WARP_ERROR("width %d is not a power of two up to 32", width);
     int seg = lane & ~(width - 1), src = lane;
     switch (op) {
     case BBEMU_SYNCWARP: break;
@@ -488,20 +490,19 @@ EXPORT uint64_t bbemu_warp(const char *file, int line, bbemu_warp_op op, unsigne
     case BBEMU_SHFL_IDX: src = seg + (arg & (width - 1)); break;
     }
     if (op != BBEMU_SYNCWARP && !(mask & (1u << src)))
-        BLOCK_ERROR(f, "%s: lane %d of warp %d reads lane %d, which is not in its mask 0x%08x", where.c_str(),
-                              lane, warp, src, mask);
+        WARP_ERROR("lane %d of warp %d reads lane %d, which is not in its mask 0x%08x", lane, warp, src, mask);
     // A lane named in the mask that waits at __syncthreads never comes: a deadlock.
     if (unsigned stuck = mask & b->w[warp].barrier) {
         fiber *x = b->f[warp * 32 + __builtin_ctz(stuck)];
-        BLOCK_ERROR(f, "%s: lane %d of warp %d waits for lane %d, which waits at __syncthreads (%s)", where.c_str(),
-                    lane, warp, __builtin_ctz(stuck), site(x->file, x->line).c_str());
+        WARP_ERROR("lane %d of warp %d waits for lane %d, which waits at __syncthreads (%s)", lane, warp,
+                   __builtin_ctz(stuck), site(x->file, x->line).c_str());
     }
-#undef where
+#undef WARP_ERROR
     f->state = F_WARP, f->file = file, f->line = line, f->op = op, f->mask = mask, f->src = src, f->value = bits;
     b->w[warp].waiting |= 1u << lane;
     b->w[warp].wanted |= mask;
     try_complete_warp(b, f, warp, mask);
-    yield_to_scheduler(f);
+    yield(f, false);
     return f->result;
 }
 
@@ -602,7 +603,8 @@ void run_kernel_item(launch_rec &L)
         mem_class c = classify(ptr, 0, &dev);
         if (c == PINNED || (c == ON_DEVICE && dev == d->index)) continue;
         set_sticky(d, cudaErrorIllegalAddress,
-                   format("%s: argument %d (%p) is %s, not memory of cuda:%d", launch_head(L).c_str(), L.pointer_index[i] + 1,
+                   format("%s: argument %d (%p) is %s, not memory of cuda:%d", launch_head(L).c_str(),
+                          L.pointer_index[i] + 1,
                           ptr, describe(ptr).c_str(), d->index));
         return;
     }

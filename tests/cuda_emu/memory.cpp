@@ -78,11 +78,21 @@ void count_copy(mem_class dc, mem_class sc, size_t bytes)
 // What p is, in words ("host memory", "memory of cuda:1", ...).
 std::string describe(const void *p)
 {
-    std::lock_guard<std::mutex> l(rt->alloc_m);
-    const allocation *a = find_allocation((uintptr_t)p);
-    if (!a) return "host memory (not from cudaMalloc)";
-    if (a->kind == PINNED_MEMORY) return "pinned host memory";
-    return format("byte %zu of a %zu-byte allocation of cuda:%d", (size_t)((uintptr_t)p - a->base), a->bytes, a->device);
+    {
+        std::lock_guard<std::mutex> l(rt->alloc_m);
+        if (const allocation *a = find_allocation((uintptr_t)p)) {
+            if (a->kind == PINNED_MEMORY) return "pinned host memory";
+            return format("byte %zu of a %zu-byte allocation of cuda:%d", (size_t)((uintptr_t)p - a->base), a->bytes,
+                          a->device);
+        }
+    }
+    for (device_state *d : rt->dev) { // freed, and not yet reused
+        std::lock_guard<std::mutex> l(d->arena_m);
+        for (const auto &q : d->quarantine)
+            if ((uintptr_t)p >= q.first && (uintptr_t)p < q.first + q.second)
+                return format("memory of cuda:%d that was freed (a use after free)", d->index);
+    }
+    return "host memory (not from cudaMalloc)";
 }
 
 mem_class classify(const void *p, size_t n, int *dev)

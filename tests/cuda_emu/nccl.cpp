@@ -105,7 +105,7 @@ std::mutex cliques_m;
 std::map<std::string, std::weak_ptr<clique>> cliques;
 
 thread_local int group_depth;
-thread_local std::vector<std::function<ncclResult_t()>> group_calls;
+thread_local std::vector<std::function<ncclResult_t()>> group_calls; // issued at the group's end, in order
 thread_local bool group_nonblocking;
 
 struct fault_spec {
@@ -287,7 +287,8 @@ void run_collective(const std::shared_ptr<comm_state> &s, const op_desc &d)
         for (int r = 1; r < c.nranks && mismatch.empty(); r++) {
             const op_desc &a = sl.d[0], &b = sl.d[(size_t)r];
             if (a.kind != b.kind || a.count != b.count || a.type != b.type ||
-                (a.kind != BROADCAST && a.kind != ALL_GATHER && a.op != b.op) || (a.kind == BROADCAST && a.root != b.root))
+                (a.kind != BROADCAST && a.kind != ALL_GATHER && a.op != b.op) ||
+                (a.kind == BROADCAST && a.root != b.root))
                 mismatch = "collective #" + std::to_string(d.seq) + " differs between ranks: " + describe(a, 0) +
                            "; " + describe(b, r);
         }
@@ -304,6 +305,32 @@ void run_collective(const std::shared_ptr<comm_state> &s, const op_desc &d)
     s->executed++;
 }
 
+// Not every rank joined in time: the others are not in this process.
+void fail_join(comm_state *s)
+{
+    int joined;
+    {
+        std::lock_guard<std::mutex> l(s->cl->m);
+        joined = s->cl->joined;
+    }
+    comm_fail(s, ncclSystemError, "only " + std::to_string(joined) + " of " + std::to_string(s->nranks) +
+                                      " ranks joined in 10 s (the emulated NCCL joins the GPUs of one process)");
+}
+
+// A blocking communicator's wait for every rank to join.
+ncclResult_t wait_joined(comm_state *s)
+{
+    clique &c = *s->cl;
+    std::unique_lock<std::mutex> l(c.m);
+    if (!c.cv.wait_for(l, std::chrono::duration<double>(kJoinTimeout), [&] { return c.joined == c.nranks; })) {
+        l.unlock();
+        fail_join(s);
+        return ncclSystemError;
+    }
+    s->joining = false;
+    return ncclSuccess;
+}
+
 ncclResult_t issue(const std::shared_ptr<comm_state> &s, op_desc d, cudaStream_t stream)
 {
     std::call_once(fault_once, read_fault);
@@ -317,7 +344,8 @@ ncclResult_t issue(const std::shared_ptr<comm_state> &s, op_desc d, cudaStream_t
         op_desc d;
     };
     cudaError_t e = bbemu_enqueue_host(
-        stream, ("nccl" + k).c_str(), [](void *ctx) { run_collective(static_cast<job *>(ctx)->s, static_cast<job *>(ctx)->d); },
+        stream, ("nccl" + k).c_str(),
+        [](void *ctx) { run_collective(static_cast<job *>(ctx)->s, static_cast<job *>(ctx)->d); },
         [](void *ctx) { delete static_cast<job *>(ctx); }, new job{s, d}, 1);
     if (e != cudaSuccess) {
         // Not queued: it never runs, and this rank's peers wait for it.
@@ -336,10 +364,13 @@ ncclResult_t collective(ncclComm_t comm, op_desc d, size_t send_bytes, size_t re
     std::shared_ptr<comm_state> s = comm->s;
     if (s->aborted) return usage(s.get(), ncclInvalidUsage, "nccl%s on an aborted communicator", kind_name(d.kind));
     if (s->async != ncclSuccess) return (ncclResult_t)s->async.load();
-    if (s->joining) return usage(s.get(), ncclInvalidUsage, "nccl%s before the communicator is ready", kind_name(d.kind));
+    if (s->joining)
+        return usage(s.get(), ncclInvalidUsage, "nccl%s before the communicator is ready", kind_name(d.kind));
     if (!type_size(d.type))
-        return usage(s.get(), ncclInvalidArgument, "nccl%s: data type %d is not emulated", kind_name(d.kind), (int)d.type);
-    if ((unsigned)d.op > ncclAvg) return usage(s.get(), ncclInvalidArgument, "nccl%s: reduction %d", kind_name(d.kind), (int)d.op);
+        return usage(s.get(), ncclInvalidArgument, "nccl%s: data type %d is not emulated", kind_name(d.kind),
+                     (int)d.type);
+    if ((unsigned)d.op > ncclAvg)
+        return usage(s.get(), ncclInvalidArgument, "nccl%s: reduction %d", kind_name(d.kind), (int)d.op);
     if (d.kind == BROADCAST && (d.root < 0 || d.root >= s->nranks))
         return usage(s.get(), ncclInvalidArgument, "ncclBroadcast: root %d of %d ranks", d.root, s->nranks);
     int dev = bbemu_stream_device(stream);
@@ -393,7 +424,8 @@ EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUni
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return usage(nullptr, ncclInvalidArgument, "ncclCommInitRankConfig: rank %d of %d", rank, nranks);
     if (config && (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t)))
-        return usage(nullptr, ncclInvalidArgument, "ncclCommInitRankConfig: config not made with NCCL_CONFIG_INITIALIZER");
+        return usage(nullptr, ncclInvalidArgument,
+                     "ncclCommInitRankConfig: config not made with NCCL_CONFIG_INITIALIZER");
     std::shared_ptr<clique> c;
     {
         std::lock_guard<std::mutex> l(cliques_m);
@@ -423,20 +455,13 @@ EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUni
     s->joining = true;
     s->join_started = seconds();
     *comm = new ncclComm{s};
-    if (group_depth > 0) {
+    if (group_depth > 0) { // a blocking one waits for the others at the group's end
         group_nonblocking |= !s->blocking;
+        comm_state *raw = s.get();
+        if (s->blocking) group_calls.push_back([raw] { return wait_joined(raw); });
         return ncclSuccess;
     }
-    if (!s->blocking) return ncclInProgress;
-    std::unique_lock<std::mutex> l(c->m);
-    if (!c->cv.wait_for(l, std::chrono::duration<double>(kJoinTimeout), [&] { return c->joined == c->nranks; })) {
-        l.unlock();
-        comm_fail(s.get(), ncclSystemError, "only " + std::to_string(c->joined) + " of " + std::to_string(nranks) +
-                                                " ranks joined in 10 s (the emulated NCCL joins the GPUs of one process)");
-        return ncclSystemError;
-    }
-    s->joining = false;
-    return ncclSuccess;
+    return s->blocking ? wait_joined(s.get()) : ncclInProgress;
 }
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
@@ -452,9 +477,7 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_e
         std::lock_guard<std::mutex> l(s->cl->m);
         if (s->cl->joined == s->nranks) s->joining = false;
     }
-    if (s->joining && seconds() - s->join_started > kJoinTimeout)
-        comm_fail(s, ncclSystemError, "only " + std::to_string(s->cl->joined) + " of " + std::to_string(s->nranks) +
-                                          " ranks joined in 10 s (the emulated NCCL joins the GPUs of one process)");
+    if (s->joining && seconds() - s->join_started > kJoinTimeout) fail_join(s);
     if (s->async != ncclSuccess) *async_error = (ncclResult_t)s->async.load();
     else if (s->joining) *async_error = ncclInProgress;
     else if (s->pending_polls > 0) s->pending_polls--, *async_error = ncclInProgress;

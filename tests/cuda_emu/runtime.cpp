@@ -159,47 +159,39 @@ void write_stats()
     }
 }
 
+// CUDA's name and text of each error the emulator gives.
+const struct {
+    cudaError_t code;
+    const char *name, *text;
+} kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
 const char *error_name(cudaError_t e)
 {
-    switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError: return "cudaErrorInitializationError";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorUnknown: return "cudaErrorUnknown";
-    }
+    for (const auto &x : kErrors)
+        if (x.code == e) return x.name;
     return "cudaErrorUnknown";
 }
 
 const char *error_string(cudaError_t e)
 {
-    switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotSupported: return "operation not supported";
-    case cudaErrorUnknown: return "unknown error";
-    }
+    for (const auto &x : kErrors)
+        if (x.code == e) return x.text;
     return "unknown error";
 }
 
@@ -217,6 +209,12 @@ struct bbemu_event_handle {
 };
 
 event_state *ev(cudaEvent_t e) { return reinterpret_cast<bbemu_event_handle *>(e)->s.get(); }
+
+// The current device, without making the runtime (NULL before its first call).
+device_state *current_if_made()
+{
+    return rt && current_device >= 0 && current_device < (int)rt->dev.size() ? rt->dev[current_device] : nullptr;
+}
 
 } // namespace
 
@@ -275,14 +273,14 @@ EXPORT cudaError_t cudaGetLastError(void)
 {
     cudaError_t e = last_error;
     last_error = cudaSuccess;
-    device_state *d = rt && current_device >= 0 && current_device < (int)rt->dev.size() ? rt->dev[current_device] : nullptr;
+    device_state *d = current_if_made();
     if (e == cudaSuccess && d) e = sticky_of(d);
     return e;
 }
 
 EXPORT cudaError_t cudaPeekAtLastError(void)
 {
-    device_state *d = rt && current_device >= 0 && current_device < (int)rt->dev.size() ? rt->dev[current_device] : nullptr;
+    device_state *d = current_if_made();
     return last_error != cudaSuccess ? last_error : d ? sticky_of(d) : cudaSuccess;
 }
 
