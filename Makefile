@@ -208,13 +208,16 @@ check-tests: $(TEST_BIN) $(BIN)
 	if [ $$failed -ne 0 ]; then echo "FAILED: at least one suite failed"; exit 1; fi; \
 	echo "all suites passed"
 
+# The emulated variant is built first: the README's examples use it.
 test: deps
+	@$(MAKE) --no-print-directory cuda-emu
 	@$(MAKE) --no-print-directory check-tests
 	@$(MAKE) --no-print-directory cuda-emu-test
 
 # The CUDA backend on emulated GPUs (tests/cuda_emu): every CUDA test runs.
+CUDA_EMU_TESTS := tests/test_cuda.c tests/test_cuda_emu.c tests/test_backend.c
 CUDA_EMU_VARS := CUDA=emu BUILD=build/cuda-emu BIN_DIR=build/cuda-emu/bin LIB_DIR=build/cuda-emu/lib \
-                 TEST_SRC="tests/test_cuda.c tests/test_cuda_emu.c"
+                 TEST_SRC="$(CUDA_EMU_TESTS)"
 cuda-emu: deps
 	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) all build/cuda-emu/tests/test_cuda build/cuda-emu/tests/test_cuda_emu
 cuda-emu-test: deps
@@ -245,7 +248,7 @@ asan: deps
 	  BIN_DIR=build/asan/bin LIB_DIR=build/asan/lib OPT="-O1 -g" \
 	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
 	@$(MAKE) --no-print-directory check-tests CUDA=emu MPI=0 SAN=address,undefined BUILD=build/asan-emu \
-	  BIN_DIR=build/asan-emu/bin LIB_DIR=build/asan-emu/lib OPT="-O1 -g" TEST_SRC="tests/test_cuda.c tests/test_cuda_emu.c" \
+	  BIN_DIR=build/asan-emu/bin LIB_DIR=build/asan-emu/lib OPT="-O1 -g" TEST_SRC="$(CUDA_EMU_TESTS)" \
 	  EXTRA_CFLAGS="-fno-sanitize-recover=all"
 # Criterion cannot start under TSan (Snaipe/Criterion#274): the threaded
 # paths run from plain programs, tests/tsan_*.c, and through the CLI.

@@ -456,6 +456,71 @@ Test(cuda_emu, nccl_all_reduces_across_two_gpus_in_order_on_their_streams)
     }
 }
 
+/* Each rank's 8 floats, 10·rank + i, on its buffer; the collective `call`
+ * queued on every rank; then the first n floats of each rank's buffer. */
+static void run_on_two(clique *q, ncclResult_t (*call)(clique *, int), float out[2][8], size_t n)
+{
+    for (int d = 0; d < 2; d++) {
+        float h[8];
+        for (int i = 0; i < 8; i++) h[i] = (float)(10 * d + i);
+        cr_assert_eq(cudaSetDevice(d), cudaSuccess);
+        cr_assert_eq(cudaMemcpy(q->buf[d], h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    for (int d = 0; d < 2; d++) {
+        cr_assert_eq(cudaSetDevice(d), cudaSuccess);
+        ncclResult_t rc = call(q, d);
+        cr_assert(rc == ncclSuccess || rc == ncclInProgress, "%s", ncclGetErrorString(rc));
+        cr_assert_eq(settle(q->comm[d]), ncclSuccess);
+    }
+    for (int d = 0; d < 2; d++) {
+        cr_assert_eq(cudaSetDevice(d), cudaSuccess);
+        cr_assert_eq(cudaStreamSynchronize(q->stream[d]), cudaSuccess);
+        cr_assert_eq(cudaMemcpy(out[d], q->buf[d], n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+}
+
+static ncclResult_t broadcast_from_1(clique *q, int d)
+{
+    return ncclBroadcast(q->buf[d], q->buf[d], 8, ncclFloat, 1, q->comm[d], q->stream[d]);
+}
+
+/* In place, as NCCL has it: rank d's block of the sum lands in block d of its buffer. */
+static ncclResult_t reduce_scatter(clique *q, int d)
+{
+    return ncclReduceScatter(q->buf[d], q->buf[d] + 4 * d, 4, ncclFloat, ncclSum, q->comm[d], q->stream[d]);
+}
+
+/* In place: every rank's block d gathered into every buffer. */
+static ncclResult_t all_gather(clique *q, int d)
+{
+    return ncclAllGather(q->buf[d] + 4 * d, q->buf[d], 4, ncclFloat, q->comm[d], q->stream[d]);
+}
+
+Test(cuda_emu, nccl_broadcast_reduce_scatter_and_all_gather_give_nccl_s_results)
+{
+    clique q = two_gpus();
+    float out[2][8];
+    run_on_two(&q, broadcast_from_1, out, 8);
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < 8; i++) cr_assert_float_eq(out[d][i], 10.0f + i, 0, "broadcast: cuda:%d element %d", d, i);
+    run_on_two(&q, reduce_scatter, out, 8);
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < 4; i++)
+            cr_assert_float_eq(out[d][4 * d + i], 10.0f + 2 * (4 * d + i), 0, "reduce-scatter: cuda:%d element %d", d,
+                               i);
+    run_on_two(&q, all_gather, out, 8);
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < 8; i++)
+            cr_assert_float_eq(out[d][i], (float)(14 * (i / 4) + i % 4), 0, "all-gather: cuda:%d element %d", d, i);
+    for (int d = 0; d < 2; d++) {
+        cr_assert_eq(cudaSetDevice(d), cudaSuccess);
+        ncclResult_t rc = ncclCommFinalize(q.comm[d]);
+        cr_assert(rc == ncclSuccess || rc == ncclInProgress);
+        cr_assert_eq(settle(q.comm[d]), ncclSuccess);
+        cr_assert_eq(ncclCommDestroy(q.comm[d]), ncclSuccess);
+    }
+}
+
 /* A rank whose peer never comes waits on its stream, as NCCL's kernel would
  * spin on the GPU, until its communicator is aborted. */
 Test(cuda_emu, a_rank_whose_peer_never_comes_waits_until_aborted)

@@ -6,7 +6,8 @@
  *   bbemu_counters_get(&before);  ... train a step ...  bbemu_counters_get(&after);
  *   host synchronizations of the step: after.host_syncs - before.host_syncs
  *
- * Environment (read at the first CUDA call of the process):
+ * Environment (read at the first CUDA call of the process; the NCCL fault at
+ * the first collective):
  *   BB_CUDA_EMU_DEVICES=N     emulated GPUs (default 2; 0: none)
  *   BB_CUDA_EMU_MEM=BYTES     memory of each (default 8 GiB; K, M, G suffixes)
  *   BB_CUDA_EMU_SEED=S        the order of lanes and blocks, the delays (default 1)
@@ -31,7 +32,7 @@
 extern "C" {
 #endif
 
-/* Totals over the process since its first CUDA call. */
+/* Totals over the process since its first CUDA call (cannot fail). */
 typedef struct bbemu_counters {
     uint64_t host_syncs;     /* every wait of the host for device work: the five below */
     uint64_t stream_syncs, device_syncs, event_syncs; /* cuda{Stream,Device,Event}Synchronize */
@@ -48,7 +49,8 @@ void bbemu_counters_get(bbemu_counters *out);
 /* Queues fn(ctx) on `stream` (0: the legacy stream of the current device),
  * run on its thread in stream order; drop(ctx) (may be NULL) afterwards or
  * when it cannot be queued. device_work: skipped once the device has a
- * sticky error (as a kernel would be). */
+ * sticky error (as a kernel would be). Fails, queuing nothing, with the
+ * device's sticky error or cudaErrorInvalidDevice (no current device). */
 cudaError_t bbemu_enqueue_host(cudaStream_t stream, const char *what, void (*fn)(void *ctx), void (*drop)(void *ctx),
                                void *ctx, int device_work);
 /* The device of a stream (0: the current device's legacy stream); -1 when
@@ -58,10 +60,13 @@ int bbemu_stream_device(cudaStream_t stream);
  * `device`; otherwise 0, and *why (may be NULL) says what p is. */
 int bbemu_device_range(const void *p, size_t bytes, int device, const char **why);
 /* Inside an operation run by a stream: fails it as a kernel fault would
- * (a sticky `code` on the stream's device), with a line on stderr. */
+ * (a sticky `code` on the stream's device), with a line on stderr; called
+ * elsewhere, only the line. */
 void bbemu_fail_operation(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Adds n to a counter of bbemu_counters ("blas_calls", "cub_calls", "nccl_calls"). */
+/* Adds n to a counter of bbemu_counters ("blas_calls", "cub_calls",
+ * "nccl_calls"; another name is ignored). */
 void bbemu_count(const char *counter, uint64_t n);
+/* BB_CUDA_EMU_SEED (default 1). */
 uint64_t bbemu_seed(void);
 
 #ifdef __cplusplus
