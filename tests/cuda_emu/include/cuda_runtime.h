@@ -34,7 +34,6 @@
 #include <stdint.h>
 
 #define CUDART_VERSION 13000
-#define BB_CUDA_EMU_RUNTIME 1
 
 #ifdef __cplusplus
 extern "C" {
