@@ -215,11 +215,11 @@ test: deps
 	@$(MAKE) --no-print-directory cuda-emu-test
 
 # The CUDA backend on emulated GPUs (tests/cuda_emu): every CUDA test runs.
-CUDA_EMU_TESTS := tests/test_cuda.c tests/test_cuda_emu.c tests/test_backend.c
+CUDA_EMU_TESTS := tests/test_cuda.c tests/test_cuda_train.c tests/test_cuda_emu.c tests/test_backend.c
 CUDA_EMU_VARS := CUDA=emu BUILD=build/cuda-emu BIN_DIR=build/cuda-emu/bin LIB_DIR=build/cuda-emu/lib \
                  TEST_SRC="$(CUDA_EMU_TESTS)"
 cuda-emu: deps
-	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) all build/cuda-emu/tests/test_cuda build/cuda-emu/tests/test_cuda_emu
+	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) all $(CUDA_EMU_TESTS:tests/%.c=build/cuda-emu/tests/%)
 cuda-emu-test: deps
 	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) check-tests
 

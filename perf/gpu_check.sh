@@ -3,10 +3,11 @@
 # for sm_90 (or use the carried bundle), run the CUDA tests, check
 # correctness at real shapes, measure beside PyTorch, print a table.
 #
-#   here:  make gpu-bundle      # fallback binaries + their libraries, built for sm_90
-#   there: run(command="perf/gpu_check.sh", carry=["build/gpu"], timeout_s=420)
+#   make gpu-bundle        # on a build machine: fallback binaries + their libraries, for sm_90
+#   perf/gpu_check.sh      # on the GPU machine, from the checkout (with build/gpu copied beside
+#                          # it when that machine cannot build); about 6 minutes
 #
-# One call must always bring something back. Every step runs under
+# One run must always bring something back. Every step runs under
 # `timeout`; each table row is printed, and appended to $OUT/table.md, as
 # soon as it is known, so a hang costs one row, not the run. Everything
 # else goes to $OUT/log.txt (each step's output under its name),

@@ -66,7 +66,6 @@ struct fiber {
     bbemu_fiber_view *view; // at the top of its stack, where self() finds it
     uint8_t *top;           // where its stack starts (below the view, staggered)
     void *sp;
-    struct block_run *block;
     int linear, state;
     bool dirty;            // its stack holds frames of an abandoned run
     const char *file;      // where it waits
@@ -236,7 +235,7 @@ fiber *pick(block_run *b)
 // one again), or back to the block's scheduler when none is left.
 void yield(fiber *f, bool forever)
 {
-    block_run *b = f->block;
+    block_run *b = cur_block;
     fiber *g = pick(b);
     if (g == f) return;
     cur_fiber = g;
@@ -538,7 +537,6 @@ bool run_block(fiber_pool *p, launch_rec &L, dim3 bid)
         v->block_dim = L.block, v->grid_dim = L.grid;
         v->dynamic_shared = L.shared ? shared : nullptr;
         f->linear = i, f->state = F_RUN, f->mask = 0, f->file = nullptr;
-        f->block = &b;
         f->sp = initial_frame(f, f->top);
         b.runq.push_back(i);
     }

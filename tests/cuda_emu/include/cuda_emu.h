@@ -23,7 +23,6 @@
 #ifndef BBEMU_CUDA_EMU_H
 #define BBEMU_CUDA_EMU_H
 
-#include <stdarg.h>
 #include <stdint.h>
 
 #include "cuda_runtime.h"

@@ -1,0 +1,325 @@
+/* test_cuda_train.c — training on GPUs against the CPU: two GPUs train as
+ * cpu:2 (gpt and mlp, accumulation, overlap, checkpointing, ZeRO-1, bf16),
+ * resume across GPUs and the CPU, a device fault and an NCCL failure end
+ * the run with one line, bench and plan run, and what a training step
+ * costs the host. On the emulated GPUs of `make cuda-emu` (tests/cuda_emu)
+ * these run on every commit; in a CUDA build they run on the machine's
+ * GPUs and say *skipped* without the ones they need (or, for what only the
+ * emulator can do — inject a fault, count the host's waits — always). */
+#include <math.h>
+
+#include "train_fixture.h"
+#ifdef BB_CUDA_EMU
+#include <cuda_emu.h>
+#endif
+
+TestSuite(cuda_train, .init = fixture_setup, .fini = fixture_teardown);
+
+static void need_gpus(int n)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (info.device_count < n)
+        cr_skip_test("skipped: needs %d GPU%s, this machine has %d%s%s", n, n > 1 ? "s" : "", info.device_count,
+                     info.device_count ? "" : ": ", info.device_count ? "" : info.reason);
+}
+
+/* What only the emulator can do (inject a fault, count the host's waits). */
+static void need_emulator(const char *what)
+{
+#ifndef BB_CUDA_EMU
+    cr_skip_test("skipped: %s is the emulator's (make cuda-emu)", what);
+#else
+    (void)what;
+#endif
+}
+
+static void on_gpus(bb_train_options *o, int n)
+{
+    o->device = BB_DEVICE_CUDA;
+    o->devices = n;
+    for (int i = 0; i < n; i++) o->device_ids[i] = i;
+}
+
+/* The losses of two runs, step by step, within `tol` (relative). */
+static void expect_same_losses(const char *what, const bb_train_result *a, const bb_train_result *b, double tol)
+{
+    uint64_t n = a->steps_done - a->first_step;
+    cr_assert_eq(n, b->steps_done - b->first_step, "%s: the runs did different numbers of steps", what);
+    for (uint64_t s = 0; s < n; s++) {
+        double rel = fabs(a->losses[s] - b->losses[s]) / fabs(a->losses[s]);
+        cr_log_info("%-28s step %llu: %.7f vs %.7f (rel %.1e)", what, (unsigned long long)(a->first_step + s + 1),
+                    a->losses[s], b->losses[s], rel);
+        cr_assert(rel <= tol, "%s, step %llu: %.9g vs %.9g", what, (unsigned long long)(a->first_step + s + 1),
+                  a->losses[s], b->losses[s]);
+    }
+}
+
+/* `train --devices cuda:0,1` against `--devices cpu:2`, the same data and
+ * options: gpt with accumulation and the reducer's overlap (small buckets,
+ * so that several are reduced while the backward runs), without overlap,
+ * with --checkpoint blocks and with --zero 1; the mlp; bf16 (within 2e-2:
+ * the GPU's products are bf16, the CPU's fp32). */
+Test(cuda_train, two_gpus_train_as_cpu_2)
+{
+    need_gpus(2);
+    char *tokens = make_tokens("tokens", 200), *images = make_images("images", 200, 3);
+    struct {
+        const char *name;
+        bool mlp, no_overlap, blocks, bf16;
+        int zero;
+    } cases[] = {{"gpt", false, false, false, false, 0},
+                 {"gpt --no-overlap", false, true, false, false, 0},
+                 {"gpt --checkpoint blocks", false, false, true, false, 0},
+                 {"gpt --zero 1", false, false, false, false, 1},
+                 {"mlp", true, false, false, false, 0},
+                 {"gpt --precision bf16", false, false, false, true, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bb_train_options o = cases[i].mlp ? mlp_options(images, 2, 4, 16) : gpt_options(tokens, 2, 4, 16);
+        o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
+        o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero;
+        if (cases[i].blocks) o.model.checkpoint_every = 1;
+        if (cases[i].bf16) o.precision = BB_PRECISION_BF16;
+        bb_train_result c = train(&o);
+        on_gpus(&o, 2);
+        bb_train_result g = train(&o);
+        expect_same_losses(cases[i].name, &c, &g, cases[i].bf16 ? 2e-2 : 1e-5);
+        if (!cases[i].bf16)
+            cr_assert(relative_distance(c.params, g.params, c.param_count) <= 1e-5, "%s: the weights differ by %.2e",
+                      cases[i].name, relative_distance(c.params, g.params, c.param_count));
+        bb_train_result_free(&c), bb_train_result_free(&g);
+    }
+    free(tokens), free(images);
+}
+
+/* The same with each stream of the emulator waiting up to 200 µs before
+ * each operation (another seed, too): a missing wait between streams
+ * would change the losses. */
+Test(cuda_train, two_gpus_train_as_cpu_2_with_the_timing_shaken)
+{
+    need_gpus(2);
+    need_emulator("shaking the streams' timing");
+    setenv("BB_CUDA_EMU_DELAY_US", "200", 1); /* before this process's first CUDA call */
+    setenv("BB_CUDA_EMU_SEED", "7", 1);
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 2, 4, 16);
+    o.steps = 3, o.bucket_mib = 0.001;
+    bb_train_result c = train(&o);
+    on_gpus(&o, 2);
+    bb_train_result g = train(&o);
+    expect_same_losses("gpt, timing shaken", &c, &g, 1e-5);
+    bb_train_result_free(&c), bb_train_result_free(&g);
+    free(tokens);
+}
+
+/* Saved on two GPUs: resumed there, the losses and weights of the whole
+ * run to the bit; resumed on cpu:2, within 1e-5. */
+Test(cuda_train, a_gpu_save_resumes_bitwise_on_gpus_and_on_cpu_2)
+{
+    need_gpus(2);
+    char *tokens = make_tokens("tokens", 200), *ckpt = tu_path(tmp, "ckpt");
+    bb_train_options o = gpt_options(tokens, 2, 4, 16);
+    on_gpus(&o, 2);
+    o.steps = 6, o.bucket_mib = 0.001;
+    bb_train_result whole = train(&o);
+    o.save_dir = ckpt, o.stop_after = 3;
+    bb_train_result first = train(&o);
+    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt;
+    bb_train_result gpu = train(&o);
+    cr_assert_eq(gpu.first_step, 3);
+    cr_assert_eq(memcmp(whole.losses + 3, gpu.losses, 3 * sizeof *gpu.losses), 0, "losses after a resume on the GPUs");
+    cr_assert_eq(memcmp(whole.params, gpu.params, whole.param_count * sizeof *whole.params), 0,
+                 "weights after a resume on the GPUs");
+    o.device = BB_DEVICE_CPU;
+    bb_train_result cpu2 = train(&o);
+    bb_train_result tail = whole;
+    tail.first_step = 3, tail.losses = whole.losses + 3;
+    expect_same_losses("resumed on cpu:2", &tail, &cpu2, 1e-5);
+    bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&gpu), bb_train_result_free(&cpu2);
+    free(tokens), free(ckpt);
+}
+
+/* stderr without the emulator's own lines ("cuda-emu: ..."), which say
+ * what it caught, and without the warning that the planner counts the
+ * CUDA scratch low (a known gap: CUB's temporary storage is not counted);
+ * what is left is bigbatch's. */
+static char *bigbatch_lines(const char *err)
+{
+    char *out = calloc(1, strlen(err) + 1), *copy = strdup(err);
+    for (char *line = strtok(copy, "\n"); line; line = strtok(NULL, "\n"))
+        if (strncmp(line, "cuda-emu: ", 10) && !(strstr(line, "bigbatch: warn: ") && strstr(line, "the ops' scratch")))
+            strcat(strcat(out, line), "\n");
+    free(copy);
+    return out;
+}
+
+/* A device fault in the optimizer of the last step on cuda:1 (an illegal
+ * address, as a bad pointer would give): the run fails with one line
+ * naming the device and the kernel, and the latest checkpoint is the step
+ * before. */
+Test(cuda_train, a_device_fault_in_the_last_step_fails_the_run_with_one_line)
+{
+    need_gpus(2);
+    need_emulator("injecting a device fault");
+    char *tokens = make_tokens("tokens", 200), *ckpt = tu_path(tmp, "ckpt");
+    bb_backend_t *be;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){0}, &be), BB_OK);
+    bb_model_config c = gpt_options(tokens, 1, 4, 16).model;
+    c.vocab = TOKENS_VOCAB, c.seq_len = TOKENS_T;
+    bb_model_t *m;
+    cr_assert_eq(bb_model_create(be, &c, 1, &m), BB_OK, "%s", bb_error_message());
+    char fault[64];
+    snprintf(fault, sizeof fault, "adamw_k:%d@1", 2 * bb_model_tensor_count(m) + 1); /* step 3's first update */
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    setenv("BB_CUDA_EMU_FAULT", fault, 1);
+    tu_run r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0,1", "--layers", "2", "--heads", "2",
+                           "--d-model", "16", "--global-batch", "16", "--micro-batch", "4", "--steps", "3", "--save",
+                           ckpt, "--save-every", "1", "--quiet");
+    unsetenv("BB_CUDA_EMU_FAULT");
+    char *own = bigbatch_lines(r.err);
+    tu_run shown = {.exit_code = r.exit_code, .err = own};
+    cr_log_info("%s", r.err);
+    tu_assert_error(&shown, "cuda:1", "an illegal memory access", "adamw_k");
+    cr_assert_eq(r.exit_code, 1);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(info.step, 2, "the latest checkpoint is the last good step, not %llu", (unsigned long long)info.step);
+    free(own), tu_run_free(&r);
+    free(tokens), free(ckpt);
+}
+
+/* cuda:1's 4th all-reduce (step 2's loss) never arrives, as with a lost
+ * peer: its reducer sees the communicator's error and aborts every
+ * communicator, which frees cuda:0's stream and worker waiting for it; the
+ * run ends at once with one line naming NCCL. The streams are slowed so
+ * that the host has queued the next collectives before the failure shows
+ * (the order in which a reducer that only watched its streams hung). */
+Test(cuda_train, an_nccl_failure_ends_every_gpu_thread)
+{
+    need_gpus(2);
+    need_emulator("injecting an NCCL fault");
+    char *tokens = make_tokens("tokens", 200);
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    setenv("BB_CUDA_EMU_NCCL_FAULT", "AllReduce:4@1", 1);
+    setenv("BB_CUDA_EMU_DELAY_US", "300", 1);
+    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", tokens, "--devices", "cuda:0,1", "--layers", "2",
+                    "--heads", "2", "--d-model", "16", "--global-batch", "16", "--micro-batch", "4", "--steps", "6",
+                    "--quiet", NULL};
+    double t0 = now_s();
+    pid_t pid = start_logged(argv, out, err);
+    int code = exit_within(pid, 60);
+    unsetenv("BB_CUDA_EMU_NCCL_FAULT");
+    unsetenv("BB_CUDA_EMU_DELAY_US");
+    char *e = (char *)tu_read_file(err, NULL), *own = bigbatch_lines(e);
+    cr_log_info("exit %d after %.1f s: %s", code, now_s() - t0, e);
+    cr_assert_neq(code, -1, "the run hung: a worker waited for ever (stderr: %s)", e);
+    tu_run shown = {.exit_code = code, .err = own};
+    tu_assert_error(&shown, "NCCL");
+    free(e), free(own), free(out), free(err), free(tokens);
+}
+
+Test(cuda_train, bench_model_and_plan_run_on_gpus)
+{
+    need_gpus(2);
+    char *tokens = make_tokens("tokens", 200);
+    tu_run b = tu_bigbatch("bench", "model", "--devices", "cuda:0", "--layers", "2", "--heads", "2", "--d-model", "32",
+                           "--seq-len", "32", "--vocab", "64", "--micro-batch", "4", "--steps", "2", "--json");
+    cr_assert_eq(b.exit_code, 0, "%s", b.err);
+    cr_assert(strstr(b.out, "\"tokens_per_s\"") && strstr(b.out, "\"first_loss\""), "%s", b.out);
+    tu_run p = tu_bigbatch("plan", "--data", tokens, "--devices", "cuda:0,1", "--layers", "2", "--heads", "2",
+                           "--d-model", "16", "--global-batch", "16", "--device-mem", "1GiB");
+    cr_assert_eq(p.exit_code, 0, "%s", p.err);
+    cr_assert(strlen(p.out) > 0);
+    cr_log_info("%s%s", b.out, p.out);
+    tu_run_free(&b), tu_run_free(&p);
+    free(tokens);
+}
+
+/* ---- what a training step costs the host, on the emulator ------------------------ */
+#ifdef BB_CUDA_EMU
+typedef struct step_counts {
+    double host_syncs, stream_syncs, event_syncs, blocking_calls, polls, launches, blas_calls, cub_calls;
+    double h2d_bytes, h2d_copies, d2h_bytes, d2h_copies;
+} step_counts;
+
+/* The emulator's counters over one training run. */
+static step_counts counts_of(const bb_train_options *o)
+{
+    bbemu_counters a, b;
+    bbemu_counters_get(&a);
+    bb_train_result r = train(o);
+    bbemu_counters_get(&b);
+    bb_train_result_free(&r);
+    return (step_counts){(double)(b.host_syncs - a.host_syncs),     (double)(b.stream_syncs - a.stream_syncs),
+                         (double)(b.event_syncs - a.event_syncs),   (double)(b.blocking_calls - a.blocking_calls),
+                         (double)(b.polls - a.polls),               (double)(b.launches - a.launches),
+                         (double)(b.blas_calls - a.blas_calls),     (double)(b.cub_calls - a.cub_calls),
+                         (double)(b.h2d_bytes - a.h2d_bytes),       (double)(b.h2d_copies - a.h2d_copies),
+                         (double)(b.d2h_bytes - a.d2h_bytes),       (double)(b.d2h_copies - a.d2h_copies)};
+}
+
+/* (x - k·y) / n, field by field. */
+static step_counts counts_less(step_counts x, double k, step_counts y, double n)
+{
+    double *a = (double *)&x, *b = (double *)&y;
+    for (size_t i = 0; i < sizeof x / sizeof(double); i++) a[i] = (a[i] - k * b[i]) / n;
+    return x;
+}
+
+static void log_counts(const char *what, step_counts c)
+{
+    cr_log_info("%-34s host syncs %5.1f (stream %.1f, event %.1f, blocking %.1f, polls %.1f); launches %5.1f, "
+                "cuBLAS %.1f, CUB %.1f; H2D %.0f bytes in %.1f copies, D2H %.0f bytes in %.1f copies",
+                what, c.host_syncs, c.stream_syncs, c.event_syncs, c.blocking_calls, c.polls, c.launches, c.blas_calls,
+                c.cub_calls, c.h2d_bytes, c.h2d_copies, c.d2h_bytes, c.d2h_copies);
+}
+#endif
+
+/* The gpt's training step on one GPU, counted by the emulator: per
+ * micro-step (the difference between 2 and 4 micro-steps a step) and per
+ * step besides its micro-steps (between 3 and 4 steps), with the LM head
+ * and loss in one chunk and in four. Every micro-step uploads exactly its
+ * raw records (one copy) and the figures are whole numbers (every
+ * micro-step alike); the host synchronizations and launches stay at most
+ * today's (perf/RESULTS.md), which the next steps lower. */
+Test(cuda_train, a_gpt_step_on_a_gpu_syncs_launches_and_copies_as_designed)
+{
+    need_gpus(1);
+    need_emulator("counting the host's waits");
+#ifdef BB_CUDA_EMU
+    char *tokens = make_tokens("tokens", 400);
+    step_counts micro[2], own[2];
+    for (int chunked = 0; chunked < 2; chunked++) {
+        bb_train_options o = gpt_options(tokens, 1, 4, 8); /* 2 micro-steps a step */
+        on_gpus(&o, 1);
+        o.model.loss_chunk = chunked ? TOKENS_T : 0; /* a micro-batch of 4 x 16 tokens: 1 chunk or 4 */
+        o.steps = 3;
+        step_counts s3 = counts_of(&o);
+        o.steps = 4;
+        step_counts s4 = counts_of(&o);
+        o.steps = 3, o.global_batch = 16; /* 4 micro-steps a step: 6 more in the run */
+        step_counts m4 = counts_of(&o);
+        micro[chunked] = counts_less(m4, 1, s3, 6);
+        own[chunked] = counts_less(counts_less(s4, 1, s3, 1), 2, micro[chunked], 1); /* less its 2 micro-steps */
+        log_counts(chunked ? "per micro-step, 4 loss chunks:" : "per micro-step (B 4, T 16, 2 layers):",
+                   micro[chunked]);
+        log_counts("per step, besides its micro-steps:", own[chunked]);
+        double *f = (double *)&micro[chunked];
+        for (size_t i = 0; i < sizeof micro[0] / sizeof(double); i++)
+            cr_assert_eq(f[i], floor(f[i]), "field %zu: micro-steps differ from one another (%.3f a micro-step)", i,
+                         f[i]);
+        cr_assert_eq(micro[chunked].h2d_bytes, 4.0 * 2 * (TOKENS_T + 1),
+                     "a micro-step uploads its 4 records of %d bytes, no more", 2 * (TOKENS_T + 1));
+        cr_assert_eq(micro[chunked].h2d_copies, 1, "in one copy");
+        cr_assert_eq(own[chunked].h2d_bytes, 0, "a step uploads nothing but its micro-batches");
+        cr_assert_leq(own[chunked].host_syncs, 5, "host synchronizations a step, besides its micro-steps: %.0f",
+                      own[chunked].host_syncs);
+    }
+    cr_assert_leq(micro[0].host_syncs, 2, "host synchronizations a micro-step: %.0f", micro[0].host_syncs);
+    cr_assert_leq(micro[0].launches, 70, "kernel launches a micro-step: %.0f", micro[0].launches);
+    cr_assert_leq(micro[1].host_syncs - micro[0].host_syncs, 3, "at most one host synchronization per extra loss "
+                  "chunk: %.0f for 3", micro[1].host_syncs - micro[0].host_syncs);
+    free(tokens);
+#endif
+}
