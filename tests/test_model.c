@@ -216,10 +216,10 @@ Test(model, gpt_checkpoint_memory_follows_the_formula)
     bb_model_config none = tiny_gpt(L, 0), blocks = tiny_gpt(L, 1);
     bb_model_t *a = make_model(&none, GPT_B, 1), *b = make_model(&blocks, GPT_B, 1);
     size_t BT = GPT_B * GPT_T, C = 8, NH = 2, V = GPT_V;
-    size_t chunk = (size_t)bb_model_loss_chunk(&none, GPT_B, 0);
+    size_t chunk = (size_t)bb_model_loss_chunk(&none, GPT_B, bb_device_head_budget(BB_DEVICE_CPU, 0));
     cr_assert_eq(chunk, BT, "10 x 11 logits are far below 32 MiB: one chunk of every token");
     size_t slot = BT * (16 * C + 4 + NH) * 4;                     /* one block's activations and statistics */
-    size_t fixed = (BT * (C + 2) + chunk * V + BT * 2 * C) * 4; /* ln_f, one chunk of logits, scratch */
+    size_t fixed = (BT * (C + 2) + chunk * V + BT * 2 * C) * 4 + BT * 8; /* ln_f, a chunk of logits, scratch, losses */
     cr_assert_eq(bb_model_activation_bytes(a), L * slot + BT * C * 4 + fixed);
     cr_assert_eq(bb_model_activation_bytes(b), slot + L * BT * C * 4 + fixed);
     bb_model_destroy(a), bb_model_destroy(b);
@@ -290,23 +290,33 @@ Test(model, gpt_loss_chunks_change_memory_not_results)
     free(g_ref), free(g), free(g_twice);
 }
 
-/* The default chunk: 32 MiB of logits, a 64th of --device-mem when that
- * is smaller, never more than the micro-batch's tokens nor fewer than one. */
+/* The default chunk: on the CPU 32 MiB of logits, a 64th of --device-mem
+ * when that is smaller; on a GPU a 16th of its memory (the whole
+ * micro-batch of GPT-2 124M on 40 GB); never more than the micro-batch's
+ * tokens nor fewer than one. */
 Test(model, the_loss_chunk_default_follows_its_rule)
 {
     bb_model_config c = bb_model_gpt_config(12, 12, 768, 1024, 50257);
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, 0), (32 << 20) / (50257 * 4)); /* 166 tokens */
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, 1ull << 30), (16 << 20) / (50257 * 4));
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, 1 << 20), 1);
+    uint64_t cpu = bb_device_head_budget(BB_DEVICE_CPU, 0);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), (32 << 20) / (50257 * 4)); /* 166 tokens */
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CPU, 1ull << 30)),
+                 (16 << 20) / (50257 * 4));
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CPU, 1 << 20)), 1);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 40ull << 30)), 8 * 1024,
+                 "one chunk on a 40 GB GPU");
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 8ull << 30)),
+                 (512 << 20) / (50257 * 4), "a 16th of an 8 GiB GPU");
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 0)), 8 * 1024,
+                 "a GPU of unknown memory: the whole micro-batch");
     c.vocab = 256;
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, 0), 8 * 1024);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), 8 * 1024);
     c.loss_chunk = 100;
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, 0), 100);
-    cr_assert_eq(bb_model_loss_chunk(&c, 0 + 1, 0), 100);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), 100);
+    cr_assert_eq(bb_model_loss_chunk(&c, 0 + 1, cpu), 100);
     c.seq_len = 50;
-    cr_assert_eq(bb_model_loss_chunk(&c, 1, 0), 50);
+    cr_assert_eq(bb_model_loss_chunk(&c, 1, cpu), 50);
     bb_model_config mlp = tiny_mlp(0);
-    cr_assert_eq(bb_model_loss_chunk(&mlp, 4, 0), 0, "the mlp's loss runs whole");
+    cr_assert_eq(bb_model_loss_chunk(&mlp, 4, cpu), 0, "the mlp's loss runs whole");
 }
 
 /* bb_model_logits at one position is the head the loss sees: with one

@@ -188,6 +188,47 @@ Test(mpi, a_killed_rank_ends_the_job)
     free(pids), free(out), free(err), free(data);
 }
 
+/* kill -STOP of one rank mid-training (a stalled or lost peer, which no
+ * error reports): rank 0's watchdog sees no progress for --timeout 20 s
+ * and ends the job, non-zero, within the timeout + 10 s, with one line
+ * naming its rank and the collective it waits in. */
+Test(mpi, a_stopped_rank_ends_the_job_within_the_timeout)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), cmd[8192];
+    char *pids = tu_path(tmp, "pids"), *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np 2 sh -c 'echo $$ > %s.$OMPI_COMM_WORLD_RANK; exec %s train --data %s "
+             "--global-batch 16 --micro-batch 2 --steps 100000 --timeout 20 --quiet'",
+             mpirun(), pids, tu_bigbatch_bin(), data);
+    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.1", pids);
+    for (double t0 = now_s(); !tu_exists(path) && now_s() - t0 < 20;) usleep(20000);
+    usleep(1500000); /* training */
+    cr_assert(running(pid), "the job ended before the stop");
+    char *text = (char *)tu_read_file(path, NULL);
+    pid_t victim = (pid_t)atoi(text);
+    free(text);
+    cr_assert_eq(kill(victim, SIGSTOP), 0, "kill -STOP %d", (int)victim);
+    double t0 = now_s();
+    int code = exit_within(pid, 30);
+    double took = now_s() - t0;
+    if (code == -1) kill(victim, SIGKILL), kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    char *e = (char *)tu_read_file(err, NULL);
+    cr_log_info("kill -STOP of rank 1 ended the job in %.1f s, exit %d: %s", took, code, e);
+    cr_assert(code > 0, "the job should end non-zero within --timeout 20 + 10 s of the stop (exit %d)", code);
+    cr_assert_geq(took, 19, "it ended before the timeout (%.1f s)", took);
+    int lines = 0;
+    for (const char *at = e; (at = strstr(at, "bigbatch: ")); at++) lines++;
+    cr_assert_eq(lines, 1, "one line of bigbatch's, not %d: %s", lines, e);
+    cr_assert_not_null(strstr(e, "bigbatch: rank 0: error: no progress for"), "rank 0's line: %s", e);
+    cr_assert_not_null(strstr(e, "--timeout 20"), "%s", e);
+    cr_assert(strstr(e, "all-reduce") || strstr(e, "broadcast"), "the collective it waits in: %s", e);
+    kill(victim, SIGKILL); /* already gone with the job; never left stopped */
+    free(e), free(pids), free(out), free(err), free(data);
+}
+
 /* A build without MPI refuses a launch of several processes rather than
  * training alone in each. */
 Test(mpi, a_build_without_mpi_refuses_several_processes)

@@ -88,6 +88,11 @@ bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_backend_t **out
 typedef enum bb_device_kind { BB_DEVICE_CPU = 0, BB_DEVICE_CUDA } bb_device_kind;
 /* "cpu", "cuda". */
 const char *bb_device_kind_name(bb_device_kind k);
+/* Bytes the fused LM head's logits may take (bb_model_loss_chunk) on a
+ * device of kind k with `device_mem` bytes (0: unknown): on the CPU 32 MiB
+ * (cache-sized), at most a 64th of device_mem; on a GPU a 16th of
+ * device_mem (unknown: no bound, the whole micro-batch). */
+uint64_t bb_device_head_budget(bb_device_kind k, uint64_t device_mem);
 /* The devices one process trains on: their kind, their local ids (GPU
  * ordinals; 0..count-1 for CPU devices), and the process's rank among
  * `world` processes (0 and 1 when it runs alone). */
@@ -129,6 +134,9 @@ void bb_backend_free(bb_backend_t *b, void *ptr);
 uint64_t bb_backend_bytes_in_use(const bb_backend_t *b);
 /* The cap on allocations (bb_backend_options.device_mem); 0: none. */
 uint64_t bb_backend_mem_cap(const bb_backend_t *b);
+/* bb_device_head_budget for this backend: of its cap, else (GPU) of what
+ * its device has free now. */
+uint64_t bb_backend_head_budget(bb_backend_t *b);
 uint64_t bb_backend_peak_bytes(const bb_backend_t *b);
 void bb_backend_reset_peak(bb_backend_t *b);
 
@@ -252,6 +260,18 @@ void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size
 void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits /* (N,V) */,
                                 const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
                                 float normalizer, int *valid);
+
+/* The same without waiting (gpt's chunked head): each row's -log p[target]
+ * (0 where the target is -1), in double, goes to row_loss[0..N) in device
+ * memory — a chunk's place in one buffer for the micro-batch's rows — and
+ * dlogits (may alias logits) as above. */
+void bb_op_crossentropy_rows(bb_backend_t *b, double *row_loss /* (N) */, float *dlogits /* (N,V) */,
+                             const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
+                             float normalizer);
+/* rows[0] + ... + rows[n-1] (device memory) in a fixed order, to the host:
+ * the one wait for the device of a chunked loss. NAN after a device fault,
+ * which the next synchronizing call reports. */
+double bb_op_sum_rows(bb_backend_t *b, const double *rows, size_t n);
 
 /* Rows whose argmax (the first largest logit; a row whose first logit is
  * NaN picks 0) is their target: a classifier's hits, counted on the device

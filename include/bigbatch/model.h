@@ -204,12 +204,12 @@ int bb_model_batch_targets(const bb_model_t *m);
 
 /* The fused LM head + loss (gpt) runs over chunks of this many tokens, so
  * that at most one chunk's logits (tokens × vocab floats) exist: c->loss_chunk
- * when set, else as many as fit in BB_LOSS_CHUNK_BYTES (32 MiB) — at most a
- * 64th of `device_mem` when that is set (0: no cap) — and never more than
- * the micro-batch's micro_batch × T tokens, nor fewer than 1. 0 for kinds
- * whose loss does not run in chunks (mlp: its logits are small). */
+ * when set, else as many as fit in `budget` bytes (bb_device_head_budget:
+ * BB_LOSS_CHUNK_BYTES on the CPU, a 16th of a GPU's memory) — and never
+ * more than the micro-batch's micro_batch × T tokens, nor fewer than 1. 0
+ * for kinds whose loss does not run in chunks (mlp: its logits are small). */
 #define BB_LOSS_CHUNK_BYTES (32u << 20)
-int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t device_mem);
+int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget);
 
 /* Bytes of activation memory (block/layer slots, checkpointed segment
  * inputs, one chunk of logits, backward scratch), all allocated when the

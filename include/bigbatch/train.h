@@ -91,6 +91,8 @@ typedef struct bb_train_options {
     uint32_t shuffle_frames;   /* frames per shuffle window; 0: the loader's default (8) */
     double bucket_mib;         /* reducer bucket size (the first one is 1 MiB, as DDP) */
     bool no_overlap;           /* all-reduce after the whole backward, for comparison */
+    double timeout_s;          /* the job ends (one line, exit 1) when no device of a process has moved
+                                  for this long: a peer stopped, stalled or died (watchdog.h); 0: never */
     int zero;                  /* 1: ZeRO-1, each device keeps and updates the optimizer state of its
                                   shard of every bucket, and the updated weights are gathered; 0: none */
     uint64_t eval_every, save_every, log_every;

@@ -5,9 +5,11 @@
 #include <string.h>
 
 #include "backend_impl.h"
+#include "bigbatch/model.h"
 
-bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_backend_options *o)
+bb_status bb_backend_init_common(bb_backend_t *b, bb_device_kind kind, const char *name, const bb_backend_options *o)
 {
+    b->kind = kind;
     snprintf(b->name, sizeof b->name, "%s", name);
     if (o) b->opt = *o;
     /* BB_FAULT=op:N, a test hook: see backend_impl.h. */
@@ -100,13 +102,34 @@ uint64_t bb_backend_workspace_bytes(const bb_backend_t *b) { return b->vt->works
 
 /* ---- device kinds -------------------------------------------------------- */
 static const bb_device_desc devices[] = {
-    [BB_DEVICE_CPU] = {.name = "cpu", .create = bb_backend_create_cpu, .host_is_device = true},
-    [BB_DEVICE_CUDA] = {.name = "cuda", .create = bb_backend_create_cuda, .workspace_bytes = bb_cuda_workspace_bytes},
+    /* The CPU's logits stay cache-sized: 32 MiB chunks stream no slower than one. */
+    [BB_DEVICE_CPU] = {.name = "cpu", .create = bb_backend_create_cpu, .host_is_device = true, .head_share = 64,
+                       .head_max = BB_LOSS_CHUNK_BYTES},
+    /* A GPU's take a 16th of its memory: the whole micro-batch of GPT-2 124M
+     * at 8 × 1024 tokens (1.6 GB of logits) on a 40 GB GPU, so one head
+     * product each way and nothing recomputed, while the activations keep
+     * 15/16 of the memory. */
+    [BB_DEVICE_CUDA] = {.name = "cuda", .create = bb_backend_create_cuda, .workspace_bytes = bb_cuda_workspace_bytes,
+                        .head_share = 16},
 };
 
 const bb_device_desc *bb_device_desc_of(bb_device_kind k)
 {
     return (unsigned)k < sizeof devices / sizeof *devices ? &devices[k] : NULL;
+}
+
+uint64_t bb_device_head_budget(bb_device_kind k, uint64_t device_mem)
+{
+    const bb_device_desc *d = bb_device_desc_of(k);
+    uint64_t budget = d && device_mem ? device_mem / d->head_share : UINT64_MAX;
+    return d && d->head_max && d->head_max < budget ? d->head_max : budget;
+}
+
+uint64_t bb_backend_head_budget(bb_backend_t *b)
+{
+    uint64_t mem = b->opt.device_mem, free_bytes = 0;
+    if (!mem && b->vt->device_free_bytes && b->vt->device_free_bytes(b, &free_bytes)) mem = free_bytes;
+    return bb_device_head_budget(b->kind, mem);
 }
 
 const char *bb_device_kind_name(bb_device_kind k)
@@ -380,6 +403,19 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, c
     }
     if (loss) *loss = 0; /* what the caller reads on the host */
     if (valid) *valid = 0;
+}
+
+void bb_op_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+                             const int32_t *targets, int N, int V, float normalizer)
+{
+    op_entry(b, "crossentropy_rows");
+    if (runs(b)) b->vt->crossentropy_rows(b, row_loss, dlogits, logits, targets, N, V, normalizer);
+}
+
+double bb_op_sum_rows(bb_backend_t *b, const double *rows, size_t n)
+{
+    op_entry(b, "sum_rows");
+    return runs(b) ? b->vt->sum_rows(b, rows, n) : 0;
 }
 
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,

@@ -63,6 +63,9 @@ typedef struct bb_backend_vtable {
     void (*add)(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
     void (*softmax_crossentropy)(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int N, int V, float normalizer, int *valid);
+    void (*crossentropy_rows)(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer);
+    double (*sum_rows)(bb_backend_t *b, const double *rows, size_t n);
     void (*adamw)(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
     void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
@@ -86,6 +89,7 @@ typedef struct bb_allocation {
 
 struct bb_backend {
     const bb_backend_vtable *vt;
+    bb_device_kind kind;        /* or the kind a counting backend counts as */
     char name[32];
     bb_backend_options opt;
     uint64_t in_use, peak;
@@ -107,7 +111,7 @@ struct bb_backend {
 };
 
 /* backend.c: fills the shared part; the instance sets vt and impl. */
-bb_status bb_backend_init_common(bb_backend_t *b, const char *name, const bb_backend_options *o);
+bb_status bb_backend_init_common(bb_backend_t *b, bb_device_kind kind, const char *name, const bb_backend_options *o);
 /* Records an op's failure (the first one wins; later ones are its
  * consequences) for the next synchronizing call to return. */
 void bb_backend_note_error(bb_backend_t *b, bb_status status, const char *fmt, ...)
@@ -127,6 +131,10 @@ typedef struct bb_device_desc {
     /* device bytes its backend holds besides allocations for ops' scratch
      * of `rows` rows and `width` columns; NULL: none */
     uint64_t (*workspace_bytes)(size_t rows, size_t width);
+    /* the fused LM head's logits budget (bb_device_head_budget): a
+     * `head_share`-th of the device's memory, at most head_max (0: no cap) */
+    uint32_t head_share;
+    uint64_t head_max;
 } bb_device_desc;
 const bb_device_desc *bb_device_desc_of(bb_device_kind k);
 

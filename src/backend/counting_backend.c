@@ -65,7 +65,7 @@ bb_status bb_backend_create_counting(bb_device_kind like, const bb_backend_optio
     b->impl = s;
     char name[32];
     snprintf(name, sizeof name, "counting (%s)", d->name);
-    bb_backend_init_common(b, name, o);
+    bb_backend_init_common(b, like, name, o);
     b->fault_at = 0; /* BB_FAULT is for real ops */
     *out = b;
     return BB_OK;

@@ -59,6 +59,8 @@ const bb_backend_vtable bb_cpu_vtable = {
     .attention_backward = bb_cpu_attention_backward,
     .add = bb_cpu_add,
     .softmax_crossentropy = bb_cpu_softmax_crossentropy,
+    .crossentropy_rows = bb_cpu_crossentropy_rows,
+    .sum_rows = bb_cpu_sum_rows,
     .adamw = bb_cpu_adamw,
     .sgd = bb_cpu_sgd,
     .sum_squares = bb_cpu_sum_squares,
@@ -76,7 +78,7 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
     bb_backend_t *b = calloc(1, sizeof *b);
     if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
     b->vt = &bb_cpu_vtable;
-    bb_backend_init_common(b, "cpu", o);
+    bb_backend_init_common(b, BB_DEVICE_CPU, "cpu", o);
     /* OpenBLAS runs in the caller's thread; each backend's pool (threads:
      * the trainer divides the cores among its CPU devices) splits the
      * products and the other ops. */

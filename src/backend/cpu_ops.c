@@ -376,26 +376,40 @@ static void xent_task(void *ctx, int task, int thread)
     }
 }
 
-/* Rows spread over the backend's threads; the loss is the per-row losses
- * summed in row order, the same for any thread count. */
+/* Rows spread over the backend's threads. */
+void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer)
+{
+    xent_args a = {.row_loss = row_loss, .dlogits = dlogits, .logits = logits, .targets = targets, .N = N, .V = V,
+                   .normalizer = normalizer};
+    bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
+}
+
+/* In row order: the same for any thread count or chunking. */
+double bb_cpu_sum_rows(bb_backend_t *b, const double *rows, size_t n)
+{
+    (void)b;
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += rows[i];
+    return total;
+}
+
 void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
-    xent_args a = {.row_loss = malloc(((size_t)N + 1) * sizeof(double)), .dlogits = dlogits, .logits = logits,
-                   .targets = targets, .N = N, .V = V, .normalizer = normalizer};
+    double *rows = malloc(((size_t)N + 1) * sizeof(double));
     if (loss) *loss = NAN;
     if (valid) *valid = 0;
-    if (!a.row_loss) {
+    if (!rows) {
         bb_backend_note_error(b, BB_ERR_NOMEM, "softmax_crossentropy: out of host memory for %d row losses", N);
         return;
     }
-    bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
-    double total = 0.0;
+    bb_cpu_crossentropy_rows(b, rows, dlogits, logits, targets, N, V, normalizer);
     int counted = 0;
-    for (int n = 0; n < N; n++) total += a.row_loss[n], counted += targets[n] >= 0;
-    free(a.row_loss);
-    if (loss) *loss = total / normalizer;
+    for (int n = 0; n < N; n++) counted += targets[n] >= 0;
+    if (loss) *loss = bb_cpu_sum_rows(b, rows, (size_t)N) / normalizer;
     if (valid) *valid = counted;
+    free(rows);
 }
 
 static void adamw_range(const ew_args *a, size_t lo, size_t hi, int slice)

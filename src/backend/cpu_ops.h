@@ -25,6 +25,9 @@ void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const flo
 void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH);
 void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
+void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int N, int V, float normalizer);
+double bb_cpu_sum_rows(bb_backend_t *b, const double *rows, size_t n);
 void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int N, int V, float normalizer, int *valid);
 void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,

@@ -58,8 +58,10 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     else if (r->loss_chunk)
         printf("\n  LM head + loss in chunks of %d tokens (%s of logits at a time: %s)", r->loss_chunk,
                bb_format_bytes(chunk_bytes, a, sizeof a),
-               q->model.loss_chunk ? "--loss-chunk" : q->device_mem ? "32 MiB at most, a 64th of --device-mem"
-                                                                    : "32 MiB at most");
+               q->model.loss_chunk              ? "--loss-chunk"
+               : q->device != BB_DEVICE_CPU     ? "a 16th of --device-mem"
+               : q->device_mem                  ? "32 MiB at most, a 64th of --device-mem"
+                                                : "32 MiB at most");
     printf("\n  host memory: about %s of loader slots per device%s\n",
            bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
 }

@@ -142,6 +142,10 @@ int bb_cmd_train(int argc, char **argv)
          "bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536},
         {"--no-overlap", BB_OPT_FLAG, &no_overlap, NULL, "all-reduce only after the whole backward (to measure "
          "what overlap gains)"},
+        {"--timeout", BB_OPT_DOUBLE, &o.timeout_s, "SECONDS", "end the job, naming the rank and what it waits "
+         "in, when no device of a process moved for this long (a peer stopped, stalled or died; must exceed the "
+         "longest step, evaluation or save); 0: never (default 600, as PyTorch's collective timeout)",
+         .min = 0, .max = 1e9},
         {"--zero", BB_OPT_INT, &zero, "0|1", "1: ZeRO-1, each device keeps the optimizer state of its shard only "
          "(saves (N-1)/N of it on N devices) and the updated weights are gathered", .min = 0, .max = 1},
         {"--eval-every", BB_OPT_INT, &eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",

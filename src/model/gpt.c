@@ -61,6 +61,7 @@ typedef struct gpt_state {
     float *x;                /* bf16: (BT,C) the input of the block being computed */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;           /* (chunk, V): one chunk's logits, then their gradient */
+    double *row_loss;        /* (BT): each token's loss, chunk by chunk; summed once per forward */
     int chunk, chunks;       /* tokens per chunk of the head + loss, and their number */
     float normalizer;        /* the last forward's, for the backward's recomputed chunks */
     float *dres, *dln;       /* backward scratch; a block's other gradients reuse its own slot */
@@ -160,7 +161,7 @@ static bb_status gpt_create(bb_model_t *m)
     g->stash = calloc((size_t)g->K * KEPT, sizeof *g->stash);
     if (!g->seg_in || !g->slots || !g->seg_packed || !g->stash) return bb_fail(BB_ERR_NOMEM, "out of memory");
     size_t BT = (size_t)m->B * c->seq_len, C = c->d_model;
-    g->chunk = bb_model_loss_chunk(c, m->B, bb_backend_mem_cap(m->be));
+    g->chunk = bb_model_loss_chunk(c, m->B, bb_backend_head_budget(m->be));
     g->chunks = (int)((BT + (size_t)g->chunk - 1) / (size_t)g->chunk);
     for (int s = 0; s < g->S; s++) {
         if (g->bf16) BB_TRY(alloc_bf16(m, &g->seg_packed[s], BT * C, "checkpointed block inputs"));
@@ -176,6 +177,7 @@ static bb_status gpt_create(bb_model_t *m)
     BB_TRY(alloc_floats(m, &g->lnf_mean, BT, "activations"));
     BB_TRY(alloc_floats(m, &g->lnf_rstd, BT, "activations"));
     BB_TRY(alloc_floats(m, &g->logits, (size_t)g->chunk * c->vocab, "logits (one chunk)"));
+    BB_TRY(bb_model_alloc_activation(m, BT * sizeof(double), "per-token losses", (void **)&g->row_loss));
     BB_TRY(alloc_floats(m, &g->dres, BT * C, "backward scratch"));
     BB_TRY(alloc_floats(m, &g->dln, BT * C, "backward scratch"));
     g->computed_segment = -1;
@@ -190,6 +192,7 @@ static void gpt_destroy(bb_model_t *m)
     float **all[] = {&g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->dres, &g->dln};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) bb_backend_free(m->be, *all[i]);
     bb_backend_free(m->be, g->x);
+    bb_backend_free(m->be, g->row_loss);
     for (int s = 0; g->seg_in && s < g->S; s++) bb_backend_free(m->be, g->seg_in[s]);
     for (int s = 0; g->seg_packed && s < g->S; s++) bb_backend_free(m->be, g->seg_packed[s]);
     for (int i = 0; g->stash && i < g->K * KEPT; i++) bb_backend_free(m->be, g->stash[i]);
@@ -223,16 +226,17 @@ static bb_status gpt_init(bb_model_t *m, uint64_t seed, float *host)
 
 /* ---- forward ----------------------------------------------------------- */
 /* Chunk k of the head: its logits from the final LayerNorm's output, then
- * in place d(loss)/d(logits); *loss (may be NULL) gets the chunk's loss. */
-static void head_chunk(bb_model_t *m, int k, double *loss)
+ * in place d(loss)/d(logits), and its tokens' losses at their place in
+ * row_loss. Nothing waits for the device. */
+static void head_chunk(bb_model_t *m, int k)
 {
     gpt_state *g = m->impl;
     const bb_model_config *c = &m->cfg;
     int BT = m->B * c->seq_len, first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
     bb_op_linear_forward(m->be, g->logits, g->lnf + (size_t)first * c->d_model, model_param(m, WTE), NULL, n,
                          c->d_model, c->vocab);
-    bb_op_softmax_crossentropy(m->be, loss, g->logits, g->logits, m->targets + first, n, c->vocab, g->normalizer,
-                               NULL);
+    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, c->vocab,
+                            g->normalizer);
 }
 
 static int segment_end(const gpt_state *g, const bb_model_config *c, int s)
@@ -353,12 +357,8 @@ static bb_status gpt_forward(bb_model_t *m, float normalizer, double *loss, int 
         return BB_OK;
     }
     g->normalizer = normalizer;
-    *loss = 0.0;
-    for (int k = 0; k < g->chunks; k++) {
-        double part;
-        head_chunk(m, k, &part);
-        *loss += part;
-    }
+    for (int k = 0; k < g->chunks; k++) head_chunk(m, k);
+    *loss = bb_op_sum_rows(m->be, g->row_loss, (size_t)BT) / normalizer; /* the forward's one wait */
     return BB_OK;
 }
 
@@ -401,7 +401,7 @@ static bb_status gpt_backward(bb_model_t *m, bool acc)
     /* The head, chunk by chunk from the last (whose gradient the forward
      * left in the buffer): d(lnf) rows, and the tied embedding's gradient. */
     for (int k = g->chunks - 1; k >= 0; k--) {
-        if (k < g->chunks - 1) head_chunk(m, k, NULL);
+        if (k < g->chunks - 1) head_chunk(m, k);
         int first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
         bb_op_linear_backward(m->be, g->dln + (size_t)first * C, model_grad(m, WTE), NULL, g->logits,
                               g->lnf + (size_t)first * C, model_param(m, WTE), n, C, c->vocab,

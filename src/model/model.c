@@ -238,15 +238,14 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
     return m->cfg.kind->logits(m, position, host_logits);
 }
 
-int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t device_mem)
+int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget)
 {
     if (!bb_model_chunks_loss(c)) return 0;
     int64_t rows = (int64_t)micro_batch * bb_model_targets_per_example(c), outputs = bb_model_outputs(c);
     int64_t chunk = c->loss_chunk;
     if (chunk <= 0) {
-        uint64_t budget = BB_LOSS_CHUNK_BYTES;
-        if (device_mem && device_mem / 64 < budget) budget = device_mem / 64;
-        chunk = (int64_t)(budget / ((uint64_t)(outputs > 1 ? outputs : 1) * sizeof(float)));
+        uint64_t row_bytes = (uint64_t)(outputs > 1 ? outputs : 1) * sizeof(float);
+        chunk = budget / row_bytes > (uint64_t)rows ? rows : (int64_t)(budget / row_bytes);
     }
     return (int)(chunk < 1 ? 1 : chunk > rows ? rows : chunk);
 }

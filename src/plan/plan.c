@@ -128,7 +128,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             bb_plan_row *r = &out->rows[out->count++];
             bb_model_config c = q->model;
             c.checkpoint_every = policies[i];
-            c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, q->device_mem); /* as the run's model will */
+            c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem)); /* as the run's model will */
             r->micro_batch = b;
             r->accumulation = per_device / b;
             r->checkpoint_every = policies[i];

@@ -44,6 +44,7 @@
 extern "C" {
 #include "bigbatch/world.h"
 #include "reducer.h"
+#include "watchdog.h"
 }
 
 namespace {
@@ -118,6 +119,7 @@ enum comm_state { COMM_IDLE, COMM_BUSY, COMM_GONE };
 struct device_side {
     ncclComm_t comm;
     int state;                  // comm_state, __atomic builtins
+    pthread_mutex_t abort_lock; // orders an abort with the watchdog's poll of the error (never across a wait)
     cudaStream_t compute, comm_stream;
     float *grads, *params;
     int cuda_device, next_bucket;
@@ -133,6 +135,7 @@ struct nccl_reducer {
     // end of the backward, on the GPU clock
     cudaEvent_t *start, *end, backward_end;
     bool timed;
+    bb_watchdog *watchdog;      // polls every communicator's asynchronous error (watchdog_poll)
 };
 
 nccl_reducer *of(reducer_t *r) { return reinterpret_cast<nccl_reducer *>(r); }
@@ -144,8 +147,10 @@ bool stopping(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SE
 void take_down(device_side *s)
 {
     int idle = COMM_IDLE;
+    pthread_mutex_lock(&s->abort_lock);
     if (s->comm && __atomic_compare_exchange_n(&s->state, &idle, COMM_GONE, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         nccl.CommAbort(s->comm);
+    pthread_mutex_unlock(&s->abort_lock);
 }
 
 void abort_all(nccl_reducer *n)
@@ -288,9 +293,35 @@ void finalize_all(nccl_reducer *n)
     }
 }
 
+// The watchdog's hooks (its thread, under its lock): an asynchronous error
+// in any communicator (a peer that died, a network error) fails the reducer
+// and aborts every communicator, even while every worker waits on its GPU;
+// on a timeout, every communicator is aborted before the process ends.
+void watchdog_poll(void *ctx)
+{
+    nccl_reducer *n = static_cast<nccl_reducer *>(ctx);
+    for (int d = 0; d < n->base.devices && !stopping(&n->base); d++) {
+        device_side *s = &n->dev[d];
+        ncclResult_t state = ncclSuccess, rc = ncclSuccess;
+        pthread_mutex_lock(&s->abort_lock); // not aborted (freed) while asked
+        if (s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE)
+            rc = nccl.CommGetAsyncError(s->comm, &state);
+        pthread_mutex_unlock(&s->abort_lock);
+        if (rc == ncclSuccess) rc = state;
+        if (rc != ncclSuccess && rc != ncclInProgress) {
+            char what[48];
+            snprintf(what, sizeof what, "cuda:%d's communicator", s->cuda_device);
+            fail(n, what, nccl.GetErrorString(rc));
+        }
+    }
+}
+
+void watchdog_abort(void *ctx) { abort_all(static_cast<nccl_reducer *>(ctx)); }
+
 void n_destroy(reducer_t *r)
 {
     nccl_reducer *n = of(r);
+    bb_watchdog_remove_hooks(n->watchdog, n);
     finalize_all(n);
     for (int d = 0; n->dev && d < r->devices; d++) {
         device_side *s = &n->dev[d];
@@ -299,6 +330,7 @@ void n_destroy(reducer_t *r)
         if (s->done) cudaEventDestroy(s->done);
         if (s->scalar) cudaFree(s->scalar);
         if (s->host_scalar) cudaFreeHost(s->host_scalar);
+        pthread_mutex_destroy(&s->abort_lock); // zeroed (never initialized) is the default mutex
     }
     if (n->dev) cudaSetDevice(n->dev[0].cuda_device);
     for (int b = 0; b < r->buckets; b++) {
@@ -537,6 +569,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     if (rc == BB_OK && (!n->dev || !n->start || !n->end)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         device_side *s = &n->dev[d];
+        pthread_mutex_init(&s->abort_lock, NULL);
         s->cuda_device = bb_cuda_backend_device(a->be[d]);
         s->compute = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMPUTE);
         s->comm_stream = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMM);
@@ -556,6 +589,11 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
         for (int b = 0; ok && b < r->buckets; b++)
             ok = cudaEventCreate(&n->start[b]) == cudaSuccess && cudaEventCreate(&n->end[b]) == cudaSuccess;
         if (!ok) rc = bb_fail(BB_ERR_DEVICE, "cannot create the reducer's timing events");
+    }
+    if (rc == BB_OK && a->watchdog) {
+        n->watchdog = a->watchdog;
+        if (!bb_watchdog_add_hook(a->watchdog, watchdog_poll, watchdog_abort, n))
+            rc = bb_fail(BB_ERR_INTERNAL, "the watchdog has no room for the NCCL reducer's hooks");
     }
     if (rc != BB_OK) {
         cudaGetLastError();

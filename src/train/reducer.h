@@ -90,6 +90,7 @@ typedef struct reducer_args {
     uint64_t first_step;
     bb_trace_t *trace;
     int track;
+    struct bb_watchdog *watchdog;        /* may be NULL: NCCL's reducer hooks its error polls and aborts there */
 } reducer_args;
 
 /* ZeRO-1's part of the shared state: zero, owners, first_owner. */

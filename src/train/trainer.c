@@ -26,6 +26,7 @@ void bb_train_defaults(bb_train_options *o)
         .seed = 1,
         .loader_threads = 2,
         .bucket_mib = 25,
+        .timeout_s = 600, /* PyTorch's collective timeout */
         .log_every = 10,
         .keep = 2,
     };
@@ -304,6 +305,14 @@ static bb_status setup(trainer *t)
                    : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", o->devices);
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
+    if (w->size > 1) { /* before any collective that counts on it (NCCL's ranks) */
+        bool same;
+        BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
+        if (!same)
+            return bb_fail(BB_ERR_ARG, "rank %d: --devices gives this process %d device%s and another process a "
+                           "different count: every process must train on as many", w->rank, o->devices,
+                           o->devices > 1 ? "s" : "");
+    }
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
     t->seed = o->seed;
@@ -343,8 +352,18 @@ static bb_status setup(trainer *t)
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
-    BB_TRY(build_replicas(t, o->resume_dir ? &info : NULL));
     int D = t->spec.count;
+    if (o->timeout_s > 0 && (D > 1 || t->spec.world > 1)) { /* before NCCL's set-up, which waits for every rank */
+        for (int d = 0; d < D; d++) {
+            snprintf(t->device_names[d], sizeof t->device_names[d], "%s:%d", bb_device_kind_name(t->spec.kind),
+                     t->spec.ids[d]);
+            t->device_name_of[d] = t->device_names[d];
+        }
+        BB_TRY(bb_watchdog_start(&(bb_watchdog_options){.timeout_s = o->timeout_s, .devices = D,
+                                                        .device_names = t->device_name_of},
+                                 &t->watchdog));
+    }
+    BB_TRY(build_replicas(t, o->resume_dir ? &info : NULL));
     if (o->trace_path) {
         BB_TRY(bb_trace_create(D + 1, &t->trace));
         for (int d = 0; d < D; d++) {
@@ -367,7 +386,7 @@ static bb_status setup(trainer *t)
     }
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
                        .bucket_bytes = bucket_bytes(o), .zero = o->zero, .first_step = t->first_step,
-                       .trace = t->trace, .track = D};
+                       .trace = t->trace, .track = D, .watchdog = t->watchdog};
     BB_TRY(bb_reducer_create(&ra, &t->reducer));
     if (o->metrics_path) BB_TRY(open_metrics(t));
     return start_loader(t);
@@ -414,6 +433,8 @@ static bb_status run_workers(trainer *t)
         started++;
     }
     for (int d = 0; d < started; d++) pthread_join(threads[d], NULL);
+    bb_watchdog_stop(t->watchdog); /* every worker is done: nothing waits for a peer now */
+    t->watchdog = NULL;
     t->result->seconds = (double)(bb_clock_ns() - t->run_start_ns) / 1e9;
     if (t->fail_status != BB_OK) return bb_fail(t->fail_status, "%s", t->fail_message);
     /* Work still queued on a device (a GPU's last kernels) must not fail
@@ -425,7 +446,9 @@ static bb_status run_workers(trainer *t)
 static void teardown(trainer *t)
 {
     bb_loader_destroy(t->loader);
-    bb_reducer_destroy(t->reducer);
+    bb_reducer_destroy(t->reducer); /* it unhooks itself from the watchdog */
+    t->reducer = NULL;
+    bb_watchdog_stop(t->watchdog);
     for (int d = 0; d < t->spec.count; d++) {
         replica *r = &t->replicas[d];
         if (r->be) bb_optimizer_destroy(r->be, &r->opt);

@@ -17,6 +17,7 @@
 #include "bigbatch/trace.h"
 #include "checkpoint.h"
 #include "reducer.h"
+#include "watchdog.h"
 
 /* A barrier that a failing worker can open for everyone. */
 typedef struct step_barrier {
@@ -59,6 +60,9 @@ typedef struct trainer {
     replica replicas[BB_TRAIN_MAX_DEVICES];
     bb_loader_t *loader;
     reducer_t *reducer;      /* NULL with one device in a world of one */
+    bb_watchdog *watchdog;   /* where there is a reducer and --timeout: the deadline */
+    char device_names[BB_TRAIN_MAX_DEVICES][32]; /* "cuda:1", for the watchdog's line */
+    const char *device_name_of[BB_TRAIN_MAX_DEVICES];
     bb_trace_t *trace;       /* NULL without --trace */
     step_barrier barrier;
     /* the first failure of any worker */

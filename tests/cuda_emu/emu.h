@@ -76,6 +76,17 @@ std::string format(const char *fmt, va_list ap);
 std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // ---- state ------------------------------------------------------------------------
+// KERNEL:N[@D]: the N-th launch of KERNEL (on cuda:D; any device: -1).
+struct kernel_trigger {
+    std::string kernel;
+    uint64_t at = 0;
+    int device = -1;
+    const char *var = "";
+    // Counts this launch (of `name` on `device`, with the device's counter); true at the N-th.
+    bool fires(const char *name, int device_index, std::atomic<uint64_t> &count) const;
+    std::string text() const; // "BB_CUDA_EMU_FAULT=KERNEL:N@D"
+};
+
 struct config {
     int devices = 2;
     uint64_t mem = (uint64_t)8 << 30;
@@ -83,9 +94,8 @@ struct config {
     unsigned delay_us = 0;
     bool launch_blocking = false;
     std::string stats_file;
-    std::string fault_kernel; // BB_CUDA_EMU_FAULT
-    uint64_t fault_at = 0;
-    int fault_device = -1;
+    kernel_trigger fault; // BB_CUDA_EMU_FAULT: that launch faults
+    kernel_trigger hang;  // BB_CUDA_EMU_HANG: that launch never ends (a stalled GPU)
 };
 
 enum alloc_kind { DEVICE_MEMORY, PINNED_MEMORY };
@@ -116,7 +126,7 @@ struct device_state {
     std::vector<stream_state *> streams;
     std::vector<stream_state *> destroyed; // kept: a late wait on one returns at once
     stream_state *legacy = nullptr;
-    std::atomic<uint64_t> fault_launches{0};
+    std::atomic<uint64_t> fault_launches{0}, hang_launches{0};
 };
 
 struct event_state {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <new>
 
@@ -46,6 +47,7 @@ struct launch_rec {
     std::vector<const void *> pointers;
     std::vector<int> pointer_index;
     bool inject_fault = false;
+    bool hang = false; // BB_CUDA_EMU_HANG: never ends, as a kernel spinning on a dead peer
     std::string fault_text;
     uint64_t number;
     ~launch_rec()
@@ -610,6 +612,11 @@ void run_kernel_item(launch_rec &L)
         set_sticky(d, cudaErrorIllegalAddress, format("%s: %s", launch_head(L).c_str(), L.fault_text.c_str()));
         return;
     }
+    if (L.hang) {
+        fprintf(stderr, "cuda-emu: %s: hangs (BB_CUDA_EMU_HANG): cuda:%d's stream stops here\n", launch_head(L).c_str(),
+                d->index);
+        for (;;) pause();
+    }
     if (!pool_of_thread) {
         pool_of_thread = new fiber_pool();
         pthread_attr_t attr;
@@ -749,15 +756,11 @@ EXPORT cudaError_t bbemu_launch(const bbemu_launch_desc *d)
     rec->pointer_index.assign(d->pointer_index, d->pointer_index + d->pointer_count);
     rec->number = r.c.launches++;
     const config &c = r.cfg;
-    if (c.fault_at && (c.fault_device < 0 || c.fault_device == s->dev->index)) {
-        size_t n = strcspn(d->name, "<");
-        if (c.fault_kernel.size() == n && !strncmp(d->name, c.fault_kernel.c_str(), n) &&
-            ++s->dev->fault_launches == c.fault_at) {
-            rec->inject_fault = true;
-            rec->fault_text = format("an injected fault (BB_CUDA_EMU_FAULT=%s:%" PRIu64 "%s)", c.fault_kernel.c_str(),
-                                     c.fault_at, c.fault_device >= 0 ? format("@%d", c.fault_device).c_str() : "");
-        }
+    if (c.fault.fires(d->name, s->dev->index, s->dev->fault_launches)) {
+        rec->inject_fault = true;
+        rec->fault_text = format("an injected fault (%s)", c.fault.text().c_str());
     }
+    rec->hang = c.hang.fires(d->name, s->dev->index, s->dev->hang_launches);
     enqueue_work(s, d->name, [rec] { run_kernel_item(*rec); });
     if (c.launch_blocking) {
         wait_idle(s);

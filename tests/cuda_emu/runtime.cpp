@@ -79,6 +79,24 @@ long parse_int(const char *var, const char *s, long lo, long hi)
     return v;
 }
 
+// VAR=KERNEL:N[@D] into *t (unset: t->at stays 0).
+void read_trigger(const char *var, kernel_trigger *t)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return;
+    const char *colon = strchr(v, ':');
+    if (!colon || colon == v) config_error(var, v, "not KERNEL:N or KERNEL:N@DEVICE");
+    t->var = var;
+    t->kernel.assign(v, colon);
+    std::string rest = colon + 1;
+    size_t at = rest.find('@');
+    if (at != std::string::npos) {
+        t->device = (int)parse_int(var, rest.substr(at + 1).c_str(), 0, 15);
+        rest.resize(at);
+    }
+    t->at = (uint64_t)parse_int(var, rest.c_str(), 1, LONG_MAX);
+}
+
 void write_stats();
 
 void init_runtime()
@@ -93,18 +111,8 @@ void init_runtime()
         c.delay_us = (unsigned)parse_int("BB_CUDA_EMU_DELAY_US", v, 0, 1000000);
     if ((v = getenv("BB_CUDA_EMU_STATS")) && *v) c.stats_file = v;
     if ((v = getenv("CUDA_LAUNCH_BLOCKING")) && !strcmp(v, "1")) c.launch_blocking = true;
-    if ((v = getenv("BB_CUDA_EMU_FAULT")) && *v) {
-        const char *colon = strchr(v, ':');
-        if (!colon || colon == v) config_error("BB_CUDA_EMU_FAULT", v, "not KERNEL:N or KERNEL:N@DEVICE");
-        c.fault_kernel.assign(v, colon);
-        std::string rest = colon + 1;
-        size_t at = rest.find('@');
-        if (at != std::string::npos) {
-            c.fault_device = (int)parse_int("BB_CUDA_EMU_FAULT", rest.substr(at + 1).c_str(), 0, 15);
-            rest.resize(at);
-        }
-        c.fault_at = (uint64_t)parse_int("BB_CUDA_EMU_FAULT", rest.c_str(), 1, LONG_MAX);
-    }
+    read_trigger("BB_CUDA_EMU_FAULT", &c.fault);
+    read_trigger("BB_CUDA_EMU_HANG", &c.hang);
     size_t arena = std::max<uint64_t>((uint64_t)4 * c.mem, (uint64_t)32 << 30);
     for (int i = 0; i < c.devices; i++) {
         device_state *d = new device_state();
@@ -217,6 +225,18 @@ device_state *current_if_made()
 }
 
 } // namespace
+
+bool kernel_trigger::fires(const char *name, int device_index, std::atomic<uint64_t> &count) const
+{
+    if (!at || (device >= 0 && device != device_index)) return false;
+    size_t n = strcspn(name, "<");
+    return kernel.size() == n && !strncmp(name, kernel.c_str(), n) && ++count == at;
+}
+
+std::string kernel_trigger::text() const
+{
+    return format("%s=%s:%" PRIu64 "%s", var, kernel.c_str(), at, device >= 0 ? format("@%d", device).c_str() : "");
+}
 
 runtime &R()
 {

@@ -477,6 +477,31 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     if (valid) *valid = s->host->valid;
 }
 
+void cuda_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+                            const int32_t *targets, int N, int V, float normalizer)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), row_loss, dlogits, logits, targets, N, V, normalizer,
+                                           state(b)->counter));
+}
+
+// One double back through pinned memory: the only wait of a chunked loss.
+double read_sum(bb_backend_t *b, const double *rows, int n)
+{
+    cuda_state *s = state(b);
+    cudaStream_t st = compute(b);
+    BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, n));
+    BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
+    BB_CUDA_OP(b, cudaStreamSynchronize(st));
+    return failed(b) ? NAN : s->host->loss;
+}
+
+double cuda_sum_rows(bb_backend_t *b, const double *rows, size_t n)
+{
+    use(b);
+    return read_sum(b, rows, (int)n);
+}
+
 void cuda_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
 {
@@ -505,20 +530,13 @@ int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targ
     return failed(b) ? 0 : s->host->correct;
 }
 
+// The block sums are summed on the device (in a fixed order) and read as one double.
 double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
     use(b);
-    cuda_state *s = state(b);
-    cudaStream_t st = compute(b);
     int blocks = 0;
-    double host[kPartials];
-    BB_CUDA_OP(b, bbk_sum_squares(st, s->partial, kPartials, &blocks, x, n));
-    BB_CUDA_OP(b, cudaMemcpyAsync(host, s->partial, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost, st));
-    BB_CUDA_OP(b, cudaStreamSynchronize(st));
-    if (failed(b)) return NAN;
-    double sum = 0.0;
-    for (int i = 0; i < blocks; i++) sum += host[i];
-    return sum;
+    BB_CUDA_OP(b, bbk_sum_squares(compute(b), state(b)->partial, kPartials, &blocks, x, n));
+    return read_sum(b, state(b)->partial, blocks);
 }
 
 bb_backend_vtable make_vtable()
@@ -557,6 +575,8 @@ bb_backend_vtable make_vtable()
     v.attention_backward = cuda_attention_backward;
     v.add = cuda_add;
     v.softmax_crossentropy = cuda_softmax_crossentropy;
+    v.crossentropy_rows = cuda_crossentropy_rows;
+    v.sum_rows = cuda_sum_rows;
     v.adamw = cuda_adamw;
     v.sgd = cuda_sgd;
     v.sum_squares = cuda_sum_squares;
@@ -617,7 +637,7 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     snprintf(name, sizeof name, "cuda:%d%s", o->device, o->precision == BB_PRECISION_BF16 ? " (bf16)" : "");
     b->vt = &cuda_vtable;
     b->impl = s;
-    bb_backend_init_common(b, name, o);
+    bb_backend_init_common(b, BB_DEVICE_CUDA, name, o);
     s->device = o->device;
     bb_status rc = cuda_start(b, o);
     if (rc != BB_OK) {

@@ -12,7 +12,10 @@ uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
     uint64_t R = rows, W = width;
     return 8 * R                       /* per-row loss (doubles) */
            + 2 * COLUMN_CHUNKS * 4 * W /* column-sum partials */
-           + 6 * 4 * R                 /* the embedding backward's sort (its index arrays) */
+           + 6 * (4 * R + 255) + 256   /* the embedding backward's sort: its index arrays, 256-aligned */
+           + 16 * R + (2u << 20) + 255 /* and CUB's temporary storage, bounded: its radix sort's double
+                                          buffers (8 bytes a row), histograms and look-back (under 2 MiB
+                                          at a million rows); the emulated CUB takes 12 bytes a row */
            + PARTIAL_BYTES             /* reduction partials */
            + ((uint64_t)32 << 20);     /* cuBLAS's default workspace */
 }
