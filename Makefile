@@ -30,6 +30,11 @@ CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,cod
 # NCCL ships with the toolkit here; elsewhere (e.g. PyTorch's wheel) point these at it.
 NCCL_INC  ?= $(CUDA_HOME)/include
 NCCL_LIB  ?= $(CUDA_HOME)/lib64
+# The cuDNN frontend (header-only, from PyPI's nvidia-cudnn-frontend; make deps fetches it):
+# with it the CUDA build's bf16 attention runs on cuDNN's fused SDPA, loaded with dlopen.
+CUDNN_FE_VERSION := 1.32.0
+CUDNN_FE_INC ?= build/deps/cudnn-frontend-$(CUDNN_FE_VERSION)/include
+CUDNN_FE_H   := $(wildcard $(CUDNN_FE_INC)/cudnn_frontend.h)
 
 # MPI=auto|0|1 (auto: when mpicc is found): multi-process training under
 # mpirun/srun (src/world/world.c); without it the binary refuses a launch
@@ -58,7 +63,7 @@ endif
 
 PKGS      := liburing libzstd libxxhash zlib openblas
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-torch clang \
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-torch clang \
              openmpi-bin libopenmpi-dev chromium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -135,7 +140,12 @@ $(BUILD)/%.o: %.cu Makefile
 else
 $(BUILD)/%.o: %.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) $(NVCC_EXTRA) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
+# The graph code where the frontend's headers are (rebuilt when they appear).
+ifneq ($(CUDNN_FE_H),)
+$(BUILD)/src/backend/cuda/cudnn_attention.o: NVCC_EXTRA = -DBB_CUDNN_FRONTEND -isystem $(CUDNN_FE_INC)
+$(BUILD)/src/backend/cuda/cudnn_attention.o: $(CUDNN_FE_H)
+endif
 endif
 
 # The emulator's runtime (with cuBLAS; a library the binaries load at start,
@@ -303,6 +313,16 @@ deps:
 	  echo "installing:$$missing"; \
 	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@inc=$(CUDNN_FE_INC); dir=$$(dirname $$inc); \
+	if [ ! -f $$inc/cudnn_frontend.h ]; then \
+	  rm -rf $$dir.tmp && mkdir -p $$dir.tmp && \
+	  python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.11 \
+	    -d $$dir.tmp nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) >/dev/null 2>&1 && \
+	  python3 -m zipfile -e $$dir.tmp/*.whl $$dir.tmp/wheel && mkdir -p $$dir && rm -rf $$inc && \
+	  mv $$dir.tmp/wheel/include $$inc && echo "deps: the cuDNN frontend $(CUDNN_FE_VERSION)'s headers in $$inc" || \
+	  echo "deps: could not fetch PyPI's nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) (its headers): a CUDA build's attention runs on bigbatch's own kernels"; \
+	  rm -rf $$dir.tmp; \
 	fi
 
 # Rebuilds the embedded default dataset (see data/README.md).

@@ -25,14 +25,15 @@ template <bool Bf16> __device__ float operand(float x)
     return Bf16 ? bb_bf16_to_float(bb_bf16_from_float(x)) : x;
 }
 
-// Stages keys j0 .. j0+kKeys-1 of k and v into shared memory (rows past T
+// Stages keys j0 .. j0+keys-1 of k and v into shared memory (rows past T
 // become 0), between two barriers: the previous tile is no longer read,
 // and this one is whole. All threads of the block take part.
 template <bool Bf16>
-__device__ void stage_keys(float *ks, float *vs, const float *base, int j0, int T, int C, int hs, int pitch)
+__device__ void stage_keys(float *ks, float *vs, const float *base, int j0, int T, int C, int hs, int pitch,
+                           int keys = kKeys)
 {
     __syncthreads();
-    for (int e = threadIdx.x; e < kKeys * hs; e += blockDim.x) {
+    for (int e = threadIdx.x; e < keys * hs; e += blockDim.x) {
         int jj = e / hs, d = e % hs, j = j0 + jj;
         const float *row = base + (size_t)j * 3 * C;
         ks[jj * pitch + d] = j < T ? operand<Bf16>(row[C + d]) : 0.0f;
@@ -98,11 +99,25 @@ __global__ void attention_forward_k(float *out, float *lse, const float *qkv, in
     if (lane == 0) lse[((size_t)b * NH + h) * T + i] = m + logf(l);
 }
 
+// D = dout·out for every row and head, once (the dK/dV kernel needs it for
+// every key tile): one warp each, into the first float of the row's dQ
+// slot of dqkv, which the dK/dV kernel reads and the dQ kernel reads before
+// it writes the slot (the three run in that order on one stream).
+__global__ void attention_d_k(float *dqkv, const float *dout, const float *out, int BT, int C, int NH)
+{
+    int hs = C / NH;
+    size_t w = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (w >= (size_t)BT * NH) return; // whole warps leave together
+    size_t row = w / (size_t)NH, yoff = row * C + (w % (size_t)NH) * hs;
+    float D = warp_row_dot(dout + yoff, out + yoff, hs);
+    if (threadIdx.x % 32 == 0) dqkv[row * 3 * C + (w % (size_t)NH) * hs] = D;
+}
+
 // dQ: as the forward, per query row: p = exp(scale·q·k - lse), dS = p ∘
 // (dout·vᵀ - D) with D = dout·out, dq = scale · Σ dS·k.
 template <bool Bf16>
-__global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int T, int C, int NH, float scale)
+__global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, int C,
+                               int NH, float scale)
 {
     BB_DYNAMIC_SHARED(float, sm);
     int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
@@ -118,8 +133,8 @@ __global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv,
         dy[d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
         acc[d] = 0.0f;
     }
-    __syncwarp();
-    float D = warp_row_dot(dout + yoff, out + yoff, hs);
+    // D, left by attention_d_k in the first float of this row's dQ slot, read before the slot is written.
+    float D = active ? dqkv[((size_t)b * T + i) * 3 * C + (size_t)h * hs] : 0.0f;
     float L = active ? lse[((size_t)b * NH + h) * T + i] : 0.0f;
     int keys = min(i0 + kRows, T);
     for (int j0 = 0; j0 < keys; j0 += kKeys) {
@@ -145,43 +160,63 @@ __global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv,
     for (int d = lane; d < hs; d += 32) dq[d] = acc[d];
 }
 
-// dK and dV: grid (ceil(T / kKeys), NH, B), one warp; lane jj owns key
-// j0 + jj and accumulates its rows over the query rows i >= j0 in order.
-template <bool Bf16>
-__global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                int T, int C, int NH, float scale)
+// dK and dV: grid (ceil(T / Keys), NH, B), kDkvWarps warps. The block
+// stages its Keys keys once and walks the query rows i >= j0, kDkvWarps at
+// a time, one per warp: lane jj gives p and dS for key jj and the warp's
+// row (shared memory); then each thread adds the group's rows, in row
+// order, to its own entries of the dK and dV accumulators — every sum in
+// increasing i, as one warp walking the rows would (deterministic).
+// Keys is 32 up to head size 128, 16 above (shared memory for 2 blocks
+// an SM at head size 256).
+constexpr int kDkvWarps = 4;
+
+template <bool Bf16, int Keys>
+__global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, int C,
+                                int NH, float scale)
 {
     BB_DYNAMIC_SHARED(float, sm);
-    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
-    int j0 = blockIdx.x * kKeys, j = j0 + lane;
-    float *ks = sm, *vs = ks + kKeys * pitch, *dk = vs + kKeys * pitch, *dv = dk + kKeys * pitch,
-          *q = dv + kKeys * pitch, *dy = q + hs;
+    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j0 = blockIdx.x * Keys, j = j0 + lane;
+    float *ks = sm, *vs = ks + Keys * pitch, *dk = vs + Keys * pitch, *dv = dk + Keys * pitch;
+    float *qs = dv + Keys * pitch, *dys = qs + kDkvWarps * hs, *ps = dys + kDkvWarps * hs, *gs = ps + kDkvWarps * Keys;
     const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
-    for (int d = 0; d < hs; d++) dk[lane * pitch + d] = dv[lane * pitch + d] = 0.0f;
-    __syncwarp();
-    for (int i = j0; i < T; i++) {
-        size_t yoff = ((size_t)b * T + i) * C + (size_t)h * hs;
+    for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) dk[e / hs * pitch + e % hs] = dv[e / hs * pitch + e % hs] = 0;
+    stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch, Keys);
+    for (int i0 = j0; i0 < T; i0 += kDkvWarps) {
+        int i = i0 + warp;
+        bool active = i < T;
+        size_t row = (size_t)b * T + (active ? i : 0), yoff = row * C + (size_t)h * hs;
         for (int d = lane; d < hs; d += 32) {
-            q[d] = operand<Bf16>(base[(size_t)i * 3 * C + d]);
-            dy[d] = operand<Bf16>(dout[yoff + d]);
+            qs[warp * hs + d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) : 0.0f;
+            dys[warp * hs + d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
         }
-        float D = warp_row_dot(dout + yoff, out + yoff, hs), L = lse[((size_t)b * NH + h) * T + i];
         __syncwarp();
-        if (j <= i) {
-            float p = expf(row_dot(q, ks + lane * pitch, hs) * scale - L);
-            float g = operand<Bf16>(p * (row_dot(dy, vs + lane * pitch, hs) - D) * scale);
+        float p = 0.0f, g = 0.0f;
+        if (active && lane < Keys && j <= i) {
+            float D = dqkv[row * 3 * C + (size_t)h * hs], L = lse[((size_t)b * NH + h) * T + i]; // D: attention_d_k's
+            p = expf(row_dot(qs + warp * hs, ks + lane * pitch, hs) * scale - L);
+            g = operand<Bf16>(p * (row_dot(dys + warp * hs, vs + lane * pitch, hs) - D) * scale);
             p = operand<Bf16>(p);
-            for (int d = 0; d < hs; d++) {
-                dv[lane * pitch + d] += p * dy[d];
-                dk[lane * pitch + d] += g * q[d];
-            }
         }
-        __syncwarp();
+        if (lane < Keys) ps[warp * Keys + lane] = p, gs[warp * Keys + lane] = g;
+        __syncthreads();
+        for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
+            int jj = e / hs, d = e % hs;
+            float a = dk[jj * pitch + d], c = dv[jj * pitch + d];
+            for (int w = 0; w < kDkvWarps; w++) {
+                c += ps[w * Keys + jj] * dys[w * hs + d];
+                a += gs[w * Keys + jj] * qs[w * hs + d];
+            }
+            dk[jj * pitch + d] = a, dv[jj * pitch + d] = c;
+        }
+        __syncthreads(); // the group's rows are no longer read
     }
-    if (j >= T) return;
-    float *dkr = dqkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
-    for (int d = 0; d < hs; d++) dkr[d] = dk[lane * pitch + d], dkr[C + d] = dv[lane * pitch + d];
+    for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
+        int jj = e / hs, d = e % hs;
+        if (j0 + jj >= T) continue;
+        float *dkr = dqkv + ((size_t)b * T + j0 + jj) * 3 * C + C + (size_t)h * hs;
+        dkr[d] = dk[jj * pitch + d], dkr[C + d] = dv[jj * pitch + d];
+    }
 }
 
 // Dynamic shared memory beyond the default 48 KiB must be asked for per
@@ -204,6 +239,21 @@ cudaError_t attention_forward(cudaStream_t s, float *out, float *lse, const floa
     return cudaGetLastError();
 }
 
+template <bool Bf16, int Keys>
+cudaError_t launch_dkv(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *lse, int B,
+                          int T, int C, int NH, float scale)
+{
+    int hs = C / NH;
+    size_t bytes = (4 * (size_t)Keys * (hs + 1) + 2 * (size_t)kDkvWarps * hs + 2 * kDkvWarps * Keys) * sizeof(float);
+    const auto attention_dkv = attention_dkv_k<Bf16, Keys>; // one name for the launch macro
+    cudaError_t e = allow_shared(attention_dkv, bytes);
+    if (e != cudaSuccess) return e;
+    dim3 keys((unsigned)((T + Keys - 1) / Keys), (unsigned)NH, (unsigned)B);
+    BB_LAUNCH(attention_dkv, keys, kDkvWarps * 32, bytes, s)(dqkv, dout, qkv, lse, T, C, NH, scale);
+    return cudaGetLastError();
+}
+
+// D first (into dQ's place), then dK/dV, then dQ (which overwrites D).
 template <bool Bf16>
 cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH)
@@ -211,14 +261,15 @@ cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, c
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     size_t dq_bytes = (2 * (size_t)kKeys * (hs + 1) + 3 * (size_t)kRows * hs + kRows * kKeys) * sizeof(float);
-    size_t dkv_bytes = (4 * (size_t)kKeys * (hs + 1) + 2 * (size_t)hs) * sizeof(float);
     cudaError_t e = allow_shared(attention_dq_k<Bf16>, dq_bytes);
-    if (e == cudaSuccess) e = allow_shared(attention_dkv_k<Bf16>, dkv_bytes);
+    if (e != cudaSuccess) return e;
+    size_t warps = (size_t)B * T * NH;
+    BB_LAUNCH(attention_d_k, (unsigned)((warps + 7) / 8), 256, 0, s)(dqkv, dout, out, B * T, C, NH);
+    e = hs > 128 ? launch_dkv<Bf16, 16>(s, dqkv, dout, qkv, lse, B, T, C, NH, scale)
+                 : launch_dkv<Bf16, kKeys>(s, dqkv, dout, qkv, lse, B, T, C, NH, scale);
     if (e != cudaSuccess) return e;
     dim3 rows((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
-    BB_LAUNCH(attention_dq_k<Bf16>, rows, kRows * 32, dq_bytes, s)(dqkv, dout, qkv, out, lse, T, C, NH, scale);
-    dim3 keys((unsigned)((T + kKeys - 1) / kKeys), (unsigned)NH, (unsigned)B);
-    BB_LAUNCH(attention_dkv_k<Bf16>, keys, 32, dkv_bytes, s)(dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    BB_LAUNCH(attention_dq_k<Bf16>, rows, kRows * 32, dq_bytes, s)(dqkv, dout, qkv, lse, T, C, NH, scale);
     return cudaGetLastError();
 }
 

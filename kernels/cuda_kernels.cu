@@ -118,6 +118,11 @@ __global__ void bf16_round_k(float *x, uint16_t *packed, size_t n)
     }
 }
 
+__global__ void bf16_pack_k(uint16_t *packed, const float *x, size_t n)
+{
+    GRID_STRIDE(i, n) packed[i] = bb_bf16_from_float(x[i]);
+}
+
 __global__ void bf16_unpack_k(float *out, const uint16_t *packed, size_t n)
 {
     GRID_STRIDE(i, n) out[i] = bb_bf16_to_float(packed[i]);
@@ -437,6 +442,12 @@ cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n)
 cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n)
 {
     BB_LAUNCH(bf16_round_k, grid_for(n), kThreads, 0, s)(x, packed, n);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_bf16_pack(cudaStream_t s, uint16_t *packed, const float *x, size_t n)
+{
+    BB_LAUNCH(bf16_pack_k, grid_for(n), kThreads, 0, s)(packed, x, n);
     return cudaGetLastError();
 }
 

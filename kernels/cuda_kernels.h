@@ -24,6 +24,8 @@ cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n);
 /* bf16 storage: see bb_op_bf16_round and bb_op_bf16_unpack (packed may be NULL). */
 cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n);
 cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, size_t n);
+/* packed = x rounded to bf16 (x itself unchanged: cuDNN's operands). */
+cudaError_t bbk_bf16_pack(cudaStream_t s, uint16_t *packed, const float *x, size_t n);
 /* out[n, :] = bias for every row n (before a GEMM with beta 1). */
 cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C);
 /* Column reductions run in two passes over BBK_COLUMN_CHUNKS chunks of

@@ -245,6 +245,40 @@ Test(cuda_train, a_stalled_gpu_ends_the_run_within_the_timeout)
     free(e), free(own), free(out), free(err), free(tokens);
 }
 
+/* bf16 attention takes cuDNN's fused SDPA where it loads; where it does
+ * not (absent, not cuDNN, or the emulated GPU, which cannot run it) the run
+ * goes on on bigbatch's own kernels after one warning for the process
+ * (not one per GPU) that says why. */
+Test(cuda_train, without_cudnn_bf16_attention_runs_on_our_kernels_after_one_warning)
+{
+    need_gpus(2);
+    need_emulator("a cuDNN that cannot run");
+    char *tokens = make_tokens("tokens", 200);
+    static const struct { const char *library, *why; } cases[] = {
+        {"/nonexistent/libcudnn.so.9", "cannot open shared object file"},
+        {"libm.so.6", "lacks cuDNN 9's functions"},
+        {"", "the emulated GPU cannot run it"}, /* the toolkit's libcudnn.so.9, where it is installed */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        setenv("BB_CUDNN_LIBRARY", cases[i].library, 1);
+        tu_run r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0,1", "--layers", "2", "--heads", "2",
+                               "--d-model", "16", "--global-batch", "16", "--micro-batch", "4", "--steps", "2",
+                               "--precision", "bf16", "--quiet");
+        unsetenv("BB_CUDNN_LIBRARY");
+        char *own = bigbatch_lines(r.err);
+        cr_log_info("BB_CUDNN_LIBRARY=%s: %s", cases[i].library, own);
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        int warnings = 0;
+        for (const char *at = own; (at = strstr(at, "bigbatch: warn: ")); at++) warnings++;
+        cr_assert_eq(warnings, 1, "one warning for the process, not %d: %s", warnings, own);
+        cr_assert(strstr(own, "attention runs on bigbatch's own kernels") && strstr(own, "cuDNN"), "%s", own);
+        if (*cases[i].library || strstr(own, "loaded"))
+            cr_assert_not_null(strstr(own, cases[i].why), "the reason (%s): %s", cases[i].why, own);
+        free(own), tu_run_free(&r);
+    }
+    free(tokens);
+}
+
 Test(cuda_train, bench_model_and_plan_run_on_gpus)
 {
     need_gpus(2);

@@ -161,6 +161,29 @@ Test(mpi, bad_data_on_one_rank_ends_the_job_with_its_error)
     free(text), free(out), free(err), free(data);
 }
 
+/* Ranks started with different --devices (2 devices on rank 1, 1 on rank
+ * 0) would give NCCL duplicate or missing ranks: every rank refuses before
+ * any device work, with one line naming its rank, and the job ends. */
+Test(mpi, ranks_with_different_device_counts_are_refused)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np 2 sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then n=2; else n=1; fi; "
+             "exec %s train --data %s --devices cpu:$n --global-batch 16 --micro-batch 2 --steps 4 --quiet'",
+             mpirun(), tu_bigbatch_bin(), data);
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+    int code = exit_within(pid, 30);
+    char *text = (char *)tu_read_file(err, NULL);
+    cr_assert(code > 0, "the job should end non-zero (exit %d): %s", code, text);
+    cr_assert_not_null(strstr(text, "every process must train on as many"), "the reason: %s", text);
+    cr_assert(strstr(text, "bigbatch: rank 0: error: --devices gives this process 1 device") ||
+                  strstr(text, "bigbatch: rank 1: error: --devices gives this process 2 devices"),
+              "a line naming its rank: %s", text);
+    free(text), free(out), free(err), free(data);
+}
+
 /* kill -9 of one rank mid-training: mpirun ends the job non-zero. */
 Test(mpi, a_killed_rank_ends_the_job)
 {

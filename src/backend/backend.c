@@ -59,6 +59,15 @@ static inline void scratch_need(bb_backend_t *b, size_t rows, size_t width)
     if (width > b->scratch_width) b->scratch_width = width;
 }
 
+/* And bf16 attention's, where the device kind has some (cuDNN's). */
+static inline void attention_need(bb_backend_t *b, int B, int T, int C, int NH)
+{
+    const bb_device_desc *d = bb_device_desc_of(b->kind);
+    if (b->opt.precision != BB_PRECISION_BF16 || !d || !d->attention_bytes) return;
+    uint64_t need = d->attention_bytes(B, T, C, NH);
+    if (need > b->scratch_attention) b->scratch_attention = need;
+}
+
 bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
 {
     if (rows < b->scratch_rows) rows = b->scratch_rows;
@@ -110,7 +119,7 @@ static const bb_device_desc devices[] = {
      * product each way and nothing recomputed, while the activations keep
      * 15/16 of the memory. */
     [BB_DEVICE_CUDA] = {.name = "cuda", .create = bb_backend_create_cuda, .workspace_bytes = bb_cuda_workspace_bytes,
-                        .head_share = 16},
+                        .head_share = 16, .attention_bytes = bb_cuda_attention_bytes},
 };
 
 const bb_device_desc *bb_device_desc_of(bb_device_kind k)
@@ -376,6 +385,7 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const f
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_forward");
+    attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
 }
 
@@ -383,6 +393,7 @@ void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, c
                               const float *lse, int B, int T, int C, int NH)
 {
     op_entry(b, "attention_backward");
+    attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 

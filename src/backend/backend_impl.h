@@ -106,6 +106,7 @@ struct bb_backend {
     uint64_t fault_at, fault_calls;
     size_t scratch_rows, scratch_width; /* reserved (bb_backend_reserve_scratch) */
     uint64_t scratch_grew;              /* ops that needed more than that */
+    uint64_t scratch_attention;         /* the largest bf16 attention's (bb_device_desc.attention_bytes) */
     uint64_t h2d_bytes, h2d_copies;     /* host-to-device copies so far */
     void *impl;                 /* the instance's own state */
 };
@@ -135,6 +136,9 @@ typedef struct bb_device_desc {
      * `head_share`-th of the device's memory, at most head_max (0: no cap) */
     uint32_t head_share;
     uint64_t head_max;
+    /* device bytes its bf16 attention of this shape takes besides (cuDNN's
+     * operands and workspace, bounded); NULL: none */
+    uint64_t (*attention_bytes)(int B, int T, int C, int NH);
 } bb_device_desc;
 const bb_device_desc *bb_device_desc_of(bb_device_kind k);
 
@@ -142,5 +146,7 @@ const bb_device_desc *bb_device_desc_of(bb_device_kind k);
  * allocations for that scratch — the per-row loss, the column-sum
  * partials, the embedding's sort and cuBLAS's default workspace. */
 uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width);
+/* And what its bf16 attention of this shape takes through cuDNN, bounded. */
+uint64_t bb_cuda_attention_bytes(int B, int T, int C, int NH);
 
 #endif

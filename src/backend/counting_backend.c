@@ -38,7 +38,8 @@ static bb_status counting_memset(bb_backend_t *b, void *dst, int value, size_t b
 static uint64_t counting_workspace(const bb_backend_t *b)
 {
     const counting_state *s = b->impl;
-    return s->like->workspace_bytes ? s->like->workspace_bytes(b->scratch_rows, b->scratch_width) : 0;
+    return (s->like->workspace_bytes ? s->like->workspace_bytes(b->scratch_rows, b->scratch_width) : 0) +
+           b->scratch_attention;
 }
 
 static void counting_destroy(bb_backend_t *b) { free(b->impl); }

@@ -309,9 +309,8 @@ static bb_status setup(trainer *t)
         bool same;
         BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
         if (!same)
-            return bb_fail(BB_ERR_ARG, "rank %d: --devices gives this process %d device%s and another process a "
-                           "different count: every process must train on as many", w->rank, o->devices,
-                           o->devices > 1 ? "s" : "");
+            return bb_fail(BB_ERR_ARG, "--devices gives this process %d device%s and another process a different "
+                           "count: every process must train on as many", o->devices, o->devices > 1 ? "s" : "");
     }
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;

@@ -29,11 +29,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "bigbatch/core.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "bigbatch/core.h"
 
 #define BB_WATCHDOG_MAX_DEVICES 64
 

@@ -16,11 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <new>
 
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "cudnn_attention.h"
 
 namespace {
 
@@ -37,6 +39,15 @@ struct cuda_state {
     size_t row_loss_bytes;
     void *sort;                 // the embedding backward's ordered reduction (bbk_embedding_sort_bytes)
     size_t sort_bytes;
+    // bf16 attention through cuDNN (cudnn_attention.h): its bf16 operands
+    // (qkv, out, dout, dqkv: 8 · B·T·C halves) and its workspace, grown as
+    // the rest of the scratch; cudnn_off once it failed to load or to run.
+    bb_cudnn *cudnn;
+    bool cudnn_off;
+    uint16_t *attn16;
+    size_t attn16_bytes;
+    void *cudnn_ws;
+    size_t cudnn_ws_bytes;
     double *partial;            // sum_squares: kPartials block sums
     double *loss_sum;           // device: the loss, summed in a fixed order
     int *counter;               // device: rows with a target
@@ -104,7 +115,8 @@ static_assert(BBK_COLUMN_CHUNKS == 64, "cuda_sizes.c counts 64 column chunks");
 uint64_t cuda_workspace_bytes(const bb_backend_t *b)
 {
     const cuda_state *s = static_cast<const cuda_state *>(b->impl);
-    return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + kPartials * sizeof(double) + (uint64_t(32) << 20);
+    return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + s->attn16_bytes + s->cudnn_ws_bytes +
+           kPartials * sizeof(double) + (uint64_t(32) << 20);
 }
 
 bb_status cuda_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
@@ -242,6 +254,9 @@ void cuda_destroy(bb_backend_t *b)
     cudaFree(s->columns);
     cudaFree(s->row_loss);
     cudaFree(s->sort);
+    cudaFree(s->attn16);
+    cudaFree(s->cudnn_ws);
+    bb_cudnn_close(s->cudnn);
     cudaFree(s->partial);
     cudaFree(s->loss_sum);
     cudaFree(s->counter);
@@ -328,10 +343,58 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
              "linear_backward din");
 }
 
-// Tiled (flash-style) attention: kernels of cuda_attention.cu, no T×T matrix.
+// ---- attention ---------------------------------------------------------------
+// bf16: cuDNN's fused SDPA when it loads and takes the shape, on bf16
+// copies of the operands (the activations are bf16 values already, so the
+// copies are exact); else, and in fp32, the tiled kernels of
+// cuda_attention.cu. A process warns once when cuDNN is not used.
+std::atomic<bool> cudnn_warned{false};
+
+void cudnn_give_up(bb_backend_t *b, const char *why)
+{
+    state(b)->cudnn_off = true;
+    if (!cudnn_warned.exchange(true)) BB_WARN("%s: %s; attention runs on bigbatch's own kernels", b->name, why);
+}
+
+// cuDNN, its operands' scratch and workspace for this shape; NULL: our kernels.
+bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int C, int NH, uint16_t **ops, void **ws, size_t *ws_bytes)
+{
+    cuda_state *s = state(b);
+    if (b->opt.precision != BB_PRECISION_BF16 || s->cudnn_off) return nullptr;
+    size_t fwd = 0, bwd = 0, halves = 8 * (size_t)B * T * C;
+    if ((!s->cudnn && bb_cudnn_open(compute(b), &s->cudnn) != BB_OK) ||
+        bb_cudnn_attention_workspace(s->cudnn, B, T, NH, C / NH, &fwd, &bwd) != BB_OK) {
+        cudnn_give_up(b, bb_error_message());
+        return nullptr;
+    }
+    if (!grow(b, (void **)&s->attn16, &s->attn16_bytes, halves * sizeof(uint16_t), "cuDNN attention's bf16 operands") ||
+        !grow(b, &s->cudnn_ws, &s->cudnn_ws_bytes, fwd > bwd ? fwd : bwd, "cuDNN attention's workspace"))
+        return nullptr;
+    uint64_t counted = bb_cuda_attention_bytes(B, T, C, NH), real = s->attn16_bytes + s->cudnn_ws_bytes;
+    static std::atomic<bool> warned{false};
+    if (real > counted && !warned.exchange(true)) {
+        char a[24], c[24];
+        BB_WARN("%s: cuDNN attention takes %s, more than the planner counts (%s): its predictions are low by the "
+                "difference", b->name, bb_format_bytes(real, a, sizeof a), bb_format_bytes(counted, c, sizeof c));
+    }
+    *ops = s->attn16, *ws = s->cudnn_ws, *ws_bytes = s->cudnn_ws_bytes;
+    return s->cudnn;
+}
+
 void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
     use(b);
+    uint16_t *ops;
+    void *ws;
+    size_t ws_bytes, n = (size_t)B * T * C;
+    if (bb_cudnn *c = cudnn_for(b, B, T, C, NH, &ops, &ws, &ws_bytes)) {
+        uint16_t *qkv16 = ops, *out16 = ops + 3 * n;
+        BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, 3 * n));
+        bb_status rc = bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, C / NH, ws, ws_bytes);
+        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_forward: %s", b->name, bb_error_message());
+        BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, out16, n));
+        return;
+    }
     BB_CUDA_OP(b, bbk_attention_forward(compute(b), out, lse, qkv, B, T, C, NH,
                                         b->opt.precision == BB_PRECISION_BF16));
 }
@@ -340,6 +403,20 @@ void cuda_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, co
                              const float *lse, int B, int T, int C, int NH)
 {
     use(b);
+    uint16_t *ops;
+    void *ws;
+    size_t ws_bytes, n = (size_t)B * T * C;
+    if (bb_cudnn *c = cudnn_for(b, B, T, C, NH, &ops, &ws, &ws_bytes)) {
+        uint16_t *qkv16 = ops, *out16 = ops + 3 * n, *dout16 = ops + 4 * n, *dqkv16 = ops + 5 * n;
+        cudaStream_t st = compute(b);
+        BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, 3 * n));
+        BB_CUDA_OP(b, bbk_bf16_pack(st, out16, out, n));
+        BB_CUDA_OP(b, bbk_bf16_pack(st, dout16, dout, n));
+        bb_status rc = bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, C / NH, ws, ws_bytes);
+        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_backward: %s", b->name, bb_error_message());
+        BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, 3 * n));
+        return;
+    }
     BB_CUDA_OP(b, bbk_attention_backward(compute(b), dqkv, dout, qkv, out, lse, B, T, C, NH,
                                          b->opt.precision == BB_PRECISION_BF16));
 }

@@ -19,3 +19,11 @@ uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
            + PARTIAL_BYTES             /* reduction partials */
            + ((uint64_t)32 << 20);     /* cuBLAS's default workspace */
 }
+
+uint64_t bb_cuda_attention_bytes(int B, int T, int C, int NH)
+{
+    uint64_t n = (uint64_t)B * T * C, t64 = ((uint64_t)T + 63) / 64 * 64;
+    return 16 * n                              /* bf16 copies of qkv, out, dout and dqkv: 8 halves an element of out */
+           + 2 * (uint64_t)B * NH * t64 * t64 /* the deterministic backward's dP: bf16, T² a head */
+           + 4 * n + ((uint64_t)16 << 20);    /* dQ's fp32 accumulator, and the rest, bounded */
+}
