@@ -82,7 +82,7 @@ __global__ void attention_forward_k(float *out, float *lse, const float *qkv, in
         float s = j <= i ? row_dot(q, ks + lane * pitch, hs) : -INFINITY;
         float mx = fmaxf(m, warp_max(s));
         float p = j <= i ? expf(s - mx) : 0.0f, corr = expf(m - mx);
-        l = l * corr + warp_sum(p);
+        l = l * corr + warp_sum(p); // fp32 p in the normalizer, bf16 p in p·v: as FlashAttention-2 and cuDNN
         m = mx;
         ps[lane] = operand<Bf16>(p);
         __syncwarp();
@@ -180,7 +180,10 @@ __global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv
     float *ks = sm, *vs = ks + Keys * pitch, *dk = vs + Keys * pitch, *dv = dk + Keys * pitch;
     float *qs = dv + Keys * pitch, *dys = qs + kDkvWarps * hs, *ps = dys + kDkvWarps * hs, *gs = ps + kDkvWarps * Keys;
     const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) dk[e / hs * pitch + e % hs] = dv[e / hs * pitch + e % hs] = 0;
+    for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
+        int at = e / hs * pitch + e % hs;
+        dk[at] = dv[at] = 0.0f;
+    }
     stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch, Keys);
     for (int i0 = j0; i0 < T; i0 += kDkvWarps) {
         int i = i0 + warp;

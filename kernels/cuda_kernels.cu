@@ -241,13 +241,14 @@ __global__ void embedding_runs_k(float *dwte, const float *dout, const int32_t *
     *row = s;
 }
 
+// From the gradient so far, then the examples in order: the CPU's sum, bit for bit.
 __global__ void embedding_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C, bool accumulate)
 {
     GRID_STRIDE(i, (size_t)T * C) // (t, c)
     {
-        float s = 0.0f;
+        float s = accumulate ? dwpe[i] : 0.0f;
         for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
-        dwpe[i] = accumulate ? dwpe[i] + s : s;
+        dwpe[i] = s;
     }
 }
 

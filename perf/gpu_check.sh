@@ -20,6 +20,9 @@
 # skipped (no GPU).
 #
 # What it checks (GPT-2 124M: 12 layers, 12 heads, d 768, T 1024, V 50257):
+#   - the attention op alone at T 7, 70 and 1024 (B 8, 12 heads of 64, bf16):
+#     cuDNN's fused SDPA, bigbatch's kernels and PyTorch's SDPA, forward and
+#     backward ms and each one's largest difference from a float64 reference;
 #   - the CUDA tests, op by op against the CPU, a one-rank NCCL reducer,
 #     bitwise resume (Criterion --jobs 1, CUDA_LAUNCH_BLOCKING=1 so that
 #     an asynchronous fault names its op);
@@ -27,12 +30,25 @@
 #     to the bit; bf16 within 2e-2;
 #   - tokens/s, MFU and peak memory beside PyTorch (eager, the same shape):
 #     MFU = tokens/s · (6·params + 12·layers·T·d) over the dense peak
-#     (67 TFLOP/s fp32, 989 bf16);
+#     (67 TFLOP/s fp32, 989 bf16), and by llm.c's formula (6·params +
+#     6·layers·d·T); bf16 also with --attention kernels (cuDNN's share),
+#     fp32 also with cuBLAS's pedantic math (BB_CUBLAS_PEDANTIC=1, before);
+#     the host's waits for the GPU a step; the peak (allocations + the
+#     backend's workspace) against the planner's prediction;
+#   - a per-op profile of one bf16 step (BB_PROFILE_OPS=1: CUDA events
+#     around each op): calls, ms, share of the step, products' TFLOP/s;
+#   - the goals: bf16 >= 470K tokens/s and >= 1.0x PyTorch eager bf16;
+#     attention forward + backward <= 1.2x PyTorch's SDPA at T 1024;
 #   - a short `train` on data/kjv with --save, --val-data, --trace and
 #     --precision bf16, then --resume: the resumed losses equal the
 #     uninterrupted run's to the bit; data-wait % of the step;
-#   - host-to-device GB/s pinned vs pageable; loader records/s into pinned slots.
+#   - host-to-device GB/s pinned vs pageable. (The loader's records/s into
+#     pinned slots, measured here before, was cut for the attention and
+#     profile rows: the loader is measured on the CPU, perf/loader_bench.sh.)
 #
+# Time: about 6 minutes with the build (1.5-2 of them; cuDNN's graph code is
+# one 35 s file), the tests 1.5, the GPT-2 runs 1.5, the attention 0.5, the
+# train runs 1.
 # Variables: OUT (default /tmp/gpu_check), STEPS (timed steps, 10),
 # GPU_CHECK_HANG=STEP (that step hangs instead of running: try it with
 # `model`), GPU_CHECK_MAX_STEP_S (caps every step's timeout, e.g. to try
@@ -109,13 +125,25 @@ nccl_dir=$(torch_lib nccl)
 bb_ld=/usr/local/cuda/lib64
 bb_nccl="" # bigbatch loads NCCL with dlopen: the toolkit's, else PyTorch's
 [ -e /usr/local/cuda/lib64/libnccl.so.2 ] || { [ -n "$nccl_dir" ] && bb_nccl=$nccl_dir/libnccl.so.2; }
+bb_cudnn="" # and cuDNN: the system's, else PyTorch's
+cudnn_dir=$(torch_lib cudnn)
+ldconfig -p 2> /dev/null | grep -q 'libcudnn.so.9 ' || [ ! -e /usr/local/cuda/lib64/libcudnn.so.9 ] || bb_cudnn=/usr/local/cuda/lib64/libcudnn.so.9
+[ -n "$bb_cudnn" ] || ldconfig -p 2> /dev/null | grep -q 'libcudnn.so.9 ' || { [ -n "$cudnn_dir" ] && bb_cudnn=$cudnn_dir/libcudnn.so.9; }
 
 # ---- build here, or the carried bundle ------------------------------------------
 BIN=build/sm90/bin/bigbatch TEST=build/sm90/tests/test_cuda
 nccl_flags=()
 [ -e /usr/local/cuda/include/nccl.h ] || [ -z "$nccl_dir" ] || nccl_flags=(NCCL_INC="${nccl_dir%/lib}/include" NCCL_LIB="$nccl_dir")
-if step build 240 make -j"$(nproc)" CUDA=1 CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILD=build/sm90 \
+# Without the cuDNN frontend's headers (make deps fetches them; that machine cannot) a build here
+# would have no cuDNN attention: the carried bundle, built with them, is the better binary then.
+built=0
+if [ ! -e build/deps/cudnn-frontend-1.32.0/include/cudnn_frontend.h ] && [ -x build/gpu/bin/bigbatch ]; then
+    echo "no cuDNN frontend headers here: the carried build/gpu" > "$state/build.out"
+elif step build 240 make -j"$(nproc)" CUDA=1 CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILD=build/sm90 \
     BIN_DIR=build/sm90/bin LIB_DIR=build/sm90/lib "${nccl_flags[@]}" all "$TEST"; then
+    built=1
+fi
+if [ $built = 1 ]; then
     row "| build | here, for sm_90 ($(elapsed)s) |"
 elif [ -x build/gpu/bin/bigbatch ]; then
     rm -f "$state/failed" # expected where the machine has no -dev packages
@@ -134,6 +162,7 @@ fi
 # bigbatch's environment, as a command prefix (timeout runs commands, not shell functions)
 bb=(env LD_LIBRARY_PATH="$bb_ld" BIGBATCH_BIN="$PWD/$BIN")
 [ -z "$bb_nccl" ] || bb+=(BB_NCCL_LIBRARY="$bb_nccl")
+[ -z "$bb_cudnn" ] || bb+=(BB_CUDNN_LIBRARY="$bb_cudnn")
 missing=$("${bb[@]}" ldd "$BIN" "$TEST" 2>&1 | grep "not found" | sort -u | tr -s ' \t\n' ' ')
 [ -z "$missing" ] || { row "| libraries | FAILED: missing $missing |"; exit 1; }
 row "| bigbatch | $("${bb[@]}" "$BIN" version 2>&1 | head -1) |"
@@ -159,30 +188,80 @@ name, s, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
 try: r = json.loads(s)
 except Exception: r = {}
 def f(k, fmt="%.0f", scale=1.0): return fmt % (r[k] * scale) if k in r else "n/a"
-mfu = "%.1f%%" % (100 * r["tokens_per_s"] * (6 * r["params"] + 12 * 12 * 1024 * 768) / peak) if "params" in r else "n/a"
-print("| %s | %s | %s | %s | %s | %s |" % (name, f("tokens_per_s"), f("step_ms", "%.1f"), mfu,
-                                         f("peak_bytes", "%.2f", 2.0 ** -30), f("first_loss", "%.4f")))
+L, T, d = 12, 1024, 768
+mfu = lambda attn: "%.1f%%" % (100 * r["tokens_per_s"] * (6 * r["params"] + attn) / peak) if "params" in r else "n/a"
+mem = "%.2f / %.2f" % ((r["peak_bytes"] + r["workspace_bytes"]) / 2 ** 30, r["planned_bytes"] / 2 ** 30) if "planned_bytes" in r else f("peak_bytes", "%.2f", 2.0 ** -30)
+print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (name, f("tokens_per_s"), f("step_ms", "%.1f"), mfu(12 * L * T * d),
+      mfu(6 * L * d * T), f("host_waits_per_step", "%.1f"), mem, f("first_loss", "%.4f")))
 ' "$@" | tee -a "$OUT/table.md"
 }
 row ""
-row "| GPT-2 124M, micro-batch 8, T 1024, V 50257 | tokens/s | step ms | MFU (of 67 fp32, 989 bf16 TFLOP/s) | peak GiB | first loss |"
-row "|---|---|---|---|---|---|"
+row "| GPT-2 124M, micro-batch 8, T 1024, V 50257 | tokens/s | step ms | MFU (6N+12LdT; of 67 fp32, 989 bf16 TFLOP/s) | MFU, llm.c's (6N+6LdT) | host waits a step | peak GiB (bigbatch: real / planned) | first loss |"
+row "|---|---|---|---|---|---|---|---|"
 gpt2="--model gpt --layers 12 --heads 12 --d-model 768 --seq-len 1024 --vocab 50257 --micro-batch 8 --devices cuda:0"
 step model 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json
 fp32=$(result model)
 bench_row "bigbatch fp32" "$fp32" 67e12
+step model_pedantic 120 "${bb[@]}" BB_CUBLAS_PEDANTIC=1 "$BIN" bench model $gpt2 --steps "$STEPS" --json
+pedantic=$(result model_pedantic)
+bench_row "bigbatch fp32, cuBLAS pedantic math (before)" "$pedantic" 67e12
 step model_blocks 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json --checkpoint blocks
 blocks=$(result model_blocks)
 bench_row "bigbatch fp32 --checkpoint blocks" "$blocks" 67e12
 step model_bf16 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json --precision bf16
 bf16=$(result model_bf16)
-bench_row "bigbatch bf16 (activations + products)" "$bf16" 989e12
+bench_row "bigbatch bf16 (activations + products; attention: $(field "$bf16" attention %s))" "$bf16" 989e12
+step model_bf16_kernels 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json --precision bf16 --attention kernels
+bf16k=$(result model_bf16_kernels)
+bench_row "bigbatch bf16, --attention kernels" "$bf16k" 989e12
 step torch 120 $PY perf/torch_gpu_bench.py --vocab 50257 --steps "$STEPS" --precision fp32
 tfp32=$(result torch)
 bench_row "PyTorch eager fp32" "$tfp32" 67e12
 step torch_bf16 120 $PY perf/torch_gpu_bench.py --vocab 50257 --steps "$STEPS" --precision bf16
 tbf16=$(result torch_bf16)
 bench_row "PyTorch eager bf16 autocast" "$tbf16" 989e12
+
+# ---- one bf16 step, op by op ----------------------------------------------------------------
+step profile 120 "${bb[@]}" BB_PROFILE_OPS=1 "$BIN" bench model $gpt2 --steps 5 --json --precision bf16
+prof=$(result profile)
+row ""
+row "| op (bf16 step, BB_PROFILE_OPS=1) | calls | ms | share of the step | products' TFLOP/s (% of 989) |"
+row "|---|---|---|---|---|"
+$PY -c '
+import json, sys
+try: ops = json.loads(sys.argv[1]).get("ops", [])
+except Exception: ops = []
+total = sum(o["ms"] for o in ops)
+for o in ops:
+    tf = o["gflop"] / o["ms"] if o["ms"] > 0 and o["gflop"] > 0 else 0
+    print("| %s | %.0f | %.3f | %.1f%% | %s |" % (o["op"], o["calls"], o["ms"], 100 * o["ms"] / total,
+          "%.0f (%.0f%%)" % (tf, 100 * tf / 989) if tf else ""))
+print("| all ops | | %.3f | 100%% | |" % total if ops else "| profile | n/a |")
+' "$prof" | tee -a "$OUT/table.md"
+
+# ---- the attention op alone, beside PyTorch's SDPA --------------------------------------------
+step attention 150 $PY perf/torch_attention_bench.py --bigbatch "${bb[*]} $PWD/$BIN" --device cuda --seq-lens 7,70,1024
+row ""
+row "| attention, B 8, 12 heads of 64, bf16 | engine (ran) | forward ms | backward ms | out: max diff / max | dqkv: max diff / max |"
+row "|---|---|---|---|---|---|"
+grep -E '^\{' "$state/attention.out" | while read -r line; do
+    echo "{\"tag\": \"attention\", \"result\": $line}" >> "$OUT/results.jsonl"
+    $PY -c '
+import json, sys
+r = json.loads(sys.argv[1])
+if "error" in r: print("| T %d | %s | n/a: %s | | | |" % (r["T"], r["engine"], r["error"]))
+else: print("| T %d | %s%s | %.3f | %.3f | %.2e | %.2e |" % (r["T"], r["engine"], " (%s)" % r["ran"] if "ran" in r else "",
+      r["forward_ms"], r["backward_ms"], r["out_rel_diff"], r["dqkv_rel_diff"]))
+' "$line" | tee -a "$OUT/table.md"
+done
+$PY -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+bad = [r for r in rows if "out_rel_diff" in r and (r["out_rel_diff"] > 2e-2 or r["dqkv_rel_diff"] > 5e-2)]
+for r in bad: print("| attention T %d, %s | FAILED: differs from the float64 reference by %.2e / %.2e |" % (r["T"], r["engine"], r["out_rel_diff"], r["dqkv_rel_diff"]))
+sys.exit(1 if bad or not rows else 0)
+' "$state/attention.out" | tee -a "$OUT/table.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail "attention differences"
 
 row ""
 row "| check | result |"
@@ -203,8 +282,22 @@ print("| bf16 vs fp32 first-step loss | %s |" % ("within 2e-2" if close else "FA
 def ratio(x, y, k): return "%.2fx" % (x[k] / y[k]) if k in x and k in y and y[k] else "n/a"
 print("| bigbatch / PyTorch tokens/s, fp32 and bf16 | %s, %s |" % (ratio(a, tf, "tokens_per_s"), ratio(h, tb, "tokens_per_s")))
 print("| checkpoint blocks / none, step time | %s |" % ratio(c, a, "step_ms"))
+k, ped = load(sys.argv[6]), load(sys.argv[8])
+print("| fp32 cuBLAS default / pedantic math, tokens/s | %s |" % ratio(a, ped, "tokens_per_s"))
+print("| bf16 cuDNN attention / bigbatch kernels, tokens/s | %s |" % ratio(h, k, "tokens_per_s"))
+goal = h.get("tokens_per_s", 0) >= 470e3 and "tokens_per_s" in tb and h["tokens_per_s"] >= tb["tokens_per_s"]
+print("| goal: bf16 >= 470K tokens/s and >= 1.0x PyTorch eager bf16 | %s |" % ("met" if goal else "not met (%s tokens/s, %s of PyTorch)" % (
+      "%.0f" % h["tokens_per_s"] if "tokens_per_s" in h else "n/a", ratio(h, tb, "tokens_per_s"))))
+try:
+    att = [json.loads(l) for l in open(sys.argv[7]) if l.startswith("{")]
+    t = {r["engine"]: r["forward_ms"] + r["backward_ms"] for r in att if r["T"] == 1024 and "forward_ms" in r}
+    best = min(v for e, v in t.items() if e in ("cudnn", "kernels"))
+    peer = [v for e, v in t.items() if e.startswith("pytorch")][0]
+    print("| goal: attention forward + backward <= 1.2x PyTorch SDPA at T 1024 | %.2fx: %s |" % (best / peer, "met" if best <= 1.2 * peer else "not met"))
+except Exception:
+    print("| goal: attention forward + backward <= 1.2x PyTorch SDPA at T 1024 | n/a |")
 sys.exit(0 if ok and same and close else 1)
-' "$fp32" "$bf16" "$blocks" "$tfp32" "$tbf16" | tee -a "$OUT/table.md"
+' "$fp32" "$bf16" "$blocks" "$tfp32" "$tbf16" "$bf16k" "$state/attention.out" "$pedantic" | tee -a "$OUT/table.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "GPT-2 correctness checks"
 
 # ---- train on kjv: save, val, trace, bf16, then resume to the bit -----------------------
@@ -261,9 +354,6 @@ rm -rf "$tmp"
 step copy 60 "${bb[@]}" "$BIN" bench copy --devices cuda:0 --json
 c=$(result copy)
 row "| H2D GB/s, pinned / pageable | $(field "$c" pinned_gb_per_s %.1f) / $(field "$c" pageable_gb_per_s %.1f) |"
-step loader 60 "${bb[@]}" "$BIN" bench loader --data data/kjv/train --pinned --seconds 3 --json
-l=$(result loader)
-row "| loader records/s into pinned slots (kjv) | $(field "$l" records_per_s %.0f) |"
 
 # ---- every failure, then the verdict ---------------------------------------------------------
 problems=$(tr '\n' ';' < "$state/failed" 2> /dev/null)

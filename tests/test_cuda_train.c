@@ -388,7 +388,8 @@ Test(cuda_train, a_gpt_step_on_a_gpu_syncs_launches_and_copies_as_designed)
         cr_assert_eq(own[k].host_syncs, own[0].host_syncs, "a step's host syncs depend on the shape");
         cr_assert_eq(micro[k].d2h_copies, 1, "a micro-step reads back its loss alone");
     }
-    cr_assert_leq(micro[0].launches, 70, "kernel launches a micro-step: %.0f", micro[0].launches);
+    /* 70 before the attention backward computed D = dout·out once per layer, in a kernel of its own */
+    cr_assert_leq(micro[0].launches, 72, "kernel launches a micro-step: %.0f", micro[0].launches);
     free(tokens);
 #endif
 }

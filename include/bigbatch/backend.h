@@ -58,11 +58,20 @@ typedef struct bb_backend bb_backend_t;
  * fp32. Weights, gradients and optimizer state are fp32 always. */
 typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precision;
 
+/* bf16 attention on a GPU: cuDNN's fused SDPA where it loads, else (one
+ * warning) bigbatch's kernels; cuDNN or nothing (its failure is the op's);
+ * bigbatch's kernels always. fp32 attention always runs on bigbatch's. */
+typedef enum bb_attention { BB_ATTENTION_AUTO = 0, BB_ATTENTION_CUDNN, BB_ATTENTION_KERNELS } bb_attention;
+/* "auto", "cudnn", "kernels"; and the parser for --attention (BB_ERR_ARG). */
+const char *bb_attention_name(bb_attention a);
+bb_status bb_attention_parse(const char *s, bb_attention *out);
+
 typedef struct bb_backend_options {
     int device;              /* index among the backend's devices */
     uint64_t device_mem;     /* cap on device allocations in bytes; 0: none */
     int threads;             /* CPU: this backend's threads (products, attention, loss); 0: all CPUs */
     bb_precision precision;  /* CUDA: bf16 matrix products; the CPU ignores it */
+    bb_attention attention;  /* CUDA, bf16: who runs attention; the CPU ignores it */
 } bb_backend_options;
 
 /* "fp32", "bf16"; and the parser for --precision (BB_ERR_ARG). */
@@ -115,6 +124,28 @@ bb_status bb_backend_create_counting(bb_device_kind like, const bb_backend_optio
 /* Device bytes the backend holds outside its counted allocations: on CUDA
  * the ops' scratch and cuBLAS's workspace; 0 on the CPU. */
 uint64_t bb_backend_workspace_bytes(const bb_backend_t *b);
+
+/* ---- the ops' times (BB_PROFILE_OPS=1) -----------------------------------
+ * With BB_PROFILE_OPS=1 in the environment, every backend times each op it
+ * runs: on a GPU from an event recorded before the op on the compute stream
+ * to the next op's (or a synchronization's), so time the device sits idle
+ * after an op counts to it; on the CPU with the host clock. It costs an
+ * event per op and a host wait per 256 ops: measure with it, not beside it. */
+typedef struct bb_op_time {
+    const char *op;    /* "linear_forward", ... */
+    uint64_t calls;
+    double ms, flops;  /* flops: the products' (linear, attention), 0 for the rest */
+} bb_op_time;
+/* The ops timed since creation or the last reset, the longest first, at
+ * most cap; their count (0 when profiling is off). Waits for the device. */
+int bb_backend_op_profile(bb_backend_t *b, bb_op_time *out, int cap);
+void bb_backend_op_profile_reset(bb_backend_t *b);
+/* How many times the host has waited for the device (synchronizations,
+ * copies to the host, reads of a loss): the sync budget, on a real GPU. */
+uint64_t bb_backend_host_waits(const bb_backend_t *b);
+/* Who runs this backend's attention: "cuDNN 9.x.y" once its fused SDPA ran,
+ * else "bigbatch's kernels". */
+const char *bb_backend_attention_engine(bb_backend_t *b);
 
 /* Frees the backend and every allocation still live; accepts NULL. */
 void bb_backend_destroy(bb_backend_t *b);
@@ -291,6 +322,9 @@ void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *moment
                float momentum, float weight_decay, float grad_scale);
 /* Sum of squares of x[0..n), accumulated in double. */
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
+/* The sum of squares of x[lo[r]..hi[r]) over the n ranges, range by range in
+ * order: one wait for the device for all of them (ZeRO-1's shard). */
+double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n);
 /* x *= factor. */
 void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n);
 

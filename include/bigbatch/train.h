@@ -76,6 +76,7 @@ typedef struct bb_train_options {
     bb_device_kind device;     /* BB_DEVICE_CUDA: GPUs device_ids[0..devices); CPU: virtual devices */
     int device_ids[BB_TRAIN_MAX_DEVICES];
     bb_precision precision;    /* bf16: gpt activations kept in bf16; on GPUs also bf16 products */
+    bb_attention attention;    /* GPUs, bf16: cuDNN's fused attention or bigbatch's kernels (backend.h) */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
     bool auto_checkpoint;      /* --checkpoint auto: the planner picks model.checkpoint_every */

@@ -18,6 +18,7 @@ bb_status bb_backend_init_common(bb_backend_t *b, bb_device_kind kind, const cha
         snprintf(b->fault_op, sizeof b->fault_op, "%.*s", (int)(colon - fault), fault);
         b->fault_at = (uint64_t)atoll(colon + 1);
     }
+    bb_op_profile_init(b);
     return BB_OK;
 }
 
@@ -36,13 +37,17 @@ bb_status bb_backend_pending(bb_backend_t *b)
     return b->error == BB_OK ? BB_OK : bb_fail(b->error, "%s", b->error_message);
 }
 
-/* Every op passes here first: the BB_FAULT hook. */
-static inline void op_entry(bb_backend_t *b, const char *op)
+/* Every op passes here first: the BB_FAULT hook, and the profile's mark
+ * (flops: the op's multiply-adds times 2, for the products). */
+static inline void op_entry_flops(bb_backend_t *b, const char *op, double flops)
 {
     if (__builtin_expect(b->fault_at != 0, 0) && !strcmp(op, b->fault_op) && ++b->fault_calls == b->fault_at)
         bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: injected fault (BB_FAULT=%s:%llu)", b->name, op,
                               b->fault_op, (unsigned long long)b->fault_at);
+    if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, flops);
 }
+
+static inline void op_entry(bb_backend_t *b, const char *op) { op_entry_flops(b, op, 0); }
 
 /* Ops run, except on a counting backend (the planner's): there every op
  * is a no-op, while the allocations, the scratch reservations and the
@@ -79,6 +84,13 @@ bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
 }
 
 uint64_t bb_backend_scratch_grew(const bb_backend_t *b) { return b->scratch_grew; }
+uint64_t bb_backend_host_waits(const bb_backend_t *b) { return b->host_waits; }
+
+const char *bb_backend_attention_engine(bb_backend_t *b)
+{
+    const char *e = b->vt->attention_engine ? b->vt->attention_engine(b) : NULL;
+    return e ? e : "bigbatch's kernels";
+}
 bool bb_backend_host_is_device(const bb_backend_t *b) { return b->vt->host_is_device; }
 
 void bb_backend_copy_stats(const bb_backend_t *b, uint64_t *h2d_copies, uint64_t *h2d_bytes)
@@ -99,6 +111,7 @@ void bb_backend_destroy(bb_backend_t *b)
     if (!b) return;
     for (size_t i = 0; i < b->allocation_count; i++) b->vt->free(b, b->allocations[i].ptr);
     free(b->allocations);
+    bb_op_profile_free(b);
     if (b->vt->destroy) b->vt->destroy(b);
     free(b);
 }
@@ -153,6 +166,17 @@ bb_status bb_backend_create(bb_device_kind k, const bb_backend_options *o, bb_ba
     const bb_device_desc *d = bb_device_desc_of(k);
     if (!d) return bb_fail(BB_ERR_ARG, "unknown device kind %d", k);
     return d->create(o, out);
+}
+
+static const char *const attention_names[] = {"auto", "cudnn", "kernels"};
+
+const char *bb_attention_name(bb_attention a) { return (unsigned)a < 3 ? attention_names[a] : "(unknown)"; }
+
+bb_status bb_attention_parse(const char *s, bb_attention *out)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, attention_names[i])) return *out = (bb_attention)i, BB_OK;
+    return bb_fail(BB_ERR_ARG, "--attention: '%s' is not auto, cudnn or kernels", s);
 }
 
 const char *bb_precision_name(bb_precision p) { return p == BB_PRECISION_BF16 ? "bf16" : "fp32"; }
@@ -278,6 +302,7 @@ bb_status bb_backend_synchronize(bb_backend_t *b)
 {
     /* It waits even when an error is pending: callers rely on the queued
      * work being over (no copy still reading a host buffer) when it returns. */
+    if (b->profile) bb_op_profile_mark(b, NULL, 0);
     bb_status rc = b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
     return b->error != BB_OK ? bb_backend_pending(b) : rc;
 }
@@ -315,14 +340,14 @@ bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
 void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                           int IC, int OC)
 {
-    op_entry(b, "linear_forward");
+    op_entry_flops(b, "linear_forward", 2.0 * N * IC * OC);
     if (runs(b)) b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
 }
 
 void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                            const float *w, int N, int IC, int OC, bool accumulate)
 {
-    op_entry(b, "linear_backward");
+    op_entry_flops(b, "linear_backward", 2.0 * N * IC * OC * ((din != NULL) + (dw != NULL)));
     if (dbias) scratch_need(b, 0, (size_t)OC);
     if (runs(b)) b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
 }
@@ -384,7 +409,7 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const f
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
-    op_entry(b, "attention_forward");
+    op_entry_flops(b, "attention_forward", 2.0 * B * T * (double)T * C); /* q·k and p·v, causal: half */
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
 }
@@ -392,7 +417,7 @@ void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const floa
 void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int B, int T, int C, int NH)
 {
-    op_entry(b, "attention_backward");
+    op_entry_flops(b, "attention_backward", 5.0 * B * T * (double)T * C); /* the forward's q·k again, 4 more */
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
@@ -451,8 +476,14 @@ int bb_op_count_correct(bb_backend_t *b, const float *logits, const int32_t *tar
 
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
+    size_t lo = 0;
+    return bb_op_sum_squares_ranges(b, x, &lo, &n, 1);
+}
+
+double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
+{
     op_entry(b, "sum_squares");
-    return runs(b) ? b->vt->sum_squares(b, x, n) : 0;
+    return runs(b) ? b->vt->sum_squares(b, x, lo, hi, n) : 0;
 }
 
 void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n)

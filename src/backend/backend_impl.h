@@ -37,6 +37,8 @@ typedef struct bb_backend_vtable {
     bb_status (*stream_wait)(bb_backend_t *b, bb_stream stream, bb_event_t *e);
     bb_status (*event_synchronize)(bb_backend_t *b, bb_event_t *e);
     bb_status (*event_elapsed)(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms);
+    /* optional: who ran the last attention op (NULL: bigbatch's kernels) */
+    const char *(*attention_engine)(bb_backend_t *b);
 
     /* ops: required (see backend.h for each one's contract) */
     void (*linear_forward)(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
@@ -70,7 +72,7 @@ typedef struct bb_backend_vtable {
                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
     void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                 float momentum, float weight_decay, float grad_scale);
-    double (*sum_squares)(bb_backend_t *b, const float *x, size_t n);
+    double (*sum_squares)(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n); /* ranges */
     int (*count_correct)(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
     void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
     void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
@@ -108,8 +110,17 @@ struct bb_backend {
     uint64_t scratch_grew;              /* ops that needed more than that */
     uint64_t scratch_attention;         /* the largest bf16 attention's (bb_device_desc.attention_bytes) */
     uint64_t h2d_bytes, h2d_copies;     /* host-to-device copies so far */
+    uint64_t host_waits;                /* times the host waited for the device (bb_backend_host_waits) */
+    struct bb_op_profile *profile;      /* BB_PROFILE_OPS=1: the ops' times (op_profile.c); NULL: off */
     void *impl;                 /* the instance's own state */
 };
+
+/* op_profile.c: made at creation when BB_PROFILE_OPS=1; every op marks its
+ * start (op NULL: a synchronization, which only ends the op before). */
+typedef struct bb_op_profile bb_op_profile;
+void bb_op_profile_init(bb_backend_t *b);
+void bb_op_profile_mark(bb_backend_t *b, const char *op, double flops);
+void bb_op_profile_free(bb_backend_t *b);
 
 /* backend.c: fills the shared part; the instance sets vt and impl. */
 bb_status bb_backend_init_common(bb_backend_t *b, bb_device_kind kind, const char *name, const bb_backend_options *o);

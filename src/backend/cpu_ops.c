@@ -465,7 +465,7 @@ static void sum_squares_range(const ew_args *a, size_t lo, size_t hi, int slice)
 }
 
 /* Per slice in double, the slices summed in order. */
-double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
+static double sum_squares_one(bb_backend_t *b, const float *x, size_t n)
 {
     ew_args a = {.range = sum_squares_range, .a = x, .n = n, .grain = EW_GRAIN};
     double one, *parts = ew_slices(&a) > 1 ? malloc((size_t)ew_slices(&a) * sizeof *parts) : &one;
@@ -478,6 +478,14 @@ double bb_cpu_sum_squares(bb_backend_t *b, const float *x, size_t n)
     double s = 0.0;
     for (int k = 0; k < ew_slices(&a); k++) s += parts[k];
     if (parts != &one) free(parts);
+    return s;
+}
+
+/* Range by range, in order: the same as summing each range alone. */
+double bb_cpu_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
+{
+    double s = 0.0;
+    for (int r = 0; r < n; r++) s += sum_squares_one(b, x + lo[r], hi[r] - lo[r]);
     return s;
 }
 

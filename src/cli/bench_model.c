@@ -6,24 +6,28 @@
 
 #include "bench.h"
 #include "bigbatch/model.h"
+#include "bigbatch/plan.h"
 #include "model_flags.h"
 
 static const char usage[] =
     "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
     "                     [--checkpoint none|blocks|every:K] [--loss-chunk TOKENS] [--devices cpu|cuda:N]\n"
-    "                     [--precision fp32|bf16] [--threads N] [--steps S] [--json]";
+    "                     [--precision fp32|bf16] [--attention auto|cudnn|kernels] [--threads N] [--steps S]\n"
+    "                     [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
     "model on random data after 2 warm-up steps, on the CPU backend with N\n"
     "threads or on a GPU, and prints the median step time, tokens/s (gpt) or\n"
     "samples/s (mlp), the activation memory, the allocator's peak, and the loss of\n"
-    "the first step (a fresh gpt's is about ln V) and of the last.\n"
+    "the first step (a fresh gpt's is about ln V) and of the last. --json adds the\n"
+    "planner's prediction of the peak, the host's waits for the device a step, and\n"
+    "with BB_PROFILE_OPS=1 in the environment each op's calls, ms and GFLOP a step.\n"
     "perf/model_bench.sh (CPU) and perf/gpu_check.sh (GPU) run it beside PyTorch.";
 
 int bb_bench_model(int argc, char **argv)
 {
-    const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32";
+    const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32", *attention = "auto";
     int64_t layers = 4, heads = 4, d_model = 128, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2; /* train's */
     int64_t inputs = 784, classes = 10, steps = 10, loss_chunk = 0;
     bb_str_list hidden = {0};
@@ -49,6 +53,9 @@ int bb_bench_model(int argc, char **argv)
         {"--device", BB_OPT_STRING, &device, "DEV", "the same as --devices"},
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations in bf16, and bf16 "
          "matrix products on GPUs", .choices = "fp32|bf16"},
+        {"--attention", BB_OPT_CHOICE, &attention, "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it "
+         "loads, else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",
+         .choices = "auto|cudnn|kernels"},
         {"--steps", BB_OPT_INT, &steps, "S", "timed steps", .min = 1, .max = 100000},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
@@ -73,6 +80,7 @@ int bb_bench_model(int argc, char **argv)
     bb_backend_options bo = {.threads = (int)threads};
     bb_device_kind device_kind = BB_DEVICE_CPU;
     if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
+    if (rc == BB_OK) rc = bb_attention_parse(attention, &bo.attention);
     c.precision = bo.precision;
     if (rc == BB_OK) rc = device_flag_parse_one(device, &device_kind, &bo.device);
     if (rc == BB_OK) rc = bb_backend_create(device_kind, &bo, &be);
@@ -99,7 +107,9 @@ int bb_bench_model(int argc, char **argv)
         rc = bb_model_set_batch(m, batch, targets);
     }
     double first_loss = NAN, last_loss = NAN; /* the first: the fresh model's (ln V for a gpt) */
+    uint64_t waits = 0;
     for (int64_t s = -2; rc == BB_OK && s < steps; s++) {
+        if (s == 0) waits = bb_backend_host_waits(be), bb_backend_op_profile_reset(be); /* the timed steps' */
         uint64_t t0 = bb_clock_ns();
         double loss;
         rc = bb_model_forward(m, (float)n_targets, &loss, NULL);
@@ -118,18 +128,32 @@ int bb_bench_model(int argc, char **argv)
     }
     double median = rc == BB_OK ? bb_bench_median(times, (int)steps) : 0;
     uint64_t act = m ? bb_model_activation_bytes(m) : 0;
+    waits = rc == BB_OK ? bb_backend_host_waits(be) - waits : 0;
+    bb_op_time ops[64];
+    int n_ops = rc == BB_OK ? bb_backend_op_profile(be, ops, 64) : 0;
+    /* the planner's prediction for the same model (its optimizer state is AdamW's, as here) */
+    bb_memory_breakdown plan = {0};
+    if (rc == BB_OK) rc = bb_plan_memory(&c, (int)micro_batch, BB_OPTIMIZER_ADAMW, device_kind, &plan);
     if (rc == BB_OK) {
         double rate = n_targets / median;
         char first[32], final[32];
         bb_json_number(first, sizeof first, "%.9g", first_loss), bb_json_number(final, sizeof final, "%.9g", last_loss);
-        if (json)
-            printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"checkpoint\": \"%s\", \"micro_batch\": %lld, "
-                   "\"threads\": %lld, \"params\": %zu, \"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, "
-                   "\"peak_bytes\": %llu, \"first_loss\": %s, \"last_loss\": %s}\n",
-                   kind, device, precision, checkpoint, (long long)micro_batch, (long long)threads, params, median * 1e3,
-                   gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
-                   (unsigned long long)bb_backend_peak_bytes(be), first, final);
-        else
+        if (json) {
+            printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", "
+                   "\"checkpoint\": \"%s\", \"micro_batch\": %lld, \"threads\": %lld, \"params\": %zu, "
+                   "\"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, \"peak_bytes\": %llu, "
+                   "\"workspace_bytes\": %llu, \"planned_bytes\": %llu, \"host_waits_per_step\": %.2f, "
+                   "\"first_loss\": %s, \"last_loss\": %s",
+                   kind, device, precision, attention, checkpoint, (long long)micro_batch, (long long)threads, params,
+                   median * 1e3, gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
+                   (unsigned long long)bb_backend_peak_bytes(be), (unsigned long long)bb_backend_workspace_bytes(be),
+                   (unsigned long long)plan.total, (double)waits / (double)steps, first, final);
+            for (int i = 0; i < n_ops; i++) /* BB_PROFILE_OPS=1: per step */
+                printf("%s{\"op\": \"%s\", \"calls\": %.2f, \"ms\": %.4f, \"gflop\": %.4f}%s", i ? ", " : ", \"ops\": [",
+                       ops[i].op, (double)ops[i].calls / steps, ops[i].ms / steps, ops[i].flops / steps / 1e9,
+                       i + 1 == n_ops ? "]" : "");
+            printf("}\n");
+        } else
             printf("%s, %zu parameters, micro-batch %lld, checkpoint %s, %lld threads: %.2f ms per step, "
                    "%.0f %s/s, activations %.1f MiB, loss %.4f -> %.4f\n",
                    kind, params, (long long)micro_batch, checkpoint, (long long)threads, median * 1e3, rate,

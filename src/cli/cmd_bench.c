@@ -13,6 +13,7 @@ static const struct {
     {"loader", bb_bench_loader, "records/s and MB/s the loader delivers from a dataset"},
     {"model", bb_bench_model, "forward + backward + AdamW steps of mlp or gpt, on the CPU or a GPU"},
     {"copy", bb_bench_copy, "host-to-device copies from pinned and pageable memory (GPU)"},
+    {"attention", bb_bench_attention, "the attention op alone, forward and backward (cuDNN or bigbatch's kernels)"},
 };
 
 static void print_usage(FILE *out)

@@ -63,6 +63,7 @@ int bb_cmd_train(int argc, char **argv)
     bb_train_options o;
     bb_train_defaults(&o);
     model_flags mf = MODEL_FLAGS_DEFAULT;
+    const char *attention = "auto";
     const char *devices = "cpu:1", *precision = "fp32", *optimizer = "adamw", *schedule = "cosine", *data = "data/kjv", *val = NULL;
     const char *micro_batch = "8", *report = NULL;
     int64_t global_batch = o.global_batch, steps = 0, epochs = 0, warmup = 0,
@@ -106,6 +107,9 @@ int bb_cmd_train(int argc, char **argv)
         {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16: gpt activations stored in bf16 (about "
          "half the activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients "
          "and optimizer state stay fp32", .choices = "fp32|bf16"},
+        {"--attention", BB_OPT_CHOICE, &attention, "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it "
+         "loads, else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",
+         .choices = "auto|cudnn|kernels"},
         {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
         {"--micro-batch", BB_OPT_STRING, &micro_batch, "B|auto", "examples per device per micro-step (what must "
          "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)"},
@@ -205,6 +209,7 @@ int bb_cmd_train(int argc, char **argv)
     }
     if (rc == BB_OK) rc = devices_flag_parse(devices, true, &o.devices, &o.device, o.device_ids);
     if (rc == BB_OK) rc = bb_precision_parse(precision, &o.precision);
+    if (rc == BB_OK) rc = bb_attention_parse(attention, &o.attention);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
         o.data = train ? train : data;

@@ -20,8 +20,9 @@
  * Attention is tiled (bb_op_attention_*): a block keeps its output and one
  * log-sum-exp per row and head, nothing of size T×T. The LM head and the
  * loss run fused, in chunks of `chunk` tokens (bb_model_loss_chunk): per
- * chunk the logits, the loss and, in place, their gradient; at most one
- * chunk's logits exist. The backward walks the chunks in reverse: the
+ * chunk the logits, in place their gradient, and each token's loss at its
+ * place in row_loss, which the forward sums once (its one wait for the
+ * device); at most one chunk's logits exist. The backward walks the chunks in reverse: the
  * last one is still in the buffer, the others are recomputed from the
  * final LayerNorm's output (one more head product for all chunks but the
  * last), and each adds its part to the input's and the tied embedding's

@@ -82,10 +82,9 @@ void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
 
 double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o)
 {
-    const float *grads = bb_model_grads(m);
-    double sum = 0.0;
-    for (int r = 0; r < ranges_of(o); r++) sum += bb_op_sum_squares(be, grads + range_lo(o, r), range_hi(o, r) - range_lo(o, r));
-    return sum;
+    size_t whole_lo = 0, whole_hi = o->count;
+    if (!o->shard.ranges) return bb_op_sum_squares_ranges(be, bb_model_grads(m), &whole_lo, &whole_hi, 1);
+    return bb_op_sum_squares_ranges(be, bb_model_grads(m), o->shard.lo, o->shard.hi, o->shard.ranges);
 }
 
 void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,

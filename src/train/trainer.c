@@ -201,7 +201,7 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
         replica *r = &t->replicas[d];
         *r = (replica){.t = t, .index = d};
         bb_backend_options bo = {.device = t->spec.ids[d], .device_mem = o->device_mem, .threads = threads,
-                                 .precision = o->precision};
+                                 .precision = o->precision, .attention = o->attention};
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
         BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));
         BB_TRY(bb_model_init(r->model, t->seed));

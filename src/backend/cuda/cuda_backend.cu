@@ -49,6 +49,7 @@ struct cuda_state {
     void *cudnn_ws;
     size_t cudnn_ws_bytes;
     double *partial;            // sum_squares: kPartials block sums
+    double *range_sums;         // and kRanges ranges' sums
     double *loss_sum;           // device: the loss, summed in a fixed order
     int *counter;               // device: rows with a target
     struct host_result {
@@ -57,7 +58,7 @@ struct cuda_state {
     } *host;                    // pinned: what the loss reads back
 };
 
-constexpr int kPartials = 1024;
+constexpr int kPartials = 1024, kRanges = 1024;
 
 cuda_state *state(bb_backend_t *b) { return static_cast<cuda_state *>(b->impl); }
 cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUTE]; }
@@ -116,7 +117,7 @@ uint64_t cuda_workspace_bytes(const bb_backend_t *b)
 {
     const cuda_state *s = static_cast<const cuda_state *>(b->impl);
     return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + s->attn16_bytes + s->cudnn_ws_bytes +
-           kPartials * sizeof(double) + (uint64_t(32) << 20);
+           (kPartials + kRanges) * sizeof(double) + (uint64_t(32) << 20);
 }
 
 bb_status cuda_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
@@ -219,7 +220,10 @@ bb_status cuda_copy_async(bb_backend_t *b, void *dst, const void *src, size_t by
 bb_status cuda_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
     BB_TRY(cuda_copy_async(b, dst, src, bytes, kind, BB_STREAM_COMPUTE));
-    if (kind != BB_COPY_D2D) BB_CUDA(cudaStreamSynchronize(compute(b)));
+    if (kind != BB_COPY_D2D) {
+        b->host_waits++;
+        BB_CUDA(cudaStreamSynchronize(compute(b)));
+    }
     return bb_backend_pending(b);
 }
 
@@ -235,6 +239,7 @@ bb_status cuda_synchronize(bb_backend_t *b)
 {
     use(b);
     bb_status rc = BB_OK;
+    b->host_waits++;
     for (int i = 0; i < 3; i++) {
         cudaError_t e = cudaStreamSynchronize(state(b)->stream[i]);
         if (e != cudaSuccess && rc == BB_OK) rc = bb_cuda_fail(e, "cudaStreamSynchronize");
@@ -258,6 +263,7 @@ void cuda_destroy(bb_backend_t *b)
     cudaFree(s->cudnn_ws);
     bb_cudnn_close(s->cudnn);
     cudaFree(s->partial);
+    cudaFree(s->range_sums);
     cudaFree(s->loss_sum);
     cudaFree(s->counter);
     cudaFreeHost(s->host);
@@ -311,6 +317,7 @@ bb_status cuda_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, 
 bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
 {
     use(b);
+    b->host_waits++;
     BB_CUDA(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)));
     return bb_backend_pending(b);
 }
@@ -360,11 +367,16 @@ void cudnn_give_up(bb_backend_t *b, const char *why)
 bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int C, int NH, uint16_t **ops, void **ws, size_t *ws_bytes)
 {
     cuda_state *s = state(b);
-    if (b->opt.precision != BB_PRECISION_BF16 || s->cudnn_off) return nullptr;
+    if (b->opt.precision != BB_PRECISION_BF16 || b->opt.attention == BB_ATTENTION_KERNELS || s->cudnn_off)
+        return nullptr;
     size_t fwd = 0, bwd = 0, halves = 8 * (size_t)B * T * C;
     if ((!s->cudnn && bb_cudnn_open(compute(b), &s->cudnn) != BB_OK) ||
         bb_cudnn_attention_workspace(s->cudnn, B, T, NH, C / NH, &fwd, &bwd) != BB_OK) {
-        cudnn_give_up(b, bb_error_message());
+        if (b->opt.attention == BB_ATTENTION_CUDNN) /* asked for: its failure is the op's */
+            bb_backend_note_error(b, BB_ERR_UNSUPPORTED, "%s: --attention cudnn: %s", b->name, bb_error_message());
+        else
+            cudnn_give_up(b, bb_error_message());
+        s->cudnn_off = true;
         return nullptr;
     }
     if (!grow(b, (void **)&s->attn16, &s->attn16_bytes, halves * sizeof(uint16_t), "cuDNN attention's bf16 operands") ||
@@ -379,6 +391,12 @@ bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int C, int NH, uint16_t **ops
     }
     *ops = s->attn16, *ws = s->cudnn_ws, *ws_bytes = s->cudnn_ws_bytes;
     return s->cudnn;
+}
+
+const char *cuda_attention_engine(bb_backend_t *b)
+{
+    const cuda_state *s = state(b);
+    return s->cudnn && !s->cudnn_off ? bb_cudnn_version() : nullptr;
 }
 
 void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
@@ -548,6 +566,7 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, N));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
+    b->host_waits++;
     BB_CUDA_OP(b, cudaStreamSynchronize(st));
     if (failed(b)) return;
     if (loss) *loss = s->host->loss / normalizer;
@@ -569,6 +588,7 @@ double read_sum(bb_backend_t *b, const double *rows, int n)
     cudaStream_t st = compute(b);
     BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, n));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
+    b->host_waits++;
     BB_CUDA_OP(b, cudaStreamSynchronize(st));
     return failed(b) ? NAN : s->host->loss;
 }
@@ -603,17 +623,30 @@ int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targ
     BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
     BB_CUDA_OP(b, bbk_count_correct(st, s->counter, logits, targets, N, V));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->correct, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
+    b->host_waits++;
     BB_CUDA_OP(b, cudaStreamSynchronize(st));
     return failed(b) ? 0 : s->host->correct;
 }
 
-// The block sums are summed on the device (in a fixed order) and read as one double.
-double cuda_sum_squares(bb_backend_t *b, const float *x, size_t n)
+// Each range's block sums are summed on the device (in a fixed order) into
+// its place in range_sums, which is summed and read as one double: one
+// wait for up to kRanges ranges.
+double cuda_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
 {
     use(b);
-    int blocks = 0;
-    BB_CUDA_OP(b, bbk_sum_squares(compute(b), state(b)->partial, kPartials, &blocks, x, n));
-    return read_sum(b, state(b)->partial, blocks);
+    cuda_state *s = state(b);
+    double total = 0.0;
+    for (int r0 = 0; r0 < n; r0 += kRanges) {
+        int count = n - r0 < kRanges ? n - r0 : kRanges;
+        for (int r = 0; r < count; r++) {
+            int blocks = 0;
+            BB_CUDA_OP(b, bbk_sum_squares(compute(b), s->partial, kPartials, &blocks, x + lo[r0 + r],
+                                          hi[r0 + r] - lo[r0 + r]));
+            BB_CUDA_OP(b, bbk_sum_rows(compute(b), s->range_sums + r, s->partial, blocks));
+        }
+        total += read_sum(b, s->range_sums, count);
+    }
+    return total;
 }
 
 bb_backend_vtable make_vtable()
@@ -650,6 +683,7 @@ bb_backend_vtable make_vtable()
     v.embedding_backward = cuda_embedding_backward;
     v.attention_forward = cuda_attention_forward;
     v.attention_backward = cuda_attention_backward;
+    v.attention_engine = cuda_attention_engine;
     v.add = cuda_add;
     v.softmax_crossentropy = cuda_softmax_crossentropy;
     v.crossentropy_rows = cuda_crossentropy_rows;
@@ -677,11 +711,16 @@ bb_status cuda_start(bb_backend_t *b, const bb_backend_options *o)
     for (int i = 0; i < 3; i++) BB_CUDA(cudaStreamCreateWithFlags(&s->stream[i], cudaStreamNonBlocking));
     BB_CUBLAS(cublasCreate(&s->blas));
     BB_CUBLAS(cublasSetStream(s->blas, s->stream[BB_STREAM_COMPUTE]));
-    // fp32 must not use TF32 (to match the CPU backend to 1e-5): the default math mode does not, unless
-    // NVIDIA_TF32_OVERRIDE=1 forces it, which pedantic mode refuses. bf16 picks its compute type per call.
-    cublasMath_t math = o->precision == BB_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+    // fp32 must not use TF32 (to match the CPU backend to 1e-5): the default math mode does not (as
+    // PyTorch's with TF32 off) and may pick faster kernels than pedantic mode, which refuses TF32 even
+    // where NVIDIA_TF32_OVERRIDE=1 forces it: then, or with BB_CUBLAS_PEDANTIC=1 (to compare), pedantic.
+    // bf16 picks its compute type per call.
+    const char *tf32 = getenv("NVIDIA_TF32_OVERRIDE"), *pedantic = getenv("BB_CUBLAS_PEDANTIC");
+    bool strict = (tf32 && strcmp(tf32, "0")) || (pedantic && !strcmp(pedantic, "1"));
+    cublasMath_t math = o->precision == BB_PRECISION_BF16 || !strict ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
     BB_CUBLAS(cublasSetMathMode(s->blas, math));
     BB_CUDA(cudaMalloc(&s->partial, kPartials * sizeof(double)));
+    BB_CUDA(cudaMalloc(&s->range_sums, kRanges * sizeof(double)));
     BB_CUDA(cudaMalloc(&s->counter, sizeof(int)));
     BB_CUDA(cudaMalloc(&s->loss_sum, sizeof(double)));
     BB_CUDA(cudaHostAlloc(&s->host, sizeof *s->host, cudaHostAllocDefault));

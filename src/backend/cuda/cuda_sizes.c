@@ -5,7 +5,7 @@
 #include "backend/backend_impl.h"
 
 /* kernels/cuda_kernels.h's BBK_COLUMN_CHUNKS (cuda_backend.cu checks). */
-enum { COLUMN_CHUNKS = 64, PARTIAL_BYTES = 1024 * 8 };
+enum { COLUMN_CHUNKS = 64, PARTIAL_BYTES = 2 * 1024 * 8 };
 
 uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
 {
@@ -16,7 +16,7 @@ uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
            + 16 * R + (2u << 20) + 255 /* and CUB's temporary storage, bounded: its radix sort's double
                                           buffers (8 bytes a row), histograms and look-back (under 2 MiB
                                           at a million rows); the emulated CUB takes 12 bytes a row */
-           + PARTIAL_BYTES             /* reduction partials */
+           + PARTIAL_BYTES             /* reduction partials and ranges' sums */
            + ((uint64_t)32 << 20);     /* cuBLAS's default workspace */
 }
 
