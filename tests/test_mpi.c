@@ -184,31 +184,44 @@ Test(mpi, ranks_with_different_device_counts_are_refused)
     free(text), free(out), free(err), free(data);
 }
 
-/* kill -9 of one rank mid-training: mpirun ends the job non-zero. */
-Test(mpi, a_killed_rank_ends_the_job)
+/* A 2-rank training job, with `extra` among its flags, whose rank 1 gets
+ * `sig` once it trains; returns mpirun's pid, *victim rank 1's, and *err
+ * the path of the job's stderr. */
+static pid_t signal_rank_1(const char *extra, int sig, pid_t *victim, char **err)
 {
-    need_mpi();
     char *data = make_tokens("tokens", 400), cmd[8192];
-    char *pids = tu_path(tmp, "pids"), *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    char *pids = tu_path(tmp, "pids"), *out = tu_path(tmp, "out");
+    *err = tu_path(tmp, "err");
     snprintf(cmd, sizeof cmd,
              "%s --oversubscribe -np 2 sh -c 'echo $$ > %s.$OMPI_COMM_WORLD_RANK; exec %s train --data %s "
-             "--global-batch 16 --micro-batch 2 --steps 100000 --quiet'",
-             mpirun(), pids, tu_bigbatch_bin(), data);
-    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+             "--global-batch 16 --micro-batch 2 --steps 100000 --quiet %s'",
+             mpirun(), pids, tu_bigbatch_bin(), data, extra);
+    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, *err);
     char path[4200];
     snprintf(path, sizeof path, "%s.1", pids);
     for (double t0 = now_s(); !tu_exists(path) && now_s() - t0 < 20;) usleep(20000);
     usleep(1500000); /* training */
-    cr_assert(running(pid), "the job ended before the kill");
+    cr_assert(running(pid), "the job ended before the signal");
     char *text = (char *)tu_read_file(path, NULL);
-    pid_t victim = (pid_t)atoi(text);
+    *victim = (pid_t)atoi(text);
     free(text);
-    cr_assert_eq(kill(victim, SIGKILL), 0, "kill -9 %d", (int)victim);
+    cr_assert_eq(kill(*victim, sig), 0, "kill -%d %d", sig, (int)*victim);
+    free(pids), free(out), free(data);
+    return pid;
+}
+
+/* kill -9 of one rank mid-training: mpirun ends the job non-zero. */
+Test(mpi, a_killed_rank_ends_the_job)
+{
+    need_mpi();
+    pid_t victim;
+    char *err;
+    pid_t pid = signal_rank_1("", SIGKILL, &victim, &err);
     double t0 = now_s();
     int code = exit_within(pid, 30);
     cr_assert(code > 0, "the job should end non-zero within 30 s of the kill (exit %d)", code);
     cr_log_info("kill -9 of rank 1 ended the job in %.1f s, exit %d", now_s() - t0, code);
-    free(pids), free(out), free(err), free(data);
+    free(err);
 }
 
 /* kill -STOP of one rank mid-training (a stalled or lost peer, which no
@@ -218,22 +231,9 @@ Test(mpi, a_killed_rank_ends_the_job)
 Test(mpi, a_stopped_rank_ends_the_job_within_the_timeout)
 {
     need_mpi();
-    char *data = make_tokens("tokens", 400), cmd[8192];
-    char *pids = tu_path(tmp, "pids"), *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
-    snprintf(cmd, sizeof cmd,
-             "%s --oversubscribe -np 2 sh -c 'echo $$ > %s.$OMPI_COMM_WORLD_RANK; exec %s train --data %s "
-             "--global-batch 16 --micro-batch 2 --steps 100000 --timeout 20 --quiet'",
-             mpirun(), pids, tu_bigbatch_bin(), data);
-    pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
-    char path[4200];
-    snprintf(path, sizeof path, "%s.1", pids);
-    for (double t0 = now_s(); !tu_exists(path) && now_s() - t0 < 20;) usleep(20000);
-    usleep(1500000); /* training */
-    cr_assert(running(pid), "the job ended before the stop");
-    char *text = (char *)tu_read_file(path, NULL);
-    pid_t victim = (pid_t)atoi(text);
-    free(text);
-    cr_assert_eq(kill(victim, SIGSTOP), 0, "kill -STOP %d", (int)victim);
+    pid_t victim;
+    char *err;
+    pid_t pid = signal_rank_1("--timeout 20", SIGSTOP, &victim, &err);
     double t0 = now_s();
     int code = exit_within(pid, 30);
     double took = now_s() - t0;
@@ -249,7 +249,7 @@ Test(mpi, a_stopped_rank_ends_the_job_within_the_timeout)
     cr_assert_not_null(strstr(e, "--timeout 20"), "%s", e);
     cr_assert(strstr(e, "all-reduce") || strstr(e, "broadcast"), "the collective it waits in: %s", e);
     kill(victim, SIGKILL); /* already gone with the job; never left stopped */
-    free(e), free(pids), free(out), free(err), free(data);
+    free(e), free(err);
 }
 
 /* A build without MPI refuses a launch of several processes rather than

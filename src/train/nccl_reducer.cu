@@ -63,6 +63,7 @@ struct nccl_api {
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
+    const char *(*GetLastError)(ncclComm_t); // NCCL 2.13 on; NULL before
 };
 
 nccl_api nccl;
@@ -104,6 +105,7 @@ void load_nccl()
             dlclose(h);
             return;
         }
+    nccl.GetLastError = reinterpret_cast<const char *(*)(ncclComm_t)>(dlsym(h, "ncclGetLastError"));
     if (nccl.GetVersion(&nccl_version) != ncclSuccess) nccl_version = 0;
 }
 
@@ -173,6 +175,22 @@ void fail(nccl_reducer *n, const char *what, const char *why)
     abort_all(n);
 }
 
+// An NCCL call of device s failed: the device, the call, NCCL's error and
+// its last message (the rank is the log's prefix).
+void fail_comm(nccl_reducer *n, device_side *s, const char *what, ncclResult_t rc)
+{
+    char where[160], why[320];
+    snprintf(where, sizeof where, "cuda:%d: %s", s->cuda_device, what);
+    snprintf(why, sizeof why, "%s", nccl.GetErrorString(rc));
+    pthread_mutex_lock(&s->abort_lock); // not aborted (freed) while asked
+    const char *last = nccl.GetLastError && s->comm && __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != COMM_GONE
+                           ? nccl.GetLastError(s->comm)
+                           : nullptr;
+    if (last && *last) snprintf(why + strlen(why), sizeof why - strlen(why), " (%s)", last);
+    pthread_mutex_unlock(&s->abort_lock);
+    fail(n, where, why);
+}
+
 // The error family's member for the reducer: a failed CUDA call fails the
 // reducer (naming the call) and aborts every communicator; true when it
 // succeeded.
@@ -230,7 +248,7 @@ bool nccl_step(nccl_reducer *n, device_side *s, ncclResult_t (*call)(void *ctx),
     ncclResult_t rc = settle(r, s, call(ctx));
     leave(r, s);
     if (rc == ncclSuccess) return true;
-    if (rc != ncclInProgress) fail(n, what, nccl.GetErrorString(rc));
+    if (rc != ncclInProgress) fail_comm(n, s, what, rc);
     return false;
 }
 
@@ -308,11 +326,7 @@ void watchdog_poll(void *ctx)
             rc = nccl.CommGetAsyncError(s->comm, &state);
         pthread_mutex_unlock(&s->abort_lock);
         if (rc == ncclSuccess) rc = state;
-        if (rc != ncclSuccess && rc != ncclInProgress) {
-            char what[48];
-            snprintf(what, sizeof what, "cuda:%d's communicator", s->cuda_device);
-            fail(n, what, nccl.GetErrorString(rc));
-        }
+        if (rc != ncclSuccess && rc != ncclInProgress) fail_comm(n, s, "its communicator's asynchronous error", rc);
     }
 }
 

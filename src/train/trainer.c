@@ -432,8 +432,7 @@ static bb_status run_workers(trainer *t)
         started++;
     }
     for (int d = 0; d < started; d++) pthread_join(threads[d], NULL);
-    bb_watchdog_stop(t->watchdog); /* every worker is done: nothing waits for a peer now */
-    t->watchdog = NULL;
+    bb_watchdog_stand_down(t->watchdog); /* every worker is done: nothing waits for a peer now */
     t->result->seconds = (double)(bb_clock_ns() - t->run_start_ns) / 1e9;
     if (t->fail_status != BB_OK) return bb_fail(t->fail_status, "%s", t->fail_message);
     /* Work still queued on a device (a GPU's last kernels) must not fail

@@ -30,6 +30,7 @@ struct bb_watchdog {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stopping;
+    int stood_down; /* __atomic: no deadline any more */
     pthread_t thread;
 };
 
@@ -131,7 +132,7 @@ static void *watch(void *arg)
          * (SIGSTOP, a debugger) — its peers time out, not it. */
         if (now - last_poll > 1000000000ull)
             for (int d = 0; d < w->o.devices; d++) __atomic_store_n(&w->dev[d].since_ns, now, __ATOMIC_RELAXED);
-        else if (now > last && now - last > timeout_ns)
+        else if (now > last && now - last > timeout_ns && !__atomic_load_n(&w->stood_down, __ATOMIC_RELAXED))
             expire(w, (double)(now - last) / 1e9);
         last_poll = now;
     }
@@ -164,6 +165,11 @@ bb_status bb_watchdog_start(const bb_watchdog_options *o, bb_watchdog **out)
     }
     *out = w;
     return BB_OK;
+}
+
+void bb_watchdog_stand_down(bb_watchdog *w)
+{
+    if (w) __atomic_store_n(&w->stood_down, 1, __ATOMIC_RELAXED);
 }
 
 void bb_watchdog_stop(bb_watchdog *w)

@@ -17,7 +17,8 @@
  *                                                   .device_names = names}, &w));
  *   bb_watchdog_at(w, d, step, "the gradient all-reduce");  // each phase a device enters
  *   bb_watchdog_add_hook(w, poll, abort, ctx);               // the NCCL reducer's
- *   bb_watchdog_stop(w);                                     // before tearing down
+ *   bb_watchdog_stand_down(w);                               // the workers are done
+ *   bb_watchdog_stop(w);                                     // after the hooks' owners removed them
  *
  * Progress is an atomic store (no lock); the line names the phases as the
  * workers last set them. Time spent in a save or an evaluation on rank 0 is
@@ -57,6 +58,9 @@ void bb_watchdog_at(bb_watchdog *w, int d, uint64_t step, const char *phase);
 bool bb_watchdog_add_hook(bb_watchdog *w, void (*poll)(void *ctx), void (*abort)(void *ctx), void *ctx);
 /* Removes every hook with this ctx (before what it points to is freed). */
 void bb_watchdog_remove_hooks(bb_watchdog *w, void *ctx);
+/* The workers are done: no deadline from now on (the polls go on until
+ * bb_watchdog_stop, after whoever added hooks removed them). Accepts NULL. */
+void bb_watchdog_stand_down(bb_watchdog *w);
 /* Stops and frees the watchdog; accepts NULL. */
 void bb_watchdog_stop(bb_watchdog *w);
 
