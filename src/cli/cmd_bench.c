@@ -20,7 +20,7 @@ static void print_usage(FILE *out)
 {
     fprintf(out, "usage: bigbatch bench <what> [options]\n\n");
     for (size_t i = 0; i < sizeof benches / sizeof *benches; i++)
-        fprintf(out, "  %-8s %s\n", benches[i].name, benches[i].summary);
+        fprintf(out, "  %-10s %s\n", benches[i].name, benches[i].summary);
     fprintf(out, "\n'bigbatch bench <what> --help' explains its options. perf/*.sh run them beside\n"
                  "their peers and perf/RESULTS.md records the figures.\n");
 }
