@@ -62,8 +62,7 @@ typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precis
  * warning) bigbatch's kernels; cuDNN or nothing (its failure is the op's);
  * bigbatch's kernels always. fp32 attention always runs on bigbatch's. */
 typedef enum bb_attention { BB_ATTENTION_AUTO = 0, BB_ATTENTION_CUDNN, BB_ATTENTION_KERNELS } bb_attention;
-/* "auto", "cudnn", "kernels"; and the parser for --attention (BB_ERR_ARG). */
-const char *bb_attention_name(bb_attention a);
+/* The parser for --attention: "auto", "cudnn" or "kernels" (else BB_ERR_ARG). */
 bb_status bb_attention_parse(const char *s, bb_attention *out);
 
 typedef struct bb_backend_options {

@@ -168,12 +168,9 @@ bb_status bb_backend_create(bb_device_kind k, const bb_backend_options *o, bb_ba
     return d->create(o, out);
 }
 
-static const char *const attention_names[] = {"auto", "cudnn", "kernels"};
-
-const char *bb_attention_name(bb_attention a) { return (unsigned)a < 3 ? attention_names[a] : "(unknown)"; }
-
 bb_status bb_attention_parse(const char *s, bb_attention *out)
 {
+    static const char *const attention_names[] = {"auto", "cudnn", "kernels"};
     for (int i = 0; i < 3; i++)
         if (!strcmp(s, attention_names[i])) return *out = (bb_attention)i, BB_OK;
     return bb_fail(BB_ERR_ARG, "--attention: '%s' is not auto, cudnn or kernels", s);

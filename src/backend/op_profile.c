@@ -74,6 +74,13 @@ void bb_op_profile_mark(bb_backend_t *b, const char *op, double flops)
     p->marks++;
 }
 
+/* Ends the last op and reads every mark back. */
+static void settle(bb_backend_t *b, bb_op_profile *p)
+{
+    bb_op_profile_mark(b, NULL, 0);
+    if (b->vt->event_record) flush(b, p);
+}
+
 static int by_time(const void *a, const void *b)
 {
     double x = ((const bb_op_time *)a)->ms, y = ((const bb_op_time *)b)->ms;
@@ -84,8 +91,7 @@ int bb_backend_op_profile(bb_backend_t *b, bb_op_time *out, int cap)
 {
     bb_op_profile *p = b->profile;
     if (!p) return 0;
-    bb_op_profile_mark(b, NULL, 0); /* ends the last op */
-    if (b->vt->event_record) flush(b, p);
+    settle(b, p);
     int n = p->ops < cap ? p->ops : cap;
     memcpy(out, p->table, (size_t)n * sizeof *out);
     qsort(out, (size_t)n, sizeof *out, by_time);
@@ -96,8 +102,7 @@ void bb_backend_op_profile_reset(bb_backend_t *b)
 {
     bb_op_profile *p = b->profile;
     if (!p) return;
-    bb_op_profile_mark(b, NULL, 0);
-    if (b->vt->event_record) flush(b, p);
+    settle(b, p);
     p->ops = 0;
 }
 

@@ -357,9 +357,8 @@ void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, 
 // cuda_attention.cu. A process warns once when cuDNN is not used.
 std::atomic<bool> cudnn_warned{false};
 
-void cudnn_give_up(bb_backend_t *b, const char *why)
+void warn_no_cudnn(bb_backend_t *b, const char *why)
 {
-    state(b)->cudnn_off = true;
     if (!cudnn_warned.exchange(true)) BB_WARN("%s: %s; attention runs on bigbatch's own kernels", b->name, why);
 }
 
@@ -375,7 +374,7 @@ bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int C, int NH, uint16_t **ops
         if (b->opt.attention == BB_ATTENTION_CUDNN) /* asked for: its failure is the op's */
             bb_backend_note_error(b, BB_ERR_UNSUPPORTED, "%s: --attention cudnn: %s", b->name, bb_error_message());
         else
-            cudnn_give_up(b, bb_error_message());
+            warn_no_cudnn(b, bb_error_message());
         s->cudnn_off = true;
         return nullptr;
     }

@@ -277,6 +277,18 @@ bb_status build(bb_cudnn *c, fe::graph::Graph &g, int64_t *workspace)
     return BB_OK;
 }
 
+// Builds g and caches it for this shape in place of the least recently used.
+bb_status build_into(bb_cudnn *c, graph_cache *cache, std::shared_ptr<fe::graph::Graph> g, int B, int T, int NH,
+                     int hs, cached_graph **out)
+{
+    int64_t workspace = 0;
+    BB_TRY(build(c, *g, &workspace));
+    cached_graph *slot = cache->victim();
+    *slot = cached_graph{B, T, NH, hs, g, workspace, ++cache->clock};
+    *out = slot;
+    return BB_OK;
+}
+
 bb_status forward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph **out)
 {
     if ((*out = c->fwd.find(B, T, NH, hs))) return BB_OK;
@@ -292,12 +304,7 @@ bb_status forward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph 
     int64_t C = (int64_t)NH * hs;
     outs[0]->set_output(true).set_uid(UID_O).set_dim({B, NH, T, hs}).set_stride(row_strides(T, C, hs));
     as_stats(outs[1]->set_output(true), B, T, NH);
-    int64_t workspace = 0;
-    BB_TRY(build(c, *in.g, &workspace));
-    cached_graph *g = c->fwd.victim();
-    *g = cached_graph{B, T, NH, hs, in.g, workspace, ++c->fwd.clock};
-    *out = g;
-    return BB_OK;
+    return build_into(c, &c->fwd, in.g, B, T, NH, hs, out);
 }
 
 bb_status backward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph **out)
@@ -320,12 +327,7 @@ bb_status backward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph
     auto grads = in.g->sdpa_backward(in.q, in.k, in.v, o, dout, stats, opts);
     for (int i = 0; i < 3; i++)
         grads[i]->set_output(true).set_uid(UID_DQ + i).set_dim({B, NH, T, hs}).set_stride(qkv_strides(T, C, hs));
-    int64_t workspace = 0;
-    BB_TRY(build(c, *in.g, &workspace));
-    cached_graph *g = c->bwd.victim();
-    *g = cached_graph{B, T, NH, hs, in.g, workspace, ++c->bwd.clock};
-    *out = g;
-    return BB_OK;
+    return build_into(c, &c->bwd, in.g, B, T, NH, hs, out);
 }
 
 bb_status execute(bb_cudnn *c, cached_graph *g, std::unordered_map<int64_t, void *> &pack, void *workspace,
