@@ -61,8 +61,8 @@ ifeq ($(USE_CUDA),1)
   endif
 endif
 
-PKGS      := liburing libzstd libxxhash zlib openblas
-DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev \
+PKGS      := liburing libzstd libxxhash zlib openblas jansson
+DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev \
              libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-torch clang \
              openmpi-bin libopenmpi-dev chromium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -80,7 +80,7 @@ LDLIBS    := $(PKG_LIBS) -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
 SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/backend/cuda/*.c src/model/*.c \
-             src/trace/*.c src/train/*.c src/plan/*.c src/world/*.c src/report/*.c)
+             src/trace/*.c src/optim/*.c src/train/*.c src/plan/*.c src/world/*.c src/report/*.c)
 CLI_SRC   := $(wildcard src/cli/*.c)
 CU_SRC    := $(wildcard kernels/*.cu src/backend/cuda/*.cu src/train/*.cu)
 ifeq ($(USE_CUDA),1)
@@ -344,10 +344,11 @@ clean:
 
 -include $(shell find build -name '*.d' 2>/dev/null)
 
-# perf/gpu_check.sh's fallback when the GPU machine cannot build (it has no
-# package registry): the binary and the CUDA tests built here for sm_90,
-# with the shared libraries they need that are neither the C library nor
-# CUDA's. Carry build/gpu to that machine (`run`'s carry).
+# perf/gpu_check.sh's fallback for a GPU machine that cannot build (no
+# package registry, no -dev packages): the binary and the CUDA tests built
+# here for sm_90, with the shared libraries they need that are neither the
+# C library nor CUDA's. Copy build/gpu into the checkout on that machine,
+# then run perf/gpu_check.sh there.
 GPU_BUNDLE := build/gpu
 gpu-bundle: deps
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=$(GPU_BUNDLE) BIN_DIR=$(GPU_BUNDLE)/bin LIB_DIR=$(GPU_BUNDLE)/lib \

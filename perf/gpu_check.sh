@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh — the one call to make on a lent GPU machine (an H200): build
+# gpu_check.sh — the one command to run on a machine with a GPU (an H200): build
 # for sm_90 (or use the carried bundle), run the CUDA tests, check
 # correctness at real shapes, measure beside PyTorch, print a table.
 #
@@ -12,8 +12,8 @@
 # soon as it is known, so a hang costs one row, not the run. Everything
 # else goes to $OUT/log.txt (each step's output under its name),
 # $OUT/test_cuda.txt, $OUT/build.log, $OUT/results.jsonl (every benchmark's
-# JSON, tagged) and $OUT/gpu.txt (nvidia-smi): six files, under the device
-# tool's limit of eight. Meant to finish, build included, in 6 minutes.
+# JSON, tagged) and $OUT/gpu.txt (nvidia-smi): six files, few enough to
+# copy back by hand. Meant to finish, build included, in 6 minutes.
 #
 # Exit status: 0 when every step passed and the CUDA tests ran on a GPU; 1
 # when a step failed or timed out, a check failed, or every CUDA test

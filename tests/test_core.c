@@ -130,17 +130,6 @@ Test(core, format_bytes)
     cr_assert_str_eq(bb_format_bytes(256ull << 20, buf, sizeof buf), "256.0 MiB");
 }
 
-Test(core, json_string_escapes)
-{
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    bb_json_write_string(f, "a\"b\\c\nd\x01");
-    fclose(f);
-    cr_assert_str_eq(text, "\"a\\\"b\\\\c\\nd\\u0001\"");
-    free(text);
-}
-
 Test(core, parse_numbers_and_sizes)
 {
     int64_t i;

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "bigbatch/plan.h"
+#include "bigbatch/train.h"
 #include "test_util.h"
 
 static char *tmp;

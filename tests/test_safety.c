@@ -366,6 +366,53 @@ Test(safety, resume_with_no_other_flags_continues_the_run)
     free(a), free(b), free(ckpt), free(whole), free(resumed), free(data), free(val);
 }
 
+Test(safety, a_library_caller_with_only_resume_set_continues_as_the_command_line_does)
+{
+    char *data = make_tokens("tokens", 400);
+    char *ckpt = tu_path(tmp, "ckpt"), *cli = tu_path(tmp, "cli.jsonl"), *lib = tu_path(tmp, "lib.jsonl");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--devices",
+                           "cpu:2", "--global-batch", "32", "--micro-batch", "8", "--steps", "6", "--stop-after", "3",
+                           "--optimizer", "sgd", "--lr", "0.05", "--seed", "7", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--resume", ckpt, "--metrics", cli, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    bb_train_options o;
+    bb_train_defaults(&o); /* the defaults, which the checkpoint overrides: gpt 4/4/128, adamw, seed 1, cpu:1 */
+    o.resume_dir = ckpt, o.metrics_path = lib;
+    bb_train_result res = train(&o);
+    cr_assert_eq(res.first_step, 3);
+    cr_assert_eq(res.steps_done, 6);
+    cr_assert_eq(res.devices, 2, "the checkpoint's devices");
+    bb_train_result_free(&res);
+    char *a = metric_losses(cli, 4), *b = metric_losses(lib, 4);
+    cr_assert(strlen(a) > 0);
+    cr_assert_str_eq(b, a, "bb_train_run with only resume set differs from train --resume");
+    free(a), free(b), free(lib), free(cli), free(ckpt), free(data);
+}
+
+Test(safety, paths_with_spaces_quotes_backslashes_and_utf8_survive_save_and_resume)
+{
+    char *data = make_tokens("da ta \"q\" \\b \xc3\xa9", 400);
+    char *ckpt = tu_path(tmp, "sa ve \"q\" \\b \xc3\xbc");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "32", "--micro-batch", "8", "--steps", "4", "--stop-after", "2", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_str_eq(info.data, data, "the data path came back different");
+    r = tu_bigbatch("train", "--resume", ckpt, "--save", ckpt, "--log-every", "1");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "steps 3..4"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, data), "it did not read the same data: %s", r.err);
+    tu_run_free(&r);
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(info.step, 4);
+    free(ckpt), free(data);
+}
+
 Test(safety, resume_takes_the_directory_its_latest_or_a_step_directory)
 {
     char *data = make_tokens("tokens", 400);

@@ -6,6 +6,7 @@
 
 #include "bigbatch/plan.h"
 #include "train/reducer.h"
+#include "bigbatch/json.h"
 #include "train_fixture.h"
 
 /* No .timeout: Criterion 2.4.1 leaks a timer when two tests with timeouts
@@ -147,11 +148,21 @@ static span_line *read_trace(const char *path, int *count)
     span_line *spans = calloc(100000, sizeof *spans);
     *count = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        span_line s;
-        char key[16];
-        if (sscanf(line, "{\"name\":\"%31[^\"]\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%lf,\"dur\":%lf,\"args\":{\"step\":%ld,\"%15[a-z_]\":%d",
-                   s.name, &s.tid, &s.ts, &s.dur, &s.step, key, &s.detail) == 7 && *count < 100000)
-            spans[(*count)++] = s;
+        size_t len = strlen(line);
+        json_t *e = json_loadb(line, len && line[len - 1] == ',' ? len - 1 : len, 0, NULL);
+        const char *name = json_string_value(json_object_get(e, "name")), *ph = json_string_value(json_object_get(e, "ph"));
+        json_t *args = json_object_get(e, "args");
+        json_t *detail = json_object_get(args, "bucket") ? json_object_get(args, "bucket") : json_object_get(args, "micro_step");
+        if (name && ph && !strcmp(ph, "X") && detail && *count < 100000) {
+            span_line *s = &spans[(*count)++];
+            snprintf(s->name, sizeof s->name, "%s", name);
+            s->tid = (int)json_integer_value(json_object_get(e, "tid"));
+            s->ts = json_number_value(json_object_get(e, "ts"));
+            s->dur = json_number_value(json_object_get(e, "dur"));
+            s->step = (long)json_integer_value(json_object_get(args, "step"));
+            s->detail = (int)json_integer_value(detail);
+        }
+        json_decref(e);
     }
     free(text);
     return spans;

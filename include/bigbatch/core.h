@@ -137,27 +137,16 @@ uint64_t bb_splitmix64(uint64_t *state);
 /* Flushes the directory holding `path` to disk, so that a rename into it
  * survives a crash. Fails with BB_ERR_IO. */
 bb_status bb_fsync_dir_of(const char *path);
-/* Writes `s` as a JSON string literal (with quotes and escapes) to `out`. */
-void bb_json_write_string(FILE *out, const char *s);
-/* `v` printed with `fmt` (e.g. "%.7g") into buf, or "null" when it is not
- * finite (JSON has no NaN or infinity); returns buf. */
-const char *bb_json_number(char *buf, size_t cap, const char *fmt, double v);
-/* The value of "key" in a flat JSON object as bigbatch writes them
- * (state.json): false when the key is absent or its value is not of that
- * type (or, for strings, longer than cap - 1; for ints, above 2^30). */
-bool bb_json_get_u64(const char *json, const char *key, uint64_t *out);
-bool bb_json_get_int(const char *json, const char *key, int *out);
-bool bb_json_get_double(const char *json, const char *key, double *out);
-bool bb_json_get_string(const char *json, const char *key, char *out, size_t cap);
 
 /* ---- command-line parsing ---------------------------------------------
  * A command describes its options in a table ending with {0}; bb_cli_parse()
  * fills the destinations and bb_cli_help() prints --help from the same table,
  * with each option's default taken from its destination's initial value.
  *
- *   int64_t level = 3; const char *out = NULL; bb_str_list in = {0};
+ *   int level = 3; const char *out = NULL; bb_str_list in = {0}; bb_io_mode io = BB_IO_AUTO;
  *   const bb_opt opts[] = {
- *       {"--level", BB_OPT_INT, &level, "L", "zstd level", .min = 1, .max = 19},
+ *       {"--level", BB_OPT_I32, &level, "L", "zstd level", .min = 1, .max = 19},
+ *       {"--io", BB_OPT_ENUM, &io, "MODE", "how to read", .choices = "auto|uring|pread"}, // bb_io_mode's order
  *       {"--in", BB_OPT_LIST, &in, "FILE...", "input files"},
  *       {"--out", BB_OPT_STRING, &out, "DIR", "output directory", .required = true},
  *       {0}};
@@ -171,6 +160,11 @@ typedef enum bb_opt_kind {
     BB_OPT_LIST,   /* bb_str_list*; takes values up to the next argument starting with '-' */
     BB_OPT_BYTES,  /* uint64_t*; accepts 1048576, 64K, 256MiB, 1.5G */
     BB_OPT_CHOICE, /* const char **; value must be one of `choices` ("a|b|c") */
+    BB_OPT_I32,    /* int*; range as BB_OPT_INT */
+    BB_OPT_U32,    /* uint32_t*; range as BB_OPT_INT */
+    BB_OPT_U64,    /* uint64_t*; range as BB_OPT_INT (up to 2^63) */
+    BB_OPT_ENUM,   /* int* (or an enum's): the index of the value in `choices`, so "a|b|c" lists
+                      an enum's names in its order; the default printed is the name it holds */
 } bb_opt_kind;
 
 typedef struct bb_str_list {

@@ -59,9 +59,13 @@ typedef enum bb_io_mode {
 /* The parser for --io: "auto", "uring", "pread". */
 bb_status bb_io_mode_parse(const char *s, bb_io_mode *out);
 
+#define BB_SHUFFLE_FRAMES_DEFAULT 8 /* frames per shuffle window: the data order depends on it */
+#define BB_LOADER_THREADS_DEFAULT 2
+#define BB_LOADER_HOLD_TRAINING 3   /* a training device's batches: one in use, two whose uploads may still read them */
+
 typedef struct bb_loader_options {
     uint64_t seed;
-    uint32_t shuffle_frames;  /* frames per shuffle window (default 8) */
+    uint32_t shuffle_frames;  /* frames per shuffle window (default BB_SHUFFLE_FRAMES_DEFAULT) */
     uint32_t devices;         /* consumers, one per device (default 1) */
     uint32_t world_devices;   /* the devices of every process of the job; 0: `devices` (alone) */
     uint32_t first_device;    /* this process's first device among world_devices: its devices
@@ -72,7 +76,7 @@ typedef struct bb_loader_options {
     uint64_t start_epoch;     /* first batch delivered: (start_epoch, start_step) */
     uint64_t start_step;
     uint64_t steps;           /* global steps to deliver; 0: until destroyed */
-    uint32_t threads;         /* loader threads (default 2) */
+    uint32_t threads;         /* loader threads (default BB_LOADER_THREADS_DEFAULT) */
     uint32_t prefetch;        /* batches prepared ahead per device; 0 (default): 16,
                                  fewer for batches over 4 MiB */
     uint32_t hold;            /* batches a device may keep unreleased at once (default 2) */
@@ -86,6 +90,16 @@ typedef struct bb_loader_options {
 } bb_loader_options;
 
 void bb_loader_defaults(bb_loader_options *o);
+/* The prefetch policy of training: the defaults for `devices` devices at
+ * `micro_batch` with `threads` loader threads (0: the default), each device
+ * holding BB_LOADER_HOLD_TRAINING batches — what the trainer runs and the
+ * planner counts as host memory. */
+void bb_loader_training_options(int devices, int micro_batch, int threads, bb_loader_options *o);
+/* The shuffle window a run uses for `frames` (0: the default). */
+static inline uint32_t bb_shuffle_frames_or_default(uint32_t frames)
+{
+    return frames ? frames : BB_SHUFFLE_FRAMES_DEFAULT;
+}
 /* Host bytes of one device's batch slots (data and record ids) for records
  * of `record_size` bytes under options `o` (threads, devices, micro_batch,
  * prefetch, hold): what the loader allocates per device, its prefetched

@@ -38,6 +38,7 @@
 
 #include "bigbatch/backend.h"
 #include "bigbatch/shard.h"
+#include "bigbatch/json.h"
 
 #define BB_MLP_MAX_HIDDEN 16
 
@@ -55,6 +56,11 @@ const char *bb_model_kind_name(const bb_model_kind *k);
 /* "gpt|mlp" (for --model's choices) and "gpt (tokens) or mlp (images)". */
 const char *bb_model_kind_choices(void);
 const char *bb_model_kind_help(void);
+
+/* The gpt's shape when none is given (train, plan, bench, eval). */
+#define BB_GPT_DEFAULT_LAYERS 4
+#define BB_GPT_DEFAULT_HEADS 4
+#define BB_GPT_DEFAULT_D_MODEL 128
 
 typedef struct bb_model_config {
     const bb_model_kind *kind;
@@ -109,11 +115,12 @@ bool bb_model_targets_are_tokens(const bb_model_config *c);
 bool bb_model_counts_correct(const bb_model_config *c);
 /* The head and loss run in chunks of tokens (gpt; bb_model_loss_chunk). */
 bool bb_model_chunks_loss(const bb_model_config *c);
-/* state.json's model lines (`"model": "gpt",` and the shape, each line
- * indented by two spaces and ending in ",\n") and their reader: false
- * when a field is missing or the kind unknown. */
-void bb_model_config_write_json(FILE *f, const bb_model_config *c);
-bool bb_model_config_read_json(const char *json, bb_model_config *c);
+/* state.json's model keys ("model": "gpt" and the shape) set into `obj`;
+ * fails with BB_ERR_NOMEM only. Their reader fails with BB_ERR_FORMAT naming
+ * `file` and the key when one is missing or of another type, or the kind
+ * is unknown. */
+bb_status bb_model_config_to_json(json_t *obj, const bb_model_config *c);
+bb_status bb_model_config_from_json(const json_t *obj, const char *file, bb_model_config *c);
 
 typedef struct bb_model bb_model_t;
 

@@ -32,7 +32,8 @@
 #ifndef BIGBATCH_PLAN_H
 #define BIGBATCH_PLAN_H
 
-#include "bigbatch/train.h"
+#include "bigbatch/loader.h"
+#include "bigbatch/optim.h"
 
 typedef struct bb_memory_breakdown {
     uint64_t parameters, gradients, optimizer, batches, activations, workspace;

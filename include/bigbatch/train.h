@@ -39,32 +39,27 @@
 
 #include "bigbatch/loader.h"
 #include "bigbatch/model.h"
+#include "bigbatch/optim.h"
 
 #define BB_TRAIN_MAX_DEVICES BB_DEVICES_MAX
 
-typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD } bb_optimizer_kind;
-typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
-
-typedef struct bb_optimizer_config {
-    bb_optimizer_kind kind;
-    double lr;             /* peak learning rate */
-    double beta1, beta2, eps; /* AdamW */
-    double momentum;       /* SGD */
-    double weight_decay;   /* on matrices only (bb_tensor_info.decay) */
-    uint64_t warmup;       /* steps of linear warm-up from lr/warmup to lr */
-    bb_lr_schedule schedule; /* cosine: from lr down to lr/10 at the last step */
-    double grad_clip;      /* clip the global gradient norm to this; 0: off */
-} bb_optimizer_config;
-
-/* The loader options of a run on `devices` devices at `micro_batch` with
- * `loader_threads` threads: the threads and the batches each device may
- * hold that the trainer uses, the rest the loader's defaults (what the
- * planner counts as host memory). */
-void bb_train_loader_options(int devices, int micro_batch, int loader_threads, bb_loader_options *lo);
-/* "adamw", "sgd" (--optimizer's names). */
-const char *bb_optimizer_kind_name(bb_optimizer_kind k);
-/* The learning rate of step `step` (0-based) of a `total`-step run. */
-double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total);
+/* The fields of bb_train_options that messages name and a checkpoint may
+ * supply: bit BB_TRAIN_SET(f) of bb_train_options.set says the caller
+ * chose field f (a resumed run keeps the checkpoint's for the others). */
+typedef enum bb_train_field {
+    BB_TRAIN_MODEL,          /* model: kind and shape */
+    BB_TRAIN_CHECKPOINT,     /* model.checkpoint_every (or auto_checkpoint) */
+    BB_TRAIN_LOSS_CHUNK,     /* model.loss_chunk */
+    BB_TRAIN_DATA, BB_TRAIN_VAL_DATA, BB_TRAIN_DEVICES, BB_TRAIN_PRECISION, BB_TRAIN_GLOBAL_BATCH,
+    BB_TRAIN_MICRO_BATCH, BB_TRAIN_STEPS, BB_TRAIN_EPOCHS, BB_TRAIN_OPTIMIZER, BB_TRAIN_LR, BB_TRAIN_LR_SCHEDULE,
+    BB_TRAIN_WARMUP, BB_TRAIN_WEIGHT_DECAY, BB_TRAIN_MOMENTUM, BB_TRAIN_BETA2, BB_TRAIN_GRAD_CLIP, BB_TRAIN_SEED,
+    BB_TRAIN_SHUFFLE_FRAMES, BB_TRAIN_INIT_FROM,
+    /* named in messages only */
+    BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_KEEP, BB_TRAIN_SAVE, BB_TRAIN_METRICS, BB_TRAIN_TRACE,
+    BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO,
+    BB_TRAIN_FIELDS
+} bb_train_field;
+#define BB_TRAIN_SET(f) (UINT64_C(1) << (f))
 
 typedef struct bb_train_options {
     /* the model: kind and shape flags; seq_len/vocab (gpt) and
@@ -103,11 +98,27 @@ typedef struct bb_train_options {
                                   (counted), not the end of the run (BB_ERR_NONFINITE) */
     bool force;                /* save into a save_dir that holds another run's checkpoints */
     uint64_t device_mem;       /* per-device cap in bytes; 0: none */
+    uint64_t set;              /* BB_TRAIN_SET bits: the fields chosen (see bb_train_options_resume) */
+    /* How messages name field f ("--global-batch" on the command line);
+     * NULL, or NULL returned: the field's name ("global_batch"). */
+    const char *(*field_name)(bb_train_field f);
     FILE *progress;            /* progress lines (in place on a TTY); NULL: quiet */
     volatile sig_atomic_t *interrupted; /* set by Ctrl-C: finish the step, save, stop */
 } bb_train_options;
 
 void bb_train_defaults(bb_train_options *o);
+/* Field f as o's messages name it (o->field_name, else "global_batch"). */
+const char *bb_train_option_name(const bb_train_options *o, bb_train_field f);
+/* A device list, as --devices takes it: cpu (one device), cpu:N (N CPU
+ * devices), cuda:all (every GPU here), cuda:0,1 (those GPUs), cuda:local
+ * (under mpirun/srun, one process per GPU: the GPU numbered as this
+ * process's rank on its machine). `must_exist`: the GPUs must be on this
+ * machine (a planner counts hypothetical ones, and needs real ones only for
+ * cuda:all). Sets *count, *kind and ids[0..count) (at most BB_DEVICES_MAX).
+ * Fails with BB_ERR_ARG naming `what` (e.g. "--devices"), BB_ERR_UNSUPPORTED
+ * when a needed GPU is missing (saying why). */
+bb_status bb_devices_parse(const char *what, const char *s, bool must_exist, int *count, bb_device_kind *kind,
+                           int *ids);
 
 typedef struct bb_train_result {
     uint64_t first_step, steps_done; /* steps_done counts from 0, like --steps */
@@ -173,8 +184,19 @@ typedef struct bb_checkpoint_info {
 /* Reads a checkpoint's state.json: `path` is a checkpoint directory (its
  * `latest` is read), DIR/latest or a step directory DIR/step-N. Fails with
  * BB_ERR_IO when there is no checkpoint, BB_ERR_FORMAT on a state file
- * bigbatch did not write. */
+ * bigbatch did not write (one line naming the file, and the line and
+ * column where it is not JSON or the key missing or of the wrong type). */
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info);
+/* The options of the run that continues checkpoint `ck` (bb_train_run
+ * calls it when resume_dir is set): the checkpoint's data, validation
+ * data, devices, precision, global and micro-batch, --steps, shuffle
+ * window, optimizer and hyperparameters, model and seed for every field
+ * not in given->set (beta1 and eps always the checkpoint's). Fails with
+ * BB_ERR_ARG naming the field when a chosen one cannot apply: the seed
+ * (the data order depends on it) or init_from (the weights are the
+ * checkpoint's); bb_train_run then refuses a model, global batch or
+ * optimizer that differ, and warns for the other settings that do. */
+bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkpoint_info *ck, bb_train_options *out);
 /* Loads the checkpoint's weights into `m` (created with info->model). */
 bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t *m);
 

@@ -5,8 +5,10 @@
 #include <sys/resource.h>
 
 #include "bench.h"
+#include "bigbatch/json.h"
 #include "bigbatch/backend.h"
 #include "bigbatch/loader.h"
+#include "model_flags.h"
 
 static const char usage[] =
     "bigbatch bench loader --data DIR [--loader-threads N] [--io auto|uring|pread] [--micro-batch B]\n"
@@ -92,35 +94,32 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
 
 int bb_bench_loader(int argc, char **argv)
 {
-    const char *data = NULL, *io = "auto";
-    int64_t threads = 2, micro_batch = 256, shuffle_frames = 8, seed = 1, prefetch = 0; /* train's seed */
+    const char *data = NULL;
+    int threads = BB_LOADER_THREADS_DEFAULT;
+    int64_t micro_batch = 256, seed = 1, prefetch = 0; /* train's seed */
     double seconds = 3;
-    bool cold = false, direct = false, json = false, pinned = false;
+    bool cold = false, json = false, pinned = false;
+    bb_loader_options o;
+    bb_loader_defaults(&o);
     const bb_opt opts[] = {
         {"--data", BB_OPT_STRING, &data, "DIR", "dataset directory (or one shard)", .required = true},
-        {"--loader-threads", BB_OPT_INT, &threads, "N", "loader threads", .min = 1, .max = 256},
-        {"--io", BB_OPT_CHOICE, &io, "MODE", "how frames are read; auto falls back to pread", .choices = "auto|uring|pread"},
+        LOADER_FLAG_OPTS(threads, o.io, o.direct, o.shuffle_frames, NULL, NULL),
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "records per batch", .min = 1, .max = 1 << 24},
-        {"--shuffle-frames", BB_OPT_INT, &shuffle_frames, "W", "frames per shuffle window", .min = 1, .max = 1 << 20},
         {"--prefetch", BB_OPT_INT, &prefetch, "N", "batches prepared ahead of the consumer (0: 16, fewer for large batches)", .min = 0, .max = 1024},
         {"--seed", BB_OPT_INT, &seed, "N", "sampler seed", .min = 0, .max = (double)INT64_MAX},
         {"--seconds", BB_OPT_DOUBLE, &seconds, "S", "how long to run (without --cold)", .min = 0.01, .max = 3600},
         {"--cold", BB_OPT_FLAG, &cold, NULL, "drop the shards from the page cache, then read one epoch"},
-        {"--direct", BB_OPT_FLAG, &direct, NULL, "read with O_DIRECT (bypasses the page cache)"},
         {"--pinned", BB_OPT_FLAG, &pinned, NULL, "batch slots in pinned memory of cuda:0 (as training on GPUs does)"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
         {0}};
     bb_dataset_t *ds = NULL;
     bb_backend_t *gpu = NULL;
     bench_result r = {0};
-    bb_loader_options o;
-    bb_loader_defaults(&o);
     bb_status rc = bb_cli_parse("bench loader", opts, argc, argv, NULL);
-    if (rc == BB_OK) rc = bb_io_mode_parse(io, &o.io);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK) {
         o.threads = (uint32_t)threads, o.micro_batch = (uint32_t)micro_batch;
-        o.shuffle_frames = (uint32_t)shuffle_frames, o.seed = (uint64_t)seed, o.direct = direct;
+        o.seed = (uint64_t)seed;
         o.prefetch = (uint32_t)prefetch;
         if (pinned) {
             bb_backend_options bo = {0};
@@ -137,14 +136,15 @@ int bb_bench_loader(int argc, char **argv)
     double records_per_s = r.records / r.seconds, raw = r.raw_bytes / r.seconds / 1e6;
     double compressed = r.stats.compressed_bytes / r.seconds / 1e6, wait_pct = 100 * r.wait_seconds / r.seconds;
     if (json) {
-        printf("{\"records_per_s\": %.0f, \"raw_mb_per_s\": %.1f, \"compressed_mb_per_s\": %.1f, \"io\": ",
-               records_per_s, raw, compressed);
-        bb_json_write_string(stdout, r.io);
-        printf(", \"pinned\": %s, \"threads\": %lld, \"micro_batch\": %lld, \"records\": %.0f, \"seconds\": %.4f, \"cold\": %s, \"data_wait_pct\": %.1f, "
-               "\"disk_read_mb\": %.1f, \"startup_ms\": %.2f}\n",
-               pinned ? "true" : "false", (long long)threads, (long long)micro_batch, r.records, r.seconds,
-               cold ? "true" : "false", wait_pct,
-               r.disk_bytes / 1e6, r.startup_seconds * 1e3);
+        json_t *o = json_pack("{s:o, s:o, s:o, s:s, s:b, s:I, s:I, s:o, s:o, s:b, s:o, s:o, s:o}", "records_per_s",
+                              bb_json_fixed(records_per_s, 0), "raw_mb_per_s", bb_json_fixed(raw, 1),
+                              "compressed_mb_per_s", bb_json_fixed(compressed, 1), "io", r.io, "pinned", pinned,
+                              "threads", (json_int_t)threads, "micro_batch", (json_int_t)micro_batch, "records",
+                              bb_json_fixed(r.records, 0), "seconds", bb_json_fixed(r.seconds, 4), "cold", cold,
+                              "data_wait_pct", bb_json_fixed(wait_pct, 1), "disk_read_mb",
+                              bb_json_fixed(r.disk_bytes / 1e6, 1), "startup_ms", bb_json_fixed(r.startup_seconds * 1e3, 2));
+        bb_json_write_line(stdout, o);
+        json_decref(o);
     } else {
         const bb_shard_meta *m = bb_dataset_meta(ds);
         printf("loader benchmark: %s (%llu records of %u bytes, %s)\n", data,

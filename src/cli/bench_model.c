@@ -28,7 +28,7 @@ static const char summary[] =
 int bb_bench_model(int argc, char **argv)
 {
     const char *kind = "gpt", *checkpoint = "none", *device = "cpu", *precision = "fp32", *attention = "auto";
-    int64_t layers = 4, heads = 4, d_model = 128, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2; /* train's */
+    int64_t layers = BB_GPT_DEFAULT_LAYERS, heads = BB_GPT_DEFAULT_HEADS, d_model = BB_GPT_DEFAULT_D_MODEL, seq_len = 256, vocab = 256, micro_batch = 8, threads = 2; /* train's */
     int64_t inputs = 784, classes = 10, steps = 10, loss_chunk = 0;
     bb_str_list hidden = {0};
     bool json = false, micro_given = false, loss_chunk_given = false;
@@ -136,23 +136,26 @@ int bb_bench_model(int argc, char **argv)
     if (rc == BB_OK) rc = bb_plan_memory(&c, (int)micro_batch, BB_OPTIMIZER_ADAMW, device_kind, &plan);
     if (rc == BB_OK) {
         double rate = n_targets / median;
-        char first[32], final[32];
-        bb_json_number(first, sizeof first, "%.9g", first_loss), bb_json_number(final, sizeof final, "%.9g", last_loss);
         if (json) {
-            printf("{\"model\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", "
-                   "\"checkpoint\": \"%s\", \"micro_batch\": %lld, \"threads\": %lld, \"params\": %zu, "
-                   "\"step_ms\": %.3f, \"%s\": %.1f, \"activation_bytes\": %llu, \"peak_bytes\": %llu, "
-                   "\"workspace_bytes\": %llu, \"planned_bytes\": %llu, \"host_waits_per_step\": %.2f, "
-                   "\"first_loss\": %s, \"last_loss\": %s",
-                   kind, device, precision, attention, checkpoint, (long long)micro_batch, (long long)threads, params,
-                   median * 1e3, gpt ? "tokens_per_s" : "samples_per_s", rate, (unsigned long long)act,
-                   (unsigned long long)bb_backend_peak_bytes(be), (unsigned long long)bb_backend_workspace_bytes(be),
-                   (unsigned long long)plan.total, (double)waits / (double)steps, first, final);
-            for (int i = 0; i < n_ops; i++) /* BB_PROFILE_OPS=1: per step */
-                printf("%s{\"op\": \"%s\", \"calls\": %.2f, \"ms\": %.4f, \"gflop\": %.4f}%s", i ? ", " : ", \"ops\": [",
-                       ops[i].op, (double)ops[i].calls / steps, ops[i].ms / steps, ops[i].flops / steps / 1e9,
-                       i + 1 == n_ops ? "]" : "");
-            printf("}\n");
+            json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:o}",
+                                  "model", kind, "device", device, "precision", precision, "attention", attention,
+                                  "checkpoint", checkpoint, "micro_batch", (json_int_t)micro_batch, "threads",
+                                  (json_int_t)threads, "params", (json_int_t)params, "step_ms",
+                                  bb_json_fixed(median * 1e3, 3), gpt ? "tokens_per_s" : "samples_per_s",
+                                  bb_json_fixed(rate, 1), "activation_bytes", (json_int_t)act, "peak_bytes",
+                                  (json_int_t)bb_backend_peak_bytes(be), "workspace_bytes",
+                                  (json_int_t)bb_backend_workspace_bytes(be), "planned_bytes", (json_int_t)plan.total,
+                                  "host_waits_per_step", bb_json_fixed((double)waits / (double)steps, 2), "first_loss",
+                                  bb_json_real(first_loss, 9), "last_loss", bb_json_real(last_loss, 9));
+            json_t *list = n_ops ? json_array() : NULL; /* BB_PROFILE_OPS=1: per step */
+            for (int i = 0; i < n_ops; i++)
+                json_array_append_new(list, json_pack("{s:s, s:o, s:o, s:o}", "op", ops[i].op, "calls",
+                                                      bb_json_fixed((double)ops[i].calls / steps, 2), "ms",
+                                                      bb_json_fixed(ops[i].ms / steps, 4), "gflop",
+                                                      bb_json_fixed(ops[i].flops / steps / 1e9, 4)));
+            if (list) json_object_set_new(o, "ops", list);
+            rc = bb_json_write_line(stdout, o);
+            json_decref(o);
         } else
             printf("%s, %zu parameters, micro-batch %lld, checkpoint %s, %lld threads: %.2f ms per step, "
                    "%.0f %s/s, activations %.1f MiB, loss %.4f -> %.4f\n",

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "bigbatch/shard.h"
+#include "bigbatch/json.h"
 #include "commands.h"
 
 static const char usage[] = "bigbatch inspect PATH [--verify] [--json]";
@@ -107,42 +108,37 @@ static void print_text(const bb_dataset_t *ds, const verify_result *v, const cha
         printf("  verify   FAILED after %llu good frames: %s\n", (unsigned long long)v->frames, error);
 }
 
-static void print_json(const bb_dataset_t *ds, const verify_result *v, const char *error)
+static json_t *dataset_json(const bb_dataset_t *ds, const verify_result *v, const char *error)
 {
     const bb_shard_meta *m = bb_dataset_meta(ds);
     uint32_t frames;
     uint64_t file = dataset_file_bytes(ds, &frames), raw = bb_dataset_record_count(ds) * m->record_size;
-    bool image = m->kind == BB_RECORD_IMAGE_U8;
-    printf("{\"path\":");
-    bb_json_write_string(stdout, bb_dataset_path(ds));
-    printf(",\"kind\":\"%s\",\"shape\":[", bb_record_kind_name(m->kind));
-    for (uint32_t i = 0; i < m->rank; i++) printf(i ? ",%u" : "%u", m->shape[i]);
-    printf("],\"record_size\":%u,\"records\":%llu,\"%s\":%u,\"source\":", m->record_size,
-           (unsigned long long)bb_dataset_record_count(ds), image ? "classes" : "vocab_size", m->classes_or_vocab);
-    bb_json_write_string(stdout, m->source);
-    printf(",\"records_per_frame\":%u,\"frames\":%u,\"raw_bytes\":%llu,\"file_bytes\":%llu,\"ratio\":%.4f,\"shards\":[",
-           m->records_per_frame, frames, (unsigned long long)raw, (unsigned long long)file, (double)raw / (double)file);
+    json_t *shape = json_array(), *shards = json_array();
+    for (uint32_t i = 0; i < m->rank; i++) json_array_append_new(shape, json_integer(m->shape[i]));
     for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
         const bb_shard_t *sh = bb_dataset_shard(ds, s);
         const bb_shard_meta *sm = bb_shard_get_meta(sh);
-        printf("%s{\"path\":", s ? "," : "");
-        bb_json_write_string(stdout, bb_shard_path(sh));
-        printf(",\"shard_index\":%u,\"first_record\":%llu,\"records\":%llu,\"frames\":%u,\"raw_bytes\":%llu,\"file_bytes\":%llu}",
-               sm->shard_index, (unsigned long long)sm->first_record, (unsigned long long)sm->record_count,
-               bb_shard_frame_count(sh), (unsigned long long)bb_shard_raw_bytes(sh),
-               (unsigned long long)bb_shard_file_size(sh));
+        json_array_append_new(shards, json_pack("{s:s, s:i, s:I, s:I, s:i, s:I, s:I}", "path", bb_shard_path(sh),
+                                                "shard_index", (int)sm->shard_index, "first_record",
+                                                (json_int_t)sm->first_record, "records", (json_int_t)sm->record_count,
+                                                "frames", (int)bb_shard_frame_count(sh), "raw_bytes",
+                                                (json_int_t)bb_shard_raw_bytes(sh), "file_bytes",
+                                                (json_int_t)bb_shard_file_size(sh)));
     }
-    printf("],\"verified\":%s", v->ran && v->ok ? "true" : "false");
-    if (v->ran) {
-        printf(",\"verify\":{\"ok\":%s,\"frames\":%llu,\"bytes\":%llu,\"seconds\":%.6f", v->ok ? "true" : "false",
-               (unsigned long long)v->frames, (unsigned long long)v->bytes, v->seconds);
-        if (!v->ok) {
-            printf(",\"error\":");
-            bb_json_write_string(stdout, error);
-        }
-        printf("}");
+    json_t *o = json_pack("{s:s, s:s, s:o, s:i, s:I, s:i, s:s, s:i, s:i, s:I, s:I, s:o, s:o, s:b}", "path",
+                          bb_dataset_path(ds), "kind", bb_record_kind_name(m->kind), "shape", shape, "record_size",
+                          (int)m->record_size, "records", (json_int_t)bb_dataset_record_count(ds),
+                          m->kind == BB_RECORD_IMAGE_U8 ? "classes" : "vocab_size", (int)m->classes_or_vocab, "source",
+                          m->source, "records_per_frame", (int)m->records_per_frame, "frames", (int)frames, "raw_bytes",
+                          (json_int_t)raw, "file_bytes", (json_int_t)file, "ratio",
+                          bb_json_fixed((double)raw / (double)file, 4), "shards", shards, "verified", v->ran && v->ok);
+    if (o && v->ran) {
+        json_t *ver = json_pack("{s:b, s:I, s:I, s:o}", "ok", v->ok, "frames", (json_int_t)v->frames, "bytes",
+                                (json_int_t)v->bytes, "seconds", bb_json_fixed(v->seconds, 6));
+        if (ver && !v->ok) json_object_set_new(ver, "error", json_string(error));
+        json_object_set_new(o, "verify", ver);
     }
-    printf("}");
+    return o;
 }
 
 static bool has_shards(const char *dir)
@@ -158,25 +154,26 @@ static bool has_shards(const char *dir)
 static int is_visible_dir_entry(const struct dirent *e) { return e->d_name[0] != '.'; }
 
 /* Inspects one dataset and prints it, also when verification fails; only a
- * dataset that cannot be opened prints nothing. In a JSON object of splits,
- * `json_key` (and a comma unless it is the first) precedes the dataset. */
-static bb_status inspect_one(const char *path, bool verify, bool json, const char *json_key, int *printed)
+ * dataset that cannot be opened prints nothing. With `splits` (JSON of a
+ * directory of splits) it goes there under `key` instead. */
+static bb_status inspect_one(const char *path, bool verify, bool json, json_t *splits, const char *key, int *printed)
 {
     bb_dataset_t *ds;
     BB_TRY(bb_dataset_open(path, &ds));
-    if (json_key) {
-        printf("%s", *printed ? "," : "");
-        bb_json_write_string(stdout, json_key);
-        printf(":");
-    } else if (!json && *printed) {
-        printf("\n");
-    }
-    ++*printed;
+    if (!json && (*printed)++) printf("\n");
     verify_result v = {0};
     bb_status rc = verify ? verify_dataset(ds, &v) : BB_OK;
     char error[1024] = "";
     if (rc != BB_OK) snprintf(error, sizeof error, "%s", bb_error_message());
-    (json ? print_json : print_text)(ds, &v, error);
+    if (json) {
+        json_t *o = dataset_json(ds, &v, error);
+        ++*printed;
+        if (splits) json_object_set_new(splits, key, o);
+        else if (!o || bb_json_write_line(stdout, o) != BB_OK) rc = rc != BB_OK ? rc : bb_fail(BB_ERR_IO, "stdout: write failed");
+        if (!splits) json_decref(o);
+    } else {
+        print_text(ds, &v, error);
+    }
     bb_dataset_close(ds);
     return rc;
 }
@@ -185,32 +182,28 @@ static bb_status inspect_path(const char *path, bool verify, bool json)
 {
     struct stat st;
     if (stat(path, &st) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
-    if (!S_ISDIR(st.st_mode) || has_shards(path)) {
-        int printed = 0;
-        bb_status rc = inspect_one(path, verify, json, NULL, &printed);
-        if (json && printed) printf("\n");
-        return rc;
-    }
+    int found = 0;
+    if (!S_ISDIR(st.st_mode) || has_shards(path)) return inspect_one(path, verify, json, NULL, NULL, &found);
     /* A directory of splits: each subdirectory holding shards is a dataset. */
     struct dirent **names;
     int n = scandir(path, &names, is_visible_dir_entry, alphasort);
     if (n < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", path);
     bb_status rc = BB_OK;
-    int found = 0;
-    if (json) {
-        printf("{\"path\":");
-        bb_json_write_string(stdout, path);
-        printf(",\"splits\":{");
-    }
+    json_t *splits = json ? json_object() : NULL;
     for (int i = 0; i < n && rc == BB_OK; i++) {
         char sub[4096];
         snprintf(sub, sizeof sub, "%s%s%s", path, path[strlen(path) - 1] == '/' ? "" : "/", names[i]->d_name);
         if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode) || !has_shards(sub)) continue;
-        rc = inspect_one(sub, verify, json, json ? names[i]->d_name : NULL, &found);
+        rc = inspect_one(sub, verify, json, splits, names[i]->d_name, &found);
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
-    if (json) printf("}}\n");
+    if (json) {
+        json_t *root = json_pack("{s:s, s:o}", "path", path, "splits", splits);
+        bb_status wrote = root ? bb_json_write_line(stdout, root) : bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (rc == BB_OK) rc = wrote;
+        json_decref(root);
+    }
     if (rc == BB_OK && !found) return bb_fail(BB_ERR_ARG, "%s: no *%s shards here or in its subdirectories", path, BB_SHARD_EXT);
     return rc;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "bigbatch/train.h"
+#include "bigbatch/json.h"
 #include "commands.h"
 #include "model_flags.h"
 
@@ -69,11 +70,10 @@ int bb_cmd_eval(int argc, char **argv)
     bb_eval_options eo = {.progress = stderr, .label = "eval", .interrupted = &bb_cli_interrupted};
     if (rc == BB_OK) rc = bb_evaluate(m, ds, &eo, &r);
     if (rc == BB_OK && json) {
-        char loss[32];
-        printf("{\"loss\": %s, \"accuracy\": ", bb_json_number(loss, sizeof loss, "%.7g", r.loss));
-        if (isnan(r.accuracy)) printf("null");
-        else printf("%.6f", r.accuracy);
-        printf(", \"records\": %llu}\n", (unsigned long long)r.records);
+        json_t *o = json_pack("{s:o, s:o, s:I}", "loss", bb_json_real(r.loss, 7), "accuracy",
+                              bb_json_fixed(r.accuracy, 6), "records", (json_int_t)r.records);
+        rc = bb_json_write_line(stdout, o);
+        json_decref(o);
     } else if (rc == BB_OK) {
         printf("%s: %llu records, loss %.4f", data, (unsigned long long)r.records, r.loss);
         if (!isnan(r.accuracy)) printf(", accuracy %.2f%%", 100 * r.accuracy);

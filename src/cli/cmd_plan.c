@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigbatch/json.h"
 #include "bigbatch/plan.h"
 #include "commands.h"
 #include "model_flags.h"
@@ -66,23 +67,27 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
            bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
 }
 
-static void print_json(const bb_plan *p)
+/* A JSON array, one row per line. */
+static bb_status print_json(const bb_plan *p)
 {
-    printf("[");
-    for (int i = 0; i < p->count; i++) {
+    bb_status rc = fputs("[", stdout) >= 0 ? BB_OK : BB_ERR_IO;
+    for (int i = 0; rc == BB_OK && i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
         const bb_memory_breakdown *m = &r->memory;
-        printf("%s\n  {\"micro_batch\": %d, \"accumulation\": %d, \"checkpoint\": \"%s\", \"peak_bytes\": %llu, "
-               "\"relative_time\": %.4f, \"loss_chunk\": %d, \"fits\": %s, \"chosen\": %s, \"parameters_bytes\": %llu, "
-               "\"gradients_bytes\": %llu, \"optimizer_bytes\": %llu, \"batches_bytes\": %llu, "
-               "\"activations_bytes\": %llu, \"workspace_bytes\": %llu}",
-               i ? "," : "", r->micro_batch, r->accumulation, r->checkpoint, (unsigned long long)m->total,
-               r->relative_time, r->loss_chunk, r->fits ? "true" : "false", r->chosen ? "true" : "false",
-               (unsigned long long)m->parameters, (unsigned long long)m->gradients, (unsigned long long)m->optimizer,
-               (unsigned long long)m->batches, (unsigned long long)m->activations,
-               (unsigned long long)m->workspace);
+        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "micro_batch",
+                                r->micro_batch, "accumulation", r->accumulation, "checkpoint", r->checkpoint,
+                                "peak_bytes", (json_int_t)m->total, "relative_time", bb_json_fixed(r->relative_time, 4),
+                                "loss_chunk", r->loss_chunk, "fits", r->fits, "chosen", r->chosen, "parameters_bytes",
+                                (json_int_t)m->parameters, "gradients_bytes", (json_int_t)m->gradients,
+                                "optimizer_bytes", (json_int_t)m->optimizer, "batches_bytes", (json_int_t)m->batches,
+                                "activations_bytes", (json_int_t)m->activations, "workspace_bytes",
+                                (json_int_t)m->workspace);
+        printf("%s\n  ", i ? "," : "");
+        rc = bb_json_write(stdout, row);
+        json_decref(row);
     }
-    printf("\n]\n");
+    if (rc == BB_OK && fputs("\n]\n", stdout) < 0) rc = BB_ERR_IO;
+    return rc == BB_ERR_IO ? bb_fail_errno(BB_ERR_IO, "plan --json: write failed") : rc;
 }
 
 int bb_cmd_plan(int argc, char **argv)
@@ -135,7 +140,7 @@ int bb_cmd_plan(int argc, char **argv)
         rc = bb_plan_make(&q, &p);
     }
     if (rc == BB_OK && json) {
-        print_json(&p);
+        rc = print_json(&p);
     } else if (rc == BB_OK) {
         char model[160];
         bb_model_describe(&q.model, model, sizeof model);

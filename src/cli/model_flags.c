@@ -5,55 +5,12 @@
 
 #include "bigbatch/backend.h"
 #include "bigbatch/shard.h"
-#include "bigbatch/world.h"
+#include "bigbatch/train.h"
 #include "model_flags.h"
 
 bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids)
 {
-    *count = 0;
-    *kind = BB_DEVICE_CPU;
-    if (!strcmp(s, "cpu")) return *count = 1, ids[0] = 0, BB_OK;
-    if (!strncmp(s, "cpu:", 4)) {
-        int64_t n;
-        BB_TRY(bb_parse_int("--devices", s + 4, &n));
-        if (n < 1 || n > BB_DEVICES_MAX) return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_DEVICES_MAX);
-        for (*count = 0; *count < n; (*count)++) ids[*count] = *count;
-        return BB_OK;
-    }
-    if (strncmp(s, "cuda:", 5) || !s[5])
-        return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,... (or cuda:local under "
-                       "mpirun)", s);
-    bb_cuda_info info;
-    bb_cuda_probe(&info);
-    *kind = BB_DEVICE_CUDA;
-    if (!strcmp(s + 5, "local")) { /* one process per GPU: the GPU of this process's local rank */
-        int id = bb_world_get()->local_rank;
-        if (must_exist && id >= info.device_count)
-            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices cuda:local: local rank %d, "
-                           "but %s", id, info.device_count ? "no such GPU on this machine" : info.reason);
-        ids[(*count)++] = id;
-        return BB_OK;
-    }
-    if (!strcmp(s + 5, "all")) {
-        if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "--devices cuda:all: no GPU (%s)", info.reason);
-        for (int d = 0; d < info.device_count && d < BB_DEVICES_MAX; d++) ids[(*count)++] = d;
-        return BB_OK;
-    }
-    for (const char *p = s + 5; *p;) {
-        char *end;
-        long id = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || id < 0 || *count == BB_DEVICES_MAX)
-            return bb_fail(BB_ERR_ARG, "--devices: '%s' is not cpu:N, cuda:all or cuda:0,1,... (or cuda:local under "
-                       "mpirun)", s);
-        for (int i = 0; i < *count; i++)
-            if (ids[i] == id) return bb_fail(BB_ERR_ARG, "--devices %s names cuda:%ld twice", s, id);
-        if (must_exist && id >= info.device_count)
-            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "--devices %s: %s", s,
-                           info.device_count ? "no such GPU on this machine" : info.reason);
-        ids[(*count)++] = (int)id;
-        p = *end ? end + 1 : end;
-    }
-    return BB_OK;
+    return bb_devices_parse("--devices", s, must_exist, count, kind, ids);
 }
 
 bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c)

@@ -13,7 +13,9 @@ typedef struct model_flags {
     bool layers_given, heads_given, d_model_given, loss_chunk_given;
 } model_flags;
 
-#define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .layers = 4, .heads = 4, .d_model = 128}
+#define MODEL_FLAGS_DEFAULT                                                                                \
+    {.kind = "gpt", .checkpoint = "none", .layers = BB_GPT_DEFAULT_LAYERS, .heads = BB_GPT_DEFAULT_HEADS,      \
+     .d_model = BB_GPT_DEFAULT_D_MODEL}
 
 /* The option-table rows for model_flags (5 rows, --checkpoint, --loss-chunk). */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
@@ -36,6 +38,18 @@ typedef struct model_flags {
     "gpt: tokens per chunk of the fused LM head + loss (at most one chunk's logits exist); 0: as many as 32 MiB " \
     "of logits hold, less under --device-mem"
 
+/* The loader's rows, the same in train and bench loader: --loader-threads
+ * (an int), --io (a bb_io_mode), --direct, --shuffle-frames (a uint32_t);
+ * threads_given and frames_given may be NULL. */
+#define LOADER_FLAG_OPTS(threads, io, direct, frames, threads_given, frames_given)                              \
+    {"--loader-threads", BB_OPT_I32, &(threads), "N", "threads reading and decompressing shards", .min = 1,    \
+     .max = 256, .given = (threads_given)},                                                                     \
+    {"--io", BB_OPT_ENUM, &(io), "MODE", "how the loader reads frames: auto (io_uring, else pread), uring or "  \
+     "pread", .choices = "auto|uring|pread"},                                                                   \
+    {"--direct", BB_OPT_FLAG, &(direct), NULL, "read shards with O_DIRECT (bypasses the page cache)"},          \
+    {"--shuffle-frames", BB_OPT_U32, &(frames), "W", "frames per shuffle window (the data order depends on "  \
+     "it)", .min = 1, .max = 1 << 20, .given = (frames_given)}
+
 /* Any shape flag appeared (--model, a gpt's or an mlp's). */
 static inline bool model_flags_shape_given(const model_flags *f)
 {
@@ -51,15 +65,8 @@ bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c);
 /* Fills the data-given fields of `c` from the dataset at `path`;
  * *record_size (may be NULL) gets its bytes per record. */
 bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size);
-/* --devices, the same in train, plan and bench: cpu (one device), cpu:N
- * (N CPU devices), cuda:all (every GPU here), cuda:0,1 (those GPUs),
- * cuda:local (under mpirun/srun, one process per GPU: the GPU numbered as
- * this process's rank on its machine).
- * `must_exist`: the GPUs must be on this machine (train, bench); plan
- * counts a list of hypothetical ones (cuda:0,1,2,3 is four GPUs), and
- * needs real ones only for cuda:all. Sets *count, *kind and ids[0..count)
- * (at most BB_DEVICES_MAX). Fails with BB_ERR_ARG naming the flag,
- * BB_ERR_UNSUPPORTED when a needed GPU is missing (saying why). */
+/* --devices, the same in train, plan and bench: bb_devices_parse (train.h)
+ * naming the flag. */
 bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids);
 /* The same for commands that run on one device (bench): *id is the GPU's. */
 bb_status device_flag_parse_one(const char *s, bb_device_kind *kind, int *id);

@@ -64,17 +64,45 @@ bad:
                    s);
 }
 
-static bool in_choices(const char *choices, const char *v)
+/* The index of `v` in `choices` ("a|b|c"), or -1. */
+static int choice_index(const char *choices, const char *v)
 {
     size_t n = strlen(v);
-    for (const char *c = choices; *c;) {
+    int i = 0;
+    for (const char *c = choices; *c; i++) {
         const char *bar = strchr(c, '|');
         size_t len = bar ? (size_t)(bar - c) : strlen(c);
-        if (len == n && strncmp(c, v, n) == 0) return true;
+        if (len == n && strncmp(c, v, n) == 0) return i;
         if (!bar) break;
         c = bar + 1;
     }
-    return false;
+    return -1;
+}
+
+static bool is_integer_kind(bb_opt_kind k)
+{
+    return k == BB_OPT_INT || k == BB_OPT_I32 || k == BB_OPT_U32 || k == BB_OPT_U64;
+}
+
+/* An integer destination's value, whatever its type. */
+static int64_t load_integer(const bb_opt *o)
+{
+    switch (o->kind) {
+    case BB_OPT_I32: return *(int *)o->dest;
+    case BB_OPT_U32: return *(uint32_t *)o->dest;
+    case BB_OPT_U64: return (int64_t)*(uint64_t *)o->dest;
+    default: return *(int64_t *)o->dest;
+    }
+}
+
+static void store_integer(const bb_opt *o, int64_t x)
+{
+    switch (o->kind) {
+    case BB_OPT_I32: *(int *)o->dest = (int)x; break;
+    case BB_OPT_U32: *(uint32_t *)o->dest = (uint32_t)x; break;
+    case BB_OPT_U64: *(uint64_t *)o->dest = (uint64_t)x; break;
+    default: *(int64_t *)o->dest = x; break;
+    }
 }
 
 static bb_status list_push(bb_str_list *list, const char *item)
@@ -90,7 +118,7 @@ static bb_status list_push(bb_str_list *list, const char *item)
 static bb_status check_range(const bb_opt *o, double v)
 {
     if (!(o->min < o->max) || (v >= o->min && v <= o->max)) return BB_OK;
-    if (o->kind == BB_OPT_INT)
+    if (is_integer_kind(o->kind))
         return bb_fail(BB_ERR_ARG, "%s: %lld is out of range [%lld, %lld]", o->name, (long long)v, (long long)o->min,
                        (long long)o->max);
     return bb_fail(BB_ERR_ARG, "%s: %g is out of range [%g, %g]", o->name, v, o->min, o->max);
@@ -99,11 +127,20 @@ static bb_status check_range(const bb_opt *o, double v)
 static bb_status store_value(const bb_opt *o, const char *v)
 {
     switch (o->kind) {
-    case BB_OPT_INT: {
+    case BB_OPT_INT:
+    case BB_OPT_I32:
+    case BB_OPT_U32:
+    case BB_OPT_U64: {
         int64_t x = 0;
         BB_TRY(bb_parse_int(o->name, v, &x));
         BB_TRY(check_range(o, (double)x));
-        *(int64_t *)o->dest = x;
+        store_integer(o, x);
+        return BB_OK;
+    }
+    case BB_OPT_ENUM: {
+        int i = choice_index(o->choices, v);
+        if (i < 0) return bb_fail(BB_ERR_ARG, "%s: '%s' is not one of %s", o->name, v, o->choices);
+        *(int *)o->dest = i;
         return BB_OK;
     }
     case BB_OPT_DOUBLE: {
@@ -116,7 +153,7 @@ static bb_status store_value(const bb_opt *o, const char *v)
     case BB_OPT_BYTES:
         return bb_parse_bytes(o->name, v, (uint64_t *)o->dest);
     case BB_OPT_CHOICE:
-        if (!in_choices(o->choices, v))
+        if (choice_index(o->choices, v) < 0)
             return bb_fail(BB_ERR_ARG, "%s: '%s' is not one of %s", o->name, v, o->choices);
         /* fallthrough */
     case BB_OPT_STRING:
@@ -239,9 +276,22 @@ static void format_default(const bb_opt *o, char *buf, size_t cap)
     buf[0] = '\0';
     switch (o->kind) {
     /* A numeric default outside the option's range means "no default". */
-    case BB_OPT_INT: {
-        int64_t v = *(int64_t *)o->dest;
-        if (!(o->min < o->max) || (v >= o->min && v <= o->max)) snprintf(buf, cap, "%lld", (long long)v);
+    case BB_OPT_INT:
+    case BB_OPT_I32:
+    case BB_OPT_U32:
+    case BB_OPT_U64: {
+        int64_t v = load_integer(o);
+        if (!(o->min < o->max) || ((double)v >= o->min && (double)v <= o->max)) snprintf(buf, cap, "%lld", (long long)v);
+        break;
+    }
+    case BB_OPT_ENUM: { /* the choice the destination holds */
+        int want = *(int *)o->dest, i = 0;
+        for (const char *c = o->choices; *c && i <= want; i++) {
+            const char *bar = strchr(c, '|');
+            size_t len = bar ? (size_t)(bar - c) : strlen(c);
+            if (i == want) snprintf(buf, cap, "%.*s", (int)len, c);
+            c = bar ? bar + 1 : c + len;
+        }
         break;
     }
     case BB_OPT_DOUBLE: {
@@ -280,7 +330,7 @@ void bb_cli_help(FILE *out, const char *usage, const char *summary, const bb_opt
         char left[64], def[64];
         if (o->kind == BB_OPT_FLAG)
             snprintf(left, sizeof left, "%s", o->name);
-        else if (o->kind == BB_OPT_CHOICE)
+        else if (o->kind == BB_OPT_CHOICE || o->kind == BB_OPT_ENUM)
             snprintf(left, sizeof left, "%s %s", o->name, o->choices);
         else
             snprintf(left, sizeof left, "%s %s", o->name, o->metavar);

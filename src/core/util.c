@@ -1,4 +1,4 @@
-/* util.c — clocks, byte formatting, CPU count, directory fsync, JSON strings. */
+/* util.c — clocks, byte formatting, CPU count, directory fsync. */
 #include "bigbatch/core.h"
 
 #include <fcntl.h>
@@ -39,33 +39,6 @@ int bb_cpu_count(void)
     return n < 1 ? 1 : (int)n;
 }
 
-void bb_json_write_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", out); break;
-        case '\\': fputs("\\\\", out); break;
-        case '\n': fputs("\\n", out); break;
-        case '\r': fputs("\\r", out); break;
-        case '\t': fputs("\\t", out); break;
-        default:
-            if (*p < 0x20)
-                fprintf(out, "\\u%04x", *p);
-            else
-                fputc(*p, out);
-        }
-    }
-    fputc('"', out);
-}
-
-const char *bb_json_number(char *buf, size_t cap, const char *fmt, double v)
-{
-    if (!isfinite(v)) snprintf(buf, cap, "null");
-    else snprintf(buf, cap, fmt, v);
-    return buf;
-}
-
 uint64_t bb_splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -84,52 +57,4 @@ bb_status bb_fsync_dir_of(const char *path)
     if (fd >= 0) close(fd);
     free(dir);
     return rc;
-}
-
-/* ---- reading the flat JSON objects bigbatch writes (state.json) ---- */
-static const char *find_value(const char *json, const char *key)
-{
-    char pattern[80];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *p = strstr(json, pattern);
-    if (!p) return NULL;
-    for (p += strlen(pattern); *p == ' '; p++) {}
-    return p;
-}
-
-bool bb_json_get_u64(const char *json, const char *key, uint64_t *out)
-{
-    const char *p = find_value(json, key);
-    char *end;
-    if (!p || *p < '0' || *p > '9') return false;
-    *out = strtoull(p, &end, 10);
-    return end != p;
-}
-
-bool bb_json_get_int(const char *json, const char *key, int *out)
-{
-    uint64_t v;
-    if (!bb_json_get_u64(json, key, &v) || v > (1u << 30)) return false;
-    *out = (int)v;
-    return true;
-}
-
-bool bb_json_get_double(const char *json, const char *key, double *out)
-{
-    const char *p = find_value(json, key);
-    char *end;
-    if (!p) return false;
-    *out = strtod(p, &end);
-    return end != p;
-}
-
-bool bb_json_get_string(const char *json, const char *key, char *out, size_t cap)
-{
-    const char *p = find_value(json, key);
-    if (!p || *p != '"') return false;
-    const char *end = strchr(p + 1, '"');
-    if (!end || (size_t)(end - p - 1) >= cap) return false;
-    memcpy(out, p + 1, (size_t)(end - p - 1));
-    out[end - p - 1] = 0;
-    return true;
 }

@@ -19,8 +19,18 @@ bb_status bb_io_mode_parse(const char *s, bb_io_mode *out)
 
 void bb_loader_defaults(bb_loader_options *o)
 {
-    *o = (bb_loader_options){.shuffle_frames = 8, .devices = 1, .accumulation = 1, .micro_batch = 32,
-                             .threads = 2, .prefetch = 0, .hold = 2, .io = BB_IO_AUTO, .io_depth = 8};
+    *o = (bb_loader_options){.shuffle_frames = BB_SHUFFLE_FRAMES_DEFAULT, .devices = 1, .accumulation = 1,
+                             .micro_batch = 32, .threads = BB_LOADER_THREADS_DEFAULT, .prefetch = 0, .hold = 2,
+                             .io = BB_IO_AUTO, .io_depth = 8};
+}
+
+void bb_loader_training_options(int devices, int micro_batch, int threads, bb_loader_options *o)
+{
+    bb_loader_defaults(o);
+    o->devices = (uint32_t)devices;
+    o->micro_batch = (uint32_t)micro_batch;
+    if (threads > 0) o->threads = (uint32_t)threads;
+    o->hold = BB_LOADER_HOLD_TRAINING;
 }
 
 /* ---- host memory for slots --------------------------------------------- */

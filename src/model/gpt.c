@@ -487,17 +487,19 @@ static int gpt_layers(const bb_model_config *c) { return c->layers; }
 static int gpt_tokens(const bb_model_config *c) { return c->seq_len; }
 static int gpt_outputs(const bb_model_config *c) { return c->vocab; }
 
-static void gpt_write_json(FILE *f, const bb_model_config *c)
+static int gpt_to_json(json_t *obj, const bb_model_config *c)
 {
-    fprintf(f, "  \"layers\": %d,\n  \"heads\": %d,\n  \"d_model\": %d,\n  \"seq_len\": %d,\n  \"vocab\": %d,\n",
-            c->layers, c->heads, c->d_model, c->seq_len, c->vocab);
+    return json_object_update_new(obj, json_pack("{s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "heads", c->heads,
+                                             "d_model", c->d_model, "seq_len", c->seq_len, "vocab", c->vocab));
 }
 
-static bool gpt_read_json(const char *json, bb_model_config *c)
+static bb_status gpt_from_json(const json_t *obj, const char *file, bb_model_config *c)
 {
-    return bb_json_get_int(json, "layers", &c->layers) && bb_json_get_int(json, "heads", &c->heads) &&
-           bb_json_get_int(json, "d_model", &c->d_model) && bb_json_get_int(json, "seq_len", &c->seq_len) &&
-           bb_json_get_int(json, "vocab", &c->vocab);
+    BB_TRY(bb_json_req_int(obj, file, "layers", &c->layers));
+    BB_TRY(bb_json_req_int(obj, file, "heads", &c->heads));
+    BB_TRY(bb_json_req_int(obj, file, "d_model", &c->d_model));
+    BB_TRY(bb_json_req_int(obj, file, "seq_len", &c->seq_len));
+    return bb_json_req_int(obj, file, "vocab", &c->vocab);
 }
 
 /* the widest records it takes: T + 1 u32 tokens */
@@ -560,8 +562,8 @@ const bb_model_kind bb_model_kind_gpt = {
     .targets_are_tokens = true,
     .chunks_loss = true,
     .tied_head = "lm_head.weight",
-    .write_json = gpt_write_json,
-    .read_json = gpt_read_json,
+    .to_json = gpt_to_json,
+    .from_json = gpt_from_json,
     .inputs_per_example = gpt_tokens,
     .input_size = sizeof(int32_t),
     .input_name = "tokens",

@@ -244,23 +244,31 @@ static int mlp_one(const bb_model_config *c) { return (void)c, 1; }
 static int mlp_outputs(const bb_model_config *c) { return c->classes; }
 static int mlp_inputs(const bb_model_config *c) { return c->inputs; }
 
-static void mlp_write_json(FILE *f, const bb_model_config *c)
+static int mlp_to_json(json_t *obj, const bb_model_config *c)
 {
-    fprintf(f, "  \"inputs\": %d,\n  \"classes\": %d,\n  \"hidden\": \"", c->inputs, c->classes);
-    for (int i = 0; i < c->hidden_count; i++) fprintf(f, "%s%d", i ? "," : "", c->hidden[i]);
-    fprintf(f, "\",\n");
+    char hidden[256] = "";
+    for (int i = 0; i < c->hidden_count; i++)
+        snprintf(hidden + strlen(hidden), sizeof hidden - strlen(hidden), "%s%d", i ? "," : "", c->hidden[i]);
+    return json_object_update_new(obj, json_pack("{s:i, s:i, s:s}", "inputs", c->inputs, "classes", c->classes,
+                                                 "hidden", hidden));
 }
 
-static bool mlp_read_json(const char *json, bb_model_config *c)
+static bb_status mlp_from_json(const json_t *obj, const char *file, bb_model_config *c)
 {
     char hidden[256];
-    bool ok = bb_json_get_int(json, "inputs", &c->inputs) && bb_json_get_int(json, "classes", &c->classes) &&
-              bb_json_get_string(json, "hidden", hidden, sizeof hidden);
-    for (char *p = hidden; ok && *p && c->hidden_count < BB_MLP_MAX_HIDDEN; c->hidden_count++) {
-        c->hidden[c->hidden_count] = (int)strtol(p, &p, 10);
-        if (*p == ',') p++;
+    BB_TRY(bb_json_req_int(obj, file, "inputs", &c->inputs));
+    BB_TRY(bb_json_req_int(obj, file, "classes", &c->classes));
+    BB_TRY(bb_json_req_string(obj, file, "hidden", hidden, sizeof hidden));
+    c->hidden_count = 0;
+    for (char *p = hidden; *p && c->hidden_count < BB_MLP_MAX_HIDDEN; c->hidden_count++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > (1 << 20) || (*end && *end != ','))
+            return bb_fail(BB_ERR_FORMAT, "%s: \"hidden\" is \"%s\", not sizes like 1024,1024", file, hidden);
+        c->hidden[c->hidden_count] = (int)v;
+        p = *end ? end + 1 : end;
     }
-    return ok;
+    return BB_OK;
 }
 
 /* a label, then the pixels */
@@ -298,8 +306,8 @@ const bb_model_kind bb_model_kind_mlp = {
     .targets_per_example = mlp_one,
     .outputs = mlp_outputs,
     .counts_correct = true,
-    .write_json = mlp_write_json,
-    .read_json = mlp_read_json,
+    .to_json = mlp_to_json,
+    .from_json = mlp_from_json,
     .inputs_per_example = mlp_inputs,
     .input_size = sizeof(float),
     .input_name = "features",

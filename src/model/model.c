@@ -80,19 +80,19 @@ bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->tar
 bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->counts_correct; }
 bool bb_model_chunks_loss(const bb_model_config *c) { return c->kind->chunks_loss; }
 
-void bb_model_config_write_json(FILE *f, const bb_model_config *c)
+bb_status bb_model_config_to_json(json_t *obj, const bb_model_config *c)
 {
-    fprintf(f, "  \"model\": ");
-    bb_json_write_string(f, c->kind->name);
-    fprintf(f, ",\n");
-    c->kind->write_json(f, c);
+    if (json_object_set_new(obj, "model", json_string(c->kind->name)) || c->kind->to_json(obj, c))
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    return BB_OK;
 }
 
-bool bb_model_config_read_json(const char *json, bb_model_config *c)
+bb_status bb_model_config_from_json(const json_t *obj, const char *file, bb_model_config *c)
 {
     char name[32];
-    if (!bb_json_get_string(json, "model", name, sizeof name) || !(c->kind = bb_model_kind_find(name))) return false;
-    return c->kind->read_json(json, c);
+    BB_TRY(bb_json_req_string(obj, file, "model", name, sizeof name));
+    if (!(c->kind = bb_model_kind_find(name))) return bb_fail(BB_ERR_FORMAT, "%s: \"model\" is %s, not a model kind", file, name);
+    return c->kind->from_json(obj, file, c);
 }
 
 bb_status bb_model_parse_checkpoint(const char *s, int *every)

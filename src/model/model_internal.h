@@ -21,8 +21,8 @@ struct bb_model_kind {
     bool targets_are_tokens, counts_correct;
     bool chunks_loss;      /* its head and loss run in chunks of tokens (bb_model_loss_chunk) */
     const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
-    void (*write_json)(FILE *f, const bb_model_config *c);
-    bool (*read_json)(const char *json, bb_model_config *c);
+    int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
+    bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
     /* ---- batches (batch.c) ---- */
     int (*inputs_per_example)(const bb_model_config *c); /* elements of input_size bytes */
     size_t input_size;                                    /* float features, int32 tokens */

@@ -35,33 +35,37 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
     const char *head = m->cfg.kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte) */
     bool tied = head != NULL;
-    size_t cap = 256, len = 0, offset = 0;
-    for (int i = 0; i < m->tensor_count; i++) cap += strlen(m->tensors[i].name) + 112; /* 112: keys, shape, offsets */
-    cap += 128;                                                                        /* the tied head */
-    char *json = malloc(cap);
     float *host = malloc(m->param_count * sizeof *host);
-    if (!json || !host) {
-        free(json), free(host);
-        return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
-    }
+    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
     bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
     const float *tied_data = tied ? host + m->tensors[0].offset : NULL;
     size_t tied_count = tied ? m->tensors[0].count : 0;
     uint64_t sum = rc == BB_OK ? data_checksum(host, m->param_count, tied_data, tied_count) : 0;
-    len += (size_t)snprintf(json + len, cap - len,
-                            "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"bigbatch %s\",\"xxh64\":\"%016llx\"}",
-                            BB_VERSION, (unsigned long long)sum);
-    for (int i = 0; i <= m->tensor_count; i++) {
+    char producer[64], xxh64[24];
+    snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
+    snprintf(xxh64, sizeof xxh64, "%016llx", (unsigned long long)sum);
+    json_t *header = json_pack("{s:{s:s, s:s, s:s}}", "__metadata__", "format", "pt", "producer", producer, "xxh64", xxh64);
+    size_t offset = 0;
+    for (int i = 0; header && i <= m->tensor_count; i++) {
         const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
         if (i == m->tensor_count && !tied) break;
         const char *name = i < m->tensor_count ? t->name : head; /* tied to tensor 0: written twice */
         size_t bytes = t->count * sizeof(float);
-        len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d", name, t->shape[0]);
-        if (t->rank == 2) len += (size_t)snprintf(json + len, cap - len, ",%d", t->shape[1]);
-        len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+        json_t *shape = t->rank == 2 ? json_pack("[i, i]", t->shape[0], t->shape[1]) : json_pack("[i]", t->shape[0]);
+        if (json_object_set_new(header, name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
+                                                        "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes))))
+            json_decref(header), header = NULL;
         offset += bytes;
     }
-    len += (size_t)snprintf(json + len, cap - len, "}");
+    char *json = header ? json_dumps(header, JSON_COMPACT) : NULL;
+    json_decref(header);
+    size_t len = json ? strlen(json) : 0;
+    char *padded = json ? realloc(json, len + 8) : NULL;
+    if (!padded) {
+        free(json), free(host);
+        return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
+    }
+    json = padded;
     while (len % 8) json[len++] = ' '; /* align the data to 8 bytes */
     /* Written beside the target, then renamed: no half-written weights. */
     char *tmp = malloc(strlen(path) + 16);
@@ -87,145 +91,43 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     return rc;
 }
 
-/* ---- a small JSON reader for the header -------------------------------- */
-typedef struct json {
-    const char *p, *end;
-} json;
-
-static void skip_space(json *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\t' || *j->p == '\r')) j->p++;
-}
-
-static bool expect(json *j, char c)
-{
-    skip_space(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return true;
-    }
-    return false;
-}
-
-/* Reads a string into out (truncated to cap-1); escapes are kept as is. */
-static bool read_string(json *j, char *out, size_t cap)
-{
-    if (!expect(j, '"')) return false;
-    size_t n = 0;
-    while (j->p < j->end && *j->p != '"') {
-        if (*j->p == '\\' && j->p + 1 < j->end) j->p++;
-        if (n + 1 < cap) out[n++] = *j->p;
-        j->p++;
-    }
-    out[n] = 0;
-    return expect(j, '"');
-}
-
-static bool read_number(json *j, uint64_t *out)
-{
-    skip_space(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return false;
-    uint64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        if (v > (UINT64_MAX - 9) / 10) return false; /* would overflow */
-        v = v * 10 + (uint64_t)(*j->p++ - '0');
-    }
-    *out = v;
-    return true;
-}
-
-static bool skip_value_at(json *j, int depth);
-
-/* Skips one value; nesting deeper than 64 is rejected, not recursed into. */
-static bool skip_value(json *j) { return skip_value_at(j, 0); }
-
-static bool skip_value_at(json *j, int depth)
-{
-    skip_space(j);
-    if (depth > 64) return false;
-    if (j->p >= j->end) return false;
-    char c = *j->p;
-    if (c == '"') {
-        char tmp[8];
-        return read_string(j, tmp, sizeof tmp);
-    }
-    if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        j->p++;
-        if (expect(j, close)) return true;
-        do {
-            if (c == '{') {
-                char key[8];
-                if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
-            }
-            if (!skip_value_at(j, depth + 1)) return false;
-        } while (expect(j, ','));
-        return expect(j, close);
-    }
-    while (j->p < j->end && *j->p != ',' && *j->p != '}' && *j->p != ']') j->p++; /* number, true, null */
-    return true;
-}
-
+/* ---- reading ----------------------------------------------------------- */
 typedef struct entry {
     char name[128], dtype[16];
     uint64_t shape[4], begin, end;
     int rank;
 } entry;
 
-static bool read_uint_array(json *j, uint64_t *out, int cap, int *count)
+/* A non-negative integer array of at most `cap` into out; false otherwise. */
+static bool read_uints(const json_t *a, uint64_t *out, int cap, int *count)
 {
-    *count = 0;
-    if (!expect(j, '[')) return false;
-    if (expect(j, ']')) return true;
-    do {
-        uint64_t v;
-        if (!read_number(j, &v)) return false;
-        if (*count < cap) out[*count] = v;
-        (*count)++;
-    } while (expect(j, ','));
-    return expect(j, ']');
+    *count = (int)json_array_size(a);
+    if (!json_is_array(a) || *count > cap) return false;
+    for (int i = 0; i < *count; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0) return false;
+        out[i] = (uint64_t)json_integer_value(v);
+    }
+    return true;
 }
 
-static bool read_entry(json *j, entry *e)
+/* One tensor's {"dtype", "shape", "data_offsets"}; false when malformed. */
+static bool read_entry(const char *name, const json_t *v, entry *e)
 {
-    if (!expect(j, '{')) return false;
-    int offsets = 0;
-    uint64_t pair[2] = {0, 0};
-    do {
-        char key[32];
-        if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
-        if (!strcmp(key, "dtype")) {
-            if (!read_string(j, e->dtype, sizeof e->dtype)) return false;
-        } else if (!strcmp(key, "shape")) {
-            if (!read_uint_array(j, e->shape, 4, &e->rank) || e->rank > 4) return false;
-        } else if (!strcmp(key, "data_offsets")) {
-            if (!read_uint_array(j, pair, 2, &offsets) || offsets != 2) return false;
-        } else if (!skip_value(j)) {
-            return false;
-        }
-    } while (expect(j, ','));
+    *e = (entry){0};
+    uint64_t pair[2];
+    int offsets;
+    const char *dtype = json_string_value(json_object_get(v, "dtype"));
+    if (!dtype || strlen(name) >= sizeof e->name || strlen(dtype) >= sizeof e->dtype ||
+        !read_uints(json_object_get(v, "shape"), e->shape, 4, &e->rank) ||
+        !read_uints(json_object_get(v, "data_offsets"), pair, 2, &offsets) || offsets != 2)
+        return false;
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->dtype, sizeof e->dtype, "%s", dtype);
     e->begin = pair[0], e->end = pair[1];
-    return expect(j, '}');
+    return true;
 }
 
-/* __metadata__: an object of strings; keeps "xxh64" (empty when absent). */
-static bool read_metadata(json *j, char *xxh64, size_t cap)
-{
-    if (!expect(j, '{')) return false;
-    if (expect(j, '}')) return true;
-    do {
-        char key[16];
-        if (!read_string(j, key, sizeof key) || !expect(j, ':')) return false;
-        if (!strcmp(key, "xxh64")) {
-            if (!read_string(j, xxh64, cap)) return false;
-        } else if (!skip_value(j)) {
-            return false;
-        }
-    } while (expect(j, ','));
-    return expect(j, '}');
-}
-
-/* ---- reading ----------------------------------------------------------- */
 static bb_status parse_header(const char *path, const uint8_t *file, size_t size, entry **out, int *count,
                               size_t *data_start, char *xxh64, size_t xxh64_cap)
 {
@@ -234,38 +136,32 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     for (int i = 0; i < 8; i++) n |= (uint64_t)file[i] << (8 * i);
     if (n > size - 8) return bb_fail(BB_ERR_CORRUPT, "%s: header of %llu bytes runs past the end", path,
                                      (unsigned long long)n);
-    json j = {(const char *)file + 8, (const char *)file + 8 + n};
     *data_start = 8 + n;
-    int cap = 64;
-    entry *e = malloc((size_t)cap * sizeof *e);
+    json_error_t err;
+    json_t *h = json_loadb((const char *)file + 8, n, JSON_REJECT_DUPLICATES, &err);
+    if (!h) return bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header near byte %d (%s)", path, 8 + err.position,
+                           err.text);
+    entry *e = calloc(json_object_size(h) + 1, sizeof *e);
     *count = 0;
-    bool ok = e && expect(&j, '{');
-    bool empty = ok && expect(&j, '}');
-    if (ok && !empty) do {
-            if (*count == cap) {
-                entry *bigger = realloc(e, (size_t)(cap *= 2) * sizeof *e);
-                if (!bigger) { ok = false; break; }
-                e = bigger;
-            }
-            entry *x = &e[*count];
-            *x = (entry){0};
-            if (!read_string(&j, x->name, sizeof x->name) || !expect(&j, ':')) { ok = false; break; }
-            if (!strcmp(x->name, "__metadata__")) {
-                ok = read_metadata(&j, xxh64, xxh64_cap);
-            } else {
-                ok = read_entry(&j, x);
-                (*count)++;
-            }
-        } while (ok && expect(&j, ','));
-    ok = ok && (empty || expect(&j, '}'));
-    skip_space(&j);
-    ok = ok && j.p == j.end;
-    for (int a = 0; ok && a < *count; a++)
-        for (int b = a + 1; ok && b < *count; b++) ok = strcmp(e[a].name, e[b].name) != 0;
+    const char *key;
+    json_t *v;
+    bool ok = e != NULL;
+    json_object_foreach(h, key, v) {
+        if (!ok) break;
+        if (!strcmp(key, "__metadata__")) { /* an object of strings; keeps "xxh64" */
+            const char *sum = json_string_value(json_object_get(v, "xxh64"));
+            ok = json_is_object(v);
+            if (sum) snprintf(xxh64, xxh64_cap, "%s", sum);
+            continue;
+        }
+        ok = read_entry(key, v, &e[*count]);
+        if (ok) (*count)++;
+    }
+    json_decref(h);
     if (!ok) {
         free(e);
-        return bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header near byte %td", path,
-                       j.p - (const char *)file);
+        return e ? bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header (tensor %s)", path, key)
+                 : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     }
     *out = e;
     return BB_OK;

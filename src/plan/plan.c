@@ -4,19 +4,14 @@
 #include <string.h>
 
 #include "bigbatch/plan.h"
-#include "train/optimizer.h"
+#include "bigbatch/optim.h"
 
 /* Loader slots (host memory, per device) for the request's devices,
  * loader threads and records. */
 static uint64_t loader_slots(const bb_model_config *c, int micro_batch, int devices, int threads, uint32_t record)
 {
-    if (!threads) {
-        bb_train_options defaults;
-        bb_train_defaults(&defaults);
-        threads = defaults.loader_threads;
-    }
     bb_loader_options lo;
-    bb_train_loader_options(devices, micro_batch, threads, &lo);
+    bb_loader_training_options(devices, micro_batch, threads, &lo);
     return bb_loader_slot_bytes(&lo, record ? record : bb_model_record_buffer_bytes(c, 1));
 }
 
@@ -107,9 +102,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
     int per_device = q->global_batch / q->devices;
-    bb_train_options defaults;
-    bb_train_defaults(&defaults);
-    size_t bucket_bytes = (size_t)((q->bucket_mib > 0 ? q->bucket_mib : defaults.bucket_mib) * 1048576.0);
+    size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
     int layers = bb_model_layers(&q->model);
     /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */
     int policies[16], np = 0;

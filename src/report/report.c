@@ -271,7 +271,7 @@ static bb_status write_page(page *p, const bb_report_trace *trace, const bb_repo
     memory_chart(p, plan);
     if (p->o->trace) {
         fprintf(out, "<h2>Timeline</h2>\n");
-        bb_report_timeline(out, trace, p->o->trace_step);
+        bb_report_timeline(out, trace);
     }
     fprintf(out, "<p class=\"caption\">Written by bigbatch %s.</p>\n</body></html>\n", BB_VERSION);
     return BB_OK;
@@ -289,7 +289,7 @@ bb_status bb_report_write(const bb_report_options *o)
     int read = 0;
     for (; rc == BB_OK && read < p.nruns; read++)
         rc = bb_report_read_run(read ? o->compare[read - 1] : o->metrics, &p.runs[read]);
-    if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, &trace);
+    if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, o->trace_step, &trace);
     if (rc == BB_OK && o->plan) rc = bb_report_read_plan(o->plan, &plan);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", o->out, (int)getpid());

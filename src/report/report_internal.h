@@ -6,7 +6,7 @@
 
 #include <stdio.h>
 
-#include "bigbatch/core.h"
+#include "bigbatch/json.h"
 
 enum { BB_REPORT_MAX_DEVICES = 64 };
 
@@ -43,8 +43,11 @@ typedef struct bb_report_span {
 typedef struct bb_report_trace {
     char lane_name[BB_REPORT_MAX_DEVICES + 1][48];
     int lanes;
-    bb_report_span *spans;
+    bb_report_span *spans;            /* those of step `step` only */
     int count;
+    long long step;                   /* the step shown: asked for, or the median one (`median`) */
+    bool median;
+    int all_spans;                    /* the trace's, of every step */
     char note[256];                   /* why there is no timeline, when there is none */
 } bb_report_trace;
 
@@ -58,12 +61,15 @@ typedef struct bb_report_plan {
 
 bb_status bb_report_read_run(const char *path, bb_report_run *run);
 void bb_report_free_run(bb_report_run *run);
-/* An empty or span-less trace is not an error: trace->note says so. */
-bb_status bb_report_read_trace(const char *path, bb_report_trace *trace);
+/* The spans of step `step` (0: the median step by duration), streamed
+ * from the file twice in bounded memory. An empty or span-less trace is
+ * not an error: trace->note says so. Fails with BB_ERR_FORMAT naming the
+ * file and the byte where it is not JSON. */
+bb_status bb_report_read_trace(const char *path, int step, bb_report_trace *trace);
 void bb_report_free_trace(bb_report_trace *trace);
 bb_status bb_report_read_plan(const char *path, bb_report_plan *plan);
-/* One step's spans (`step`, or the median step by duration when 0 or
- * absent), a lane per trace thread, or a note saying why there is none. */
-void bb_report_timeline(FILE *out, const bb_report_trace *trace, int step);
+/* The trace's step as lanes of spans, a lane per trace thread, or a note
+ * saying why there is none. */
+void bb_report_timeline(FILE *out, const bb_report_trace *trace);
 
 #endif

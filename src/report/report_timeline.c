@@ -20,70 +20,40 @@ static const char *part_colour(const char *name)
     return "#999999";
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* [*t0, *t1) of `step`'s spans; false when it has none. */
-static bool step_bounds(const bb_report_trace *t, long long step, double *t0, double *t1)
+/* [*t0, *t1) of the step's spans. */
+static void step_bounds(const bb_report_trace *t, double *t0, double *t1)
 {
     *t0 = INFINITY, *t1 = -INFINITY;
     for (int i = 0; i < t->count; i++) {
         const bb_report_span *s = &t->spans[i];
-        if (s->step != step) continue;
         *t0 = s->ts_us < *t0 ? s->ts_us : *t0;
         *t1 = s->ts_us + s->dur_us > *t1 ? s->ts_us + s->dur_us : *t1;
     }
-    return isfinite(*t0);
 }
 
-/* The step whose duration is the median of all steps' (the lower one). */
-static long long median_step(const bb_report_trace *t)
+void bb_report_timeline(FILE *out, const bb_report_trace *t)
 {
-    long long first = t->spans[0].step, last = first;
-    for (int i = 0; i < t->count; i++) {
-        first = t->spans[i].step < first ? t->spans[i].step : first;
-        last = t->spans[i].step > last ? t->spans[i].step : last;
-    }
-    long long n = last - first + 1;
-    double(*d)[2] = n > 0 && n < (1 << 24) ? calloc((size_t)n, sizeof *d) : NULL;
-    if (!d) return first;
-    int k = 0;
-    for (long long s = first; s <= last; s++) {
-        double a, b;
-        if (step_bounds(t, s, &a, &b)) d[k][0] = b - a, d[k][1] = (double)s, k++;
-    }
-    qsort(d, (size_t)k, sizeof *d, cmp_double); /* by duration (the first double) */
-    long long chosen = k ? (long long)d[(k - 1) / 2][1] : first;
-    free(d);
-    return chosen;
-}
-
-void bb_report_timeline(FILE *out, const bb_report_trace *t, int want)
-{
-    if (t->count == 0) {
+    if (t->all_spans == 0) {
         fprintf(out, "<p class=\"note\">");
         bb_svg_text(out, t->note[0] ? t->note : "The trace has no spans: no timeline.");
         fprintf(out, "</p>\n");
         return;
     }
-    long long step = want > 0 ? want : median_step(t);
+    long long step = t->step;
     double t0, t1;
-    if (!step_bounds(t, step, &t0, &t1)) {
+    step_bounds(t, &t0, &t1);
+    if (t->count == 0) {
         fprintf(out, "<p class=\"note\">The trace has no spans of step %lld: no timeline.</p>\n", step);
         return;
     }
     int lanes = t->lanes > 0 ? t->lanes : 1;
     char title[96];
-    snprintf(title, sizeof title, "Step %lld%s, one lane per thread", step, want > 0 ? "" : " (the median step)");
+    snprintf(title, sizeof title, "Step %lld%s, one lane per thread", step, t->median ? " (the median step)" : "");
     bb_svg_chart c;
     /* y: lane k occupies [lanes - k - 1, lanes - k) so lane 0 is on top */
     bb_svg_chart_begin(&c, out, title, "milliseconds from the step's start", "", 0, (t1 - t0) / 1000, 0, lanes, 0);
     for (int i = 0; i < t->count; i++) {
         const bb_report_span *s = &t->spans[i];
-        if (s->step != step) continue;
         double y = lanes - s->lane - 1;
         char tip[128];
         snprintf(tip, sizeof tip, "%s: %s, %.2f ms", t->lane_name[s->lane][0] ? t->lane_name[s->lane] : "thread", s->name,

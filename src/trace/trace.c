@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bigbatch/json.h"
 #include "bigbatch/trace.h"
 
 #ifdef BB_NVTX
@@ -80,13 +81,21 @@ void bb_trace_add(bb_trace_t *t, int i, const char *name, uint64_t start_ns, uin
     k->spans[k->count++] = (span){name, start_ns, end_ns, step, detail};
 }
 
+/* Writes one event (its reference taken) on a line of its own. */
+static bool event(FILE *f, json_t *e, bool *first)
+{
+    bool ok = e && (*first || fputs(",\n", f) >= 0) && bb_json_write(f, e) == BB_OK;
+    *first = false;
+    json_decref(e);
+    return ok;
+}
+
 bb_status bb_trace_write(const bb_trace_t *t, const char *path)
 {
     uint64_t origin = UINT64_MAX;
-    size_t dropped = 0, total = 0;
+    size_t dropped = 0;
     for (int i = 0; i < t->count; i++) {
         dropped += t->tracks[i].dropped;
-        total += t->tracks[i].count;
         if (t->tracks[i].count && t->tracks[i].spans[0].start_ns < origin) origin = t->tracks[i].spans[0].start_ns;
     }
     char tmp[4096];
@@ -94,30 +103,32 @@ bb_status bb_trace_write(const bb_trace_t *t, const char *path)
         return bb_fail(BB_ERR_ARG, "trace path too long: %s", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    for (int i = 0; i < t->count; i++) {
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":", i);
-        bb_json_write_string(f, t->tracks[i].name);
-        fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"sort_index\":%d}}", i, i);
-        fprintf(f, i + 1 < t->count || total ? ",\n" : "\n");
+    /* One event per line: a reader streams it element by element. */
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    bool ok = true, first = true;
+    for (int i = 0; ok && i < t->count; i++) {
+        json_t *name = json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "thread_name", "ph", "M", "pid", 1, "tid", i,
+                                 "args", "name", t->tracks[i].name);
+        json_t *sort = json_pack("{s:s, s:s, s:i, s:i, s:{s:i}}", "name", "thread_sort_index", "ph", "M", "pid", 1,
+                                 "tid", i, "args", "sort_index", i);
+        ok = event(f, name, &first) && event(f, sort, &first);
     }
-    for (int i = 0; i < t->count; i++) {
+    for (int i = 0; ok && i < t->count; i++) {
         const track *k = &t->tracks[i];
-        for (size_t j = 0; j < k->count; j++) {
+        for (size_t j = 0; ok && j < k->count; j++) {
             const span *s = &k->spans[j];
             bool reduce = !strcmp(s->name, "reduce");
-            fprintf(f, "{\"name\":\"%s", s->name);
-            if (reduce) fprintf(f, " bucket %d", s->detail);
-            fprintf(f, "\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%lld,\"%s\":%d}}",
-                    i, (double)(s->start_ns - origin) / 1e3, (double)(s->end_ns - s->start_ns) / 1e3,
-                    (long long)s->step, reduce ? "bucket" : "micro_step", s->detail);
-            bool last = j + 1 == k->count;
-            for (int n = i + 1; last && n < t->count; n++) last = t->tracks[n].count == 0;
-            fprintf(f, last ? "\n" : ",\n");
+            char name[64];
+            snprintf(name, sizeof name, reduce ? "%s bucket %d" : "%s", s->name, s->detail);
+            json_t *e = json_pack("{s:s, s:s, s:i, s:i, s:o, s:o, s:{s:I, s:i}}", "name", name, "ph", "X", "pid", 1,
+                                  "tid", i, "ts", bb_json_fixed((double)(s->start_ns - origin) / 1e3, 3), "dur",
+                                  bb_json_fixed((double)(s->end_ns - s->start_ns) / 1e3, 3), "args", "step",
+                                  (json_int_t)s->step, reduce ? "bucket" : "micro_step", s->detail);
+            ok = event(f, e, &first);
         }
     }
-    fprintf(f, "]}\n");
-    bool ok = !ferror(f);
+    fprintf(f, "\n]}\n");
+    ok = ok && !ferror(f);
     if (fclose(f) != 0) ok = false;
     if (!ok || rename(tmp, path) != 0) {
         bb_status rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write the trace", path);

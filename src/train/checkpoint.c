@@ -36,36 +36,29 @@ static void remove_step_dir(const char *path)
 static bb_status write_state(const char *path, const checkpoint_state *st, const bb_model_config *c,
                              const bb_optimizer *o)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
-    fprintf(f, "{\n  \"format\": \"bigbatch-checkpoint\",\n  \"version\": 1,\n  \"producer\": \"bigbatch %s\",\n",
-            BB_VERSION);
-    fprintf(f, "  \"step\": %llu,\n  \"epoch\": %llu,\n  \"step_in_epoch\": %llu,\n  \"total_steps\": %llu,\n",
-            (unsigned long long)st->step, (unsigned long long)st->epoch, (unsigned long long)st->step_in_epoch,
-            (unsigned long long)st->total_steps);
+    const bb_optimizer_config *oc = &o->cfg;
+    char producer[64];
+    snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
     /* The run draws no random numbers besides the seeded data order and
      * initialisation: (seed, step) is the whole RNG state. */
-    char loss[32];
-    fprintf(f, "  \"seed\": %llu,\n  \"global_batch\": %d,\n  \"loss\": %s,\n  \"data\": ",
-            (unsigned long long)st->seed, st->global_batch, bb_json_number(loss, sizeof loss, "%.9g", st->loss));
-    bb_json_write_string(f, st->data ? st->data : "");
-    fprintf(f, ",\n  \"val_data\": ");
-    bb_json_write_string(f, st->val_data ? st->val_data : "");
-    fprintf(f, ",\n  \"devices\": ");
-    bb_json_write_string(f, st->devices ? st->devices : "");
-    fprintf(f, ",\n  \"micro_batch\": %d,\n  \"shuffle_frames\": %u", st->micro_batch, st->shuffle_frames);
-    fprintf(f, ",\n");
-    bb_model_config_write_json(f, c);
-    const bb_optimizer_config *oc = &o->cfg;
-    fprintf(f, "  \"checkpoint_every\": %d,\n  \"precision\": \"%s\",\n  \"optimizer\": \"%s\",\n", c->checkpoint_every,
-            bb_precision_name(c->precision), bb_optimizer_kind_name(oc->kind));
-    fprintf(f, "  \"lr\": %.17g,\n  \"lr_schedule\": \"%s\",\n  \"warmup\": %llu,\n  \"beta1\": %.17g,\n  \"beta2\": %.17g,\n"
-               "  \"eps\": %.17g,\n  \"momentum\": %.17g,\n  \"weight_decay\": %.17g,\n  \"grad_clip\": %.17g\n}\n",
-            oc->lr, oc->schedule == BB_LR_CONSTANT ? "constant" : "cosine", (unsigned long long)oc->warmup, oc->beta1,
-            oc->beta2, oc->eps, oc->momentum, oc->weight_decay, oc->grad_clip);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = false;
-    return ok ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
+    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:i, s:I}", "format",
+                          "bigbatch-checkpoint", "version", 1, "producer", producer, "step", (json_int_t)st->step,
+                          "epoch", (json_int_t)st->epoch, "step_in_epoch", (json_int_t)st->step_in_epoch,
+                          "total_steps", (json_int_t)st->total_steps, "seed", (json_int_t)st->seed, "global_batch",
+                          st->global_batch, "loss", bb_json_real(st->loss, 17), "data", st->data ? st->data : "",
+                          "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
+                          "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames);
+    json_t *opt = json_pack("{s:i, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
+                            c->checkpoint_every, "precision", bb_precision_name(c->precision), "optimizer",
+                            bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule", bb_lr_schedule_name(oc->schedule),
+                            "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
+                            "momentum", oc->momentum, "weight_decay", oc->weight_decay, "grad_clip", oc->grad_clip);
+    bb_status rc = j && opt ? bb_model_config_to_json(j, c) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+    if (rc == BB_OK && json_object_update(j, opt)) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+    if (rc == BB_OK) rc = bb_json_write_file(j, path);
+    json_decref(j);
+    json_decref(opt);
+    return rc;
 }
 
 static bb_status sync_dir(const char *dir)
@@ -242,62 +235,83 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
     return BB_OK;
 }
 
-/* ---- reading: state.json is flat, written by write_state --------------- */
+/* ---- reading ------------------------------------------------------------ */
 
-bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
+/* Where the checkpoint `ckpt_dir` names lives: its step directory and the
+ * directory of step directories, and its state.json (into `path`). */
+static bb_status locate(const char *ckpt_dir, bb_checkpoint_info *info, char *path, size_t cap)
 {
-    memset(info, 0, sizeof *info);
-    char link[4096], target[256], path[4096];
-    BB_TRY(join(path, sizeof path, ckpt_dir, "state.json"));
+    char link[4096], target[256];
+    BB_TRY(join(path, cap, ckpt_dir, "state.json"));
     if (access(path, F_OK) == 0) { /* a step directory (or DIR/latest) itself */
         snprintf(info->dir, sizeof info->dir, "%s", ckpt_dir);
         snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
         char *slash = strrchr(info->root, '/');
         if (slash && slash != info->root) *slash = 0;
         else snprintf(info->root, sizeof info->root, slash ? "/" : ".");
-    } else {
-        BB_TRY(join(link, sizeof link, ckpt_dir, "latest"));
-        ssize_t n = readlink(link, target, sizeof target - 1);
-        if (n <= 0) return bb_fail_errno(BB_ERR_IO, "%s: no checkpoint here (cannot read %s)", ckpt_dir, link);
-        target[n] = 0;
-        BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
-        snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
-        BB_TRY(join(path, sizeof path, info->dir, "state.json"));
+        return BB_OK;
     }
-    FILE *f = fopen(path, "r");
-    if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
-    char json[8192];
-    size_t len = fread(json, 1, sizeof json - 1, f);
-    fclose(f);
-    json[len] = 0;
-    char opt[16] = "", format[64] = "";
+    BB_TRY(join(link, sizeof link, ckpt_dir, "latest"));
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) return bb_fail_errno(BB_ERR_IO, "%s: no checkpoint here (cannot read %s)", ckpt_dir, link);
+    target[n] = 0;
+    BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
+    snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
+    return join(path, cap, info->dir, "state.json");
+}
+
+/* The fields of state.json; the optional ones are absent in checkpoints
+ * from before --precision bf16 and before resume remembered them. */
+static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_info *info)
+{
+    char format[64], opt[16], schedule[16], precision[16] = "fp32";
     bb_model_config *c = &info->model;
-    bool ok = bb_json_get_string(json, "format", format, sizeof format) && !strcmp(format, "bigbatch-checkpoint") &&
-              bb_json_get_u64(json, "step", &info->step) && bb_json_get_u64(json, "seed", &info->seed) &&
-              bb_json_get_int(json, "global_batch", &info->global_batch) && bb_model_config_read_json(json, c) &&
-              bb_json_get_string(json, "optimizer", opt, sizeof opt) &&
-              bb_json_get_int(json, "checkpoint_every", &c->checkpoint_every);
-    char precision[16] = "fp32"; /* absent in checkpoints from before --precision bf16 stored activations */
-    bb_json_get_string(json, "precision", precision, sizeof precision);
-    if (ok && bb_precision_parse(precision, &c->precision) != BB_OK) ok = false;
     bb_optimizer_config *oc = &info->opt;
-    char schedule[16] = "";
-    oc->kind = !strcmp(opt, "sgd") ? BB_OPTIMIZER_SGD : BB_OPTIMIZER_ADAMW;
-    ok = ok && bb_json_get_u64(json, "total_steps", &info->total_steps) && bb_json_get_string(json, "data", info->data, sizeof info->data) &&
-         bb_json_get_double(json, "lr", &oc->lr) && bb_json_get_string(json, "lr_schedule", schedule, sizeof schedule) &&
-         bb_json_get_u64(json, "warmup", &oc->warmup) && bb_json_get_double(json, "beta1", &oc->beta1) &&
-         bb_json_get_double(json, "beta2", &oc->beta2) && bb_json_get_double(json, "eps", &oc->eps) &&
-         bb_json_get_double(json, "momentum", &oc->momentum) && bb_json_get_double(json, "weight_decay", &oc->weight_decay) &&
-         bb_json_get_double(json, "grad_clip", &oc->grad_clip);
-    oc->schedule = strcmp(schedule, "constant") ? BB_LR_COSINE : BB_LR_CONSTANT;
-    /* absent in checkpoints from before resume remembered them */
-    bb_json_get_string(json, "val_data", info->val_data, sizeof info->val_data);
-    bb_json_get_string(json, "devices", info->devices, sizeof info->devices);
-    bb_json_get_int(json, "micro_batch", &info->micro_batch);
+    BB_TRY(bb_json_req_string(j, path, "format", format, sizeof format));
+    if (strcmp(format, "bigbatch-checkpoint"))
+        return bb_fail(BB_ERR_FORMAT, "%s: \"format\" is \"%s\", not a bigbatch checkpoint", path, format);
+    BB_TRY(bb_json_req_u64(j, path, "step", &info->step));
+    BB_TRY(bb_json_req_u64(j, path, "seed", &info->seed));
+    BB_TRY(bb_json_req_u64(j, path, "total_steps", &info->total_steps));
+    BB_TRY(bb_json_req_int(j, path, "global_batch", &info->global_batch));
+    BB_TRY(bb_json_req_string(j, path, "data", info->data, sizeof info->data));
+    BB_TRY(bb_json_opt_string(j, path, "val_data", info->val_data, sizeof info->val_data));
+    BB_TRY(bb_json_opt_string(j, path, "devices", info->devices, sizeof info->devices));
+    BB_TRY(bb_json_opt_int(j, path, "micro_batch", &info->micro_batch));
     int frames = 0;
-    if (bb_json_get_int(json, "shuffle_frames", &frames)) info->shuffle_frames = (uint32_t)frames;
-    if (!ok) return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch checkpoint state (missing or bad fields)", path);
-    return BB_OK;
+    BB_TRY(bb_json_opt_int(j, path, "shuffle_frames", &frames));
+    info->shuffle_frames = (uint32_t)frames;
+    BB_TRY(bb_model_config_from_json(j, path, c));
+    BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->checkpoint_every));
+    BB_TRY(bb_json_opt_string(j, path, "precision", precision, sizeof precision));
+    if (bb_precision_parse(precision, &c->precision) != BB_OK)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"precision\" is \"%s\", not fp32 or bf16", path, precision);
+    BB_TRY(bb_json_req_string(j, path, "optimizer", opt, sizeof opt));
+    if (bb_optimizer_kind_parse(opt, &oc->kind) != BB_OK)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"optimizer\" is \"%s\", not adamw or sgd", path, opt);
+    BB_TRY(bb_json_req_string(j, path, "lr_schedule", schedule, sizeof schedule));
+    if (bb_lr_schedule_parse(schedule, &oc->schedule) != BB_OK)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"lr_schedule\" is \"%s\", not cosine or constant", path, schedule);
+    BB_TRY(bb_json_req_double(j, path, "lr", &oc->lr));
+    BB_TRY(bb_json_req_u64(j, path, "warmup", &oc->warmup));
+    BB_TRY(bb_json_req_double(j, path, "beta1", &oc->beta1));
+    BB_TRY(bb_json_req_double(j, path, "beta2", &oc->beta2));
+    BB_TRY(bb_json_req_double(j, path, "eps", &oc->eps));
+    BB_TRY(bb_json_req_double(j, path, "momentum", &oc->momentum));
+    BB_TRY(bb_json_req_double(j, path, "weight_decay", &oc->weight_decay));
+    return bb_json_req_double(j, path, "grad_clip", &oc->grad_clip);
+}
+
+bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
+{
+    memset(info, 0, sizeof *info);
+    char path[4096];
+    BB_TRY(locate(ckpt_dir, info, path, sizeof path));
+    json_t *j;
+    BB_TRY(bb_json_load_file(path, true, &j));
+    bb_status rc = read_state(j, path, info);
+    json_decref(j);
+    return rc;
 }
 
 bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t *m)

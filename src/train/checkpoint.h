@@ -9,7 +9,8 @@
 #ifndef BIGBATCH_TRAIN_CHECKPOINT_H
 #define BIGBATCH_TRAIN_CHECKPOINT_H
 
-#include "optimizer.h"
+#include "bigbatch/optim.h"
+#include "bigbatch/train.h"
 
 /* What a checkpoint records besides the weights and the optimizer. */
 typedef struct checkpoint_state {

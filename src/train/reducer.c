@@ -14,30 +14,17 @@
 
 bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes)
 {
-    int tensors = bb_model_tensor_count(m);
+    bb_buckets b;
+    BB_TRY(bb_buckets_make(m, bucket_bytes, &b));
     r->devices = devices;
-    r->lo = calloc((size_t)tensors, sizeof *r->lo);
-    r->hi = calloc((size_t)tensors, sizeof *r->hi);
-    if (!r->lo || !r->hi) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    /* Tensors from the last to the first; a bucket closes once it holds
-     * its share (1 MiB for the first, so that reducing starts early). */
-    size_t hi = bb_model_param_count(m), cap = bucket_bytes < (1u << 20) ? bucket_bytes : (size_t)1 << 20;
-    for (int t = tensors - 1; t >= 0; t--) {
-        size_t lo = bb_model_tensor(m, t)->offset;
-        if ((hi - lo) * sizeof(float) >= cap || t == 0) {
-            r->lo[r->buckets] = lo;
-            r->hi[r->buckets++] = hi;
-            hi = lo;
-            cap = bucket_bytes;
-        }
-    }
+    r->buckets = b.count, r->lo = b.lo, r->hi = b.hi;
     return BB_OK;
 }
 
 void bb_reducer_free_buckets(reducer_t *r)
 {
-    free(r->lo);
-    free(r->hi);
+    bb_buckets_free(&(bb_buckets){.count = r->buckets, .lo = r->lo, .hi = r->hi});
+    r->lo = r->hi = NULL;
 }
 
 bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)

@@ -1,8 +1,6 @@
-/* reducer.h — private: the gradient reducers, on the CPU and with NCCL.
- * Gradients are cut into buckets in reverse layer order (the end of the
- * parameter buffer first, where the backward finishes first); bucket 0
- * holds about 1 MiB (or bucket_bytes when smaller), the rest about
- * `bucket_bytes` each, never splitting a tensor (as PyTorch DDP).
+/* reducer.h — private: the gradient reducers, on the CPU and with NCCL,
+ * over the gradient buckets of optim.h (bb_buckets_make: from the end of
+ * the parameter buffer, where the backward finishes first).
  *
  * On the last micro-step each worker posts the buckets the backward has
  * finished (bb_reducer_post, from the model's grad-ready hook); a reducer
@@ -14,7 +12,7 @@
  * 2^32 (futex words are 32-bit), which long runs wrap.
  *
  * With ZeRO-1 (reducer_args.zero) each device owns a slice of every bucket
- * (optimizer.h's bb_shard): the reduction leaves the average in the
+ * (optim.h's bb_shard): the reduction leaves the average in the
  * owner's slice (a reduce-scatter; CPU: only there, NCCL: everywhere, an
  * all-reduce), each device updates its slices, and bb_reducer_allgather
  * copies every owner's updated weights into every replica.
@@ -39,6 +37,7 @@
 #define BIGBATCH_TRAIN_REDUCER_H
 
 #include "bigbatch/model.h"
+#include "bigbatch/optim.h"
 #include "bigbatch/trace.h"
 
 #ifdef __cplusplus
@@ -71,8 +70,8 @@ struct reducer {
     char failure_message[256];
 };
 
-/* Cuts `m`'s parameter buffer into buckets (see above) and fills the
- * shared part of `r`. Fails with BB_ERR_NOMEM. */
+/* Cuts `m`'s parameter buffer into buckets (bb_buckets_make) and fills
+ * the shared part of `r`. Fails with BB_ERR_NOMEM. */
 bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
 void bb_reducer_free_buckets(reducer_t *r);
 
@@ -162,9 +161,7 @@ static inline bool bb_reducer_sum_squares(const reducer_t *r, double *out)
  * (owners are the job's devices: local device d is owner first_owner + d). */
 static inline void bb_reducer_slice(const reducer_t *r, int b, int k, int n, size_t *lo, size_t *hi)
 {
-    size_t len = r->hi[b] - r->lo[b];
-    *lo = r->lo[b] + len * (size_t)k / (size_t)n;
-    *hi = r->lo[b] + len * (size_t)(k + 1) / (size_t)n;
+    bb_bucket_slice(r->lo, r->hi, b, k, n, lo, hi);
 }
 /* Device 0's `stop`, on every device; true when the reducer is aborted. */
 static inline bool bb_reducer_broadcast_stop(reducer_t *r, int device, bool stop)

@@ -12,25 +12,8 @@
 #include "bigbatch/world.h"
 #include "trainer.h"
 
-void bb_train_defaults(bb_train_options *o)
-{
-    *o = (bb_train_options){
-        .model = bb_model_gpt_config(4, 4, 128, 0, 0),
-        .data = "data/kjv/train",
-        .devices = 1,
-        .global_batch = 64,
-        .micro_batch = 8,
-        .epochs = 1,
-        .opt = {.kind = BB_OPTIMIZER_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .momentum = 0.9,
-                .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0},
-        .seed = 1,
-        .loader_threads = 2,
-        .bucket_mib = 25,
-        .timeout_s = 600, /* PyTorch's collective timeout */
-        .log_every = 10,
-        .keep = 2,
-    };
-}
+/* Field `field` of the options `o` as its messages name it. */
+#define NAME(field) bb_train_option_name(o, BB_TRAIN_##field)
 
 /* `devices`: the job's (every process's). */
 static bb_status check_split(const bb_train_options *o, int devices, int micro_batch, int *accumulation)
@@ -47,67 +30,64 @@ static bb_status check_split(const bb_train_options *o, int devices, int micro_b
     if (!len) { /* no micro-batch helps: the global batch must change */
         int below = o->global_batch / devices * devices, above = below + devices;
         return bb_fail(BB_ERR_ARG,
-                       "--global-batch %d does not split over %d devices: it must be a multiple of %d (e.g. %d)",
-                       o->global_batch, devices, devices, below ? below : above);
+                       "%s %d does not split over %d devices: it must be a multiple of %d (e.g. %d)",
+                       NAME(GLOBAL_BATCH), o->global_batch, devices, devices, below ? below : above);
     }
     return bb_fail(BB_ERR_ARG,
-                   "--global-batch %d is not a whole number of micro-batches of %d on %d device%s; valid "
-                   "--micro-batch values: %s",
-                   o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", valid);
+                   "%s %d is not a whole number of micro-batches of %d on %d device%s; valid %s values: %s",
+                   NAME(GLOBAL_BATCH), o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", NAME(MICRO_BATCH), valid);
 }
 
-/* Checks a --resume checkpoint against the options; the run continues at its step. */
-static bb_status check_resume(trainer *t, bb_checkpoint_info *info)
+/* Checks the checkpoint resumed from against the options (those it did
+ * not supply, bb_train_options_resume); the run continues at its step. */
+static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
 {
     const bb_train_options *o = t->o;
-    BB_TRY(bb_checkpoint_read_info(o->resume_dir, info));
     char want[160], have[160];
     bb_model_describe(&t->cfg, want, sizeof want);
     bb_model_describe(&info->model, have, sizeof have);
     if (!bb_model_same_shape(&t->cfg, &info->model))
-        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint holds a %s, the options ask for a %s", o->resume_dir,
-                       have, want);
+        return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint holds a %s, the options ask for a %s", NAME(RESUME),
+                       o->resume_dir, have, want);
     if (info->global_batch != o->global_batch)
-        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint was trained with --global-batch %d, not %d (the data "
-                       "order and the step count depend on it)", o->resume_dir, info->global_batch, o->global_batch);
+        return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint was trained with %s %d, not %d (the data order and the "
+                       "step count depend on it)", NAME(RESUME), o->resume_dir, NAME(GLOBAL_BATCH), info->global_batch,
+                       o->global_batch);
     if (info->opt.kind != o->opt.kind)
-        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint's optimizer is %s, not %s", o->resume_dir,
+        return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint's optimizer is %s, not %s", NAME(RESUME), o->resume_dir,
                        bb_optimizer_kind_name(info->opt.kind), bb_optimizer_kind_name(o->opt.kind));
     /* Hyperparameters may change on purpose; say that the run is no longer exact. */
     const bb_optimizer_config *a = &o->opt, *b = &info->opt;
-    static const char *const names[] = {"--lr", "--warmup", "--lr-schedule", "--weight-decay", "--grad-clip",
-                                        "--beta2", "--momentum"};
+    static const bb_train_field fields[] = {BB_TRAIN_LR, BB_TRAIN_WARMUP, BB_TRAIN_LR_SCHEDULE, BB_TRAIN_WEIGHT_DECAY,
+                                            BB_TRAIN_GRAD_CLIP, BB_TRAIN_BETA2, BB_TRAIN_MOMENTUM};
     bool differ[] = {a->lr != b->lr, a->warmup != b->warmup, a->schedule != b->schedule,
                      a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip,
                      a->kind == BB_OPTIMIZER_ADAMW && (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps),
                      a->kind == BB_OPTIMIZER_SGD && a->momentum != b->momentum};
     for (size_t i = 0; i < sizeof differ / sizeof *differ; i++)
         if (differ[i])
-            BB_WARN("--resume: %s differs from the checkpoint's; the run continues, but not as the saved run would "
-                    "have", names[i]);
+            BB_WARN("%s: %s differs from the checkpoint's; the run continues, but not as the saved run would have",
+                    NAME(RESUME), bb_train_option_name(o, fields[i]));
     if (info->model.precision != t->cfg.precision)
-        BB_WARN("--resume: the checkpoint's run used --precision %s, this one %s: the run continues, but not as "
-                "the saved run would have", bb_precision_name(info->model.precision),
+        BB_WARN("%s: the checkpoint's run used %s %s, this one %s: the run continues, but not as the saved run would "
+                "have", NAME(RESUME), NAME(PRECISION), bb_precision_name(info->model.precision),
                 bb_precision_name(t->cfg.precision));
     if (info->total_steps != t->total_steps)
-        BB_WARN("--resume: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule "
-                "changes", (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
+        BB_WARN("%s: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule changes",
+                NAME(RESUME), (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
     if (strcmp(info->data, o->data))
-        BB_WARN("--resume: the checkpoint trained on %s, this run reads %s", info->data, o->data);
-    uint32_t frames = o->shuffle_frames ? o->shuffle_frames : 8, saved = info->shuffle_frames ? info->shuffle_frames : 8;
+        BB_WARN("%s: the checkpoint trained on %s, this run reads %s", NAME(RESUME), info->data, o->data);
+    uint32_t frames = bb_shuffle_frames_or_default(o->shuffle_frames),
+             saved = bb_shuffle_frames_or_default(info->shuffle_frames);
     if (frames != saved)
-        BB_WARN("--resume: the checkpoint's run shuffled windows of %u frames, this one %u: the data order "
-                "changes", saved, frames);
-    if (info->seed != o->seed)
-        BB_INFO("--resume: using the checkpoint's seed %llu (the data order depends on it), not %llu",
-                (unsigned long long)info->seed, (unsigned long long)o->seed);
+        BB_WARN("%s: the checkpoint's run shuffled windows of %u frames, this one %u: the data order changes",
+                NAME(RESUME), saved, frames);
     if (info->step > t->total_steps)
-        return bb_fail(BB_ERR_ARG, "--resume %s: the checkpoint is at step %llu, past --steps %llu", o->resume_dir,
-                       (unsigned long long)info->step, (unsigned long long)t->total_steps);
+        return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint is at step %llu, past %s %llu", NAME(RESUME), o->resume_dir,
+                       (unsigned long long)info->step, NAME(STEPS), (unsigned long long)t->total_steps);
     if (o->stop_after && o->stop_after <= info->step)
-        return bb_fail(BB_ERR_ARG, "--stop-after %llu: the checkpoint is already at step %llu",
+        return bb_fail(BB_ERR_ARG, "%s %llu: the checkpoint is already at step %llu", NAME(STOP_AFTER),
                        (unsigned long long)o->stop_after, (unsigned long long)info->step);
-    t->seed = info->seed;
     t->first_step = info->step;
     return BB_OK;
 }
@@ -118,8 +98,8 @@ static bb_status open_val(trainer *t)
     BB_TRY(bb_dataset_open(t->o->val_data, &t->val));
     const bb_shard_meta *a = bb_dataset_meta(t->data), *b = bb_dataset_meta(t->val);
     if (a->kind != b->kind || a->record_size != b->record_size || a->classes_or_vocab != b->classes_or_vocab)
-        return bb_fail(BB_ERR_ARG, "--val-data %s holds %s records of %u bytes (%u classes or tokens); the training "
-                       "data %s holds %s records of %u bytes (%u)", t->o->val_data, bb_record_kind_name(b->kind),
+        return bb_fail(BB_ERR_ARG, "%s %s holds %s records of %u bytes (%u classes or tokens); the training "
+                       "data %s holds %s records of %u bytes (%u)", bb_train_option_name(t->o, BB_TRAIN_VAL_DATA), t->o->val_data, bb_record_kind_name(b->kind),
                        b->record_size, b->classes_or_vocab, t->o->data, bb_record_kind_name(a->kind), a->record_size,
                        a->classes_or_vocab);
     return BB_OK;
@@ -141,26 +121,36 @@ static bb_status probe_writable(const char *path, const char *flag, bool *create
 
 /* The metrics file's first line: the run's configuration, for `bigbatch
  * report` (rows are the lines with a "step"). */
-static void write_run_line(const trainer *t)
+static bb_status write_run_line(const trainer *t)
 {
     const bb_train_options *o = t->o;
-    FILE *m = t->metrics;
     char describe[160], checkpoint[24];
     bb_model_describe(&t->cfg, describe, sizeof describe);
     bb_model_checkpoint_name(&t->cfg, checkpoint, sizeof checkpoint);
-    fprintf(m, "{\"run\": {\"kind\": \"train\", \"model\": \"%s\", \"describe\": ", bb_model_kind_name(t->cfg.kind));
-    bb_json_write_string(m, describe);
-    fprintf(m, ", \"devices\": ");
-    bb_json_write_string(m, t->devices_text);
-    fprintf(m, ", \"device_count\": %d, \"processes\": %d, \"global_batch\": %d, \"accumulation\": %d, "
-               "\"micro_batch\": %d, \"tokens_per_example\": %d, \"checkpoint\": \"%s\", \"precision\": \"%s\", "
-               "\"zero\": %d, \"optimizer\": \"%s\", \"lr\": %.7g, \"steps\": %llu, \"device_mem\": %llu, \"data\": ",
-            t->spec.count, t->spec.world > 1 ? t->spec.world : 1, t->global_batch, t->accumulation, t->micro_batch,
-            bb_model_targets_are_tokens(&t->cfg) ? bb_model_targets_per_example(&t->cfg) : 1, checkpoint,
-            bb_precision_name(t->cfg.precision), o->zero, bb_optimizer_kind_name(o->opt.kind), o->opt.lr,
-            (unsigned long long)t->total_steps, (unsigned long long)o->device_mem);
-    bb_json_write_string(m, o->data);
-    fprintf(m, ", \"version\": \"%s\", \"commit\": \"%s\"}}\n", BB_VERSION, bb_commit());
+    json_t *run = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:s, s:o, s:I, s:I, "
+                            "s:s, s:s, s:s}", "kind", "train", "model", bb_model_kind_name(t->cfg.kind), "describe",
+                            describe, "devices", t->devices_text, "device_count", t->spec.count, "processes",
+                            t->spec.world > 1 ? t->spec.world : 1, "global_batch", t->global_batch, "accumulation",
+                            t->accumulation, "micro_batch", t->micro_batch, "tokens_per_example",
+                            bb_model_targets_are_tokens(&t->cfg) ? bb_model_targets_per_example(&t->cfg) : 1,
+                            "checkpoint", checkpoint, "precision", bb_precision_name(t->cfg.precision), "zero",
+                            o->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(o->opt.lr, 7),
+                            "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
+                            o->data, "version", BB_VERSION, "commit", bb_commit());
+    json_t *line = run ? json_pack("{s:o}", "run", run) : NULL;
+    bb_status rc = bb_json_write_line(t->metrics, line);
+    json_decref(line);
+    return rc;
+}
+
+/* The step of a metrics row of the file being continued; -1 for another line. */
+static long long row_step(const char *line)
+{
+    json_t *row = json_loads(line, 0, NULL);
+    json_t *step = json_object_get(row, "step");
+    long long n = json_is_integer(step) ? (long long)json_integer_value(step) : -1;
+    json_decref(row);
+    return n;
 }
 
 /* A resumed run's metrics continue the file: rows past the checkpoint's
@@ -174,20 +164,23 @@ static bb_status open_metrics(trainer *t)
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
     if (!(t->metrics = fopen(old ? tmp : path, "w"))) {
         if (old) fclose(old);
-        return bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
+        return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
     }
-    write_run_line(t);
-    if (!old) return fflush(t->metrics) == 0 ? BB_OK : bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
-    char line[8192];
-    unsigned long long step;
-    while (fgets(line, sizeof line, old))
-        if (sscanf(line, "{\"step\": %llu", &step) == 1 && step <= t->first_step) fputs(line, t->metrics);
+    bool ok = write_run_line(t) == BB_OK;
+    if (!old) return ok && fflush(t->metrics) == 0 ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, old) > 0) {
+        long long step = row_step(line);
+        if (step >= 0 && (uint64_t)step <= t->first_step) fputs(line, t->metrics);
+    }
+    free(line);
     fclose(old);
-    if (fflush(t->metrics) != 0 || rename(tmp, path) != 0) return bb_fail_errno(BB_ERR_IO, "--metrics %s: cannot write", path);
+    if (!ok || fflush(t->metrics) != 0 || rename(tmp, path) != 0) return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
     return BB_OK;
 }
 
-static size_t bucket_bytes(const bb_train_options *o) { return (size_t)(o->bucket_mib * 1048576.0); }
+static size_t bucket_bytes(const bb_train_options *o) { return bb_bucket_bytes(o->bucket_mib); }
 
 /* One replica per device: backend, model (initialised, or loaded), optimizer. */
 static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
@@ -220,19 +213,10 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
     return BB_OK;
 }
 
-void bb_train_loader_options(int devices, int micro_batch, int loader_threads, bb_loader_options *lo)
-{
-    bb_loader_defaults(lo);
-    lo->devices = (uint32_t)devices;
-    lo->micro_batch = (uint32_t)micro_batch;
-    lo->threads = (uint32_t)loader_threads;
-    lo->hold = 3; /* one in use, two whose uploads may still read them (worker.c) */
-}
-
 static bb_status start_loader(trainer *t)
 {
     bb_loader_options lo;
-    bb_train_loader_options(t->spec.count, t->micro_batch, t->o->loader_threads, &lo);
+    bb_loader_training_options(t->spec.count, t->micro_batch, t->o->loader_threads, &lo);
     if (!bb_backend_host_is_device(t->replicas[0].be)) { /* slots in pinned memory: uploads run at full speed */
         lo.host_alloc = bb_backend_slot_alloc;
         lo.host_free = bb_backend_slot_free;
@@ -283,35 +267,63 @@ static bb_status apply_plan(trainer *t)
     return BB_OK;
 }
 
-static bb_status setup(trainer *t)
+/* What the options alone can tell is wrong, before anything is opened. */
+static bb_status check_options(const bb_train_options *o)
+{
+    if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
+        return bb_fail(BB_ERR_ARG, "%s cpu:N needs 1 <= N <= %d", NAME(DEVICES), BB_TRAIN_MAX_DEVICES);
+    if ((o->micro_batch < 1 && !o->auto_micro_batch) || o->global_batch < 1)
+        return bb_fail(BB_ERR_ARG, "%s and %s must be >= 1", NAME(GLOBAL_BATCH), NAME(MICRO_BATCH));
+    if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "%s must be >= 1", NAME(LOADER_THREADS));
+    if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "%s must be positive", NAME(BUCKET_MIB));
+    if (o->zero != 0 && o->zero != 1)
+        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none) or 1 (shard the optimizer state)", NAME(ZERO), o->zero);
+    if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give %s N or %s E", NAME(STEPS), NAME(EPOCHS));
+    if (o->keep < 1) return bb_fail(BB_ERR_ARG, "%s must be at least 1", NAME(KEEP));
+    /* Bounds outside which the optimizer cannot work (it would divide by zero). */
+    bool adamw = o->opt.kind == BB_OPTIMIZER_ADAMW;
+    if (adamw && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
+        return bb_fail(BB_ERR_ARG, "AdamW's beta1 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by "
+                       "zero)", o->opt.beta1);
+    if (adamw && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
+        return bb_fail(BB_ERR_ARG, "%s %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
+                       NAME(BETA2), o->opt.beta2);
+    if (adamw && !(o->opt.eps > 0))
+        return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
+                       o->opt.eps);
+    if (!isfinite(o->opt.lr) || o->opt.lr < 0)
+        return bb_fail(BB_ERR_ARG, "%s %g: must be finite and >= 0", NAME(LR), o->opt.lr);
+    return BB_OK;
+}
+
+/* The device spec, its text (as --devices takes it: the progress line and
+ * state.json say it so), and the same count in every process. */
+static bb_status setup_devices(trainer *t)
 {
     const bb_train_options *o = t->o;
-    if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
-        return bb_fail(BB_ERR_ARG, "--devices cpu:N needs 1 <= N <= %d", BB_TRAIN_MAX_DEVICES);
-    if ((o->micro_batch < 1 && !o->auto_micro_batch) || o->global_batch < 1)
-        return bb_fail(BB_ERR_ARG, "--global-batch and --micro-batch must be >= 1");
-    if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "--loader-threads must be >= 1");
-    if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "--bucket-mib must be positive");
-    if (o->zero != 0 && o->zero != 1)
-        return bb_fail(BB_ERR_ARG, "--zero %d: 0 (none) or 1 (shard the optimizer state)", o->zero);
-    if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give --steps N or --epochs E");
     const bb_world *w = bb_world_get();
     t->gather_saves = o->zero && w->size > 1;
     t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .rank = w->rank, .world = w->size};
     for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
-    /* as --devices takes it: the progress line and state.json say it so */
     bool listed = o->device != BB_DEVICE_CPU;
     int n = listed ? snprintf(t->devices_text, sizeof t->devices_text, "%s:", bb_device_kind_name(o->device))
                    : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", o->devices);
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
-    if (w->size > 1) { /* before any collective that counts on it (NCCL's ranks) */
-        bool same;
-        BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
-        if (!same)
-            return bb_fail(BB_ERR_ARG, "--devices gives this process %d device%s and another process a different "
-                           "count: every process must train on as many", o->devices, o->devices > 1 ? "s" : "");
-    }
+    if (w->size < 2) return BB_OK;
+    bool same; /* before any collective that counts on it (NCCL's ranks) */
+    BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
+    if (!same)
+        return bb_fail(BB_ERR_ARG, "%s gives this process %d device%s and another process a different count: every "
+                       "process must train on as many", NAME(DEVICES), o->devices, o->devices > 1 ? "s" : "");
+    return BB_OK;
+}
+
+/* The data, the model's configuration from it, the batch split and the
+ * run's length. */
+static bb_status setup_data(trainer *t)
+{
+    const bb_train_options *o = t->o;
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
     t->seed = o->seed;
@@ -324,31 +336,27 @@ static bb_status setup(trainer *t)
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
     if (!t->steps_per_epoch)
-        return bb_fail(BB_ERR_ARG, "%s holds %llu records, fewer than one --global-batch of %d", o->data,
-                       (unsigned long long)records, t->global_batch);
+        return bb_fail(BB_ERR_ARG, "%s holds %llu records, fewer than one %s of %d", o->data,
+                       (unsigned long long)records, NAME(GLOBAL_BATCH), t->global_batch);
     t->total_steps = o->steps ? o->steps : o->epochs * t->steps_per_epoch;
-    bb_checkpoint_info info;
-    if (o->resume_dir) BB_TRY(check_resume(t, &info));
-    if (o->resume_dir && t->first_step == t->total_steps) { /* a finished run: nothing to pretend */
+    return BB_OK;
+}
+
+static bb_status setup(trainer *t)
+{
+    const bb_train_options *o = t->o;
+    BB_TRY(check_options(o));
+    BB_TRY(setup_devices(t));
+    BB_TRY(setup_data(t));
+    if (t->resume) BB_TRY(check_resume(t, t->resume));
+    if (t->resume && t->first_step == t->total_steps) { /* a finished run: nothing to pretend */
         t->finished = true;
         return BB_OK;
     }
     if (o->val_data) BB_TRY(open_val(t));
-    if (o->keep < 1) return bb_fail(BB_ERR_ARG, "--keep must be at least 1");
-    /* Bounds outside which the optimizer cannot work (it would divide by zero). */
-    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
-        return bb_fail(BB_ERR_ARG, "--beta1 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
-                       o->opt.beta1);
-    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
-        return bb_fail(BB_ERR_ARG, "--beta2 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
-                       o->opt.beta2);
-    if (o->opt.kind == BB_OPTIMIZER_ADAMW && !(o->opt.eps > 0))
-        return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
-                       o->opt.eps);
-    if (!isfinite(o->opt.lr) || o->opt.lr < 0) return bb_fail(BB_ERR_ARG, "--lr %g: must be finite and >= 0", o->opt.lr);
     if (o->save_dir)
-        BB_TRY(bb_checkpoint_prepare(o->save_dir, o->resume_dir ? info.root : NULL, o->force, &t->save_dir_created));
-    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, "--trace", &t->trace_created));
+        BB_TRY(bb_checkpoint_prepare(o->save_dir, t->resume ? t->resume->root : NULL, o->force, &t->save_dir_created));
+    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, NAME(TRACE), &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     int D = t->spec.count;
@@ -362,7 +370,7 @@ static bb_status setup(trainer *t)
                                                         .device_names = t->device_name_of},
                                  &t->watchdog));
     }
-    BB_TRY(build_replicas(t, o->resume_dir ? &info : NULL));
+    BB_TRY(build_replicas(t, t->resume));
     if (o->trace_path) {
         BB_TRY(bb_trace_create(D + 1, &t->trace));
         for (int d = 0; d < D; d++) {
@@ -493,17 +501,33 @@ static bb_status check_ranks_agree(const trainer *t, const float *params, size_t
 
 bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
 {
-    bb_train_options mine;
+    /* A resumed run's options: those the caller chose, the checkpoint's
+     * for the rest (the same for the library as for the command line). */
+    bb_train_options resumed = *options, mine;
+    bb_checkpoint_info *resume = NULL;
+    if (options->resume_dir) {
+        resume = malloc(sizeof *resume);
+        bb_status rc = resume ? bb_checkpoint_read_info(options->resume_dir, resume) : bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (rc == BB_OK) rc = bb_train_options_resume(options, resume, &resumed);
+        if (rc != BB_OK) {
+            free(resume);
+            return rc;
+        }
+    }
     char trace[4200];
-    options_of_rank(options, bb_world_get()->rank, &mine, trace, sizeof trace);
+    options_of_rank(&resumed, bb_world_get()->rank, &mine, trace, sizeof trace);
     const bb_train_options *o = &mine;
     bb_train_result local;
     bb_train_result *r = result ? result : &local;
     memset(r, 0, sizeof *r);
     r->val_loss = r->val_accuracy = NAN;
     trainer *t = calloc(1, sizeof *t);
-    if (!t) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (!t) {
+        free(resume);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
     t->o = o;
+    t->resume = resume;
     t->result = r;
     t->tty = o->progress && isatty(fileno(o->progress));
     pthread_mutex_init(&t->fail_lock, NULL);
@@ -516,7 +540,7 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     r->first_step = r->steps_done = t->first_step;
     if (t->finished) {
         if (o->progress)
-            fprintf(o->progress, "train: --resume %s: already at step %llu of %llu; nothing to train\n", o->resume_dir,
+            fprintf(o->progress, "train: %s %s: already at step %llu of %llu; nothing to train\n", NAME(RESUME), o->resume_dir,
                     (unsigned long long)t->first_step, (unsigned long long)t->total_steps);
         goto done;
     }
@@ -557,6 +581,7 @@ done:
     }
     teardown(t);
     free(t);
+    free(resume);
     if (r == &local) bb_train_result_free(r);
     return rc;
 }

@@ -77,6 +77,7 @@ typedef struct trainer {
     bool saved;              /* a checkpoint was written */
     uint64_t skipped;        /* non-finite steps skipped */
     bool finished;           /* --resume of a run already at its last step */
+    const bb_checkpoint_info *resume; /* the checkpoint resumed from; NULL: none */
     size_t losses_cap;       /* result->losses holds this many */
     bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
     FILE *metrics;

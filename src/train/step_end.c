@@ -1,4 +1,4 @@
-/* report.c — the end of a step, on worker 0 while the others wait: the
+/* step_end.c — the end of a step, on worker 0 while the others wait: the
  * step's figures (progress line, metrics row), evaluation, checkpoint and
  * the decision to stop. */
 #include <math.h>
@@ -43,34 +43,31 @@ static step_figures measure(trainer *t, uint64_t now)
     return f;
 }
 
+/* One metrics row: null where a figure does not apply (tokens for mlp,
+ * overlap on one device) or is not finite. */
 static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f, const bb_eval_result *ev,
                                bool skipped)
 {
-    FILE *m = t->metrics;
-    char loss[32], lr[32], norm[32], val[32];
-    fprintf(m, "{\"step\": %llu, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"samples_per_s\": %.1f, ",
-            (unsigned long long)step, bb_json_number(loss, sizeof loss, "%.7g", f->loss),
-            bb_json_number(lr, sizeof lr, "%.7g", f->lr), bb_json_number(norm, sizeof norm, "%.7g", f->grad_norm),
-            f->samples_per_s);
-    if (skipped) fprintf(m, "\"skipped\": true, ");
-    /* null where a figure does not apply: tokens for mlp, overlap on one device */
-    if (bb_model_targets_are_tokens(&t->cfg)) fprintf(m, "\"tokens_per_s\": %.1f, ", f->tokens_per_s);
-    else fprintf(m, "\"tokens_per_s\": null, ");
-    fprintf(m, "\"data_wait_pct\": %.3f, ", f->data_wait_pct);
-    if (f->has_overlap) fprintf(m, "\"overlap_pct\": %.2f, ", f->overlap_pct);
-    else fprintf(m, "\"overlap_pct\": null, ");
-    fprintf(m, "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"reduce_ms\": %.3f, \"opt_ms\": %.3f, \"peak_mem_bytes\": [",
-            f->fwd_ms, f->bwd_ms, f->reduce_ms, f->opt_ms);
+    json_t *peaks = json_array();
     for (int d = 0; d < t->spec.count; d++)
-        fprintf(m, "%s%llu", d ? ", " : "", (unsigned long long)bb_backend_peak_bytes(t->replicas[d].be));
-    fprintf(m, "]");
-    if (ev) {
-        fprintf(m, ", \"val_loss\": %s", bb_json_number(val, sizeof val, "%.7g", ev->loss));
-        if (!isnan(ev->accuracy)) fprintf(m, ", \"val_accuracy\": %.6f", ev->accuracy);
-    }
-    fprintf(m, "}\n");
-    if (fflush(m) != 0 || ferror(m)) return bb_fail_errno(BB_ERR_IO, "--metrics %s: write failed", t->o->metrics_path);
-    return BB_OK;
+        json_array_append_new(peaks, json_integer((json_int_t)bb_backend_peak_bytes(t->replicas[d].be)));
+    json_t *row = json_pack("{s:I, s:o, s:o, s:o, s:o}", "step", (json_int_t)step, "loss", bb_json_real(f->loss, 7),
+                            "lr", bb_json_real(f->lr, 7), "grad_norm", bb_json_real(f->grad_norm, 7), "samples_per_s",
+                            bb_json_fixed(f->samples_per_s, 1));
+    if (row && skipped) json_object_set_new(row, "skipped", json_true());
+    int fail = !row || json_object_update_new(row, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+        "tokens_per_s", bb_model_targets_are_tokens(&t->cfg) ? bb_json_fixed(f->tokens_per_s, 1) : json_null(),
+        "data_wait_pct", bb_json_fixed(f->data_wait_pct, 3),
+        "overlap_pct", f->has_overlap ? bb_json_fixed(f->overlap_pct, 2) : json_null(),
+        "fwd_ms", bb_json_fixed(f->fwd_ms, 3), "bwd_ms", bb_json_fixed(f->bwd_ms, 3),
+        "reduce_ms", bb_json_fixed(f->reduce_ms, 3), "opt_ms", bb_json_fixed(f->opt_ms, 3), "peak_mem_bytes", peaks));
+    if (!fail && ev) fail = json_object_set_new(row, "val_loss", bb_json_real(ev->loss, 7));
+    if (!fail && ev && !isnan(ev->accuracy)) fail = json_object_set_new(row, "val_accuracy", bb_json_fixed(ev->accuracy, 6));
+    bb_status rc = fail ? bb_fail(BB_ERR_NOMEM, "out of memory") : bb_json_write_line(t->metrics, row);
+    json_decref(row);
+    if (rc == BB_OK && (fflush(t->metrics) != 0 || ferror(t->metrics))) rc = BB_ERR_IO;
+    if (rc == BB_ERR_IO) return bb_fail_errno(BB_ERR_IO, "--metrics %s: write failed", t->o->metrics_path);
+    return rc;
 }
 
 /* "1.234", "NaN", "inf" or "-inf" (printf's "-nan" says nothing more). */
@@ -123,7 +120,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
 {
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
-                           .micro_batch = t->micro_batch, .shuffle_frames = t->o->shuffle_frames ? t->o->shuffle_frames : 8,
+                           .micro_batch = t->micro_batch, .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();

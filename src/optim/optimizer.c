@@ -1,5 +1,6 @@
-/* optimizer.c — learning-rate schedule, gradient clipping, AdamW and SGD
- * over a replica's parameters, and the optimizer state file. */
+/* optimizer.c — the optimizer's names and defaults, the learning-rate
+ * schedule, gradient buckets and shards, gradient clipping, AdamW and SGD
+ * over a replica's parameters, and the optimizer state file (optim.h). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -7,11 +8,43 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "bigbatch/optim.h"
 #include "bigbatch/world.h"
-#include "optimizer.h"
-#include "reducer.h"
 
-const char *bb_optimizer_kind_name(bb_optimizer_kind k) { return k == BB_OPTIMIZER_SGD ? "sgd" : "adamw"; }
+bb_optimizer_config bb_optimizer_defaults(void)
+{
+    return (bb_optimizer_config){.kind = BB_OPTIMIZER_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                 .momentum = 0.9, .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0};
+}
+
+static const char *const kind_names[] = {[BB_OPTIMIZER_ADAMW] = "adamw", [BB_OPTIMIZER_SGD] = "sgd"};
+static const char *const schedule_names[] = {[BB_LR_COSINE] = "cosine", [BB_LR_CONSTANT] = "constant"};
+
+const char *bb_optimizer_kind_name(bb_optimizer_kind k) { return kind_names[k == BB_OPTIMIZER_SGD]; }
+const char *bb_lr_schedule_name(bb_lr_schedule s) { return schedule_names[s == BB_LR_CONSTANT]; }
+
+static int find_name(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], s)) return i;
+    return -1;
+}
+
+bb_status bb_optimizer_kind_parse(const char *s, bb_optimizer_kind *out)
+{
+    int i = find_name(kind_names, 2, s);
+    if (i < 0) return bb_fail(BB_ERR_ARG, "unknown optimizer '%s' (adamw or sgd)", s);
+    *out = (bb_optimizer_kind)i;
+    return BB_OK;
+}
+
+bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out)
+{
+    int i = find_name(schedule_names, 2, s);
+    if (i < 0) return bb_fail(BB_ERR_ARG, "unknown learning-rate schedule '%s' (cosine or constant)", s);
+    *out = (bb_lr_schedule)i;
+    return BB_OK;
+}
 
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
 {
@@ -22,22 +55,51 @@ double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
     return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
 }
 
+bb_status bb_buckets_make(const bb_model_t *m, size_t bucket_bytes, bb_buckets *out)
+{
+    int tensors = bb_model_tensor_count(m);
+    *out = (bb_buckets){.lo = calloc((size_t)tensors, sizeof *out->lo), .hi = calloc((size_t)tensors, sizeof *out->hi)};
+    if (!out->lo || !out->hi) {
+        bb_buckets_free(out);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    /* Tensors from the last to the first; a bucket closes once it holds
+     * its share (1 MiB for the first, so that reducing starts early). */
+    size_t hi = bb_model_param_count(m), cap = bucket_bytes < (1u << 20) ? bucket_bytes : (size_t)1 << 20;
+    for (int t = tensors - 1; t >= 0; t--) {
+        size_t lo = bb_model_tensor(m, t)->offset;
+        if ((hi - lo) * sizeof(float) >= cap || t == 0) {
+            out->lo[out->count] = lo;
+            out->hi[out->count++] = hi;
+            hi = lo;
+            cap = bucket_bytes;
+        }
+    }
+    return BB_OK;
+}
+
+void bb_buckets_free(bb_buckets *b)
+{
+    free(b->lo), free(b->hi);
+    *b = (bb_buckets){0};
+}
+
 bb_status bb_shard_make(const bb_model_t *m, size_t bucket_bytes, int owners, int owner, bb_shard *out)
 {
     *out = (bb_shard){0};
-    reducer_t buckets = {0};
-    bb_status rc = bb_reducer_init_buckets(&buckets, m, owners, bucket_bytes);
-    out->lo = calloc((size_t)buckets.buckets + 1, sizeof *out->lo);
-    out->hi = calloc((size_t)buckets.buckets + 1, sizeof *out->hi);
-    out->at = calloc((size_t)buckets.buckets + 1, sizeof *out->at);
-    if (rc == BB_OK && (!out->lo || !out->hi || !out->at)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int b = 0; rc == BB_OK && b < buckets.buckets; b++) {
-        bb_reducer_slice(&buckets, b, owner, owners, &out->lo[b], &out->hi[b]);
+    bb_buckets buckets;
+    BB_TRY(bb_buckets_make(m, bucket_bytes, &buckets));
+    out->lo = calloc((size_t)buckets.count + 1, sizeof *out->lo);
+    out->hi = calloc((size_t)buckets.count + 1, sizeof *out->hi);
+    out->at = calloc((size_t)buckets.count + 1, sizeof *out->at);
+    bb_status rc = !out->lo || !out->hi || !out->at ? bb_fail(BB_ERR_NOMEM, "out of memory") : BB_OK;
+    for (int b = 0; rc == BB_OK && b < buckets.count; b++) {
+        bb_bucket_slice(buckets.lo, buckets.hi, b, owner, owners, &out->lo[b], &out->hi[b]);
         out->at[b] = out->floats;
         out->floats += out->hi[b] - out->lo[b];
     }
-    out->ranges = rc == BB_OK ? buckets.buckets : 0;
-    bb_reducer_free_buckets(&buckets);
+    out->ranges = rc == BB_OK ? buckets.count : 0;
+    bb_buckets_free(&buckets);
     if (rc != BB_OK) bb_shard_free(out);
     return rc;
 }

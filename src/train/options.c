@@ -1,0 +1,166 @@
+/* options.c — bb_train_options' defaults, the names its messages give its
+ * fields, --devices' lists, and the resume policy: which options a
+ * checkpoint supplies to the run that continues it (train.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bigbatch/train.h"
+#include "bigbatch/world.h"
+
+void bb_train_defaults(bb_train_options *o)
+{
+    *o = (bb_train_options){
+        .model = bb_model_gpt_config(BB_GPT_DEFAULT_LAYERS, BB_GPT_DEFAULT_HEADS, BB_GPT_DEFAULT_D_MODEL, 0, 0),
+        .data = "data/kjv/train",
+        .devices = 1,
+        .global_batch = 64,
+        .micro_batch = 8,
+        .epochs = 1,
+        .opt = bb_optimizer_defaults(),
+        .seed = 1,
+        .loader_threads = BB_LOADER_THREADS_DEFAULT,
+        .shuffle_frames = BB_SHUFFLE_FRAMES_DEFAULT,
+        .bucket_mib = BB_BUCKET_MIB_DEFAULT,
+        .timeout_s = 600, /* PyTorch's collective timeout */
+        .log_every = 10,
+        .keep = 2,
+    };
+}
+
+static const char *const field_names[BB_TRAIN_FIELDS] = {
+    [BB_TRAIN_MODEL] = "model",           [BB_TRAIN_CHECKPOINT] = "checkpoint",
+    [BB_TRAIN_LOSS_CHUNK] = "loss_chunk", [BB_TRAIN_DATA] = "data",
+    [BB_TRAIN_VAL_DATA] = "val_data",     [BB_TRAIN_DEVICES] = "devices",
+    [BB_TRAIN_PRECISION] = "precision",   [BB_TRAIN_GLOBAL_BATCH] = "global_batch",
+    [BB_TRAIN_MICRO_BATCH] = "micro_batch", [BB_TRAIN_STEPS] = "steps",
+    [BB_TRAIN_EPOCHS] = "epochs",         [BB_TRAIN_OPTIMIZER] = "optimizer",
+    [BB_TRAIN_LR] = "lr",                 [BB_TRAIN_LR_SCHEDULE] = "lr_schedule",
+    [BB_TRAIN_WARMUP] = "warmup",         [BB_TRAIN_WEIGHT_DECAY] = "weight_decay",
+    [BB_TRAIN_MOMENTUM] = "momentum",     [BB_TRAIN_BETA2] = "beta2",
+    [BB_TRAIN_GRAD_CLIP] = "grad_clip",   [BB_TRAIN_SEED] = "seed",
+    [BB_TRAIN_SHUFFLE_FRAMES] = "shuffle_frames", [BB_TRAIN_INIT_FROM] = "init_from",
+    [BB_TRAIN_RESUME] = "resume",         [BB_TRAIN_STOP_AFTER] = "stop_after",
+    [BB_TRAIN_KEEP] = "keep",             [BB_TRAIN_SAVE] = "save",
+    [BB_TRAIN_METRICS] = "metrics",       [BB_TRAIN_TRACE] = "trace",
+    [BB_TRAIN_LOADER_THREADS] = "loader_threads", [BB_TRAIN_BUCKET_MIB] = "bucket_mib",
+    [BB_TRAIN_ZERO] = "zero",
+};
+
+const char *bb_train_option_name(const bb_train_options *o, bb_train_field f)
+{
+    const char *name = o && o->field_name ? o->field_name(f) : NULL;
+    return name ? name : f >= 0 && f < BB_TRAIN_FIELDS ? field_names[f] : "?";
+}
+
+/* ---- --devices -------------------------------------------------------------- */
+static bb_status not_a_list(const char *what, const char *s)
+{
+    return bb_fail(BB_ERR_ARG, "%s: '%s' is not cpu:N, cuda:all or cuda:0,1,... (or cuda:local under mpirun)", what, s);
+}
+
+bb_status bb_devices_parse(const char *what, const char *s, bool must_exist, int *count, bb_device_kind *kind,
+                           int *ids)
+{
+    *count = 0;
+    *kind = BB_DEVICE_CPU;
+    if (!strcmp(s, "cpu")) return *count = 1, ids[0] = 0, BB_OK;
+    if (!strncmp(s, "cpu:", 4)) {
+        int64_t n;
+        BB_TRY(bb_parse_int(what, s + 4, &n));
+        if (n < 1 || n > BB_DEVICES_MAX) return bb_fail(BB_ERR_ARG, "%s cpu:N needs 1 <= N <= %d", what, BB_DEVICES_MAX);
+        for (*count = 0; *count < n; (*count)++) ids[*count] = *count;
+        return BB_OK;
+    }
+    if (strncmp(s, "cuda:", 5) || !s[5]) return not_a_list(what, s);
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    *kind = BB_DEVICE_CUDA;
+    if (!strcmp(s + 5, "local")) { /* one process per GPU: the GPU of this process's local rank */
+        int id = bb_world_get()->local_rank;
+        if (must_exist && id >= info.device_count)
+            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "%s cuda:local: local rank %d, but %s",
+                           what, id, info.device_count ? "no such GPU on this machine" : info.reason);
+        ids[(*count)++] = id;
+        return BB_OK;
+    }
+    if (!strcmp(s + 5, "all")) {
+        if (!info.device_count) return bb_fail(BB_ERR_UNSUPPORTED, "%s cuda:all: no GPU (%s)", what, info.reason);
+        for (int d = 0; d < info.device_count && d < BB_DEVICES_MAX; d++) ids[(*count)++] = d;
+        return BB_OK;
+    }
+    for (const char *p = s + 5; *p;) {
+        char *end;
+        long id = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || id < 0 || *count == BB_DEVICES_MAX) return not_a_list(what, s);
+        for (int i = 0; i < *count; i++)
+            if (ids[i] == id) return bb_fail(BB_ERR_ARG, "%s %s names cuda:%ld twice", what, s, id);
+        if (must_exist && id >= info.device_count)
+            return bb_fail(info.device_count ? BB_ERR_ARG : BB_ERR_UNSUPPORTED, "%s %s: %s", what, s,
+                           info.device_count ? "no such GPU on this machine" : info.reason);
+        ids[(*count)++] = (int)id;
+        p = *end ? end + 1 : end;
+    }
+    return BB_OK;
+}
+
+/* ---- resuming ------------------------------------------------------------ */
+static bool is_set(const bb_train_options *o, bb_train_field f) { return (o->set & BB_TRAIN_SET(f)) != 0; }
+
+/* The checkpoint's devices, kept where it recorded them. */
+static bb_status take_devices(const bb_checkpoint_info *ck, bb_train_options *out)
+{
+    if (!ck->devices[0]) return BB_OK;
+    char what[4200];
+    snprintf(what, sizeof what, "%s %s (the checkpoint's %s)", bb_train_option_name(out, BB_TRAIN_RESUME),
+             out->resume_dir, bb_train_option_name(out, BB_TRAIN_DEVICES));
+    return bb_devices_parse(what, ck->devices, true, &out->devices, &out->device, out->device_ids);
+}
+
+/* The optimizer and each hyperparameter not set. beta1 and eps have no
+ * flag: always the checkpoint's. */
+static void take_optimizer(const bb_checkpoint_info *ck, bb_train_options *out)
+{
+    const bb_optimizer_config *c = &ck->opt;
+    bb_optimizer_config *o = &out->opt;
+    if (!is_set(out, BB_TRAIN_OPTIMIZER)) o->kind = c->kind;
+    if (!is_set(out, BB_TRAIN_LR)) o->lr = c->lr;
+    if (!is_set(out, BB_TRAIN_LR_SCHEDULE)) o->schedule = c->schedule;
+    if (!is_set(out, BB_TRAIN_WARMUP)) o->warmup = c->warmup;
+    if (!is_set(out, BB_TRAIN_WEIGHT_DECAY)) o->weight_decay = c->weight_decay;
+    if (!is_set(out, BB_TRAIN_MOMENTUM)) o->momentum = c->momentum;
+    if (!is_set(out, BB_TRAIN_BETA2)) o->beta2 = c->beta2;
+    if (!is_set(out, BB_TRAIN_GRAD_CLIP)) o->grad_clip = c->grad_clip;
+    o->beta1 = c->beta1, o->eps = c->eps;
+}
+
+bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkpoint_info *ck, bb_train_options *out)
+{
+    *out = *given;
+    const char *resume = bb_train_option_name(out, BB_TRAIN_RESUME);
+    if (is_set(out, BB_TRAIN_SEED))
+        return bb_fail(BB_ERR_ARG, "%s with %s: the run goes on with its seed %llu (the data order depends on it)",
+                       bb_train_option_name(out, BB_TRAIN_SEED), resume, (unsigned long long)ck->seed);
+    if (is_set(out, BB_TRAIN_INIT_FROM))
+        return bb_fail(BB_ERR_ARG, "%s with %s: the weights come from the checkpoint",
+                       bb_train_option_name(out, BB_TRAIN_INIT_FROM), resume);
+    out->seed = ck->seed;
+    if (!is_set(out, BB_TRAIN_DATA)) out->data = ck->data;
+    if (!is_set(out, BB_TRAIN_VAL_DATA) && !is_set(out, BB_TRAIN_DATA)) out->val_data = ck->val_data[0] ? ck->val_data : NULL;
+    if (!is_set(out, BB_TRAIN_DEVICES)) BB_TRY(take_devices(ck, out));
+    if (!is_set(out, BB_TRAIN_PRECISION)) out->precision = ck->model.precision;
+    if (!is_set(out, BB_TRAIN_GLOBAL_BATCH)) out->global_batch = ck->global_batch;
+    if (!is_set(out, BB_TRAIN_MICRO_BATCH) && ck->micro_batch > 0)
+        out->micro_batch = ck->micro_batch, out->auto_micro_batch = false;
+    if (!is_set(out, BB_TRAIN_STEPS)) /* --epochs replaces the run's --steps */
+        out->steps = is_set(out, BB_TRAIN_EPOCHS) ? 0 : ck->total_steps;
+    if (!is_set(out, BB_TRAIN_SHUFFLE_FRAMES) && ck->shuffle_frames) out->shuffle_frames = ck->shuffle_frames;
+    take_optimizer(ck, out);
+    if (!is_set(out, BB_TRAIN_MODEL)) { /* the checkpoint's model, with a checkpoint policy and loss chunk if set */
+        bb_model_config m = ck->model;
+        if (is_set(out, BB_TRAIN_CHECKPOINT)) m.checkpoint_every = out->model.checkpoint_every;
+        else out->auto_checkpoint = false;
+        m.loss_chunk = is_set(out, BB_TRAIN_LOSS_CHUNK) ? out->model.loss_chunk : 0;
+        out->model = m;
+    }
+    return BB_OK;
+}
