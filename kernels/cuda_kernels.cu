@@ -102,11 +102,6 @@ __global__ void add_k(float *out, const float *x, const float *y, size_t n)
     GRID_STRIDE(i, n) out[i] = x[i] + y[i];
 }
 
-__global__ void scale_k(float *x, float f, size_t n)
-{
-    GRID_STRIDE(i, n) x[i] *= f;
-}
-
 // The conversions are backend.h's, so CUDA and CPU round to the same bits.
 __global__ void bf16_round_k(float *x, uint16_t *packed, size_t n)
 {
@@ -431,12 +426,6 @@ cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, con
 cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n)
 {
     BB_LAUNCH(add_k, grid_for(n), kThreads, 0, s)(out, x, y, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n)
-{
-    BB_LAUNCH(scale_k, grid_for(n), kThreads, 0, s)(x, factor, n);
     return cudaGetLastError();
 }
 

@@ -20,7 +20,6 @@ cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, con
 cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n);
 cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n);
 cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n);
-cudaError_t bbk_scale(cudaStream_t s, float *x, float factor, size_t n);
 /* bf16 storage: see bb_op_bf16_round and bb_op_bf16_unpack (packed may be NULL). */
 cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n);
 cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, size_t n);

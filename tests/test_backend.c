@@ -32,7 +32,7 @@ Test(backend, gpu_device_properties)
  * returns, and the next synchronizing call reports it, naming the op. */
 Test(backend, a_faulted_op_fails_the_next_synchronizing_call)
 {
-    setenv("BB_FAULT", "scale:2", 1);
+    setenv("BB_FAULT", "relu_forward:2", 1);
     bb_backend_options o = {0};
     bb_backend_t *b;
     cr_assert_eq(bb_backend_create_cpu(&o, &b), BB_OK);
@@ -40,11 +40,11 @@ Test(backend, a_faulted_op_fails_the_next_synchronizing_call)
     float *x, host[4] = {1, 2, 3, 4};
     cr_assert_eq(bb_backend_alloc(b, sizeof host, "x", (void **)&x), BB_OK);
     cr_assert_eq(bb_backend_copy(b, x, host, sizeof host, BB_COPY_H2D), BB_OK);
-    bb_op_scale(b, x, 2.0f, 4);
+    bb_op_relu_forward(b, x, x, 4);
     cr_assert_eq(bb_backend_synchronize(b), BB_OK, "the first call is fine");
-    bb_op_scale(b, x, 2.0f, 4);
+    bb_op_relu_forward(b, x, x, 4);
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_DEVICE);
-    cr_assert(strstr(bb_error_message(), "cpu: scale failed: injected fault"), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "cpu: relu_forward failed: injected fault"), "%s", bb_error_message());
     /* sticky: every later copy and event call says so too */
     cr_assert_eq(bb_backend_copy(b, host, x, sizeof host, BB_COPY_D2H), BB_ERR_DEVICE);
     cr_assert_eq(bb_backend_memset(b, x, 0, sizeof host), BB_ERR_DEVICE);

@@ -288,3 +288,40 @@ Test(core, cli_reports_given_options)
     cr_assert(given, "given even when the value equals the default");
     bb_cli_free(opts, &pos);
 }
+
+/* Typed destinations: the field itself (int, uint32_t, uint64_t, an enum
+ * by the index of its name), ranges checked, defaults printed as held. */
+Test(core, cli_writes_typed_destinations)
+{
+    typedef enum { RED, GREEN, BLUE } colour;
+    int i = 3;
+    uint32_t u = 8;
+    uint64_t big = 0;
+    colour c = GREEN;
+    const bb_opt opts[] = {{"--i", BB_OPT_I32, &i, "N", "an int", .min = -5, .max = 100},
+                           {"--u", BB_OPT_U32, &u, "N", "a uint32", .min = 1, .max = 1 << 20},
+                           {"--big", BB_OPT_U64, &big, "N", "a uint64", .min = 0, .max = 9.2e18},
+                           {"--colour", BB_OPT_ENUM, &c, "C", "a colour", .choices = "red|green|blue"},
+                           {0}};
+    char *help = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    bb_cli_help(f, "t", "s", opts);
+    fclose(f);
+    cr_assert(strstr(help, "an int (default: 3)") && strstr(help, "a uint32 (default: 8)"), "%s", help);
+    cr_assert(strstr(help, "--colour red|green|blue") && strstr(help, "a colour (default: green)"), "%s", help);
+    free(help);
+    char *ok[] = {"--i", "-4", "--u", "1048576", "--big", "9000000000000000000", "--colour", "blue"};
+    cr_assert_eq(bb_cli_parse("t", opts, 8, ok, NULL), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(i, -4);
+    cr_assert_eq(u, 1u << 20);
+    cr_assert_eq(big, 9000000000000000000ull);
+    cr_assert_eq(c, BLUE);
+    char *range[] = {"--u", "0"};
+    cr_assert_eq(bb_cli_parse("t", opts, 2, range, NULL), BB_ERR_ARG);
+    cr_assert_str_eq(bb_error_message(), "--u: 0 is out of range [1, 1048576]");
+    char *bad[] = {"--colour", "mauve"};
+    cr_assert_eq(bb_cli_parse("t", opts, 2, bad, NULL), BB_ERR_ARG);
+    cr_assert_str_eq(bb_error_message(), "--colour: 'mauve' is not one of red|green|blue");
+    cr_assert_eq(c, BLUE, "a refused value leaves the destination as it was");
+}

@@ -62,8 +62,8 @@ typedef enum bb_precision { BB_PRECISION_FP32 = 0, BB_PRECISION_BF16 } bb_precis
  * warning) bigbatch's kernels; cuDNN or nothing (its failure is the op's);
  * bigbatch's kernels always. fp32 attention always runs on bigbatch's. */
 typedef enum bb_attention { BB_ATTENTION_AUTO = 0, BB_ATTENTION_CUDNN, BB_ATTENTION_KERNELS } bb_attention;
-/* The parser for --attention: "auto", "cudnn" or "kernels" (else BB_ERR_ARG). */
-bb_status bb_attention_parse(const char *s, bb_attention *out);
+/* "auto", "cudnn" or "kernels" (the enum's order: --attention takes them). */
+const char *bb_attention_name(bb_attention a);
 
 typedef struct bb_backend_options {
     int device;              /* index among the backend's devices */
@@ -324,8 +324,6 @@ double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
 /* The sum of squares of x[lo[r]..hi[r]) over the n ranges, range by range in
  * order: one wait for the device for all of them (ZeRO-1's shard). */
 double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n);
-/* x *= factor. */
-void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n);
 
 /* ---- bf16 storage (--precision bf16) ------------------------------------ */
 /* x = the bf16 nearest to x (ties to even; NaN stays NaN), in place, and

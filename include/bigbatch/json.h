@@ -73,7 +73,8 @@ double bb_json_number_or_nan(const json_t *obj, const char *key);
  * of memory. */
 json_t *bb_json_real(double v, int digits);
 
-/* A real rounded to `decimals` places (milliseconds to 3: 5.309). */
+/* A real rounded to `decimals` places (milliseconds to 3: 5.309); with 0,
+ * an integer (a rate: 476225847). */
 json_t *bb_json_fixed(double v, int decimals);
 
 /* Writes `v` on one line (`{"a": 1, "b": 2}`), reals to 15 significant

@@ -13,6 +13,10 @@
  *   bb_status rc = bb_train_run(&o, &r);         // BB_ERR_INTERRUPTED after Ctrl-C
  *   bb_train_result_free(&r);
  *
+ *   bb_train_defaults(&o);                       // continue that run: the checkpoint supplies
+ *   o.resume_dir = "ckpt";                       // every field not in o.set (bb_train_options_resume)
+ *   rc = bb_train_run(&o, NULL);
+ *
  * Step s (0-based) takes records [s·G, (s+1)·G) of its epoch's order (see
  * loader.h); device d's micro-step k takes micro_batch of them. Each device
  * computes its loss over its own records normalised by its share (A·b
@@ -55,7 +59,8 @@ typedef enum bb_train_field {
     BB_TRAIN_WARMUP, BB_TRAIN_WEIGHT_DECAY, BB_TRAIN_MOMENTUM, BB_TRAIN_BETA2, BB_TRAIN_GRAD_CLIP, BB_TRAIN_SEED,
     BB_TRAIN_SHUFFLE_FRAMES, BB_TRAIN_INIT_FROM,
     /* named in messages only */
-    BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_KEEP, BB_TRAIN_SAVE, BB_TRAIN_METRICS, BB_TRAIN_TRACE,
+    BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_KEEP, BB_TRAIN_SAVE, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
+    BB_TRAIN_METRICS, BB_TRAIN_TRACE,
     BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO,
     BB_TRAIN_FIELDS
 } bb_train_field;

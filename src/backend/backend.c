@@ -168,12 +168,11 @@ bb_status bb_backend_create(bb_device_kind k, const bb_backend_options *o, bb_ba
     return d->create(o, out);
 }
 
-bb_status bb_attention_parse(const char *s, bb_attention *out)
+const char *bb_attention_name(bb_attention a)
 {
-    static const char *const attention_names[] = {"auto", "cudnn", "kernels"};
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, attention_names[i])) return *out = (bb_attention)i, BB_OK;
-    return bb_fail(BB_ERR_ARG, "--attention: '%s' is not auto, cudnn or kernels", s);
+    static const char *const names[] = {[BB_ATTENTION_AUTO] = "auto", [BB_ATTENTION_CUDNN] = "cudnn",
+                                        [BB_ATTENTION_KERNELS] = "kernels"};
+    return a >= BB_ATTENTION_AUTO && a <= BB_ATTENTION_KERNELS ? names[a] : "?";
 }
 
 const char *bb_precision_name(bb_precision p) { return p == BB_PRECISION_BF16 ? "bf16" : "fp32"; }
@@ -182,7 +181,7 @@ bb_status bb_precision_parse(const char *s, bb_precision *out)
 {
     if (!strcmp(s, "fp32")) *out = BB_PRECISION_FP32;
     else if (!strcmp(s, "bf16")) *out = BB_PRECISION_BF16;
-    else return bb_fail(BB_ERR_ARG, "--precision: '%s' is not fp32 or bf16", s);
+    else return bb_fail(BB_ERR_ARG, "precision '%s' is not fp32 or bf16", s);
     return BB_OK;
 }
 uint64_t bb_backend_bytes_in_use(const bb_backend_t *b) { return b->in_use; }
@@ -481,12 +480,6 @@ double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *l
 {
     op_entry(b, "sum_squares");
     return runs(b) ? b->vt->sum_squares(b, x, lo, hi, n) : 0;
-}
-
-void bb_op_scale(bb_backend_t *b, float *x, float factor, size_t n)
-{
-    op_entry(b, "scale");
-    if (runs(b)) b->vt->scale(b, x, factor, n);
 }
 
 void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)

@@ -74,7 +74,6 @@ typedef struct bb_backend_vtable {
                 float momentum, float weight_decay, float grad_scale);
     double (*sum_squares)(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n); /* ranges */
     int (*count_correct)(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
-    void (*scale)(bb_backend_t *b, float *x, float factor, size_t n);
     void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
     void (*bf16_unpack)(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
     void (*records_to_tokens)(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,

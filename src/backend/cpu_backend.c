@@ -65,7 +65,6 @@ const bb_backend_vtable bb_cpu_vtable = {
     .sgd = bb_cpu_sgd,
     .sum_squares = bb_cpu_sum_squares,
     .count_correct = bb_cpu_count_correct,
-    .scale = bb_cpu_scale,
     .bf16_round = bb_cpu_bf16_round,
     .bf16_unpack = bb_cpu_bf16_unpack,
     .records_to_tokens = bb_cpu_records_to_tokens,

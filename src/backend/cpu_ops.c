@@ -502,18 +502,6 @@ int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *ta
     return hits;
 }
 
-static void scale_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *x = a->x, factor = a->f[0];
-    for (size_t i = lo; i < hi; i++) x[i] *= factor;
-}
-
-void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n)
-{
-    ew_run(b, &(ew_args){.range = scale_range, .x = x, .n = n, .f = {factor}});
-}
-
 static void bf16_round_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;

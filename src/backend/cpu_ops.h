@@ -36,7 +36,6 @@ void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momen
              float momentum, float weight_decay, float grad_scale);
 double bb_cpu_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n);
 int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
-void bb_cpu_scale(bb_backend_t *b, float *x, float factor, size_t n);
 void bb_cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
 void bb_cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
 

@@ -68,19 +68,18 @@ static void fill(float *x, size_t n, uint64_t seed, bool bf16)
 
 int bb_bench_attention(int argc, char **argv)
 {
-    const char *device = "cpu", *precision = "fp32", *attention = "auto", *in = NULL, *out = NULL;
+    const char *device = "cpu", *in = NULL, *out = NULL;
     int64_t B = 8, T = 1024, heads = 12, d_model = 768, steps = 10;
     bool json = false;
+    bb_backend_options bo = {.threads = bb_cpu_count()};
     const bb_opt opts[] = {
         {"--devices", BB_OPT_STRING, &device, "DEV", "cpu or cuda:N (one device)"},
         {"--batch", BB_OPT_INT, &B, "B", "sequences", .min = 1, .max = 1 << 20},
         {"--seq-len", BB_OPT_INT, &T, "T", "tokens per sequence", .min = 1, .max = 1 << 20},
         {"--heads", BB_OPT_INT, &heads, "H", "attention heads", .min = 1, .max = 1024},
         {"--d-model", BB_OPT_INT, &d_model, "D", "width: H heads of D/H", .min = 1, .max = 1 << 16},
-        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 (operands rounded to bf16)",
-         .choices = "fp32|bf16"},
-        {"--attention", BB_OPT_CHOICE, &attention, "WHO", "GPUs, bf16: auto, cudnn or kernels (as train's)",
-         .choices = "auto|cudnn|kernels"},
+        PRECISION_FLAG_OPT(bo.precision, NULL),
+        ATTENTION_FLAG_OPT(bo.attention),
         {"--steps", BB_OPT_INT, &steps, "S", "timed runs of each", .min = 1, .max = 100000},
         {"--in", BB_OPT_STRING, &in, "DIR", "read qkv.f32 and dout.f32 from DIR"},
         {"--out", BB_OPT_STRING, &out, "DIR", "write out.f32, lse.f32 and dqkv.f32 into DIR (created)"},
@@ -93,10 +92,7 @@ int bb_bench_attention(int argc, char **argv)
     bb_status rc = bb_cli_parse("bench attention", opts, argc, argv, NULL);
     if (rc == BB_OK && d_model % heads) rc = bb_fail(BB_ERR_ARG, "--d-model %lld is not a multiple of --heads %lld",
                                                      (long long)d_model, (long long)heads);
-    bb_backend_options bo = {.threads = bb_cpu_count()};
     bb_device_kind kind = BB_DEVICE_CPU;
-    if (rc == BB_OK) rc = bb_precision_parse(precision, &bo.precision);
-    if (rc == BB_OK) rc = bb_attention_parse(attention, &bo.attention);
     if (rc == BB_OK) rc = device_flag_parse_one(device, &kind, &bo.device);
     if (rc == BB_OK && out && mkdir(out, 0755) != 0 && errno != EEXIST)
         rc = bb_fail_errno(BB_ERR_IO, "--out %s: cannot create", out);
@@ -139,12 +135,16 @@ int bb_bench_attention(int argc, char **argv)
     if (rc == BB_OK) {
         double f = bb_bench_median(fwd, (int)steps), b = bb_bench_median(bwd, (int)steps);
         const char *engine = bb_backend_attention_engine(be);
-        if (json)
-            printf("{\"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"engine\": \"%s\", \"batch\": %lld, "
-                   "\"seq_len\": %lld, \"heads\": %lld, \"d_model\": %lld, \"forward_ms\": %.4f, \"backward_ms\": %.4f}\n",
-                   device, precision, attention, engine, (long long)B, (long long)T, (long long)heads,
-                   (long long)d_model, f, b);
-        else
+        const char *precision = bb_precision_name(bo.precision);
+        if (json) {
+            json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o, s:o}", "device", device, "precision",
+                                  precision, "attention", bb_attention_name(bo.attention), "engine", engine, "batch",
+                                  (json_int_t)B, "seq_len", (json_int_t)T, "heads", (json_int_t)heads, "d_model",
+                                  (json_int_t)d_model, "forward_ms", bb_json_fixed(f, 4), "backward_ms",
+                                  bb_json_fixed(b, 4));
+            rc = bb_json_write_line(stdout, j);
+            json_decref(j);
+        } else
             printf("attention on %s (%s, %s), B %lld T %lld, %lld heads of %lld: forward %.3f ms, backward %.3f ms\n",
                    device, precision, engine, (long long)B, (long long)T, (long long)heads,
                    (long long)(d_model / heads), f, b);

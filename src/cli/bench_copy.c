@@ -60,10 +60,12 @@ int bb_bench_copy(int argc, char **argv)
         rc = time_copies(be, dst, pinned, bytes, (int)runs, &pinned_gbps);
     }
     if (rc == BB_OK) rc = time_copies(be, dst, pageable, bytes, (int)runs, &pageable_gbps);
-    if (rc == BB_OK && json)
-        printf("{\"device\": \"%s\", \"mib\": %lld, \"pinned_gb_per_s\": %.2f, \"pageable_gb_per_s\": %.2f}\n", device,
-               (long long)mib, pinned_gbps, pageable_gbps);
-    else if (rc == BB_OK)
+    if (rc == BB_OK && json) {
+        json_t *j = json_pack("{s:s, s:I, s:o, s:o}", "device", device, "mib", (json_int_t)mib, "pinned_gb_per_s",
+                              bb_json_fixed(pinned_gbps, 2), "pageable_gb_per_s", bb_json_fixed(pageable_gbps, 2));
+        rc = bb_json_write_line(stdout, j);
+        json_decref(j);
+    } else if (rc == BB_OK)
         printf("%s, %lld MiB host to device: pinned %.2f GB/s, pageable %.2f GB/s (%.2fx)\n", device, (long long)mib,
                pinned_gbps, pageable_gbps, pinned_gbps / pageable_gbps);
     free(pageable);

@@ -142,7 +142,8 @@ int bb_bench_loader(int argc, char **argv)
                               "threads", (json_int_t)threads, "micro_batch", (json_int_t)micro_batch, "records",
                               bb_json_fixed(r.records, 0), "seconds", bb_json_fixed(r.seconds, 4), "cold", cold,
                               "data_wait_pct", bb_json_fixed(wait_pct, 1), "disk_read_mb",
-                              bb_json_fixed(r.disk_bytes / 1e6, 1), "startup_ms", bb_json_fixed(r.startup_seconds * 1e3, 2));
+                              bb_json_fixed(r.disk_bytes / 1e6, 1), "startup_ms",
+                              bb_json_fixed(r.startup_seconds * 1e3, 2));
         bb_json_write_line(stdout, o);
         json_decref(o);
     } else {

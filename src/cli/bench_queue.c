@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "bigbatch/json.h"
 #include "bigbatch/queue.h"
 
 static const char usage[] = "bigbatch bench queue [--capacity N] [--batch B] [--seconds S] [--runs R] [--json]";
@@ -208,12 +209,14 @@ int bb_bench_queue(int argc, char **argv)
     if (rc != BB_OK) return bb_cli_report(rc, usage, summary, opts);
 
     if (json) {
-        printf("{\"spsc_items_per_s\": %.0f, \"spsc_single_items_per_s\": %.0f, \"mutex_items_per_s\": %.0f, "
-               "\"mutex_batched_items_per_s\": %.0f, \"idle_consumer_cpu_pct\": %.3f, \"capacity\": %lld, "
-               "\"batch\": %lld, \"runs\": %lld}\n",
-               spsc_batched, spsc_single, mutex_single, mutex_batched, idle_pct, (long long)capacity,
-               (long long)batch, (long long)runs);
-        return BB_EXIT_OK;
+        json_t *j = json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:I, s:I}", "spsc_items_per_s",
+                              bb_json_fixed(spsc_batched, 0), "spsc_single_items_per_s", bb_json_fixed(spsc_single, 0),
+                              "mutex_items_per_s", bb_json_fixed(mutex_single, 0), "mutex_batched_items_per_s",
+                              bb_json_fixed(mutex_batched, 0), "idle_consumer_cpu_pct", bb_json_fixed(idle_pct, 3),
+                              "capacity", (json_int_t)capacity, "batch", (json_int_t)batch, "runs", (json_int_t)runs);
+        bb_status rc = bb_json_write_line(stdout, j);
+        json_decref(j);
+        return rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);
     }
     printf("queue benchmark: capacity %lld, batch %lld, median of %lld runs of %.2f s, %d CPUs\n",
            (long long)capacity, (long long)batch, (long long)runs, seconds, bb_cpu_count());

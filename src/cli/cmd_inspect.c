@@ -169,7 +169,8 @@ static bb_status inspect_one(const char *path, bool verify, bool json, json_t *s
         json_t *o = dataset_json(ds, &v, error);
         ++*printed;
         if (splits) json_object_set_new(splits, key, o);
-        else if (!o || bb_json_write_line(stdout, o) != BB_OK) rc = rc != BB_OK ? rc : bb_fail(BB_ERR_IO, "stdout: write failed");
+        else if ((!o || bb_json_write_line(stdout, o) != BB_OK) && rc == BB_OK)
+            rc = bb_fail(BB_ERR_IO, "stdout: write failed");
         if (!splits) json_decref(o);
     } else {
         print_text(ds, &v, error);

@@ -2,9 +2,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-#include "bigbatch/train.h"
 #include "bigbatch/json.h"
+#include "bigbatch/train.h"
 #include "commands.h"
 #include "model_flags.h"
 
@@ -20,6 +21,10 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
         BB_TRY(bb_checkpoint_read_info(ckpt, &info));
         c = info.model;
     } else {
+        struct stat st;
+        if (stat(init_from, &st) == 0 && S_ISDIR(st.st_mode))
+            return bb_fail(BB_ERR_ARG, "--init-from %s is a directory, not a .safetensors file (a checkpoint directory "
+                           "is read with --ckpt)", init_from);
         BB_TRY(model_flags_config(mf, &c));
         if (!data) return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");
         BB_TRY(model_config_from_data(data, &c, NULL));

@@ -94,51 +94,37 @@ int bb_cmd_plan(int argc, char **argv)
 {
     model_flags mf = MODEL_FLAGS_DEFAULT;
     mf.checkpoint = "auto";
-    const char *data = "data/kjv", *devices = "cpu:1", *optimizer = "adamw", *precision = "fp32";
-    int64_t global_batch = 64, micro_batch = 0, zero = 0;
-    double bucket_mib = 0;
-    uint64_t device_mem = 0;
+    const char *data = "data/kjv", *devices = "cpu:1";
+    bb_precision precision = BB_PRECISION_FP32;
     bool json = false;
+    bb_plan_request q = {.fixed_checkpoint = -1, .global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
+                         .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
         {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)"},
-        {"--devices", BB_OPT_STRING, &devices, "LIST", "as for train: cpu:N, cuda:all or cuda:0,1 (GPUs add "
-         "workspaces); a list of GPUs need not be on this machine: cuda:0,1,2,3 plans for four"},
-        {"--device-mem", BB_OPT_BYTES, &device_mem, "BYTES", "memory of each device (e.g. 16GiB); 0: no limit"},
-        {"--global-batch", BB_OPT_INT, &global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30},
-        {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
+        DEVICES_FLAG_OPT(devices, NULL),
+        GLOBAL_BATCH_FLAG_OPT(q.global_batch, NULL),
+        {"--micro-batch", BB_OPT_I32, &q.fixed_micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
          .max = 1 << 24},
-        {"--optimizer", BB_OPT_CHOICE, &optimizer, "NAME", "adamw (two moments) or sgd (one)", .choices = "adamw|sgd"},
-        {"--precision", BB_OPT_CHOICE, &precision, "P", "fp32, or bf16 (gpt activations in bf16)",
-         .choices = "fp32|bf16"},
-        {"--zero", BB_OPT_INT, &zero, "0|1", "1: as train --zero 1, the optimizer state sharded over the devices",
-         .min = 0, .max = 1},
-        {"--bucket-mib", BB_OPT_DOUBLE, &bucket_mib, "MIB", "as train's (the shards follow the buckets); 0: its "
-         "default", .min = 0, .max = 65536},
+        OPTIMIZER_FLAG_OPT(q.optimizer, NULL),
+        PRECISION_FLAG_OPT(precision, NULL),
+        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.bucket_mib, NULL, NULL),
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
         {0}};
-    bb_plan_request q = {.fixed_checkpoint = -1};
     bb_plan p = {0};
     bb_status rc = bb_cli_parse("plan", opts, argc, argv, NULL);
     bool any_checkpoint = rc == BB_OK && !strcmp(mf.checkpoint, "auto");
     if (any_checkpoint) mf.checkpoint = "none";
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
     if (rc == BB_OK && !any_checkpoint) q.fixed_checkpoint = q.model.checkpoint_every;
-    if (rc == BB_OK) rc = bb_precision_parse(precision, &q.model.precision);
+    q.model.precision = precision;
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
         rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);
     }
     int ids[BB_DEVICES_MAX];
     if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.device, ids);
-    if (rc == BB_OK) {
-        q.global_batch = (int)global_batch;
-        q.device_mem = device_mem;
-        q.optimizer = strcmp(optimizer, "sgd") ? BB_OPTIMIZER_ADAMW : BB_OPTIMIZER_SGD;
-        q.fixed_micro_batch = (int)micro_batch;
-        q.zero = (int)zero, q.bucket_mib = bucket_mib;
-        rc = bb_plan_make(&q, &p);
-    }
+    if (rc == BB_OK) rc = bb_plan_make(&q, &p);
     if (rc == BB_OK && json) {
         rc = print_json(&p);
     } else if (rc == BB_OK) {

@@ -59,7 +59,8 @@ typedef struct train_flags {
 /* The flag that names each field in messages: the option row whose
  * `given` is given[f] (filled by train_table), the model's own rows. */
 static const char *flag_of[BB_TRAIN_FIELDS] = {
-    [BB_TRAIN_MODEL] = "--model", [BB_TRAIN_CHECKPOINT] = "--checkpoint", [BB_TRAIN_LOSS_CHUNK] = "--loss-chunk"};
+    [BB_TRAIN_MODEL] = "--model", [BB_TRAIN_CHECKPOINT] = "--checkpoint", [BB_TRAIN_LOSS_CHUNK] = "--loss-chunk",
+    [BB_TRAIN_SKIP_NONFINITE] = "--on-nonfinite skip"};
 static const char *flag_name(bb_train_field f) { return f >= 0 && f < BB_TRAIN_FIELDS ? flag_of[f] : NULL; }
 
 #define GIVEN(field) .given = &f->given[BB_TRAIN_##field]
@@ -74,17 +75,10 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          GIVEN(DATA)},
         {"--val-data", BB_OPT_STRING, &o->val_data, "DIR", "evaluated every --eval-every steps and at the end "
          "(default: val/ or test/ beside train/)", GIVEN(VAL_DATA)},
-        {"--devices", BB_OPT_STRING, &f->devices, "LIST", "cpu:N (N worker threads, the cores divided among "
-         "them), cuda:all or cuda:0,1; under mpirun/srun, each process's own (cuda:local: one GPU a process)",
-         GIVEN(DEVICES)},
-        {"--precision", BB_OPT_ENUM, &o->precision, "P", "fp32, or bf16: gpt activations stored in bf16 (about "
-         "half the activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients "
-         "and optimizer state stay fp32", .choices = "fp32|bf16", GIVEN(PRECISION)},
-        {"--attention", BB_OPT_ENUM, &o->attention, "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it "
-         "loads, else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",
-         .choices = "auto|cudnn|kernels"},
-        {"--global-batch", BB_OPT_I32, &o->global_batch, "G", "examples per optimizer step", .min = 1, .max = 1 << 30,
-         GIVEN(GLOBAL_BATCH)},
+        DEVICES_FLAG_OPT(f->devices, &f->given[BB_TRAIN_DEVICES]),
+        PRECISION_FLAG_OPT(o->precision, &f->given[BB_TRAIN_PRECISION]),
+        ATTENTION_FLAG_OPT(o->attention),
+        GLOBAL_BATCH_FLAG_OPT(o->global_batch, &f->given[BB_TRAIN_GLOBAL_BATCH]),
         {"--micro-batch", BB_OPT_STRING, &f->micro_batch, "B|auto", "examples per device per micro-step (what must "
          "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)", GIVEN(MICRO_BATCH)},
         {"--steps", BB_OPT_U64, &o->steps, "N", "optimizer steps, counted from step 0 of the run (also when "
@@ -93,7 +87,7 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "--steps (for time-boxed jobs; continue with --resume)", .min = 1, .max = 1e15, GIVEN(STOP_AFTER)},
         {"--epochs", BB_OPT_U64, &o->epochs, "E", "passes over the data when --steps is not given (default 1)",
          .min = 1, .max = 1e9, GIVEN(EPOCHS)},
-        {"--optimizer", BB_OPT_ENUM, &o->opt.kind, "NAME", "adamw or sgd", .choices = "adamw|sgd", GIVEN(OPTIMIZER)},
+        OPTIMIZER_FLAG_OPT(o->opt.kind, &f->given[BB_TRAIN_OPTIMIZER]),
         {"--lr", BB_OPT_DOUBLE, &o->opt.lr, "LR", "peak learning rate", .min = 0, .max = 1e3, GIVEN(LR)},
         {"--lr-schedule", BB_OPT_ENUM, &o->opt.schedule, "KIND", "cosine (down to lr/10 at the last step) or "
          "constant", .choices = "cosine|constant", GIVEN(LR_SCHEDULE)},
@@ -112,16 +106,14 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
         {"--seed", BB_OPT_U64, &o->seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18, GIVEN(SEED)},
         LOADER_FLAG_OPTS(o->loader_threads, o->io, o->direct, o->shuffle_frames,
                          &f->given[BB_TRAIN_LOADER_THREADS], &f->given[BB_TRAIN_SHUFFLE_FRAMES]),
-        {"--bucket-mib", BB_OPT_DOUBLE, &o->bucket_mib, "MIB", "gradient bucket size for the reducer (the first "
-         "bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536, GIVEN(BUCKET_MIB)},
         {"--no-overlap", BB_OPT_FLAG, &o->no_overlap, NULL, "all-reduce only after the whole backward (to measure "
          "what overlap gains)"},
         {"--timeout", BB_OPT_DOUBLE, &o->timeout_s, "SECONDS", "end the job, naming the rank and what it waits "
          "in, when no device of a process moved for this long (a peer stopped, stalled or died; must exceed the "
          "longest step, evaluation or save); 0: never (default 600, as PyTorch's collective timeout)",
          .min = 0, .max = 1e9},
-        {"--zero", BB_OPT_I32, &o->zero, "0|1", "1: ZeRO-1, each device keeps the optimizer state of its shard only "
-         "(saves (N-1)/N of it on N devices) and the updated weights are gathered", .min = 0, .max = 1, GIVEN(ZERO)},
+        MEMORY_FLAG_OPTS(o->device_mem, o->zero, o->bucket_mib, &f->given[BB_TRAIN_ZERO],
+                         &f->given[BB_TRAIN_BUCKET_MIB]),
         {"--eval-every", BB_OPT_U64, &o->eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",
          .min = 0, .max = 1e15},
         {"--save", BB_OPT_STRING, &o->save_dir, "DIR", "write checkpoints here (atomically; DIR/latest is the "
@@ -132,7 +124,7 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "once a newer one is safely written; 2 leaves a fallback if the newest is damaged)", .min = 1, .max = 1e6,
          GIVEN(KEEP)},
         {"--force", BB_OPT_FLAG, &o->force, NULL, "save into a --save DIR that holds another run's checkpoints "
-         "(refused otherwise, unless --resume names it); they count towards --keep"},
+         "(refused otherwise, unless --resume names it); they count towards --keep", GIVEN(FORCE)},
         {"--resume", BB_OPT_STRING, &o->resume_dir, "DIR", "continue exactly from DIR's latest checkpoint (or "
          "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given",
          GIVEN(RESUME)},
@@ -144,7 +136,6 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "ends (also on Ctrl-C); with --trace, its timeline too"},
         {"--trace", BB_OPT_STRING, &o->trace_path, "FILE", "Chrome trace JSON (open in ui.perfetto.dev)",
          GIVEN(TRACE)},
-        {"--device-mem", BB_OPT_BYTES, &o->device_mem, "BYTES", "cap each device's memory (e.g. 512MiB); 0: none"},
         {"--log-every", BB_OPT_U64, &o->log_every, "N", "progress line every N steps; 0: only evaluations and the "
          "end", .min = 0, .max = 1e15},
         {"--quiet", BB_OPT_FLAG, &f->quiet, NULL, "no progress output"},

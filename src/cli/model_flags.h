@@ -38,6 +38,40 @@ typedef struct model_flags {
     "gpt: tokens per chunk of the fused LM head + loss (at most one chunk's logits exist); 0: as many as 32 MiB " \
     "of logits hold, less under --device-mem"
 
+/* Rows that train, plan and bench share, with the same help everywhere:
+ * the run's devices (a const char * for devices_flag_parse), precision
+ * (a bb_precision), attention (a bb_attention), global batch (an int),
+ * optimizer (a bb_optimizer_kind); `given` may be NULL. */
+#define DEVICES_FLAG_OPT(dest, given_)                                                                         \
+    {"--devices", BB_OPT_STRING, &(dest), "LIST", "cpu:N (N worker threads, the cores divided among them), "    \
+     "cuda:all or cuda:0,1; under mpirun/srun, each process's own (cuda:local: one GPU a process); plan counts " \
+     "a list of GPUs that need not be on this machine (cuda:0,1,2,3 plans for four)", .given = (given_)}
+#define PRECISION_FLAG_OPT(dest, given_)                                                                       \
+    {"--precision", BB_OPT_ENUM, &(dest), "P", "fp32, or bf16: gpt activations stored in bf16 (about half the " \
+     "activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients and optimizer " \
+     "state stay fp32", .choices = "fp32|bf16", .given = (given_)}
+#define ATTENTION_FLAG_OPT(dest)                                                                               \
+    {"--attention", BB_OPT_ENUM, &(dest), "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it loads, "   \
+     "else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",                \
+     .choices = "auto|cudnn|kernels"}
+#define GLOBAL_BATCH_FLAG_OPT(dest, given_)                                                                    \
+    {"--global-batch", BB_OPT_I32, &(dest), "G", "examples per optimizer step", .min = 1, .max = 1 << 30,       \
+     .given = (given_)}
+#define OPTIMIZER_FLAG_OPT(dest, given_)                                                                       \
+    {"--optimizer", BB_OPT_ENUM, &(dest), "NAME", "adamw (two moments of state) or sgd (one)",                 \
+     .choices = "adamw|sgd", .given = (given_)}
+/* The memory rows of train and plan: --device-mem (a uint64_t), --zero (an
+ * int), --bucket-mib (a double). */
+#define MEMORY_FLAG_OPTS(device_mem, zero, bucket_mib, zero_given, bucket_given)                               \
+    {"--device-mem", BB_OPT_BYTES, &(device_mem), "BYTES", "each device's memory, a cap (e.g. 512MiB, 16GiB); " \
+     "0: none"},                                                                                                \
+    {"--zero", BB_OPT_I32, &(zero), "0|1", "1: ZeRO-1, each device keeps the optimizer state of its shard only " \
+     "(saves (N-1)/N of it on N devices) and the updated weights are gathered", .min = 0, .max = 1,            \
+     .given = (zero_given)},                                                                                    \
+    {"--bucket-mib", BB_OPT_DOUBLE, &(bucket_mib), "MIB", "gradient bucket size for the reducer, which ZeRO-1's " \
+     "shards follow (the first bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536,               \
+     .given = (bucket_given)}
+
 /* The loader's rows, the same in train and bench loader: --loader-threads
  * (an int), --io (a bb_io_mode), --direct, --shuffle-frames (a uint32_t);
  * threads_given and frames_given may be NULL. */

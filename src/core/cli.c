@@ -281,7 +281,8 @@ static void format_default(const bb_opt *o, char *buf, size_t cap)
     case BB_OPT_U32:
     case BB_OPT_U64: {
         int64_t v = load_integer(o);
-        if (!(o->min < o->max) || ((double)v >= o->min && (double)v <= o->max)) snprintf(buf, cap, "%lld", (long long)v);
+        if (!(o->min < o->max) || ((double)v >= o->min && (double)v <= o->max))
+            snprintf(buf, cap, "%lld", (long long)v);
         break;
     }
     case BB_OPT_ENUM: { /* the choice the destination holds */

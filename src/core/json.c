@@ -89,7 +89,8 @@ static bb_status get_int(const json_t *obj, const char *file, const char *key, b
 {
     uint64_t v = (uint64_t)*out;
     BB_TRY(get_u64(obj, file, key, optional, &v));
-    if (v > (1u << 30)) return bb_fail(BB_ERR_FORMAT, "%s: \"%s\" is %llu, out of range", file, key, (unsigned long long)v);
+    if (v > (1u << 30))
+        return bb_fail(BB_ERR_FORMAT, "%s: \"%s\" is %llu, out of range", file, key, (unsigned long long)v);
     *out = (int)v;
     return BB_OK;
 }
@@ -118,16 +119,34 @@ static bb_status get_string(const json_t *obj, const char *file, const char *key
     return BB_OK;
 }
 
-bb_status bb_json_req_u64(const json_t *o, const char *f, const char *k, uint64_t *out) { return get_u64(o, f, k, false, out); }
-bb_status bb_json_req_int(const json_t *o, const char *f, const char *k, int *out) { return get_int(o, f, k, false, out); }
-bb_status bb_json_req_double(const json_t *o, const char *f, const char *k, double *out) { return get_double(o, f, k, false, out); }
+bb_status bb_json_req_u64(const json_t *o, const char *f, const char *k, uint64_t *out)
+{
+    return get_u64(o, f, k, false, out);
+}
+bb_status bb_json_req_int(const json_t *o, const char *f, const char *k, int *out)
+{
+    return get_int(o, f, k, false, out);
+}
+bb_status bb_json_req_double(const json_t *o, const char *f, const char *k, double *out)
+{
+    return get_double(o, f, k, false, out);
+}
 bb_status bb_json_req_string(const json_t *o, const char *f, const char *k, char *out, size_t cap)
 {
     return get_string(o, f, k, false, out, cap);
 }
-bb_status bb_json_opt_u64(const json_t *o, const char *f, const char *k, uint64_t *out) { return get_u64(o, f, k, true, out); }
-bb_status bb_json_opt_int(const json_t *o, const char *f, const char *k, int *out) { return get_int(o, f, k, true, out); }
-bb_status bb_json_opt_double(const json_t *o, const char *f, const char *k, double *out) { return get_double(o, f, k, true, out); }
+bb_status bb_json_opt_u64(const json_t *o, const char *f, const char *k, uint64_t *out)
+{
+    return get_u64(o, f, k, true, out);
+}
+bb_status bb_json_opt_int(const json_t *o, const char *f, const char *k, int *out)
+{
+    return get_int(o, f, k, true, out);
+}
+bb_status bb_json_opt_double(const json_t *o, const char *f, const char *k, double *out)
+{
+    return get_double(o, f, k, true, out);
+}
 bb_status bb_json_opt_string(const json_t *o, const char *f, const char *k, char *out, size_t cap)
 {
     return get_string(o, f, k, true, out, cap);
@@ -151,6 +170,7 @@ json_t *bb_json_real(double v, int digits)
 json_t *bb_json_fixed(double v, int decimals)
 {
     if (!isfinite(v)) return json_null();
+    if (decimals <= 0 && fabs(v) < 9e18) return json_integer((json_int_t)llround(v));
     char text[400];
     snprintf(text, sizeof text, "%.*f", decimals, v);
     return json_real(strtod(text, NULL));
@@ -280,9 +300,12 @@ static bb_status value(bb_json_stream *s, json_t **out)
     for (;;) {
         json_error_t e;
         *out = json_loadb(s->buf + s->start, s->end - s->start, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &e);
-        /* A scalar at the buffer's end may go on past it: decoded only
-         * once a byte follows it. */
-        bool at_end = *out ? (size_t)e.position >= s->end - s->start : json_error_code(&e) == json_error_premature_end_of_input;
+        /* A value cut by the buffer's end fails (premature end, or a token
+         * cut short: "3." of 3.0) near that end, and a scalar there may go
+         * on past it: both are decoded again once more bytes follow. */
+        size_t avail = s->end - s->start;
+        bool cut = json_error_code(&e) == json_error_premature_end_of_input || (size_t)e.position + 64 >= avail;
+        bool at_end = *out ? (size_t)e.position >= avail : cut;
         if (*out && (!at_end || s->eof)) {
             s->start += (size_t)e.position;
             return BB_OK;

@@ -91,7 +91,8 @@ bb_status bb_model_config_from_json(const json_t *obj, const char *file, bb_mode
 {
     char name[32];
     BB_TRY(bb_json_req_string(obj, file, "model", name, sizeof name));
-    if (!(c->kind = bb_model_kind_find(name))) return bb_fail(BB_ERR_FORMAT, "%s: \"model\" is %s, not a model kind", file, name);
+    if (!(c->kind = bb_model_kind_find(name)))
+        return bb_fail(BB_ERR_FORMAT, "%s: \"model\" is %s, not a model kind", file, name);
     return c->kind->from_json(obj, file, c);
 }
 

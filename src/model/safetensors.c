@@ -44,7 +44,8 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     char producer[64], xxh64[24];
     snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
     snprintf(xxh64, sizeof xxh64, "%016llx", (unsigned long long)sum);
-    json_t *header = json_pack("{s:{s:s, s:s, s:s}}", "__metadata__", "format", "pt", "producer", producer, "xxh64", xxh64);
+    json_t *header =
+        json_pack("{s:{s:s, s:s, s:s}}", "__metadata__", "format", "pt", "producer", producer, "xxh64", xxh64);
     size_t offset = 0;
     for (int i = 0; header && i <= m->tensor_count; i++) {
         const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
@@ -52,9 +53,9 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
         const char *name = i < m->tensor_count ? t->name : head; /* tied to tensor 0: written twice */
         size_t bytes = t->count * sizeof(float);
         json_t *shape = t->rank == 2 ? json_pack("[i, i]", t->shape[0], t->shape[1]) : json_pack("[i]", t->shape[0]);
-        if (json_object_set_new(header, name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
-                                                        "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes))))
-            json_decref(header), header = NULL;
+        json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets",
+                                  (json_int_t)offset, (json_int_t)(offset + bytes));
+        if (json_object_set_new(header, name, entry)) json_decref(header), header = NULL;
         offset += bytes;
     }
     char *json = header ? json_dumps(header, JSON_COMPACT) : NULL;
@@ -195,8 +196,8 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
     }
     if (S_ISDIR(st.st_mode)) {
         close(fd);
-        return bb_fail(BB_ERR_ARG, "%s is a directory, not a .safetensors file (a checkpoint directory is read with "
-                       "--ckpt or --resume)", path);
+        return bb_fail(BB_ERR_ARG, "%s is a directory, not a .safetensors file (a checkpoint directory is read as "
+                       "a checkpoint)", path);
     }
     size_t size = (size_t)st.st_size;
     const uint8_t *file = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;

@@ -50,7 +50,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames);
     json_t *opt = json_pack("{s:i, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
                             c->checkpoint_every, "precision", bb_precision_name(c->precision), "optimizer",
-                            bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule", bb_lr_schedule_name(oc->schedule),
+                            bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
+                            bb_lr_schedule_name(oc->schedule),
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
                             "momentum", oc->momentum, "weight_decay", oc->weight_decay, "grad_clip", oc->grad_clip);
     bb_status rc = j && opt ? bb_model_config_to_json(j, c) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
@@ -68,8 +69,9 @@ static bb_status sync_dir(const char *dir)
     return bb_fsync_dir_of(probe);
 }
 
-/* mkdir -p; *created (may be NULL) tells whether `dir` itself was made. */
-static bb_status make_dirs(const char *dir, bool *created)
+/* mkdir -p; *created (may be NULL) tells whether `dir` itself was made.
+ * `flag` names the directory in messages (the options' save_dir). */
+static bb_status make_dirs(const char *flag, const char *dir, bool *created)
 {
     char path[4096];
     if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return bb_fail(BB_ERR_ARG, "path too long: %s", dir);
@@ -81,14 +83,14 @@ static bb_status make_dirs(const char *dir, bool *created)
         if (mkdir(path, 0777) == 0) {
             if (end && created) *created = true;
         } else if (errno != EEXIST) {
-            return bb_fail_errno(BB_ERR_IO, "--save %s: cannot create %s", dir, path);
+            return bb_fail_errno(BB_ERR_IO, "%s %s: cannot create %s", flag, dir, path);
         }
         if (end) break;
         *p = '/';
     }
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_IO, "--save %s: not a directory", dir);
-    if (access(dir, W_OK) != 0) return bb_fail_errno(BB_ERR_IO, "--save %s: not writable", dir);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_IO, "%s %s: not a directory", flag, dir);
+    if (access(dir, W_OK) != 0) return bb_fail_errno(BB_ERR_IO, "%s %s: not writable", flag, dir);
     return BB_OK;
 }
 
@@ -126,16 +128,18 @@ static bool same_directory(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-bb_status bb_checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created)
+bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created)
 {
-    BB_TRY(make_dirs(dir, created));
+    const char *dir = o->save_dir, *save = bb_train_option_name(o, BB_TRAIN_SAVE);
+    BB_TRY(make_dirs(save, dir, created));
     char what[300];
-    if (force || !holds_checkpoints(dir, what, sizeof what) || (resume_root && same_directory(dir, resume_root)))
+    if (o->force || !holds_checkpoints(dir, what, sizeof what) || (resume_root && same_directory(dir, resume_root)))
         return BB_OK;
     return bb_fail(BB_ERR_ARG,
-                   "--save %s holds another run's checkpoints (%s): continue that run with --resume %s, save "
-                   "elsewhere, or pass --force to save here anyway (they then count towards --keep)",
-                   dir, what, dir);
+                   "%s %s holds another run's checkpoints (%s): continue that run with %s %s, save elsewhere, or "
+                   "pass %s to save here anyway (they then count towards %s)", save, dir, what,
+                   bb_train_option_name(o, BB_TRAIN_RESUME), dir, bb_train_option_name(o, BB_TRAIN_FORCE),
+                   bb_train_option_name(o, BB_TRAIN_KEEP));
 }
 
 /* Newest first: by step, then by name (a step saved again sorts after). */
@@ -191,7 +195,7 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
 bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *const *be,
                              const bb_optimizer *const *o, int opts, int keep, char *name_out, size_t name_cap)
 {
-    BB_TRY(make_dirs(dir, NULL));
+    BB_TRY(make_dirs(dir, dir, NULL));
     char name[64], tmp[4096], final[4096], link_tmp[4096], link[4096], current[256] = "";
     snprintf(name, sizeof name, "step-%08llu", (unsigned long long)st->step);
     BB_TRY(join(link, sizeof link, dir, "latest"));

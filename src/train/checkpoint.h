@@ -3,7 +3,7 @@
  * train.h) and reading its optimizer state back.
  *
  * How to use:
- *   BB_TRY(bb_checkpoint_prepare(dir, NULL, false, &created)); // before training
+ *   BB_TRY(bb_checkpoint_prepare(options, NULL, &created)); // before training: options->save_dir
  *   BB_TRY(bb_checkpoint_save(dir, &state, model, bes, opts, n, keep, name, sizeof name));
  */
 #ifndef BIGBATCH_TRAIN_CHECKPOINT_H
@@ -29,12 +29,13 @@ typedef struct checkpoint_state {
  * `n` optimizers on their backends (one, or the ZeRO-1 shards). */
 bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_model_t *m, bb_backend_t *const *be,
                              const bb_optimizer *const *o, int n, int keep, char *name, size_t name_cap);
-/* Creates `dir` (and its parents; *created tells whether `dir` itself was
- * made) and checks it is writable: called before training, so a bad
- * --save path fails at once. Fails with BB_ERR_ARG when `dir` holds
+/* Creates o->save_dir (and its parents; *created tells whether it was
+ * made) and checks it is writable: called before training, so a bad path
+ * fails at once. Fails with BB_ERR_IO, and BB_ERR_ARG when it holds
  * checkpoints, unless it is `resume_root` (the checkpoint directory the run
- * resumes from) or `force` is set. */
-bb_status bb_checkpoint_prepare(const char *dir, const char *resume_root, bool force, bool *created);
+ * resumes from) or o->force is set; the messages name o's fields as o
+ * names them. */
+bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created);
 /* Loads o's part of the optimizer state of the checkpoint `info` names
  * (of a model of `param_count` parameters). */
 bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,

@@ -39,9 +39,10 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_MOMENTUM] = "momentum",     [BB_TRAIN_BETA2] = "beta2",
     [BB_TRAIN_GRAD_CLIP] = "grad_clip",   [BB_TRAIN_SEED] = "seed",
     [BB_TRAIN_SHUFFLE_FRAMES] = "shuffle_frames", [BB_TRAIN_INIT_FROM] = "init_from",
-    [BB_TRAIN_RESUME] = "resume",         [BB_TRAIN_STOP_AFTER] = "stop_after",
-    [BB_TRAIN_KEEP] = "keep",             [BB_TRAIN_SAVE] = "save",
-    [BB_TRAIN_METRICS] = "metrics",       [BB_TRAIN_TRACE] = "trace",
+    [BB_TRAIN_RESUME] = "resume_dir",         [BB_TRAIN_STOP_AFTER] = "stop_after",
+    [BB_TRAIN_KEEP] = "keep",             [BB_TRAIN_SAVE] = "save_dir",
+    [BB_TRAIN_FORCE] = "force",           [BB_TRAIN_SKIP_NONFINITE] = "skip_nonfinite",
+    [BB_TRAIN_METRICS] = "metrics_path",  [BB_TRAIN_TRACE] = "trace_path",
     [BB_TRAIN_LOADER_THREADS] = "loader_threads", [BB_TRAIN_BUCKET_MIB] = "bucket_mib",
     [BB_TRAIN_ZERO] = "zero",
 };
@@ -67,7 +68,8 @@ bb_status bb_devices_parse(const char *what, const char *s, bool must_exist, int
     if (!strncmp(s, "cpu:", 4)) {
         int64_t n;
         BB_TRY(bb_parse_int(what, s + 4, &n));
-        if (n < 1 || n > BB_DEVICES_MAX) return bb_fail(BB_ERR_ARG, "%s cpu:N needs 1 <= N <= %d", what, BB_DEVICES_MAX);
+        if (n < 1 || n > BB_DEVICES_MAX)
+            return bb_fail(BB_ERR_ARG, "%s cpu:N needs 1 <= N <= %d", what, BB_DEVICES_MAX);
         for (*count = 0; *count < n; (*count)++) ids[*count] = *count;
         return BB_OK;
     }
@@ -145,7 +147,8 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
                        bb_train_option_name(out, BB_TRAIN_INIT_FROM), resume);
     out->seed = ck->seed;
     if (!is_set(out, BB_TRAIN_DATA)) out->data = ck->data;
-    if (!is_set(out, BB_TRAIN_VAL_DATA) && !is_set(out, BB_TRAIN_DATA)) out->val_data = ck->val_data[0] ? ck->val_data : NULL;
+    if (!is_set(out, BB_TRAIN_VAL_DATA) && !is_set(out, BB_TRAIN_DATA))
+        out->val_data = ck->val_data[0] ? ck->val_data : NULL;
     if (!is_set(out, BB_TRAIN_DEVICES)) BB_TRY(take_devices(ck, out));
     if (!is_set(out, BB_TRAIN_PRECISION)) out->precision = ck->model.precision;
     if (!is_set(out, BB_TRAIN_GLOBAL_BATCH)) out->global_batch = ck->global_batch;

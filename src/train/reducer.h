@@ -101,8 +101,8 @@ static inline void bb_reducer_init_owners(reducer_t *r, const reducer_args *a)
 }
 
 /* The reducer for a->spec: *out NULL when there is nothing to reduce (one
- * device, one process), else the CPU or the NCCL reducer. Fails like them,
- * and with BB_ERR_UNSUPPORTED for several processes (not yet). */
+ * device, one process), else the CPU or the NCCL reducer (over processes
+ * too: world.h's collectives, or NCCL's). Fails like them. */
 bb_status bb_reducer_create(const reducer_args *a, reducer_t **out);
 /* The CPU reducer: starts the reducer thread. Fails with BB_ERR_NOMEM,
  * BB_ERR_INTERNAL when the thread cannot start. */

@@ -62,11 +62,14 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
         "fwd_ms", bb_json_fixed(f->fwd_ms, 3), "bwd_ms", bb_json_fixed(f->bwd_ms, 3),
         "reduce_ms", bb_json_fixed(f->reduce_ms, 3), "opt_ms", bb_json_fixed(f->opt_ms, 3), "peak_mem_bytes", peaks));
     if (!fail && ev) fail = json_object_set_new(row, "val_loss", bb_json_real(ev->loss, 7));
-    if (!fail && ev && !isnan(ev->accuracy)) fail = json_object_set_new(row, "val_accuracy", bb_json_fixed(ev->accuracy, 6));
+    if (!fail && ev && !isnan(ev->accuracy))
+        fail = json_object_set_new(row, "val_accuracy", bb_json_fixed(ev->accuracy, 6));
     bb_status rc = fail ? bb_fail(BB_ERR_NOMEM, "out of memory") : bb_json_write_line(t->metrics, row);
     json_decref(row);
     if (rc == BB_OK && (fflush(t->metrics) != 0 || ferror(t->metrics))) rc = BB_ERR_IO;
-    if (rc == BB_ERR_IO) return bb_fail_errno(BB_ERR_IO, "--metrics %s: write failed", t->o->metrics_path);
+    if (rc == BB_ERR_IO)
+        return bb_fail_errno(BB_ERR_IO, "%s %s: write failed", bb_train_option_name(t->o, BB_TRAIN_METRICS),
+                             t->o->metrics_path);
     return rc;
 }
 
@@ -120,7 +123,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
 {
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
-                           .micro_batch = t->micro_batch, .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
+                           .micro_batch = t->micro_batch,
+                           .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text};
     uint64_t t0 = bb_clock_ns();
@@ -142,13 +146,11 @@ static bb_status save(trainer *t, uint64_t step, double loss)
     return BB_OK;
 }
 
-bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
+/* The step's loss into the result (grown as steps are done: no allocation
+ * scales with --steps). */
+static bb_status record_loss(trainer *t, uint64_t step0, double loss)
 {
-    const bb_train_options *o = t->o;
-    uint64_t step = step0 + 1, now = bb_clock_ns();
-    step_figures f = measure(t, now);
     bb_train_result *r = t->result;
-    /* Grown as steps are done: no allocation scales with --steps. */
     size_t i = (size_t)(step0 - t->first_step);
     if (i >= t->losses_cap) {
         size_t cap = t->losses_cap ? 2 * t->losses_cap : 1024;
@@ -157,59 +159,78 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
         r->losses = grown;
         t->losses_cap = cap;
     }
-    r->losses[i] = f.loss;
-    /* A step whose loss or gradient norm is NaN or infinite had its update
-     * withheld (bb_optimizer_apply): it ends the run, before anything of it is
-     * saved, or (--on-nonfinite skip) is counted and passed over. */
-    bool nonfinite = !isfinite(f.loss) || !isfinite(f.grad_norm);
-    if (nonfinite && !o->skip_nonfinite) {
-        if (t->metrics) write_metrics(t, step, &f, NULL, false);
-        char loss[32], norm[32];
-        return bb_fail(BB_ERR_NONFINITE,
-                       "step %llu: the loss is %s and the gradient norm %s: stopping with the weights of step %llu "
-                       "(nothing of step %llu is saved; a lower --lr or a --grad-clip may help, --on-nonfinite skip "
-                       "passes over such steps)",
-                       (unsigned long long)step, number_text(loss, sizeof loss, f.loss),
-                       number_text(norm, sizeof norm, f.grad_norm), (unsigned long long)step0, (unsigned long long)step);
+    r->losses[i] = loss;
+    return BB_OK;
+}
+
+/* A step whose loss or gradient norm is NaN or infinite had its update
+ * withheld (bb_optimizer_apply): it ends the run, before anything of it is
+ * saved, or (skip_nonfinite) is counted and passed over. *nonfinite tells. */
+static bb_status check_finite(trainer *t, uint64_t step, const step_figures *f, bool *nonfinite)
+{
+    const bb_train_options *o = t->o;
+    *nonfinite = !isfinite(f->loss) || !isfinite(f->grad_norm);
+    if (!*nonfinite) return BB_OK;
+    if (o->skip_nonfinite) {
+        t->result->skipped_steps = ++t->skipped;
+        return BB_OK;
     }
-    if (nonfinite) r->skipped_steps = ++t->skipped;
-    r->steps_done = step;
-    bool last = step == t->total_steps || step == o->stop_after;
-    bool interrupted = o->interrupted && *o->interrupted;
-    /* Saved first: an evaluation that fails must not cost the checkpoint.
-     * ZeRO-1 over processes: every rank joins, as rank 0 decided (worker.c). */
-    bool saved = t->gather_saves ? t->save_now : bb_trainer_saves_at(t, step);
-    if (saved) BB_TRY(save(t, step, f.loss));
+    if (t->metrics) write_metrics(t, step, f, NULL, false);
+    char loss[32], norm[32];
+    return bb_fail(BB_ERR_NONFINITE,
+                   "step %llu: the loss is %s and the gradient norm %s: stopping with the weights of step %llu "
+                   "(nothing of step %llu is saved; a lower %s or a %s may help, %s passes over such steps)",
+                   (unsigned long long)step, number_text(loss, sizeof loss, f->loss),
+                   number_text(norm, sizeof norm, f->grad_norm), (unsigned long long)step - 1, (unsigned long long)step,
+                   bb_train_option_name(o, BB_TRAIN_LR), bb_train_option_name(o, BB_TRAIN_GRAD_CLIP),
+                   bb_train_option_name(o, BB_TRAIN_SKIP_NONFINITE));
+}
+
+/* Evaluates after step `step` when due; *ran tells. Ctrl-C during it ends
+ * it (*interrupted), saving first when the step was not saved. */
+static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, bool saved, double loss, bool *interrupted,
+                                bb_eval_result *ev, bool *ran)
+{
+    const bb_train_options *o = t->o;
     /* Once interrupted, no evaluation: the user wants out, and the
-     * checkpoint is written. Ctrl-C during one ends it the same way. */
-    bb_eval_result ev;
-    bool evaluate = t->val && !interrupted && (last || (o->eval_every && step % o->eval_every == 0));
-    if (evaluate) {
-        char label[48];
-        snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
-        bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
-        bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, &ev);
-        if (rc == BB_ERR_INTERRUPTED) {
-            evaluate = false;
-            interrupted = true;
-            if (o->save_dir && !saved && !t->gather_saves) BB_TRY(save(t, step, f.loss));
-        } else {
-            BB_TRY(rc);
-            r->val_loss = ev.loss;
-            r->val_accuracy = ev.accuracy;
-        }
+     * checkpoint is written. */
+    *ran = t->val && !*interrupted && (last || (o->eval_every && step % o->eval_every == 0));
+    if (!*ran) return BB_OK;
+    char label[48];
+    snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
+    bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
+    bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, ev);
+    if (rc == BB_ERR_INTERRUPTED) {
+        *ran = false;
+        *interrupted = true;
+        return o->save_dir && !saved && !t->gather_saves ? save(t, step, loss) : BB_OK;
     }
-    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluate ? &ev : NULL, nonfinite));
-    if (o->progress && (last || evaluate || interrupted || (o->log_every && step % o->log_every == 0))) {
-        progress_line(t, step, &f, now);
-        if (evaluate) {
-            fprintf(o->progress, "%seval step %llu: val loss %.4f", t->tty ? "\n" : "", (unsigned long long)step,
-                    ev.loss);
-            if (!isnan(ev.accuracy)) fprintf(o->progress, ", val accuracy %.2f%%", 100 * ev.accuracy);
-            fprintf(o->progress, " (%llu records)\n", (unsigned long long)ev.records);
-        }
-        if (t->tty && last && !evaluate) fprintf(o->progress, "\n");
+    BB_TRY(rc);
+    t->result->val_loss = ev->loss;
+    t->result->val_accuracy = ev->accuracy;
+    return BB_OK;
+}
+
+/* The progress line (every log_every steps, at the end, after an
+ * evaluation or Ctrl-C) and the evaluation's. */
+static void report_progress(trainer *t, uint64_t step, const step_figures *f, uint64_t now, bool last,
+                            bool interrupted, const bb_eval_result *ev)
+{
+    const bb_train_options *o = t->o;
+    if (!o->progress || !(last || ev || interrupted || (o->log_every && step % o->log_every == 0))) return;
+    progress_line(t, step, f, now);
+    if (ev) {
+        fprintf(o->progress, "%seval step %llu: val loss %.4f", t->tty ? "\n" : "", (unsigned long long)step, ev->loss);
+        if (!isnan(ev->accuracy)) fprintf(o->progress, ", val accuracy %.2f%%", 100 * ev->accuracy);
+        fprintf(o->progress, " (%llu records)\n", (unsigned long long)ev->records);
     }
+    if (t->tty && last && !ev) fprintf(o->progress, "\n");
+}
+
+/* Whether the run stops after this step: its last, or Ctrl-C. */
+static void decide_stop(trainer *t, uint64_t step, bool last, bool interrupted, bool saved)
+{
+    const bb_train_options *o = t->o;
     t->stop = last;
     if (interrupted && t->gather_saves && !saved) {
         /* ZeRO-1 over processes: a save needs every rank, and they decided
@@ -218,11 +239,34 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
             fprintf(o->progress, "%sinterrupted after step %llu; saving after the next step\n", t->tty ? "\n" : "",
                     (unsigned long long)step);
     } else if (interrupted) {
-        t->stop = r->interrupted = true;
+        t->stop = t->result->interrupted = true;
         if (o->progress)
             fprintf(o->progress, "%sinterrupted after step %llu%s\n", t->tty ? "\n" : "", (unsigned long long)step,
                     o->save_dir ? "; saved" : "");
     }
+}
+
+bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
+{
+    const bb_train_options *o = t->o;
+    uint64_t step = step0 + 1, now = bb_clock_ns();
+    step_figures f = measure(t, now);
+    bool nonfinite;
+    BB_TRY(record_loss(t, step0, f.loss));
+    BB_TRY(check_finite(t, step, &f, &nonfinite));
+    t->result->steps_done = step;
+    bool last = step == t->total_steps || step == o->stop_after;
+    bool interrupted = o->interrupted && *o->interrupted;
+    /* Saved first: an evaluation that fails must not cost the checkpoint.
+     * ZeRO-1 over processes: every rank joins, as rank 0 decided (worker.c). */
+    bool saved = t->gather_saves ? t->save_now : bb_trainer_saves_at(t, step);
+    if (saved) BB_TRY(save(t, step, f.loss));
+    bb_eval_result ev;
+    bool evaluated;
+    BB_TRY(maybe_evaluate(t, step, last, saved, f.loss, &interrupted, &ev, &evaluated));
+    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluated ? &ev : NULL, nonfinite));
+    report_progress(t, step, &f, now, last, interrupted, evaluated ? &ev : NULL);
+    decide_stop(t, step, last, interrupted, saved);
     t->last_step_end_ns = bb_clock_ns(); /* evaluation and saving are not the next step's time */
     return BB_OK;
 }

@@ -35,7 +35,8 @@ static bb_status check_split(const bb_train_options *o, int devices, int micro_b
     }
     return bb_fail(BB_ERR_ARG,
                    "%s %d is not a whole number of micro-batches of %d on %d device%s; valid %s values: %s",
-                   NAME(GLOBAL_BATCH), o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", NAME(MICRO_BATCH), valid);
+                   NAME(GLOBAL_BATCH), o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", NAME(MICRO_BATCH),
+                   valid);
 }
 
 /* Checks the checkpoint resumed from against the options (those it did
@@ -95,12 +96,13 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
 /* The validation records must be laid out like the training records. */
 static bb_status open_val(trainer *t)
 {
-    BB_TRY(bb_dataset_open(t->o->val_data, &t->val));
+    const bb_train_options *o = t->o;
+    BB_TRY(bb_dataset_open(o->val_data, &t->val));
     const bb_shard_meta *a = bb_dataset_meta(t->data), *b = bb_dataset_meta(t->val);
     if (a->kind != b->kind || a->record_size != b->record_size || a->classes_or_vocab != b->classes_or_vocab)
-        return bb_fail(BB_ERR_ARG, "%s %s holds %s records of %u bytes (%u classes or tokens); the training "
-                       "data %s holds %s records of %u bytes (%u)", bb_train_option_name(t->o, BB_TRAIN_VAL_DATA), t->o->val_data, bb_record_kind_name(b->kind),
-                       b->record_size, b->classes_or_vocab, t->o->data, bb_record_kind_name(a->kind), a->record_size,
+        return bb_fail(BB_ERR_ARG, "%s %s holds %s records of %u bytes (%u classes or tokens); the training data %s "
+                       "holds %s records of %u bytes (%u)", NAME(VAL_DATA), o->val_data, bb_record_kind_name(b->kind),
+                       b->record_size, b->classes_or_vocab, o->data, bb_record_kind_name(a->kind), a->record_size,
                        a->classes_or_vocab);
     return BB_OK;
 }
@@ -158,16 +160,16 @@ static long long row_step(const char *line)
  * line is this run's configuration. */
 static bb_status open_metrics(trainer *t)
 {
-    const char *path = t->o->metrics_path;
+    const char *path = t->o->metrics_path, *flag = bb_train_option_name(t->o, BB_TRAIN_METRICS);
     FILE *old = t->o->resume_dir ? fopen(path, "r") : NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
     if (!(t->metrics = fopen(old ? tmp : path, "w"))) {
         if (old) fclose(old);
-        return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
+        return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
     }
     bool ok = write_run_line(t) == BB_OK;
-    if (!old) return ok && fflush(t->metrics) == 0 ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
+    if (!old) return ok && fflush(t->metrics) == 0 ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
     char *line = NULL;
     size_t cap = 0;
     while (getline(&line, &cap, old) > 0) {
@@ -176,7 +178,8 @@ static bb_status open_metrics(trainer *t)
     }
     free(line);
     fclose(old);
-    if (!ok || fflush(t->metrics) != 0 || rename(tmp, path) != 0) return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", bb_train_option_name(t->o, BB_TRAIN_METRICS), path);
+    if (!ok || fflush(t->metrics) != 0 || rename(tmp, path) != 0)
+        return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
     return BB_OK;
 }
 
@@ -355,7 +358,7 @@ static bb_status setup(trainer *t)
     }
     if (o->val_data) BB_TRY(open_val(t));
     if (o->save_dir)
-        BB_TRY(bb_checkpoint_prepare(o->save_dir, t->resume ? t->resume->root : NULL, o->force, &t->save_dir_created));
+        BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created));
     if (o->trace_path) BB_TRY(probe_writable(o->trace_path, NAME(TRACE), &t->trace_created));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
@@ -507,7 +510,8 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     bb_checkpoint_info *resume = NULL;
     if (options->resume_dir) {
         resume = malloc(sizeof *resume);
-        bb_status rc = resume ? bb_checkpoint_read_info(options->resume_dir, resume) : bb_fail(BB_ERR_NOMEM, "out of memory");
+        bb_status rc = resume ? bb_checkpoint_read_info(options->resume_dir, resume)
+                              : bb_fail(BB_ERR_NOMEM, "out of memory");
         if (rc == BB_OK) rc = bb_train_options_resume(options, resume, &resumed);
         if (rc != BB_OK) {
             free(resume);
@@ -540,7 +544,8 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     r->first_step = r->steps_done = t->first_step;
     if (t->finished) {
         if (o->progress)
-            fprintf(o->progress, "train: %s %s: already at step %llu of %llu; nothing to train\n", NAME(RESUME), o->resume_dir,
+            fprintf(o->progress, "train: %s %s: already at step %llu of %llu; nothing to train\n", NAME(RESUME),
+                    o->resume_dir,
                     (unsigned long long)t->first_step, (unsigned long long)t->total_steps);
         goto done;
     }

@@ -1,6 +1,6 @@
 /* trainer.h — private: the trainer's state, shared by trainer.c (set-up
- * and teardown), worker.c (one thread per replica), report.c (the end of a
- * step) and device_clock.c.
+ * and teardown), worker.c (one thread per replica), step_end.c (the end of
+ * a step) and device_clock.c.
  *
  * A run has one replica per local device: its backend, model, optimizer
  * and step figures. Worker thread i runs replica i; replica 0 also
@@ -114,11 +114,13 @@ bb_status bb_step_barrier_wait(step_barrier *b);
 void bb_trainer_fail(trainer *t, bb_status status);
 /* A worker thread's body: its argument is its replica. */
 void *bb_trainer_worker_main(void *replica);
-/* Replica 0, after every worker finished step `step` (0-based): reporting,
- * evaluation, saving, and the decision to stop (t->stop). */
-/* Whether the end of step `step` (1-based) saves: a --save run's last
- * step, an interrupted one, and every --save-every (report.c). */
+/* Whether the end of step `step` (1-based) saves: a save_dir run's last
+ * step, an interrupted one, and every save_every (step_end.c). */
 bool bb_trainer_saves_at(const trainer *t, uint64_t step);
+/* Replica 0, after every worker finished step `step` (0-based): reporting,
+ * evaluation, saving, and the decision to stop (t->stop). Fails with
+ * BB_ERR_NONFINITE (a non-finite step, unless skip_nonfinite), a save's,
+ * an evaluation's or the metrics file's error. */
 bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);
 
 #endif

@@ -525,12 +525,6 @@ void cuda_add(bb_backend_t *b, float *out, const float *x, const float *y, size_
     BB_CUDA_OP(b, bbk_add(compute(b), out, x, y, n));
 }
 
-void cuda_scale(bb_backend_t *b, float *x, float factor, size_t n)
-{
-    use(b);
-    BB_CUDA_OP(b, bbk_scale(compute(b), x, factor, n));
-}
-
 void cuda_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
     use(b);
@@ -691,7 +685,6 @@ bb_backend_vtable make_vtable()
     v.sgd = cuda_sgd;
     v.sum_squares = cuda_sum_squares;
     v.count_correct = cuda_count_correct;
-    v.scale = cuda_scale;
     v.bf16_round = cuda_bf16_round;
     v.bf16_unpack = cuda_bf16_unpack;
     v.records_to_tokens = cuda_records_to_tokens;
