@@ -291,6 +291,16 @@ static bb_status bad(bb_json_stream *s, const char *what)
     return bb_fail(BB_ERR_FORMAT, "%s: byte %llu: %s", s->path, (unsigned long long)(s->offset + s->start), what);
 }
 
+/* jansson's error at the read position. */
+static bb_status parse_error(bb_json_stream *s, const json_error_t *e)
+{
+    if (json_error_code(e) == json_error_premature_end_of_input) return bad(s, "the file ends inside the JSON");
+    char what[200];
+    snprintf(what, sizeof what, "not JSON (%s)", e->text);
+    s->start += (size_t)e->position;
+    return bad(s, what);
+}
+
 /* One whole JSON value at the read position (any type), consumed. */
 static bb_status value(bb_json_stream *s, json_t **out)
 {
@@ -299,28 +309,23 @@ static bb_status value(bb_json_stream *s, json_t **out)
     if (c == EOF) return bad(s, "the file ends inside the JSON");
     for (;;) {
         json_error_t e;
-        *out = json_loadb(s->buf + s->start, s->end - s->start, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &e);
+        size_t avail = s->end - s->start;
+        *out = json_loadb(s->buf + s->start, avail, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &e);
         /* A value cut by the buffer's end fails (premature end, or a token
          * cut short: "3." of 3.0) near that end, and a scalar there may go
          * on past it: both are decoded again once more bytes follow. */
-        size_t avail = s->end - s->start;
-        bool cut = json_error_code(&e) == json_error_premature_end_of_input || (size_t)e.position + 64 >= avail;
-        bool at_end = *out ? (size_t)e.position >= avail : cut;
-        if (*out && (!at_end || s->eof)) {
+        bool ok = *out != NULL;
+        bool at_end = ok ? (size_t)e.position >= avail
+                         : json_error_code(&e) == json_error_premature_end_of_input || (size_t)e.position + 64 >= avail;
+        if (ok && (!at_end || s->eof)) {
             s->start += (size_t)e.position;
             return BB_OK;
         }
-        if (!*out && !at_end) {
-            char what[200];
-            snprintf(what, sizeof what, "not JSON (%s)", e.text);
-            s->start += (size_t)e.position;
-            return bad(s, what);
-        }
+        if (!ok && (!at_end || s->eof)) return parse_error(s, &e);
         json_decref(*out);
         *out = NULL;
         bool more;
-        BB_TRY(refill(s, &more));
-        if (!more) return bad(s, "the file ends inside the JSON");
+        BB_TRY(refill(s, &more)); /* at the end of the file, the next pass decides */
     }
 }
 
