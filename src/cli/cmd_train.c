@@ -193,7 +193,6 @@ int bb_cmd_train(int argc, char **argv)
 {
     bb_train_options o;
     bb_train_defaults(&o);
-    o.val_data = NULL;
     /* --resume DIR continues the run as it was: the library takes what the
      * checkpoint recorded for every field not given (bb_train_options_resume). */
     train_flags f = {.mf = MODEL_FLAGS_DEFAULT, .devices = "cpu:1", .data = "data/kjv", .micro_batch = "8"};
