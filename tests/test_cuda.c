@@ -608,7 +608,7 @@ Test(cuda, resume_on_the_gpu_is_bitwise)
     cr_assert_eq(bb_train_run(&o, &whole), BB_OK, "%s", bb_error_message());
     o.save_dir = ckpt, o.stop_after = 3;
     cr_assert_eq(bb_train_run(&o, &first), BB_OK, "%s", bb_error_message());
-    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt;
+    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt, o.set = BB_TRAIN_SET(BB_TRAIN_SAVE);
     cr_assert_eq(bb_train_run(&o, &second), BB_OK, "%s", bb_error_message());
     cr_assert_eq(memcmp(whole.losses + 3, second.losses, 3 * sizeof *whole.losses), 0, "losses after the resume differ");
     cr_assert_eq(memcmp(whole.params, second.params, whole.param_count * sizeof *whole.params), 0,

@@ -124,7 +124,7 @@ Test(cuda_train, a_gpu_save_resumes_bitwise_on_gpus_and_on_cpu_2)
     bb_train_result whole = train(&o);
     o.save_dir = ckpt, o.stop_after = 3;
     bb_train_result first = train(&o);
-    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt;
+    o.save_dir = NULL, o.stop_after = 0, o.resume_dir = ckpt, o.set = BB_TRAIN_SET(BB_TRAIN_SAVE);
     bb_train_result gpu = train(&o);
     cr_assert_eq(gpu.first_step, 3);
     cr_assert_eq(memcmp(whole.losses + 3, gpu.losses, 3 * sizeof *gpu.losses), 0, "losses after a resume on the GPUs");

@@ -3,6 +3,8 @@
  * Ctrl-C, resume that remembers the run, one --devices syntax, numbers,
  * messages, --help and the README's examples (run in test_cli.c). Helpers:
  * train_fixture.h. */
+#include <sys/resource.h>
+
 #include "train_fixture.h"
 
 TestSuite(safety, .init = fixture_setup, .fini = fixture_teardown);
@@ -375,7 +377,8 @@ Test(safety, a_library_caller_with_only_resume_set_continues_as_the_command_line
                            "--optimizer", "sgd", "--lr", "0.05", "--seed", "7", "--save", ckpt, "--quiet");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    r = tu_bigbatch("train", "--resume", ckpt, "--metrics", cli, "--quiet");
+    char *elsewhere = tu_path(tmp, "elsewhere"); /* the checkpoint stays at step 3 for the library's run */
+    r = tu_bigbatch("train", "--resume", ckpt, "--metrics", cli, "--save", elsewhere, "--quiet");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
     bb_train_options o;
@@ -389,7 +392,7 @@ Test(safety, a_library_caller_with_only_resume_set_continues_as_the_command_line
     char *a = metric_losses(cli, 4), *b = metric_losses(lib, 4);
     cr_assert(strlen(a) > 0);
     cr_assert_str_eq(b, a, "bb_train_run with only resume set differs from train --resume");
-    free(a), free(b), free(lib), free(cli), free(ckpt), free(data);
+    free(a), free(b), free(lib), free(cli), free(elsewhere), free(ckpt), free(data);
 }
 
 Test(safety, paths_with_spaces_quotes_backslashes_and_utf8_survive_save_and_resume)
@@ -425,7 +428,11 @@ Test(safety, resume_takes_the_directory_its_latest_or_a_step_directory)
     char *from[] = {ckpt, latest, step4};
     const char *expect[] = {"steps 6..8", "steps 6..8", "steps 5..8"};
     for (int i = 0; i < 3; i++) {
-        r = tu_bigbatch("train", "--resume", from[i], "--stop-after", "6", "--log-every", "0");
+        char name[16], *save;
+        snprintf(name, sizeof name, "save-%d", i);
+        save = tu_path(tmp, name); /* elsewhere: saving into ckpt would move its latest */
+        r = tu_bigbatch("train", "--resume", from[i], "--stop-after", "6", "--log-every", "0", "--save", save);
+        free(save);
         cr_assert_eq(r.exit_code, 0, "--resume %s: %s", from[i], r.err);
         cr_assert_not_null(strstr(r.err, expect[i]), "--resume %s: %s", from[i], r.err);
         tu_run_free(&r);
@@ -576,4 +583,147 @@ Test(safety, help_and_flags_say_what_they_mean)
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "warn: --checkpoint every:5: the gpt has 1 layers"), "%s", r.err);
     tu_run_free(&r);
+}
+
+/* ---- outputs never destroy what they replace (issue 29, item 2) ------------ */
+Test(safety, outputs_replace_only_regular_files_never_a_device_fifo_or_an_input)
+{
+    char *data = make_tokens("tokens", 200), *ckpt = tu_path(tmp, "ckpt"), *metrics = tu_path(tmp, "m.jsonl");
+    char *fifo = tu_path(tmp, "fifo"), *real = tu_path(tmp, "real.html"), *link = tu_path(tmp, "link.html");
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--micro-batch", "8", "--steps", "1", "--save", ckpt, "--metrics", metrics, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    struct stat st;
+    /* a FIFO (as a device would be) is refused by every command that writes a file, and stays */
+    r = tu_bigbatch("report", "--metrics", metrics, "--out", fifo);
+    tu_assert_error(&r, "--out", fifo, "not a regular file (a FIFO)", "nothing written");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--steps", "1",
+                    "--global-batch", "8", "--trace", fifo, "--quiet");
+    tu_assert_error(&r, "--trace", fifo, "not a regular file");
+    tu_run_free(&r);
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", fifo);
+    tu_assert_error(&r, "--out", fifo, "not a regular file");
+    tu_run_free(&r);
+    cr_assert(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    /* an output that is one of the inputs: refused, the input unchanged */
+    size_t before, after;
+    uint8_t *a = tu_read_file(metrics, &before);
+    r = tu_bigbatch("report", "--metrics", metrics, "--out", metrics);
+    tu_assert_error(&r, "is one of the command's inputs");
+    tu_run_free(&r);
+    char *weights = tu_path(ckpt, "latest/model.safetensors");
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", weights);
+    tu_assert_error(&r, "is one of the command's inputs");
+    tu_run_free(&r);
+    uint8_t *b = tu_read_file(metrics, &after);
+    cr_assert(before == after && !memcmp(a, b, before), "the input was changed");
+    /* a symbolic link to a regular file is followed: the link stays a link */
+    tu_write_file(real, "old", 3);
+    cr_assert_eq(symlink(real, link), 0);
+    r = tu_bigbatch("report", "--metrics", metrics, "--out", link);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    cr_assert(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the link was replaced by a file");
+    char *page = (char *)tu_read_file(real, NULL);
+    cr_assert_not_null(strstr(page, "<!DOCTYPE html>"), "the page was not written through the link");
+    free(page), free(a), free(b), free(weights), free(link), free(real), free(fifo), free(metrics), free(ckpt), free(data);
+}
+
+/* ---- a resumed run goes on saving (issue 29, item 5) ----------------------- */
+Test(safety, resume_without_save_goes_on_saving_into_the_directory_with_its_keep_and_save_every)
+{
+    char *data = make_tokens("tokens", 400), *ckpt = tu_path(tmp, "ckpt");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "32", "--micro-batch", "8", "--steps", "8", "--stop-after", "2", "--save", ckpt,
+                           "--save-every", "1", "--keep", "3", "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    /* a requeued job: nothing but --resume */
+    r = tu_bigbatch("train", "--resume", ckpt, "--stop-after", "5", "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *steps = step_dirs(ckpt);
+    cr_assert_str_eq(steps, "step-00000003 step-00000004 step-00000005",
+                     "every step saved (--save-every 1), the newest 3 kept (--keep 3): %s", steps);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(info.step, 5);
+    /* told otherwise: --save elsewhere leaves DIR as it was */
+    char *other = tu_path(tmp, "other");
+    r = tu_bigbatch("train", "--resume", ckpt, "--stop-after", "6", "--save", other, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *again = step_dirs(ckpt);
+    cr_assert_str_eq(again, steps);
+    free(again), free(other), free(steps), free(ckpt), free(data);
+}
+
+/* ---- a save directory is one run's (issue 29, item 3) ---------------------- */
+Test(safety, a_save_directory_is_one_runs_and_pruning_spares_what_is_not_a_checkpoint)
+{
+    char *data = make_tokens("tokens", 400), *ckpt = tu_path(tmp, "ckpt"), *lock = tu_path(ckpt, ".lock");
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    char *const first[] = {(char *)tu_bigbatch_bin(), "train", "--data", data, "--layers", "1", "--d-model", "16",
+                           "--heads", "2", "--global-batch", "8", "--micro-batch", "8", "--steps", "100000", "--save",
+                           ckpt, "--quiet", NULL};
+    pid_t pid = start_logged(first, out, err);
+    char want[32];
+    snprintf(want, sizeof want, "%d ", (int)pid);
+    bool locked = false;
+    for (double end = now_s() + 30; !locked && now_s() < end && running(pid); usleep(20000)) {
+        FILE *f = fopen(lock, "r");
+        char line[300] = "";
+        if (f && fgets(line, sizeof line, f)) locked = !strncmp(line, want, strlen(want));
+        if (f) fclose(f);
+    }
+    cr_assert(locked, "the first run did not lock %s", ckpt);
+    /* a second run into the same directory, even with --force: refused at once, naming the holder */
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--micro-batch", "8", "--steps", "2", "--save", ckpt, "--force", "--quiet");
+    tu_assert_error(&r, "--save", "is in use by another run", want);
+    tu_run_free(&r);
+    cr_assert(running(pid), "the first run was disturbed");
+    kill(pid, SIGKILL);
+    exit_within(pid, 10);
+    /* its lock file stays, stale: no obstacle */
+    cr_assert_eq(access(lock, F_OK), 0);
+    char *user = tu_path(ckpt, "step-99999999"), *notes = tu_path(user, "notes.txt");
+    cr_assert_eq(mkdir(user, 0755), 0);
+    tu_write_file(notes, "mine", 4);
+    r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "8",
+                    "--micro-batch", "8", "--steps", "3", "--save", ckpt, "--save-every", "1", "--keep", "1", "--force",
+                    "--quiet");
+    cr_assert_eq(r.exit_code, 0, "a stale lock stopped the run: %s", r.err);
+    tu_run_free(&r);
+    /* --keep 1 removed the run's older checkpoints, and nothing that is not one */
+    cr_assert_eq(access(notes, F_OK), 0, "pruning removed the user's step-99999999/");
+    char *steps = step_dirs(ckpt);
+    cr_assert_str_eq(steps, "step-00000003 step-99999999");
+    free(steps), free(notes), free(user), free(err), free(out), free(lock), free(ckpt), free(data);
+}
+
+/* ---- a failed metrics write costs no work (issue 29, item 4) --------------- */
+Test(safety, a_metrics_write_that_fails_saves_the_step_first_and_removes_nothing)
+{
+    char *data = make_tokens("tokens", 400), *ckpt = tu_path(tmp, "ckpt"), *metrics = tu_path(tmp, "m.jsonl");
+    /* files may grow to 120 KiB: the metrics file (a few hundred bytes a step) fails after about 350 steps,
+     * while the checkpoint's files (64 and 92 KiB for this model) still fit: a disk that fills up */
+    struct rlimit old, small = {120 << 10, 120 << 10};
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_IGN); /* inherited: the write fails with EFBIG instead of killing */
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--micro-batch", "8", "--steps", "5000", "--save", ckpt, "--metrics", metrics,
+                           "--quiet");
+    setrlimit(RLIMIT_FSIZE, &old);
+    tu_assert_error(&r, "--metrics", metrics, "write failed");
+    tu_run_free(&r);
+    /* no --save-every: only the save before stopping can have written it */
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "the work was lost: %s", bb_error_message());
+    cr_assert_gt(info.step, 100, "saved at step %llu", (unsigned long long)info.step);
+    free(metrics), free(ckpt), free(data);
 }

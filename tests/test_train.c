@@ -123,6 +123,7 @@ Test(train, resume_continues_bitwise)
     o.stop_after = 0;
     o.save_dir = NULL;
     o.resume_dir = ckpt;
+    o.set = BB_TRAIN_SET(BB_TRAIN_SAVE); /* chosen: no saving (else it goes on saving into ckpt) */
     bb_train_result second = train(&o);
     cr_assert_eq(second.first_step, 5);
     assert_bitwise(&whole, &second, "resume at step 5");
@@ -651,6 +652,7 @@ Test(train, zero1_checkpoints_resume_across_zero_and_device_counts)
         bb_train_result first = train(&s);
         bb_train_options r = gpt_options(data, cases[i][3], 32 / cases[i][3] >= 8 ? 8 : 4, 32);
         r.steps = 10, r.bucket_mib = 0.004, r.zero = cases[i][2], r.resume_dir = ckpt;
+        r.set = BB_TRAIN_SET(BB_TRAIN_DEVICES) | BB_TRAIN_SET(BB_TRAIN_MICRO_BATCH); /* not the checkpoint's */
         bb_train_result second = train(&r);
         cr_assert_eq(second.first_step, 5);
         for (int k = 5; k < 10; k++) {

@@ -137,6 +137,15 @@ uint64_t bb_splitmix64(uint64_t *state);
 /* Flushes the directory holding `path` to disk, so that a rename into it
  * survives a crash. Fails with BB_ERR_IO. */
 bb_status bb_fsync_dir_of(const char *path);
+/* Checks `path` before a command writes it (through a temporary file
+ * renamed into place): it must be absent or a regular file, and none of
+ * the `n` inputs (the same device and inode). A symbolic link to a regular
+ * file is followed: `resolved` (cap bytes) gets the path to write, the link's
+ * target, so that the link stays. Fails with BB_ERR_IO, one line naming
+ * `what` (e.g. "--out") and the path, when the target is a device, a FIFO, a
+ * directory or a socket, or is an input; nothing is changed. */
+bb_status bb_check_output(const char *what, const char *path, const char *const *inputs, int n, char *resolved,
+                          size_t cap);
 
 /* ---- command-line parsing ---------------------------------------------
  * A command describes its options in a table ending with {0}; bb_cli_parse()

@@ -32,13 +32,16 @@ typedef struct bb_report_options {
     int compare_count;
     int trace_step;                   /* the step the timeline shows; 0: the median step */
     const char *out;                  /* the HTML file, written atomically (tmp + rename) */
+    const char *out_name;             /* how messages name `out`; NULL: "--out" */
 } bb_report_options;
 
 /* Writes the page. Fails with BB_ERR_IO naming a file that cannot be read
  * or written, BB_ERR_FORMAT with "FILE: line N: ..." for a metrics file
  * that is not one (bench or plan output, a damaged line before the last,
  * no step at all) or a plan that is not `plan --json` output, BB_ERR_ARG
- * without metrics or out. Nothing is left at `out` on failure. */
+ * without metrics or out, or when `out` exists and is not a regular file or
+ * is one of the inputs (bb_check_output). Nothing is left at `out` on
+ * failure. */
 bb_status bb_report_write(const bb_report_options *o);
 
 #endif

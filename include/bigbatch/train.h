@@ -57,9 +57,9 @@ typedef enum bb_train_field {
     BB_TRAIN_DATA, BB_TRAIN_VAL_DATA, BB_TRAIN_DEVICES, BB_TRAIN_PRECISION, BB_TRAIN_GLOBAL_BATCH,
     BB_TRAIN_MICRO_BATCH, BB_TRAIN_STEPS, BB_TRAIN_EPOCHS, BB_TRAIN_OPTIMIZER, BB_TRAIN_LR, BB_TRAIN_LR_SCHEDULE,
     BB_TRAIN_WARMUP, BB_TRAIN_WEIGHT_DECAY, BB_TRAIN_MOMENTUM, BB_TRAIN_BETA2, BB_TRAIN_GRAD_CLIP, BB_TRAIN_SEED,
-    BB_TRAIN_SHUFFLE_FRAMES, BB_TRAIN_INIT_FROM,
+    BB_TRAIN_SHUFFLE_FRAMES, BB_TRAIN_INIT_FROM, BB_TRAIN_SAVE, BB_TRAIN_KEEP, BB_TRAIN_SAVE_EVERY,
     /* named in messages only */
-    BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_KEEP, BB_TRAIN_SAVE, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
+    BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
     BB_TRAIN_METRICS, BB_TRAIN_TRACE,
     BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO,
     BB_TRAIN_FIELDS
@@ -184,6 +184,8 @@ typedef struct bb_checkpoint_info {
     char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
     int micro_batch;           /* 0 when not recorded */
     uint32_t shuffle_frames;   /* 0 when not recorded (then the loader's default) */
+    int keep;                  /* its keep; 0 when not recorded */
+    uint64_t save_every;       /* its save_every (0: at the end only, or not recorded) */
 } bb_checkpoint_info;
 
 /* Reads a checkpoint's state.json: `path` is a checkpoint directory (its
@@ -196,7 +198,9 @@ bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info
  * calls it when resume_dir is set): the checkpoint's data, validation
  * data, devices, precision, global and micro-batch, --steps, shuffle
  * window, optimizer and hyperparameters, model and seed for every field
- * not in given->set (beta1 and eps always the checkpoint's). Fails with
+ * not in given->set (beta1 and eps always the checkpoint's); it goes on
+ * saving into the checkpoint's directory with its keep and save_every
+ * unless save_dir, keep or save_every are set. Fails with
  * BB_ERR_ARG naming the field when a chosen one cannot apply: the seed
  * (the data order depends on it) or init_from (the weights are the
  * checkpoint's); bb_train_run then refuses a model, global batch or

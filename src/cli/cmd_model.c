@@ -106,8 +106,14 @@ int bb_cmd_export(int argc, char **argv)
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
     bb_status rc = bb_cli_parse("export", opts, argc, argv, NULL);
+    bb_checkpoint_info info;
+    char weights[4200] = "", target[4096];
+    if (rc == BB_OK && bb_checkpoint_read_info(ckpt, &info) == BB_OK) /* the input it must not replace */
+        snprintf(weights, sizeof weights, "%s/model.safetensors", info.dir);
+    const char *inputs[] = {weights};
+    if (rc == BB_OK) rc = bb_check_output("--out", out, inputs, 1, target, sizeof target);
     if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, 1, &be, &m);
-    if (rc == BB_OK) rc = bb_model_save_safetensors(m, out);
+    if (rc == BB_OK) rc = bb_model_save_safetensors(m, target);
     if (rc == BB_OK) printf("%s: %zu parameters\n", out, bb_model_param_count(m));
     bb_model_destroy(m);
     bb_backend_destroy(be);

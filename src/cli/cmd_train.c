@@ -37,7 +37,8 @@ static bb_status train_with_report(bb_train_options *o, const char *report)
     }
     bb_status rc = bb_train_run(o, NULL);
     if (report && bb_world_get()->rank == 0 && (rc == BB_OK || rc == BB_ERR_INTERRUPTED)) {
-        bb_report_options ro = {.metrics = o->metrics_path, .trace = o->trace_path, .out = report};
+        bb_report_options ro = {.metrics = o->metrics_path, .trace = o->trace_path, .out = report,
+                                .out_name = "--report"};
         bb_status wrote = bb_report_write(&ro);
         if (wrote == BB_OK && o->progress) fprintf(o->progress, "train: report written to %s\n", report);
         if (rc == BB_OK) rc = wrote;
@@ -119,14 +120,15 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
         {"--save", BB_OPT_STRING, &o->save_dir, "DIR", "write checkpoints here (atomically; DIR/latest is the "
          "newest)", GIVEN(SAVE)},
         {"--save-every", BB_OPT_U64, &o->save_every, "N", "save every N steps; 0: at the end (and on Ctrl-C) only",
-         .min = 0, .max = 1e15},
+         .min = 0, .max = 1e15, GIVEN(SAVE_EVERY)},
         {"--keep", BB_OPT_I32, &o->keep, "N", "keep the newest N checkpoints in --save DIR (older ones are removed "
          "once a newer one is safely written; 2 leaves a fallback if the newest is damaged)", .min = 1, .max = 1e6,
          GIVEN(KEEP)},
         {"--force", BB_OPT_FLAG, &o->force, NULL, "save into a --save DIR that holds another run's checkpoints "
          "(refused otherwise, unless --resume names it); they count towards --keep", GIVEN(FORCE)},
         {"--resume", BB_OPT_STRING, &o->resume_dir, "DIR", "continue exactly from DIR's latest checkpoint (or "
-         "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given",
+         "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given, "
+         "and it goes on saving into DIR with the run's --keep and --save-every unless --save is given",
          GIVEN(RESUME)},
         {"--init-from", BB_OPT_STRING, &o->init_from, "FILE", "start from these weights (.safetensors, PyTorch "
          "names)", GIVEN(INIT_FROM)},

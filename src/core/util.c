@@ -2,6 +2,7 @@
 #include "bigbatch/core.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,36 @@ uint64_t bb_splitmix64(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+bb_status bb_check_output(const char *what, const char *path, const char *const *inputs, int n, char *resolved,
+                          size_t cap)
+{
+    struct stat st;
+    if ((size_t)snprintf(resolved, cap, "%s", path) >= cap)
+        return bb_fail(BB_ERR_IO, "%s %s: path too long", what, path);
+    if (lstat(path, &st) != 0) return BB_OK; /* absent: created */
+    if (S_ISLNK(st.st_mode)) {
+        char *target = realpath(path, NULL);
+        if (!target || stat(target, &st) != 0) {
+            free(target);
+            return bb_fail(BB_ERR_IO, "%s %s: a symbolic link to nothing that exists; nothing written", what, path);
+        }
+        bool fits = (size_t)snprintf(resolved, cap, "%s", target) < cap;
+        free(target);
+        if (!fits) return bb_fail(BB_ERR_IO, "%s %s: path too long", what, path);
+    }
+    if (!S_ISREG(st.st_mode))
+        return bb_fail(BB_ERR_IO, "%s %s exists and is not a regular file (%s): nothing written", what, path,
+                       S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a socket");
+    for (int i = 0; i < n; i++) {
+        struct stat in;
+        if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == st.st_dev && in.st_ino == st.st_ino)
+            return bb_fail(BB_ERR_IO, "%s %s is one of the command's inputs (%s): it would be overwritten; nothing "
+                           "written", what, path, inputs[i]);
+    }
+    return BB_OK;
 }
 
 bb_status bb_fsync_dir_of(const char *path)

@@ -285,21 +285,26 @@ bb_status bb_report_write(const bb_report_options *o)
     bb_report_plan plan = {0};
     p.runs = calloc((size_t)p.nruns, sizeof *p.runs);
     if (!p.runs) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = BB_OK;
+    /* the page may replace a regular file only, never one it reads */
+    const char *inputs[3 + BB_REPORT_MAX_DEVICES] = {o->metrics, o->trace, o->plan};
+    int n_inputs = 3;
+    for (int k = 0; k < o->compare_count && n_inputs < (int)(sizeof inputs / sizeof *inputs); k++)
+        inputs[n_inputs++] = o->compare[k];
+    char out[4096], tmp[4200];
+    bb_status rc = bb_check_output(o->out_name ? o->out_name : "--out", o->out, inputs, n_inputs, out, sizeof out);
     int read = 0;
     for (; rc == BB_OK && read < p.nruns; read++)
         rc = bb_report_read_run(read ? o->compare[read - 1] : o->metrics, &p.runs[read]);
     if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, o->trace_step, &trace);
     if (rc == BB_OK && o->plan) rc = bb_report_read_plan(o->plan, &plan);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", o->out, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
     if (rc == BB_OK && !(p.out = fopen(tmp, "w"))) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
     if (rc == BB_OK) {
         rc = write_page(&p, &trace, &plan);
         bool ok = fflush(p.out) == 0 && !ferror(p.out);
         if (fclose(p.out) != 0) ok = false;
         if (rc == BB_OK && !ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", tmp);
-        if (rc == BB_OK && rename(tmp, o->out) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", o->out);
+        if (rc == BB_OK && rename(tmp, out) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", o->out);
         if (rc != BB_OK) unlink(tmp);
     }
     for (int k = 0; k < read; k++) bb_report_free_run(&p.runs[k]);

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +19,29 @@ static bb_status join(char *out, size_t cap, const char *dir, const char *name)
 {
     if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap) return bb_fail(BB_ERR_ARG, "path too long: %s", dir);
     return BB_OK;
+}
+
+/* A step directory bigbatch wrote: state.json, and nothing but its three
+ * files (and what a killed write of one left, NAME.tmp-PID). A directory
+ * with anything else is the user's, never removed. */
+static bool is_checkpoint_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return false;
+    static const char *const ours[] = {"model.safetensors", "optimizer.bin", "state.json"};
+    bool state = false, only_ours = true;
+    for (struct dirent *e; only_ours && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        bool mine = false;
+        for (int i = 0; i < 3 && !mine; i++) {
+            size_t n = strlen(ours[i]);
+            mine = !strncmp(e->d_name, ours[i], n) && (!e->d_name[n] || !strncmp(e->d_name + n, ".tmp-", 5));
+        }
+        state = state || !strcmp(e->d_name, "state.json");
+        only_ours = mine;
+    }
+    closedir(d);
+    return state && only_ours;
 }
 
 /* Removes a step directory bigbatch wrote (flat: files only). */
@@ -41,13 +66,15 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
     /* The run draws no random numbers besides the seeded data order and
      * initialisation: (seed, step) is the whole RNG state. */
-    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:i, s:I}", "format",
+    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:i, s:I, s:i, s:I}",
+                          "format",
                           "bigbatch-checkpoint", "version", 1, "producer", producer, "step", (json_int_t)st->step,
                           "epoch", (json_int_t)st->epoch, "step_in_epoch", (json_int_t)st->step_in_epoch,
                           "total_steps", (json_int_t)st->total_steps, "seed", (json_int_t)st->seed, "global_batch",
                           st->global_batch, "loss", bb_json_real(st->loss, 17), "data", st->data ? st->data : "",
                           "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
-                          "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames);
+                          "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
+                          st->keep, "save_every", (json_int_t)st->save_every);
     json_t *opt = json_pack("{s:i, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
                             c->checkpoint_every, "precision", bb_precision_name(c->precision), "optimizer",
                             bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
@@ -128,18 +155,64 @@ static bool same_directory(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created)
+/* DIR/.lock, locked (flock) for the run's life: one run per directory. It
+ * holds "PID HOST" of its holder, for the message; the kernel releases the
+ * lock of a process that dies, so a stale file is no obstacle. */
+static bb_status lock_dir(const bb_train_options *o, int *fd_out)
 {
+    char path[4096];
+    const char *save = bb_train_option_name(o, BB_TRAIN_SAVE);
+    BB_TRY(join(path, sizeof path, o->save_dir, BB_CHECKPOINT_LOCK));
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s %s: cannot create %s", save, o->save_dir, path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[300] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        int pid = 0;
+        char host[256] = "?";
+        sscanf(holder, "%d %255s", &pid, host);
+        close(fd);
+        if (err != EWOULDBLOCK) return bb_fail(BB_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+        return bb_fail(BB_ERR_ARG, "%s %s is in use by another run (PID %d on %s): two runs would remove each "
+                       "other's checkpoints; wait for it to end, or save elsewhere", save, o->save_dir, pid, host);
+    }
+    char host[256] = "?", line[300];
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(line, sizeof line, "%d %s\n", (int)getpid(), host);
+    /* only a second run's message reads it: a failed write costs nothing else */
+    bool written = ftruncate(fd, 0) == 0 && pwrite(fd, line, (size_t)len, 0) == len;
+    if (!written) BB_WARN("%s: cannot record this run in it: %s", path, strerror(errno));
+    *fd_out = fd;
+    return BB_OK;
+}
+
+bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created, int *lock_fd)
+{
+    *lock_fd = -1;
     const char *dir = o->save_dir, *save = bb_train_option_name(o, BB_TRAIN_SAVE);
     BB_TRY(make_dirs(save, dir, created));
+    BB_TRY(lock_dir(o, lock_fd));
     char what[300];
     if (o->force || !holds_checkpoints(dir, what, sizeof what) || (resume_root && same_directory(dir, resume_root)))
         return BB_OK;
+    bb_checkpoint_unlock(*lock_fd, dir, false);
+    *lock_fd = -1;
     return bb_fail(BB_ERR_ARG,
                    "%s %s holds another run's checkpoints (%s): continue that run with %s %s, save elsewhere, or "
                    "pass %s to save here anyway (they then count towards %s)", save, dir, what,
                    bb_train_option_name(o, BB_TRAIN_RESUME), dir, bb_train_option_name(o, BB_TRAIN_FORCE),
                    bb_train_option_name(o, BB_TRAIN_KEEP));
+}
+
+void bb_checkpoint_unlock(int fd, const char *dir, bool remove)
+{
+    if (fd < 0) return;
+    char path[4096];
+    if (remove && join(path, sizeof path, dir, BB_CHECKPOINT_LOCK) == BB_OK) unlink(path); /* before the lock goes */
+    close(fd);
 }
 
 /* Newest first: by step, then by name (a step saved again sorts after). */
@@ -163,6 +236,7 @@ static void prune(const char *dir, const char *current, int keep)
         if (!strncmp(e->d_name, ".step-", 6) && join(file, sizeof file, dir, e->d_name) == BB_OK) remove_step_dir(file);
         if (!strncmp(e->d_name, ".latest.tmp-", 12) && join(file, sizeof file, dir, e->d_name) == BB_OK) unlink(file);
         if (step_of(e->d_name) < 0 || !strcmp(e->d_name, current) || strlen(e->d_name) >= sizeof *steps) continue;
+        if (join(file, sizeof file, dir, e->d_name) != BB_OK || !is_checkpoint_dir(file)) continue; /* the user's */
         if (count == cap) {
             void *grown = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
             if (!grown) break; /* keeps more than asked rather than failing a saved run */
@@ -214,6 +288,12 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
     if (rc != BB_OK) {
         remove_step_dir(tmp); /* a failed save leaves nothing behind */
         return rc;
+    }
+    struct stat sb;
+    if (stat(final, &sb) == 0 && !is_checkpoint_dir(final)) {
+        remove_step_dir(tmp);
+        return bb_fail(BB_ERR_IO, "%s exists and is not a bigbatch checkpoint: move it away (nothing of it was "
+                       "touched)", final);
     }
     remove_step_dir(final); /* a stale one from a run that died before publishing it */
     if (rename(tmp, final) != 0) {
@@ -285,6 +365,8 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     int frames = 0;
     BB_TRY(bb_json_opt_int(j, path, "shuffle_frames", &frames));
     info->shuffle_frames = (uint32_t)frames;
+    BB_TRY(bb_json_opt_int(j, path, "keep", &info->keep));
+    BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
     BB_TRY(bb_model_config_from_json(j, path, c));
     BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->checkpoint_every));
     BB_TRY(bb_json_opt_string(j, path, "precision", precision, sizeof precision));

@@ -3,7 +3,9 @@
  * train.h) and reading its optimizer state back.
  *
  * How to use:
- *   BB_TRY(bb_checkpoint_prepare(options, NULL, &created)); // before training: options->save_dir
+ *   BB_TRY(bb_checkpoint_prepare(options, NULL, &created, &lock)); // before training: options->save_dir
+ *   ...
+ *   bb_checkpoint_unlock(lock, options->save_dir, false);          // at the end of the run
  *   BB_TRY(bb_checkpoint_save(dir, &state, model, bes, opts, n, keep, name, sizeof name));
  */
 #ifndef BIGBATCH_TRAIN_CHECKPOINT_H
@@ -17,6 +19,8 @@ typedef struct checkpoint_state {
     uint64_t step, epoch, step_in_epoch, seed, total_steps;
     int global_batch, micro_batch;
     uint32_t shuffle_frames;
+    int keep;                     /* the run's keep and save_every: a resumed run saves as it did */
+    uint64_t save_every;
     double loss;
     const char *data, *val_data, *devices;
     bool shards_across_processes; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
@@ -35,7 +39,14 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
  * checkpoints, unless it is `resume_root` (the checkpoint directory the run
  * resumes from) or o->force is set; the messages name o's fields as o
  * names them. */
-bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created);
+bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_root, bool *created, int *lock_fd);
+/* The directory is one run's: bb_checkpoint_prepare locks DIR/.lock
+ * (flock, held until bb_checkpoint_unlock; *lock_fd, -1 on failure) and
+ * fails with BB_ERR_ARG naming the holder's PID and host while another
+ * process holds it. Unlock closes it; `remove` also deletes the file (a run
+ * that created the directory and saved nothing, before removing it). */
+#define BB_CHECKPOINT_LOCK ".lock"
+void bb_checkpoint_unlock(int fd, const char *dir, bool remove);
 /* Loads o's part of the optimizer state of the checkpoint `info` names
  * (of a model of `param_count` parameters). */
 bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,

@@ -40,7 +40,7 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_GRAD_CLIP] = "grad_clip",   [BB_TRAIN_SEED] = "seed",
     [BB_TRAIN_SHUFFLE_FRAMES] = "shuffle_frames", [BB_TRAIN_INIT_FROM] = "init_from",
     [BB_TRAIN_RESUME] = "resume_dir",         [BB_TRAIN_STOP_AFTER] = "stop_after",
-    [BB_TRAIN_KEEP] = "keep",             [BB_TRAIN_SAVE] = "save_dir",
+    [BB_TRAIN_KEEP] = "keep",             [BB_TRAIN_SAVE] = "save_dir", [BB_TRAIN_SAVE_EVERY] = "save_every",
     [BB_TRAIN_FORCE] = "force",           [BB_TRAIN_SKIP_NONFINITE] = "skip_nonfinite",
     [BB_TRAIN_METRICS] = "metrics_path",  [BB_TRAIN_TRACE] = "trace_path",
     [BB_TRAIN_LOADER_THREADS] = "loader_threads", [BB_TRAIN_BUCKET_MIB] = "bucket_mib",
@@ -157,6 +157,9 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
     if (!is_set(out, BB_TRAIN_STEPS)) /* --epochs replaces the run's --steps */
         out->steps = is_set(out, BB_TRAIN_EPOCHS) ? 0 : ck->total_steps;
     if (!is_set(out, BB_TRAIN_SHUFFLE_FRAMES) && ck->shuffle_frames) out->shuffle_frames = ck->shuffle_frames;
+    if (!is_set(out, BB_TRAIN_SAVE)) out->save_dir = ck->root; /* goes on saving where it did */
+    if (!is_set(out, BB_TRAIN_KEEP) && ck->keep > 0) out->keep = ck->keep;
+    if (!is_set(out, BB_TRAIN_SAVE_EVERY)) out->save_every = ck->save_every;
     take_optimizer(ck, out);
     if (!is_set(out, BB_TRAIN_MODEL)) { /* the checkpoint's model, with a checkpoint policy and loss chunk if set */
         bb_model_config m = ck->model;

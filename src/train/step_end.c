@@ -126,7 +126,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .micro_batch = t->micro_batch,
                            .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .data = t->o->data,
-                           .val_data = t->o->val_data, .devices = t->devices_text};
+                           .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
+                           .save_every = t->o->save_every};
     uint64_t t0 = bb_clock_ns();
     char name[64];
     /* the optimizer state: replica 0's, or with ZeRO-1 every replica's shard
@@ -246,6 +247,21 @@ static void decide_stop(trainer *t, uint64_t step, bool last, bool interrupted, 
     }
 }
 
+/* A failure to write the metrics must not cost the run's work: a save of
+ * this step first (when there is a save_dir, the step is not saved yet and
+ * this process may save alone), then the failure, which stays the one
+ * reported. */
+static bb_status keep_the_work(trainer *t, uint64_t step, double loss, bool saved, bb_status failure)
+{
+    if (!t->o->save_dir || saved || t->gather_saves) return failure;
+    char first[1024];
+    snprintf(first, sizeof first, "%s", bb_error_message());
+    if (save(t, step, loss) == BB_OK && t->o->progress)
+        fprintf(t->o->progress, "%strain: saved step %llu before stopping\n", t->tty ? "\n" : "",
+                (unsigned long long)step);
+    return bb_fail(failure, "%s", first);
+}
+
 bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
 {
     const bb_train_options *o = t->o;
@@ -264,7 +280,10 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     bb_eval_result ev;
     bool evaluated;
     BB_TRY(maybe_evaluate(t, step, last, saved, f.loss, &interrupted, &ev, &evaluated));
-    if (t->metrics) BB_TRY(write_metrics(t, step, &f, evaluated ? &ev : NULL, nonfinite));
+    if (t->metrics) {
+        bb_status rc = write_metrics(t, step, &f, evaluated ? &ev : NULL, nonfinite);
+        if (rc != BB_OK) return keep_the_work(t, step, f.loss, saved, rc);
+    }
     report_progress(t, step, &f, now, last, interrupted, evaluated ? &ev : NULL);
     decide_stop(t, step, last, interrupted, saved);
     t->last_step_end_ns = bb_clock_ns(); /* evaluation and saving are not the next step's time */

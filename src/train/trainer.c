@@ -107,12 +107,15 @@ static bb_status open_val(trainer *t)
     return BB_OK;
 }
 
-/* Fails now rather than after hours of training; *created tells whether
- * the probe made the file. */
-static bb_status probe_writable(const char *path, const char *flag, bool *created)
+/* Fails now rather than after hours of training: `path` must be a regular
+ * file or absent (bb_check_output; `resolved` gets it through symbolic
+ * links) and writable; *created tells whether the probe made the file. */
+static bb_status probe_writable(const char *path, const char *flag, char *resolved, size_t cap, bool *created)
 {
-    *created = access(path, F_OK) != 0;
-    FILE *f = fopen(path, "a");
+    *created = false;
+    BB_TRY(bb_check_output(flag, path, NULL, 0, resolved, cap));
+    *created = access(resolved, F_OK) != 0;
+    FILE *f = fopen(resolved, "a");
     if (!f) {
         *created = false;
         return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
@@ -160,7 +163,7 @@ static long long row_step(const char *line)
  * line is this run's configuration. */
 static bb_status open_metrics(trainer *t)
 {
-    const char *path = t->o->metrics_path, *flag = bb_train_option_name(t->o, BB_TRAIN_METRICS);
+    const char *path = t->metrics_path, *flag = bb_train_option_name(t->o, BB_TRAIN_METRICS);
     FILE *old = t->o->resume_dir ? fopen(path, "r") : NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
@@ -358,8 +361,11 @@ static bb_status setup(trainer *t)
     }
     if (o->val_data) BB_TRY(open_val(t));
     if (o->save_dir)
-        BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created));
-    if (o->trace_path) BB_TRY(probe_writable(o->trace_path, NAME(TRACE), &t->trace_created));
+        BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created, &t->save_lock));
+    if (o->trace_path)
+        BB_TRY(probe_writable(o->trace_path, NAME(TRACE), t->trace_path, sizeof t->trace_path, &t->trace_created));
+    if (o->metrics_path) /* opened (and created) once the run is set up */
+        BB_TRY(bb_check_output(NAME(METRICS), o->metrics_path, NULL, 0, t->metrics_path, sizeof t->metrics_path));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     int D = t->spec.count;
@@ -532,6 +538,7 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     }
     t->o = o;
     t->resume = resume;
+    t->save_lock = -1;
     t->result = r;
     t->tty = o->progress && isatty(fileno(o->progress));
     pthread_mutex_init(&t->fail_lock, NULL);
@@ -558,7 +565,7 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
         /* The run's own failure (a save's, say) stays the one reported. */
         char first[1024];
         snprintf(first, sizeof first, "%s", bb_error_message());
-        bb_status trc = bb_trace_write(t->trace, o->trace_path);
+        bb_status trc = bb_trace_write(t->trace, t->trace_path);
         if (rc == BB_OK) rc = trc;
         else if (trc != BB_OK) bb_fail(rc, "%s", first);
         if (trc == BB_OK) t->trace_created = false; /* written: it stays */
@@ -579,11 +586,12 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
         }
         if (rc == BB_OK) rc = check_ranks_agree(t, r->params, r->param_count);
     }
-done:
-    if (rc != BB_OK && rc != BB_ERR_INTERRUPTED) { /* nothing half-made stays behind */
-        if (t->trace_created) unlink(o->trace_path);
-        if (t->save_dir_created && !t->saved) rmdir(o->save_dir); /* only if empty */
-    }
+done:;
+    /* nothing half-made stays behind; checkpoints always do */
+    bool failed = rc != BB_OK && rc != BB_ERR_INTERRUPTED, unused_dir = failed && t->save_dir_created && !t->saved;
+    if (failed && t->trace_created) unlink(t->trace_path);
+    bb_checkpoint_unlock(t->save_lock, o->save_dir, unused_dir);
+    if (unused_dir) rmdir(o->save_dir); /* only if empty */
     teardown(t);
     free(t);
     free(resume);

@@ -80,6 +80,8 @@ typedef struct trainer {
     const bb_checkpoint_info *resume; /* the checkpoint resumed from; NULL: none */
     size_t losses_cap;       /* result->losses holds this many */
     bool save_dir_created, trace_created; /* by this run: removed if it fails before using them */
+    int save_lock;           /* save_dir's lock (bb_checkpoint_prepare), held for the run; -1: none */
+    char trace_path[4096], metrics_path[4096]; /* the options', through symbolic links (bb_check_output) */
     FILE *metrics;
     bool tty;
     uint64_t run_start_ns, last_step_end_ns;
