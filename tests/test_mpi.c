@@ -313,3 +313,36 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     cr_log_info("--zero 1 over 2 processes x cpu:2: --zero 0's losses, optimizer.bin byte for byte; resumed on cpu:4");
     free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
 }
+
+/* Ranks started with other options than rank 0's (a job script that gives
+ * rank 1 other flags) end the job at once, the differing rank naming what
+ * differs, before anything depends on the options (issue 29, item 1). */
+Test(mpi, ranks_started_with_other_options_or_data_are_refused_naming_what_differs)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), *other = make_tokens("other", 400), cmd[8192];
+    char rank1_data[4200];
+    snprintf(rank1_data, sizeof rank1_data, "--data %s", other);
+    const char *cases[][2] = {{"--layers 2", "--model is {"}, {"--zero 1", "--zero is 1 here, 0 on rank 0"},
+                              {"--lr 0.01", "--lr is 0.01 here, 0.001 on rank 0"},
+                              {"--global-batch 32", "--global-batch is 32 here, 16 on rank 0"},
+                              {rank1_data, "holds other records than rank 0's data"}};
+    char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s --oversubscribe -np 2 sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then x=\"%s\"; fi; "
+                 "exec %s train --data %s --layers 1 --d-model 16 --heads 2 --global-batch 16 --micro-batch 2 "
+                 "--steps 4 --quiet $x'",
+                 mpirun(), cases[i][0], tu_bigbatch_bin(), data);
+        pid_t pid = start_logged((char *const[]){"/bin/sh", "-c", cmd, NULL}, out, err);
+        int code = exit_within(pid, 30);
+        char *text = (char *)tu_read_file(err, NULL);
+        cr_assert(code > 0 && code != 128 + SIGKILL, "rank 1 with %s: the job should end non-zero at once (exit %d): %s",
+                  cases[i][0], code, text);
+        cr_assert_not_null(strstr(text, "bigbatch: rank 1: error: "), "rank 1 with %s: %s", cases[i][0], text);
+        cr_assert_not_null(strstr(text, cases[i][1]), "rank 1 with %s: the message should say %s: %s", cases[i][0],
+                           cases[i][1], text);
+        free(text);
+    }
+    free(out), free(err), free(other), free(data);
+}

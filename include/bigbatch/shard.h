@@ -136,6 +136,11 @@ const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index);
 uint64_t bb_dataset_record_count(const bb_dataset_t *ds);
 /* Metadata of the first shard (shared fields agree across shards). */
 const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds);
+/* What the dataset is, independent of where it lies: an XXH64 of every
+ * shard's metadata (source, layout, counts) and frame sizes, so that two
+ * copies of one dataset agree and another dataset of the same layout does
+ * not (the processes of a job compare it). Never fails. */
+uint64_t bb_dataset_identity(const bb_dataset_t *ds);
 
 /* ---- writer ------------------------------------------------------------ */
 typedef struct bb_dataset_writer bb_dataset_writer_t;

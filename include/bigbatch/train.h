@@ -61,7 +61,8 @@ typedef enum bb_train_field {
     /* named in messages only */
     BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
     BB_TRAIN_METRICS, BB_TRAIN_TRACE,
-    BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO,
+    BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO, BB_TRAIN_ATTENTION, BB_TRAIN_DEVICE_MEM,
+    BB_TRAIN_NO_OVERLAP,
     BB_TRAIN_FIELDS
 } bb_train_field;
 #define BB_TRAIN_SET(f) (UINT64_C(1) << (f))
@@ -194,6 +195,18 @@ typedef struct bb_checkpoint_info {
  * bigbatch did not write (one line naming the file, and the line and
  * column where it is not JSON or the key missing or of the wrong type). */
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info);
+/* The processes of a job (world.h) were started with the same options:
+ * every field that shapes the run (all but paths each process may see
+ * differently and what only rank 0 does: data, val_data, metrics, trace,
+ * save_dir, progress, the loader's threads), compared with rank 0's before
+ * anything depends on them. Every process calls it. Fails with BB_ERR_ARG
+ * on every process when one differs: that process names the fields and
+ * both values ("started with other options than rank 0: lr is 0.01 here,
+ * 0.001 on rank 0"), the others
+ * say that another process was started otherwise; BB_ERR_DEVICE when a
+ * collective fails. Alone: BB_OK at once. */
+bb_status bb_train_options_agree(const bb_train_options *o);
+
 /* The options of the run that continues checkpoint `ck` (bb_train_run
  * calls it when resume_dir is set): the checkpoint's data, validation
  * data, devices, precision, global and micro-batch, --steps, shuffle

@@ -61,7 +61,8 @@ typedef struct train_flags {
  * `given` is given[f] (filled by train_table), the model's own rows. */
 static const char *flag_of[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_MODEL] = "--model", [BB_TRAIN_CHECKPOINT] = "--checkpoint", [BB_TRAIN_LOSS_CHUNK] = "--loss-chunk",
-    [BB_TRAIN_SKIP_NONFINITE] = "--on-nonfinite skip"};
+    [BB_TRAIN_SKIP_NONFINITE] = "--on-nonfinite skip", [BB_TRAIN_ATTENTION] = "--attention",
+    [BB_TRAIN_DEVICE_MEM] = "--device-mem", [BB_TRAIN_NO_OVERLAP] = "--no-overlap"};
 static const char *flag_name(bb_train_field f) { return f >= 0 && f < BB_TRAIN_FIELDS ? flag_of[f] : NULL; }
 
 #define GIVEN(field) .given = &f->given[BB_TRAIN_##field]

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
+#include <xxhash.h>
 
 struct bb_dataset {
     char *path;
@@ -120,6 +122,26 @@ void bb_dataset_close(bb_dataset_t *ds)
 const char *bb_dataset_path(const bb_dataset_t *ds) { return ds->path; }
 uint32_t bb_dataset_shard_count(const bb_dataset_t *ds) { return ds->shard_count; }
 uint64_t bb_dataset_record_count(const bb_dataset_t *ds) { return ds->record_count; }
+
+uint64_t bb_dataset_identity(const bb_dataset_t *ds)
+{
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++) {
+        const bb_shard_t *sh = bb_dataset_shard(ds, i);
+        const bb_shard_meta *m = bb_shard_get_meta(sh);
+        uint64_t fields[] = {m->kind, m->rank, m->shape[0], m->shape[1], m->shape[2], m->shape[3], m->record_size,
+                             m->record_count, m->records_per_frame, m->classes_or_vocab, m->shard_index,
+                             m->first_record, bb_shard_frame_count(sh), bb_shard_raw_bytes(sh)};
+        XXH64_update(&st, fields, sizeof fields);
+        XXH64_update(&st, m->source, strlen(m->source));
+        for (uint32_t f = 0; f < bb_shard_frame_count(sh); f++) {
+            uint32_t bytes = bb_shard_frame_at(sh, f)->compressed_size;
+            XXH64_update(&st, &bytes, sizeof bytes);
+        }
+    }
+    return XXH64_digest(&st);
+}
 const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds) { return bb_shard_get_meta(ds->shards[0]); }
 
 const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index)

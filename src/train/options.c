@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigbatch/json.h"
 #include "bigbatch/train.h"
 #include "bigbatch/world.h"
 
@@ -44,7 +45,8 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_FORCE] = "force",           [BB_TRAIN_SKIP_NONFINITE] = "skip_nonfinite",
     [BB_TRAIN_METRICS] = "metrics_path",  [BB_TRAIN_TRACE] = "trace_path",
     [BB_TRAIN_LOADER_THREADS] = "loader_threads", [BB_TRAIN_BUCKET_MIB] = "bucket_mib",
-    [BB_TRAIN_ZERO] = "zero",
+    [BB_TRAIN_ZERO] = "zero",             [BB_TRAIN_ATTENTION] = "attention",
+    [BB_TRAIN_DEVICE_MEM] = "device_mem", [BB_TRAIN_NO_OVERLAP] = "no_overlap",
 };
 
 const char *bb_train_option_name(const bb_train_options *o, bb_train_field f)
@@ -168,5 +170,84 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
         m.loss_chunk = is_set(out, BB_TRAIN_LOSS_CHUNK) ? out->model.loss_chunk : 0;
         out->model = m;
     }
+    return BB_OK;
+}
+
+/* ---- the processes of a job agree ------------------------------------------ */
+enum { AGREE_TEXT = 192 };
+
+typedef struct agreed {
+    bb_train_field field;
+    char text[AGREE_TEXT];
+} agreed;
+
+/* The fields that shape the run, as text; returns how many. */
+static int describe(const bb_train_options *o, agreed *a)
+{
+    int n = 0;
+#define FIELD(f, ...) (a[n].field = BB_TRAIN_##f, snprintf(a[n].text, AGREE_TEXT, __VA_ARGS__), n++)
+    json_t *m = json_object();
+    char *shape = m && bb_model_config_to_json(m, &o->model) == BB_OK ? json_dumps(m, JSON_COMPACT) : NULL;
+    FIELD(MODEL, "%s", shape ? shape : "?");
+    free(shape);
+    json_decref(m);
+    const bb_optimizer_config *c = &o->opt;
+    FIELD(CHECKPOINT, "%s", o->auto_checkpoint ? "auto" : "");
+    if (!o->auto_checkpoint) snprintf(a[n - 1].text, AGREE_TEXT, "%d", o->model.checkpoint_every);
+    FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
+    FIELD(PRECISION, "%s", bb_precision_name(o->precision));
+    FIELD(ATTENTION, "%s", bb_attention_name(o->attention));
+    FIELD(GLOBAL_BATCH, "%d", o->global_batch);
+    FIELD(MICRO_BATCH, "%d%s", o->micro_batch, o->auto_micro_batch ? " (auto)" : "");
+    FIELD(STEPS, "%llu", (unsigned long long)o->steps);
+    FIELD(EPOCHS, "%llu", (unsigned long long)o->epochs);
+    FIELD(STOP_AFTER, "%llu", (unsigned long long)o->stop_after);
+    FIELD(OPTIMIZER, "%s (beta1 %.17g, eps %.17g)", bb_optimizer_kind_name(c->kind), c->beta1, c->eps);
+    FIELD(LR, "%.17g", c->lr);
+    FIELD(LR_SCHEDULE, "%s", bb_lr_schedule_name(c->schedule));
+    FIELD(WARMUP, "%llu", (unsigned long long)c->warmup);
+    FIELD(WEIGHT_DECAY, "%.17g", c->weight_decay);
+    FIELD(MOMENTUM, "%.17g", c->momentum);
+    FIELD(BETA2, "%.17g", c->beta2);
+    FIELD(GRAD_CLIP, "%.17g", c->grad_clip);
+    FIELD(SEED, "%llu", (unsigned long long)o->seed);
+    FIELD(SHUFFLE_FRAMES, "%u", bb_shuffle_frames_or_default(o->shuffle_frames));
+    FIELD(ZERO, "%d", o->zero);
+    FIELD(BUCKET_MIB, "%.17g", o->bucket_mib);
+    FIELD(NO_OVERLAP, "%s", o->no_overlap ? "yes" : "no");
+    FIELD(SKIP_NONFINITE, "%s", o->skip_nonfinite ? "yes" : "no");
+    FIELD(DEVICE_MEM, "%llu", (unsigned long long)o->device_mem);
+    FIELD(SAVE_EVERY, "%llu", (unsigned long long)o->save_every);
+    FIELD(INIT_FROM, "%s", o->init_from ? o->init_from : "");
+    FIELD(RESUME, "%s", o->resume_dir ? o->resume_dir : "");
+#undef FIELD
+    return n;
+}
+
+bb_status bb_train_options_agree(const bb_train_options *o)
+{
+    const bb_world *w = bb_world_get();
+    if (w->size < 2) return BB_OK;
+    agreed mine[BB_TRAIN_FIELDS], first[BB_TRAIN_FIELDS];
+    int n = describe(o, mine);
+    memcpy(first, mine, sizeof mine);
+    BB_TRY(bb_world_broadcast_bytes(first, sizeof first, 0));
+    char why[1024] = "";
+    size_t len = 0;
+    int differ = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(mine[i].text, first[i].text)) continue;
+        if (differ++ < 3 && len < sizeof why)
+            len += (size_t)snprintf(why + len, sizeof why - len, "%s%s is %s here, %s on rank 0", len ? "; " : "",
+                                    bb_train_option_name(o, mine[i].field), mine[i].text, first[i].text);
+    }
+    bool same;
+    BB_TRY(bb_world_all_equal((uint64_t)(differ > 0), &same));
+    if (differ)
+        return bb_fail(BB_ERR_ARG, "started with other options than rank 0: %s%s: every process of a job must be "
+                       "given the same options", why, differ > 3 ? " (and more)" : "");
+    if (!same)
+        return bb_fail(BB_ERR_ARG, "another process of the job was started with other options (it names them): "
+                       "every process of a job must be given the same options");
     return BB_OK;
 }

@@ -325,6 +325,23 @@ static bb_status setup_devices(trainer *t)
     return BB_OK;
 }
 
+/* Every process of a job reads the same dataset (wherever it lies). */
+static bb_status check_same_data(const trainer *t)
+{
+    const bb_train_options *o = t->o;
+    if (t->spec.world < 2) return BB_OK;
+    uint64_t mine = bb_dataset_identity(t->data), first = mine;
+    bool same;
+    BB_TRY(bb_world_broadcast_bytes(&first, sizeof first, 0));
+    BB_TRY(bb_world_all_equal(mine != first, &same));
+    if (mine != first)
+        return bb_fail(BB_ERR_ARG, "%s %s holds other records than rank 0's data (dataset identity %016llx here, "
+                       "%016llx on rank 0): every process of a job must train on the same dataset", NAME(DATA),
+                       o->data, (unsigned long long)mine, (unsigned long long)first);
+    if (!same) return bb_fail(BB_ERR_ARG, "another process of the job reads other data (it names it)");
+    return BB_OK;
+}
+
 /* The data, the model's configuration from it, the batch split and the
  * run's length. */
 static bb_status setup_data(trainer *t)
@@ -334,6 +351,7 @@ static bb_status setup_data(trainer *t)
     t->global_batch = o->global_batch;
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
+    BB_TRY(check_same_data(t));
     t->cfg = o->model;
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
     t->cfg.precision = o->precision;
@@ -352,6 +370,7 @@ static bb_status setup(trainer *t)
 {
     const bb_train_options *o = t->o;
     BB_TRY(check_options(o));
+    BB_TRY(bb_train_options_agree(o)); /* before anything depends on them */
     BB_TRY(setup_devices(t));
     BB_TRY(setup_data(t));
     if (t->resume) BB_TRY(check_resume(t, t->resume));
