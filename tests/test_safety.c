@@ -727,3 +727,77 @@ Test(safety, a_metrics_write_that_fails_saves_the_step_first_and_removes_nothing
     cr_assert_gt(info.step, 100, "saved at step %llu", (unsigned long long)info.step);
     free(metrics), free(ckpt), free(data);
 }
+
+/* ---- data that is not what it claims (issue 29, item 6) -------------------- */
+/* Rewrites the safetensors file `path` with python3: `code` edits `h` (the
+ * header, a dict) and `data` (a bytearray), and the checksum is dropped (a
+ * file from elsewhere has none). */
+static void edit_safetensors(const char *path, const char *code)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 - '%s' <<'EOF'\n"
+             "import json, struct, sys\n"
+             "b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]\n"
+             "h = json.loads(b[8:8 + n]); data = bytearray(b[8 + n:])\n"
+             "h['__metadata__'].pop('xxh64', None)\n"
+             "%s\n"
+             "t = json.dumps(h).encode(); t += b' ' * (-len(t) %% 8)\n"
+             "open(sys.argv[1], 'wb').write(struct.pack('<Q', len(t)) + t + bytes(data))\n"
+             "EOF",
+             path, code);
+    cr_assert_eq(system(cmd), 0, "python3 could not edit %s", path);
+}
+
+Test(safety, weights_that_overlap_or_are_not_finite_and_foreign_shards_are_refused)
+{
+    char *data = make_tokens("tokens", 400), *ckpt = tu_path(tmp, "ckpt"), *w = tu_path(tmp, "w.safetensors");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--micro-batch", "8", "--steps", "1", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+#define EVAL_W "eval", "--init-from", w, "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2"
+    /* one tensor's bytes inside another's: the checksum cannot tell (there is none), the offsets can */
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", w);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    edit_safetensors(w, "h['transformer.h.0.ln_2.weight']['data_offsets'] = h['transformer.h.0.ln_1.weight']['data_offsets']");
+    r = tu_bigbatch(EVAL_W);
+    tu_assert_error(&r, w, "transformer.h.0.ln_1.weight", "overlap");
+    tu_run_free(&r);
+    /* a NaN among the weights: an error, not {"loss": null} */
+    unlink(w);
+    r = tu_bigbatch("export", "--ckpt", ckpt, "--out", w);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    edit_safetensors(w, "o = h['transformer.h.0.ln_1.weight']['data_offsets'][0]; data[o:o + 4] = struct.pack('<f', float('nan'))");
+    r = tu_bigbatch(EVAL_W, "--json");
+    tu_assert_error(&r, "transformer.h.0.ln_1.weight", "non-finite weights");
+    cr_assert_eq(r.out[0], 0, "something was printed: %s", r.out);
+    tu_run_free(&r);
+#undef EVAL_W
+    /* a shard of another dataset with the same layout, put in place of one */
+    bb_shard_meta meta = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {TOKENS_T + 1},
+                          .record_size = 2 * (TOKENS_T + 1), .classes_or_vocab = TOKENS_VOCAB};
+    uint8_t *records = calloc(400, meta.record_size);
+    tu_fill_random(records, 400 * meta.record_size, 5);
+    for (size_t i = 0; i < 400 * meta.record_size; i += 2) records[i + 1] = 0, records[i] %= TOKENS_VOCAB;
+    char *dirs[2] = {tu_path(tmp, "a"), tu_path(tmp, "b")};
+    for (int k = 0; k < 2; k++) {
+        snprintf(meta.source, sizeof meta.source, "%s.txt", k ? "b" : "a");
+        cr_assert_eq(mkdir(dirs[k], 0755), 0);
+        bb_writer_options o = {.level = 1, .frame_bytes = 16 * meta.record_size, .shard_bytes = 4096, .threads = 1};
+        bb_dataset_writer_t *wr;
+        cr_assert_eq(bb_dataset_writer_create(dirs[k], &meta, &o, &wr), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(bb_dataset_writer_add(wr, records, 400), BB_OK);
+        cr_assert_eq(bb_dataset_writer_finish(wr, NULL), BB_OK);
+        bb_dataset_writer_destroy(wr);
+    }
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "cp '%s/shard-00001.bbs' '%s/shard-00001.bbs'", dirs[1], dirs[0]);
+    cr_assert_eq(system(cmd), 0, "the datasets should have two shards at least");
+    r = tu_bigbatch("inspect", dirs[0]);
+    tu_assert_error(&r, "shard-00001.bbs", "packed from different sources", "a.txt", "b.txt");
+    tu_run_free(&r);
+    free(dirs[0]), free(dirs[1]), free(records), free(w), free(ckpt), free(data);
+}

@@ -35,7 +35,18 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
     bb_backend_options bo = {0};
     BB_TRY(bb_backend_create_cpu(&bo, be));
     BB_TRY(bb_model_create(*be, &c, micro_batch, m));
-    return ckpt ? bb_checkpoint_load_weights(&info, *m) : bb_model_load_safetensors(*m, init_from);
+    BB_TRY(ckpt ? bb_checkpoint_load_weights(&info, *m) : bb_model_load_safetensors(*m, init_from));
+    /* NaN or infinite weights give no answer worth printing (the CPU backend's memory is the host's) */
+    const float *p = bb_model_params(*m);
+    for (int i = 0; i < bb_model_tensor_count(*m); i++) {
+        const bb_tensor_info *t = bb_model_tensor(*m, i);
+        size_t bad = 0;
+        for (size_t k = 0; k < t->count; k++) bad += !isfinite(p[t->offset + k]);
+        if (bad)
+            return bb_fail(BB_ERR_FORMAT, "%s: tensor %s holds %zu non-finite weights (NaN or infinite): nothing to "
+                           "evaluate, sample or export", ckpt ? info.dir : init_from, t->name, bad);
+    }
+    return BB_OK;
 }
 
 static const char *eval_split(const char *data)

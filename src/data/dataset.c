@@ -32,9 +32,13 @@ static bb_status check_consistent(const bb_dataset_t *ds, uint32_t i)
     const char *pa = bb_shard_path(ds->shards[0]), *pb = bb_shard_path(ds->shards[i]);
     if (a->kind != b->kind || a->rank != b->rank || memcmp(a->shape, b->shape, sizeof a->shape) != 0 ||
         a->classes_or_vocab != b->classes_or_vocab)
-        return bb_fail(BB_ERR_FORMAT, "%s and %s hold different records (%s, %u classes/vocab vs %s, %u): "
-                       "they do not belong to one dataset", pa, pb, bb_record_kind_name(a->kind),
-                       a->classes_or_vocab, bb_record_kind_name(b->kind), b->classes_or_vocab);
+        return bb_fail(BB_ERR_FORMAT, "%s and %s hold different records (%s of %u bytes, %u classes/vocab vs %s of "
+                       "%u bytes, %u): they do not belong to one dataset", pa, pb, bb_record_kind_name(a->kind),
+                       a->record_size, a->classes_or_vocab, bb_record_kind_name(b->kind), b->record_size,
+                       b->classes_or_vocab);
+    if (strcmp(a->source, b->source))
+        return bb_fail(BB_ERR_FORMAT, "%s and %s were packed from different sources (%s, %s): they do not belong to "
+                       "one dataset", pa, pb, a->source, b->source);
     if (b->shard_index != i || b->first_record != ds->record_count)
         return bb_fail(BB_ERR_CORRUPT, "%s: shard index %u (first record %llu) found in position %u "
                        "(expected first record %llu): a shard of %s is missing or foreign",

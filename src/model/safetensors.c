@@ -229,6 +229,14 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
                          path, entries[k].name, model);
         }
     }
+    for (int a = 0; rc == BB_OK && a < count; a++) /* a tensor's bytes are its own */
+        for (int b = a + 1; rc == BB_OK && b < count; b++)
+            if (entries[a].begin < entries[b].end && entries[b].begin < entries[a].end &&
+                entries[a].begin < entries[a].end && entries[b].begin < entries[b].end)
+                rc = bb_fail(BB_ERR_CORRUPT, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap in the data",
+                             path, entries[a].name, (unsigned long long)entries[a].begin,
+                             (unsigned long long)entries[a].end, entries[b].name, (unsigned long long)entries[b].begin,
+                             (unsigned long long)entries[b].end);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
             const bb_tensor_info *t = &m->tensors[i];
