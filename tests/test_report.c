@@ -225,3 +225,43 @@ Test(report, bad_input_is_a_one_line_error_or_a_note_and_never_a_crash, .timeout
     free(m), free(cut), free(mid), free(bench), free(empty), free(old);
     free(data), free(metrics), free(trace), free(html), free(out);
 }
+
+/* A large trace (issue 29, item 7): read in time linear in its size, and
+ * Ctrl-C or SIGTERM end the report promptly, with 130 and nothing written. */
+Test(report, a_large_trace_reads_in_linear_time_and_sigterm_ends_it_with_130, .timeout = 120)
+{
+    char *data = make_tokens("tokens", 200), *metrics = tu_path(tmp, "m.jsonl"), *trace = tu_path(tmp, "t.json");
+    char *out = tu_path(tmp, "big.html"), *o = tu_path(tmp, "o"), *e = tu_path(tmp, "e"), *first = tu_path(tmp, "r.html");
+    short_run(data, metrics, trace, first);
+    /* 300 000 spans over 3 000 steps (about 40 MB): the old reader's scan per step took minutes */
+    FILE *f = fopen(trace, "w");
+    fprintf(f, "{\"traceEvents\": [\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, \"args\": "
+               "{\"name\": \"worker 0 (cpu:0)\"}}");
+    for (int i = 0; i < 300000; i++)
+        fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 1, \"tid\": 0, \"ts\": %d.5, \"dur\": %d.25, "
+                   "\"args\": {\"step\": %d, \"micro_step\": %d}}", i % 2 ? "backward" : "forward", i * 10,
+                8 + (i / 100) % 5, 1 + i / 100, i % 100);
+    fprintf(f, "\n]}\n");
+    fclose(f);
+    double t0 = now_s();
+    tu_run r = tu_bigbatch("report", "--metrics", metrics, "--trace", trace, "--out", out);
+    double seconds = now_s() - t0;
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    cr_log_info("a 40 MB trace of 300000 spans reported in %.1f s", seconds);
+    cr_assert_lt(seconds, 60, "a 40 MB trace took %.0f s", seconds);
+    unlink(out);
+    char *const argv[] = {(char *)tu_bigbatch_bin(), "report", "--metrics", metrics, "--trace", trace, "--out", out,
+                          NULL};
+    pid_t pid = start_logged(argv, o, e);
+    usleep(150000); /* inside the first of its passes over the trace */
+    kill(pid, SIGTERM);
+    int code = exit_within(pid, 10);
+    char *err = (char *)tu_read_file(e, NULL);
+    cr_assert_eq(code, 130, "SIGTERM should end it with 130 (exit %d): %s", code, err);
+    cr_assert_eq(access(out, F_OK), -1, "a page was written after SIGTERM");
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", tmp);
+    cr_assert_neq(system(cmd), 0, "a temporary file was left");
+    free(err), free(first), free(e), free(o), free(out), free(trace), free(metrics), free(data);
+}

@@ -22,6 +22,8 @@
 #ifndef BIGBATCH_REPORT_H
 #define BIGBATCH_REPORT_H
 
+#include <signal.h>
+
 #include "bigbatch/core.h"
 
 typedef struct bb_report_options {
@@ -33,6 +35,7 @@ typedef struct bb_report_options {
     int trace_step;                   /* the step the timeline shows; 0: the median step */
     const char *out;                  /* the HTML file, written atomically (tmp + rename) */
     const char *out_name;             /* how messages name `out`; NULL: "--out" */
+    volatile sig_atomic_t *interrupted; /* set (Ctrl-C, SIGTERM): stop, write nothing; NULL: none */
 } bb_report_options;
 
 /* Writes the page. Fails with BB_ERR_IO naming a file that cannot be read
@@ -40,8 +43,8 @@ typedef struct bb_report_options {
  * that is not one (bench or plan output, a damaged line before the last,
  * no step at all) or a plan that is not `plan --json` output, BB_ERR_ARG
  * without metrics or out, or when `out` exists and is not a regular file or
- * is one of the inputs (bb_check_output). Nothing is left at `out` on
- * failure. */
+ * is one of the inputs (bb_check_output), BB_ERR_INTERRUPTED once
+ * *interrupted is set. Nothing is left at `out` on failure. */
 bb_status bb_report_write(const bb_report_options *o);
 
 #endif

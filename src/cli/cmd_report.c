@@ -33,7 +33,7 @@ int bb_cmd_report(int argc, char **argv)
     if (rc == BB_OK) {
         bb_report_options o = {.metrics = metrics, .trace = trace, .plan = plan,
                                .compare = (const char *const *)compare.items, .compare_count = (int)compare.count,
-                               .trace_step = (int)step, .out = out};
+                               .trace_step = (int)step, .out = out, .interrupted = &bb_cli_interrupted};
         rc = bb_report_write(&o);
         if (rc == BB_OK) printf("report: wrote %s\n", out);
     }

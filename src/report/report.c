@@ -295,7 +295,7 @@ bb_status bb_report_write(const bb_report_options *o)
     int read = 0;
     for (; rc == BB_OK && read < p.nruns; read++)
         rc = bb_report_read_run(read ? o->compare[read - 1] : o->metrics, &p.runs[read]);
-    if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, o->trace_step, &trace);
+    if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, o->trace_step, o->interrupted, &trace);
     if (rc == BB_OK && o->plan) rc = bb_report_read_plan(o->plan, &plan);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
     if (rc == BB_OK && !(p.out = fopen(tmp, "w"))) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
@@ -304,6 +304,7 @@ bb_status bb_report_write(const bb_report_options *o)
         bool ok = fflush(p.out) == 0 && !ferror(p.out);
         if (fclose(p.out) != 0) ok = false;
         if (rc == BB_OK && !ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", tmp);
+        if (rc == BB_OK && o->interrupted && *o->interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
         if (rc == BB_OK && rename(tmp, out) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", o->out);
         if (rc != BB_OK) unlink(tmp);
     }

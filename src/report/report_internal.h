@@ -4,6 +4,7 @@
 #ifndef BIGBATCH_REPORT_INTERNAL_H
 #define BIGBATCH_REPORT_INTERNAL_H
 
+#include <signal.h>
 #include <stdio.h>
 
 #include "bigbatch/json.h"
@@ -65,7 +66,8 @@ void bb_report_free_run(bb_report_run *run);
  * from the file twice in bounded memory. An empty or span-less trace is
  * not an error: trace->note says so. Fails with BB_ERR_FORMAT naming the
  * file and the byte where it is not JSON. */
-bb_status bb_report_read_trace(const char *path, int step, bb_report_trace *trace);
+bb_status bb_report_read_trace(const char *path, int step, volatile sig_atomic_t *interrupted,
+                               bb_report_trace *trace);
 void bb_report_free_trace(bb_report_trace *trace);
 bb_status bb_report_read_plan(const char *path, bb_report_plan *plan);
 /* The trace's step as lanes of spans, a lane per trace thread, or a note

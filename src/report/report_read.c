@@ -246,8 +246,8 @@ static void read_lane(const json_t *ev, bb_report_trace *t)
 
 /* One pass: `keep` < 0 collects lanes and the steps' bounds into
  * *bounds (*nsteps entries, indexed by step), else the spans of step `keep`. */
-static bb_status trace_pass(const char *path, bb_report_trace *t, long long keep, step_span **bounds, size_t *nsteps,
-                            bool *found)
+static bb_status trace_pass(const char *path, volatile sig_atomic_t *interrupted, bb_report_trace *t, long long keep,
+                            step_span **bounds, size_t *nsteps, bool *found)
 {
     bb_json_stream *in;
     BB_TRY(bb_json_stream_open(path, "traceEvents", &in));
@@ -255,6 +255,11 @@ static bb_status trace_pass(const char *path, bb_report_trace *t, long long keep
     json_t *ev;
     bb_status rc;
     while ((rc = bb_json_stream_next(in, &ev)) == BB_OK && ev) {
+        if (interrupted && *interrupted) {
+            json_decref(ev);
+            rc = bb_fail(BB_ERR_INTERRUPTED, "%s: interrupted while reading it", path);
+            break;
+        }
         bb_report_span s;
         if (keep < 0) read_lane(ev, t);
         bool span = read_span(ev, &s);
@@ -309,13 +314,13 @@ static long long median_step(const step_span *bounds, size_t n)
     return chosen;
 }
 
-bb_status bb_report_read_trace(const char *path, int want, bb_report_trace *t)
+bb_status bb_report_read_trace(const char *path, int want, volatile sig_atomic_t *interrupted, bb_report_trace *t)
 {
     *t = (bb_report_trace){0};
     step_span *bounds = NULL;
     size_t nsteps = 0;
     bool found;
-    bb_status rc = trace_pass(path, t, -1, &bounds, &nsteps, &found);
+    bb_status rc = trace_pass(path, interrupted, t, -1, &bounds, &nsteps, &found);
     int spans = t->count;
     long long step = -1;
     if (rc == BB_OK && spans) step = want > 0 ? want : median_step(bounds, nsteps);
@@ -323,7 +328,7 @@ bb_status bb_report_read_trace(const char *path, int want, bb_report_trace *t)
     free(bounds);
     t->count = 0;
     t->step = step, t->median = want <= 0, t->all_spans = spans;
-    if (rc == BB_OK && step >= 0) rc = trace_pass(path, t, step, &bounds, &nsteps, &found);
+    if (rc == BB_OK && step >= 0) rc = trace_pass(path, interrupted, t, step, &bounds, &nsteps, &found);
     if (rc == BB_OK && !found)
         snprintf(t->note, sizeof t->note, "%s is empty or not a Chrome trace: no timeline.", path);
     else if (rc == BB_OK && spans == 0)
