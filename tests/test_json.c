@@ -227,5 +227,13 @@ Test(json, a_truncated_non_json_or_wrong_typed_state_is_one_line_naming_the_file
     cr_assert_not_null(at);
     snprintf(fixed, sizeof fixed, "%.*s\"step\": \"2\",%s", (int)(at - typed), typed, at + strlen("\"step\": 2,"));
     assert_refused(dir, fixed, "\"step\" is a string");
+    /* values of the wrong sign or type are errors, never a silent default (issue 29, item 6) */
+    const char *bad[][2] = {{"\"micro_batch\": 2,", "\"micro_batch\": -4,"}, {"\"micro_batch\": 2,", "\"micro_batch\": \"4\","}};
+    for (int i = 0; i < 2; i++) {
+        const char *from = strstr(typed, bad[i][0]);
+        cr_assert_not_null(from);
+        snprintf(fixed, sizeof fixed, "%.*s%s%s", (int)(from - typed), typed, bad[i][1], from + strlen(bad[i][0]));
+        assert_refused(dir, fixed, "\"micro_batch\" is");
+    }
     free(typed), free(good), free(dir);
 }
