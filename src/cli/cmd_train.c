@@ -38,7 +38,7 @@ static bb_status train_with_report(bb_train_options *o, const char *report)
     bb_status rc = bb_train_run(o, NULL);
     if (report && bb_world_get()->rank == 0 && (rc == BB_OK || rc == BB_ERR_INTERRUPTED)) {
         bb_report_options ro = {.metrics = o->metrics_path, .trace = o->trace_path, .out = report,
-                                .out_name = "--report", .interrupted = o->interrupted};
+                                .out_name = "--report"}; /* after a Ctrl-C too: that one was for training */
         bb_status wrote = bb_report_write(&ro);
         if (wrote == BB_OK && o->progress) fprintf(o->progress, "train: report written to %s\n", report);
         if (rc == BB_OK) rc = wrote;
