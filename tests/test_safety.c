@@ -428,7 +428,7 @@ Test(safety, resume_takes_the_directory_its_latest_or_a_step_directory)
     char *from[] = {ckpt, latest, step4};
     const char *expect[] = {"steps 6..8", "steps 6..8", "steps 5..8"};
     for (int i = 0; i < 3; i++) {
-        char name[16], *save;
+        char name[32], *save;
         snprintf(name, sizeof name, "save-%d", i);
         save = tu_path(tmp, name); /* elsewhere: saving into ckpt would move its latest */
         r = tu_bigbatch("train", "--resume", from[i], "--stop-after", "6", "--log-every", "0", "--save", save);
@@ -800,4 +800,27 @@ Test(safety, weights_that_overlap_or_are_not_finite_and_foreign_shards_are_refus
     tu_assert_error(&r, "shard-00001.bbs", "packed from different sources", "a.txt", "b.txt");
     tu_run_free(&r);
     free(dirs[0]), free(dirs[1]), free(records), free(w), free(ckpt), free(data);
+}
+
+/* ---- milder cases (issue 29, item 8) ---------------------------------------- */
+Test(safety, defaults_that_depend_on_the_directory_say_so_and_eval_takes_the_checkpoints_data)
+{
+    char *data = make_tokens("tokens", 200), *val = make_tokens("val", 40), *ckpt = tu_path(tmp, "ckpt");
+    char cmd[8192];
+    char *bin = realpath(tu_bigbatch_bin(), NULL);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' plan --global-batch 8", tmp, bin);
+    free(bin);
+    tu_run r = tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
+    tu_assert_error(&r, "no --data given", "data/kjv", "relative to the current directory", "pass --data DIR");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", data, "--val-data", val, "--layers", "1", "--d-model", "16", "--heads", "2",
+                    "--global-batch", "8", "--micro-batch", "8", "--steps", "1", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    /* the checkpoint recorded its data: eval needs no --data */
+    r = tu_bigbatch("eval", "--ckpt", ckpt, "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "\"records\": 40"), "not the run's validation data: %s", r.out);
+    tu_run_free(&r);
+    free(ckpt), free(val), free(data);
 }

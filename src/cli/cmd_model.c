@@ -58,11 +58,13 @@ static const char *eval_split(const char *data)
 
 int bb_cmd_eval(int argc, char **argv)
 {
-    static const char usage[] = "bigbatch eval (--ckpt DIR | --init-from FILE [model flags]) --data DIR [--json]";
+    static const char usage[] = "bigbatch eval (--ckpt DIR [--data DIR] | --init-from FILE [model flags] --data DIR) "
+                                "[--json]";
     static const char summary[] =
         "Runs every record of a dataset through the model and prints the mean loss (per\n"
         "example for mlp, per token for gpt) and, for mlp, the accuracy. --data DIR may be a\n"
-        "dataset or a directory with val/ (or test/) inside.";
+        "dataset or a directory with val/ (or test/) inside; with --ckpt it defaults to the\n"
+        "run's validation data (else its training data), as the checkpoint recorded them.";
     model_flags mf = MODEL_FLAGS_DEFAULT;
     const char *ckpt = NULL, *init_from = NULL, *data = NULL;
     int64_t micro_batch = 32;
@@ -70,7 +72,8 @@ int bb_cmd_eval(int argc, char **argv)
     const bb_opt opts[] = {
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save"},
         {"--init-from", BB_OPT_STRING, &init_from, "FILE", "a .safetensors file (with the model flags)"},
-        {"--data", BB_OPT_STRING, &data, "DIR", "the dataset to evaluate on", .required = true},
+        {"--data", BB_OPT_STRING, &data, "DIR", "the dataset to evaluate on (--ckpt: default the run's validation "
+         "data, else its training data)"},
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per forward pass", .min = 1, .max = 1 << 20},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object: loss, accuracy, records"},
         MODEL_FLAG_OPTS(mf),
@@ -80,7 +83,10 @@ int bb_cmd_eval(int argc, char **argv)
     bb_dataset_t *ds = NULL;
     bb_eval_result r;
     bb_status rc = bb_cli_parse("eval", opts, argc, argv, NULL);
-    if (rc == BB_OK) data = eval_split(data);
+    bb_checkpoint_info info;
+    if (rc == BB_OK && !data && ckpt && (rc = bb_checkpoint_read_info(ckpt, &info)) == BB_OK)
+        data = info.val_data[0] ? info.val_data : info.data; /* what the run recorded */
+    if (rc == BB_OK && data) data = eval_split(data); /* none: load_model says --init-from needs it */
     if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, (int)micro_batch, &be, &m);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     bb_eval_options eo = {.progress = stderr, .label = "eval", .interrupted = &bb_cli_interrupted};

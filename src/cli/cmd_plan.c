@@ -96,12 +96,13 @@ int bb_cmd_plan(int argc, char **argv)
     mf.checkpoint = "auto";
     const char *data = "data/kjv", *devices = "cpu:1";
     bb_precision precision = BB_PRECISION_FP32;
-    bool json = false;
+    bool json = false, data_given = false;
     bb_plan_request q = {.fixed_checkpoint = -1, .global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
-        {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)"},
+        {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)",
+         .given = &data_given},
         DEVICES_FLAG_OPT(devices, NULL),
         GLOBAL_BATCH_FLAG_OPT(q.global_batch, NULL),
         {"--micro-batch", BB_OPT_I32, &q.fixed_micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
@@ -118,6 +119,7 @@ int bb_cmd_plan(int argc, char **argv)
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
     if (rc == BB_OK && !any_checkpoint) q.fixed_checkpoint = q.model.checkpoint_every;
     q.model.precision = precision;
+    if (rc == BB_OK) rc = default_data_present(data, data_given);
     if (rc == BB_OK) {
         const char *train = resolve_split(data, "train");
         rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);

@@ -175,6 +175,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
         o->micro_batch = (int)b;
     }
     BB_TRY(devices_flag_parse(f->devices, true, &o->devices, &o->device, o->device_ids));
+    BB_TRY(default_data_present(f->data, f->given[BB_TRAIN_DATA] || o->resume_dir)); /* resumed: the run's data */
     const char *train = resolve_split(f->data, "train");
     o->data = train ? train : f->data;
     if (!f->given[BB_TRAIN_VAL_DATA] && train) { /* the data's own: chosen with it */

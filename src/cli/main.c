@@ -59,8 +59,11 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
         bb_cli_help(stdout, usage, summary, opts);
         return BB_EXIT_OK;
     }
+    if (status == BB_ERR_INTERRUPTED) { /* asked for, not an error: what was done is said already */
+        fprintf(stderr, "bigbatch: %sstopped as asked (%s)\n", bb_log_prefix(), bb_error_message());
+        return BB_EXIT_INTERRUPTED;
+    }
     fprintf(stderr, "bigbatch: %serror: %s\n", bb_log_prefix(), bb_error_message());
-    if (status == BB_ERR_INTERRUPTED) return BB_EXIT_INTERRUPTED;
     return status == BB_ERR_ARG ? BB_EXIT_USAGE : BB_EXIT_ERROR;
 }
 

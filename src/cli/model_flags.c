@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "bigbatch/backend.h"
 #include "bigbatch/shard.h"
@@ -55,6 +56,16 @@ bb_status device_flag_parse_one(const char *s, bb_device_kind *kind, int *id)
     if (count != 1) return bb_fail(BB_ERR_ARG, "--devices %s: this command runs on one device (cpu or cuda:N)", s);
     *id = ids[0];
     return BB_OK;
+}
+
+bb_status default_data_present(const char *data, bool given)
+{
+    char cwd[4096];
+    if (given || access(data, F_OK) == 0) return BB_OK;
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+    return bb_fail(BB_ERR_ARG, "no --data given, and its default %s (the repository's embedded data, relative to the "
+                   "current directory, %s) is not here: pass --data DIR, or run from the repository's root", data,
+                   cwd);
 }
 
 const char *resolve_split(const char *dir, const char *sub)

@@ -104,6 +104,10 @@ bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t 
 bb_status devices_flag_parse(const char *s, bool must_exist, int *count, bb_device_kind *kind, int *ids);
 /* The same for commands that run on one device (bench): *id is the GPU's. */
 bb_status device_flag_parse_one(const char *s, bb_device_kind *kind, int *id);
+/* The default --data (data/kjv, relative to the current directory) is
+ * there, or was not needed (`given`). Fails with BB_ERR_ARG saying what
+ * the default meant and how to pass another. */
+bb_status default_data_present(const char *data, bool given);
 /* `dir`/<sub> when that directory exists (data/kjv -> data/kjv/train),
  * else NULL. The string lasts as long as the command (up to 8 per command). */
 const char *resolve_split(const char *dir, const char *sub);

@@ -474,7 +474,9 @@ static bb_status run_workers(trainer *t)
     /* Work still queued on a device (a GPU's last kernels) must not fail
      * unseen: the run succeeds only if every device finished cleanly. */
     for (int d = 0; d < t->spec.count; d++) BB_TRY(bb_backend_synchronize(t->replicas[d].be));
-    return t->result->interrupted ? bb_fail(BB_ERR_INTERRUPTED, "interrupted") : BB_OK;
+    if (!t->result->interrupted) return BB_OK;
+    return bb_fail(BB_ERR_INTERRUPTED, "interrupted after step %llu%s%s", (unsigned long long)t->result->steps_done,
+                   t->saved ? ", saved in " : ", nothing saved", t->saved ? t->o->save_dir : "");
 }
 
 static void teardown(trainer *t)
