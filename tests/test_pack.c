@@ -363,3 +363,31 @@ Test(pack, embedded_kjv_matches_its_source)
     tu_rm_tree(dir);
     free(dir);
 }
+
+/* A pack killed with -9 leaves its ".out.partial-PID"; the next pack into
+ * the same --out removes it once that process is gone (issue 29, item 8),
+ * and leaves one that holds anything but shards. */
+Test(pack, a_killed_packs_partial_directory_is_removed_by_the_next_pack)
+{
+    char *dir = tu_temp_dir();
+    char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out");
+    char *stale = tu_path(dir, ".out.partial-999999999"), *shard = tu_path(stale, "shard-00000.bbs");
+    char *mine = tu_path(dir, ".out.partial-999999998"), *notes = tu_path(mine, "notes.txt");
+    cr_assert_eq(mkdir(stale, 0755), 0);
+    tu_write_file(shard, "x", 1);
+    cr_assert_eq(mkdir(mine, 0755), 0);
+    tu_write_file(notes, "mine", 4);
+    uint8_t text[3000];
+    tu_fill_random(text, sizeof text, 15);
+    tu_write_file(in, text, sizeof text);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {in};
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    cr_assert(!tu_exists(stale), "the killed pack's partial directory stayed");
+    cr_assert(tu_exists(notes), "a directory with more than shards was removed");
+    free(notes), free(mine), free(shard), free(stale), free(in), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}

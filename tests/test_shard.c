@@ -458,7 +458,7 @@ Test(shard, plain_zstd_file_is_not_a_shard)
     cr_assert_eq(t.exit_code, 0);
     tu_run_free(&t);
     assert_open_fails(zst, BB_ERR_FORMAT, "not a bigbatch shard");
-    assert_open_fails(dir, BB_ERR_ARG, "not a regular file");
+    assert_open_fails(dir, BB_ERR_IO, "not a regular file"); /* bad input, exit 1: not a usage error */
     free(raw), free(zst);
     tu_rm_tree(dir);
     free(dir);

@@ -48,7 +48,7 @@ static bb_status map_file(token_file *f, const char *path)
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return bb_fail(BB_ERR_ARG, "%s: not a regular file", path);
+        return bb_fail(BB_ERR_IO, "%s: not a regular file", path);
     }
     f->map_size = (size_t)st.st_size;
     if (f->map_size == 0) {

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,6 +114,27 @@ typedef struct output_plan {
     size_t parents_created; /* see make_parents() */
 } output_plan;
 
+/* Removes what killed packs into the same --out left: sibling
+ * ".NAME.partial-PID" directories (and their ".old") of processes that are
+ * gone, when they hold only shards. */
+static void remove_stale_partials(const char *final, int dir_len)
+{
+    char parent[4096], prefix[4200];
+    snprintf(parent, sizeof parent, "%.*s", dir_len ? dir_len : 1, dir_len ? final : ".");
+    int n = snprintf(prefix, sizeof prefix, ".%s.partial-", final + dir_len);
+    DIR *d = opendir(parent);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, (size_t)n)) continue;
+        char *end;
+        long pid = strtol(e->d_name + n, &end, 10);
+        if (pid <= 0 || (*end && strcmp(end, ".old")) || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        char path[8400];
+        snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+        if (holds_only_shards(path, 0) && remove_tree(path) == 0) BB_INFO("removed %s, left by a killed pack", path);
+    }
+    if (d) closedir(d);
+}
+
 static bb_status plan_output(const bb_pack_options *o, output_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
@@ -125,6 +147,7 @@ static bb_status plan_output(const bb_pack_options *o, output_plan *plan)
     int n = snprintf(plan->temp, sizeof plan->temp, "%.*s.%s.partial-%d", dir_len, plan->final,
                      plan->final + dir_len, (int)getpid());
     if (n < 0 || (size_t)n >= sizeof plan->temp) return bb_fail(BB_ERR_ARG, "--out: path too long");
+    remove_stale_partials(plan->final, dir_len);
     struct stat st;
     if (stat(plan->final, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_ARG, "--out %s exists and is not a directory", plan->final);

@@ -168,7 +168,7 @@ bb_status bb_shard_open(const char *path, bb_shard_t **out)
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = bb_fail(BB_ERR_ARG, "%s: not a regular file", path);
+        rc = bb_fail(BB_ERR_IO, "%s: not a regular file", path);
         goto fail;
     }
     sh->file_size = (uint64_t)st.st_size;
