@@ -824,3 +824,26 @@ Test(safety, defaults_that_depend_on_the_directory_say_so_and_eval_takes_the_che
     tu_run_free(&r);
     free(ckpt), free(val), free(data);
 }
+
+/* The checkpoint records what its data was: replaced data under the same
+ * path is said, not trained on silently (issue 29, item 6). */
+Test(safety, resume_says_when_the_data_under_the_same_path_changed)
+{
+    char *data = make_tokens("tokens", 400), *ckpt = tu_path(tmp, "ckpt");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "32", "--micro-batch", "8", "--steps", "4", "--stop-after", "2", "--save", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *same = tu_path(tmp, "same"), *other = tu_path(tmp, "other");
+    r = tu_bigbatch("train", "--resume", ckpt, "--stop-after", "3", "--save", same, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_null(strstr(r.err, "other records"), "the same data was taken for other data: %s", r.err);
+    tu_run_free(&r);
+    tu_rm_tree(data);
+    free(make_tokens("tokens", 420)); /* other records where the run's data was */
+    r = tu_bigbatch("train", "--resume", ckpt, "--stop-after", "3", "--save", other, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "holds other records than when the checkpoint was saved"), "%s", r.err);
+    tu_run_free(&r);
+    free(other), free(same), free(ckpt), free(data);
+}

@@ -181,6 +181,7 @@ typedef struct bb_checkpoint_info {
     bb_optimizer_config opt;   /* the optimizer (opt.kind) and hyperparameters the run was saved with */
     uint64_t total_steps;      /* its --steps (the schedule's length) */
     char data[4096];           /* its training data */
+    char data_identity[24];    /* its bb_dataset_identity, hex; "" when not recorded */
     char val_data[4096];       /* its validation data; "" when none (or not recorded) */
     char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
     int micro_batch;           /* 0 when not recorded */

@@ -66,12 +66,15 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
     snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
     /* The run draws no random numbers besides the seeded data order and
      * initialisation: (seed, step) is the whole RNG state. */
-    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:i, s:I, s:i, s:I}",
+    char identity[24];
+    snprintf(identity, sizeof identity, "%016llx", (unsigned long long)st->data_identity);
+    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:s, s:i, s:I, s:i, s:I}",
                           "format",
                           "bigbatch-checkpoint", "version", 1, "producer", producer, "step", (json_int_t)st->step,
                           "epoch", (json_int_t)st->epoch, "step_in_epoch", (json_int_t)st->step_in_epoch,
                           "total_steps", (json_int_t)st->total_steps, "seed", (json_int_t)st->seed, "global_batch",
                           st->global_batch, "loss", bb_json_real(st->loss, 17), "data", st->data ? st->data : "",
+                          "data_identity", identity,
                           "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
                           st->keep, "save_every", (json_int_t)st->save_every);
@@ -359,6 +362,7 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     BB_TRY(bb_json_req_u64(j, path, "total_steps", &info->total_steps));
     BB_TRY(bb_json_req_int(j, path, "global_batch", &info->global_batch));
     BB_TRY(bb_json_req_string(j, path, "data", info->data, sizeof info->data));
+    BB_TRY(bb_json_opt_string(j, path, "data_identity", info->data_identity, sizeof info->data_identity));
     BB_TRY(bb_json_opt_string(j, path, "val_data", info->val_data, sizeof info->val_data));
     BB_TRY(bb_json_opt_string(j, path, "devices", info->devices, sizeof info->devices));
     BB_TRY(bb_json_opt_int(j, path, "micro_batch", &info->micro_batch));

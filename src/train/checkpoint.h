@@ -19,6 +19,7 @@ typedef struct checkpoint_state {
     uint64_t step, epoch, step_in_epoch, seed, total_steps;
     int global_batch, micro_batch;
     uint32_t shuffle_frames;
+    uint64_t data_identity;       /* bb_dataset_identity of the training data */
     int keep;                     /* the run's keep and save_every: a resumed run saves as it did */
     uint64_t save_every;
     double loss;

@@ -76,8 +76,14 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
     if (info->total_steps != t->total_steps)
         BB_WARN("%s: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule changes",
                 NAME(RESUME), (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
+    char identity[24];
+    snprintf(identity, sizeof identity, "%016llx", (unsigned long long)bb_dataset_identity(t->data));
     if (strcmp(info->data, o->data))
         BB_WARN("%s: the checkpoint trained on %s, this run reads %s", NAME(RESUME), info->data, o->data);
+    else if (info->data_identity[0] && strcmp(info->data_identity, identity))
+        BB_WARN("%s: %s holds other records than when the checkpoint was saved (dataset identity %s then, %s now): "
+                "the run continues, but not on the data the saved run would have read", NAME(RESUME), o->data,
+                info->data_identity, identity);
     uint32_t frames = bb_shuffle_frames_or_default(o->shuffle_frames),
              saved = bb_shuffle_frames_or_default(info->shuffle_frames);
     if (frames != saved)
