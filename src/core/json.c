@@ -119,33 +119,24 @@ static bb_status get_string(const json_t *obj, const char *file, const char *key
     return BB_OK;
 }
 
-bb_status bb_json_req_u64(const json_t *o, const char *f, const char *k, uint64_t *out)
-{
-    return get_u64(o, f, k, false, out);
-}
-bb_status bb_json_req_int(const json_t *o, const char *f, const char *k, int *out)
-{
-    return get_int(o, f, k, false, out);
-}
-bb_status bb_json_req_double(const json_t *o, const char *f, const char *k, double *out)
-{
-    return get_double(o, f, k, false, out);
-}
+/* The required and the optional reader of one type. */
+#define READERS(name, type)                                                                                    \
+    bb_status bb_json_req_##name(const json_t *o, const char *f, const char *k, type *out)                     \
+    {                                                                                                          \
+        return get_##name(o, f, k, false, out);                                                                \
+    }                                                                                                          \
+    bb_status bb_json_opt_##name(const json_t *o, const char *f, const char *k, type *out)                     \
+    {                                                                                                          \
+        return get_##name(o, f, k, true, out);                                                                 \
+    }
+READERS(u64, uint64_t)
+READERS(int, int)
+READERS(double, double)
+#undef READERS
+
 bb_status bb_json_req_string(const json_t *o, const char *f, const char *k, char *out, size_t cap)
 {
     return get_string(o, f, k, false, out, cap);
-}
-bb_status bb_json_opt_u64(const json_t *o, const char *f, const char *k, uint64_t *out)
-{
-    return get_u64(o, f, k, true, out);
-}
-bb_status bb_json_opt_int(const json_t *o, const char *f, const char *k, int *out)
-{
-    return get_int(o, f, k, true, out);
-}
-bb_status bb_json_opt_double(const json_t *o, const char *f, const char *k, double *out)
-{
-    return get_double(o, f, k, true, out);
 }
 bb_status bb_json_opt_string(const json_t *o, const char *f, const char *k, char *out, size_t cap)
 {

@@ -192,8 +192,7 @@ static int describe(const bb_train_options *o, agreed *a)
     free(shape);
     json_decref(m);
     const bb_optimizer_config *c = &o->opt;
-    FIELD(CHECKPOINT, "%s", o->auto_checkpoint ? "auto" : "");
-    if (!o->auto_checkpoint) snprintf(a[n - 1].text, AGREE_TEXT, "%d", o->model.checkpoint_every);
+    FIELD(CHECKPOINT, "%d%s", o->model.checkpoint_every, o->auto_checkpoint ? " (auto)" : "");
     FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
     FIELD(PRECISION, "%s", bb_precision_name(o->precision));
     FIELD(ATTENTION, "%s", bb_attention_name(o->attention));

@@ -127,7 +127,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
-                           .data_identity = bb_dataset_identity(t->data),
+                           .data_identity = t->data_identity,
                            .save_every = t->o->save_every};
     uint64_t t0 = bb_clock_ns();
     char name[64];

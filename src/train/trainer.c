@@ -77,7 +77,7 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
         BB_WARN("%s: the checkpoint's run had %llu steps, this one has %llu: the learning-rate schedule changes",
                 NAME(RESUME), (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
     char identity[24];
-    snprintf(identity, sizeof identity, "%016llx", (unsigned long long)bb_dataset_identity(t->data));
+    snprintf(identity, sizeof identity, "%016llx", (unsigned long long)t->data_identity);
     if (strcmp(info->data, o->data))
         BB_WARN("%s: the checkpoint trained on %s, this run reads %s", NAME(RESUME), info->data, o->data);
     else if (info->data_identity[0] && strcmp(info->data_identity, identity))
@@ -336,7 +336,7 @@ static bb_status check_same_data(const trainer *t)
 {
     const bb_train_options *o = t->o;
     if (t->spec.world < 2) return BB_OK;
-    uint64_t mine = bb_dataset_identity(t->data), first = mine;
+    uint64_t mine = t->data_identity, first = mine;
     bool same;
     BB_TRY(bb_world_broadcast_bytes(&first, sizeof first, 0));
     BB_TRY(bb_world_all_equal(mine != first, &same));
@@ -357,6 +357,7 @@ static bb_status setup_data(trainer *t)
     t->global_batch = o->global_batch;
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
+    t->data_identity = bb_dataset_identity(t->data);
     BB_TRY(check_same_data(t));
     t->cfg = o->model;
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));

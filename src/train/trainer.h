@@ -56,6 +56,7 @@ typedef struct trainer {
     int accumulation, micro_batch, global_batch;
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
+    uint64_t data_identity;  /* bb_dataset_identity of the training data, once: ranks, resume, saves */
     float normalizer;        /* each device's share of the examples (tokens) of a step */
     replica replicas[BB_TRAIN_MAX_DEVICES];
     bb_loader_t *loader;
