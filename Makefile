@@ -8,6 +8,7 @@
 #                   and build/cuda-emu/tests/test_cuda; `make test` builds and runs it
 #   make fuzz       libFuzzer target for the shard reader (clang); FUZZ_SECONDS=600 make fuzz-run
 #   make deps       install the Debian packages the build and tests need
+#   make docs       refresh the README's outputs from real runs (make readme-output) and docs/report.png
 #
 # Variables: CUDA=auto|0|1|emu (auto: use nvcc when found; emu: the .cu sources as C++ on
 # emulated GPUs, a test build), MPI=auto|0|1 (auto: use mpicc when found), OPT (-O3 -g), ARCH
@@ -122,7 +123,7 @@ TEST_SRC  ?= $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
+.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -251,6 +252,12 @@ report-screenshot: $(BUILD)/tests/test_report $(BIN)
 	BIGBATCH_BIN=$(abspath $(BIN)) BB_REPORT_PAGE=$(abspath build/demo-report.html) $(BUILD)/tests/test_report \
 	  --filter 'report/a_real_run*'
 	cp build/report-screenshot.png docs/report.png
+
+# The README's outputs, refreshed from a real run (docs/readme_output.py: the
+# blocks marked `<!-- output -->`, the demo's among them), then its picture.
+readme-output: all
+	python3 docs/readme_output.py README.md
+docs: readme-output report-screenshot
 
 # Sanitizer builds keep their own objects and binaries under build/<name>.
 asan: deps

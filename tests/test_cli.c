@@ -136,6 +136,47 @@ static void assert_pack_fails_cleanly(const fixture *f, const tu_run *r)
     cr_assert_eq(glob(pattern, 0, NULL, &g), GLOB_NOMATCH, "a temporary directory was left behind");
 }
 
+/* README, "Commands": exit status 2 when the command line itself is wrong
+ * (a flag, a value, flags that contradict each other or the records they
+ * name), 1 when a file is missing, of the wrong kind or damaged, or the
+ * work fails. */
+Test(cli, exit_status_2_is_the_command_line_1_is_a_file_or_a_failure)
+{
+    fixture f = setup();
+    char *file = text_file(&f, "plain.txt", 100), *dir = tu_path(f.dir, "no-shards");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+#define RUN(...) (char *const[]){(char *)tu_bigbatch_bin(), __VA_ARGS__, NULL}
+#define TRAIN "train", "--layers", "1", "--d-model", "16", "--heads", "2", "--steps", "1"
+    struct {
+        int code;
+        char *const *argv;
+    } cases[] = {
+        {2, RUN("train", "--frobnicate")},
+        {2, RUN(TRAIN, "--global-batch", "8", "--micro-batch", "x")},
+        {2, RUN(TRAIN, "--data", "data/kjv", "--global-batch", "30", "--micro-batch", "8")},
+        {2, RUN(TRAIN, "--model", "mlp", "--data", "data/kjv", "--global-batch", "8", "--micro-batch", "8")},
+        {2, RUN("pack", "--format", "text", "--in", file, "--seq-len", "8", "--out", dir)}, /* exists: --force */
+        {1, RUN(TRAIN, "--data", "/nonexistent/data", "--global-batch", "8", "--micro-batch", "8")},
+        {1, RUN("inspect", dir)},
+        {1, RUN("inspect", file)},
+        {1, RUN("eval", "--init-from", dir, "--data", "data/kjv")},
+        {1, RUN("pack", "--format", "text", "--in", file, "--seq-len", "8", "--out", file)},
+    };
+#undef TRAIN
+#undef RUN
+    char *inside = tu_path(dir, "x");
+    cr_assert_eq(mkdir(inside, 0755), 0); /* not empty: pack needs --force */
+    free(inside);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tu_run r = tu_run_argv(cases[i].argv);
+        cr_assert_eq(r.exit_code, cases[i].code, "case %zu (%s %s): exit %d, expected %d: %s", i, cases[i].argv[1],
+                     cases[i].argv[2] ? cases[i].argv[2] : "", r.exit_code, cases[i].code, r.err);
+        tu_run_free(&r);
+    }
+    free(file), free(dir);
+    teardown(&f);
+}
+
 Test(cli, empty_input)
 {
     fixture f = setup();

@@ -273,7 +273,7 @@ Test(pack, existing_output_needs_force_and_only_holds_shards)
     free(read_all_records(out, &n, &m));
     cr_assert_eq(m.shape[0], 17);
     tu_write_file(marker, "mine", 4);
-    cr_assert_eq(bb_pack(&o, &r), BB_ERR_ARG);
+    cr_assert_eq(bb_pack(&o, &r), BB_ERR_IO); /* bad input (exit 1), not usage */
     cr_assert_not_null(strstr(bb_error_message(), "not bigbatch shards"), "%s", bb_error_message());
     cr_assert(tu_exists(marker));
     cr_assert_eq(count_entries(dir), 2, "no temporary directory may remain");

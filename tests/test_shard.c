@@ -12,6 +12,8 @@
 
 TestSuite(shard);
 
+static void rewrite_meta_u32(const char *path, long payload_offset, uint32_t value);
+
 static bb_shard_meta tokens_meta(uint32_t tokens_per_record)
 {
     return (bb_shard_meta){.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {tokens_per_record},
@@ -444,9 +446,78 @@ Test(shard, metadata_checksum_and_version)
     tu_flip_byte(d.path, 8 + 64, 0x01); /* a byte of the source name */
     assert_open_fails(d.path, BB_ERR_CORRUPT, "metadata frame at offset 0", "checksum mismatch");
     tu_flip_byte(d.path, 8 + 64, 0x01);
-    rewrite_meta_u32(d.path, 4, 2 | 128u << 16); /* version 2 */
-    assert_open_fails(d.path, BB_ERR_FORMAT, "version 2 is not supported");
+    rewrite_meta_u32(d.path, 4, 3 | 128u << 16); /* version 3 */
+    assert_open_fails(d.path, BB_ERR_FORMAT, "version 3 is not supported", "versions 1 to 2");
     free_damaged(&d);
+}
+
+/* Every shard of a dataset carries the XXH64 of all the dataset's records,
+ * in order (data/FORMAT.md): what `zstd -dc shard-*.bbs | xxhsum -H1` gives. */
+Test(shard, every_shard_carries_the_xxh64_of_the_whole_datasets_records)
+{
+    char *dir = tu_temp_dir();
+    bb_shard_meta m = tokens_meta(33);
+    bb_writer_options o = small_frames();
+    o.shard_bytes = 20000;
+    bb_dataset_summary sum;
+    uint8_t *records = write_dataset(dir, &m, &o, 1000, 21, &sum);
+    uint64_t want = XXH64(records, 1000u * m.record_size, 0);
+    cr_assert_eq(sum.dataset_id, want);
+    bb_dataset_t *ds;
+    cr_assert_eq(bb_dataset_open(dir, &ds), BB_OK, "%s", bb_error_message());
+    cr_assert_gt(bb_dataset_shard_count(ds), 2);
+    for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++)
+        cr_assert_eq(bb_shard_get_meta(bb_dataset_shard(ds, i))->dataset_id, want, "shard %u", i);
+    bb_dataset_close(ds);
+    /* an identity that the records do not hash to: only --verify can tell */
+    for (uint32_t i = 0; i < sum.shards; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "shard-%05u.bbs", i);
+        char *path = tu_path(dir, name);
+        rewrite_meta_u32(path, 116, 0x1234);
+        free(path);
+    }
+    tu_run r = tu_bigbatch("inspect", dir);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("inspect", dir, "--verify");
+    cr_assert_neq(r.exit_code, 0);
+    cr_assert_not_null(strstr(r.out, "records hash to"), "%s", r.out);
+    tu_run_free(&r);
+    free(records);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Version 1 (no identity, 60 bytes of source) still reads; mixed into a
+ * version-2 dataset, its missing identity differs and it is refused. */
+Test(shard, version_1_shards_still_read_and_do_not_mix_with_version_2)
+{
+    char *dir = tu_temp_dir();
+    bb_shard_meta m = tokens_meta(33);
+    bb_writer_options o = small_frames();
+    o.shard_bytes = 20000;
+    free(write_dataset(dir, &m, &o, 1000, 22, NULL));
+    char *first = tu_path(dir, "shard-00000.bbs"), *second = tu_path(dir, "shard-00001.bbs");
+    char *paths[2] = {first, second};
+    for (int k = 0; k < 2; k++) {
+        rewrite_meta_u32(paths[k], 4, 1 | 128u << 16); /* version 1 */
+        rewrite_meta_u32(paths[k], 116, 0);             /* the source's last bytes, NUL */
+        rewrite_meta_u32(paths[k], 120, 0);
+        bb_shard_t *sh;
+        cr_assert_eq(bb_shard_open(paths[k], &sh), BB_OK, "%s", bb_error_message());
+        cr_assert_str_eq(bb_shard_get_meta(sh)->source, "generated");
+        cr_assert_eq(bb_shard_get_meta(sh)->dataset_id, 0);
+        bb_shard_close(sh);
+        if (k == 0) {
+            bb_dataset_t *ds = NULL;
+            cr_assert_eq(bb_dataset_open(dir, &ds), BB_ERR_FORMAT);
+            cr_assert_not_null(strstr(bb_error_message(), "belong to different datasets"), "%s", bb_error_message());
+        }
+    }
+    free(first), free(second);
+    tu_rm_tree(dir);
+    free(dir);
 }
 
 Test(shard, plain_zstd_file_is_not_a_shard)
@@ -490,7 +561,7 @@ Test(shard, dataset_detects_missing_and_foreign_shards)
     free(second), free(foreign);
     /* An empty directory. */
     char *empty = tu_temp_dir();
-    cr_assert_eq(bb_dataset_open(empty, &ds), BB_ERR_ARG);
+    cr_assert_eq(bb_dataset_open(empty, &ds), BB_ERR_FORMAT); /* bad input (exit 1), not usage */
     cr_assert_not_null(strstr(bb_error_message(), "no *.bbs shards"));
     tu_rm_tree(a), tu_rm_tree(b), tu_rm_tree(empty);
     free(a), free(b), free(empty);

@@ -207,9 +207,10 @@ Test(work, weights_that_overlap_or_are_not_finite_and_foreign_shards_are_refused
     uint8_t *records = calloc(400, meta.record_size);
     tu_fill_random(records, 400 * meta.record_size, 5);
     for (size_t i = 0; i < 400 * meta.record_size; i += 2) records[i + 1] = 0, records[i] %= TOKENS_VOCAB;
-    char *dirs[2] = {tu_path(tmp, "a"), tu_path(tmp, "b")};
-    for (int k = 0; k < 2; k++) {
-        snprintf(meta.source, sizeof meta.source, "%s.txt", k ? "b" : "a");
+    char *dirs[3] = {tu_path(tmp, "a"), tu_path(tmp, "b"), tu_path(tmp, "c")};
+    for (int k = 0; k < 3; k++) {
+        snprintf(meta.source, sizeof meta.source, "%s.txt", k == 1 ? "b" : "a");
+        if (k == 2) records[0] ^= 1; /* c: another record than a's, the same source name */
         cr_assert_eq(mkdir(dirs[k], 0755), 0);
         bb_writer_options o = {.level = 1, .frame_bytes = 16 * meta.record_size, .shard_bytes = 4096, .threads = 1};
         bb_dataset_writer_t *wr;
@@ -224,7 +225,13 @@ Test(work, weights_that_overlap_or_are_not_finite_and_foreign_shards_are_refused
     r = tu_bigbatch("inspect", dirs[0]);
     tu_assert_error(&r, "shard-00001.bbs", "packed from different sources", "a.txt", "b.txt");
     tu_run_free(&r);
-    free(dirs[0]), free(dirs[1]), free(records), free(w), free(ckpt), free(data);
+    /* the same source name and layout, other records: the identity differs */
+    snprintf(cmd, sizeof cmd, "cp '%s/shard-00001.bbs' '%s/shard-00001.bbs'", dirs[2], dirs[0]);
+    cr_assert_eq(system(cmd), 0);
+    r = tu_bigbatch("inspect", dirs[0]);
+    tu_assert_error(&r, "shard-00001.bbs", "belong to different datasets", "identity");
+    tu_run_free(&r);
+    free(dirs[0]), free(dirs[1]), free(dirs[2]), free(records), free(w), free(ckpt), free(data);
 }
 
 /* ---- milder cases (issue 29, item 8) ---------------------------------------- */

@@ -33,11 +33,12 @@
 #define BB_SHARD_SEEK_MAGIC 0x184D2A5Eu      /* zstd skippable frame, variant 0xE */
 #define BB_SHARD_SEEKABLE_MAGIC 0x8F92EAB1u  /* last 4 bytes of every shard */
 #define BB_SHARD_HEADER_MAGIC 0x48534242u    /* "BBSH": start of the metadata payload */
-#define BB_SHARD_VERSION 1
-#define BB_SHARD_META_SIZE 128               /* metadata payload bytes, version 1 */
+#define BB_SHARD_VERSION 2                   /* written; versions 1 and 2 are read */
+#define BB_SHARD_META_SIZE 128               /* metadata payload bytes, every version */
 #define BB_SHARD_FOOTER_SIZE 9
 #define BB_SHARD_ENTRY_SIZE 12
-#define BB_SHARD_SOURCE_MAX 60               /* bytes of source name, NUL-padded */
+#define BB_SHARD_SOURCE_MAX 52               /* bytes of source name, NUL-padded (60 in version 1) */
+#define BB_SHARD_SOURCE_MAX_V1 60
 #define BB_SHARD_MAX_FRAME_BYTES (64u << 20) /* largest decompressed frame */
 #define BB_SHARD_MAX_FRAMES 0x8000000u       /* seekable-format limit */
 #define BB_SHARD_MAX_RANK 4
@@ -62,7 +63,9 @@ typedef struct bb_shard_meta {
     uint32_t classes_or_vocab;   /* class count (images) or vocabulary size (tokens) */
     uint32_t shard_index;        /* position of the shard in its dataset */
     uint64_t first_record;       /* dataset-wide index of this shard's first record */
-    char source[BB_SHARD_SOURCE_MAX + 1]; /* where the records came from */
+    char source[BB_SHARD_SOURCE_MAX_V1 + 1]; /* where the records came from (written: 52 bytes at most) */
+    uint64_t dataset_id;         /* XXH64 of the whole dataset's records, in order (its identity);
+                                  * 0 in version-1 shards, which have none */
 } bb_shard_meta;
 
 /* Record size implied by kind and shape, or 0 when they are inconsistent. */
@@ -127,7 +130,8 @@ bool bb_shard_is_file_name(const char *name);
 
 /* Opens every *.bbs in `path` (a directory, sorted by name) or the single
  * shard `path`. Fails when there is none, or when the shards disagree on
- * kind, shape, record size or classes/vocabulary (naming both files). */
+ * kind, shape, record size, classes/vocabulary, source or dataset identity
+ * (naming both files), or do not follow each other. */
 bb_status bb_dataset_open(const char *path, bb_dataset_t **out);
 void bb_dataset_close(bb_dataset_t *ds);
 const char *bb_dataset_path(const bb_dataset_t *ds);
@@ -137,9 +141,10 @@ uint64_t bb_dataset_record_count(const bb_dataset_t *ds);
 /* Metadata of the first shard (shared fields agree across shards). */
 const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds);
 /* What the dataset is, independent of where it lies: an XXH64 of every
- * shard's metadata (source, layout, counts) and frame sizes, so that two
- * copies of one dataset agree and another dataset of the same layout does
- * not (the processes of a job compare it). Never fails. */
+ * shard's metadata (source, layout, counts, the records' hash that pack
+ * wrote) and frame sizes, so that two copies of one dataset agree and
+ * another dataset of the same layout does not (the processes of a job
+ * compare it; checkpoints record it). Never fails. */
 uint64_t bb_dataset_identity(const bb_dataset_t *ds);
 
 /* ---- writer ------------------------------------------------------------ */
@@ -158,6 +163,7 @@ typedef struct bb_dataset_summary {
     uint64_t file_bytes;       /* all shard files, metadata and seek tables included */
     uint32_t shards;
     uint32_t frames;
+    uint64_t dataset_id;       /* XXH64 of the records, written into every shard */
 } bb_dataset_summary;
 
 /* Prepares to write shards "shard-00000.bbs", ... into the existing directory
@@ -169,8 +175,10 @@ bb_status bb_dataset_writer_create(const char *dir, const bb_shard_meta *meta,
 /* Appends `count` records (count * record_size bytes). Fails with BB_ERR_IO
  * on a write error, BB_ERR_NOMEM, or BB_ERR_INTERNAL if zstd fails. */
 bb_status bb_dataset_writer_add(bb_dataset_writer_t *w, const void *records, uint64_t count);
-/* Flushes the last frame, writes every seek table and metadata frame, and
- * fills `summary` (may be NULL). Fails with BB_ERR_ARG when no record was added. */
+/* Flushes the last frame, writes every seek table and metadata frame, then
+ * stamps every shard's metadata with the dataset's identity (the XXH64 of
+ * all records added, in order), and fills `summary` (may be NULL). Fails
+ * with BB_ERR_ARG when no record was added, BB_ERR_IO on a write error. */
 bb_status bb_dataset_writer_finish(bb_dataset_writer_t *w, bb_dataset_summary *summary);
 /* Frees the writer; files of an unfinished writer stay incomplete (callers
  * write into a temporary directory). Accepts NULL. */

@@ -4,6 +4,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
+#include <xxhash.h>
+
 #include "bigbatch/shard.h"
 #include "bigbatch/json.h"
 #include "commands.h"
@@ -13,7 +16,9 @@ static const char summary[] =
     "Describes a shard, a dataset directory of shards, or a directory of splits\n"
     "(e.g. data/kjv with train/ and val/): record kind and shape, record count,\n"
     "frames, raw and compressed sizes. --verify decodes every frame and checks its\n"
-    "checksum, stopping with a non-zero exit at the first bad frame.\n\n"
+    "checksum, stopping with a non-zero exit at the first bad frame, and checks the\n"
+    "dataset's identity: the XXH64 of all its records, in order, that pack wrote\n"
+    "into every shard (the same as `cat shard-*.bbs | zstd -dc | xxhsum -H1`).\n\n"
     "example: bigbatch inspect data/kjv --verify";
 
 typedef struct verify_result {
@@ -30,6 +35,8 @@ static bb_status verify_dataset(const bb_dataset_t *ds, verify_result *v)
     uint8_t *buf = NULL;
     size_t cap = 0;
     bb_status rc;
+    XXH64_state_t hash;
+    XXH64_reset(&hash, 0);
     BB_TRY_GOTO(bb_frame_decoder_create(&dec), rc, done);
     for (uint32_t s = 0; s < bb_dataset_shard_count(ds); s++) {
         const bb_shard_t *sh = bb_dataset_shard(ds, s);
@@ -49,7 +56,15 @@ static bb_status verify_dataset(const bb_dataset_t *ds, verify_result *v)
             BB_TRY_GOTO(bb_shard_read_frame(sh, f, dec, buf, cap), rc, done);
             v->frames++;
             v->bytes += bb_shard_frame_at(sh, f)->raw_size;
+            XXH64_update(&hash, buf, bb_shard_frame_at(sh, f)->raw_size);
         }
+    }
+    uint64_t id = bb_dataset_meta(ds)->dataset_id, got = XXH64_digest(&hash);
+    if (id && got != id) {
+        rc = bb_fail(BB_ERR_CORRUPT, "%s: the records hash to %016llx, but the shards say the dataset's identity is "
+                     "%016llx: its shards were changed or swapped after pack", bb_dataset_path(ds),
+                     (unsigned long long)got, (unsigned long long)id);
+        goto done;
     }
     v->ok = true;
 done:
@@ -88,6 +103,10 @@ static void print_text(const bb_dataset_t *ds, const verify_result *v, const cha
     printf("] (%u bytes), %s %u\n", m->record_size, m->kind == BB_RECORD_IMAGE_U8 ? "classes" : "vocabulary",
            m->classes_or_vocab);
     printf("  source   %s\n", m->source);
+    if (m->dataset_id)
+        printf("  identity %016llx (XXH64 of the records)\n", (unsigned long long)m->dataset_id);
+    else
+        printf("  identity none (a version-1 shard)\n");
     printf("  frames   %u in %u shard%s, %u records per frame\n", frames, bb_dataset_shard_count(ds),
            bb_dataset_shard_count(ds) == 1 ? "" : "s", m->records_per_frame);
     printf("  size     %s raw, %s on disk, ratio %.2f\n", bb_format_bytes(raw, a, sizeof a),
@@ -132,6 +151,9 @@ static json_t *dataset_json(const bb_dataset_t *ds, const verify_result *v, cons
                           m->source, "records_per_frame", (int)m->records_per_frame, "frames", (int)frames, "raw_bytes",
                           (json_int_t)raw, "file_bytes", (json_int_t)file, "ratio",
                           bb_json_fixed((double)raw / (double)file, 4), "shards", shards, "verified", v->ran && v->ok);
+    char id[24];
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)m->dataset_id);
+    if (o) json_object_set_new(o, "identity", m->dataset_id ? json_string(id) : json_null());
     if (o && v->ran) {
         json_t *ver = json_pack("{s:b, s:I, s:I, s:o}", "ok", v->ok, "frames", (json_int_t)v->frames, "bytes",
                                 (json_int_t)v->bytes, "seconds", bb_json_fixed(v->seconds, 6));
@@ -205,7 +227,7 @@ static bb_status inspect_path(const char *path, bool verify, bool json)
         if (rc == BB_OK) rc = wrote;
         json_decref(root);
     }
-    if (rc == BB_OK && !found) return bb_fail(BB_ERR_ARG, "%s: no *%s shards here or in its subdirectories", path, BB_SHARD_EXT);
+    if (rc == BB_OK && !found) return bb_fail(BB_ERR_FORMAT, "%s: no *%s shards here or in its subdirectories", path, BB_SHARD_EXT);
     return rc;
 }
 

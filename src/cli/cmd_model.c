@@ -23,7 +23,7 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
     } else {
         struct stat st;
         if (stat(init_from, &st) == 0 && S_ISDIR(st.st_mode))
-            return bb_fail(BB_ERR_ARG, "--init-from %s is a directory, not a .safetensors file (a checkpoint directory "
+            return bb_fail(BB_ERR_IO, "--init-from %s is a directory, not a .safetensors file (a checkpoint directory "
                            "is read with --ckpt)", init_from);
         BB_TRY(model_flags_config(mf, &c));
         if (!data) return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");

@@ -39,6 +39,10 @@ static bb_status check_consistent(const bb_dataset_t *ds, uint32_t i)
     if (strcmp(a->source, b->source))
         return bb_fail(BB_ERR_FORMAT, "%s and %s were packed from different sources (%s, %s): they do not belong to "
                        "one dataset", pa, pb, a->source, b->source);
+    if (a->dataset_id != b->dataset_id)
+        return bb_fail(BB_ERR_FORMAT, "%s and %s belong to different datasets (identity %016llx, %016llx): a shard "
+                       "was replaced by one of another pack", pa, pb, (unsigned long long)a->dataset_id,
+                       (unsigned long long)b->dataset_id);
     if (b->shard_index != i || b->first_record != ds->record_count)
         return bb_fail(BB_ERR_CORRUPT, "%s: shard index %u (first record %llu) found in position %u "
                        "(expected first record %llu): a shard of %s is missing or foreign",
@@ -84,7 +88,7 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
             goto fail;
         }
         if (count == 0) {
-            rc = bb_fail(BB_ERR_ARG, "%s: no *%s shards in this directory", path, BB_SHARD_EXT);
+            rc = bb_fail(BB_ERR_FORMAT, "%s: no *%s shards in this directory", path, BB_SHARD_EXT);
             goto fail;
         }
     }
@@ -139,6 +143,7 @@ uint64_t bb_dataset_identity(const bb_dataset_t *ds)
                              m->first_record, bb_shard_frame_count(sh), bb_shard_raw_bytes(sh)};
         XXH64_update(&st, fields, sizeof fields);
         XXH64_update(&st, m->source, strlen(m->source));
+        if (m->dataset_id) XXH64_update(&st, &m->dataset_id, sizeof m->dataset_id); /* version 2 */
         for (uint32_t f = 0; f < bb_shard_frame_count(sh); f++) {
             uint32_t bytes = bb_shard_frame_at(sh, f)->compressed_size;
             XXH64_update(&st, &bytes, sizeof bytes);

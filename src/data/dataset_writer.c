@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <zstd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t in the writer */
+#include <xxhash.h>
 
 typedef struct frame_slot {
     uint8_t *raw;           /* records, up to frame_cap bytes */
@@ -37,6 +39,9 @@ struct bb_dataset_writer {
     ZSTD_CCtx **cctx;        /* one per compression thread */
     atomic_int next_slot;    /* work distribution during a batch */
     open_shard shard;
+    uint64_t *shard_records; /* records of each finished shard, to stamp their metadata */
+    uint32_t shard_cap;
+    XXH64_state_t records_hash; /* of every record added, in order: the dataset's identity */
     bb_dataset_summary total;
     bb_status failed;        /* first error: the writer refuses further work */
 };
@@ -144,6 +149,13 @@ static bb_status shard_end(bb_dataset_writer_t *w)
     free(table);
     BB_TRY(rc);
 
+    if (w->total.shards == w->shard_cap) {
+        uint32_t cap = w->shard_cap ? 2 * w->shard_cap : 16;
+        uint64_t *grown = realloc(w->shard_records, cap * sizeof *grown);
+        if (!grown) return bb_fail(BB_ERR_NOMEM, "%s: out of memory", s->path);
+        w->shard_records = grown, w->shard_cap = cap;
+    }
+    w->shard_records[w->total.shards] = s->records;
     w->meta.record_count = s->records;
     w->meta.shard_index = w->total.shards;
     uint8_t meta[BB_SHARD_META_FRAME_SIZE];
@@ -213,6 +225,8 @@ bb_status bb_dataset_writer_create(const char *dir, const bb_shard_meta *meta,
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
     w->shard.fd = -1;
     w->meta = m;
+    w->meta.dataset_id = 0; /* stamped by finish */
+    XXH64_reset(&w->records_hash, 0);
     w->opts = *opts;
     w->frame_cap = (size_t)m.records_per_frame * m.record_size;
     /* Enough frames to keep every thread busy, within a bounded footprint. */
@@ -250,6 +264,7 @@ static bb_status add_records(bb_dataset_writer_t *w, const uint8_t *p, uint64_t 
 {
     if (count > UINT64_MAX / w->meta.record_size) return bb_fail(BB_ERR_ARG, "%s: record count overflows", w->dir);
     uint64_t bytes = count * w->meta.record_size;
+    XXH64_update(&w->records_hash, p, (size_t)bytes);
     while (bytes > 0) {
         frame_slot *s = &w->slots[w->filled];
         size_t take = w->frame_cap - s->raw_size;
@@ -262,12 +277,38 @@ static bb_status add_records(bb_dataset_writer_t *w, const uint8_t *p, uint64_t 
     return BB_OK;
 }
 
+/* The identity is known only once every record is in: rewrite each shard's
+ * metadata frame with it (the frame's size does not change). */
+static bb_status stamp_identity(bb_dataset_writer_t *w)
+{
+    bb_shard_meta m = w->meta;
+    m.dataset_id = w->total.dataset_id;
+    m.first_record = 0;
+    for (uint32_t i = 0; i < w->total.shards; i++) {
+        char path[sizeof w->shard.path];
+        snprintf(path, sizeof path, "%s/shard-%05u%s", w->dir, i, BB_SHARD_EXT);
+        m.shard_index = i, m.record_count = w->shard_records[i];
+        uint8_t meta[BB_SHARD_META_FRAME_SIZE];
+        bb_shard_meta_encode(&m, meta);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot reopen to write its metadata", path);
+        bb_status rc = bb_write_all(fd, path, meta, sizeof meta, 0);
+        if (rc == BB_OK && fsync(fd) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: fsync failed", path);
+        if (close(fd) != 0 && rc == BB_OK) rc = bb_fail_errno(BB_ERR_IO, "%s: close failed", path);
+        BB_TRY(rc);
+        m.first_record += m.record_count;
+    }
+    return BB_OK;
+}
+
 static bb_status finish(bb_dataset_writer_t *w, bb_dataset_summary *summary)
 {
     if (w->total.records == 0) return bb_fail(BB_ERR_ARG, "%s: no records to write", w->dir);
     if (w->slots[w->filled].raw_size > 0) w->filled++;
     BB_TRY(flush_batch(w));
     if (w->shard.fd >= 0) BB_TRY(shard_end(w));
+    w->total.dataset_id = XXH64_digest(&w->records_hash);
+    BB_TRY(stamp_identity(w));
     w->total.raw_bytes = w->total.records * w->meta.record_size;
     if (summary) *summary = w->total;
     return BB_OK;
@@ -297,6 +338,7 @@ void bb_dataset_writer_destroy(bb_dataset_writer_t *w)
     if (!w) return;
     if (w->shard.fd >= 0) close(w->shard.fd);
     free(w->shard.entries);
+    free(w->shard_records);
     for (int i = 0; w->slots && i < w->slot_count; i++) {
         free(w->slots[i].raw);
         free(w->slots[i].compressed);

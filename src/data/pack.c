@@ -150,12 +150,12 @@ static bb_status plan_output(const bb_pack_options *o, output_plan *plan)
     remove_stale_partials(plan->final, dir_len);
     struct stat st;
     if (stat(plan->final, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_ARG, "--out %s exists and is not a directory", plan->final);
+        if (!S_ISDIR(st.st_mode)) return bb_fail(BB_ERR_IO, "--out %s exists and is not a directory", plan->final);
         if (!dir_is_empty(plan->final)) {
             if (!o->force)
                 return bb_fail(BB_ERR_ARG, "--out %s already exists and is not empty; pass --force to replace it", plan->final);
             if (!holds_only_shards(plan->final, 0))
-                return bb_fail(BB_ERR_ARG, "--out %s holds files that are not bigbatch shards; refusing to replace it even with --force",
+                return bb_fail(BB_ERR_IO, "--out %s holds files that are not bigbatch shards; refusing to replace it even with --force",
                                plan->final);
         }
         plan->replace = true;

@@ -8,15 +8,17 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-/* Payload layout, version 1 (data/FORMAT.md, "Metadata frame"). */
+/* Payload layout, version 2 (data/FORMAT.md, "Metadata frame"); version 1
+ * has the source up to the checksum and no dataset identity. */
 enum {
     OFF_MAGIC = 0, OFF_VERSION = 4, OFF_HEADER_SIZE = 6, OFF_KIND = 8, OFF_RANK = 12,
     OFF_SHAPE = 16, OFF_RECORD_SIZE = 32, OFF_RECORDS_PER_FRAME = 36, OFF_RECORD_COUNT = 40,
     OFF_FIRST_RECORD = 48, OFF_CLASSES = 56, OFF_SHARD_INDEX = 60, OFF_SOURCE = 64,
-    OFF_CHECKSUM = 124,
+    OFF_DATASET_ID = 116, OFF_CHECKSUM = 124,
 };
 _Static_assert(OFF_CHECKSUM + 4 == BB_SHARD_META_SIZE, "metadata layout");
-_Static_assert(OFF_CHECKSUM - OFF_SOURCE == BB_SHARD_SOURCE_MAX, "source field");
+_Static_assert(OFF_DATASET_ID - OFF_SOURCE == BB_SHARD_SOURCE_MAX, "source field");
+_Static_assert(OFF_CHECKSUM - OFF_SOURCE == BB_SHARD_SOURCE_MAX_V1, "source field, version 1");
 
 uint32_t bb_shard_checksum(const void *data, size_t size)
 {
@@ -91,6 +93,7 @@ void bb_shard_meta_encode(const bb_shard_meta *meta, uint8_t out[BB_SHARD_META_F
     bb_put_le32(p + OFF_CLASSES, meta->classes_or_vocab);
     bb_put_le32(p + OFF_SHARD_INDEX, meta->shard_index);
     memcpy(p + OFF_SOURCE, meta->source, strnlen(meta->source, BB_SHARD_SOURCE_MAX));
+    bb_put_le64(p + OFF_DATASET_ID, meta->dataset_id);
     bb_put_le32(p + OFF_CHECKSUM, bb_shard_checksum(p, OFF_CHECKSUM));
 }
 
@@ -106,9 +109,9 @@ bb_status bb_shard_meta_decode(const char *path, const uint8_t in[BB_SHARD_META_
     unsigned header_size = p[OFF_HEADER_SIZE] | p[OFF_HEADER_SIZE + 1] << 8;
     /* The version comes before the checksum: a later version may lay out
      * (and checksum) the payload differently, and must read as unsupported. */
-    if (version != BB_SHARD_VERSION)
-        return bb_fail(BB_ERR_FORMAT, "%s: shard format version %u is not supported (this bigbatch reads version %d)",
-                       path, version, BB_SHARD_VERSION);
+    if (version < 1 || version > BB_SHARD_VERSION)
+        return bb_fail(BB_ERR_FORMAT, "%s: shard format version %u is not supported (this bigbatch reads versions "
+                       "1 to %d)", path, version, BB_SHARD_VERSION);
     if (bb_le32(in + 4) != BB_SHARD_META_SIZE || header_size != BB_SHARD_META_SIZE)
         return bb_fail(BB_ERR_CORRUPT, "%s: metadata frame at offset 0: frame size %u and header size %u, expected %d",
                        path, bb_le32(in + 4), header_size, BB_SHARD_META_SIZE);
@@ -128,7 +131,12 @@ bb_status bb_shard_meta_decode(const char *path, const uint8_t in[BB_SHARD_META_
     meta->first_record = bb_le64(p + OFF_FIRST_RECORD);
     meta->classes_or_vocab = bb_le32(p + OFF_CLASSES);
     meta->shard_index = bb_le32(p + OFF_SHARD_INDEX);
-    memcpy(meta->source, p + OFF_SOURCE, BB_SHARD_SOURCE_MAX);
+    if (version == 1) {
+        memcpy(meta->source, p + OFF_SOURCE, BB_SHARD_SOURCE_MAX_V1);
+    } else {
+        memcpy(meta->source, p + OFF_SOURCE, BB_SHARD_SOURCE_MAX);
+        meta->dataset_id = bb_le64(p + OFF_DATASET_ID);
+    }
     char who[1024];
     snprintf(who, sizeof who, "%s: metadata", path);
     BB_TRY(bb_shard_meta_check(who, meta, BB_ERR_CORRUPT));

@@ -196,7 +196,7 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
     }
     if (S_ISDIR(st.st_mode)) {
         close(fd);
-        return bb_fail(BB_ERR_ARG, "%s is a directory, not a .safetensors file (a checkpoint directory is read as "
+        return bb_fail(BB_ERR_IO, "%s is a directory, not a .safetensors file (a checkpoint directory is read as "
                        "a checkpoint)", path);
     }
     size_t size = (size_t)st.st_size;

@@ -179,7 +179,7 @@ static bb_status lock_dir(const bb_train_options *o, int *fd_out)
         sscanf(holder, "%d %255s", &pid, host);
         close(fd);
         if (err != EWOULDBLOCK) return bb_fail(BB_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
-        return bb_fail(BB_ERR_ARG, "%s %s is in use by another run (PID %d on %s): two runs would remove each "
+        return bb_fail(BB_ERR_IO, "%s %s is in use by another run (PID %d on %s): two runs would remove each "
                        "other's checkpoints; wait for it to end, or save elsewhere", save, o->save_dir, pid, host);
     }
     char host[256] = "?", line[300];
