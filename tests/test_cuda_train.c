@@ -58,27 +58,34 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
 /* `train --devices cuda:0,1` against `--devices cpu:2`, the same data and
  * options: gpt with accumulation and the reducer's overlap (small buckets,
  * so that several are reduced while the backward runs), without overlap,
- * with --checkpoint blocks and with --zero 1; the mlp; bf16 (within 2e-2:
- * the GPU's products are bf16, the CPU's fp32). */
+ * with --checkpoint blocks, selective and a mixed plan, and with --zero 1;
+ * the mlp; bf16, also with a plan (within 2e-2: the GPU's products are
+ * bf16, the CPU's fp32). */
 Test(cuda_train, two_gpus_train_as_cpu_2)
 {
     need_gpus(2);
     char *tokens = make_tokens("tokens", 200), *images = make_images("images", 200, 3);
     struct {
         const char *name;
-        bool mlp, no_overlap, blocks, bf16;
+        bool mlp, no_overlap;
+        const char *checkpoint;
+        bool bf16;
         int zero;
-    } cases[] = {{"gpt", false, false, false, false, 0},
-                 {"gpt --no-overlap", false, true, false, false, 0},
-                 {"gpt --checkpoint blocks", false, false, true, false, 0},
-                 {"gpt --zero 1", false, false, false, false, 1},
-                 {"mlp", true, false, false, false, 0},
-                 {"gpt --precision bf16", false, false, false, true, 0}};
+    } cases[] = {{"gpt", false, false, NULL, false, 0},
+                 {"gpt --no-overlap", false, true, NULL, false, 0},
+                 {"gpt --checkpoint blocks", false, false, "blocks", false, 0},
+                 {"gpt --checkpoint selective", false, false, "selective", false, 0},
+                 {"gpt --checkpoint plan:s,f", false, false, "plan:s,f", false, 0},
+                 {"gpt --zero 1", false, false, NULL, false, 1},
+                 {"mlp", true, false, NULL, false, 0},
+                 {"gpt --precision bf16", false, false, NULL, true, 0},
+                 {"gpt --precision bf16 --checkpoint plan:f,s", false, false, "plan:f,s", true, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = cases[i].mlp ? mlp_options(images, 2, 4, 16) : gpt_options(tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
         o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero;
-        if (cases[i].blocks) o.model.checkpoint_every = 1;
+        if (cases[i].checkpoint)
+            cr_assert_eq(bb_model_parse_checkpoint(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());
         if (cases[i].bf16) o.precision = BB_PRECISION_BF16;
         bb_train_result c = train(&o);
         on_gpus(&o, 2);

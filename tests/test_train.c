@@ -133,6 +133,46 @@ Test(train, resume_continues_bitwise)
     free(data);
 }
 
+/* Selective recompute and per-block plans train the run of `none` to the
+ * bit, and a run saved under one plan resumes under another (or, not told,
+ * under the plan it recorded) as if it had not stopped. */
+Test(train, checkpoint_plans_train_bitwise_and_resume_across_plans)
+{
+    char *data = make_tokens("tokens", 100), *ckpt = tu_path(tmp, "ckpt");
+    bb_train_options o = gpt_options(data, 2, 4, 32);
+    o.model.layers = 3;
+    o.steps = 8;
+    bb_train_result none = train(&o);
+    const char *plans[] = {"selective", "plan:s,f,n", "plan:f,f,s"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(bb_model_parse_checkpoint(plans[i], &o.model), BB_OK);
+        bb_train_result r = train(&o);
+        assert_bitwise(&none, &r, plans[i]);
+        bb_train_result_free(&r);
+    }
+    o.save_dir = ckpt, o.stop_after = 4; /* saved under plan:f,f,s */
+    bb_train_result first = train(&o);
+    uint64_t saved_peak = first.peak_bytes[0];
+    bb_train_result_free(&first);
+    char *state = tu_path(ckpt, "latest/state.json");
+    char *text = (char *)tu_read_file(state, NULL);
+    cr_assert(strstr(text, "\"checkpoint_plan\": \"ffs\""), "state.json records the plan: %s", text);
+    free(text), free(state);
+    o.stop_after = 0, o.save_dir = NULL, o.resume_dir = ckpt;
+    for (int told = 0; told < 2; told++) {
+        cr_assert_eq(bb_model_parse_checkpoint("plan:n,s,f", &o.model), BB_OK);
+        o.set = BB_TRAIN_SET(BB_TRAIN_SAVE) | (told ? BB_TRAIN_SET(BB_TRAIN_CHECKPOINT) : 0);
+        bb_train_result second = train(&o);
+        cr_assert_eq(second.first_step, 4);
+        assert_bitwise(&none, &second, told ? "resumed under plan:n,s,f" : "resumed under its own plan");
+        if (told) cr_assert_neq(second.peak_bytes[0], saved_peak, "plan:n,s,f holds other activations");
+        else cr_assert_eq(second.peak_bytes[0], saved_peak, "not told, the resume runs the plan it saved");
+        bb_train_result_free(&second);
+    }
+    bb_train_result_free(&none);
+    free(ckpt), free(data);
+}
+
 /* ---- the reducer overlaps the backward --------------------------------- */
 typedef struct span_line {
     char name[32];

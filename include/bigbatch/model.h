@@ -23,7 +23,13 @@
  * Checkpointing: the layers (mlp) or blocks (gpt) form segments of
  * `checkpoint_every` each; the forward keeps only each segment's input and
  * the backward recomputes a segment before its backward. 0 keeps everything
- * (one segment). The gradients are bitwise the same either way.
+ * (one segment). A gpt also takes a policy per block (`checkpoint_plan`,
+ * --checkpoint selective|plan:...): 'n' keeps everything the block's
+ * backward reads, 's' (selective) all but its two LayerNorm outputs and its
+ * GELU output, which the backward recomputes from what is kept (the cheap,
+ * large ones: 6 of 16 d-wide floats per token), 'f' (full) only its input,
+ * re-running the whole block before its backward. The gradients are
+ * bitwise the same whatever the policy.
  *
  * bf16 activations (cfg.precision, gpt): every activation the backward
  * reads is rounded to bf16 when it is computed, so the forward, the
@@ -41,6 +47,11 @@
 #include "bigbatch/json.h"
 
 #define BB_MLP_MAX_HIDDEN 16
+#define BB_CHECKPOINT_MAX_BLOCKS 256 /* blocks a per-block plan can name */
+#define BB_CHECKPOINT_NAME_MAX 1040  /* bb_model_checkpoint_name's longest, NUL included */
+
+/* What a gpt block keeps for its backward (bb_model_config.checkpoint_plan). */
+enum { BB_KEEP_ALL = 'n', BB_KEEP_SELECTIVE = 's', BB_KEEP_INPUT = 'f' };
 
 /* ---- model kinds --------------------------------------------------------
  * A kind (gpt, mlp) is one descriptor, defined in its own file (gpt.c,
@@ -72,6 +83,10 @@ typedef struct bb_model_config {
     int layers, heads, d_model, seq_len, vocab;
     /* both: layers (mlp: linear layers) per checkpoint segment; 0: none */
     int checkpoint_every;
+    /* gpt: what each block keeps, one BB_KEEP_* letter per block, or one
+     * letter for every block ("s": --checkpoint selective); "": as
+     * checkpoint_every says (which a plan overrides) */
+    char checkpoint_plan[BB_CHECKPOINT_MAX_BLOCKS + 1];
     /* gpt: bf16 stores the activations kept for the backward in bf16 (the
      * mlp takes fp32 only; its activations are small) */
     bb_precision precision;
@@ -83,8 +98,20 @@ typedef struct bb_model_config {
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
 bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab);
-/* Parses --checkpoint none|blocks|every:K into checkpoint_every (blocks = 1). */
-bb_status bb_model_parse_checkpoint(const char *s, int *every);
+/* Parses --checkpoint into c's checkpoint_every and checkpoint_plan: none,
+ * blocks (every:1), every:K, selective (every block 's'), or plan:P, P a
+ * comma-separated list of one policy per block — n|none, s|selective,
+ * f|full — each optionally repeated (`s*6`): plan:n,s,f,f or plan:s*6,f*6.
+ * Fails with BB_ERR_ARG naming the bad item. A plan's length is checked
+ * against the model's blocks when the model is made (bb_model_check_checkpoint). */
+bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c);
+/* Whether c's checkpointing fits its kind and shape: a plan names every
+ * block once (or gives one policy for all) and only kinds with blocks take
+ * one. Fails with BB_ERR_ARG saying what differs. */
+bb_status bb_model_check_checkpoint(const bb_model_config *c);
+/* What block l (0 .. bb_model_layers - 1) keeps: BB_KEEP_ALL, _SELECTIVE or
+ * _INPUT (every:K's blocks keep their input, in segments of K). */
+char bb_model_block_keep(const bb_model_config *c, int l);
 
 /* The shape flags as the command line gave them; each kind takes its own
  * (gpt: --layers --heads --d-model; mlp: --hidden) and refuses the others'. */
@@ -133,8 +160,10 @@ void bb_model_destroy(bb_model_t *m);
 const bb_model_config *bb_model_get_config(const bb_model_t *m);
 /* "gpt (4 layers, 4 heads, d 128, T 256, vocab 256)" or "mlp (784-1024-10)". */
 void bb_model_describe(const bb_model_config *c, char *buf, size_t cap);
-/* The checkpointing policy as --checkpoint spells it: "none" (also when
- * one segment holds every layer), "blocks" or "every:K". */
+/* The checkpointing policy as --checkpoint spells it, at most
+ * BB_CHECKPOINT_NAME_MAX bytes: "none" (also when one segment holds every
+ * layer), "blocks", "every:K", "selective", or "plan:n,s*2,f" (runs of one
+ * policy written P*N; a plan of one policy by its name). */
 void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap);
 int bb_model_micro_batch(const bb_model_t *m);
 
@@ -222,6 +251,10 @@ int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budg
  * inputs, one chunk of logits, backward scratch), all allocated when the
  * model is created: what checkpointing and the micro-batch size change. */
 uint64_t bb_model_activation_bytes(const bb_model_t *m);
+/* What the last forward and backward recomputed: layers (gpt blocks) whose
+ * forward the backward re-ran, and selective blocks whose LayerNorm and
+ * GELU outputs it recomputed (the planner's time model counts them). */
+void bb_model_recompute_counts(const bb_model_t *m, int *layers, int *selective);
 
 /* ---- weights for other tools: safetensors, F32 ------------------------- */
 /* Writes every parameter under its PyTorch name (gpt also writes

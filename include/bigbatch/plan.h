@@ -24,10 +24,12 @@
  * On a GPU the planner keeps a safety margin for what CUDA itself takes.
  *
  * Relative step time counts FLOPs: a step is forward (1) + backward (2) of
- * every example; checkpointing recomputes the forward of every segment but
- * the last, adding (S−1)·K/L of a forward; each micro-step also costs a
+ * every example; checkpointing recomputes the forward of every recomputed
+ * segment the backward must re-run (not the last), adding 1/L of a forward
+ * per block, and a selective block's recomputation (two LayerNorms and a
+ * GELU) BB_PLAN_SELECTIVE_COST of one; each micro-step also costs a
  * quarter of an example's compute (launches, the loader hand-off, smaller
- * matrices — an assumption, checked in perf/RESULTS.md).
+ * matrices). Both are assumptions, checked in perf/RESULTS.md.
  */
 #ifndef BIGBATCH_PLAN_H
 #define BIGBATCH_PLAN_H
@@ -35,11 +37,16 @@
 #include "bigbatch/loader.h"
 #include "bigbatch/optim.h"
 
+/* A selective block's recomputation, as a share of the block's forward. */
+#define BB_PLAN_SELECTIVE_COST 0.05
+
 typedef struct bb_memory_breakdown {
     uint64_t parameters, gradients, optimizer, batches, activations, workspace;
     uint64_t total;           /* device memory: the sum of the above */
     uint64_t loader_slots;    /* host memory (pinned on GPUs), not in total: the loader's
                                  batch slots for this device with its defaults */
+    int recomputed_layers, selective_recomputes; /* not memory: what the micro-step recomputed
+                                                    (bb_model_recompute_counts), for the time model */
 } bb_memory_breakdown;
 
 /* Device bytes one replica needs for `cfg` (seq_len/vocab or
@@ -56,7 +63,7 @@ bb_status bb_plan_memory_sharded(const bb_model_config *cfg, int micro_batch, bb
                                  bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out);
 
 typedef struct bb_plan_request {
-    bb_model_config model;     /* shape filled from the data; checkpoint_every ignored */
+    bb_model_config model;     /* shape filled from the data; its checkpoint policy only when fixed_checkpoint */
     int devices, global_batch;
     uint64_t device_mem;       /* per device; 0: no limit (the fastest choice wins) */
     bb_optimizer_kind optimizer;
@@ -64,7 +71,7 @@ typedef struct bb_plan_request {
     int loader_threads;        /* for loader_slots; 0: train's default */
     uint32_t record_size;      /* the data's bytes per record, for loader_slots; 0: the widest the model takes */
     int fixed_micro_batch;     /* > 0: only this micro-batch */
-    int fixed_checkpoint;      /* >= 0: only this checkpoint_every; -1: any */
+    bool fixed_checkpoint;     /* only model's checkpoint policy (checkpoint_every, checkpoint_plan); else any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
     int zero;                  /* 1: ZeRO-1 (train --zero 1): the optimizer state sharded over the devices */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
@@ -72,7 +79,8 @@ typedef struct bb_plan_request {
 
 typedef struct bb_plan_row {
     int micro_batch, accumulation, checkpoint_every;
-    char checkpoint[24];       /* "none", "blocks", "every:3" */
+    char checkpoint_plan[BB_CHECKPOINT_MAX_BLOCKS + 1]; /* with checkpoint_every: bb_model_config's */
+    char checkpoint[BB_CHECKPOINT_NAME_MAX]; /* "none", "selective", "blocks", "every:3", "plan:s*2,f*2" */
     bb_memory_breakdown memory;
     double relative_time;      /* 1.0: the whole per-device batch at once, no checkpointing */
     int loss_chunk;            /* tokens per chunk of the fused head + loss (bb_model_loss_chunk); 0: none */

@@ -62,7 +62,7 @@ static bb_status bench_setup(bench_flags *f, bench_run *r)
     r->c.seq_len = f->seq_len, r->c.vocab = f->vocab, r->c.inputs = f->inputs, r->c.classes = f->classes;
     bool gpt = bb_model_targets_are_tokens(&r->c);
     if (!f->micro_given && !gpt) f->micro_batch = 256;
-    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &r->c.checkpoint_every));
+    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &r->c));
     model_flags chunk = {.loss_chunk = f->loss_chunk, .loss_chunk_given = f->loss_chunk_given};
     BB_TRY(loss_chunk_flag(&chunk, &r->c));
     f->bo.threads = f->threads;
@@ -189,7 +189,7 @@ int bb_bench_model(int argc, char **argv)
         {"--classes", BB_OPT_I32, &f.classes, "N", "mlp: classes", .min = 2, .max = 1 << 24},
         {"--micro-batch", BB_OPT_I32, &f.micro_batch, "B", "examples per step (gpt default 8, mlp 256)", .min = 1,
          .max = 1 << 20, .given = &f.micro_given},
-        {"--checkpoint", BB_OPT_STRING, &f.checkpoint, "POLICY", "none, blocks or every:K"},
+        {"--checkpoint", BB_OPT_STRING, &f.checkpoint, "POLICY", "none, selective, blocks, every:K or plan:P (as train's)"},
         {"--loss-chunk", BB_OPT_I32, &f.loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,
          .given = &f.loss_chunk_given},
         {"--threads", BB_OPT_I32, &f.threads, "N", "CPU threads (matrix products, attention, loss)", .min = 1,

@@ -97,7 +97,7 @@ int bb_cmd_plan(int argc, char **argv)
     const char *data = "data/kjv", *devices = "cpu:1";
     bb_precision precision = BB_PRECISION_FP32;
     bool json = false, data_given = false;
-    bb_plan_request q = {.fixed_checkpoint = -1, .global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
+    bb_plan_request q = {.global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
@@ -117,7 +117,7 @@ int bb_cmd_plan(int argc, char **argv)
     bool any_checkpoint = rc == BB_OK && !strcmp(mf.checkpoint, "auto");
     if (any_checkpoint) mf.checkpoint = "none";
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
-    if (rc == BB_OK && !any_checkpoint) q.fixed_checkpoint = q.model.checkpoint_every;
+    q.fixed_checkpoint = !any_checkpoint;
     q.model.precision = precision;
     if (rc == BB_OK) rc = default_data_present(data, data_given);
     if (rc == BB_OK) {

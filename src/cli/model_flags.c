@@ -30,8 +30,9 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
                             .d_model_given = f->d_model_given, .hidden = (const char *const *)f->hidden.items,
                             .hidden_count = f->hidden.count};
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
-    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &out->checkpoint_every));
+    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, out));
     BB_TRY(loss_chunk_flag(f, out));
+    BB_TRY(bb_model_check_checkpoint(out));
     int layers = bb_model_layers(out);
     if (out->checkpoint_every > layers)
         BB_WARN("--checkpoint %s: the %s has %d layers, so every:%d (one segment: only the first layer's input is "

@@ -30,7 +30,8 @@ typedef struct model_flags {
     {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default: 1024,1024)",           \
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
-     "activation checkpointing: none, blocks (keep one block's input per block), every:K (train: also auto)",  \
+     "activation checkpointing: none, selective (recompute each block's LayerNorm and GELU outputs), blocks "  \
+     "(keep one block's input per block), every:K, plan:P (per block n|s|f, e.g. plan:s*6,f*6; train: also auto)", \
      .given = &(f).checkpoint_given},                                                                          \
     {"--loss-chunk", BB_OPT_INT, &(f).loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,         \
      .given = &(f).loss_chunk_given}

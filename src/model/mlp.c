@@ -155,8 +155,11 @@ static bb_status mlp_backward(bb_model_t *m, bool acc)
     float *scratch[2] = {s->d_a, s->d_b};
     int flip = 0;
     for (int seg = s->S - 1; seg >= 0; seg--) {
-        if (s->computed_segment != seg) BB_TRY(segment_forward(m, seg));
         int end = (seg + 1) * s->K < s->n ? (seg + 1) * s->K : s->n;
+        if (s->computed_segment != seg) {
+            BB_TRY(segment_forward(m, seg));
+            m->recomputed_layers += end - seg * s->K;
+        }
         for (int i = end - 1; i >= seg * s->K; i--) {
             const layer_acts *a = &s->slots[i % s->K];
             float *dpre = (float *)dcur;

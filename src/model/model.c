@@ -56,8 +56,27 @@ bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *met
 
 void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap)
 {
-    int every = c->checkpoint_every;
-    if (every == 0 || every >= bb_model_layers(c)) snprintf(buf, cap, "none");
+    int layers = bb_model_layers(c), every = c->checkpoint_every;
+    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
+    bool uniform = n > 0;
+    for (size_t i = 1; i < n; i++) uniform = uniform && c->checkpoint_plan[i] == c->checkpoint_plan[0];
+    if (uniform) { /* one policy for every block: its own name */
+        char p = c->checkpoint_plan[0];
+        snprintf(buf, cap, "%s", p == BB_KEEP_ALL ? "none" : p == BB_KEEP_SELECTIVE ? "selective" : "blocks");
+        return;
+    }
+    if (n) {
+        size_t used = (size_t)snprintf(buf, cap, "plan:");
+        for (size_t i = 0; i < n && used < cap;) {
+            size_t run = 1;
+            while (i + run < n && c->checkpoint_plan[i + run] == c->checkpoint_plan[i]) run++;
+            used += (size_t)(run > 1 ? snprintf(buf + used, cap - used, "%s%c*%zu", i ? "," : "", c->checkpoint_plan[i], run)
+                                     : snprintf(buf + used, cap - used, "%s%c", i ? "," : "", c->checkpoint_plan[i]));
+            i += run;
+        }
+        return;
+    }
+    if (every == 0 || every >= layers) snprintf(buf, cap, "none");
     else if (every == 1) snprintf(buf, cap, "blocks");
     else snprintf(buf, cap, "every:%d", every);
 }
@@ -96,22 +115,90 @@ bb_status bb_model_config_from_json(const json_t *obj, const char *file, bb_mode
     return c->kind->from_json(obj, file, c);
 }
 
-bb_status bb_model_parse_checkpoint(const char *s, int *every)
+/* One item of plan:P, "s" or "selective*3": its letter and count. */
+static bb_status parse_plan_item(const char *item, size_t len, char *letter, long *count)
 {
-    if (!strcmp(s, "none")) {
-        *every = 0;
-    } else if (!strcmp(s, "blocks")) {
-        *every = 1;
+    static const char *const names[][2] = {{"n", "none"}, {"s", "selective"}, {"f", "full"}};
+    const char *star = memchr(item, '*', len);
+    size_t name_len = star ? (size_t)(star - item) : len;
+    *letter = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !*letter; i++)
+        for (int k = 0; k < 2; k++)
+            if (strlen(names[i][k]) == name_len && !strncmp(item, names[i][k], name_len)) *letter = names[i][0][0];
+    *count = 1;
+    if (star) {
+        char digits[16] = "", *end;
+        size_t n = len - name_len - 1;
+        if (n == 0 || n >= sizeof digits) *count = 0;
+        else memcpy(digits, star + 1, n), *count = strtol(digits, &end, 10), *count = *end ? 0 : *count;
+    }
+    if (!*letter || *count < 1 || *count > BB_CHECKPOINT_MAX_BLOCKS)
+        return bb_fail(BB_ERR_ARG, "--checkpoint plan: '%.*s' is not a block policy: n|none, s|selective or "
+                       "f|full, optionally repeated (s*6)", (int)len, item);
+    return BB_OK;
+}
+
+bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c)
+{
+    c->checkpoint_every = 0;
+    c->checkpoint_plan[0] = 0;
+    if (!strcmp(s, "none")) return BB_OK;
+    if (!strcmp(s, "blocks")) {
+        c->checkpoint_every = 1;
+    } else if (!strcmp(s, "selective")) {
+        snprintf(c->checkpoint_plan, sizeof c->checkpoint_plan, "%c", BB_KEEP_SELECTIVE);
     } else if (!strncmp(s, "every:", 6)) {
         char *end;
         long k = strtol(s + 6, &end, 10);
         if (*end || k < 1 || k > 1 << 20)
             return bb_fail(BB_ERR_ARG, "--checkpoint every:K needs a whole K >= 1, not '%s'", s + 6);
-        *every = (int)k;
+        c->checkpoint_every = (int)k;
+    } else if (!strncmp(s, "plan:", 5)) {
+        size_t n = 0;
+        for (const char *p = s + 5;;) {
+            size_t len = strcspn(p, ",");
+            char letter;
+            long count;
+            BB_TRY(parse_plan_item(p, len, &letter, &count));
+            if (n + (size_t)count > BB_CHECKPOINT_MAX_BLOCKS)
+                return bb_fail(BB_ERR_ARG, "--checkpoint %s names more than %d blocks", s, BB_CHECKPOINT_MAX_BLOCKS);
+            memset(c->checkpoint_plan + n, letter, (size_t)count);
+            n += (size_t)count;
+            if (!p[len]) break;
+            p += len + 1;
+        }
+        c->checkpoint_plan[n] = 0;
     } else {
-        return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, blocks, every:K", s);
+        return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, selective, blocks, every:K, plan:P "
+                       "(e.g. plan:n,s,f,f)", s);
     }
     return BB_OK;
+}
+
+bb_status bb_model_check_checkpoint(const bb_model_config *c)
+{
+    if (c->checkpoint_every < 0) return bb_fail(BB_ERR_ARG, "checkpoint segment size must be >= 0");
+    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
+    if (!n) return BB_OK;
+    char name[BB_CHECKPOINT_NAME_MAX];
+    bb_model_checkpoint_name(c, name, sizeof name);
+    if (!c->kind->checkpoint_plans)
+        return bb_fail(BB_ERR_ARG, "--checkpoint %s: a %s takes none, blocks or every:K", name, c->kind->name);
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("nsf", c->checkpoint_plan[i]))
+            return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s or f", i, c->checkpoint_plan[i]);
+    int layers = bb_model_layers(c);
+    if (n > 1 && n != (size_t)layers)
+        return bb_fail(BB_ERR_ARG, "--checkpoint %s gives %zu blocks; this %s has %d", name, n, c->kind->name, layers);
+    return BB_OK;
+}
+
+char bb_model_block_keep(const bb_model_config *c, int l)
+{
+    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
+    if (n) return c->checkpoint_plan[n == 1 ? 0 : l];
+    int every = c->checkpoint_every;
+    return every == 0 || every >= bb_model_layers(c) ? BB_KEEP_ALL : BB_KEEP_INPUT;
 }
 
 /* ---- initialisation streams (bb_splitmix64) ---------------------------- */
@@ -163,7 +250,6 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
 {
     *out = NULL;
     if (micro_batch < 1) return bb_fail(BB_ERR_ARG, "--micro-batch must be at least 1");
-    if (cfg->checkpoint_every < 0) return bb_fail(BB_ERR_ARG, "checkpoint segment size must be >= 0");
     bb_model_t *m = calloc(1, sizeof *m);
     if (!m) return bb_fail(BB_ERR_NOMEM, "out of memory");
     m->be = be;
@@ -174,6 +260,7 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
         free(m);
         return bb_fail(BB_ERR_ARG, "no model kind given");
     }
+    BB_TRY_GOTO(bb_model_check_checkpoint(&m->cfg), rc, fail);
     BB_TRY_GOTO(m->cfg.kind->create(m), rc, fail);
     /* The ops' own scratch, sized now so that no op allocates mid-step: rows
      * up to the batch's, column sums as wide as the widest vector
@@ -209,6 +296,11 @@ float *bb_model_params(bb_model_t *m) { return m->params; }
 float *bb_model_grads(bb_model_t *m) { return m->grads; }
 int bb_model_batch_targets(const bb_model_t *m) { return m->targets_valid; }
 uint64_t bb_model_activation_bytes(const bb_model_t *m) { return m->activation_bytes; }
+void bb_model_recompute_counts(const bb_model_t *m, int *layers, int *selective)
+{
+    *layers = m->recomputed_layers;
+    *selective = m->selective_recomputes;
+}
 
 bb_status bb_model_init(bb_model_t *m, uint64_t seed)
 {
@@ -224,6 +316,7 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 {
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
     if (correct) *correct = -1;
+    m->recomputed_layers = m->selective_recomputes = 0;
     return m->cfg.kind->forward(m, normalizer, loss, correct);
 }
 

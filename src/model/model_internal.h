@@ -20,6 +20,7 @@ struct bb_model_kind {
     int (*outputs)(const bb_model_config *c);             /* logits per target */
     bool targets_are_tokens, counts_correct;
     bool chunks_loss;      /* its head and loss run in chunks of tokens (bb_model_loss_chunk) */
+    bool checkpoint_plans; /* takes a policy per layer (checkpoint_plan), not only every:K */
     const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
     int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
     bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
@@ -62,6 +63,8 @@ struct bb_model {
     struct batch_set *batch_sets; /* (2): the current one and the one being staged (batch.c) */
     int current;
     uint64_t activation_bytes;
+    int recomputed_layers;    /* layers (blocks) the last backward re-ran, and */
+    int selective_recomputes; /* selective blocks whose LayerNorm and GELU outputs it recomputed */
     bb_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
     void *impl;

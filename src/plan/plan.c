@@ -66,6 +66,7 @@ bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_o
     out->workspace = bb_backend_workspace_bytes(be);
     out->total = bb_backend_peak_bytes(be) + out->workspace;
     out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);
+    bb_model_recompute_counts(m, &out->recomputed_layers, &out->selective_recomputes);
 done:
     if (be) bb_optimizer_destroy(be, &o);
     bb_model_destroy(m);
@@ -79,20 +80,37 @@ done:
  * against measurements in perf/RESULTS.md. */
 #define MICRO_STEP_COST 0.25
 
-/* Blocks (gpt) or linear layers (mlp) per checkpoint segment. */
-static int segment_size(const bb_model_config *c)
+static double relative_time(const bb_model_config *c, const bb_memory_breakdown *mem, int micro_batch,
+                            int accumulation)
 {
-    int layers = bb_model_layers(c);
-    return c->checkpoint_every > 0 && c->checkpoint_every < layers ? c->checkpoint_every : layers;
-}
-
-static double relative_time(const bb_model_config *c, int micro_batch, int accumulation)
-{
-    int layers = bb_model_layers(c), K = segment_size(c);
-    int S = (layers + K - 1) / K;
-    double recompute = (double)(S - 1) * K / layers;         /* share of a forward done again */
+    double layers = bb_model_layers(c); /* shares of a forward done again: */
+    double recompute = (mem->recomputed_layers + BB_PLAN_SELECTIVE_COST * mem->selective_recomputes) / layers;
     double examples = (double)micro_batch * accumulation;
     return (3.0 + recompute) / 3.0 * (examples + MICRO_STEP_COST * accumulation) / (examples + MICRO_STEP_COST);
+}
+
+/* The checkpoint policies a request tries: its own when fixed, else none,
+ * selective (kinds with per-block policies), blocks, and every:K for K
+ * dividing into fewer segments. */
+static int candidate_policies(const bb_plan_request *q, bb_model_config *out, int cap)
+{
+    int layers = bb_model_layers(&q->model), n = 0;
+    if (q->fixed_checkpoint) {
+        out[n++] = q->model;
+        return n;
+    }
+    static const char *const names[] = {"none", "selective", "blocks"};
+    for (size_t i = 0; i < sizeof names / sizeof *names && n < cap; i++) {
+        out[n] = q->model;
+        if (bb_model_parse_checkpoint(names[i], &out[n]) == BB_OK && bb_model_check_checkpoint(&out[n]) == BB_OK) n++;
+    }
+    for (int k = 2; k < layers && n < cap; k = k < 4 ? k + 1 : k * 2) {
+        out[n] = q->model;
+        out[n].checkpoint_plan[0] = 0;
+        out[n++].checkpoint_every = k;
+    }
+    bb_error_clear();
+    return n;
 }
 
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
@@ -103,42 +121,44 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
     int per_device = q->global_batch / q->devices;
     size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
-    int layers = bb_model_layers(&q->model);
-    /* checkpoint policies: none, blocks, and every:K for K dividing into fewer segments */
-    int policies[16], np = 0;
-    policies[np++] = 0;
-    for (int k = 1; k < layers && np < 16; k = k < 4 ? k + 1 : k * 2) policies[np++] = k;
+    bb_model_config *policies = calloc(16, sizeof *policies);
+    if (!policies) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    int np = candidate_policies(q, policies, 16);
     int cap = 0;
     for (int b = 1; b <= per_device; b++) cap += per_device % b == 0;
     out->rows = calloc((size_t)cap * (size_t)np, sizeof *out->rows);
-    if (!out->rows) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (!out->rows) {
+        free(policies);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
     double margin = q->margin > 0 ? q->margin : 0.05;
     out->budget = q->device_mem ? (uint64_t)((double)q->device_mem * (1.0 - margin)) : UINT64_MAX;
     for (int b = per_device; b >= 1; b--) {
         if (per_device % b || (q->fixed_micro_batch > 0 && b != q->fixed_micro_batch)) continue;
         for (int i = 0; i < np; i++) {
-            if (q->fixed_checkpoint >= 0 && policies[i] != q->fixed_checkpoint) continue;
             bb_plan_row *r = &out->rows[out->count++];
-            bb_model_config c = q->model;
-            c.checkpoint_every = policies[i];
+            bb_model_config c = policies[i];
             c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem)); /* as the run's model will */
             r->micro_batch = b;
             r->accumulation = per_device / b;
-            r->checkpoint_every = policies[i];
+            r->checkpoint_every = c.checkpoint_every;
+            memcpy(r->checkpoint_plan, c.checkpoint_plan, sizeof r->checkpoint_plan);
             bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
             bb_status rc = bb_plan_memory_sharded(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1,
                                                   bucket_bytes, &r->memory);
             if (rc != BB_OK) {
+                free(policies);
                 bb_plan_free(out);
                 return rc;
             }
             r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
-            r->relative_time = relative_time(&c, b, r->accumulation);
+            r->relative_time = relative_time(&c, &r->memory, b, r->accumulation);
             r->fits = r->memory.total <= out->budget;
             if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
                 out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
         }
     }
+    free(policies);
     if (out->chosen >= 0) {
         out->rows[out->chosen].chosen = true;
         return BB_OK;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "bigbatch/json.h"
+#include "bigbatch/model.h"
 
 enum { BB_REPORT_MAX_DEVICES = 64 };
 
@@ -21,7 +22,7 @@ typedef struct bb_report_row {
 typedef struct bb_report_run {
     const char *path;
     bool has_config;                  /* the "run" line of train --metrics */
-    char model[16], describe[160], devices[48], checkpoint[24], precision[8], optimizer[8], data[256];
+    char model[16], describe[160], devices[48], checkpoint[BB_CHECKPOINT_NAME_MAX], precision[8], optimizer[8], data[256];
     char version[16], commit[48];
     int device_count, processes, global_batch, accumulation, micro_batch, tokens_per_example, zero;
     double lr, device_mem;
@@ -56,7 +57,7 @@ typedef struct bb_report_trace {
 typedef struct bb_report_plan {
     bool present;
     int micro_batch, accumulation;
-    char checkpoint[24];
+    char checkpoint[BB_CHECKPOINT_NAME_MAX];
     uint64_t peak_bytes, parameters, gradients, optimizer, batches, activations, workspace;
 } bb_report_plan;
 

@@ -78,8 +78,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                           "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
                           st->keep, "save_every", (json_int_t)st->save_every);
-    json_t *opt = json_pack("{s:i, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
-                            c->checkpoint_every, "precision", bb_precision_name(c->precision), "optimizer",
+    json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
+                            c->checkpoint_every, "checkpoint_plan", c->checkpoint_plan, "precision", bb_precision_name(c->precision), "optimizer",
                             bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
                             bb_lr_schedule_name(oc->schedule),
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
@@ -373,6 +373,10 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
     BB_TRY(bb_model_config_from_json(j, path, c));
     BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->checkpoint_every));
+    BB_TRY(bb_json_opt_string(j, path, "checkpoint_plan", c->checkpoint_plan, sizeof c->checkpoint_plan));
+    if (bb_model_check_checkpoint(c) != BB_OK)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"checkpoint_plan\" \"%s\" does not fit the model: %s", path,
+                       c->checkpoint_plan, bb_error_message());
     BB_TRY(bb_json_opt_string(j, path, "precision", precision, sizeof precision));
     if (bb_precision_parse(precision, &c->precision) != BB_OK)
         return bb_fail(BB_ERR_FORMAT, "%s: \"precision\" is \"%s\", not fp32 or bf16", path, precision);

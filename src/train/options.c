@@ -165,7 +165,10 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
     take_optimizer(ck, out);
     if (!is_set(out, BB_TRAIN_MODEL)) { /* the checkpoint's model, with a checkpoint policy and loss chunk if set */
         bb_model_config m = ck->model;
-        if (is_set(out, BB_TRAIN_CHECKPOINT)) m.checkpoint_every = out->model.checkpoint_every;
+        if (is_set(out, BB_TRAIN_CHECKPOINT)) {
+            m.checkpoint_every = out->model.checkpoint_every;
+            memcpy(m.checkpoint_plan, out->model.checkpoint_plan, sizeof m.checkpoint_plan);
+        }
         else out->auto_checkpoint = false;
         m.loss_chunk = is_set(out, BB_TRAIN_LOSS_CHUNK) ? out->model.loss_chunk : 0;
         out->model = m;
@@ -174,7 +177,7 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
 }
 
 /* ---- the processes of a job agree ------------------------------------------ */
-enum { AGREE_TEXT = 192 };
+enum { AGREE_TEXT = 320 }; /* a model of BB_CHECKPOINT_MAX_BLOCKS blocks' plan fits */
 
 typedef struct agreed {
     bb_train_field field;
@@ -192,7 +195,7 @@ static int describe(const bb_train_options *o, agreed *a)
     free(shape);
     json_decref(m);
     const bb_optimizer_config *c = &o->opt;
-    FIELD(CHECKPOINT, "%d%s", o->model.checkpoint_every, o->auto_checkpoint ? " (auto)" : "");
+    FIELD(CHECKPOINT, "%d %s%s", o->model.checkpoint_every, o->model.checkpoint_plan, o->auto_checkpoint ? " (auto)" : "");
     FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
     FIELD(PRECISION, "%s", bb_precision_name(o->precision));
     FIELD(ATTENTION, "%s", bb_attention_name(o->attention));

@@ -135,7 +135,7 @@ static bb_status probe_writable(const char *path, const char *flag, char *resolv
 static bb_status write_run_line(const trainer *t)
 {
     const bb_train_options *o = t->o;
-    char describe[160], checkpoint[24];
+    char describe[160], checkpoint[BB_CHECKPOINT_NAME_MAX];
     bb_model_describe(&t->cfg, describe, sizeof describe);
     bb_model_checkpoint_name(&t->cfg, checkpoint, sizeof checkpoint);
     json_t *run = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:s, s:o, s:I, s:I, "
@@ -255,7 +255,7 @@ static bb_status apply_plan(trainer *t)
                          .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
-                         .fixed_checkpoint = o->auto_checkpoint ? -1 : t->cfg.checkpoint_every,
+                         .fixed_checkpoint = !o->auto_checkpoint,
                          .zero = o->zero, .bucket_mib = o->bucket_mib};
     bb_plan p;
     BB_TRY(bb_plan_make(&q, &p));
@@ -267,6 +267,7 @@ static bb_status apply_plan(trainer *t)
     const bb_plan_row *r = &p.rows[p.chosen];
     t->micro_batch = r->micro_batch;
     t->cfg.checkpoint_every = r->checkpoint_every;
+    memcpy(t->cfg.checkpoint_plan, r->checkpoint_plan, sizeof t->cfg.checkpoint_plan);
     if (o->progress) {
         char peak[24], mem[24];
         fprintf(o->progress, "plan: micro-batch %d x accumulation %d, checkpoint %s, predicted peak %s", r->micro_batch,

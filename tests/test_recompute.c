@@ -1,0 +1,166 @@
+/* test_recompute.c — selective recompute and per-block checkpoint plans:
+ * every plan gives the gradients of keeping everything, bit for bit (fp32
+ * and bf16, one micro-step and accumulated ones), the memory each policy
+ * keeps follows its formula, and a bad plan is one line. */
+#include "model_fixture.h"
+
+TestSuite(recompute, .init = backend_up, .fini = backend_down);
+
+enum { B = 2, T = 5, V = 11, C = 8, NH = 2 };
+
+static bb_model_config gpt(int layers, const char *policy, bb_precision precision)
+{
+    bb_model_config c = bb_model_gpt_config(layers, NH, C, T, V);
+    cr_assert_eq(bb_model_parse_checkpoint(policy, &c), BB_OK, "%s: %s", policy, bb_error_message());
+    c.precision = precision;
+    return c;
+}
+
+/* Loss and gradients of `steps` micro-steps (the later ones accumulate). */
+static float *gradients(const bb_model_config *c, int steps, double *loss, uint64_t *bytes)
+{
+    bb_model_t *m = make_model(c, B, 5);
+    for (int s = 0; s < steps; s++) {
+        host_batch h = make_batch(c, B, 6 + (uint64_t)s);
+        cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+        free(h.inputs), free(h.targets);
+        cr_assert_eq(bb_model_forward(m, 3.0f, &loss[s], NULL), BB_OK);
+        cr_assert_eq(bb_model_backward(m, s > 0), BB_OK);
+    }
+    size_t n = bb_model_param_count(m);
+    float *g = malloc(n * sizeof *g);
+    memcpy(g, bb_model_grads(m), n * sizeof *g);
+    *bytes = bb_model_activation_bytes(m);
+    bb_model_destroy(m);
+    return g;
+}
+
+static size_t params_of(const bb_model_config *c)
+{
+    bb_model_t *m = make_model(c, B, 1);
+    size_t n = bb_model_param_count(m);
+    bb_model_destroy(m);
+    return n;
+}
+
+/* Every one of the 3^4 plans of a 4-block gpt, in fp32 and bf16, with one
+ * micro-step and with three accumulated, gives the losses and gradients of
+ * `none` bit for bit. */
+Test(recompute, every_plan_of_four_blocks_gives_the_gradients_of_none_bitwise)
+{
+    static const char letters[] = "nsf";
+    for (int p = 0; p < 2; p++) {
+        bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+        bb_model_config none = gpt(4, "none", precision);
+        size_t n = params_of(&none);
+        for (int steps = 1; steps <= 3; steps += 2) {
+            double want_loss[3], loss[3];
+            uint64_t none_bytes, bytes;
+            float *want = gradients(&none, steps, want_loss, &none_bytes);
+            int smaller = 0;
+            for (int code = 0; code < 81; code++) {
+                char plan[32];
+                int k = code;
+                snprintf(plan, sizeof plan, "plan:%c,%c,%c,%c", letters[k % 3], letters[k / 3 % 3],
+                         letters[k / 9 % 3], letters[k / 27 % 3]);
+                bb_model_config c = gpt(4, plan, precision);
+                float *got = gradients(&c, steps, loss, &bytes);
+                for (int s = 0; s < steps; s++)
+                    cr_assert_eq(loss[s], want_loss[s], "%s %s: the loss of micro-step %d changed", plan,
+                                 bb_precision_name(precision), s);
+                cr_assert_eq(memcmp(got, want, n * sizeof *got), 0, "%s %s, %d micro-steps: gradients differ", plan,
+                             bb_precision_name(precision), steps);
+                /* a lone f needs a recompute slot as big as the slot it saves, and a lone s the
+                 * shared scratch: at worst that and one saved input more than none */
+                cr_assert_leq(bytes, none_bytes + (uint64_t)B * T * (1 + 5) * C * 4, "%s: activations", plan);
+                smaller += bytes < none_bytes;
+                free(got);
+            }
+            printf("%s, %d micro-step%s: 81 plans bitwise equal to none, %d of them keeping less\n",
+                   bb_precision_name(precision), steps, steps > 1 ? "s" : "", smaller);
+            cr_assert_gt(smaller, 60);
+            free(want);
+        }
+    }
+}
+
+/* The shorthands are plans: selective = s for every block, blocks = f. */
+Test(recompute, shorthands_are_plans_and_names_are_what_parses)
+{
+    const struct {
+        const char *given, *name;
+    } cases[] = {
+        {"none", "none"},           {"selective", "selective"},   {"blocks", "blocks"},
+        {"every:2", "every:2"},     {"plan:s,s,s,s", "selective"}, {"plan:f*4", "blocks"},
+        {"plan:n,s,f,f", "plan:n,s,f*2"}, {"plan:selective*2,full,none", "plan:s*2,f,n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bb_model_config c = gpt(4, cases[i].given, BB_PRECISION_FP32);
+        char name[BB_CHECKPOINT_NAME_MAX];
+        bb_model_checkpoint_name(&c, name, sizeof name);
+        cr_assert_str_eq(name, cases[i].name, "%s", cases[i].given);
+        bb_model_config again = bb_model_gpt_config(4, NH, C, T, V);
+        cr_assert_eq(bb_model_parse_checkpoint(name, &again), BB_OK, "%s", name);
+        for (int l = 0; l < 4; l++) cr_assert_eq(bb_model_block_keep(&again, l), bb_model_block_keep(&c, l), "%s", name);
+    }
+    bb_model_config s = gpt(4, "selective", BB_PRECISION_FP32), b = gpt(4, "plan:f,f,f,f", BB_PRECISION_FP32);
+    for (int l = 0; l < 4; l++) {
+        cr_assert_eq(bb_model_block_keep(&s, l), BB_KEEP_SELECTIVE);
+        cr_assert_eq(bb_model_block_keep(&b, l), BB_KEEP_INPUT);
+    }
+}
+
+/* fp32: a selective block keeps 10 of the 16 d-wide floats per token (and
+ * its statistics); the LayerNorm and GELU outputs of all of them share one
+ * scratch of 5. bf16: its 10 are packed in 2 bytes, nothing of 6 stashed. */
+Test(recompute, selective_memory_follows_the_formula)
+{
+    const int L = 6;
+    size_t BT = B * T, stats = BT * (4 + NH) * 4;
+    bb_model_config none = gpt(L, "none", BB_PRECISION_FP32), sel = gpt(L, "selective", BB_PRECISION_FP32);
+    bb_model_t *a = make_model(&none, B, 1), *b = make_model(&sel, B, 1);
+    uint64_t saved = L * BT * 6 * C * 4, scratch = BT * 5 * C * 4;
+    cr_assert_eq(bb_model_activation_bytes(b), bb_model_activation_bytes(a) - saved + scratch);
+    bb_model_destroy(a), bb_model_destroy(b);
+    none.precision = sel.precision = BB_PRECISION_BF16;
+    a = make_model(&none, B, 1), b = make_model(&sel, B, 1);
+    /* blocks 0..L-2 are stashed; the last stays in the work buffers */
+    cr_assert_eq(bb_model_activation_bytes(b), bb_model_activation_bytes(a) - (L - 1) * BT * 6 * C * 2);
+    bb_model_destroy(a), bb_model_destroy(b);
+    /* a full block after a kept one needs no copy of its input: plan:n,f
+     * keeps one slot, one recompute slot and only the embedding as input */
+    bb_model_config nf = gpt(2, "plan:n,f", BB_PRECISION_FP32), nn = gpt(2, "none", BB_PRECISION_FP32);
+    a = make_model(&nn, B, 1), b = make_model(&nf, B, 1);
+    cr_assert_eq(bb_model_activation_bytes(b), bb_model_activation_bytes(a), "n,f and n,n both hold two slots");
+    (void)stats;
+    bb_model_destroy(a), bb_model_destroy(b);
+}
+
+/* A plan of the wrong length, an unknown policy, a plan for the mlp: one
+ * line each, through the library and the command line. */
+Test(recompute, bad_plans_are_one_line_errors)
+{
+    bb_model_config c = bb_model_gpt_config(4, NH, C, T, V);
+    const char *bad[] = {"plan:", "plan:x", "plan:s*0", "plan:s*", "plan:n,,f", "plan:s*300", "selectiv", "every:0"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(bb_model_parse_checkpoint(bad[i], &c), BB_ERR_ARG, "%s was taken", bad[i]);
+        cr_assert(!strchr(bb_error_message(), '\n'), "%s", bb_error_message());
+    }
+    cr_assert_eq(bb_model_parse_checkpoint("plan:n,s,f", &c), BB_OK);
+    bb_model_t *m;
+    cr_assert_eq(bb_model_create(be, &c, B, &m), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "gives 3 blocks; this gpt has 4"), "%s", bb_error_message());
+    const int hidden[] = {7};
+    bb_model_config mlp = bb_model_mlp_config(6, hidden, 1, 3);
+    cr_assert_eq(bb_model_parse_checkpoint("selective", &mlp), BB_OK);
+    cr_assert_eq(bb_model_create(be, &mlp, B, &m), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "a mlp takes none, blocks or every:K"), "%s", bb_error_message());
+    tu_run r = tu_bigbatch("train", "--layers", "2", "--d-model", "16", "--heads", "2", "--global-batch", "8",
+                           "--micro-batch", "8", "--steps", "1", "--checkpoint", "plan:n,s,f");
+    tu_assert_error(&r, "--checkpoint plan:n,s,f", "gives 3 blocks", "has 2");
+    cr_assert_eq(r.exit_code, 2);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--checkpoint", "plan:n,q", "--steps", "1", "--global-batch", "8");
+    tu_assert_error(&r, "'q' is not a block policy");
+    tu_run_free(&r);
+}
