@@ -211,11 +211,11 @@ SHELL := /bin/bash
 check-tests: $(TEST_BIN) $(BIN)
 	@failed=0; log=$$(mktemp); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
-	  BIGBATCH_BIN=$(abspath $(BIN)) $$t --jobs 2 --verbose $(TEST_ARGS) > $$log 2>&1 || failed=1; \
+	  BIGBATCH_BIN=$(abspath $(BIN)) BB_CACHE_DIR=$$log.cache $$t --jobs 2 --verbose $(TEST_ARGS) > $$log 2>&1 || failed=1; \
 	  grep -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' $$log; \
 	  if grep -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' $$log; then \
 	    echo "FAILED: a sanitizer reported an error in $$t"; failed=1; fi; \
-	done; rm -f $$log; \
+	done; rm -rf $$log $$log.cache; \
 	if [ $$failed -ne 0 ]; then echo "FAILED: at least one suite failed"; exit 1; fi; \
 	echo "all suites passed"
 

@@ -3,7 +3,10 @@
 
 Run from the repository's root after `make` (`make readme-output` does both):
 
-    python3 docs/readme_output.py [README.md]
+    python3 docs/readme_output.py [README.md [WORD...]]
+
+With WORDs, only the blocks whose command contains one of them are run
+(e.g. `plan` while working on the planner); the others stay as they are.
 
 A block of README.md (indented by 4 spaces, or fenced by ```) whose output
 is real rather than pasted is preceded by a marker comment:
@@ -17,7 +20,8 @@ is real rather than pasted is preceded by a marker comment:
                                      (a shell command line, pipes allowed)
 
 Commands run with bash from the repository's root, `bin/` first on PATH,
-stdout and stderr together; a command that fails stops the script with its
+an empty cache directory (no calibration: the FLOP rule, as on a fresh
+machine), stdout and stderr together; a command that fails stops the script with its
 output and README.md unchanged. The README is replaced in one rename, so it
 is never half written. The examples that start with `$` also run in the
 tests (tests/test_cli.c); this script only refreshes what they print.
@@ -28,11 +32,14 @@ import subprocess
 import sys
 import tempfile
 
+CACHE = tempfile.mkdtemp(prefix="bigbatch-readme-cache-")
+ONLY = sys.argv[2:]
 MARKER = re.compile(r"^<!-- output(?: of: (?P<of>.*?)| \| (?P<filter>.*?))? -->$")
 
 
 def run(command):
-    env = dict(os.environ, PATH=os.path.abspath("bin") + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, PATH=os.path.abspath("bin") + os.pathsep + os.environ.get("PATH", ""),
+               BB_CACHE_DIR=CACHE)
     if os.geteuid() == 0:  # Open MPI refuses root unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     print(f"readme-output: {command}", file=sys.stderr)
@@ -89,6 +96,8 @@ def refresh(lines, i, marker):
         command = re.sub(r"\s+# needs .*$", "", command)
         if marker.group("filter"):
             command = f"{{ {command}\n}} 2>&1 | {marker.group('filter')}"
+    if ONLY and not any(word in command for word in ONLY):
+        return end
     output = [indent + line if line else "" for line in run(command)]
     lines[start:end] = kept + output
     return start + len(kept) + len(output)

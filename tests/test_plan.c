@@ -202,3 +202,63 @@ Test(plan, command_prints_json_and_says_when_nothing_fits)
     tu_run_free(&r);
     free(tok);
 }
+
+/* plan --calibrate measures each op's cost on the device kind and caches
+ * it; the table then weighs every candidate's counted work with it:
+ * selective costs a little more than none, blocks more than selective, and
+ * the predicted times are positive. A damaged cache is one line, and plan
+ * falls back to the FLOP rule without one. */
+Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
+{
+    bb_model_config c = bb_model_gpt_config(4, 2, 32, 16, 32);
+    bb_backend_options bo = {.threads = 1};
+    bb_calibration cal, back;
+    cr_assert_eq(bb_calibrate(&c, BB_DEVICE_CPU, &bo, &cal), BB_OK, "%s", bb_error_message());
+    cr_assert_gt(cal.ops, 8, "the ops of a gpt step were timed");
+    char *path = tu_path(tmp, "cache/calibration-cpu.json");
+    cr_assert_eq(bb_calibration_save(&cal, path), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_calibration_load(path, &back), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(back.ops, cal.ops);
+    for (int k = 0; k < cal.ops; k++) {
+        cr_assert_str_eq(back.op[k].op, cal.op[k].op);
+        cr_assert_eq(back.op[k].per_flop, cal.op[k].per_flop);
+        cr_assert_gt(back.op[k].ms_per_unit[1], 0, "%s", cal.op[k].op);
+        cr_assert(fabs(back.op[k].ms_per_unit[0] / cal.op[k].ms_per_unit[0] - 1) < 1e-9, "%s", cal.op[k].op);
+    }
+    bb_plan_request q = {.model = c, .devices = 1, .global_batch = 8, .calibration = &back};
+    bb_plan p;
+    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+    double none = 0, selective = 0, blocks = 0;
+    for (int i = 0; i < p.count; i++) {
+        const bb_plan_row *r = &p.rows[i];
+        cr_assert_gt(r->step_ms, 0);
+        if (r->micro_batch != 8) continue;
+        if (!strcmp(r->checkpoint, "none")) none = r->relative_time;
+        if (!strcmp(r->checkpoint, "selective")) selective = r->relative_time;
+        if (!strcmp(r->checkpoint, "blocks")) blocks = r->relative_time;
+    }
+    cr_log_info("calibrated relative time at micro-batch 8: none %.3f, selective %.3f, blocks %.3f", none, selective,
+                blocks);
+    cr_assert(fabs(none - 1.0) < 1e-9, "none at the whole batch is the reference: %g", none);
+    cr_assert(selective > none && blocks > selective, "none %g < selective %g < blocks %g", none, selective, blocks);
+    bb_plan_free(&p);
+    tu_write_file(path, "{\"device\": \"cpu\"}", 17);
+    cr_assert_eq(bb_calibration_load(path, &back), BB_ERR_FORMAT);
+    cr_assert(strstr(bb_error_message(), "calibration-cpu.json") && !strchr(bb_error_message(), '\n'), "%s",
+              bb_error_message());
+    free(path);
+    /* the command: --calibrate writes the cache, the next plan says it uses it */
+    char *cache = tu_path(tmp, "cmd-cache"), *data = tokens(40);
+    setenv("BB_CACHE_DIR", cache, 1);
+    tu_run r = tu_bigbatch("plan", "--data", data, "--layers", "2", "--heads", "2", "--d-model", "16",
+                           "--global-batch", "8", "--calibrate");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "measured and saved in"), "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--data", data, "--layers", "2", "--heads", "2", "--d-model", "16", "--global-batch", "8");
+    cr_assert(strstr(r.out, "time: op costs measured on cpu"), "%s", r.out);
+    cr_assert(strstr(r.out, "step (predicted)"), "%s", r.out);
+    tu_run_free(&r);
+    unsetenv("BB_CACHE_DIR");
+    free(cache), free(data);
+}

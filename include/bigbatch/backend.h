@@ -71,6 +71,7 @@ typedef struct bb_backend_options {
     int threads;             /* CPU: this backend's threads (products, attention, loss); 0: all CPUs */
     bb_precision precision;  /* CUDA: bf16 matrix products; the CPU ignores it */
     bb_attention attention;  /* CUDA, bf16: who runs attention; the CPU ignores it */
+    bool profile_ops;        /* time every op (as BB_PROFILE_OPS=1): bb_backend_op_profile */
 } bb_backend_options;
 
 /* "fp32", "bf16"; and the parser for --precision (BB_ERR_ARG). */
@@ -129,11 +130,14 @@ uint64_t bb_backend_workspace_bytes(const bb_backend_t *b);
  * runs: on a GPU from an event recorded before the op on the compute stream
  * to the next op's (or a synchronization's), so time the device sits idle
  * after an op counts to it; on the CPU with the host clock. It costs an
- * event per op and a host wait per 256 ops: measure with it, not beside it. */
+ * event per op and a host wait per 256 ops: measure with it, not beside it.
+ * A counting backend keeps the same table with no time (ms 0): the work
+ * of each op it was asked for, which the planner's time model weighs. */
 typedef struct bb_op_time {
     const char *op;    /* "linear_forward", ... */
     uint64_t calls;
     double ms, flops;  /* flops: the products' (linear, attention), 0 for the rest */
+    double elements;   /* what the op reads or writes, in elements (outputs of products) */
 } bb_op_time;
 /* The ops timed since creation or the last reset, the longest first, at
  * most cap; their count (0 when profiling is off). Waits for the device. */

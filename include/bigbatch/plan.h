@@ -23,7 +23,14 @@
  * loader's host slots come from the loader itself (bb_loader_slot_bytes).
  * On a GPU the planner keeps a safety margin for what CUDA itself takes.
  *
- * Relative step time counts FLOPs: a step is forward (1) + backward (2) of
+ * Relative step time, with a calibration of the device kind (calibrate.h;
+ * `plan --calibrate`): each candidate's work per op, counted on the
+ * counting backend during its micro-step (recomputation included), weighed
+ * with the measured cost per FLOP or element of that op at that
+ * micro-batch, times the accumulation; 1.0 is the whole per-device batch
+ * at once without checkpointing, and step_ms the predicted milliseconds.
+ *
+ * Without one it counts FLOPs: a step is forward (1) + backward (2) of
  * every example; checkpointing recomputes the forward of every recomputed
  * segment the backward must re-run (not the last), adding 1/L of a forward
  * per block, and a selective block's recomputation (two LayerNorms and a
@@ -34,6 +41,7 @@
 #ifndef BIGBATCH_PLAN_H
 #define BIGBATCH_PLAN_H
 
+#include "bigbatch/calibrate.h"
 #include "bigbatch/loader.h"
 #include "bigbatch/optim.h"
 
@@ -75,6 +83,7 @@ typedef struct bb_plan_request {
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
     int zero;                  /* 1: ZeRO-1 (train --zero 1): the optimizer state sharded over the devices */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
+    const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */
 } bb_plan_request;
 
 typedef struct bb_plan_row {
@@ -83,6 +92,7 @@ typedef struct bb_plan_row {
     char checkpoint[BB_CHECKPOINT_NAME_MAX]; /* "none", "selective", "blocks", "every:3", "plan:s*2,f*2" */
     bb_memory_breakdown memory;
     double relative_time;      /* 1.0: the whole per-device batch at once, no checkpointing */
+    double step_ms;            /* predicted step time of the model's work (calibrated); 0 without */
     int loss_chunk;            /* tokens per chunk of the fused head + loss (bb_model_loss_chunk); 0: none */
     bool fits, chosen;
 } bb_plan_row;

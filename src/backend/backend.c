@@ -38,16 +38,17 @@ bb_status bb_backend_pending(bb_backend_t *b)
 }
 
 /* Every op passes here first: the BB_FAULT hook, and the profile's mark
- * (flops: the op's multiply-adds times 2, for the products). */
-static inline void op_entry_flops(bb_backend_t *b, const char *op, double flops)
+ * (flops: the op's multiply-adds times 2, for the products; elements: what
+ * it reads or writes, the products' outputs). */
+static inline void op_entry_work(bb_backend_t *b, const char *op, double flops, double elements)
 {
     if (__builtin_expect(b->fault_at != 0, 0) && !strcmp(op, b->fault_op) && ++b->fault_calls == b->fault_at)
         bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: injected fault (BB_FAULT=%s:%llu)", b->name, op,
                               b->fault_op, (unsigned long long)b->fault_at);
-    if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, flops);
+    if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, flops, elements);
 }
 
-static inline void op_entry(bb_backend_t *b, const char *op) { op_entry_flops(b, op, 0); }
+static inline void op_entry(bb_backend_t *b, const char *op, double elements) { op_entry_work(b, op, 0, elements); }
 
 /* Ops run, except on a counting backend (the planner's): there every op
  * is a no-op, while the allocations, the scratch reservations and the
@@ -298,7 +299,7 @@ bb_status bb_backend_synchronize(bb_backend_t *b)
 {
     /* It waits even when an error is pending: callers rely on the queued
      * work being over (no copy still reading a host buffer) when it returns. */
-    if (b->profile) bb_op_profile_mark(b, NULL, 0);
+    if (b->profile && !b->vt->counts_only) bb_op_profile_mark(b, NULL, 0, 0);
     bb_status rc = b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
     return b->error != BB_OK ? bb_backend_pending(b) : rc;
 }
@@ -336,46 +337,46 @@ bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
 void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
                           int IC, int OC)
 {
-    op_entry_flops(b, "linear_forward", 2.0 * N * IC * OC);
+    op_entry_work(b, "linear_forward", 2.0 * N * IC * OC, (double)N * OC);
     if (runs(b)) b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
 }
 
 void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
                            const float *w, int N, int IC, int OC, bool accumulate)
 {
-    op_entry_flops(b, "linear_backward", 2.0 * N * IC * OC * ((din != NULL) + (dw != NULL)));
+    op_entry_work(b, "linear_backward", 2.0 * N * IC * OC * ((din != NULL) + (dw != NULL)), (double)N * IC);
     if (dbias) scratch_need(b, 0, (size_t)OC);
     if (runs(b)) b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
 }
 
 void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
-    op_entry(b, "relu_forward");
+    op_entry(b, "relu_forward", (double)n);
     if (runs(b)) b->vt->relu_forward(b, out, in, n);
 }
 
 void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
-    op_entry(b, "relu_backward");
+    op_entry(b, "relu_backward", (double)n);
     if (runs(b)) b->vt->relu_backward(b, din, dout, in, n);
 }
 
 void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
 {
-    op_entry(b, "gelu_forward");
+    op_entry(b, "gelu_forward", (double)n);
     if (runs(b)) b->vt->gelu_forward(b, out, in, n);
 }
 
 void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
 {
-    op_entry(b, "gelu_backward");
+    op_entry(b, "gelu_backward", (double)n);
     if (runs(b)) b->vt->gelu_backward(b, din, dout, in, n);
 }
 
 void bb_op_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
                              const float *bias, int N, int C)
 {
-    op_entry(b, "layernorm_forward");
+    op_entry(b, "layernorm_forward", (double)N * C);
     if (runs(b)) b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
 }
 
@@ -383,7 +384,7 @@ void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbi
                               const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
                               bool accumulate)
 {
-    op_entry(b, "layernorm_backward");
+    op_entry(b, "layernorm_backward", (double)N * C);
     scratch_need(b, 0, (size_t)C);
     if (runs(b)) b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
 }
@@ -391,21 +392,21 @@ void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbi
 void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                              int B, int T, int C)
 {
-    op_entry(b, "embedding_forward");
+    op_entry(b, "embedding_forward", (double)B * T * C);
     if (runs(b)) b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
 }
 
 void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                               int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
 {
-    op_entry(b, "embedding_backward");
+    op_entry(b, "embedding_backward", (double)B * T * C);
     scratch_need(b, (size_t)B * T, 0);
     if (runs(b)) b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
 }
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
-    op_entry_flops(b, "attention_forward", 2.0 * B * T * (double)T * C); /* q·k and p·v, causal: half */
+    op_entry_work(b, "attention_forward", 2.0 * B * T * (double)T * C, (double)B * T * C); /* q·k and p·v, causal: half */
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
 }
@@ -413,21 +414,21 @@ void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const floa
 void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int B, int T, int C, int NH)
 {
-    op_entry_flops(b, "attention_backward", 5.0 * B * T * (double)T * C); /* the forward's q·k again, 4 more */
+    op_entry_work(b, "attention_backward", 5.0 * B * T * (double)T * C, (double)B * T * 3 * C); /* the forward's q·k again, 4 more */
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
-    op_entry(b, "add");
+    op_entry(b, "add", (double)n);
     if (runs(b)) b->vt->add(b, out, x, y, n);
 }
 
 void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                 const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
-    op_entry(b, "softmax_crossentropy");
+    op_entry(b, "softmax_crossentropy", (double)N * V);
     scratch_need(b, (size_t)N, 0);
     if (runs(b)) {
         b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
@@ -440,33 +441,33 @@ void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, c
 void bb_op_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
                              const int32_t *targets, int N, int V, float normalizer)
 {
-    op_entry(b, "crossentropy_rows");
+    op_entry(b, "crossentropy_rows", (double)N * V);
     if (runs(b)) b->vt->crossentropy_rows(b, row_loss, dlogits, logits, targets, N, V, normalizer);
 }
 
 double bb_op_sum_rows(bb_backend_t *b, const double *rows, size_t n)
 {
-    op_entry(b, "sum_rows");
+    op_entry(b, "sum_rows", (double)n);
     return runs(b) ? b->vt->sum_rows(b, rows, n) : 0;
 }
 
 void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
 {
-    op_entry(b, "adamw");
+    op_entry(b, "adamw", (double)n);
     if (runs(b)) b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
 void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                float momentum, float weight_decay, float grad_scale)
 {
-    op_entry(b, "sgd");
+    op_entry(b, "sgd", (double)n);
     if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale);
 }
 
 int bb_op_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
 {
-    op_entry(b, "count_correct");
+    op_entry(b, "count_correct", (double)N * V);
     return runs(b) ? b->vt->count_correct(b, logits, targets, N, V) : 0;
 }
 
@@ -478,32 +479,34 @@ double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
 
 double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
 {
-    op_entry(b, "sum_squares");
+    double elements = 0;
+    for (int i = 0; i < n; i++) elements += (double)(hi[i] - lo[i]);
+    op_entry(b, "sum_squares", elements);
     return runs(b) ? b->vt->sum_squares(b, x, lo, hi, n) : 0;
 }
 
 void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
 {
-    op_entry(b, "bf16_round");
+    op_entry(b, "bf16_round", (double)n);
     if (runs(b)) b->vt->bf16_round(b, x, packed, n);
 }
 
 void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
 {
-    op_entry(b, "bf16_unpack");
+    op_entry(b, "bf16_unpack", (double)n);
     if (runs(b)) b->vt->bf16_unpack(b, out, packed, n);
 }
 
 void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
                              int B, int T, int width)
 {
-    op_entry(b, "records_to_tokens");
+    op_entry(b, "records_to_tokens", (double)B * T);
     if (runs(b)) b->vt->records_to_tokens(b, tokens, targets, records, count, B, T, width);
 }
 
 void bb_op_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
                              int B, int inputs)
 {
-    op_entry(b, "records_to_images");
+    op_entry(b, "records_to_images", (double)B * inputs);
     if (runs(b)) b->vt->records_to_images(b, features, labels, records, count, B, inputs);
 }

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bigbatch/json.h"
 #include "bigbatch/plan.h"
@@ -11,14 +12,19 @@
 static const char usage[] =
     "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
-    "              [--precision fp32|bf16] [--json]";
+    "              [--precision fp32|bf16] [--calibrate] [--json]";
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
     "and relative step time (recomputation counted), and marks the one `train --micro-batch\n"
     "auto --checkpoint auto` would pick: the fastest that fits with a 5% margin. Fixing\n"
     "--micro-batch or --checkpoint restricts the table. The model's input and output sizes\n"
-    "come from --data.";
+    "come from --data.\n\n"
+    "The relative time weighs each candidate's work per op (counted, recomputation included)\n"
+    "with what each op costs on this kind of device: --calibrate measures that (a few\n"
+    "micro-steps of this model, about a second on a CPU) and caches it in\n"
+    "~/.cache/bigbatch/calibration-KIND.json ($BB_CACHE_DIR or $XDG_CACHE_HOME/bigbatch\n"
+    "first), which plan and train --micro-batch auto then use; without one, a FLOP rule.";
 
 static void print_table(const bb_plan *p, const bb_plan_request *q, const char *model)
 {
@@ -30,11 +36,19 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     else
         printf("plan: %s on %d device%s, global batch %d, no memory limit\n", model, q->devices,
                q->devices > 1 ? "s" : "", q->global_batch);
-    printf("\n     micro-batch  accumulation  checkpoint   peak per device  relative time\n");
+    if (q->calibration)
+        printf("time: op costs measured on %s (%s, %s)\n", q->calibration->device, q->calibration->model,
+               q->calibration->precision);
+    else
+        printf("time: a FLOP rule (plan --calibrate measures this device's op costs)\n");
+    printf("\n     micro-batch  accumulation  checkpoint     peak per device  relative time%s\n",
+           q->calibration ? "  step (predicted)" : "");
     for (int i = 0; i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
-        printf("  %s %11d  %12d  %-10s  %15s  %12.2fx%s\n", r->chosen ? "*" : " ", r->micro_batch, r->accumulation,
-               r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak), r->relative_time,
+        char step[32] = "";
+        if (q->calibration) snprintf(step, sizeof step, "  %14.1f ms", r->step_ms);
+        printf("  %s %11d  %12d  %-12s  %15s  %12.2fx%s%s\n", r->chosen ? "*" : " ", r->micro_batch, r->accumulation,
+               r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak), r->relative_time, step,
                r->fits ? "" : "  does not fit");
     }
     if (p->chosen < 0) {
@@ -74,9 +88,11 @@ static bb_status print_json(const bb_plan *p)
     for (int i = 0; rc == BB_OK && i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
         const bb_memory_breakdown *m = &r->memory;
-        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "micro_batch",
-                                r->micro_batch, "accumulation", r->accumulation, "checkpoint", r->checkpoint,
-                                "peak_bytes", (json_int_t)m->total, "relative_time", bb_json_fixed(r->relative_time, 4),
+        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I}",
+                                "micro_batch", r->micro_batch, "accumulation", r->accumulation, "checkpoint",
+                                r->checkpoint, "peak_bytes", (json_int_t)m->total, "relative_time",
+                                bb_json_fixed(r->relative_time, 4), "step_ms",
+                                r->step_ms > 0 ? bb_json_fixed(r->step_ms, 3) : json_null(),
                                 "loss_chunk", r->loss_chunk, "fits", r->fits, "chosen", r->chosen, "parameters_bytes",
                                 (json_int_t)m->parameters, "gradients_bytes", (json_int_t)m->gradients,
                                 "optimizer_bytes", (json_int_t)m->optimizer, "batches_bytes", (json_int_t)m->batches,
@@ -90,13 +106,33 @@ static bb_status print_json(const bb_plan *p)
     return rc == BB_ERR_IO ? bb_fail_errno(BB_ERR_IO, "plan --json: write failed") : rc;
 }
 
+/* --calibrate: measures and caches the op costs; else the cached ones, if any. */
+static bb_status plan_calibration(bb_plan_request *q, bool calibrate, int device_id, bb_calibration *cal)
+{
+    char path[4200];
+    bb_calibration_path(q->device, path, sizeof path);
+    if (calibrate) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        bb_backend_options bo = {.device = device_id, .precision = q->model.precision,
+                                 .threads = q->device == BB_DEVICE_CPU && cpus > q->devices ? (int)cpus / q->devices : 1};
+        BB_TRY(bb_calibrate(&q->model, q->device, &bo, cal));
+        BB_TRY(bb_calibration_save(cal, path));
+        fprintf(stderr, "plan: op costs of %s on %s measured and saved in %s\n", cal->model, cal->device, path);
+    } else if (bb_calibration_load(path, cal) != BB_OK) {
+        bb_error_clear();
+        return BB_OK; /* none cached (or unreadable): the FLOP rule */
+    }
+    q->calibration = cal;
+    return BB_OK;
+}
+
 int bb_cmd_plan(int argc, char **argv)
 {
     model_flags mf = MODEL_FLAGS_DEFAULT;
     mf.checkpoint = "auto";
     const char *data = "data/kjv", *devices = "cpu:1";
     bb_precision precision = BB_PRECISION_FP32;
-    bool json = false, data_given = false;
+    bool json = false, data_given = false, calibrate = false;
     bb_plan_request q = {.global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
@@ -110,6 +146,8 @@ int bb_cmd_plan(int argc, char **argv)
         OPTIMIZER_FLAG_OPT(q.optimizer, NULL),
         PRECISION_FLAG_OPT(precision, NULL),
         MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.bucket_mib, NULL, NULL),
+        {"--calibrate", BB_OPT_FLAG, &calibrate, NULL,
+         "measure what each op costs on this device kind (this model, a few micro-steps), cache it, then plan"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
         {0}};
     bb_plan p = {0};
@@ -126,6 +164,8 @@ int bb_cmd_plan(int argc, char **argv)
     }
     int ids[BB_DEVICES_MAX];
     if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.device, ids);
+    bb_calibration cal;
+    if (rc == BB_OK) rc = plan_calibration(&q, calibrate, ids[0], &cal);
     if (rc == BB_OK) rc = bb_plan_make(&q, &p);
     if (rc == BB_OK && json) {
         rc = print_json(&p);

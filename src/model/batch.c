@@ -104,6 +104,19 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
     return bb_backend_copy(m->be, s->targets, targets, (size_t)n * sizeof(int32_t), BB_COPY_H2D);
 }
 
+bb_status bb_model_set_synthetic_batch(bb_model_t *m)
+{
+    int n = bb_model_batch_rows(m);
+    uint32_t outputs = (uint32_t)bb_model_outputs(&m->cfg);
+    void *inputs = calloc(1, input_bytes(m)); /* zeros: token 0, or features 0 */
+    int32_t *targets = malloc((size_t)n * sizeof *targets);
+    bb_status rc = inputs && targets ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int i = 0; rc == BB_OK && i < n; i++) targets[i] = (int32_t)(((uint32_t)i * 2654435761u) % outputs);
+    if (rc == BB_OK) rc = bb_model_set_batch(m, inputs, targets);
+    free(inputs), free(targets);
+    return rc;
+}
+
 /* ---- loader records ------------------------------------------------------- */
 bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
 {

@@ -41,8 +41,11 @@ static bb_status largest_shard(const bb_model_t *m, int shards, size_t bucket_by
     return BB_OK;
 }
 
-bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
-                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out)
+enum { WORK_CAP = 64 };
+
+/* bb_plan_memory_sharded, and the work of the micro-step per op (work may be NULL). */
+static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
+                         int shards, size_t bucket_bytes, bb_memory_breakdown *out, bb_op_time *work, int *nwork)
 {
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
@@ -67,11 +70,18 @@ bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_o
     out->total = bb_backend_peak_bytes(be) + out->workspace;
     out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);
     bb_model_recompute_counts(m, &out->recomputed_layers, &out->selective_recomputes);
+    if (work) *nwork = bb_backend_op_profile(be, work, WORK_CAP);
 done:
     if (be) bb_optimizer_destroy(be, &o);
     bb_model_destroy(m);
     bb_backend_destroy(be);
     return rc;
+}
+
+bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
+                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out)
+{
+    return measure(c, micro_batch, opt, device, shards, bucket_bytes, out, NULL, NULL);
 }
 
 /* ---- candidates -------------------------------------------------------- */
@@ -113,6 +123,22 @@ static int candidate_policies(const bb_plan_request *q, bb_model_config *out, in
     return n;
 }
 
+/* Calibrated: the predicted time of relative time 1.0, the per-device batch
+ * in one micro-step without checkpointing. */
+static bb_status reference_step(const bb_plan_request *q, int per_device, size_t bucket_bytes, double *ms)
+{
+    bb_model_config c = q->model;
+    BB_TRY(bb_model_parse_checkpoint("none", &c));
+    c.loss_chunk = bb_model_loss_chunk(&c, per_device, bb_device_head_budget(q->device, q->device_mem));
+    bb_memory_breakdown mem;
+    bb_op_time work[WORK_CAP];
+    int n = 0;
+    BB_TRY(measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, &mem, work, &n));
+    *ms = bb_calibration_ms(q->calibration, work, n, per_device);
+    if (!(*ms > 0)) return bb_fail(BB_ERR_ARG, "the calibration weighs this model's step at 0 ms: recalibrate");
+    return BB_OK;
+}
+
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
 {
     memset(out, 0, sizeof *out);
@@ -133,6 +159,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     }
     double margin = q->margin > 0 ? q->margin : 0.05;
     out->budget = q->device_mem ? (uint64_t)((double)q->device_mem * (1.0 - margin)) : UINT64_MAX;
+    double reference_ms = 0;
     for (int b = per_device; b >= 1; b--) {
         if (per_device % b || (q->fixed_micro_batch > 0 && b != q->fixed_micro_batch)) continue;
         for (int i = 0; i < np; i++) {
@@ -144,15 +171,21 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
             r->checkpoint_every = c.checkpoint_every;
             memcpy(r->checkpoint_plan, c.checkpoint_plan, sizeof r->checkpoint_plan);
             bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
-            bb_status rc = bb_plan_memory_sharded(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1,
-                                                  bucket_bytes, &r->memory);
+            bb_op_time work[WORK_CAP];
+            int nwork = 0;
+            bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, &r->memory,
+                                   work, &nwork);
+            if (rc == BB_OK && q->calibration) {
+                r->step_ms = r->accumulation * bb_calibration_ms(q->calibration, work, nwork, b);
+                if (!(reference_ms > 0)) rc = reference_step(q, per_device, bucket_bytes, &reference_ms);
+            }
             if (rc != BB_OK) {
                 free(policies);
                 bb_plan_free(out);
                 return rc;
             }
             r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
-            r->relative_time = relative_time(&c, &r->memory, b, r->accumulation);
+            r->relative_time = q->calibration ? r->step_ms / reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
             r->fits = r->memory.total <= out->budget;
             if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
                 out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */

@@ -1,0 +1,186 @@
+/* calibrate.c — per-op costs measured on a device kind, cached as JSON
+ * (see calibrate.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bigbatch/calibrate.h"
+
+enum { WARMUP = 1, TIMED = 3, PROFILE_CAP = 64 };
+
+static double units(const bb_op_time *t) { return t->flops > 0 ? t->flops : t->elements; }
+
+/* One micro-batch: the ops' times over TIMED micro-steps after WARMUP. */
+static bb_status measure(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo, int B,
+                         int slot, bb_calibration *out)
+{
+    bb_backend_options o = *bo;
+    o.profile_ops = true;
+    bb_backend_t *be = NULL;
+    bb_model_t *m = NULL;
+    bb_status rc;
+    double loss;
+    BB_TRY_GOTO(bb_backend_create(device, &o, &be), rc, done);
+    BB_TRY_GOTO(bb_model_create(be, c, B, &m), rc, done);
+    BB_TRY_GOTO(bb_model_init(m, 1), rc, done);
+    BB_TRY_GOTO(bb_model_set_synthetic_batch(m), rc, done);
+    for (int s = 0; s < WARMUP + TIMED; s++) {
+        if (s == WARMUP) bb_backend_op_profile_reset(be);
+        BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
+        BB_TRY_GOTO(bb_model_backward(m, s > 0), rc, done);
+    }
+    BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
+    bb_op_time t[PROFILE_CAP];
+    int n = bb_backend_op_profile(be, t, PROFILE_CAP);
+    for (int i = 0; i < n; i++) {
+        if (units(&t[i]) <= 0) continue;
+        int k = 0;
+        while (k < out->ops && strcmp(out->op[k].op, t[i].op)) k++;
+        if (k == out->ops) {
+            if (out->ops == BB_CALIBRATION_OPS) continue;
+            snprintf(out->op[out->ops++].op, sizeof out->op[0].op, "%s", t[i].op);
+        }
+        out->op[k].per_flop = t[i].flops > 0;
+        out->op[k].ms_per_unit[slot] = t[i].ms / units(&t[i]);
+    }
+done:
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    return rc;
+}
+
+bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo,
+                       bb_calibration *out)
+{
+    memset(out, 0, sizeof *out);
+    bb_model_config m = *c;
+    /* selective recompute runs every op the policies use, once more */
+    if (bb_model_parse_checkpoint("selective", &m) != BB_OK || bb_model_check_checkpoint(&m) != BB_OK) {
+        bb_error_clear();
+        bb_model_parse_checkpoint("none", &m);
+    }
+    snprintf(out->device, sizeof out->device, "%s", bb_device_kind_name(device));
+    bb_model_describe(c, out->model, sizeof out->model);
+    snprintf(out->precision, sizeof out->precision, "%s", bb_precision_name(c->precision));
+    out->threads = bo->threads;
+    out->micro_batch[0] = 1, out->micro_batch[1] = 4;
+    for (int slot = 0; slot < 2; slot++) BB_TRY(measure(&m, device, bo, out->micro_batch[slot], slot, out));
+    for (int k = 0; k < out->ops; k++) /* an op seen at one micro-batch only: the same rate at both */
+        for (int slot = 0; slot < 2; slot++)
+            if (!(out->op[k].ms_per_unit[slot] > 0)) out->op[k].ms_per_unit[slot] = out->op[k].ms_per_unit[!slot];
+    return BB_OK;
+}
+
+const char *bb_calibration_path(bb_device_kind device, char *buf, size_t cap)
+{
+    const char *dir = getenv("BB_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char base[4096];
+    if (dir && *dir) snprintf(base, sizeof base, "%s", dir);
+    else if (xdg && *xdg) snprintf(base, sizeof base, "%s/bigbatch", xdg);
+    else snprintf(base, sizeof base, "%s/.cache/bigbatch", home && *home ? home : ".");
+    snprintf(buf, cap, "%s/calibration-%s.json", base, bb_device_kind_name(device));
+    return buf;
+}
+
+/* mkdir -p of the directory that holds `path`. */
+static bb_status make_parents(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", dir);
+        *p = '/';
+    }
+    return BB_OK;
+}
+
+bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
+{
+    json_t *ops = json_object();
+    for (int k = 0; ops && k < cal->ops; k++)
+        json_object_set_new(ops, cal->op[k].op,
+                            json_pack("{s:s, s:[f, f]}", "unit", cal->op[k].per_flop ? "flop" : "element",
+                                      "ms_per_unit", cal->op[k].ms_per_unit[0], cal->op[k].ms_per_unit[1]));
+    json_t *j = ops ? json_pack("{s:s, s:s, s:s, s:i, s:[i, i], s:o}", "device", cal->device, "model", cal->model,
+                                "precision", cal->precision, "threads", cal->threads, "micro_batch",
+                                cal->micro_batch[0], cal->micro_batch[1], "ops", ops)
+                    : NULL;
+    bb_status rc = j ? make_parents(path) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+    if (rc == BB_OK) rc = bb_json_write_file(j, path);
+    json_decref(j);
+    return rc;
+}
+
+bb_status bb_calibration_load(const char *path, bb_calibration *out)
+{
+    memset(out, 0, sizeof *out);
+    json_t *j;
+    BB_TRY(bb_json_load_file(path, true, &j));
+    bb_status rc = BB_OK;
+    json_t *mb = json_object_get(j, "micro_batch"), *ops = json_object_get(j, "ops");
+    BB_TRY_GOTO(bb_json_req_string(j, path, "device", out->device, sizeof out->device), rc, done);
+    BB_TRY_GOTO(bb_json_req_string(j, path, "model", out->model, sizeof out->model), rc, done);
+    BB_TRY_GOTO(bb_json_req_string(j, path, "precision", out->precision, sizeof out->precision), rc, done);
+    BB_TRY_GOTO(bb_json_req_int(j, path, "threads", &out->threads), rc, done);
+    if (!json_is_array(mb) || json_array_size(mb) != 2 || !json_is_object(ops)) {
+        rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be two integers and \"ops\" an object", path);
+        goto done;
+    }
+    for (int s = 0; s < 2; s++) out->micro_batch[s] = (int)json_integer_value(json_array_get(mb, (size_t)s));
+    const char *name;
+    json_t *v;
+    json_object_foreach(ops, name, v)
+    {
+        if (out->ops == BB_CALIBRATION_OPS) break;
+        bb_calibration_op *op = &out->op[out->ops++];
+        snprintf(op->op, sizeof op->op, "%s", name);
+        json_t *rates = json_object_get(v, "ms_per_unit");
+        const char *unit = json_string_value(json_object_get(v, "unit"));
+        op->per_flop = unit && !strcmp(unit, "flop");
+        for (int s = 0; s < 2; s++) {
+            json_t *r = json_array_get(rates, (size_t)s);
+            op->ms_per_unit[s] = json_is_number(r) ? json_number_value(r) : NAN;
+        }
+        if (!unit || !(op->ms_per_unit[0] >= 0) || !(op->ms_per_unit[1] >= 0)) {
+            rc = bb_fail(BB_ERR_FORMAT, "%s: \"ops\".\"%s\" needs a \"unit\" and two rates >= 0", path, name);
+            goto done;
+        }
+    }
+    if (out->micro_batch[0] < 1 || out->micro_batch[1] <= out->micro_batch[0])
+        rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be two increasing sizes >= 1", path);
+done:
+    json_decref(j);
+    return rc;
+}
+
+/* The rate of op k at micro-batch B: log-linear between the two measured,
+ * held constant outside them. */
+static double rate_at(const bb_calibration *cal, const bb_calibration_op *op, int B)
+{
+    double lo = log(cal->micro_batch[0]), hi = log(cal->micro_batch[1]), x = log(B);
+    double f = x <= lo ? 0 : x >= hi ? 1 : (x - lo) / (hi - lo);
+    return op->ms_per_unit[0] + f * (op->ms_per_unit[1] - op->ms_per_unit[0]);
+}
+
+static const bb_calibration_op *find(const bb_calibration *cal, const char *name)
+{
+    for (int k = 0; k < cal->ops; k++)
+        if (!strcmp(cal->op[k].op, name)) return &cal->op[k];
+    return NULL;
+}
+
+double bb_calibration_ms(const bb_calibration *cal, const bb_op_time *work, int n, int micro_batch)
+{
+    double ms = 0;
+    for (int i = 0; i < n; i++) {
+        bool per_flop = work[i].flops > 0;
+        const bb_calibration_op *op = find(cal, work[i].op);
+        if (!op || op->per_flop != per_flop) op = find(cal, per_flop ? "linear_forward" : "add");
+        if (op) ms += rate_at(cal, op, micro_batch) * (per_flop ? work[i].flops : work[i].elements);
+    }
+    return ms;
+}
