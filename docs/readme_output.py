@@ -97,7 +97,7 @@ def refresh(lines, i, marker):
         if marker.group("filter"):
             command = f"{{ {command}\n}} 2>&1 | {marker.group('filter')}"
     if ONLY and not any(word in command for word in ONLY):
-        return end
+        return -end  # left as it is
     output = [indent + line if line else "" for line in run(command)]
     lines[start:end] = kept + output
     return start + len(kept) + len(output)
@@ -112,7 +112,8 @@ def main():
         marker = MARKER.match(lines[i])
         if marker:
             i = refresh(lines, i, marker)
-            blocks += 1
+            blocks += i > 0
+            i = abs(i)
         else:
             i += 1
     fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".README.")

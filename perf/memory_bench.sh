@@ -11,10 +11,13 @@
 #   one chunk of the fused head: the peak may grow by the extra parameters,
 #   gradients and AdamW state, 16 bytes per extra parameter, and one chunk);
 #
-# and the largest micro-batch `plan` fits for G 64 in 16 GiB and in 80 GiB
+# the largest micro-batch `plan` fits for G 64 in 16 GiB and in 80 GiB
 # of one GPU (T 1024, vocabulary 50257; an llm.c-format file of random
-# tokens packed with `pack --format llmc` gives the shape).
-# Memory is deterministic: one run each. Slow: about 10 minutes on 2 cores.
+# tokens packed with `pack --format llmc` gives the shape); and (issue 30)
+# at T 1024, micro-batch 4, fp32 on the CPU: none, selective, blocks and
+# the planner's choice for caps of 3, 2 and 1.5 GiB, each predicted peak
+# (`plan --json`) against the allocator's in a one-step `train` run.
+# Memory is deterministic: one run each. Slow: about 20 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make --no-print-directory all >/dev/null
@@ -81,4 +84,24 @@ for P in none blocks auto; do
         row="$row micro-batch $best |"
     done
     echo "$row"
+done
+
+# checkpoint policies and the planner's choices under a cap (issue 30)
+echo
+echo "| T 1024, micro-batch 4, fp32 | checkpoint | activations | predicted peak | allocator's peak |"
+echo "|---|---|---|---|---|"
+gpt2="--data $tmp/data --layers 12 --heads 12 --d-model 768 --global-batch 4 --micro-batch 4"
+for what in none selective blocks 3GiB 2GiB 1.5GiB; do
+    case $what in
+    *GiB) row=$(bin/bigbatch plan $gpt2 --device-mem "$what" --json |
+              $PY -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["chosen"]][0]; print(r["checkpoint"], r["peak_bytes"], r["activations_bytes"])')
+          label="planner, --device-mem $what" ;;
+    *) row=$(bin/bigbatch plan $gpt2 --checkpoint "$what" --json |
+             $PY -c 'import json,sys; r=json.load(sys.stdin)[0]; print(r["checkpoint"], r["peak_bytes"], r["activations_bytes"])')
+       label="--checkpoint $what" ;;
+    esac
+    read -r policy predicted activations <<< "$row"
+    bin/bigbatch train $gpt2 --checkpoint "$policy" --steps 1 --quiet --metrics "$tmp/m.jsonl" >/dev/null
+    actual=$($PY -c 'import json,sys; print(max(json.loads(l)["peak_mem_bytes"][0] for l in open(sys.argv[1]) if "step" in json.loads(l)))' "$tmp/m.jsonl")
+    echo "| $label | $policy | $(gib "$activations") | $(gib "$predicted") | $(gib "$actual")$([ "$predicted" = "$actual" ] && echo " (equal)" || echo " (DIFFERS)") |"
 done

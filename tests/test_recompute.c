@@ -2,6 +2,9 @@
  * every plan gives the gradients of keeping everything, bit for bit (fp32
  * and bf16, one micro-step and accumulated ones), the memory each policy
  * keeps follows its formula, and a bad plan is one line. */
+#include <math.h>
+
+#include "bigbatch/plan.h"
 #include "model_fixture.h"
 
 TestSuite(recompute, .init = backend_up, .fini = backend_down);
@@ -163,4 +166,109 @@ Test(recompute, bad_plans_are_one_line_errors)
     r = tu_bigbatch("train", "--checkpoint", "plan:n,q", "--steps", "1", "--global-batch", "8");
     tu_assert_error(&r, "'q' is not a block policy");
     tu_run_free(&r);
+}
+
+/* bb_model_block_costs, the planner's view of a plan's memory, is the
+ * allocator's count for every plan of 4 blocks, in fp32 and bf16, at two
+ * micro-batches. */
+Test(recompute, block_costs_predict_every_plans_activations_exactly)
+{
+    static const char letters[] = BB_KEEP_LETTERS;
+    for (int p = 0; p < 2; p++)
+        for (int mb = 1; mb <= 3; mb += 2) {
+            bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+            bb_model_config none = gpt(4, "none", precision);
+            bb_block_costs k;
+            cr_assert_eq(bb_model_block_costs(&none, mb, &k), BB_OK);
+            bb_model_t *m = make_model(&none, mb, 1);
+            uint64_t base = bb_model_activation_bytes(m);
+            bb_model_destroy(m);
+            for (int code = 0; code < 81; code++) {
+                char plan[32] = "plan:";
+                int policy[4];
+                for (int l = 0; l < 4; l++) policy[l] = code / (l == 0 ? 1 : l == 1 ? 3 : l == 2 ? 9 : 27) % 3;
+                for (int l = 0; l < 4; l++) snprintf(plan + strlen(plan), 3, "%s%c", l ? "," : "", letters[policy[l]]);
+                uint64_t want = base;
+                bool used[3] = {false};
+                for (int l = 0; l < 4; l++) {
+                    const uint64_t *own = l == 3 ? k.own_last : k.own;
+                    want += own[policy[l]] - own[0];
+                    used[policy[l]] = true;
+                    if (policy[l] == 2 && l < 3) want += k.after_full;
+                }
+                for (int x = 0; x < 3; x++) want += used[x] ? k.once[x] : 0;
+                bb_model_config c = gpt(4, plan, precision);
+                m = make_model(&c, mb, 1);
+                cr_assert_eq(bb_model_activation_bytes(m), want, "%s %s micro-batch %d: %llu allocated, %llu predicted",
+                             plan, bb_precision_name(precision), mb, (unsigned long long)bb_model_activation_bytes(m),
+                             (unsigned long long)want);
+                bb_model_destroy(m);
+            }
+        }
+    const int hidden[] = {7};
+    bb_model_config mlp = bb_model_mlp_config(6, hidden, 1, 3);
+    bb_block_costs k;
+    cr_assert_eq(bb_model_block_costs(&mlp, 2, &k), BB_ERR_UNSUPPORTED);
+}
+
+/* The planner's dynamic program over blocks picks, for every budget, a
+ * plan that fits and recomputes least, as an exhaustive search over all
+ * 81 plans of 4 blocks does with the allocator's bytes and the
+ * recomputations the model counts itself (fp32 and bf16, two weightings
+ * of selective against full recomputation). */
+Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
+{
+    static const char letters[] = BB_KEEP_LETTERS;
+    const double weights[][2] = {{0.1, 1.0}, {0.45, 0.5}};
+    for (int p = 0; p < 2; p++) {
+        bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+        bb_model_config none = gpt(4, "none", precision);
+        bb_block_costs k;
+        cr_assert_eq(bb_model_block_costs(&none, B, &k), BB_OK);
+        bb_model_t *m = make_model(&none, B, 1);
+        int64_t base = (int64_t)bb_model_activation_bytes(m);
+        bb_model_destroy(m);
+        int64_t bytes[81];
+        int recomputed[81], selective[81];
+        for (int code = 0; code < 81; code++) {
+            char plan[32] = "plan:";
+            for (int l = 0, d = 1; l < 4; l++, d *= 3)
+                snprintf(plan + strlen(plan), 3, "%s%c", l ? "," : "", letters[code / d % 3]);
+            bb_model_config c = gpt(4, plan, precision);
+            m = make_model(&c, B, 1);
+            host_batch h = make_batch(&c, B, 3);
+            cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+            free(h.inputs), free(h.targets);
+            double loss;
+            cr_assert_eq(bb_model_forward(m, 1.0f, &loss, NULL), BB_OK);
+            cr_assert_eq(bb_model_backward(m, false), BB_OK);
+            bytes[code] = (int64_t)bb_model_activation_bytes(m) - base;
+            bb_model_recompute_counts(m, &recomputed[code], &selective[code]);
+            bb_model_destroy(m);
+        }
+        int64_t least = 0;
+        for (int code = 0; code < 81; code++) least = bytes[code] < least ? bytes[code] : least;
+        for (int w = 0; w < 2; w++)
+            for (int step = 0; step <= 20; step++) {
+                int64_t room = least * step / 20;
+                double best = -1;
+                for (int code = 0; code < 81; code++) {
+                    double t = weights[w][0] * selective[code] + weights[w][1] * recomputed[code];
+                    if (bytes[code] <= room && (best < 0 || t < best)) best = t;
+                }
+                char plan[8];
+                int64_t got_bytes;
+                double got_time;
+                cr_assert(bb_plan_best_blocks(4, &k, room, weights[w][0], weights[w][1], plan, &got_bytes, &got_time),
+                          "room %lld: nothing found", (long long)room);
+                int code = 0;
+                for (int l = 3; l >= 0; l--) code = code * 3 + (int)(strchr(letters, plan[l]) - letters);
+                double t = weights[w][0] * selective[code] + weights[w][1] * recomputed[code];
+                cr_assert_eq(got_bytes, bytes[code], "%s: the program's bytes are the allocator's", plan);
+                cr_assert(bytes[code] <= room, "%s does not fit %lld", plan, (long long)room);
+                cr_assert(fabs(t - best) < 1e-9 && fabs(got_time - t) < 1e-9,
+                          "%s %s room %lld: the program's %s costs %g (it says %g), the best %g", bb_precision_name(precision),
+                          w ? "even" : "cheap selective", (long long)room, plan, t, got_time, best);
+            }
+    }
 }

@@ -205,6 +205,27 @@ Test(report, bad_input_is_a_one_line_error_or_a_note_and_never_a_crash, .timeout
     cr_assert_not_null(strstr(page, "is empty or not a Chrome trace: no timeline"), "no note about the empty trace");
     free(page);
     tu_run_free(&r);
+    /* a plan --json: the memory panel names its choice, per-block plan and all, and the runners-up */
+    char *plan = tu_path(tmp, "plan.json");
+    const char *rows =
+        "[{\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"plan:n,f*3\", \"peak_bytes\": 18980000, "
+        "\"relative_time\": 1.25, \"step_ms\": 812.5, \"fits\": true, \"chosen\": true, \"activations_bytes\": 5000000},\n"
+        " {\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"blocks\", \"peak_bytes\": 17000000, "
+        "\"relative_time\": 1.35, \"step_ms\": 870.0, \"fits\": true, \"chosen\": false},\n"
+        " {\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"every:2\", \"peak_bytes\": 18874368, "
+        "\"relative_time\": 1.26, \"step_ms\": 815.0, \"fits\": true, \"chosen\": false},\n"
+        " {\"micro_batch\": 2, \"accumulation\": 4, \"checkpoint\": \"none\", \"peak_bytes\": 31000000, "
+        "\"relative_time\": 1.1, \"step_ms\": null, \"fits\": false, \"chosen\": false}]\n";
+    tu_write_file(plan, rows, strlen(rows));
+    r = tu_bigbatch("report", "--metrics", metrics, "--plan", plan, "--out", out);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    page = (char *)tu_read_file(out, NULL);
+    cr_assert_not_null(strstr(page, "checkpoint plan:n,f*3; predicted peak 18.1 MiB, relative time 1.25x (a step of "
+                                    "812 ms predicted). Runners-up: micro-batch 1, every:2 (18.0 MiB, 1.26x); "
+                                    "micro-batch 1, blocks (16.2 MiB, 1.35x)."),
+                       "the memory panel's caption");
+    free(page), free(plan);
+    tu_run_free(&r);
     /* a plan that is not plan --json; a file that does not exist */
     r = tu_bigbatch("report", "--metrics", metrics, "--plan", metrics, "--out", out);
     tu_assert_error(&r, "not `bigbatch plan --json` output");

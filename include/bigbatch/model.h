@@ -109,6 +109,27 @@ bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c);
  * block once (or gives one policy for all) and only kinds with blocks take
  * one. Fails with BB_ERR_ARG saying what differs. */
 bb_status bb_model_check_checkpoint(const bb_model_config *c);
+/* What one block's policy costs in activation bytes, for planners of
+ * per-block plans (kinds that take them: gpt), indexed by policy: 0 'n',
+ * 1 's', 2 'f'. The activations of a plan are those of keeping everything
+ * plus, for every block, own[p] - own[n] (own_last for the last block),
+ * once[p] for each policy some block takes, and after_full for every 'f'
+ * block but the last (the saved input of the block after it). Exact:
+ * tests/test_recompute.c checks it against the allocator for every plan
+ * of 4 blocks. Fails with BB_ERR_UNSUPPORTED for kinds without plans. */
+typedef struct bb_block_costs {
+    uint64_t own[3], own_last[3];
+    uint64_t once[3];
+    uint64_t after_full;
+    /* The backward re-runs every 'f' block but the last 'f' of the plan
+     * (true), or every 'f' block but one that is the model's last block
+     * (false: bf16, whose work buffers the later blocks overwrite); a
+     * selective last block recomputes nothing or little. */
+    bool last_full_spared;
+} bb_block_costs;
+bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
+/* The policy letters in bb_block_costs order: "nsf". */
+#define BB_KEEP_LETTERS "nsf"
 /* What block l (0 .. bb_model_layers - 1) keeps: BB_KEEP_ALL, _SELECTIVE or
  * _INPUT (every:K's blocks keep their input, in segments of K). */
 char bb_model_block_keep(const bb_model_config *c, int l);

@@ -112,4 +112,16 @@ typedef struct bb_plan {
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out);
 void bb_plan_free(bb_plan *p);
 
+/* The per-block plan of an L-block model (kinds with bb_model_block_costs)
+ * that recomputes least while its activations exceed keeping everything by
+ * at most `room` bytes (negative: must save that much): t_selective and
+ * t_full are the time one selective block's and one full block's
+ * recomputation cost (any unit). A dynamic program over the blocks
+ * (block_plan.c), O(L³) at worst. Writes the plan's letters (BB_KEEP_*, L
+ * of them and a NUL) into `plan`, its extra bytes and time; returns false
+ * when no plan fits (or out of memory). The planner checks its pick on
+ * the counting backend like every candidate. */
+bool bb_plan_best_blocks(int L, const bb_block_costs *k, int64_t room, double t_selective, double t_full, char *plan,
+                         int64_t *bytes, double *time);
+
 #endif /* BIGBATCH_PLAN_H */

@@ -16,8 +16,10 @@ static const char usage[] =
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
-    "and relative step time (recomputation counted), and marks the one `train --micro-batch\n"
-    "auto --checkpoint auto` would pick: the fastest that fits with a 5% margin. Fixing\n"
+    "and relative step time (recomputation counted) — the uniform policies, and for each\n"
+    "micro-batch the fastest per-block plan that fits (a dynamic program over the blocks,\n"
+    "e.g. plan:n*2,s*4,f*6) — and marks the one `train --micro-batch auto --checkpoint auto`\n"
+    "would pick: the fastest that fits with a 5% margin. Fixing\n"
     "--micro-batch or --checkpoint restricts the table. The model's input and output sizes\n"
     "come from --data.\n\n"
     "The relative time weighs each candidate's work per op (counted, recomputation included)\n"

@@ -77,5 +77,6 @@ bb_status bb_gpt_init(bb_model_t *m, uint64_t seed, float *host);
 bb_status bb_gpt_forward(bb_model_t *m, float normalizer, double *loss, int *correct);
 bb_status bb_gpt_backward(bb_model_t *m, bool acc);
 bb_status bb_gpt_logits(bb_model_t *m, int position, float *host);
+void bb_gpt_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
 
 #endif /* BIGBATCH_GPT_INTERNAL_H */

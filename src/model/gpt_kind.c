@@ -119,6 +119,7 @@ const bb_model_kind bb_model_kind_gpt = {
     .targets_are_tokens = true,
     .chunks_loss = true,
     .checkpoint_plans = true,
+    .block_costs = bb_gpt_block_costs,
     .tied_head = "lm_head.weight",
     .to_json = gpt_to_json,
     .from_json = gpt_from_json,

@@ -230,6 +230,29 @@ void bb_gpt_destroy(bb_model_t *m)
     free(g);
 }
 
+/* The bytes bb_gpt_create allocates per block under each policy (see the
+ * layout above; bb_model_block_costs). */
+void bb_gpt_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out)
+{
+    uint64_t BT = (uint64_t)micro_batch * c->seq_len, C = (uint64_t)c->d_model;
+    uint64_t stats = BT * (4 + (uint64_t)c->heads) * 4, tensors = BT * 16 * C, selective = BT * 10 * C;
+    enum { N, S, F };
+    memset(out, 0, sizeof *out);
+    if (c->precision == BB_PRECISION_BF16) { /* fp32 work buffers shared; kept tensors stashed in 2 bytes */
+        out->own[N] = stats + 2 * tensors, out->own[S] = stats + 2 * selective;
+        out->own_last[N] = out->own_last[S] = stats; /* the last block stays in the work buffers */
+        out->once[F] = stats;                        /* the recompute slot's statistics */
+        out->after_full = BT * C * 2;                /* the packed input of the next block */
+    } else {
+        out->own[N] = out->own_last[N] = stats + 4 * tensors;
+        out->own[S] = out->own_last[S] = stats + 4 * selective;
+        out->once[S] = BT * 5 * C * 4;               /* LayerNorm and GELU scratch */
+        out->once[F] = stats + 4 * tensors;          /* the recompute slot */
+        out->after_full = BT * C * 4;                /* the saved input of the next block */
+        out->last_full_spared = true;                /* no later 'f' overwrites the recompute slot */
+    }
+}
+
 bb_status bb_gpt_init(bb_model_t *m, uint64_t seed, float *host)
 {
     init_rng r = {seed};

@@ -193,6 +193,15 @@ bb_status bb_model_check_checkpoint(const bb_model_config *c)
     return BB_OK;
 }
 
+bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!c->kind || !c->kind->block_costs)
+        return bb_fail(BB_ERR_UNSUPPORTED, "a %s takes no per-block checkpoint plan", c->kind ? c->kind->name : "model");
+    c->kind->block_costs(c, micro_batch, out);
+    return BB_OK;
+}
+
 char bb_model_block_keep(const bb_model_config *c, int l)
 {
     size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);

@@ -21,6 +21,8 @@ struct bb_model_kind {
     bool targets_are_tokens, counts_correct;
     bool chunks_loss;      /* its head and loss run in chunks of tokens (bb_model_loss_chunk) */
     bool checkpoint_plans; /* takes a policy per layer (checkpoint_plan), not only every:K */
+    /* with checkpoint_plans: what each policy costs a block (bb_model_block_costs) */
+    void (*block_costs)(const bb_model_config *c, int micro_batch, bb_block_costs *out);
     const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
     int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
     bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "bigbatch/calibrate.h"
+#include "bigbatch/optim.h"
 
 enum { WARMUP = 1, TIMED = 3, PROFILE_CAP = 64 };
 
@@ -20,16 +21,20 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
     o.profile_ops = true;
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
+    bb_optimizer opt = {0};
     bb_status rc;
-    double loss;
+    double loss, lr;
     BB_TRY_GOTO(bb_backend_create(device, &o, &be), rc, done);
     BB_TRY_GOTO(bb_model_create(be, c, B, &m), rc, done);
     BB_TRY_GOTO(bb_model_init(m, 1), rc, done);
     BB_TRY_GOTO(bb_model_set_synthetic_batch(m), rc, done);
-    for (int s = 0; s < WARMUP + TIMED; s++) {
+    bb_optimizer_config oc = bb_optimizer_defaults();
+    BB_TRY_GOTO(bb_optimizer_create(be, &oc, bb_model_param_count(m), NULL, &opt), rc, done);
+    for (int s = 0; s < WARMUP + TIMED; s++) { /* a micro-step and AdamW's step */
         if (s == WARMUP) bb_backend_op_profile_reset(be);
         BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
-        BB_TRY_GOTO(bb_model_backward(m, s > 0), rc, done);
+        BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
+        bb_optimizer_apply(be, m, &opt, (uint64_t)s, WARMUP + TIMED, bb_optimizer_sum_squares(be, m, &opt), &lr);
     }
     BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
     bb_op_time t[PROFILE_CAP];
@@ -46,6 +51,7 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
         out->op[k].ms_per_unit[slot] = t[i].ms / units(&t[i]);
     }
 done:
+    if (be) bb_optimizer_destroy(be, &opt);
     bb_model_destroy(m);
     bb_backend_destroy(be);
     return rc;

@@ -43,9 +43,16 @@ static bb_status largest_shard(const bb_model_t *m, int shards, size_t bucket_by
 
 enum { WORK_CAP = 64 };
 
-/* bb_plan_memory_sharded, and the work of the micro-step per op (work may be NULL). */
+/* The work per op of a micro-step (forward and backward, recomputation
+ * included) and of the optimizer's step, as the counting backend counted it. */
+typedef struct step_work {
+    bb_op_time micro[WORK_CAP], opt[WORK_CAP];
+    int nmicro, nopt;
+} step_work;
+
+/* bb_plan_memory_sharded, and the work of the step (work may be NULL). */
 static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
-                         int shards, size_t bucket_bytes, bb_memory_breakdown *out, bb_op_time *work, int *nwork)
+                         int shards, size_t bucket_bytes, bb_memory_breakdown *out, step_work *work)
 {
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
@@ -70,7 +77,14 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     out->total = bb_backend_peak_bytes(be) + out->workspace;
     out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);
     bb_model_recompute_counts(m, &out->recomputed_layers, &out->selective_recomputes);
-    if (work) *nwork = bb_backend_op_profile(be, work, WORK_CAP);
+    if (work) {
+        work->nmicro = bb_backend_op_profile(be, work->micro, WORK_CAP);
+        bb_backend_op_profile_reset(be);
+        double lr;
+        bb_optimizer_sum_squares(be, m, &o);
+        bb_optimizer_apply(be, m, &o, 0, 1, 1.0, &lr);
+        work->nopt = bb_backend_op_profile(be, work->opt, WORK_CAP);
+    }
 done:
     if (be) bb_optimizer_destroy(be, &o);
     bb_model_destroy(m);
@@ -81,7 +95,7 @@ done:
 bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
                                  bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out)
 {
-    return measure(c, micro_batch, opt, device, shards, bucket_bytes, out, NULL, NULL);
+    return measure(c, micro_batch, opt, device, shards, bucket_bytes, out, NULL);
 }
 
 /* ---- candidates -------------------------------------------------------- */
@@ -123,6 +137,13 @@ static int candidate_policies(const bb_plan_request *q, bb_model_config *out, in
     return n;
 }
 
+/* Calibrated: a step of `accumulation` micro-steps of `micro_batch`, and the optimizer's. */
+static double step_ms(const bb_calibration *cal, const step_work *w, int micro_batch, int accumulation)
+{
+    return accumulation * bb_calibration_ms(cal, w->micro, w->nmicro, micro_batch) +
+           bb_calibration_ms(cal, w->opt, w->nopt, micro_batch);
+}
+
 /* Calibrated: the predicted time of relative time 1.0, the per-device batch
  * in one micro-step without checkpointing. */
 static bb_status reference_step(const bb_plan_request *q, int per_device, size_t bucket_bytes, double *ms)
@@ -131,12 +152,80 @@ static bb_status reference_step(const bb_plan_request *q, int per_device, size_t
     BB_TRY(bb_model_parse_checkpoint("none", &c));
     c.loss_chunk = bb_model_loss_chunk(&c, per_device, bb_device_head_budget(q->device, q->device_mem));
     bb_memory_breakdown mem;
-    bb_op_time work[WORK_CAP];
-    int n = 0;
-    BB_TRY(measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, &mem, work, &n));
-    *ms = bb_calibration_ms(q->calibration, work, n, per_device);
+    step_work *w = malloc(sizeof *w);
+    if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    bb_status rc = measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, &mem, w);
+    if (rc == BB_OK) *ms = step_ms(q->calibration, w, per_device, 1);
+    free(w);
+    BB_TRY(rc);
     if (!(*ms > 0)) return bb_fail(BB_ERR_ARG, "the calibration weighs this model's step at 0 ms: recalibrate");
     return BB_OK;
+}
+
+/* One candidate: its exact memory and work on the counting backend, and
+ * its relative time; chosen when it is the fastest that fits so far. */
+static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_config *policy, int b, int per_device,
+                         size_t bucket_bytes, double *reference_ms)
+{
+    bb_plan_row *r = &out->rows[out->count++];
+    bb_model_config c = *policy;
+    c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem)); /* as the run's model will */
+    r->micro_batch = b;
+    r->accumulation = per_device / b;
+    r->checkpoint_every = c.checkpoint_every;
+    memcpy(r->checkpoint_plan, c.checkpoint_plan, sizeof r->checkpoint_plan);
+    bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
+    step_work *w = malloc(sizeof *w);
+    if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, &r->memory, w);
+    if (rc == BB_OK && q->calibration) {
+        r->step_ms = step_ms(q->calibration, w, b, r->accumulation);
+        if (!(*reference_ms > 0)) rc = reference_step(q, per_device, bucket_bytes, reference_ms);
+    }
+    free(w);
+    BB_TRY(rc);
+    r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
+    r->relative_time = q->calibration ? r->step_ms / *reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
+    r->fits = r->memory.total <= out->budget;
+    if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
+        out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
+    return BB_OK;
+}
+
+static const bb_plan_row *row_named(const bb_plan *p, int from, const char *name)
+{
+    for (int i = from; i < p->count; i++)
+        if (!strcmp(p->rows[i].checkpoint, name)) return &p->rows[i];
+    return NULL;
+}
+
+/* The fastest per-block plan at micro-batch b that fits (bb_plan_best_blocks),
+ * its costs per recomputed block taken from the uniform rows of b (from
+ * rows[from] on), as a candidate of its own unless it is one of them. */
+static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from, int b, int per_device,
+                                size_t bucket_bytes, double *reference_ms)
+{
+    const bb_plan_row *none = row_named(out, from, "none"), *sel = row_named(out, from, "selective"),
+                      *full = row_named(out, from, "blocks");
+    bb_block_costs k;
+    if (!none || !sel || !full || out->budget == UINT64_MAX || bb_model_block_costs(&q->model, b, &k) != BB_OK) {
+        bb_error_clear();
+        return BB_OK;
+    }
+    double ts = sel->memory.selective_recomputes ? (sel->relative_time - none->relative_time) / sel->memory.selective_recomputes : 0;
+    double tf = full->memory.recomputed_layers ? (full->relative_time - none->relative_time) / full->memory.recomputed_layers : 0;
+    char letters[BB_CHECKPOINT_MAX_BLOCKS + 1];
+    int64_t bytes;
+    double time;
+    int64_t room = (int64_t)out->budget - (int64_t)none->memory.total;
+    if (!bb_plan_best_blocks(bb_model_layers(&q->model), &k, room, ts, tf, letters, &bytes, &time)) return BB_OK;
+    bb_model_config c = q->model;
+    c.checkpoint_every = 0;
+    snprintf(c.checkpoint_plan, sizeof c.checkpoint_plan, "%s", letters);
+    char name[BB_CHECKPOINT_NAME_MAX];
+    bb_model_checkpoint_name(&c, name, sizeof name);
+    if (row_named(out, from, name)) return BB_OK; /* a uniform policy: already a candidate */
+    return add_row(q, out, &c, b, per_device, bucket_bytes, reference_ms);
 }
 
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
@@ -152,7 +241,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     int np = candidate_policies(q, policies, 16);
     int cap = 0;
     for (int b = 1; b <= per_device; b++) cap += per_device % b == 0;
-    out->rows = calloc((size_t)cap * (size_t)np, sizeof *out->rows);
+    out->rows = calloc((size_t)cap * (size_t)(np + 1), sizeof *out->rows); /* + the per-block plan */
     if (!out->rows) {
         free(policies);
         return bb_fail(BB_ERR_NOMEM, "out of memory");
@@ -160,38 +249,18 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     double margin = q->margin > 0 ? q->margin : 0.05;
     out->budget = q->device_mem ? (uint64_t)((double)q->device_mem * (1.0 - margin)) : UINT64_MAX;
     double reference_ms = 0;
-    for (int b = per_device; b >= 1; b--) {
+    bb_status rc = BB_OK;
+    for (int b = per_device; b >= 1 && rc == BB_OK; b--) {
         if (per_device % b || (q->fixed_micro_batch > 0 && b != q->fixed_micro_batch)) continue;
-        for (int i = 0; i < np; i++) {
-            bb_plan_row *r = &out->rows[out->count++];
-            bb_model_config c = policies[i];
-            c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem)); /* as the run's model will */
-            r->micro_batch = b;
-            r->accumulation = per_device / b;
-            r->checkpoint_every = c.checkpoint_every;
-            memcpy(r->checkpoint_plan, c.checkpoint_plan, sizeof r->checkpoint_plan);
-            bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
-            bb_op_time work[WORK_CAP];
-            int nwork = 0;
-            bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, &r->memory,
-                                   work, &nwork);
-            if (rc == BB_OK && q->calibration) {
-                r->step_ms = r->accumulation * bb_calibration_ms(q->calibration, work, nwork, b);
-                if (!(reference_ms > 0)) rc = reference_step(q, per_device, bucket_bytes, &reference_ms);
-            }
-            if (rc != BB_OK) {
-                free(policies);
-                bb_plan_free(out);
-                return rc;
-            }
-            r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
-            r->relative_time = q->calibration ? r->step_ms / reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
-            r->fits = r->memory.total <= out->budget;
-            if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
-                out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
-        }
+        int from = out->count;
+        for (int i = 0; i < np && rc == BB_OK; i++) rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &reference_ms);
+        if (rc == BB_OK && !q->fixed_checkpoint) rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &reference_ms);
     }
     free(policies);
+    if (rc != BB_OK) {
+        bb_plan_free(out);
+        return rc;
+    }
     if (out->chosen >= 0) {
         out->rows[out->chosen].chosen = true;
         return BB_OK;

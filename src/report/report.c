@@ -210,7 +210,7 @@ static void memory_chart(page *p, const bb_report_plan *plan)
     if (!n) return;
     double top = r->device_mem > 0 ? r->device_mem : 0;
     for (int d = 0; d < n; d++) top = (double)r->peak[d] > top ? (double)r->peak[d] : top;
-    if (plan->present) top = (double)plan->peak_bytes > top ? (double)plan->peak_bytes : top;
+    if (plan->present) top = (double)plan->chosen.peak_bytes > top ? (double)plan->chosen.peak_bytes : top;
     double mib = 1048576.0;
     bb_svg_chart c;
     bb_svg_chart_begin(&c, p->out, "Peak memory per device", plan->present ? "device (last bar: the plan)" : "device",
@@ -235,10 +235,20 @@ static void memory_chart(page *p, const bb_report_plan *plan)
     }
     if (r->device_mem > 0) bb_svg_hline(&c, r->device_mem / mib, "#D55E00", "--device-mem");
     bb_svg_chart_end(&c);
-    if (plan->present)
-        fprintf(p->out, "<p class=\"caption\">The plan's choice: micro-batch %d, accumulation %d, checkpoint %s; "
-                        "predicted peak %.1f MiB.</p>\n",
-                plan->micro_batch, plan->accumulation, plan->checkpoint, (double)plan->peak_bytes / mib);
+    if (!plan->present) return;
+    const bb_report_choice *ch = &plan->chosen;
+    fprintf(p->out, "<p class=\"caption\">The plan's choice: micro-batch %d, accumulation %d, checkpoint ",
+            ch->micro_batch, ch->accumulation);
+    bb_svg_text(p->out, ch->checkpoint);
+    fprintf(p->out, "; predicted peak %.1f MiB, relative time %.2fx", (double)ch->peak_bytes / mib, ch->relative_time);
+    if (isfinite(ch->step_ms)) fprintf(p->out, " (a step of %.0f ms predicted)", ch->step_ms);
+    for (int i = 0; i < plan->runners_up; i++) {
+        const bb_report_choice *u = &plan->runner_up[i];
+        fprintf(p->out, "%s micro-batch %d, ", i ? ";" : ". Runners-up:", u->micro_batch);
+        bb_svg_text(p->out, u->checkpoint);
+        fprintf(p->out, " (%.1f MiB, %.2fx)", (double)u->peak_bytes / mib, u->relative_time);
+    }
+    fprintf(p->out, ".</p>\n");
 }
 
 static bb_status write_page(page *p, const bb_report_trace *trace, const bb_report_plan *plan)

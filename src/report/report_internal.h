@@ -54,11 +54,18 @@ typedef struct bb_report_trace {
 } bb_report_trace;
 
 /* The planner's chosen row (`plan --json`). */
-typedef struct bb_report_plan {
-    bool present;
+typedef struct bb_report_choice {
     int micro_batch, accumulation;
     char checkpoint[BB_CHECKPOINT_NAME_MAX];
-    uint64_t peak_bytes, parameters, gradients, optimizer, batches, activations, workspace;
+    uint64_t peak_bytes;
+    double relative_time, step_ms; /* step_ms: NAN when not calibrated */
+} bb_report_choice;
+
+typedef struct bb_report_plan {
+    bool present;
+    bb_report_choice chosen, runner_up[2]; /* the next fastest candidates that fit */
+    int runners_up;
+    uint64_t parameters, gradients, optimizer, batches, activations, workspace;
 } bb_report_plan;
 
 bb_status bb_report_read_run(const char *path, bb_report_run *run);

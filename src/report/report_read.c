@@ -367,12 +367,23 @@ bb_status bb_report_read_plan(const char *path, bb_report_plan *p)
         const json_t *r = json_array_get(rows, i);
         if (!json_is_integer(json_object_get(r, "micro_batch"))) continue;
         any = true;
-        if (!json_is_true(json_object_get(r, "chosen"))) continue;
+        bb_report_choice c = {.micro_batch = get_int(r, "micro_batch"), .accumulation = get_int(r, "accumulation"),
+                              .peak_bytes = get_u64(r, "peak_bytes"),
+                              .relative_time = bb_json_number_or_nan(r, "relative_time"),
+                              .step_ms = bb_json_number_or_nan(r, "step_ms")};
+        get_str(r, "checkpoint", c.checkpoint, sizeof c.checkpoint);
+        if (!json_is_true(json_object_get(r, "chosen"))) { /* keep the two fastest others that fit */
+            if (!json_is_true(json_object_get(r, "fits")) || !isfinite(c.relative_time)) continue;
+            int at = p->runners_up;
+            while (at > 0 && c.relative_time < p->runner_up[at - 1].relative_time) at--;
+            if (at >= 2) continue;
+            if (p->runners_up < 2) p->runners_up++;
+            memmove(&p->runner_up[at + 1], &p->runner_up[at], (size_t)(p->runners_up - 1 - at) * sizeof c);
+            p->runner_up[at] = c;
+            continue;
+        }
         p->present = true;
-        p->micro_batch = get_int(r, "micro_batch");
-        p->accumulation = get_int(r, "accumulation");
-        get_str(r, "checkpoint", p->checkpoint, sizeof p->checkpoint);
-        p->peak_bytes = get_u64(r, "peak_bytes");
+        p->chosen = c;
         p->parameters = get_u64(r, "parameters_bytes");
         p->gradients = get_u64(r, "gradients_bytes");
         p->optimizer = get_u64(r, "optimizer_bytes");
