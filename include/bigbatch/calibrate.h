@@ -9,12 +9,13 @@
  *   ...later: if (bb_calibration_load(path, &cal) == BB_OK) q.calibration = &cal;
  *
  * A calibration runs the model's forward and backward (with selective
- * recompute, so that every op the policies use runs) at two micro-batches
- * on the device, every op timed (backend.h's op profile), and keeps for
+ * recompute, so that every op the policies use runs) and AdamW's step at
+ * micro-batches 1, 2, 4 and 8 on the device, every op timed (backend.h's
+ * op profile), and keeps for
  * each op its milliseconds per unit of work: per FLOP for the products and
  * attention, per element for the rest. The planner counts each
  * candidate's work per op on its counting backend and weighs it with these
- * rates (interpolated between the two micro-batches on a log scale), so
+ * rates (interpolated between the measured micro-batches on a log scale), so
  * recomputation, small matrices and element-wise ops cost what they cost
  * on that device. The rates belong to the device kind and, loosely, to the
  * model's width: recalibrate after a change of machine or model size.
@@ -25,11 +26,12 @@
 #include "bigbatch/model.h"
 
 #define BB_CALIBRATION_OPS 32
+#define BB_CALIBRATION_POINTS 4
 
 typedef struct bb_calibration_op {
     char op[32];            /* "linear_forward", ... */
     bool per_flop;          /* the rate's unit: FLOPs (products, attention) or elements */
-    double ms_per_unit[2];  /* at micro_batch[0] and micro_batch[1] */
+    double ms_per_unit[BB_CALIBRATION_POINTS]; /* at each of micro_batch[] */
 } bb_calibration_op;
 
 typedef struct bb_calibration {
@@ -37,14 +39,16 @@ typedef struct bb_calibration {
     char model[160];        /* bb_model_describe of what was measured */
     char precision[8];
     int threads;            /* the CPU backend's threads (0: all) */
-    int micro_batch[2];
+    int points;             /* micro-batches measured, 2 to BB_CALIBRATION_POINTS, increasing */
+    int micro_batch[BB_CALIBRATION_POINTS];
     int ops;
     bb_calibration_op op[BB_CALIBRATION_OPS];
 } bb_calibration;
 
 /* Measures c (its shape; checkpointing is chosen here) on a backend of
- * kind `device` made with `bo`: micro-batches 1 and 4, one warm-up and
- * three timed micro-steps each. Fails as bb_backend_create and
+ * kind `device` made with `bo`: micro-batches 1, 2, 4 and 8, two warm-up
+ * micro-steps each, then as many timed as make the work of three at 8
+ * (24 at 1). Fails as bb_backend_create and
  * bb_model_create do. */
 bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo,
                        bb_calibration *out);

@@ -9,7 +9,7 @@
 #include "bigbatch/calibrate.h"
 #include "bigbatch/optim.h"
 
-enum { WARMUP = 1, TIMED = 3, PROFILE_CAP = 64 };
+enum { WARMUP = 2, TIMED = 3, PROFILE_CAP = 64 };
 
 static double units(const bb_op_time *t) { return t->flops > 0 ? t->flops : t->elements; }
 
@@ -30,11 +30,13 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
     BB_TRY_GOTO(bb_model_set_synthetic_batch(m), rc, done);
     bb_optimizer_config oc = bb_optimizer_defaults();
     BB_TRY_GOTO(bb_optimizer_create(be, &oc, bb_model_param_count(m), NULL, &opt), rc, done);
-    for (int s = 0; s < WARMUP + TIMED; s++) { /* a micro-step and AdamW's step */
+    /* the same work at every micro-batch: TIMED steps at the largest, more at the smaller */
+    int timed = TIMED * (1 << (BB_CALIBRATION_POINTS - 1)) / B;
+    for (int s = 0; s < WARMUP + timed; s++) { /* a micro-step and AdamW's step */
         if (s == WARMUP) bb_backend_op_profile_reset(be);
         BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
         BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
-        bb_optimizer_apply(be, m, &opt, (uint64_t)s, WARMUP + TIMED, bb_optimizer_sum_squares(be, m, &opt), &lr);
+        bb_optimizer_apply(be, m, &opt, (uint64_t)s, (uint64_t)(WARMUP + timed), bb_optimizer_sum_squares(be, m, &opt), &lr);
     }
     BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
     bb_op_time t[PROFILE_CAP];
@@ -71,11 +73,20 @@ bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb
     bb_model_describe(c, out->model, sizeof out->model);
     snprintf(out->precision, sizeof out->precision, "%s", bb_precision_name(c->precision));
     out->threads = bo->threads;
-    out->micro_batch[0] = 1, out->micro_batch[1] = 4;
-    for (int slot = 0; slot < 2; slot++) BB_TRY(measure(&m, device, bo, out->micro_batch[slot], slot, out));
-    for (int k = 0; k < out->ops; k++) /* an op seen at one micro-batch only: the same rate at both */
-        for (int slot = 0; slot < 2; slot++)
-            if (!(out->op[k].ms_per_unit[slot] > 0)) out->op[k].ms_per_unit[slot] = out->op[k].ms_per_unit[!slot];
+    out->points = BB_CALIBRATION_POINTS;
+    for (int slot = 0; slot < out->points; slot++) {
+        out->micro_batch[slot] = 1 << slot;
+        BB_TRY(measure(&m, device, bo, out->micro_batch[slot], slot, out));
+    }
+    for (int k = 0; k < out->ops; k++) { /* an op missed at a micro-batch: its rate at the nearest one measured */
+        bb_calibration_op *op = &out->op[k];
+        for (int slot = 0; slot < out->points; slot++)
+            for (int d = 1; !(op->ms_per_unit[slot] > 0) && d < out->points; d++) {
+                if (slot - d >= 0 && op->ms_per_unit[slot - d] > 0) op->ms_per_unit[slot] = op->ms_per_unit[slot - d];
+                else if (slot + d < out->points && op->ms_per_unit[slot + d] > 0)
+                    op->ms_per_unit[slot] = op->ms_per_unit[slot + d];
+            }
+    }
     return BB_OK;
 }
 
@@ -106,15 +117,18 @@ static bb_status make_parents(const char *path)
 
 bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
 {
-    json_t *ops = json_object();
-    for (int k = 0; ops && k < cal->ops; k++)
+    json_t *ops = json_object(), *sizes = json_array();
+    for (int i = 0; sizes && i < cal->points; i++) json_array_append_new(sizes, json_integer(cal->micro_batch[i]));
+    for (int k = 0; ops && k < cal->ops; k++) {
+        json_t *rates = json_array();
+        for (int i = 0; rates && i < cal->points; i++) json_array_append_new(rates, json_real(cal->op[k].ms_per_unit[i]));
         json_object_set_new(ops, cal->op[k].op,
-                            json_pack("{s:s, s:[f, f]}", "unit", cal->op[k].per_flop ? "flop" : "element",
-                                      "ms_per_unit", cal->op[k].ms_per_unit[0], cal->op[k].ms_per_unit[1]));
-    json_t *j = ops ? json_pack("{s:s, s:s, s:s, s:i, s:[i, i], s:o}", "device", cal->device, "model", cal->model,
-                                "precision", cal->precision, "threads", cal->threads, "micro_batch",
-                                cal->micro_batch[0], cal->micro_batch[1], "ops", ops)
-                    : NULL;
+                            json_pack("{s:s, s:o}", "unit", cal->op[k].per_flop ? "flop" : "element", "ms_per_unit", rates));
+    }
+    json_t *j = ops && sizes ? json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "device", cal->device, "model", cal->model,
+                                         "precision", cal->precision, "threads", cal->threads, "micro_batch", sizes,
+                                         "ops", ops)
+                             : NULL;
     bb_status rc = j ? make_parents(path) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);
     json_decref(j);
@@ -132,11 +146,20 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
     BB_TRY_GOTO(bb_json_req_string(j, path, "model", out->model, sizeof out->model), rc, done);
     BB_TRY_GOTO(bb_json_req_string(j, path, "precision", out->precision, sizeof out->precision), rc, done);
     BB_TRY_GOTO(bb_json_req_int(j, path, "threads", &out->threads), rc, done);
-    if (!json_is_array(mb) || json_array_size(mb) != 2 || !json_is_object(ops)) {
-        rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be two integers and \"ops\" an object", path);
+    size_t points = json_array_size(mb);
+    if (!json_is_array(mb) || points < 2 || points > BB_CALIBRATION_POINTS || !json_is_object(ops)) {
+        rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be 2 to %d sizes and \"ops\" an object", path,
+                     BB_CALIBRATION_POINTS);
         goto done;
     }
-    for (int s = 0; s < 2; s++) out->micro_batch[s] = (int)json_integer_value(json_array_get(mb, (size_t)s));
+    out->points = (int)points;
+    for (int s = 0; s < out->points; s++) {
+        out->micro_batch[s] = (int)json_integer_value(json_array_get(mb, (size_t)s));
+        if (out->micro_batch[s] < 1 || (s && out->micro_batch[s] <= out->micro_batch[s - 1])) {
+            rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be increasing sizes >= 1", path);
+            goto done;
+        }
+    }
     const char *name;
     json_t *v;
     json_object_foreach(ops, name, v)
@@ -147,29 +170,34 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
         json_t *rates = json_object_get(v, "ms_per_unit");
         const char *unit = json_string_value(json_object_get(v, "unit"));
         op->per_flop = unit && !strcmp(unit, "flop");
-        for (int s = 0; s < 2; s++) {
+        bool good = unit && json_array_size(rates) == points;
+        for (int s = 0; good && s < out->points; s++) {
             json_t *r = json_array_get(rates, (size_t)s);
             op->ms_per_unit[s] = json_is_number(r) ? json_number_value(r) : NAN;
+            good = op->ms_per_unit[s] >= 0;
         }
-        if (!unit || !(op->ms_per_unit[0] >= 0) || !(op->ms_per_unit[1] >= 0)) {
-            rc = bb_fail(BB_ERR_FORMAT, "%s: \"ops\".\"%s\" needs a \"unit\" and two rates >= 0", path, name);
+        if (!good) {
+            rc = bb_fail(BB_ERR_FORMAT, "%s: \"ops\".\"%s\" needs a \"unit\" and a rate >= 0 per micro-batch", path,
+                         name);
             goto done;
         }
     }
-    if (out->micro_batch[0] < 1 || out->micro_batch[1] <= out->micro_batch[0])
-        rc = bb_fail(BB_ERR_FORMAT, "%s: \"micro_batch\" must be two increasing sizes >= 1", path);
 done:
     json_decref(j);
     return rc;
 }
 
-/* The rate of op k at micro-batch B: log-linear between the two measured,
- * held constant outside them. */
+/* The rate of op k at micro-batch B: log-linear between the two measured
+ * micro-batches around B, held constant outside them. */
 static double rate_at(const bb_calibration *cal, const bb_calibration_op *op, int B)
 {
-    double lo = log(cal->micro_batch[0]), hi = log(cal->micro_batch[1]), x = log(B);
-    double f = x <= lo ? 0 : x >= hi ? 1 : (x - lo) / (hi - lo);
-    return op->ms_per_unit[0] + f * (op->ms_per_unit[1] - op->ms_per_unit[0]);
+    int n = cal->points;
+    if (B <= cal->micro_batch[0]) return op->ms_per_unit[0];
+    if (B >= cal->micro_batch[n - 1]) return op->ms_per_unit[n - 1];
+    int i = 0;
+    while (B > cal->micro_batch[i + 1]) i++;
+    double lo = log(cal->micro_batch[i]), hi = log(cal->micro_batch[i + 1]), f = (log(B) - lo) / (hi - lo);
+    return op->ms_per_unit[i] + f * (op->ms_per_unit[i + 1] - op->ms_per_unit[i]);
 }
 
 static const bb_calibration_op *find(const bb_calibration *cal, const char *name)
