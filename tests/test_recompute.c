@@ -104,7 +104,8 @@ Test(recompute, shorthands_are_plans_and_names_are_what_parses)
         cr_assert_str_eq(name, cases[i].name, "%s", cases[i].given);
         bb_model_config again = bb_model_gpt_config(4, NH, C, T, V);
         cr_assert_eq(bb_model_parse_checkpoint(name, &again), BB_OK, "%s", name);
-        for (int l = 0; l < 4; l++) cr_assert_eq(bb_model_block_keep(&again, l), bb_model_block_keep(&c, l), "%s", name);
+        for (int l = 0; l < 4; l++)
+            cr_assert_eq(bb_model_block_keep(&again, l), bb_model_block_keep(&c, l), "%s", name);
     }
     bb_model_config s = gpt(4, "selective", BB_PRECISION_FP32), b = gpt(4, "plan:f,f,f,f", BB_PRECISION_FP32);
     for (int l = 0; l < 4; l++) {
@@ -267,8 +268,9 @@ Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
                 cr_assert_eq(got_bytes, bytes[code], "%s: the program's bytes are the allocator's", plan);
                 cr_assert(bytes[code] <= room, "%s does not fit %lld", plan, (long long)room);
                 cr_assert(fabs(t - best) < 1e-9 && fabs(got_time - t) < 1e-9,
-                          "%s %s room %lld: the program's %s costs %g (it says %g), the best %g", bb_precision_name(precision),
-                          w ? "even" : "cheap selective", (long long)room, plan, t, got_time, best);
+                          "%s %s room %lld: the program's %s costs %g (it says %g), the best %g",
+                          bb_precision_name(precision), w ? "even" : "cheap selective", (long long)room, plan, t,
+                          got_time, best);
             }
     }
 }

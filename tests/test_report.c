@@ -209,7 +209,8 @@ Test(report, bad_input_is_a_one_line_error_or_a_note_and_never_a_crash, .timeout
     char *plan = tu_path(tmp, "plan.json");
     const char *rows =
         "[{\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"plan:n,f*3\", \"peak_bytes\": 18980000, "
-        "\"relative_time\": 1.25, \"step_ms\": 812.5, \"fits\": true, \"chosen\": true, \"activations_bytes\": 5000000},\n"
+        "\"relative_time\": 1.25, \"step_ms\": 812.5, \"fits\": true, \"chosen\": true, "
+        "\"activations_bytes\": 5000000},\n"
         " {\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"blocks\", \"peak_bytes\": 17000000, "
         "\"relative_time\": 1.35, \"step_ms\": 870.0, \"fits\": true, \"chosen\": false},\n"
         " {\"micro_batch\": 1, \"accumulation\": 8, \"checkpoint\": \"every:2\", \"peak_bytes\": 18874368, "

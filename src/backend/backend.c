@@ -406,7 +406,8 @@ void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const f
 
 void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
 {
-    op_entry_work(b, "attention_forward", 2.0 * B * T * (double)T * C, (double)B * T * C); /* q·k and p·v, causal: half */
+    /* q·k and p·v, causal: half */
+    op_entry_work(b, "attention_forward", 2.0 * B * T * (double)T * C, (double)B * T * C);
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
 }
@@ -414,7 +415,8 @@ void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const floa
 void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int B, int T, int C, int NH)
 {
-    op_entry_work(b, "attention_backward", 5.0 * B * T * (double)T * C, (double)B * T * 3 * C); /* the forward's q·k again, 4 more */
+    /* the forward's q·k again, 4 more */
+    op_entry_work(b, "attention_backward", 5.0 * B * T * (double)T * C, (double)B * T * 3 * C);
     attention_need(b, B, T, C, NH);
     if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }

@@ -114,9 +114,9 @@ static bb_status plan_calibration(bb_plan_request *q, bool calibrate, int device
     char path[4200];
     bb_calibration_path(q->device, path, sizeof path);
     if (calibrate) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        bb_backend_options bo = {.device = device_id, .precision = q->model.precision,
-                                 .threads = q->device == BB_DEVICE_CPU && cpus > q->devices ? (int)cpus / q->devices : 1};
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN); /* a CPU device's share of the cores, as train gives it */
+        int threads = q->device == BB_DEVICE_CPU && cpus > q->devices ? (int)cpus / q->devices : 1;
+        bb_backend_options bo = {.device = device_id, .precision = q->model.precision, .threads = threads};
         BB_TRY(bb_calibrate(&q->model, q->device, &bo, cal));
         BB_TRY(bb_calibration_save(cal, path));
         fprintf(stderr, "plan: op costs of %s on %s measured and saved in %s\n", cal->model, cal->device, path);

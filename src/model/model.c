@@ -70,8 +70,10 @@ void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap)
         for (size_t i = 0; i < n && used < cap;) {
             size_t run = 1;
             while (i + run < n && c->checkpoint_plan[i + run] == c->checkpoint_plan[i]) run++;
-            used += (size_t)(run > 1 ? snprintf(buf + used, cap - used, "%s%c*%zu", i ? "," : "", c->checkpoint_plan[i], run)
-                                     : snprintf(buf + used, cap - used, "%s%c", i ? "," : "", c->checkpoint_plan[i]));
+            const char *comma = i ? "," : "";
+            char p = c->checkpoint_plan[i];
+            used += (size_t)(run > 1 ? snprintf(buf + used, cap - used, "%s%c*%zu", comma, p, run)
+                                     : snprintf(buf + used, cap - used, "%s%c", comma, p));
             i += run;
         }
         return;
@@ -186,7 +188,8 @@ bb_status bb_model_check_checkpoint(const bb_model_config *c)
         return bb_fail(BB_ERR_ARG, "--checkpoint %s: a %s takes none, blocks or every:K", name, c->kind->name);
     for (size_t i = 0; i < n; i++)
         if (!strchr("nsf", c->checkpoint_plan[i]))
-            return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s or f", i, c->checkpoint_plan[i]);
+            return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s or f", i,
+                           c->checkpoint_plan[i]);
     int layers = bb_model_layers(c);
     if (n > 1 && n != (size_t)layers)
         return bb_fail(BB_ERR_ARG, "--checkpoint %s gives %zu blocks; this %s has %d", name, n, c->kind->name, layers);
@@ -197,7 +200,8 @@ bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_blo
 {
     memset(out, 0, sizeof *out);
     if (!c->kind || !c->kind->block_costs)
-        return bb_fail(BB_ERR_UNSUPPORTED, "a %s takes no per-block checkpoint plan", c->kind ? c->kind->name : "model");
+        return bb_fail(BB_ERR_UNSUPPORTED, "a %s takes no per-block checkpoint plan",
+                       c->kind ? c->kind->name : "model");
     c->kind->block_costs(c, micro_batch, out);
     return BB_OK;
 }

@@ -36,7 +36,8 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
         if (s == WARMUP) bb_backend_op_profile_reset(be);
         BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
         BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
-        bb_optimizer_apply(be, m, &opt, (uint64_t)s, (uint64_t)(WARMUP + timed), bb_optimizer_sum_squares(be, m, &opt), &lr);
+        double norm = bb_optimizer_sum_squares(be, m, &opt);
+        bb_optimizer_apply(be, m, &opt, (uint64_t)s, (uint64_t)(WARMUP + timed), norm, &lr);
     }
     BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
     bb_op_time t[PROFILE_CAP];
@@ -121,9 +122,10 @@ bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
     for (int i = 0; sizes && i < cal->points; i++) json_array_append_new(sizes, json_integer(cal->micro_batch[i]));
     for (int k = 0; ops && k < cal->ops; k++) {
         json_t *rates = json_array();
-        for (int i = 0; rates && i < cal->points; i++) json_array_append_new(rates, json_real(cal->op[k].ms_per_unit[i]));
-        json_object_set_new(ops, cal->op[k].op,
-                            json_pack("{s:s, s:o}", "unit", cal->op[k].per_flop ? "flop" : "element", "ms_per_unit", rates));
+        for (int i = 0; rates && i < cal->points; i++)
+            json_array_append_new(rates, json_real(cal->op[k].ms_per_unit[i]));
+        const char *unit = cal->op[k].per_flop ? "flop" : "element";
+        json_object_set_new(ops, cal->op[k].op, json_pack("{s:s, s:o}", "unit", unit, "ms_per_unit", rates));
     }
     json_t *j = ops && sizes ? json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "device", cal->device, "model", cal->model,
                                          "precision", cal->precision, "threads", cal->threads, "micro_batch", sizes,

@@ -169,7 +169,8 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
 {
     bb_plan_row *r = &out->rows[out->count++];
     bb_model_config c = *policy;
-    c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem)); /* as the run's model will */
+    /* the loss chunk the run's model will take */
+    c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem));
     r->micro_batch = b;
     r->accumulation = per_device / b;
     r->checkpoint_every = c.checkpoint_every;
@@ -212,8 +213,9 @@ static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from
         bb_error_clear();
         return BB_OK;
     }
-    double ts = sel->memory.selective_recomputes ? (sel->relative_time - none->relative_time) / sel->memory.selective_recomputes : 0;
-    double tf = full->memory.recomputed_layers ? (full->relative_time - none->relative_time) / full->memory.recomputed_layers : 0;
+    int ns = sel->memory.selective_recomputes, nf = full->memory.recomputed_layers; /* per recomputed block: */
+    double ts = ns ? (sel->relative_time - none->relative_time) / ns : 0;
+    double tf = nf ? (full->relative_time - none->relative_time) / nf : 0;
     char letters[BB_CHECKPOINT_MAX_BLOCKS + 1];
     int64_t bytes;
     double time;
@@ -253,8 +255,10 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     for (int b = per_device; b >= 1 && rc == BB_OK; b--) {
         if (per_device % b || (q->fixed_micro_batch > 0 && b != q->fixed_micro_batch)) continue;
         int from = out->count;
-        for (int i = 0; i < np && rc == BB_OK; i++) rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &reference_ms);
-        if (rc == BB_OK && !q->fixed_checkpoint) rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &reference_ms);
+        for (int i = 0; i < np && rc == BB_OK; i++)
+            rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &reference_ms);
+        if (rc == BB_OK && !q->fixed_checkpoint)
+            rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &reference_ms);
     }
     free(policies);
     if (rc != BB_OK) {
