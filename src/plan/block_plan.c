@@ -48,6 +48,7 @@ static int by_bytes(const void *a, const void *b)
 /* Keeps the entries no other beats in both bytes and time. */
 static void prune(frontier *f)
 {
+    if (f->n < 2) return; /* nothing to compare (and qsort takes no NULL) */
     qsort(f->e, (size_t)f->n, sizeof *f->e, by_bytes);
     int kept = 0;
     for (int i = 0; i < f->n; i++)
