@@ -37,7 +37,7 @@ ONLY = sys.argv[2:]
 MARKER = re.compile(r"^<!-- output(?: of: (?P<of>.*?)| \| (?P<filter>.*?))? -->$")
 
 
-def run(command):
+def output_of(command):
     env = dict(os.environ, PATH=os.path.abspath("bin") + os.pathsep + os.environ.get("PATH", ""),
                BB_CACHE_DIR=CACHE)
     if os.geteuid() == 0:  # Open MPI refuses root unless told
@@ -98,7 +98,7 @@ def refresh(lines, i, marker):
             command = f"{{ {command}\n}} 2>&1 | {marker.group('filter')}"
     if ONLY and not any(word in command for word in ONLY):
         return -end  # left as it is
-    output = [indent + line if line else "" for line in run(command)]
+    output = [indent + line if line else "" for line in output_of(command)]
     lines[start:end] = kept + output
     return start + len(kept) + len(output)
 

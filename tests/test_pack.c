@@ -43,6 +43,19 @@ static bb_pack_options options(const char *out)
     return o;
 }
 
+/* Writes 3000 random bytes (seed) to `in` and returns the options that pack
+ * them as text of 32-token records into `out`; inputs[0] becomes `in`. */
+static bb_pack_options random_text(const char *in, const char *out, uint64_t seed, const char *inputs[1])
+{
+    uint8_t text[3000];
+    tu_fill_random(text, sizeof text, seed);
+    tu_write_file(in, text, sizeof text);
+    bb_pack_options o = options(out);
+    inputs[0] = in;
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32;
+    return o;
+}
+
 /* Checks record r of `records` against the token stream: tokens [r*T, r*T+T]. */
 static void assert_windows(const uint8_t *records, uint64_t count, uint64_t first, const uint16_t *stream,
                            uint32_t seq_len)
@@ -255,12 +268,8 @@ Test(pack, existing_output_needs_force_and_only_holds_shards)
 {
     char *dir = tu_temp_dir();
     char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out"), *marker = tu_path(out, "notes.txt");
-    uint8_t text[3000];
-    tu_fill_random(text, sizeof text, 14);
-    tu_write_file(in, text, sizeof text);
-    bb_pack_options o = options(out);
-    const char *inputs[] = {in};
-    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32;
+    const char *inputs[1];
+    bb_pack_options o = random_text(in, out, 14, inputs);
     bb_pack_report r;
     cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
     cr_assert_eq(bb_pack(&o, &r), BB_ERR_ARG);
@@ -377,12 +386,8 @@ Test(pack, a_killed_packs_partial_directory_is_removed_by_the_next_pack)
     tu_write_file(shard, "x", 1);
     cr_assert_eq(mkdir(mine, 0755), 0);
     tu_write_file(notes, "mine", 4);
-    uint8_t text[3000];
-    tu_fill_random(text, sizeof text, 15);
-    tu_write_file(in, text, sizeof text);
-    bb_pack_options o = options(out);
-    const char *inputs[] = {in};
-    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = 32;
+    const char *inputs[1];
+    bb_pack_options o = random_text(in, out, 15, inputs);
     bb_pack_report r;
     cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
     cr_assert(!tu_exists(stale), "the killed pack's partial directory stayed");

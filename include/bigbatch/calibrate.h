@@ -60,6 +60,9 @@ const char *bb_calibration_path(bb_device_kind device, char *buf, size_t cap);
  * damaged one. */
 bb_status bb_calibration_save(const bb_calibration *cal, const char *path);
 bb_status bb_calibration_load(const char *path, bb_calibration *out);
+/* The calibration cached for `device` (bb_calibration_path), when there is
+ * a readable one: true and *out filled; false otherwise (no error kept). */
+bool bb_calibration_cached(bb_device_kind device, bb_calibration *out);
 /* Predicted milliseconds of the work `work[0..n)` (a counting backend's
  * op table) at micro-batch B. An op the calibration lacks is weighed at
  * the rate of one it has of the same unit (the products' for FLOPs, add's

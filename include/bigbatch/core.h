@@ -137,6 +137,11 @@ uint64_t bb_splitmix64(uint64_t *state);
 /* Flushes the directory holding `path` to disk, so that a rename into it
  * survives a crash. Fails with BB_ERR_IO. */
 bb_status bb_fsync_dir_of(const char *path);
+/* Creates the missing parents of `path` (mkdir -p of its dirname, mode
+ * 0755); *created (may be NULL) gets the length of the shallowest one it
+ * created, 0 for none, also on failure, so that a caller can remove them.
+ * Fails with BB_ERR_IO naming the directory it could not create. */
+bb_status bb_make_parents(const char *path, size_t *created);
 /* Checks `path` before a command writes it (through a temporary file
  * renamed into place): it must be absent or a regular file, and none of
  * the `n` inputs (the same device and inode). A symbolic link to a regular

@@ -215,8 +215,9 @@ float *bb_model_grads(bb_model_t *m);  /* device memory */
  * (vocabulary), or a token is outside the vocabulary. Do not change the
  * batch between a forward and its backward. */
 bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *targets);
-/* A batch whose work is a real one's (inputs zero, targets spread over the
- * outputs), for benchmarks and calibration. Fails with BB_ERR_NOMEM. */
+/* A batch whose work is a real one's (tokens or pixels and targets spread
+ * over their ranges, the same every time), for benchmarks and calibration.
+ * Fails with BB_ERR_NOMEM. */
 bb_status bb_model_set_synthetic_batch(bb_model_t *m);
 /* Converts `count` (1..micro_batch) loader records described by `meta` and
  * sets them as the batch; when count < micro_batch the rest is padding whose

@@ -73,17 +73,7 @@ static bb_status bench_setup(bench_flags *f, bench_run *r)
     BB_TRY(bb_model_init(r->m, 1));
     r->params = bb_model_param_count(r->m);
     r->targets = gpt ? (size_t)f->micro_batch * f->seq_len : (size_t)f->micro_batch;
-    int32_t *targets = malloc(r->targets * sizeof *targets);
-    void *batch = malloc(gpt ? r->targets * sizeof(int32_t) : (size_t)f->micro_batch * f->inputs * sizeof(float));
-    bb_status rc = !targets || !batch ? bb_fail(BB_ERR_NOMEM, "out of memory") : BB_OK;
-    for (size_t i = 0; rc == BB_OK && i < r->targets; i++) {
-        targets[i] = (int32_t)((i * 2654435761u) % (uint64_t)(gpt ? f->vocab : f->classes));
-        if (gpt) ((int32_t *)batch)[i] = (int32_t)((i * 40503u) % (uint64_t)f->vocab);
-    }
-    for (int64_t i = 0; rc == BB_OK && !gpt && i < (int64_t)f->micro_batch * f->inputs; i++)
-        ((float *)batch)[i] = (float)(i % 255) / 255.0f;
-    if (rc == BB_OK) rc = bb_model_set_batch(r->m, batch, targets);
-    free(targets), free(batch);
+    bb_status rc = bb_model_set_synthetic_batch(r->m);
     size_t bytes = r->params * sizeof(float);
     if (rc == BB_OK) rc = bb_backend_alloc(r->be, bytes, "optimizer state", (void **)&r->mom);
     if (rc == BB_OK) rc = bb_backend_alloc(r->be, bytes, "optimizer state", (void **)&r->var);

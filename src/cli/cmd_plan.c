@@ -111,17 +111,16 @@ static bb_status print_json(const bb_plan *p)
 /* --calibrate: measures and caches the op costs; else the cached ones, if any. */
 static bb_status plan_calibration(bb_plan_request *q, bool calibrate, int device_id, bb_calibration *cal)
 {
-    char path[4200];
-    bb_calibration_path(q->device, path, sizeof path);
     if (calibrate) {
+        char path[4200];
+        bb_calibration_path(q->device, path, sizeof path);
         long cpus = sysconf(_SC_NPROCESSORS_ONLN); /* a CPU device's share of the cores, as train gives it */
         int threads = q->device == BB_DEVICE_CPU && cpus > q->devices ? (int)cpus / q->devices : 1;
         bb_backend_options bo = {.device = device_id, .precision = q->model.precision, .threads = threads};
         BB_TRY(bb_calibrate(&q->model, q->device, &bo, cal));
         BB_TRY(bb_calibration_save(cal, path));
         fprintf(stderr, "plan: op costs of %s on %s measured and saved in %s\n", cal->model, cal->device, path);
-    } else if (bb_calibration_load(path, cal) != BB_OK) {
-        bb_error_clear();
+    } else if (!bb_calibration_cached(q->device, cal)) {
         return BB_OK; /* none cached (or unreadable): the FLOP rule */
     }
     q->calibration = cal;

@@ -1,6 +1,7 @@
 /* util.c — clocks, byte formatting, CPU count, directory fsync. */
 #include "bigbatch/core.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <math.h>
@@ -76,6 +77,26 @@ bb_status bb_check_output(const char *what, const char *path, const char *const 
                            "written", what, path, inputs[i]);
     }
     return BB_OK;
+}
+
+bb_status bb_make_parents(const char *path, size_t *created)
+{
+    char buf[4096];
+    size_t made = 0;
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return bb_fail(BB_ERR_ARG, "path too long: %s", path);
+    bb_status rc = BB_OK;
+    for (char *p = buf + 1; *p && rc == BB_OK; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) == 0) {
+            if (!made) made = (size_t)(p - buf);
+        } else if (errno != EEXIST) {
+            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create directory", buf);
+        }
+        *p = '/';
+    }
+    if (created) *created = made;
+    return rc;
 }
 
 bb_status bb_fsync_dir_of(const char *path)

@@ -84,27 +84,16 @@ static void remove_parents(const char *path, size_t created)
     }
 }
 
-/* Creates the missing parents of `path` (like mkdir -p on its dirname) and
- * returns in *created the length of the shallowest one created (0: none). */
+/* Creates the missing parents of `path`; *created: see bb_make_parents.
+ * On failure those it made are removed again. */
 static bb_status make_parents(const char *path, size_t *created)
 {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    *created = 0;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) == 0) {
-            if (!*created) *created = (size_t)(p - buf);
-        } else if (errno != EEXIST) {
-            bb_status rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create directory", buf);
-            remove_parents(path, *created);
-            *created = 0;
-            return rc;
-        }
-        *p = '/';
+    bb_status rc = bb_make_parents(path, created);
+    if (rc != BB_OK) {
+        remove_parents(path, *created);
+        *created = 0;
     }
-    return BB_OK;
+    return rc;
 }
 
 typedef struct output_plan {

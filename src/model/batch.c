@@ -106,12 +106,16 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
 
 bb_status bb_model_set_synthetic_batch(bb_model_t *m)
 {
-    int n = bb_model_batch_rows(m);
-    uint32_t outputs = (uint32_t)bb_model_outputs(&m->cfg);
-    void *inputs = calloc(1, input_bytes(m)); /* zeros: token 0, or features 0 */
-    int32_t *targets = malloc((size_t)n * sizeof *targets);
+    size_t n = (size_t)bb_model_batch_rows(m), count = input_bytes(m) / m->cfg.kind->input_size;
+    uint64_t outputs = (uint64_t)bb_model_outputs(&m->cfg);
+    void *inputs = malloc(input_bytes(m));
+    int32_t *targets = malloc(n * sizeof *targets);
     bb_status rc = inputs && targets ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int i = 0; rc == BB_OK && i < n; i++) targets[i] = (int32_t)(((uint32_t)i * 2654435761u) % outputs);
+    for (size_t i = 0; rc == BB_OK && i < n; i++) targets[i] = (int32_t)((i * 2654435761u) % outputs);
+    for (size_t i = 0; rc == BB_OK && i < count; i++) { /* tokens spread over the vocabulary, or pixels in [0, 1] */
+        if (m->cfg.kind->targets_are_tokens) ((int32_t *)inputs)[i] = (int32_t)((i * 40503u) % outputs);
+        else ((float *)inputs)[i] = (float)(i % 255) / 255.0f;
+    }
     if (rc == BB_OK) rc = bb_model_set_batch(m, inputs, targets);
     free(inputs), free(targets);
     return rc;

@@ -1,10 +1,8 @@
 /* calibrate.c — per-op costs measured on a device kind, cached as JSON
  * (see calibrate.h). */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "bigbatch/calibrate.h"
 #include "bigbatch/optim.h"
@@ -102,20 +100,6 @@ const char *bb_calibration_path(bb_device_kind device, char *buf, size_t cap)
     return buf;
 }
 
-/* mkdir -p of the directory that holds `path`. */
-static bb_status make_parents(const char *path)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", dir);
-        *p = '/';
-    }
-    return BB_OK;
-}
-
 bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
 {
     json_t *ops = json_object(), *sizes = json_array();
@@ -131,7 +115,7 @@ bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
                                          "precision", cal->precision, "threads", cal->threads, "micro_batch", sizes,
                                          "ops", ops)
                              : NULL;
-    bb_status rc = j ? make_parents(path) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+    bb_status rc = j ? bb_make_parents(path, NULL) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);
     json_decref(j);
     return rc;
@@ -187,6 +171,14 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
 done:
     json_decref(j);
     return rc;
+}
+
+bool bb_calibration_cached(bb_device_kind device, bb_calibration *out)
+{
+    char path[4200];
+    if (bb_calibration_load(bb_calibration_path(device, path, sizeof path), out) == BB_OK) return true;
+    bb_error_clear();
+    return false;
 }
 
 /* The rate of op k at micro-batch B: log-linear between the two measured

@@ -258,9 +258,7 @@ static bb_status apply_plan(trainer *t)
                          .fixed_checkpoint = !o->auto_checkpoint,
                          .zero = o->zero, .bucket_mib = o->bucket_mib};
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
-    char path[4200];
-    if (bb_calibration_load(bb_calibration_path(o->device, path, sizeof path), &cal) == BB_OK) q.calibration = &cal;
-    else bb_error_clear();
+    if (bb_calibration_cached(o->device, &cal)) q.calibration = &cal;
     bb_plan p;
     BB_TRY(bb_plan_make(&q, &p));
     if (p.chosen < 0) {
