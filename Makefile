@@ -65,7 +65,7 @@ endif
 PKGS      := liburing libzstd libxxhash zlib openblas jansson
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev \
              libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-torch clang \
-             openmpi-bin libopenmpi-dev chromium
+             openmpi-bin libopenmpi-dev chromium iproute2
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -210,6 +210,56 @@ static pid_t signal_rank_1(const char *extra, int sig, pid_t *victim, char **err
     return pid;
 }
 
+/* A preemption signal that reaches rank 1 only (SIGUSR1: Slurm's
+ * --signal, or a node's own): every rank stops after the same step, rank 0
+ * writes one checkpoint and says how to continue, the job exits 75; resumed
+ * by 2 processes it gives the losses of a run never interrupted. `flags`:
+ * the run's devices and ZeRO stage (ZeRO-1 over processes: every rank
+ * joins the save with its shards). */
+static void preempt_rank_1(const char *flags)
+{
+    char *ckpt = tu_path(tmp, "ckpt"), *data = tu_path(tmp, "tokens"), *err, extra[4400], clean[8600];
+    snprintf(clean, sizeof clean, "rm -rf %s %s %s/pids.*", ckpt, data, tmp); /* a run before this one's */
+    cr_assert_eq(system(clean), 0);
+    snprintf(extra, sizeof extra, "%s --save %s --save-every 100000", flags, ckpt);
+    pid_t victim, pid = signal_rank_1(extra, SIGUSR1, &victim, &err);
+    int code = exit_within(pid, 30);
+    char *e = (char *)tu_read_file(err, NULL);
+    cr_assert_eq(code, 75, "%s: the job should exit 75 (exit %d): %s", flags, code, e);
+    const char *line = strstr(e, "bigbatch: preempted: saved step ");
+    cr_assert_not_null(line, "%s: rank 0's line: %s", flags, e);
+    cr_assert_null(strstr(line + 1, "bigbatch: preempted"), "%s: one line, from rank 0: %s", flags, e);
+    unsigned long long n = strtoull(line + 32, NULL, 10);
+    char *dirs = step_dirs(ckpt), want_dir[64];
+    snprintf(want_dir, sizeof want_dir, "step-%08llu", n);
+    cr_assert_str_eq(dirs, want_dir, "%s: one checkpoint, of step %llu", flags, n);
+    /* resumed for 2 steps by 2 processes, against those steps never interrupted */
+    char *mr = tu_path(tmp, "resumed.jsonl"), *mw = tu_path(tmp, "whole.jsonl");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np 2 %s train --resume %s --stop-after %llu --metrics %s --quiet",
+             mpirun(), tu_bigbatch_bin(), ckpt, n + 2, mr);
+    tu_run r = tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s: resume: %s", flags, r.err);
+    tu_run_free(&r);
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np 2 %s train --data %s --global-batch 16 --micro-batch 2 %s "
+             "--steps 100000 --stop-after %llu --metrics %s --quiet", mpirun(), tu_bigbatch_bin(), data, flags, n + 2,
+             mw);
+    r = tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s: the uninterrupted run: %s", flags, r.err);
+    tu_run_free(&r);
+    expect_same_losses(mw, mr, (int)n + 1, flags);
+    cr_log_info("%s: SIGUSR1 to rank 1 only: both ranks stopped after step %llu, one checkpoint, exit 75; resumed "
+                "steps %llu-%llu match the uninterrupted run", flags, n, n + 1, n + 2);
+    free(dirs), free(data), free(mr), free(mw), free(e), free(err), free(ckpt);
+}
+
+Test(mpi, a_preemption_of_one_rank_stops_every_rank_with_one_checkpoint)
+{
+    need_mpi();
+    preempt_rank_1("--devices cpu:1 --zero 0");
+    preempt_rank_1("--devices cpu:2 --zero 1");
+}
+
 /* kill -9 of one rank mid-training: mpirun ends the job non-zero. */
 Test(mpi, a_killed_rank_ends_the_job)
 {

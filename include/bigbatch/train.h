@@ -109,8 +109,15 @@ typedef struct bb_train_options {
      * NULL, or NULL returned: the field's name ("global_batch"). */
     const char *(*field_name)(bb_train_field f);
     FILE *progress;            /* progress lines (in place on a TTY); NULL: quiet */
-    volatile sig_atomic_t *interrupted; /* set by Ctrl-C: finish the step, save, stop */
+    volatile sig_atomic_t *interrupted; /* a bb_stop_request: finish the step, save, stop (any rank's
+                                           request stops every rank at the same step boundary) */
 } bb_train_options;
+
+/* What *bb_train_options.interrupted holds: nothing asked, Ctrl-C, or a
+ * scheduler's preemption (SIGTERM, or Slurm's --signal=USR1@N): both
+ * finish the step, save and stop; a preempted run says so
+ * (bb_train_result.preempted), for a job script to requeue. */
+typedef enum bb_stop_request { BB_STOP_NONE = 0, BB_STOP_INTERRUPT = 1, BB_STOP_PREEMPT = 2 } bb_stop_request;
 
 void bb_train_defaults(bb_train_options *o);
 /* Field f as o's messages name it (o->field_name, else "global_batch"). */
@@ -136,7 +143,9 @@ typedef struct bb_train_result {
     double val_loss, val_accuracy; /* last evaluation; NaN when none (accuracy: mlp) */
     double seconds;            /* wall time of the training loop */
     uint64_t skipped_steps;    /* non-finite steps skipped (skip_nonfinite) */
-    bool interrupted;
+    bool interrupted;          /* stopped as asked (o->interrupted, on any rank) */
+    bool preempted;            /* ... by a preemption (BB_STOP_PREEMPT on any rank) */
+    bool saved;                /* a checkpoint of steps_done is in the save directory */
 } bb_train_result;
 
 /* Trains as configured. Fails with BB_ERR_ARG on bad options (the message
@@ -144,8 +153,9 @@ typedef struct bb_train_result {
  * conflicts with the options, BB_ERR_OOM when a device's memory (or
  * --device-mem) is too small, BB_ERR_NONFINITE when a step's loss or
  * gradient norm is NaN or infinite (named; that step's update is not
- * applied and nothing of it is saved) unless skip_nonfinite, BB_ERR_INTERRUPTED after Ctrl-C (the step
- * finished and, with save_dir, saved), and the loader's errors (e.g. a
+ * applied and nothing of it is saved) unless skip_nonfinite, BB_ERR_INTERRUPTED after a stop request (the
+ * step finished and, with save_dir, saved; result->preempted tells a preemption, and the message
+ * then says how to continue), and the loader's errors (e.g. a
  * corrupt shard). `result` (may be NULL) is filled as far as the run went. */
 bb_status bb_train_run(const bb_train_options *o, bb_train_result *result);
 void bb_train_result_free(bb_train_result *r);

@@ -45,6 +45,7 @@ bb_status bb_world_sum_floats(float *x, size_t n);     /* in place: x = the sum 
 bb_status bb_world_sum_doubles(double *x, size_t n);
 bb_status bb_world_broadcast_doubles(double *x, size_t n, int root);
 bb_status bb_world_broadcast_bytes(void *x, size_t n, int root);
+bb_status bb_world_max_int(int *x);                    /* in place: x = the largest over processes */
 /* *out (on every process): whether every process passed the same `value`. */
 bb_status bb_world_all_equal(uint64_t value, bool *out);
 

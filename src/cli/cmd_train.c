@@ -19,8 +19,14 @@ static const char summary[] =
     "optional activation checkpointing. Each device computes the loss of its own records;\n"
     "a reducer averages the gradients bucket by bucket while the backward still runs.\n"
     "--data DIR may be a dataset or a directory with train/ and val/ (or test/) inside;\n"
-    "the defaults train the gpt on data/kjv on one CPU device. Ctrl-C finishes the\n"
-    "current step, saves when --save is set, and exits with status 130.";
+    "the defaults train the gpt on data/kjv on one CPU device.\n\n"
+    "Stopping: Ctrl-C finishes the current step, saves when --save is set and exits 130.\n"
+    "SIGTERM or SIGUSR1 (a scheduler's preemption, e.g. Slurm's --signal=USR1@120) does the\n"
+    "same and exits 75 (EX_TEMPFAIL): requeue the job with --resume DIR. Under mpirun or\n"
+    "srun a signal to any one rank stops every rank after the same step, with one checkpoint.\n"
+    "A second signal exits at once (130); the previous checkpoint stays whole. --resume DIR\n"
+    "of a directory that holds no checkpoint yet starts the run there, so a job script can\n"
+    "always pass it.";
 
 _Static_assert(BB_DEVICES_MAX <= BB_TRAIN_MAX_DEVICES, "--devices lists what the trainer holds");
 
@@ -28,14 +34,14 @@ _Static_assert(BB_DEVICES_MAX <= BB_TRAIN_MAX_DEVICES, "--devices lists what the
  * file beside FILE when --metrics was not given) and trace, once the run
  * ended or was interrupted; rank 0 writes it. The run's own failure stays
  * the one reported. */
-static bb_status train_with_report(bb_train_options *o, const char *report)
+static bb_status train_with_report(bb_train_options *o, const char *report, bb_train_result *result)
 {
     char tmp[4200] = "";
     if (report && !o->metrics_path) {
         snprintf(tmp, sizeof tmp, "%s.metrics-%d.jsonl", report, (int)getpid());
         o->metrics_path = tmp;
     }
-    bb_status rc = bb_train_run(o, NULL);
+    bb_status rc = bb_train_run(o, result);
     if (report && bb_world_get()->rank == 0 && (rc == BB_OK || rc == BB_ERR_INTERRUPTED)) {
         bb_report_options ro = {.metrics = o->metrics_path, .trace = o->trace_path, .out = report,
                                 .out_name = "--report"}; /* after a Ctrl-C too: that one was for training */
@@ -204,8 +210,16 @@ int bb_cmd_train(int argc, char **argv)
     train_table(&f, &o, opts);
     bb_status rc = bb_cli_parse("train", opts, argc, argv, NULL);
     if (rc == BB_OK) rc = apply_flags(&f, &o);
-    if (rc == BB_OK) rc = train_with_report(&o, f.report);
-    int code = bb_cli_report(rc, usage, summary, opts);
+    bb_train_result r = {0};
+    if (rc == BB_OK) rc = train_with_report(&o, f.report, &r);
+    int code;
+    if (rc == BB_ERR_INTERRUPTED && r.preempted) { /* rank 0 says how to continue; every rank exits 75 */
+        if (bb_world_get()->rank == 0) fprintf(stderr, "bigbatch: %s\n", bb_error_message());
+        code = BB_EXIT_PREEMPTED;
+    } else {
+        code = bb_cli_report(rc, usage, summary, opts);
+    }
+    bb_train_result_free(&r);
     bb_cli_free(opts, NULL);
     return code;
 }

@@ -7,9 +7,14 @@
 
 #include "bigbatch/core.h"
 
-enum { BB_EXIT_OK = 0, BB_EXIT_ERROR = 1, BB_EXIT_USAGE = 2, BB_EXIT_INTERRUPTED = 130 };
+/* 75 is sysexits.h's EX_TEMPFAIL ("try again later"): train was preempted
+ * and saved, and a job script may requeue it with --resume. */
+enum { BB_EXIT_OK = 0, BB_EXIT_ERROR = 1, BB_EXIT_USAGE = 2, BB_EXIT_PREEMPTED = 75, BB_EXIT_INTERRUPTED = 130 };
 
-/* Set by SIGINT/SIGTERM; long-running commands stop cleanly when it is set. */
+/* A bb_stop_request (train.h), set by the first signal: SIGINT gives
+ * BB_STOP_INTERRUPT, SIGTERM and SIGUSR1 (a scheduler's preemption)
+ * BB_STOP_PREEMPT; a second signal exits at once (130). Long-running
+ * commands stop cleanly when it is set. */
 extern volatile sig_atomic_t bb_cli_interrupted;
 
 /* Prints "bigbatch: error: <message>" for the thread's last error (or the

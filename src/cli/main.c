@@ -3,23 +3,25 @@
 #include <unistd.h>
 
 #include "bigbatch/backend.h"
+#include "bigbatch/train.h"
 #include "bigbatch/world.h"
 #include "commands.h"
 
 volatile sig_atomic_t bb_cli_interrupted;
 
-/* The first Ctrl-C (or SIGTERM) asks the command to stop at a safe point
- * (train: after the step, saved); a second one stops at once. */
+/* The first Ctrl-C, SIGTERM or SIGUSR1 asks the command to stop at a safe
+ * point (train: after the step, saved); a second one stops at once, and
+ * what it was writing is never published (checkpoints, shards and reports
+ * appear by rename only). */
 static void on_signal(int sig)
 {
-    (void)sig;
     if (bb_cli_interrupted) {
         static const char msg[] = "\nbigbatch: interrupted again: stopping now\n";
         ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)ignored;
         _exit(BB_EXIT_INTERRUPTED);
     }
-    bb_cli_interrupted = 1;
+    bb_cli_interrupted = sig == SIGINT ? BB_STOP_INTERRUPT : BB_STOP_PREEMPT;
 }
 
 static const struct command {
@@ -84,7 +86,7 @@ int main(int argc, char **argv)
     snprintf(name, sizeof name, "rank %d", w->rank);
     if (w->size > 1) bb_log_set_prefix(name);
     int code = run(argc, argv);
-    if (w->size > 1 && code != BB_EXIT_OK && code != BB_EXIT_INTERRUPTED) {
+    if (w->size > 1 && code != BB_EXIT_OK && code != BB_EXIT_INTERRUPTED && code != BB_EXIT_PREEMPTED) {
         fflush(stdout), fflush(stderr);
         bb_world_abort(code);
     }
@@ -98,6 +100,7 @@ static int run(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         print_usage(argc < 2 ? stderr : stdout);

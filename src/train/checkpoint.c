@@ -396,6 +396,17 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     return bb_json_req_double(j, path, "grad_clip", &oc->grad_clip);
 }
 
+bool bb_checkpoint_none_yet(const char *dir)
+{
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    if (!strcmp(base, "latest") || step_of(base) >= 0) return false; /* a checkpoint named: it must be there */
+    struct stat st;
+    if (lstat(dir, &st) != 0) return errno == ENOENT;
+    char what[300];
+    return S_ISDIR(st.st_mode) && !holds_checkpoints(dir, what, sizeof what);
+}
+
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
 {
     memset(info, 0, sizeof *info);

@@ -48,6 +48,11 @@ bb_status bb_checkpoint_prepare(const bb_train_options *o, const char *resume_ro
  * that created the directory and saved nothing, before removing it). */
 #define BB_CHECKPOINT_LOCK ".lock"
 void bb_checkpoint_unlock(int fd, const char *dir, bool remove);
+/* Whether `dir` is a checkpoint directory a run has yet to save into: it
+ * does not exist, or is a directory with no `latest` and no step
+ * directory (a .lock, or what a killed first save left, does not count).
+ * A path that names a step directory or `latest` is never "none yet". */
+bool bb_checkpoint_none_yet(const char *dir);
 /* Loads o's part of the optimizer state of the checkpoint `info` names
  * (of a model of `param_count` parameters). */
 bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,

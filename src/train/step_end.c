@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigbatch/world.h"
 #include "trainer.h"
 
 typedef struct step_figures {
@@ -111,12 +112,24 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     fflush(p);
 }
 
-bool bb_trainer_saves_at(const trainer *t, uint64_t step)
+/* The stop asked of this process (Ctrl-C, a preemption), agreed over the
+ * processes: the largest request of any rank, so that a signal that
+ * reached one rank only still stops every rank at the same step, with one
+ * checkpoint. One small collective per step (and after an evaluation). */
+static bb_status agree_stop(trainer *t, int *request)
+{
+    const bb_train_options *o = t->o;
+    *request = o->interrupted ? (int)*o->interrupted : BB_STOP_NONE;
+    return t->spec.world > 1 ? bb_world_max_int(request) : BB_OK;
+}
+
+/* Whether the end of step `step` (1-based) saves: a saving run's last
+ * step, one asked to stop, and every save_every; the same on every rank. */
+static bool saves_at(const trainer *t, uint64_t step, int request)
 {
     const bb_train_options *o = t->o;
     bool last = step == t->total_steps || step == o->stop_after;
-    bool interrupted = o->interrupted && *o->interrupted;
-    return o->save_dir && (last || interrupted || (o->save_every && step % o->save_every == 0));
+    return t->saves && (last || request || (o->save_every && step % o->save_every == 0));
 }
 
 static bb_status save(trainer *t, uint64_t step, double loss)
@@ -138,10 +151,15 @@ static bb_status save(trainer *t, uint64_t step, double loss)
     int n = t->o->zero ? t->spec.count : 1;
     for (int d = 0; d < n; d++) be[d] = t->replicas[d].be, opt[d] = &t->replicas[d].opt;
     st.shards_across_processes = t->gather_saves;
-    if (!t->o->save_dir) /* a rank but 0, under ZeRO-1 */
-        return bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model), true, NULL);
-    BB_TRY(bb_checkpoint_save(t->o->save_dir, &st, t->replicas[0].model, be, opt, n, t->o->keep, name, sizeof name));
-    t->saved = true;
+    /* rank 0 writes; the other ranks contribute their shards (ZeRO-1) or nothing */
+    bb_status rc = t->o->save_dir ? bb_checkpoint_save(t->o->save_dir, &st, t->replicas[0].model, be, opt, n,
+                                                       t->o->keep, name, sizeof name)
+                   : t->gather_saves ? bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model), true,
+                                                         NULL)
+                                     : BB_OK;
+    BB_TRY(rc);
+    t->saved = t->result->saved = true;
+    if (!t->o->save_dir) return BB_OK;
     if (t->o->progress)
         fprintf(t->o->progress, "%ssaved step %llu to %s/%s (%.0f ms)\n", t->tty ? "\r\033[K" : "",
                 (unsigned long long)step, t->o->save_dir, name, (double)(bb_clock_ns() - t0) / 1e6);
@@ -188,28 +206,33 @@ static bb_status check_finite(trainer *t, uint64_t step, const step_figures *f, 
                    bb_train_option_name(o, BB_TRAIN_SKIP_NONFINITE));
 }
 
-/* Evaluates after step `step` when due; *ran tells. Ctrl-C during it ends
- * it (*interrupted), saving first when the step was not saved. */
-static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, bool saved, double loss, bool *interrupted,
+/* Evaluates after step `step` when due (and no stop was asked); *ran
+ * tells. A stop asked during it, on any rank, ends it: agreed, then the
+ * step is saved (*saved) if it was not. */
+static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, double loss, int *request, bool *saved,
                                 bb_eval_result *ev, bool *ran)
 {
     const bb_train_options *o = t->o;
-    /* Once interrupted, no evaluation: the user wants out, and the
-     * checkpoint is written. */
-    *ran = t->val && !*interrupted && (last || (o->eval_every && step % o->eval_every == 0));
-    if (!*ran) return BB_OK;
-    char label[48];
-    snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
-    bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
-    bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, ev);
-    if (rc == BB_ERR_INTERRUPTED) {
-        *ran = false;
-        *interrupted = true;
-        return o->save_dir && !saved && !t->gather_saves ? save(t, step, loss) : BB_OK;
+    *ran = false;
+    if (*request || !(last || (o->eval_every && step % o->eval_every == 0))) return BB_OK;
+    if (t->val) { /* rank 0's: the others wait in the agreement below */
+        char label[48];
+        snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
+        bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
+        bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, ev);
+        if (rc != BB_ERR_INTERRUPTED) BB_TRY(rc);
+        else if (o->progress) /* the step was saved before it, if it saves */
+            fprintf(o->progress, "%s%s: stopped (%s)\n", t->tty ? "\r\033[K" : "", label, bb_error_message());
+        if ((*ran = rc == BB_OK)) {
+            t->result->val_loss = ev->loss;
+            t->result->val_accuracy = ev->accuracy;
+        }
     }
-    BB_TRY(rc);
-    t->result->val_loss = ev->loss;
-    t->result->val_accuracy = ev->accuracy;
+    BB_TRY(agree_stop(t, request));
+    if (*request && !*saved && saves_at(t, step, *request)) {
+        BB_TRY(save(t, step, loss));
+        *saved = true;
+    }
     return BB_OK;
 }
 
@@ -229,23 +252,17 @@ static void report_progress(trainer *t, uint64_t step, const step_figures *f, ui
     if (t->tty && last && !ev) fprintf(o->progress, "\n");
 }
 
-/* Whether the run stops after this step: its last, or Ctrl-C. */
-static void decide_stop(trainer *t, uint64_t step, bool last, bool interrupted, bool saved)
+/* Whether the run stops after this step: its last, or a stop asked (the
+ * same on every rank). A preemption says so once, at the end (train.h). */
+static void decide_stop(trainer *t, uint64_t step, bool last, int request)
 {
     const bb_train_options *o = t->o;
-    t->stop = last;
-    if (interrupted && t->gather_saves && !saved) {
-        /* ZeRO-1 over processes: a save needs every rank, and they decided
-         * before the signal: the next step saves, then the run stops. */
-        if (o->progress)
-            fprintf(o->progress, "%sinterrupted after step %llu; saving after the next step\n", t->tty ? "\n" : "",
-                    (unsigned long long)step);
-    } else if (interrupted) {
-        t->stop = t->result->interrupted = true;
-        if (o->progress)
-            fprintf(o->progress, "%sinterrupted after step %llu%s\n", t->tty ? "\n" : "", (unsigned long long)step,
-                    o->save_dir ? "; saved" : "");
-    }
+    t->stop = last || request;
+    t->result->interrupted = request != BB_STOP_NONE;
+    t->result->preempted = request == BB_STOP_PREEMPT;
+    if (request == BB_STOP_INTERRUPT && o->progress)
+        fprintf(o->progress, "%sinterrupted after step %llu%s\n", t->tty ? "\n" : "", (unsigned long long)step,
+                t->saves ? "; saved" : "");
 }
 
 /* A failure to write the metrics must not cost the run's work: a save of
@@ -268,25 +285,27 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     const bb_train_options *o = t->o;
     uint64_t step = step0 + 1, now = bb_clock_ns();
     step_figures f = measure(t, now);
+    int request;
+    BB_TRY(agree_stop(t, &request)); /* first: every rank decides the same below */
     bool nonfinite;
     BB_TRY(record_loss(t, step0, f.loss));
     BB_TRY(check_finite(t, step, &f, &nonfinite));
     t->result->steps_done = step;
+    t->result->saved = false;
     bool last = step == t->total_steps || step == o->stop_after;
-    bool interrupted = o->interrupted && *o->interrupted;
     /* Saved first: an evaluation that fails must not cost the checkpoint.
-     * ZeRO-1 over processes: every rank joins, as rank 0 decided (worker.c). */
-    bool saved = t->gather_saves ? t->save_now : bb_trainer_saves_at(t, step);
+     * ZeRO-1 over processes: every rank joins. */
+    bool saved = saves_at(t, step, request);
     if (saved) BB_TRY(save(t, step, f.loss));
     bb_eval_result ev;
     bool evaluated;
-    BB_TRY(maybe_evaluate(t, step, last, saved, f.loss, &interrupted, &ev, &evaluated));
+    BB_TRY(maybe_evaluate(t, step, last, f.loss, &request, &saved, &ev, &evaluated));
     if (t->metrics) {
         bb_status rc = write_metrics(t, step, &f, evaluated ? &ev : NULL, nonfinite);
         if (rc != BB_OK) return keep_the_work(t, step, f.loss, saved, rc);
     }
-    report_progress(t, step, &f, now, last, interrupted, evaluated ? &ev : NULL);
-    decide_stop(t, step, last, interrupted, saved);
+    report_progress(t, step, &f, now, last, request != BB_STOP_NONE, evaluated ? &ev : NULL);
+    decide_stop(t, step, last, request);
     t->last_step_end_ns = bb_clock_ns(); /* evaluation and saving are not the next step's time */
     return BB_OK;
 }

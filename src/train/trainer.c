@@ -325,7 +325,9 @@ static bb_status setup_devices(trainer *t)
                    : snprintf(t->devices_text, sizeof t->devices_text, "cpu:%d", o->devices);
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
+    t->saves = o->save_dir != NULL;
     if (w->size < 2) return BB_OK;
+    BB_TRY(bb_world_broadcast_bytes(&t->saves, sizeof t->saves, 0)); /* rank 0 writes (options_of_rank) */
     bool same; /* before any collective that counts on it (NCCL's ranks) */
     BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
     if (!same)
@@ -465,6 +467,7 @@ static void print_start(const trainer *t)
 
 static bb_status run_workers(trainer *t)
 {
+    const bb_train_options *o = t->o;
     pthread_t threads[BB_TRAIN_MAX_DEVICES];
     int started = 0;
     t->run_start_ns = t->last_step_end_ns = bb_clock_ns();
@@ -484,9 +487,15 @@ static bb_status run_workers(trainer *t)
     /* Work still queued on a device (a GPU's last kernels) must not fail
      * unseen: the run succeeds only if every device finished cleanly. */
     for (int d = 0; d < t->spec.count; d++) BB_TRY(bb_backend_synchronize(t->replicas[d].be));
-    if (!t->result->interrupted) return BB_OK;
-    return bb_fail(BB_ERR_INTERRUPTED, "interrupted after step %llu%s%s", (unsigned long long)t->result->steps_done,
-                   t->saved ? ", saved in " : ", nothing saved", t->saved ? t->o->save_dir : "");
+    const bb_train_result *r = t->result;
+    unsigned long long step = (unsigned long long)r->steps_done;
+    if (!r->interrupted) return BB_OK;
+    if (!r->preempted || !r->saved)
+        return bb_fail(BB_ERR_INTERRUPTED, "%s after step %llu%s%s", r->preempted ? "preempted" : "interrupted", step,
+                       r->saved ? ", saved in " : ", nothing saved", r->saved && o->save_dir ? o->save_dir : "");
+    if (!o->save_dir) return bb_fail(BB_ERR_INTERRUPTED, "preempted after step %llu, saved by rank 0", step);
+    return bb_fail(BB_ERR_INTERRUPTED, "preempted: saved step %llu to %s; continue with: bigbatch train %s %s", step,
+                   o->save_dir, NAME(RESUME), o->save_dir);
 }
 
 static void teardown(trainer *t)
@@ -545,7 +554,14 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
      * for the rest (the same for the library as for the command line). */
     bb_train_options resumed = *options, mine;
     bb_checkpoint_info *resume = NULL;
-    if (options->resume_dir) {
+    if (options->resume_dir && bb_checkpoint_none_yet(options->resume_dir)) {
+        /* a job script's --resume on its first run: the run starts, saving there */
+        if (!resumed.save_dir) resumed.save_dir = options->resume_dir;
+        resumed.resume_dir = NULL;
+        if (options->progress && bb_world_get()->rank == 0)
+            fprintf(options->progress, "train: %s %s holds no checkpoint yet: starting the run, saving into %s\n",
+                    bb_train_option_name(options, BB_TRAIN_RESUME), options->resume_dir, resumed.save_dir);
+    } else if (options->resume_dir) {
         resume = malloc(sizeof *resume);
         bb_status rc = resume ? bb_checkpoint_read_info(options->resume_dir, resume)
                               : bb_fail(BB_ERR_NOMEM, "out of memory");

@@ -74,8 +74,8 @@ typedef struct trainer {
     double step_loss;        /* the mean of the replicas' shares (through the reducer) */
     bool stop;
     bool gather_saves;       /* ZeRO-1 over processes: every rank joins a save (its shards) */
-    bool save_now;           /* gather_saves: rank 0's decision for this step, on every rank */
-    bool saved;              /* a checkpoint was written */
+    bool saves;              /* the run saves (rank 0 has a save_dir): known on every rank */
+    bool saved;              /* a checkpoint was written (on every rank: rank 0 wrote it) */
     uint64_t skipped;        /* non-finite steps skipped */
     bool finished;           /* --resume of a run already at its last step */
     const bb_checkpoint_info *resume; /* the checkpoint resumed from; NULL: none */
@@ -117,9 +117,6 @@ bb_status bb_step_barrier_wait(step_barrier *b);
 void bb_trainer_fail(trainer *t, bb_status status);
 /* A worker thread's body: its argument is its replica. */
 void *bb_trainer_worker_main(void *replica);
-/* Whether the end of step `step` (1-based) saves: a save_dir run's last
- * step, an interrupted one, and every save_every (step_end.c). */
-bool bb_trainer_saves_at(const trainer *t, uint64_t step);
 /* Replica 0, after every worker finished step `step` (0-based): reporting,
  * evaluation, saving, and the decision to stop (t->stop). Fails with
  * BB_ERR_NONFINITE (a non-finite step, unless skip_nonfinite), a save's,

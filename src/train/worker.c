@@ -210,17 +210,6 @@ static bb_status optimizer_step(replica *r, uint64_t step)
     return BB_OK;
 }
 
-/* ZeRO-1 over processes: rank 0's decision to save at the end of `step`,
- * on every rank, which all join the gather of the optimizer shards. */
-static bb_status decide_save(replica *r, uint64_t step)
-{
-    reducer_t *red = r->t->reducer;
-    bool save = bb_reducer_broadcast_stop(red, r->index, r->index == 0 && bb_trainer_saves_at(r->t, step));
-    if (bb_reducer_aborted(red)) return bb_reducer_failure(red);
-    if (r->index == 0) r->t->save_now = save;
-    return BB_OK;
-}
-
 static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
 {
     trainer *t = r->t;
@@ -258,10 +247,6 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         double loss;
         at(r, step, "the loss's all-reduce");
         BB_TRY(step_loss(r, &loss));
-        if (t->gather_saves) {
-            at(r, step, "the save's broadcast");
-            BB_TRY(decide_save(r, step + 1));
-        }
         at(r, step, "the step's first barrier");
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (d == 0) {

@@ -114,6 +114,12 @@ bb_status bb_world_broadcast_bytes(void *x, size_t n, int root)
     return BB_OK;
 }
 
+bb_status bb_world_max_int(int *x)
+{
+    if (world.size > 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    return BB_OK;
+}
+
 bb_status bb_world_all_equal(uint64_t value, bool *out)
 {
     *out = true;
@@ -143,6 +149,7 @@ bb_status bb_world_sum_floats(float *x, size_t n) { return (void)x, (void)n, BB_
 bb_status bb_world_sum_doubles(double *x, size_t n) { return (void)x, (void)n, BB_OK; }
 bb_status bb_world_broadcast_doubles(double *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
 bb_status bb_world_broadcast_bytes(void *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
+bb_status bb_world_max_int(int *x) { return (void)x, BB_OK; }
 bb_status bb_world_all_equal(uint64_t value, bool *out) { return (void)value, *out = true, BB_OK; }
 
 #endif
