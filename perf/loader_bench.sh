@@ -53,10 +53,10 @@ bench() {
         drop_cache "${files[@]}"
         cat_cold_mb+=("$(awk -v b="$file_bytes" -v s="$(wall cat "${files[@]}")" 'BEGIN {print b / 1e6 / s}')")
         for key in "${keys[@]}"; do
-            local args=(--data "$dir" --json)
+            local args=(--data "$dir" --json --no-scaling)
             case $key in
-                t1_*) args+=(--loader-threads 1 --seconds "$SECONDS_PER_RUN") ;;
-                t2_*) args+=(--loader-threads 2 --seconds "$SECONDS_PER_RUN") ;;
+                t1_*) args+=(--warm --loader-threads 1 --seconds "$SECONDS_PER_RUN") ;;
+                t2_*) args+=(--warm --loader-threads 2 --seconds "$SECONDS_PER_RUN") ;;
                 cold_*) args+=(--cold) ;;
                 direct_*) args+=(--cold --direct) ;;
             esac

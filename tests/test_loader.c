@@ -564,7 +564,8 @@ static double json_number(const char *json, const char *key)
 
 Test(loader, bench_loader_json_and_errors)
 {
-    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--seconds", "0.2", "--json");
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--seconds", "0.2", "--warm",
+                           "--no-scaling", "--json");
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
     double records = json_number(r.out, "records_per_s"), raw = json_number(r.out, "raw_mb_per_s");
     cr_assert_gt(records, 0);
@@ -575,10 +576,11 @@ Test(loader, bench_loader_json_and_errors)
     tu_run_free(&r);
 
     /* --cold reads exactly one epoch: RECORDS / 16 batches of 16. */
-    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--cold", "--io", "pread", "--json");
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--cold", "--no-scaling", "--io", "pread",
+                    "--json");
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
     cr_assert(strstr(r.out, "\"io\": \"pread\"") && strstr(r.out, "\"cold\": true"), "%s", r.out);
-    cr_assert_eq(json_number(r.out, "records"), RECORDS / 16 * 16, "%s", r.out);
+    cr_assert_eq(json_number(strstr(r.out, "\"rows\""), "records"), RECORDS / 16 * 16, "%s", r.out);
     tu_run_free(&r);
 
     r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "5000");
@@ -589,6 +591,88 @@ Test(loader, bench_loader_json_and_errors)
     tu_run_free(&r);
     r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "mmap");
     tu_assert_error(&r, "--io", "mmap");
+    tu_run_free(&r);
+}
+
+/* The scaling table: every thread count up to --loader-threads, warm and
+ * cold (a cold row reads one epoch exactly), each with its time to the
+ * first batch and where the loader threads' time went. */
+Test(loader, bench_loader_scaling_table_warm_and_cold)
+{
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--loader-threads", "2",
+                           "--seconds", "0.2", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    static const char *const rows[] = {"\"threads\": 1, \"micro_batch\": 16, \"records\"",
+                                       "\"threads\": 2, \"micro_batch\": 16, \"records\""};
+    const char *at = strstr(r.out, "\"rows\": [");
+    cr_assert_not_null(at, "%s", r.out);
+    for (int t = 0; t < 2; t++)
+        for (int cold = 0; cold < 2; cold++) {
+            at = strstr(at, "{\"records_per_s\": ");
+            cr_assert_not_null(at, "row %d of 4 missing: %s", 2 * t + cold + 1, r.out);
+            const char *end = strchr(strstr(at, "\"loader_time\""), '}');
+            char row[2048];
+            snprintf(row, sizeof row, "%.*s", (int)(end - at + 1), at);
+            cr_assert_not_null(strstr(row, rows[t]), "row %d should have %d threads: %s", 2 * t + cold + 1, t + 1, row);
+            cr_assert_not_null(strstr(row, cold ? "\"cold\": true" : "\"cold\": false"), "%s", row);
+            cr_assert_gt(json_number(row, "records_per_s"), 0, "%s", row);
+            cr_assert_gt(json_number(row, "tokens_per_s"), 0, "%s", row);
+            cr_assert_gt(json_number(row, "first_batch_ms"), 0, "%s", row);
+            cr_assert_gt(json_number(row, "decompress_pct"), 0, "%s", row);
+            if (cold) cr_assert_eq(json_number(row, "records"), RECORDS / 16 * 16, "one epoch: %s", row);
+            at = end;
+        }
+    cr_assert_eq(json_number(r.out, "tokens_per_record"), RECORD_WORDS - 1);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--loader-threads", "2",
+                    "--seconds", "0.1");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert_not_null(strstr(r.out, "first batch"), "the table's header: %s", r.out);
+    int lines = 0;
+    for (const char *p = r.out; (p = strstr(p, " ms ")); p++) lines++;
+    cr_assert_eq(lines, 4, "4 rows: %s", r.out);
+    tu_run_free(&r);
+}
+
+/* Simulated GPUs: at a rate the loader cannot reach they wait most of the
+ * time; at a modest one they do not; bad values are one-line errors. */
+Test(loader, bench_loader_consumer_simulation)
+{
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--loader-threads", "1",
+                           "--seconds", "0.2", "--consumer", "1e12", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    double wait = json_number(r.out, "wait_pct"), most = json_number(r.out, "max_rate_per_gpu");
+    double full = json_number(r.out, "full_speed_per_s");
+    cr_assert_gt(wait, 20, "a GPU asking 1e12 tokens/s should wait most of the time: %s", r.out);
+    cr_assert(most > 0 && most <= full, "the largest rate with < 1%% waiting is below full speed: %s", r.out);
+    cr_log_info("1 loader thread: a GPU at 1e12 tokens/s waits %.0f%%; < 1%% waiting up to %.0f tokens/s (full "
+                "speed %.0f)", wait, most, full);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--micro-batch", "16", "--gpus", "4", "--tokens-per-s", "2000",
+                    "--seconds", "0.3", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert_eq(json_number(r.out, "gpus"), 4);
+    cr_assert_lt(json_number(r.out, "worst_wait_pct"), 5, "4 GPUs at 2000 tokens/s should hardly wait: %s", r.out);
+    double delivered = json_number(r.out, "delivered_per_s");
+    cr_assert(delivered > 4 * 2000 * 0.7 && delivered < 4 * 2000 * 1.1, "they consume 8000 tokens/s: %s", r.out);
+    tu_run_free(&r);
+    static const char *const bad[][3] = {{"--consumer", "0", "--consumer"}, {"--gpus", "0", "--gpus"},
+                                         {"--gpus", "2", "needs the rate"}, {"--consumer", "-5", "--consumer"},
+                                         {"--tokens-per-s", "abc", "--tokens-per-s"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        r = tu_bigbatch("bench", "loader", "--data", dir, (char *)bad[i][0], (char *)bad[i][1]);
+        tu_assert_error(&r, bad[i][2]);
+        cr_assert_eq(r.exit_code, 2, "%s %s: exit %d", bad[i][0], bad[i][1], r.exit_code);
+        tu_run_free(&r);
+    }
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--consumer", "5", "--tokens-per-s", "6");
+    tu_assert_error(&r, "two rates");
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--consumer", "5", "--cold");
+    tu_assert_error(&r, "runs warm");
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--warm", "--cold");
+    tu_assert_error(&r, "--warm and --cold");
     tu_run_free(&r);
 }
 
@@ -612,7 +696,8 @@ static void falls_back_when_io_uring_fails(int err, const char *reason)
     bb_log_set_threshold(BB_LOG_ERROR); /* the CLI below checks the warning */
     check_one_epoch(splits[1], 2, BB_IO_AUTO, false);
 
-    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--seconds", "0.2", "--micro-batch", "8", "--json");
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--seconds", "0.2", "--micro-batch", "8", "--warm",
+                           "--no-scaling", "--json");
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
     cr_assert(strstr(r.out, "\"io\": \"pread\""), "stdout: %s", r.out);
     cr_assert(strncmp(r.err, "bigbatch: warn: io_uring is not available", 41) == 0, "stderr: %s", r.err);

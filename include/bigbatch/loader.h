@@ -162,6 +162,9 @@ typedef struct bb_loader_stats {
     uint64_t wait_ns;          /* total time consumers waited in bb_loader_next */
     uint64_t frame_wait_ns;    /* loader threads waiting for frames other threads read */
     uint64_t slot_wait_ns;     /* loader threads waiting for consumers to free a slot */
+    uint64_t io_ns;            /* loader threads waiting for their reads (pread, io_uring) */
+    uint64_t decompress_ns;    /* loader threads decompressing and checking frames */
+    uint64_t copy_ns;          /* loader threads copying records into batch slots */
 } bb_loader_stats;
 
 /* Counters so far (exact once the threads are idle). */

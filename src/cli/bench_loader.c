@@ -1,26 +1,47 @@
-/* bench_loader.c — `bigbatch bench loader`: how fast the loader delivers a
- * dataset to one consumer that does nothing but take and release batches. */
+/* bench_loader.c — `bigbatch bench loader`: will this dataset keep N GPUs
+ * busy? The loader's speed at every thread count up to --loader-threads,
+ * with the page cache warm and cold (a scaling table), the time to the
+ * first batch and where the loader threads' time goes; with --consumer,
+ * simulated GPUs that take batches at a token rate, the share of time they
+ * would wait for data and the largest rate at which they wait < 1%. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
-#include "bigbatch/json.h"
 #include "bigbatch/backend.h"
+#include "bigbatch/json.h"
 #include "bigbatch/loader.h"
 #include "model_flags.h"
 
 static const char usage[] =
     "bigbatch bench loader --data DIR [--loader-threads N] [--io auto|uring|pread] [--micro-batch B]\n"
-    "                      [--seconds S] [--cold] [--direct] [--pinned] [--json]";
+    "                      [--seconds S] [--warm | --cold] [--no-scaling] [--direct] [--pinned]\n"
+    "                      [--consumer RATE | --gpus N --tokens-per-s RATE] [--json]";
 static const char summary[] =
-    "Runs the loader on DIR with one consumer that only takes and releases batches,\n"
-    "and prints records/s, raw MB/s (record bytes delivered) and compressed MB/s\n"
-    "(shard bytes read), with MB = 10^6 bytes, timed from the end of the loader's\n"
-    "setup (reported apart). --cold first drops the shards from\n"
-    "the page cache (posix_fadvise DONTNEED) and then reads exactly one epoch.\n"
-    "perf/loader_bench.sh runs it beside `zstd -d` and `cat` on the same files.\n\n"
-    "example: bigbatch bench loader --data data/kjv/train --loader-threads 2";
+    "Runs the loader on DIR with consumers that take and release batches and prints, for\n"
+    "every thread count from 1 to --loader-threads, with the page cache warm (--seconds of\n"
+    "reading) and cold (the shards dropped from it with posix_fadvise DONTNEED, then one\n"
+    "epoch): records/s, tokens/s, raw MB/s (record bytes delivered), compressed MB/s (shard\n"
+    "bytes read), the time to the first batch, and the share of the loader threads' time\n"
+    "spent waiting on reads, decompressing, copying into batch slots, and waiting for frames\n"
+    "other threads read or for free slots (MB = 10^6 bytes; rates count from the end of the\n"
+    "loader's setup).\n\n"
+    "--consumer RATE (or --gpus N --tokens-per-s RATE) simulates N GPUs, each consuming RATE\n"
+    "tokens/s (samples/s for images) of micro-batches at --loader-threads threads, warm: it\n"
+    "reports the share of time a GPU waits for data and the largest rate per GPU at which\n"
+    "they wait < 1% (found by bisection, --seconds per probe).\n"
+    "perf/loader_bench.sh runs it beside `zstd -d` and `cat`, perf/loader_peers.sh beside\n"
+    "PyTorch's DataLoader, WebDataset, MosaicML Streaming and LitData.\n\n"
+    "example: bigbatch bench loader --data data/kjv/train --loader-threads 2\n"
+    "         bigbatch bench loader --data data/kjv/train --loader-threads 1 --gpus 8 --tokens-per-s 500000";
 
 /* Drops the shards' pages from the page cache; fails when the kernel refuses. */
 static bb_status drop_cache(const bb_dataset_t *ds)
@@ -43,23 +64,93 @@ static uint64_t disk_read_bytes(void)
     return (uint64_t)ru.ru_inblock * 512;
 }
 
+/* One configuration: threads, warm or cold, and `gpus` consumers taking
+ * batches as fast as they come (rate 0) or at `rate` records/s each. */
+typedef struct run_config {
+    uint32_t threads, gpus;
+    bool cold;
+    double rate, seconds;
+} run_config;
+
 typedef struct bench_result {
-    double seconds, records, raw_bytes, wait_seconds, startup_seconds;
-    uint64_t steps_per_epoch, dropped;
+    double seconds, records, raw_bytes, startup_seconds, first_batch_seconds;
+    double wait_pct, worst_wait_pct; /* of the consumers' time: the mean, the worst */
+    uint64_t steps_per_epoch, dropped, disk_bytes;
     bb_loader_stats stats;
-    uint64_t disk_bytes;
     char io[64];
 } bench_result;
 
-static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double seconds, bool cold, bench_result *r)
+/* A consumer (a simulated GPU): takes its device's batches and, with a
+ * rate, computes on each for count / rate seconds from when it arrived (a
+ * GPU cannot start before its data), so that it waits only when the loader
+ * is behind. Past the deadline it drains without counting (no loader thread
+ * may wait on its slots) until the last consumer past it stops the loader. */
+typedef struct consumer {
+    bb_loader_t *l;
+    uint32_t device, gpus;
+    double rate;
+    bool one_epoch;
+    uint64_t deadline_ns, first_ns, end_ns, wait_ns;
+    double records, raw_bytes;
+    _Atomic uint32_t *past;
+    bb_status rc;
+    char error[512];
+} consumer;
+
+static void sleep_until(uint64_t ns)
 {
-    if (cold) BB_TRY(drop_cache(ds));
-    uint64_t disk0 = disk_read_bytes();
-    bb_loader_options lo = *o;
-    if (cold) { /* exactly one epoch */
-        uint64_t g = (uint64_t)o->micro_batch;
-        lo.steps = bb_dataset_record_count(ds) / (g ? g : 1);
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+static void stop_counting(consumer *c, uint64_t now)
+{
+    c->end_ns = now;
+    if (atomic_fetch_add(c->past, 1) + 1 == c->gpus) bb_loader_stop(c->l);
+}
+
+static void *consume(void *arg)
+{
+    consumer *c = arg;
+    bool counting = true;
+    prctl(PR_SET_TIMERSLACK, 1UL); /* its sleeps end on time (the default slack is 50 us) */
+    for (;;) {
+        bb_batch b;
+        bb_status rc = bb_loader_next(c->l, c->device, &b);
+        uint64_t got = bb_clock_ns();
+        if (rc != BB_OK) { /* closed: the epoch ended (cold), or the last consumer stopped the loader */
+            bool expected = rc == BB_ERR_CLOSED && (c->one_epoch || !counting);
+            if (!expected) snprintf(c->error, sizeof c->error, "%s", bb_error_message());
+            c->rc = expected ? BB_OK : rc;
+            if (counting) stop_counting(c, got);
+            return NULL;
+        }
+        if (counting) {
+            if (!c->first_ns) c->first_ns = got; /* the first batch's wait is the time to it, reported apart */
+            else c->wait_ns += b.wait_ns; /* blocked for data (not the call's own ~1 us) */
+            c->records += b.count;
+            c->raw_bytes += (double)b.count * b.record_size;
+        }
+        bb_loader_release(c->l, &b);
+        uint64_t due = got + (uint64_t)(b.count / (c->rate > 0 ? c->rate : 1e300) * 1e9), now = bb_clock_ns();
+        if (counting && due > now) sleep_until(due), now = bb_clock_ns();
+        if (counting && (bb_cli_interrupted || (!c->one_epoch && now >= c->deadline_ns))) {
+            counting = false;
+            stop_counting(c, now);
+        }
     }
+}
+
+enum { MAX_GPUS = 1024 };
+
+static bb_status run(const bb_dataset_t *ds, const bb_loader_options *base, const run_config *c, bench_result *r)
+{
+    *r = (bench_result){0};
+    if (c->cold) BB_TRY(drop_cache(ds));
+    uint64_t disk0 = disk_read_bytes();
+    bb_loader_options lo = *base;
+    lo.threads = c->threads, lo.devices = c->gpus;
+    if (c->cold) lo.steps = bb_dataset_record_count(ds) / ((uint64_t)lo.micro_batch * c->gpus); /* one epoch */
     bb_loader_t *l;
     uint64_t created = bb_clock_ns();
     BB_TRY(bb_loader_create(ds, &lo, &l));
@@ -70,55 +161,237 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *o, double 
     snprintf(r->io, sizeof r->io, "%s", bb_loader_io_description(l));
     r->steps_per_epoch = bb_loader_steps_per_epoch(l);
     r->dropped = bb_loader_dropped_per_epoch(l);
-    uint64_t deadline = t0 + (uint64_t)(seconds * 1e9);
-    bb_status rc;
-    bb_batch b;
-    while ((rc = bb_loader_next(l, 0, &b)) == BB_OK) {
-        r->records += b.count;
-        r->raw_bytes += (double)b.count * b.record_size;
-        bb_loader_release(l, &b);
-        if (bb_cli_interrupted) {
-            rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
+    consumer *cs = calloc(c->gpus, sizeof *cs);
+    pthread_t *threads = calloc(c->gpus, sizeof *threads);
+    if (!cs || !threads) {
+        free(cs), free(threads);
+        bb_loader_destroy(l);
+        return bb_fail(BB_ERR_NOMEM, "out of memory for %u consumers", c->gpus);
+    }
+    _Atomic uint32_t past = 0;
+    uint32_t started = 0;
+    bb_status rc = BB_OK;
+    for (uint32_t d = 0; d < c->gpus; d++) {
+        cs[d] = (consumer){.l = l, .device = d, .gpus = c->gpus, .rate = c->rate, .one_epoch = c->cold,
+                           .deadline_ns = t0 + (uint64_t)(c->seconds * 1e9), .past = &past};
+        if (pthread_create(&threads[d], NULL, consume, &cs[d]) != 0) {
+            rc = bb_fail(BB_ERR_INTERNAL, "cannot start consumer %u", d);
+            bb_loader_stop(l); /* the started ones end at once */
             break;
         }
-        if (!cold && bb_clock_ns() >= deadline) break;
+        started++;
     }
-    r->seconds = (bb_clock_ns() - t0) / 1e9;
+    for (uint32_t d = 0; d < started; d++) pthread_join(threads[d], NULL);
+    uint64_t end = t0, first = UINT64_MAX;
+    double waited = 0;
+    for (uint32_t d = 0; d < started; d++) {
+        const consumer *x = &cs[d];
+        if (x->rc != BB_OK && rc == BB_OK) rc = bb_fail(x->rc, "%s", x->error);
+        if (x->end_ns > end) end = x->end_ns;
+        if (x->first_ns && x->first_ns < first) first = x->first_ns;
+        r->records += x->records, r->raw_bytes += x->raw_bytes;
+        double share = x->first_ns && x->end_ns > x->first_ns
+                           ? 100.0 * (double)x->wait_ns / (double)(x->end_ns - x->first_ns) : 0;
+        waited += share / c->gpus;
+        if (share > r->worst_wait_pct) r->worst_wait_pct = share;
+    }
+    r->seconds = (end - t0) / 1e9;
+    r->first_batch_seconds = first == UINT64_MAX ? 0 : (first - created) / 1e9;
+    r->wait_pct = waited;
     bb_loader_get_stats(l, &r->stats);
-    r->wait_seconds = r->stats.wait_ns / 1e9;
     r->disk_bytes = disk_read_bytes() - disk0;
     bb_loader_destroy(l);
-    if (rc == BB_ERR_CLOSED && cold) rc = BB_OK; /* the epoch ended */
+    free(cs), free(threads);
+    if (rc == BB_OK && bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     return rc;
+}
+
+/* What a record is worth in the unit rates are given in: a token
+ * record's targets (T of its T + 1 tokens, as training counts them), else
+ * one sample. */
+static double units_per_record(const bb_dataset_t *ds, bool *tokens)
+{
+    const bb_shard_meta *m = bb_dataset_meta(ds);
+    *tokens = m->kind == BB_RECORD_TOKENS_U16 || m->kind == BB_RECORD_TOKENS_U32;
+    return *tokens && m->shape[0] > 1 ? m->shape[0] - 1 : 1;
+}
+
+/* A progress line on a terminal, in place. */
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    if (!isatty(STDERR_FILENO)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "\r\033[K");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+}
+
+static void progress_done(void)
+{
+    if (isatty(STDERR_FILENO)) fprintf(stderr, "\r\033[K"), fflush(stderr);
+}
+
+static json_t *pct_of(double ns, double seconds, uint32_t threads)
+{
+    return bb_json_fixed(seconds > 0 ? 100 * ns / 1e9 / seconds / threads : 0, 1);
+}
+
+static json_t *row_json(const run_config *c, const bench_result *r, double upr, bool tokens, bool pinned,
+                        int micro_batch)
+{
+    double s = r->seconds > 0 ? r->seconds : 1e-9, rec = r->records / s;
+    json_t *time = json_pack("{s:o, s:o, s:o, s:o, s:o}", "io_pct", pct_of(r->stats.io_ns, s, c->threads),
+                             "decompress_pct", pct_of(r->stats.decompress_ns, s, c->threads), "copy_pct",
+                             pct_of(r->stats.copy_ns, s, c->threads), "frame_wait_pct",
+                             pct_of(r->stats.frame_wait_ns, s, c->threads), "slot_wait_pct",
+                             pct_of(r->stats.slot_wait_ns, s, c->threads));
+    json_t *o = json_pack("{s:o, s:o, s:o, s:o, s:s, s:b, s:I, s:I, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o}",
+                          "records_per_s", bb_json_fixed(rec, 0), "tokens_per_s",
+                          tokens ? bb_json_fixed(rec * upr, 0) : json_null(), "raw_mb_per_s",
+                          bb_json_fixed(r->raw_bytes / s / 1e6, 1), "compressed_mb_per_s",
+                          bb_json_fixed(r->stats.compressed_bytes / s / 1e6, 1), "io", r->io, "pinned", pinned,
+                          "threads", (json_int_t)c->threads, "micro_batch", (json_int_t)micro_batch, "records",
+                          bb_json_fixed(r->records, 0), "seconds", bb_json_fixed(r->seconds, 4), "cold", c->cold,
+                          "data_wait_pct", bb_json_fixed(r->wait_pct, 1), "disk_read_mb",
+                          bb_json_fixed(r->disk_bytes / 1e6, 1), "startup_ms",
+                          bb_json_fixed(r->startup_seconds * 1e3, 2), "first_batch_ms",
+                          bb_json_fixed(r->first_batch_seconds * 1e3, 2), "loader_time", time);
+    return o;
+}
+
+static void row_text(const run_config *c, const bench_result *r, double upr, bool tokens)
+{
+    double s = r->seconds > 0 ? r->seconds : 1e-9, rec = r->records / s, ts = s * c->threads / 100;
+    char units[32] = "-";
+    if (tokens) snprintf(units, sizeof units, "%.0f", rec * upr);
+    printf("  %7u  %-5s %11.0f %12s %9.1f %11.1f %9.2f ms %5.1f%% %9.1f%% %5.1f%% %8.1f%% %8.1f%% %8.1f%%\n",
+           c->threads, c->cold ? "cold" : "warm", rec, units, r->raw_bytes / s / 1e6,
+           r->stats.compressed_bytes / s / 1e6, r->first_batch_seconds * 1e3, r->stats.io_ns / 1e9 / ts,
+           r->stats.decompress_ns / 1e9 / ts, r->stats.copy_ns / 1e9 / ts, r->stats.frame_wait_ns / 1e9 / ts,
+           r->stats.slot_wait_ns / 1e9 / ts, r->wait_pct);
+}
+
+/* The scaling table: threads 1..N (or N alone), warm and/or cold. */
+static bb_status scaling(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, bool warm,
+                         bool cold, bool only, json_t *rows)
+{
+    bool tokens;
+    double upr = units_per_record(ds, &tokens);
+    for (uint32_t t = only ? asked->threads : 1; t <= asked->threads; t++)
+        for (int k = 0; k < 2; k++) {
+            run_config c = *asked;
+            c.threads = t, c.cold = k == 1;
+            if ((c.cold && !cold) || (!c.cold && !warm)) continue;
+            progress("bench loader: %u thread%s, %s cache...", t, t > 1 ? "s" : "", c.cold ? "cold" : "warm");
+            bench_result r;
+            BB_TRY(run(ds, o, &c, &r));
+            if (rows) json_array_append_new(rows, row_json(&c, &r, upr, tokens, o->host_alloc != NULL,
+                                                           (int)o->micro_batch));
+            else progress_done(), row_text(&c, &r, upr, tokens);
+        }
+    progress_done();
+    return BB_OK;
+}
+
+/* The consumer simulation: the asked rate, the loader at full speed, then
+ * a bisection for the largest rate per GPU that waits < 1%. */
+static bb_status simulate(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, json_t **out)
+{
+    bool tokens;
+    double upr = units_per_record(ds, &tokens);
+    run_config c = *asked;
+    bench_result at, full, probe;
+    progress("bench loader: %u GPU%s at %.0f %s/s each...", c.gpus, c.gpus > 1 ? "s" : "", c.rate * upr,
+             tokens ? "tokens" : "samples");
+    BB_TRY(run(ds, o, &c, &at));
+    c.rate = 0;
+    progress("bench loader: the loader at full speed...");
+    BB_TRY(run(ds, o, &c, &full));
+    double lo = 0, hi = full.records / full.seconds / c.gpus; /* records/s per GPU */
+    for (int i = 0; i < 6; i++) {
+        c.rate = (lo + hi) / 2;
+        progress("bench loader: probing %.0f %s/s per GPU (%d of 6)...", c.rate * upr, tokens ? "tokens" : "samples",
+                 i + 1);
+        BB_TRY(run(ds, o, &c, &probe));
+        if (probe.wait_pct < 1) lo = c.rate;
+        else hi = c.rate;
+    }
+    progress_done();
+    *out = json_pack("{s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "unit", tokens ? "tokens" : "samples",
+                     "gpus", (json_int_t)asked->gpus, "loader_threads", (json_int_t)asked->threads, "rate_per_gpu",
+                     bb_json_fixed(asked->rate * upr, 0), "delivered_per_s",
+                     bb_json_fixed(at.records / at.seconds * upr, 0), "wait_pct", bb_json_fixed(at.wait_pct, 2),
+                     "worst_wait_pct", bb_json_fixed(at.worst_wait_pct, 2), "max_rate_per_gpu",
+                     bb_json_fixed(lo * upr, 0), "full_speed_per_s",
+                     bb_json_fixed(full.records / full.seconds * upr, 0), "io", at.io);
+    return *out ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
+}
+
+static void simulation_text(const json_t *s)
+{
+    const char *unit = json_string_value(json_object_get(s, "unit"));
+    double gpus = json_number_value(json_object_get(s, "gpus"));
+    double rate = json_number_value(json_object_get(s, "rate_per_gpu"));
+    double most = json_number_value(json_object_get(s, "max_rate_per_gpu"));
+    printf("  simulated GPUs   %.0f x %.0f %s/s\n", gpus, rate, unit);
+    printf("  delivered        %.0f %s/s\n", json_number_value(json_object_get(s, "delivered_per_s")), unit);
+    printf("  GPUs waited      %.2f%% of the time (the worst %.2f%%)\n",
+           json_number_value(json_object_get(s, "wait_pct")), json_number_value(json_object_get(s, "worst_wait_pct")));
+    printf("  sustains         %.0f %s/s per GPU with < 1%% waiting (%.0f for %.0f GPUs; full speed %.0f)\n", most,
+           unit, most * gpus, gpus, json_number_value(json_object_get(s, "full_speed_per_s")));
 }
 
 int bb_bench_loader(int argc, char **argv)
 {
     const char *data = NULL;
     int threads = BB_LOADER_THREADS_DEFAULT;
-    int64_t micro_batch = 256, seed = 1, prefetch = 0; /* train's seed */
-    double seconds = 3;
-    bool cold = false, json = false, pinned = false;
+    int64_t micro_batch = 256, seed = 1, prefetch = 0, gpus = 0; /* train's seed */
+    double seconds = 3, consumer = 0, tokens_per_s = 0;
+    bool cold = false, warm = false, only = false, json = false, pinned = false;
     bb_loader_options o;
     bb_loader_defaults(&o);
     const bb_opt opts[] = {
         {"--data", BB_OPT_STRING, &data, "DIR", "dataset directory (or one shard)", .required = true},
         LOADER_FLAG_OPTS(threads, o.io, o.direct, o.shuffle_frames, NULL, NULL),
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "records per batch", .min = 1, .max = 1 << 24},
-        {"--prefetch", BB_OPT_INT, &prefetch, "N", "batches prepared ahead of the consumer (0: 16, fewer for large batches)", .min = 0, .max = 1024},
+        {"--prefetch", BB_OPT_INT, &prefetch, "N", "batches prepared ahead of each consumer (0: 16, fewer for "
+         "large batches)", .min = 0, .max = 1024},
         {"--seed", BB_OPT_INT, &seed, "N", "sampler seed", .min = 0, .max = (double)INT64_MAX},
-        {"--seconds", BB_OPT_DOUBLE, &seconds, "S", "how long to run (without --cold)", .min = 0.01, .max = 3600},
-        {"--cold", BB_OPT_FLAG, &cold, NULL, "drop the shards from the page cache, then read one epoch"},
+        {"--seconds", BB_OPT_DOUBLE, &seconds, "S", "how long each warm run (and each probe) lasts", .min = 0.01,
+         .max = 3600},
+        {"--warm", BB_OPT_FLAG, &warm, NULL, "only the warm runs"},
+        {"--cold", BB_OPT_FLAG, &cold, NULL, "only the cold runs: the shards dropped from the page cache, then one "
+         "epoch"},
+        {"--no-scaling", BB_OPT_FLAG, &only, NULL, "only --loader-threads, not every count from 1"},
+        {"--consumer", BB_OPT_DOUBLE, &consumer, "RATE", "simulate GPUs consuming RATE tokens/s each (samples/s "
+         "for images); with --gpus N, N of them", .min = 1e-3, .max = 1e15},
+        {"--gpus", BB_OPT_INT, &gpus, "N", "simulated GPUs (with --consumer or --tokens-per-s; default 1)", .min = 1,
+         .max = MAX_GPUS},
+        {"--tokens-per-s", BB_OPT_DOUBLE, &tokens_per_s, "RATE", "the same as --consumer RATE", .min = 1e-3,
+         .max = 1e15},
         {"--pinned", BB_OPT_FLAG, &pinned, NULL, "batch slots in pinned memory of cuda:0 (as training on GPUs does)"},
-        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object"},
+        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object: {\"rows\": [...]} or {\"consumer\": {...}}"},
         {0}};
     bb_dataset_t *ds = NULL;
     bb_backend_t *gpu = NULL;
-    bench_result r = {0};
+    json_t *out = NULL, *rows = NULL, *sim = NULL;
     bb_status rc = bb_cli_parse("bench loader", opts, argc, argv, NULL);
+    if (rc == BB_OK && consumer > 0 && tokens_per_s > 0 && consumer != tokens_per_s)
+        rc = bb_fail(BB_ERR_ARG, "--consumer %g and --tokens-per-s %g name two rates: give one", consumer,
+                     tokens_per_s);
+    double rate = consumer > 0 ? consumer : tokens_per_s;
+    if (rc == BB_OK && gpus && !(rate > 0))
+        rc = bb_fail(BB_ERR_ARG, "--gpus %lld needs the rate they consume: --tokens-per-s RATE (or --consumer RATE)",
+                     (long long)gpus);
+    if (rc == BB_OK && rate > 0 && (warm || cold))
+        rc = bb_fail(BB_ERR_ARG, "the consumer simulation runs warm: --%s does not apply", cold ? "cold" : "warm");
+    if (rc == BB_OK && warm && cold) rc = bb_fail(BB_ERR_ARG, "--warm and --cold: give one (or neither for both)");
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK) {
-        o.threads = (uint32_t)threads, o.micro_batch = (uint32_t)micro_batch;
+        o.micro_batch = (uint32_t)micro_batch;
         o.seed = (uint64_t)seed;
         o.prefetch = (uint32_t)prefetch;
         if (pinned) {
@@ -126,46 +399,39 @@ int bb_bench_loader(int argc, char **argv)
             rc = bb_backend_create_cuda(&bo, &gpu);
             o.host_alloc = bb_backend_slot_alloc, o.host_free = bb_backend_slot_free, o.host_ctx = gpu;
         }
-        if (rc == BB_OK) rc = run(ds, &o, seconds, cold, &r);
     }
-    if (rc != BB_OK) {
-        bb_dataset_close(ds);
-        bb_backend_destroy(gpu);
-        return bb_cli_report(rc, usage, summary, opts);
-    }
-    double records_per_s = r.records / r.seconds, raw = r.raw_bytes / r.seconds / 1e6;
-    double compressed = r.stats.compressed_bytes / r.seconds / 1e6, wait_pct = 100 * r.wait_seconds / r.seconds;
-    if (json) {
-        json_t *o = json_pack("{s:o, s:o, s:o, s:s, s:b, s:I, s:I, s:o, s:o, s:b, s:o, s:o, s:o}", "records_per_s",
-                              bb_json_fixed(records_per_s, 0), "raw_mb_per_s", bb_json_fixed(raw, 1),
-                              "compressed_mb_per_s", bb_json_fixed(compressed, 1), "io", r.io, "pinned", pinned,
-                              "threads", (json_int_t)threads, "micro_batch", (json_int_t)micro_batch, "records",
-                              bb_json_fixed(r.records, 0), "seconds", bb_json_fixed(r.seconds, 4), "cold", cold,
-                              "data_wait_pct", bb_json_fixed(wait_pct, 1), "disk_read_mb",
-                              bb_json_fixed(r.disk_bytes / 1e6, 1), "startup_ms",
-                              bb_json_fixed(r.startup_seconds * 1e3, 2));
-        bb_json_write_line(stdout, o);
-        json_decref(o);
-    } else {
+    bool tokens = false;
+    double upr = ds ? units_per_record(ds, &tokens) : 1;
+    run_config asked = {.threads = (uint32_t)threads, .gpus = gpus ? (uint32_t)gpus : 1, .rate = rate / upr,
+                        .seconds = seconds};
+    if (rc == BB_OK && !json) {
         const bb_shard_meta *m = bb_dataset_meta(ds);
-        printf("loader benchmark: %s (%llu records of %u bytes, %s)\n", data,
-               (unsigned long long)bb_dataset_record_count(ds), m->record_size, bb_record_kind_name(m->kind));
-        printf("  %s%s, %lld thread%s, micro-batch %lld, %.2f s%s (after %.2f ms of setup)\n", r.io,
-               pinned ? ", pinned slots" : "",
-               (long long)threads, threads == 1 ? "" : "s", (long long)micro_batch, r.seconds,
-               cold ? ", one cold epoch" : "", r.startup_seconds * 1e3);
-        printf("  %llu batches per epoch, %llu records dropped at the end of each\n",
-               (unsigned long long)r.steps_per_epoch, (unsigned long long)r.dropped);
-        printf("  records/s        %12.0f\n", records_per_s);
-        printf("  raw MB/s         %12.1f\n", raw);
-        printf("  compressed MB/s  %12.1f\n", compressed);
-        printf("  consumer waited  %11.1f%% of the time\n", wait_pct);
-        printf("  loader threads waited for frames %.1f%%, for free slots %.1f%% of their time\n",
-               100 * r.stats.frame_wait_ns / 1e9 / r.seconds / threads,
-               100 * r.stats.slot_wait_ns / 1e9 / r.seconds / threads);
-        if (cold) printf("  read from disk   %9.1f MB\n", r.disk_bytes / 1e6);
+        printf("loader benchmark: %s (%llu records of %u bytes, %s), micro-batch %lld, %llu batches an epoch, "
+               "%llu records dropped at its end\n", data, (unsigned long long)bb_dataset_record_count(ds),
+               m->record_size, bb_record_kind_name(m->kind), (long long)micro_batch,
+               (unsigned long long)(bb_dataset_record_count(ds) / (uint64_t)micro_batch),
+               (unsigned long long)(bb_dataset_record_count(ds) % (uint64_t)micro_batch));
+        if (!(rate > 0))
+            printf("  threads  cache   records/s     tokens/s  raw MB/s  compr. MB/s  first batch   I/O  decompress  "
+                   "copy  frame wait  slot wait  data wait\n");
     }
+    if (rc == BB_OK && rate > 0) {
+        rc = simulate(ds, &o, &asked, &sim);
+    } else if (rc == BB_OK) {
+        rows = json ? json_array() : NULL;
+        rc = scaling(ds, &o, &asked, !cold, !warm, only, rows);
+    }
+    if (rc == BB_OK && json) {
+        out = json_pack("{s:s, s:I, s:I, s:o}", "data", data, "records", (json_int_t)bb_dataset_record_count(ds),
+                        "record_bytes", (json_int_t)bb_dataset_meta(ds)->record_size, "tokens_per_record",
+                        tokens ? json_integer((json_int_t)upr) : json_null());
+        if (out) json_object_set_new(out, sim ? "consumer" : "rows", sim ? json_incref(sim) : json_incref(rows));
+        rc = out ? bb_json_write_line(stdout, out) : bb_fail(BB_ERR_NOMEM, "out of memory");
+    } else if (rc == BB_OK && sim) {
+        simulation_text(sim);
+    }
+    json_decref(out), json_decref(rows), json_decref(sim);
     bb_dataset_close(ds);
     bb_backend_destroy(gpu);
-    return BB_EXIT_OK;
+    return rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);
 }

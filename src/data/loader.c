@@ -556,6 +556,9 @@ void bb_loader_get_stats(const bb_loader_t *l, bb_loader_stats *st)
         st->raw_bytes += atomic_load_explicit(&l->threads[t].raw_bytes, memory_order_relaxed);
         st->frame_wait_ns += atomic_load_explicit(&l->threads[t].frame_wait_ns, memory_order_relaxed);
         st->slot_wait_ns += atomic_load_explicit(&l->threads[t].slot_wait_ns, memory_order_relaxed);
+        st->io_ns += atomic_load_explicit(&l->threads[t].io_ns, memory_order_relaxed);
+        st->decompress_ns += atomic_load_explicit(&l->threads[t].decompress_ns, memory_order_relaxed);
+        st->copy_ns += atomic_load_explicit(&l->threads[t].copy_ns, memory_order_relaxed);
     }
     for (uint32_t d = 0; d < l->opt.devices; d++)
         st->wait_ns += atomic_load_explicit(&l->wait_ns[d], memory_order_relaxed);

@@ -66,6 +66,7 @@ typedef struct thread_state {
     /* counters, written by this thread only */
     _Atomic uint64_t frames, compressed_bytes, raw_bytes;
     _Atomic uint64_t frame_wait_ns, slot_wait_ns;
+    _Atomic uint64_t io_ns, decompress_ns, copy_ns; /* where its time went (bb_loader_stats) */
 } thread_state;
 
 struct bb_loader {

@@ -42,7 +42,9 @@ static bb_status on_frame_read(void *arg, uint32_t index, const uint8_t *compres
     const bb_shard_t *shard = bb_dataset_shard(l->ds, f->shard);
     uint8_t *buffer = bb_loader_pool_get(l);
     if (!buffer) return bb_fail(BB_ERR_NOMEM, "out of memory for a frame buffer of %u bytes", l->max_frame_bytes);
+    uint64_t t0 = bb_clock_ns();
     bb_status rc = bb_shard_decode_frame(shard, f->frame, ctx->ts->decoder, compressed, buffer, l->max_frame_bytes);
+    atomic_fetch_add_explicit(&ctx->ts->decompress_ns, bb_clock_ns() - t0, memory_order_relaxed);
     if (rc != BB_OK) {
         bb_loader_pool_put(l, buffer);
         return rc;
@@ -81,7 +83,12 @@ static bb_status load_frames(thread_state *ts, epoch_table *table, unit_scratch 
             .offset = sf->offset, .length = sf->compressed_size, .path = bb_shard_path(shard), .frame = f->frame};
     }
     read_ctx ctx = {ts, table, u};
+    /* the reads' time: bb_io_read's, less the decompression its callbacks did */
+    uint64_t t0 = bb_clock_ns(), decompressed = atomic_load_explicit(&ts->decompress_ns, memory_order_relaxed);
     bb_status rc = bb_io_read(ts->io, u->requests, m, on_frame_read, &ctx);
+    uint64_t spent = bb_clock_ns() - t0;
+    uint64_t in_callbacks = atomic_load_explicit(&ts->decompress_ns, memory_order_relaxed) - decompressed;
+    atomic_fetch_add_explicit(&ts->io_ns, spent > in_callbacks ? spent - in_callbacks : 0, memory_order_relaxed);
     if (rc != BB_OK) {
         bb_loader_record_error(l, rc);
         for (uint32_t i = 0; i < m; i++) {
@@ -161,11 +168,13 @@ static bb_status fill_slot(thread_state *ts, epoch_table *table, unit_scratch *u
         if (u->per_frame[u->refs[i].order_frame]++ == 0) u->uses[u->use_count++] = u->refs[i].order_frame;
     bb_status rc = frames_ready(ts, table, u);
     if (rc == BB_OK) {
+        uint64_t t0 = bb_clock_ns();
         for (uint32_t i = 0; i < b; i++) {
             const frame_entry *e = &table->entries[u->refs[i].order_frame];
             memcpy(s->data + (size_t)i * rs, e->data + (size_t)u->refs[i].index * rs, rs);
             s->ids[i] = bb_order_record_id(table->order, u->refs[i]);
         }
+        atomic_fetch_add_explicit(&ts->copy_ns, bb_clock_ns() - t0, memory_order_relaxed);
     }
     for (uint32_t k = 0; k < u->use_count; k++) {
         uint32_t j = u->uses[k], taken = u->per_frame[j];
