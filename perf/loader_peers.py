@@ -33,12 +33,13 @@ BATCH = 256
 WDS_SHARDS = 8
 
 
-def drop_cache(root):
-    for base, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(base, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+def drop_cache(path):
+    """Every file at `path` (one file, or a directory's tree) out of the page cache."""
+    files = [path] if os.path.isfile(path) else [os.path.join(b, f) for b, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
 
 
 def pack(args):
@@ -123,8 +124,7 @@ def loader(peer, d, workers):
 def read(args):
     copy = {"dataloader": "records.npy", "webdataset": "wds", "streaming": "mds", "litdata": "litdata"}[args.peer]
     if args.cold:
-        path = os.path.join(args.dir, copy)
-        drop_cache(path) if os.path.isdir(path) else drop_cache_file(path)
+        drop_cache(os.path.join(args.dir, copy))
     t0 = time.perf_counter()
     first, records = None, 0
     for b in loader(args.peer, args.dir, args.workers):
@@ -136,12 +136,6 @@ def read(args):
     end = time.perf_counter()
     print(json.dumps({"peer": args.peer, "workers": args.workers, "cold": args.cold, "records": records,
                       "records_per_s": records / (end - first), "first_batch_s": first - t0}))
-
-
-def drop_cache_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
 
 
 def main():

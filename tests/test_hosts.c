@@ -203,53 +203,20 @@ static double link_bytes(const hosts *h)
     return total;
 }
 
-/* The per-step losses, step times (ms) and overlaps of a metrics file. */
-typedef struct run_figures {
-    int steps;
-    double loss[64], step_ms[64], overlap[64];
-} run_figures;
-
-static run_figures figures_of(const char *metrics, int global_batch)
-{
-    run_figures f = {0};
-    char *m = (char *)tu_read_file(metrics, NULL);
-    for (char *line = strtok(m, "\n"); line && f.steps < 64; line = strtok(NULL, "\n")) {
-        char *loss = strstr(line, "\"loss\": "), *rate = strstr(line, "\"samples_per_s\": ");
-        char *overlap = strstr(line, "\"overlap_pct\": ");
-        if (strncmp(line, "{\"step\": ", 9) || !loss || !rate) continue;
-        f.loss[f.steps] = strtod(loss + 8, NULL);
-        f.step_ms[f.steps] = 1e3 * global_batch / strtod(rate + 17, NULL);
-        f.overlap[f.steps] = overlap ? strtod(overlap + 15, NULL) : NAN;
-        f.steps++;
-    }
-    free(m);
-    return f;
-}
-
 static int by_value(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* The median of v[from..n), and its mean into *mean. */
-static double median_from(const double *v, int from, int n, double *mean)
+/* The median of v[0..n) (sorted in place), and its mean into *mean. */
+static double median_of(double *v, int n, double *mean)
 {
-    double s[64], sum = 0;
-    int k = 0;
-    for (int i = from; i < n; i++) s[k++] = v[i], sum += v[i];
-    qsort(s, (size_t)k, sizeof *s, by_value);
-    *mean = sum / k;
-    return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
-}
-
-static void expect_losses(const run_figures *got, const run_figures *want, const char *what)
-{
-    cr_assert(got->steps > 0 && got->steps == want->steps, "%s: %d steps, the reference %d", what, got->steps,
-              want->steps);
-    for (int i = 0; i < got->steps; i++)
-        cr_assert(fabs(got->loss[i] - want->loss[i]) <= 1e-5 * fabs(want->loss[i]),
-                  "%s: step %d loss %.9g, the reference %.9g", what, i + 1, got->loss[i], want->loss[i]);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += v[i];
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    *mean = sum / n;
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 #define GPT "--model gpt --layers 2 --heads 2 --d-model 32 --global-batch 16 --micro-batch 2 --lr 3e-3 --log-every 0"
@@ -275,12 +242,13 @@ Test(hosts, two_hosts_by_two_processes_train_as_one_process_on_cpu_4)
     double crossed = link_bytes(&h) - before;
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "the 4 processes' parameters are identical"), "%s", r.err);
-    run_figures one = figures_of(m1, 16), two = figures_of(m4, 16);
-    expect_losses(&two, &one, "2 hosts x 2 processes");
+    expect_same_losses(m1, m4, 1, "2 hosts x 2 processes");
     cr_assert_gt(crossed, 100e3, "only %.0f bytes crossed the link between the hosts", crossed);
+    double one, two;
+    metric_values(m1, "loss", 6, &one, 1), metric_values(m4, "loss", 6, &two, 1);
     cr_log_info("2 hosts x 2 processes (cpu:1 each) over a veth: the losses of 1 process on cpu:4 within 1e-5 "
                 "(step 6: %.7f and %.7f), parameters identical on all 4 ranks, %.2f MB crossed the link",
-                two.loss[5], one.loss[5], crossed / 1e6);
+                two, one, crossed / 1e6);
     tu_run_free(&r);
     hosts_down(&h);
     free(data), free(m1), free(m4);
@@ -295,26 +263,29 @@ Test(hosts, delay_and_loss_on_the_link_change_the_time_not_the_losses)
     need_hosts();
     static const struct { double delay_s, loss; const char *what; } links[] = {
         {0, 0, "no delay"}, {0.020, 0, "20 ms each way"}, {0, 0.05, "5% loss each way"}};
-    char *data = make_tokens("tokens", 400), *metrics = tu_path(tmp, "m.jsonl");
-    run_figures f[3];
+    char *data = make_tokens("tokens", 400), *metrics[3];
+    double med[3], mean[3], ov[3], ov_mean;
     for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "m%d.jsonl", i);
+        metrics[i] = tu_path(tmp, name);
         hosts h;
         hosts_up(&h, true, links[i].delay_s, links[i].loss);
         char args[8192];
         snprintf(args, sizeof args, "--data %s --model gpt --layers 2 --heads 2 --d-model 64 --global-batch 16 "
                  "--micro-batch 2 --lr 3e-3 --log-every 0 --bucket-mib 0.05 --steps 12 --devices cpu:2 --metrics %s",
-                 data, metrics);
+                 data, metrics[i]);
         tu_run r = job(&h, 2, args);
         cr_assert_eq(r.exit_code, 0, "%s: %s", links[i].what, r.err);
         tu_run_free(&r);
         hosts_down(&h);
-        f[i] = figures_of(metrics, 16);
-        if (i) expect_losses(&f[i], &f[0], links[i].what);
-    }
-    double med[3], mean[3], ov[3], ov_mean;
-    for (int i = 0; i < 3; i++) {
-        med[i] = median_from(f[i].step_ms, 1, f[i].steps, &mean[i]); /* step 1 warms up */
-        ov[i] = median_from(f[i].overlap, 1, f[i].steps, &ov_mean);
+        if (i) expect_same_losses(metrics[0], metrics[i], 1, links[i].what);
+        double rate[64], overlap[64]; /* step 1 warms up */
+        int n = metric_values(metrics[i], "samples_per_s", 2, rate, 64);
+        cr_assert_eq(metric_values(metrics[i], "overlap_pct", 2, overlap, 64), n);
+        for (int k = 0; k < n; k++) rate[k] = 1e3 * 16 / rate[k]; /* ms a step of 16 samples */
+        med[i] = median_of(rate, n, &mean[i]);
+        ov[i] = median_of(overlap, n, &ov_mean);
         cr_log_info("2 hosts x 1 process (cpu:2), %s: step %.1f ms median, %.1f ms mean (x%.2f the clean link's), "
                     "overlap %.0f%%", links[i].what, med[i], mean[i], mean[i] / mean[0], ov[i]);
     }
@@ -322,7 +293,8 @@ Test(hosts, delay_and_loss_on_the_link_change_the_time_not_the_losses)
      * round trip in each, whatever the machine's load. How much loss costs is a matter of timing (TCP's
      * retransmissions): perf/network_bench.sh measures it, this test only that it trains the same. */
     cr_assert_geq(med[1], 40, "20 ms each way must add a round trip to every step: %.1f ms a step", med[1]);
-    free(metrics), free(data);
+    for (int i = 0; i < 3; i++) free(metrics[i]);
+    free(data);
 }
 
 /* True while any process of the job (its pid files) is alive. */

@@ -40,30 +40,6 @@ static tu_run train_job(int P, int N, const char *data, const char *metrics, con
     return tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
 }
 
-/* The losses of a metrics file, from step `from` on. */
-static int losses(const char *path, int from, double *out, int cap)
-{
-    char *m = (char *)tu_read_file(path, NULL);
-    int n = 0;
-    for (char *line = strtok(m, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
-        int step;
-        char *loss = strstr(line, "\"loss\": ");
-        if (sscanf(line, "{\"step\": %d", &step) == 1 && step >= from && loss) out[n++] = strtod(loss + 8, NULL);
-    }
-    free(m);
-    return n;
-}
-
-static void expect_same_losses(const char *want_path, const char *got_path, int from, const char *what)
-{
-    double want[16], got[16];
-    int n = losses(want_path, from, want, 16), m = losses(got_path, from, got, 16);
-    cr_assert(n > 0 && n == m, "%s: %d losses, the reference %d", what, m, n);
-    for (int i = 0; i < n; i++)
-        cr_assert(fabs(got[i] - want[i]) <= 1e-5 * fabs(want[i]), "%s: step %d loss %.9g, one process %.9g", what,
-                  from + i, got[i], want[i]);
-}
-
 /* P processes x N devices give one process's losses with P·N devices, and
  * every rank the same parameters (the job compares their hashes). */
 static void check_splits(const char *data, const char *model)
@@ -226,10 +202,8 @@ static void preempt_rank_1(const char *flags)
     int code = exit_within(pid, 30);
     char *e = (char *)tu_read_file(err, NULL);
     cr_assert_eq(code, 75, "%s: the job should exit 75 (exit %d): %s", flags, code, e);
-    const char *line = strstr(e, "bigbatch: preempted: saved step ");
-    cr_assert_not_null(line, "%s: rank 0's line: %s", flags, e);
-    cr_assert_null(strstr(line + 1, "bigbatch: preempted"), "%s: one line, from rank 0: %s", flags, e);
-    unsigned long long n = strtoull(line + 32, NULL, 10);
+    unsigned long long n = preempted_step(e, ckpt); /* one line, from rank 0 */
+    cr_assert_gt(n, 0, "%s: rank 0's line: %s", flags, e);
     char *dirs = step_dirs(ckpt), want_dir[64];
     snprintf(want_dir, sizeof want_dir, "step-%08llu", n);
     cr_assert_str_eq(dirs, want_dir, "%s: one checkpoint, of step %llu", flags, n);
@@ -358,7 +332,7 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
     double last[16];
-    cr_assert_eq(losses(mr, 5, last, 16), 1, "the resumed run's step 5");
+    cr_assert_eq(metric_values(mr, "loss", 5, last, 16), 1, "the resumed run's step 5");
     cr_assert(isfinite(last[0]));
     cr_log_info("--zero 1 over 2 processes x cpu:2: --zero 0's losses, optimizer.bin byte for byte; resumed on cpu:4");
     free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);

@@ -10,20 +10,6 @@
 
 TestSuite(preempt, .init = fixture_setup, .fini = fixture_teardown);
 
-/* The step N of "preempted: saved step N to DIR; continue with: bigbatch
- * train --resume DIR" in stderr (asserted whole); 0 when absent. */
-static unsigned long long preempted_step(const char *err, const char *dir)
-{
-    const char *at = strstr(err, "bigbatch: preempted: saved step ");
-    if (!at) return 0;
-    unsigned long long step = strtoull(at + 32, NULL, 10);
-    char expect[8600];
-    snprintf(expect, sizeof expect, "bigbatch: preempted: saved step %llu to %s; continue with: bigbatch train "
-             "--resume %s\n", step, dir, dir);
-    cr_assert_not_null(strstr(err, expect), "the preemption line should read '%s': %s", expect, err);
-    return step;
-}
-
 /* `bigbatch train` of a small gpt with `extra` (space-separated words). */
 static tu_run train_cmd(const char *data, const char *extra)
 {

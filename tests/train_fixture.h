@@ -183,4 +183,48 @@ static inline char *metric_losses(const char *path, unsigned long long from_step
     return out;
 }
 
+/* The numbers under `key` ("loss", "samples_per_s", ...) of a metrics
+ * file's step lines, from step `from` on; returns how many (at most cap). */
+static inline int metric_values(const char *path, const char *key, int from, double *out, int cap)
+{
+    char *m = (char *)tu_read_file(path, NULL), needle[64];
+    snprintf(needle, sizeof needle, "\"%s\": ", key);
+    int n = 0;
+    for (char *line = strtok(m, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        int step;
+        char *at = strstr(line, needle);
+        if (sscanf(line, "{\"step\": %d", &step) == 1 && step >= from && at)
+            out[n++] = strtod(at + strlen(needle), NULL);
+    }
+    free(m);
+    return n;
+}
+
+/* The two runs' losses from step `from` on agree within 1e-5 (relative). */
+static inline void expect_same_losses(const char *want_path, const char *got_path, int from, const char *what)
+{
+    double want[64], got[64];
+    int n = metric_values(want_path, "loss", from, want, 64), m = metric_values(got_path, "loss", from, got, 64);
+    cr_assert(n > 0 && n == m, "%s: %d losses, the reference %d", what, m, n);
+    for (int i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= 1e-5 * fabs(want[i]), "%s: step %d loss %.9g, the reference %.9g", what,
+                  from + i, got[i], want[i]);
+}
+
+/* The step N of "preempted: saved step N to DIR; continue with: bigbatch
+ * train --resume DIR" in stderr, the line asserted whole and once; 0 when
+ * absent. */
+static inline unsigned long long preempted_step(const char *err, const char *dir)
+{
+    const char *at = strstr(err, "bigbatch: preempted: saved step ");
+    if (!at) return 0;
+    unsigned long long step = strtoull(at + 32, NULL, 10);
+    char expect[8600];
+    snprintf(expect, sizeof expect, "bigbatch: preempted: saved step %llu to %s; continue with: bigbatch train "
+             "--resume %s\n", step, dir, dir);
+    cr_assert_not_null(strstr(err, expect), "the preemption line should read '%s': %s", expect, err);
+    cr_assert_null(strstr(at + 1, "bigbatch: preempted"), "one preemption line: %s", err);
+    return step;
+}
+
 #endif

@@ -209,11 +209,16 @@ static bb_status run(const bb_dataset_t *ds, const bb_loader_options *base, cons
 /* What a record is worth in the unit rates are given in: a token
  * record's targets (T of its T + 1 tokens, as training counts them), else
  * one sample. */
-static double units_per_record(const bb_dataset_t *ds, bool *tokens)
+typedef struct units {
+    double per_record;
+    bool tokens;
+} units;
+
+static units units_of(const bb_dataset_t *ds)
 {
     const bb_shard_meta *m = bb_dataset_meta(ds);
-    *tokens = m->kind == BB_RECORD_TOKENS_U16 || m->kind == BB_RECORD_TOKENS_U32;
-    return *tokens && m->shape[0] > 1 ? m->shape[0] - 1 : 1;
+    bool tokens = m->kind == BB_RECORD_TOKENS_U16 || m->kind == BB_RECORD_TOKENS_U32;
+    return (units){.per_record = tokens && m->shape[0] > 1 ? m->shape[0] - 1 : 1, .tokens = tokens};
 }
 
 /* A progress line on a terminal, in place. */
@@ -234,52 +239,54 @@ static void progress_done(void)
     if (isatty(STDERR_FILENO)) fprintf(stderr, "\r\033[K"), fflush(stderr);
 }
 
-static json_t *pct_of(double ns, double seconds, uint32_t threads)
+/* The share (%) of the loader threads' time in each of their phases. */
+typedef struct time_shares {
+    double io, decompress, copy, frame_wait, slot_wait;
+} time_shares;
+
+static time_shares shares_of(const bench_result *r, uint32_t threads)
 {
-    return bb_json_fixed(seconds > 0 ? 100 * ns / 1e9 / seconds / threads : 0, 1);
+    double ns = r->seconds > 0 ? r->seconds * 1e9 * threads / 100 : 1e300; /* 1% of the threads' time */
+    const bb_loader_stats *st = &r->stats;
+    return (time_shares){st->io_ns / ns, st->decompress_ns / ns, st->copy_ns / ns, st->frame_wait_ns / ns,
+                         st->slot_wait_ns / ns};
 }
 
-static json_t *row_json(const run_config *c, const bench_result *r, double upr, bool tokens, bool pinned,
-                        int micro_batch)
+static json_t *row_json(const run_config *c, const bench_result *r, units u, bool pinned, int micro_batch)
 {
     double s = r->seconds > 0 ? r->seconds : 1e-9, rec = r->records / s;
-    json_t *time = json_pack("{s:o, s:o, s:o, s:o, s:o}", "io_pct", pct_of(r->stats.io_ns, s, c->threads),
-                             "decompress_pct", pct_of(r->stats.decompress_ns, s, c->threads), "copy_pct",
-                             pct_of(r->stats.copy_ns, s, c->threads), "frame_wait_pct",
-                             pct_of(r->stats.frame_wait_ns, s, c->threads), "slot_wait_pct",
-                             pct_of(r->stats.slot_wait_ns, s, c->threads));
-    json_t *o = json_pack("{s:o, s:o, s:o, s:o, s:s, s:b, s:I, s:I, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o}",
-                          "records_per_s", bb_json_fixed(rec, 0), "tokens_per_s",
-                          tokens ? bb_json_fixed(rec * upr, 0) : json_null(), "raw_mb_per_s",
-                          bb_json_fixed(r->raw_bytes / s / 1e6, 1), "compressed_mb_per_s",
-                          bb_json_fixed(r->stats.compressed_bytes / s / 1e6, 1), "io", r->io, "pinned", pinned,
-                          "threads", (json_int_t)c->threads, "micro_batch", (json_int_t)micro_batch, "records",
-                          bb_json_fixed(r->records, 0), "seconds", bb_json_fixed(r->seconds, 4), "cold", c->cold,
-                          "data_wait_pct", bb_json_fixed(r->wait_pct, 1), "disk_read_mb",
-                          bb_json_fixed(r->disk_bytes / 1e6, 1), "startup_ms",
-                          bb_json_fixed(r->startup_seconds * 1e3, 2), "first_batch_ms",
-                          bb_json_fixed(r->first_batch_seconds * 1e3, 2), "loader_time", time);
-    return o;
+    time_shares t = shares_of(r, c->threads);
+    json_t *time = json_pack("{s:o, s:o, s:o, s:o, s:o}", "io_pct", bb_json_fixed(t.io, 1), "decompress_pct",
+                             bb_json_fixed(t.decompress, 1), "copy_pct", bb_json_fixed(t.copy, 1), "frame_wait_pct",
+                             bb_json_fixed(t.frame_wait, 1), "slot_wait_pct", bb_json_fixed(t.slot_wait, 1));
+    return json_pack("{s:o, s:o, s:o, s:o, s:s, s:b, s:I, s:I, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o}",
+                     "records_per_s", bb_json_fixed(rec, 0), "tokens_per_s",
+                     u.tokens ? bb_json_fixed(rec * u.per_record, 0) : json_null(), "raw_mb_per_s",
+                     bb_json_fixed(r->raw_bytes / s / 1e6, 1), "compressed_mb_per_s",
+                     bb_json_fixed(r->stats.compressed_bytes / s / 1e6, 1), "io", r->io, "pinned", pinned, "threads",
+                     (json_int_t)c->threads, "micro_batch", (json_int_t)micro_batch, "records",
+                     bb_json_fixed(r->records, 0), "seconds", bb_json_fixed(r->seconds, 4), "cold", c->cold,
+                     "data_wait_pct", bb_json_fixed(r->wait_pct, 1), "disk_read_mb",
+                     bb_json_fixed(r->disk_bytes / 1e6, 1), "startup_ms", bb_json_fixed(r->startup_seconds * 1e3, 2),
+                     "first_batch_ms", bb_json_fixed(r->first_batch_seconds * 1e3, 2), "loader_time", time);
 }
 
-static void row_text(const run_config *c, const bench_result *r, double upr, bool tokens)
+static void row_text(const run_config *c, const bench_result *r, units u)
 {
-    double s = r->seconds > 0 ? r->seconds : 1e-9, rec = r->records / s, ts = s * c->threads / 100;
-    char units[32] = "-";
-    if (tokens) snprintf(units, sizeof units, "%.0f", rec * upr);
+    double s = r->seconds > 0 ? r->seconds : 1e-9, rec = r->records / s;
+    time_shares t = shares_of(r, c->threads);
+    char per_s[32] = "-";
+    if (u.tokens) snprintf(per_s, sizeof per_s, "%.0f", rec * u.per_record);
     printf("  %7u  %-5s %11.0f %12s %9.1f %11.1f %9.2f ms %5.1f%% %9.1f%% %5.1f%% %8.1f%% %8.1f%% %8.1f%%\n",
-           c->threads, c->cold ? "cold" : "warm", rec, units, r->raw_bytes / s / 1e6,
-           r->stats.compressed_bytes / s / 1e6, r->first_batch_seconds * 1e3, r->stats.io_ns / 1e9 / ts,
-           r->stats.decompress_ns / 1e9 / ts, r->stats.copy_ns / 1e9 / ts, r->stats.frame_wait_ns / 1e9 / ts,
-           r->stats.slot_wait_ns / 1e9 / ts, r->wait_pct);
+           c->threads, c->cold ? "cold" : "warm", rec, per_s, r->raw_bytes / s / 1e6,
+           r->stats.compressed_bytes / s / 1e6, r->first_batch_seconds * 1e3, t.io, t.decompress, t.copy,
+           t.frame_wait, t.slot_wait, r->wait_pct);
 }
 
 /* The scaling table: threads 1..N (or N alone), warm and/or cold. */
-static bb_status scaling(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, bool warm,
-                         bool cold, bool only, json_t *rows)
+static bb_status scaling(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, units u,
+                         bool warm, bool cold, bool only, json_t *rows)
 {
-    bool tokens;
-    double upr = units_per_record(ds, &tokens);
     for (uint32_t t = only ? asked->threads : 1; t <= asked->threads; t++)
         for (int k = 0; k < 2; k++) {
             run_config c = *asked;
@@ -288,9 +295,8 @@ static bb_status scaling(const bb_dataset_t *ds, const bb_loader_options *o, con
             progress("bench loader: %u thread%s, %s cache...", t, t > 1 ? "s" : "", c.cold ? "cold" : "warm");
             bench_result r;
             BB_TRY(run(ds, o, &c, &r));
-            if (rows) json_array_append_new(rows, row_json(&c, &r, upr, tokens, o->host_alloc != NULL,
-                                                           (int)o->micro_batch));
-            else progress_done(), row_text(&c, &r, upr, tokens);
+            if (rows) json_array_append_new(rows, row_json(&c, &r, u, o->host_alloc != NULL, (int)o->micro_batch));
+            else progress_done(), row_text(&c, &r, u);
         }
     progress_done();
     return BB_OK;
@@ -298,14 +304,14 @@ static bb_status scaling(const bb_dataset_t *ds, const bb_loader_options *o, con
 
 /* The consumer simulation: the asked rate, the loader at full speed, then
  * a bisection for the largest rate per GPU that waits < 1%. */
-static bb_status simulate(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, json_t **out)
+static bb_status simulate(const bb_dataset_t *ds, const bb_loader_options *o, const run_config *asked, units u,
+                          json_t **out)
 {
-    bool tokens;
-    double upr = units_per_record(ds, &tokens);
+    double upr = u.per_record;
+    const char *unit = u.tokens ? "tokens" : "samples";
     run_config c = *asked;
     bench_result at, full, probe;
-    progress("bench loader: %u GPU%s at %.0f %s/s each...", c.gpus, c.gpus > 1 ? "s" : "", c.rate * upr,
-             tokens ? "tokens" : "samples");
+    progress("bench loader: %u GPU%s at %.0f %s/s each...", c.gpus, c.gpus > 1 ? "s" : "", c.rate * upr, unit);
     BB_TRY(run(ds, o, &c, &at));
     c.rate = 0;
     progress("bench loader: the loader at full speed...");
@@ -313,14 +319,13 @@ static bb_status simulate(const bb_dataset_t *ds, const bb_loader_options *o, co
     double lo = 0, hi = full.records / full.seconds / c.gpus; /* records/s per GPU */
     for (int i = 0; i < 6; i++) {
         c.rate = (lo + hi) / 2;
-        progress("bench loader: probing %.0f %s/s per GPU (%d of 6)...", c.rate * upr, tokens ? "tokens" : "samples",
-                 i + 1);
+        progress("bench loader: probing %.0f %s/s per GPU (%d of 6)...", c.rate * upr, unit, i + 1);
         BB_TRY(run(ds, o, &c, &probe));
         if (probe.wait_pct < 1) lo = c.rate;
         else hi = c.rate;
     }
     progress_done();
-    *out = json_pack("{s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "unit", tokens ? "tokens" : "samples",
+    *out = json_pack("{s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "unit", unit,
                      "gpus", (json_int_t)asked->gpus, "loader_threads", (json_int_t)asked->threads, "rate_per_gpu",
                      bb_json_fixed(asked->rate * upr, 0), "delivered_per_s",
                      bb_json_fixed(at.records / at.seconds * upr, 0), "wait_pct", bb_json_fixed(at.wait_pct, 2),
@@ -400,9 +405,8 @@ int bb_bench_loader(int argc, char **argv)
             o.host_alloc = bb_backend_slot_alloc, o.host_free = bb_backend_slot_free, o.host_ctx = gpu;
         }
     }
-    bool tokens = false;
-    double upr = ds ? units_per_record(ds, &tokens) : 1;
-    run_config asked = {.threads = (uint32_t)threads, .gpus = gpus ? (uint32_t)gpus : 1, .rate = rate / upr,
+    units u = ds ? units_of(ds) : (units){.per_record = 1};
+    run_config asked = {.threads = (uint32_t)threads, .gpus = gpus ? (uint32_t)gpus : 1, .rate = rate / u.per_record,
                         .seconds = seconds};
     if (rc == BB_OK && !json) {
         const bb_shard_meta *m = bb_dataset_meta(ds);
@@ -416,15 +420,15 @@ int bb_bench_loader(int argc, char **argv)
                    "copy  frame wait  slot wait  data wait\n");
     }
     if (rc == BB_OK && rate > 0) {
-        rc = simulate(ds, &o, &asked, &sim);
+        rc = simulate(ds, &o, &asked, u, &sim);
     } else if (rc == BB_OK) {
         rows = json ? json_array() : NULL;
-        rc = scaling(ds, &o, &asked, !cold, !warm, only, rows);
+        rc = scaling(ds, &o, &asked, u, !cold, !warm, only, rows);
     }
     if (rc == BB_OK && json) {
         out = json_pack("{s:s, s:I, s:I, s:o}", "data", data, "records", (json_int_t)bb_dataset_record_count(ds),
                         "record_bytes", (json_int_t)bb_dataset_meta(ds)->record_size, "tokens_per_record",
-                        tokens ? json_integer((json_int_t)upr) : json_null());
+                        u.tokens ? json_integer((json_int_t)u.per_record) : json_null());
         if (out) json_object_set_new(out, sim ? "consumer" : "rows", sim ? json_incref(sim) : json_incref(rows));
         rc = out ? bb_json_write_line(stdout, out) : bb_fail(BB_ERR_NOMEM, "out of memory");
     } else if (rc == BB_OK && sim) {
