@@ -242,7 +242,7 @@ Test(hosts, two_hosts_by_two_processes_train_as_one_process_on_cpu_4)
     double crossed = link_bytes(&h) - before;
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "the 4 processes' parameters are identical"), "%s", r.err);
-    expect_same_losses(m1, m4, 1, "2 hosts x 2 processes");
+    expect_metrics_losses(m1, m4, 1, "2 hosts x 2 processes");
     cr_assert_gt(crossed, 100e3, "only %.0f bytes crossed the link between the hosts", crossed);
     double one, two;
     metric_values(m1, "loss", 6, &one, 1), metric_values(m4, "loss", 6, &two, 1);
@@ -279,7 +279,7 @@ Test(hosts, delay_and_loss_on_the_link_change_the_time_not_the_losses)
         cr_assert_eq(r.exit_code, 0, "%s: %s", links[i].what, r.err);
         tu_run_free(&r);
         hosts_down(&h);
-        if (i) expect_same_losses(metrics[0], metrics[i], 1, links[i].what);
+        if (i) expect_metrics_losses(metrics[0], metrics[i], 1, links[i].what);
         double rate[64], overlap[64]; /* step 1 warms up */
         int n = metric_values(metrics[i], "samples_per_s", 2, rate, 64);
         cr_assert_eq(metric_values(metrics[i], "overlap_pct", 2, overlap, 64), n);

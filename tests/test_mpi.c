@@ -60,7 +60,7 @@ static void check_splits(const char *data, const char *model)
         cr_assert_eq(r.exit_code, 0, "%s: %s", what, r.err);
         snprintf(agree, sizeof agree, "the %d processes' parameters are identical", P);
         cr_assert_not_null(strstr(r.err, agree), "%s: no '%s' in: %s", what, agree, r.err);
-        expect_same_losses(P * N == 4 ? ref4 : ref2, got, 1, what);
+        expect_metrics_losses(P * N == 4 ? ref4 : ref2, got, 1, what);
         cr_log_info("%s: losses within 1e-5 of one process, parameters bitwise equal on every rank", what);
         tu_run_free(&r);
     }
@@ -108,7 +108,7 @@ Test(mpi, resume_under_another_split)
         snprintf(extra, sizeof extra, "--resume %s", copy);
         r = train_job(splits[i][0], splits[i][1], data, resumed, extra);
         cr_assert_eq(r.exit_code, 0, "resume under %d x cpu:%d: %s", splits[i][0], splits[i][1], r.err);
-        expect_same_losses(whole, resumed, 3, i ? "resumed by 4 x cpu:1" : "resumed by 1 x cpu:4");
+        expect_metrics_losses(whole, resumed, 3, i ? "resumed by 4 x cpu:1" : "resumed by 1 x cpu:4");
         tu_run_free(&r);
         free(resumed);
     }
@@ -221,7 +221,7 @@ static void preempt_rank_1(const char *flags)
     r = tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
     cr_assert_eq(r.exit_code, 0, "%s: the uninterrupted run: %s", flags, r.err);
     tu_run_free(&r);
-    expect_same_losses(mw, mr, (int)n + 1, flags);
+    expect_metrics_losses(mw, mr, (int)n + 1, flags);
     cr_log_info("%s: SIGUSR1 to rank 1 only: both ranks stopped after step %llu, one checkpoint, exit 75; resumed "
                 "steps %llu-%llu match the uninterrupted run", flags, n, n + 1, n + 2);
     free(dirs), free(data), free(mr), free(mw), free(e), free(err), free(ckpt);
@@ -321,7 +321,7 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     r = train_job(2, 2, data, m1, extra);
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    expect_same_losses(m0, m1, 1, "--zero 1 over 2 processes");
+    expect_metrics_losses(m0, m1, 1, "--zero 1 over 2 processes");
     char *f0 = tu_path(c0, "latest/optimizer.bin"), *f1 = tu_path(c1, "latest/optimizer.bin");
     size_t n0, n1;
     uint8_t *b0 = tu_read_file(f0, &n0), *b1 = tu_read_file(f1, &n1);

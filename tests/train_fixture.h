@@ -200,8 +200,8 @@ static inline int metric_values(const char *path, const char *key, int from, dou
     return n;
 }
 
-/* The two runs' losses from step `from` on agree within 1e-5 (relative). */
-static inline void expect_same_losses(const char *want_path, const char *got_path, int from, const char *what)
+/* The two metrics files' losses from step `from` on agree within 1e-5 (relative). */
+static inline void expect_metrics_losses(const char *want_path, const char *got_path, int from, const char *what)
 {
     double want[64], got[64];
     int n = metric_values(want_path, "loss", from, want, 64), m = metric_values(got_path, "loss", from, got, 64);
