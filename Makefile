@@ -2,7 +2,8 @@
 #
 #   make            build bin/bigbatch and lib/libbigbatch.a
 #   make test       install missing Debian packages, build, run every Criterion suite
-#   make demo       the main job on the embedded data (data/kjv): verify it, train the gpt ~3 min, sample, report
+#   make demo       the main job: verify the embedded data/kjv, train a BPE tokenizer on the KJV text, pack it,
+#                   train the gpt ~3 min (val loss in bits per byte), sample words, report
 #   make asan|tsan  the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make cuda-emu   the CUDA backend on emulated GPUs (tests/cuda_emu): build/cuda-emu/bin/bigbatch
 #                   and build/cuda-emu/tests/test_cuda; `make test` builds and runs it
@@ -62,9 +63,9 @@ ifeq ($(USE_CUDA),1)
   endif
 endif
 
-PKGS      := liburing libzstd libxxhash zlib openblas jansson
-DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-torch clang \
+PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8
+DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev libpcre2-dev \
+             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-venv python3-torch clang \
              openmpi-bin libopenmpi-dev chromium iproute2
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -123,7 +124,7 @@ TEST_SRC  ?= $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle
+.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle hf-deps
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -221,6 +222,7 @@ check-tests: $(TEST_BIN) $(BIN)
 
 # The emulated variant is built first: the README's examples use it.
 test: deps
+	@$(MAKE) --no-print-directory hf-deps
 	@$(MAKE) --no-print-directory cuda-emu
 	@$(MAKE) --no-print-directory check-tests
 	@$(MAKE) --no-print-directory cuda-emu-test
@@ -238,12 +240,21 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BIN) version
 	$(BIN) inspect data/kjv --verify
+	@bible -f gen1:1-rev22:21 > build/kjv.txt
+	$(BIN) tokenizer train --in build/kjv.txt --vocab $(DEMO_VOCAB) --out build/kjv-bpe.json
+	$(BIN) pack --format text --in build/kjv.txt --tokenizer build/kjv-bpe.json --seq-len 256 --val-fraction 0.1 \
+	  --out build/kjv-bpe --force
 	@rm -rf build/demo-ckpt
-	$(BIN) train --data data/kjv --devices cpu:2 --global-batch 32 --micro-batch 8 --steps 450 --lr 4e-3 \
-	  --warmup 20 --log-every 50 --eval-every 150 --save build/demo-ckpt \
+	$(BIN) train --data build/kjv-bpe --devices cpu:2 --global-batch 32 --micro-batch 8 --steps $(DEMO_STEPS) --lr 4e-3 \
+	  --warmup 20 --log-every 50 --eval-every 130 --save build/demo-ckpt \
 	  --metrics build/demo-metrics.jsonl --trace build/demo-trace.json --report build/demo-report.html
-	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 220 --temperature 0.6
+	$(BIN) sample --ckpt build/demo-ckpt --prompt "And God said" --tokens 80 --temperature 0.6
 	@echo; echo "demo: open $(abspath build/demo-report.html) in a browser (loss, speed, time, memory, timeline)"
+
+# The demo's tokenizer (ids: the 256 bytes, the merges, <|endoftext|>) and its steps: as long as the
+# character-level run of data/kjv (450 steps) took on 2 cores (perf/demo_compare.sh measures both).
+DEMO_VOCAB ?= 2048
+DEMO_STEPS ?= 390
 
 # The README's picture of a report: the demo's page through the report
 # test's screenshot command (tests/test_report.c), which the test then checks.
@@ -294,7 +305,11 @@ tsan-run: $(TSAN_BIN) $(BIN)
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
 	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \
 	    --threads 4 --val-fraction 0.1 --out $$tmp/out >/dev/null && \
-	  $(TSAN_ENV) $(BIN) inspect $$tmp/out --verify >/dev/null; rc=$$?; rm -rf $$tmp; \
+	  $(TSAN_ENV) $(BIN) inspect $$tmp/out --verify >/dev/null && \
+	  echo "== $(BIN) tokenizer train --threads 3, pack --tokenizer --threads 4 (word counts, encoding on threads)" && \
+	  $(TSAN_ENV) $(BIN) tokenizer train --in $$tmp/in.txt --vocab 300 --threads 3 --out $$tmp/tok.json >/dev/null && \
+	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --tokenizer $$tmp/tok.json --seq-len 128 --threads 4 \
+	    --out $$tmp/bpe >/dev/null; rc=$$?; rm -rf $$tmp; \
 	  [ $$rc -eq 0 ] && echo "tsan: clean" || { echo "FAILED: tsan run"; exit 1; }
 
 FUZZ_SECONDS ?= 60
@@ -330,6 +345,18 @@ deps:
 	  mv $$dir.tmp/wheel/include $$inc && echo "deps: the cuDNN frontend $(CUDNN_FE_VERSION)'s headers in $$inc" || \
 	  echo "deps: could not fetch PyPI's nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) (its headers): a CUDA build's attention runs on bigbatch's own kernels"; \
 	  rm -rf $$dir.tmp; \
+	fi
+
+# The peers of the interchange tests (tests/test_tokenizer.c, tests/test_hf.c): Hugging Face's
+# tokenizers and transformers, pinned, in a virtual environment over Debian's python3-torch (1.13;
+# transformers 4.40 runs on it). Where PyPI is out of reach those tests say skipped, with the reason.
+HF_PINS := tokenizers==0.19.1 transformers==4.40.2 safetensors==0.4.3
+hf-deps: deps
+	@if ! build/hf/bin/python -c 'import tokenizers, transformers, safetensors' 2>/dev/null; then \
+	  rm -rf build/hf && /usr/bin/python3 -m venv --system-site-packages build/hf && \
+	  build/hf/bin/pip install -q --disable-pip-version-check $(HF_PINS) >build/hf/install.log 2>&1 && \
+	  echo "hf-deps: $(HF_PINS) in build/hf" || \
+	  echo "hf-deps: could not install $(HF_PINS) (build/hf/install.log): the tests that compare with them say skipped"; \
 	fi
 
 # Rebuilds the embedded default dataset (see data/README.md).

@@ -276,6 +276,59 @@ cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, c
     return cudaGetLastError();
 }
 
+// ---- incremental decoding: the last row's query over T cached rows ---------
+constexpr int kDecodeThreads = 256;
+
+// scores[h, t] = q_h · k_(t,h) / sqrt(hs), q from row T-1: one thread per (t, h).
+__global__ void decode_scores_k(float *scores, const float *qkv, int T, int C, int hs)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+    if (t >= T) return;
+    const float *q = qkv + (size_t)(T - 1) * 3 * C + h * hs, *k = qkv + (size_t)t * 3 * C + C + h * hs;
+    float dot = 0.0f;
+    for (int d = 0; d < hs; d++) dot += q[d] * k[d];
+    scores[(size_t)h * T + t] = dot * (1.0f / sqrtf((float)hs));
+}
+
+// The max (Max) or the sum over the block; every thread gets it.
+template <bool Max> __device__ float decode_reduce(float v, float *lanes, float *result)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = Max ? fmaxf(v, w) : v + w;
+    }
+    if (lane == 0) lanes[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float r = lanes[0];
+        for (int i = 1; i < warps; i++) r = Max ? fmaxf(r, lanes[i]) : r + lanes[i];
+        *result = r;
+    }
+    __syncthreads();
+    float r = *result;
+    __syncthreads(); // lanes and result are used again
+    return r;
+}
+
+// One block per head: the softmax of its scores in place, then out_h = p · v.
+__global__ void decode_out_k(float *out, float *scores, const float *qkv, int T, int C, int hs)
+{
+    __shared__ float lanes[32];
+    __shared__ float result;
+    int h = blockIdx.x;
+    float *s = scores + (size_t)h * T, m = -INFINITY, sum = 0.0f;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) m = fmaxf(m, s[t]);
+    m = decode_reduce<true>(m, lanes, &result);
+    for (int t = threadIdx.x; t < T; t += blockDim.x) sum += s[t] = expf(s[t] - m);
+    float inv = 1.0f / decode_reduce<false>(sum, lanes, &result); // its barriers publish s
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < T; t++) acc += s[t] * inv * qkv[(size_t)t * 3 * C + 2 * C + h * hs + d];
+        out[h * hs + d] = acc;
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -286,6 +339,15 @@ cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const 
     if (B <= 0 || T <= 0) return cudaGetLastError();
     return bf16 ? attention_forward<true>(s, out, lse, qkv, B, T, C, NH)
                 : attention_forward<false>(s, out, lse, qkv, B, T, C, NH);
+}
+
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int C, int NH)
+{
+    if (T <= 0) return cudaGetLastError();
+    dim3 grid((unsigned)((T + kDecodeThreads - 1) / kDecodeThreads), (unsigned)NH);
+    BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, T, C, C / NH);
+    BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, qkv, T, C, C / NH);
+    return cudaGetLastError();
 }
 
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,

@@ -62,6 +62,8 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
  * bf16: the products' operands rounded to bf16, sums in fp32. Fails
  * (cudaErrorInvalidValue) when a head is too wide for the device's shared
  * memory (head size ~400 on sm_90). */
+/* The last row of the causal attention of qkv (1,T,3C) (bb_op_attention_decode). */
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int C, int NH);
 cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
                                   bool bf16);
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,

@@ -325,6 +325,14 @@ static void attention_case(int B, int T, int C, int NH, double tol)
     bb_op_attention_backward(cpu, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, C, NH);
     bb_op_attention_backward(gpu, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, C, NH);
     expect_close("attention_backward", dqkv, tol);
+    /* incremental decoding: the last row of sequence 0 alone, on both, and the CPU's against its forward's row */
+    twin dec = random_twin((size_t)C, 47, 1), scores = random_twin((size_t)NH * T, 48, 1);
+    bb_op_attention_decode(cpu, dec.c, scores.c, qkv.c, T, C, NH);
+    bb_op_attention_decode(gpu, dec.g, scores.g, qkv.g, T, C, NH);
+    expect_close("attention_decode", dec, tol);
+    double diff = 0;
+    for (int i = 0; i < C; i++) diff = fmax(diff, fabs(dec.c[i] - out.c[(size_t)(T - 1) * C + i]));
+    cr_assert(diff < 1e-5, "attention_decode differs from attention_forward's last row by %.3e", diff);
 }
 
 Test(cuda, attention_matches_cpu)
@@ -334,6 +342,29 @@ Test(cuda, attention_matches_cpu)
     attention_case(2, 70, 32, 4, 1e-5);    /* several key tiles and row blocks, a partial last tile */
     attention_case(1, 1024, 768, 12, 1e-5); /* GPT-2's heads (64 wide), T 1024 */
     attention_case(1, 300, 1024, 4, 1e-5);  /* heads of 256: more than 48 KiB of shared memory */
+}
+
+/* A gpt decoding token by token with its key/value cache on the GPU gives
+ * the CPU's logits at every position. */
+Test(cuda, decoding_with_the_cache_matches_cpu)
+{
+    need_gpu();
+    bb_model_config c = bb_model_gpt_config(2, 2, 32, 24, 50);
+    bb_model_t *mc, *mg;
+    cr_assert_eq(bb_model_create(cpu, &c, 1, &mc), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_create(gpu, &c, 1, &mg), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_init(mc, 5), BB_OK);
+    cr_assert_eq(bb_model_init(mg, 5), BB_OK);
+    float lc[50], lg[50];
+    for (int pos = 0; pos < c.seq_len; pos++) {
+        int32_t token = (pos * 7 + 3) % c.vocab;
+        cr_assert_eq(bb_model_decode(mc, token, pos, lc), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(bb_model_decode(mg, token, pos, lg), BB_OK, "%s", bb_error_message());
+        double diff = 0, norm = 0;
+        for (int v = 0; v < c.vocab; v++) diff = fmax(diff, fabs(lc[v] - lg[v])), norm = fmax(norm, fabs(lc[v]));
+        cr_assert(diff <= 1e-5 * fmax(norm, 1e-3), "position %d: the GPU's logits differ by %.3e", pos, diff);
+    }
+    bb_model_destroy(mg), bb_model_destroy(mc);
 }
 
 Test(cuda, softmax_crossentropy_matches_cpu)

@@ -303,6 +303,27 @@ Test(cuda_train, bench_model_and_plan_run_on_gpus)
     free(tokens);
 }
 
+/* `sample --devices cuda:0`: decoding with the key/value cache on a GPU
+ * gives the CPU's greedy tokens (a model trained a few steps, so that the
+ * path moves). */
+Test(cuda_train, greedy_sample_on_a_gpu_is_the_cpu_s)
+{
+    need_gpus(1);
+    char *data = make_tokens("tokens", 200), *ck = tu_path(tmp, "ck");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "32", "--heads", "2", "--global-batch",
+                           "16", "--micro-batch", "8", "--steps", "20", "--lr", "1e-2", "--save", ck, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    tu_run c = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids"),
+           g = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids", "--devices", "cuda:0");
+    cr_assert_eq(c.exit_code, 0, "%s", c.err);
+    cr_assert_eq(g.exit_code, 0, "%s", g.err);
+    cr_assert_str_eq(g.out, c.out, "cuda:0 %s, cpu %s", g.out, c.out);
+    cr_log_info("40 greedy tokens, the same on cuda:0 and the CPU: %.60s", g.out);
+    tu_run_free(&c), tu_run_free(&g);
+    free(data), free(ck);
+}
+
 /* ---- what a training step costs the host, on the emulator ------------------------ */
 #ifdef BB_CUDA_EMU
 typedef struct step_counts {

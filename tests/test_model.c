@@ -349,6 +349,34 @@ Test(model, gpt_logits_at_a_position_are_what_the_loss_sees)
     bb_model_destroy(m);
 }
 
+/* Incremental decoding: position by position, the logits of one row with
+ * the cached keys and values are the full forward's at that position; a
+ * new sequence starts at position 0; out of order is an error. */
+Test(model, gpt_decoding_with_the_cache_gives_the_forward_s_logits)
+{
+    bb_model_config c = tiny_gpt(2, 0);
+    bb_model_t *m = make_model(&c, GPT_B, 1);
+    spread_weights(m);
+    host_batch h = make_batch(&c, GPT_B, 5);
+    const int32_t *tokens = h.inputs; /* example 0's row */
+    float full[GPT_B * GPT_V], step[GPT_V];
+    for (int round = 0; round < 2; round++) /* the second: a new sequence over the same cache */
+        for (int pos = 0; pos < GPT_T; pos++) {
+            cr_assert_eq(bb_model_decode(m, tokens[pos], pos, step), BB_OK, "%s", bb_error_message());
+            cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
+            cr_assert_eq(bb_model_logits(m, pos, full), BB_OK);
+            double diff = 0, norm = 0;
+            for (int v = 0; v < GPT_V; v++)
+                diff = fmax(diff, fabs(step[v] - full[v])), norm = fmax(norm, fabs(full[v]));
+            cr_assert(diff <= 1e-5 * fmax(norm, 1), "round %d position %d: decode differs by %.3e", round, pos, diff);
+        }
+    cr_assert_eq(bb_model_decode(m, tokens[0], 3, step), BB_ERR_ARG, "position 3 after position %d", GPT_T - 1);
+    cr_assert_eq(bb_model_decode(m, GPT_V, 0, step), BB_ERR_ARG, "a token outside the vocabulary");
+    cr_assert_eq(bb_model_decode(m, tokens[0], GPT_T, step), BB_ERR_ARG, "a position past T");
+    free(h.inputs), free(h.targets);
+    bb_model_destroy(m);
+}
+
 /* ---- accumulation ------------------------------------------------------ */
 Test(model, eight_micro_batches_equal_one_big_batch)
 {

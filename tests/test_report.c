@@ -276,7 +276,8 @@ Test(report, a_large_trace_reads_in_linear_time_and_sigterm_ends_it_with_130, .t
     char *const argv[] = {(char *)tu_bigbatch_bin(), "report", "--metrics", metrics, "--trace", trace, "--out", out,
                           NULL};
     pid_t pid = start_logged(argv, o, e);
-    usleep(150000); /* inside the first of its passes over the trace */
+    cr_assert(catches(pid, SIGTERM, 10), "report never installed its SIGTERM handler");
+    usleep(50000); /* inside the first of its passes over the trace */
     kill(pid, SIGTERM);
     int code = exit_within(pid, 10);
     char *err = (char *)tu_read_file(e, NULL);

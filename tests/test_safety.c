@@ -210,6 +210,7 @@ static void ctrl_c_exits_130(const char *what, char *const argv[], double after)
 {
     char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
     pid_t pid = start_logged(argv, out, err);
+    cr_assert(catches(pid, SIGINT, 10), "%s never installed its Ctrl-C handler", what);
     usleep((useconds_t)(after * 1e6));
     cr_assert(running(pid), "%s ended before the Ctrl-C: make it longer", what);
     double t0 = now_s();

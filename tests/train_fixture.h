@@ -143,6 +143,26 @@ static inline int exit_within(pid_t pid, double seconds)
     return -1;
 }
 
+/* Waits up to `seconds` until process `pid` catches signal `sig` (its
+ * handler is installed: SigCgt of /proc/PID/status), so that the signal
+ * sent next meets the handler and not the default action (a process may
+ * take a while to start: bigbatch re-executes itself when OpenBLAS picks
+ * generic kernels). False when it never did. */
+static inline bool catches(pid_t pid, int sig, double seconds)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    for (double t0 = now_s(); now_s() - t0 < seconds; usleep(2000)) {
+        FILE *f = fopen(path, "r");
+        unsigned long long mask = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+        if (f) fclose(f);
+        if (mask >> (sig - 1) & 1) return true;
+    }
+    return false;
+}
+
 static inline bool running(pid_t pid)
 {
     int status;

@@ -282,6 +282,13 @@ void bb_op_attention_backward(bb_backend_t *b, float *dqkv /* (B,T,3C) */, const
                               const float *qkv /* (B,T,3C) */, const float *out /* (B,T,C) */,
                               const float *lse /* (B,NH,T) */, int B, int T, int C, int NH);
 
+/* The last row of bb_op_attention_forward of qkv (1,T,3C), alone: the
+ * attention of row T-1's query over the keys and values of rows 0..T-1
+ * (incremental decoding: qkv holds a sequence's cached rows). `scores`
+ * (NH,T) is workspace. Work linear in T. */
+void bb_op_attention_decode(bb_backend_t *b, float *out /* (C) */, float *scores /* (NH,T) */,
+                            const float *qkv /* (T,3C) */, int T, int C, int NH);
+
 /* out = x + y (out may alias either). */
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
 

@@ -137,6 +137,9 @@ uint64_t bb_splitmix64(uint64_t *state);
 /* Flushes the directory holding `path` to disk, so that a rename into it
  * survives a crash. Fails with BB_ERR_IO. */
 bb_status bb_fsync_dir_of(const char *path);
+/* Copies file `from` to `to` (created or truncated, synced). Fails with
+ * BB_ERR_IO naming the file; a partial `to` is removed. */
+bb_status bb_copy_file(const char *from, const char *to);
 /* Creates the missing parents of `path` (mkdir -p of its dirname, mode
  * 0755); *created (may be NULL) gets the length of the shallowest one it
  * created, 0 for none, also on failure, so that a caller can remove them.

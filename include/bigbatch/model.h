@@ -254,6 +254,16 @@ bb_status bb_model_backward(bb_model_t *m, bool accumulate);
  * or (B, classes). A backward may not follow. Fails with BB_ERR_ARG for a
  * position out of range. */
 bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits);
+/* Incremental decoding (gpt; sample): the logits after `token` at
+ * `position` of one sequence, the keys and values of positions 0 ..
+ * position-1 taken from a cache that the calls for them filled (a call at
+ * position 0 starts a new sequence). Each call costs one position's work;
+ * the logits are the forward's at that position (up to rounding: products
+ * of one row). The cache (layers × T × 3 × d floats) is allocated at the
+ * first call. Fails with BB_ERR_ARG for a position past T-1 or not the
+ * next one, a token outside the vocabulary, BB_ERR_OOM for the cache,
+ * BB_ERR_UNSUPPORTED for kinds without it (mlp). */
+bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *host_logits);
 /* Called during bb_model_backward as soon as the gradients of the buffer's
  * tail [ready_from, param_count) (in floats) are final, ready_from falling
  * tensor by tensor in reverse layer order to 0: the trainer's reducer
@@ -289,5 +299,29 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path);
  * tensor when one is missing, has another shape or is not F32, and with
  * BB_ERR_CORRUPT on a malformed file. */
 bb_status bb_model_load_safetensors(bb_model_t *m, const char *path);
+
+/* ---- weights in transformers' layout (gpt: a GPT2LMHeadModel directory) ----
+ * DIR/config.json and DIR/model.safetensors (gpt_hf.c says what maps to
+ * what). The shape of DIR's model (*positions: its n_positions; the model
+ * made from it uses the data's T, at most that): fails with BB_ERR_IO,
+ * BB_ERR_FORMAT naming the key bigbatch cannot represent (model_type,
+ * activation_function, n_inner, layer_norm_epsilon, tie_word_embeddings,
+ * scale_attn_*, add_cross_attention). */
+bb_status bb_model_hf_config(const char *dir, bb_model_config *c, int *positions);
+/* `path` is a directory with a config.json. */
+bool bb_model_is_hf_dir(const char *path);
+/* Reads DIR's weights (F32, F16 or BF16; names with or without
+ * "transformer."); fails with BB_ERR_ARG when its vocabulary is not the
+ * model's (the data's tokenizer) or it has fewer positions than T,
+ * BB_ERR_FORMAT naming the tensor that is missing, of another shape, not
+ * the model's, or an lm_head.weight that differs from the embedding,
+ * BB_ERR_UNSUPPORTED for kinds without the layout (mlp). */
+bb_status bb_model_load_hf(bb_model_t *m, const char *dir);
+/* Writes DIR/model.safetensors and DIR/config.json (DIR exists) that
+ * GPT2LMHeadModel.from_pretrained(DIR) loads. Fails with BB_ERR_IO,
+ * BB_ERR_UNSUPPORTED (mlp). */
+bb_status bb_model_save_hf(bb_model_t *m, const char *dir);
+/* --init-from PATH: a transformers directory, else a safetensors file. */
+bb_status bb_model_load_weights(bb_model_t *m, const char *path);
 
 #endif /* BIGBATCH_MODEL_H */

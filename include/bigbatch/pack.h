@@ -22,7 +22,8 @@
 
 typedef enum bb_pack_format {
     BB_PACK_FMNIST, /* IDX images + labels (gzipped or not) -> image_u8, 10 classes */
-    BB_PACK_TEXT,   /* bytes -> tokens_u16, vocabulary 256 */
+    BB_PACK_TEXT,   /* bytes -> tokens_u16, vocabulary 256; with a tokenizer its tokens (u16, or u32
+                     * past 65536 ids), and a copy of it in the dataset (and in each split) */
     BB_PACK_LLMC,   /* llm.c .bin (magic 20240520, version 1) -> tokens_u16 */
 } bb_pack_format;
 
@@ -33,6 +34,7 @@ typedef struct bb_pack_options {
     int input_count;
     uint32_t seq_len;                  /* text, llmc: record = seq_len + 1 tokens, stride seq_len */
     uint32_t vocab;                    /* llmc: vocabulary size; every token must be below it */
+    const char *tokenizer;             /* text: a byte-level BPE tokenizer.json; NULL: bytes */
     const char *out_dir;
     double val_fraction;               /* 0: one dataset in out_dir; else out_dir/{train,val} */
     bool force;                        /* replace an existing out_dir that holds only shards */

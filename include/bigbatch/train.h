@@ -164,6 +164,8 @@ void bb_train_result_free(bb_train_result *r);
 typedef struct bb_eval_result {
     double loss;      /* mean cross-entropy per example (mlp) or token (gpt) */
     double accuracy;  /* mlp: argmax hits / examples; NaN for gpt */
+    double bits_per_byte; /* gpt: the loss in bits per byte of the targets' text, comparable across
+                           * tokenizers (o->token_bytes, or bytes: vocabulary 256); NaN when unknown */
     uint64_t records;
 } bb_eval_result;
 
@@ -172,6 +174,8 @@ typedef struct bb_eval_options {
                                            terminal (a line every 10 s elsewhere); NULL: quiet */
     const char *label;                  /* the progress lines' prefix, e.g. "eval step 40" */
     volatile sig_atomic_t *interrupted; /* set (Ctrl-C): stop at the next micro-batch */
+    const uint32_t *token_bytes;        /* bytes each token id stands for (bb_tokenizer_byte_lengths),
+                                           for bits_per_byte; NULL: tokens are bytes if the vocabulary is 256 */
 } bb_eval_options;
 
 /* Every record of `ds`, in order, through the model's forward in

@@ -421,6 +421,12 @@ void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, c
     if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
+void bb_op_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
+{
+    op_entry_work(b, "attention_decode", 4.0 * T * (double)C, (double)C); /* q·k and p·v of one row */
+    if (runs(b)) b->vt->attention_decode(b, out, scores, qkv, T, C, NH);
+}
+
 void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
 {
     op_entry(b, "add", (double)n);

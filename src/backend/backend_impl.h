@@ -62,6 +62,7 @@ typedef struct bb_backend_vtable {
                               int NH);
     void (*attention_backward)(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH);
+    void (*attention_decode)(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH);
     void (*add)(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
     void (*softmax_crossentropy)(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int N, int V, float normalizer, int *valid);

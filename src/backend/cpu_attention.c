@@ -163,6 +163,33 @@ void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const flo
     free_scratch(a.scratch, threads);
 }
 
+/* One row per head, on the calling thread: the work is one row's. */
+void bb_cpu_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
+{
+    (void)b;
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    const float *q = qkv + (size_t)(T - 1) * 3 * C;
+    for (int h = 0; h < NH; h++) {
+        float *s = scores + (size_t)h * T, max = -INFINITY, sum = 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float *k = qkv + (size_t)t * 3 * C + C + h * hs;
+            float dot = 0.0f;
+            for (int d = 0; d < hs; d++) dot += q[h * hs + d] * k[d];
+            s[t] = dot * scale;
+            max = s[t] > max ? s[t] : max;
+        }
+        for (int t = 0; t < T; t++) sum += s[t] = expf(s[t] - max);
+        float *o = out + h * hs, inv = 1.0f / sum;
+        for (int d = 0; d < hs; d++) o[d] = 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float *v = qkv + (size_t)t * 3 * C + 2 * C + h * hs;
+            float p = s[t] * inv;
+            for (int d = 0; d < hs; d++) o[d] += p * v[d];
+        }
+    }
+}
+
 void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH)
 {

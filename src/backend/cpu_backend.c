@@ -56,6 +56,7 @@ const bb_backend_vtable bb_cpu_vtable = {
     .embedding_forward = bb_cpu_embedding_forward,
     .embedding_backward = bb_cpu_embedding_backward,
     .attention_forward = bb_cpu_attention_forward,
+    .attention_decode = bb_cpu_attention_decode,
     .attention_backward = bb_cpu_attention_backward,
     .add = bb_cpu_add,
     .softmax_crossentropy = bb_cpu_softmax_crossentropy,

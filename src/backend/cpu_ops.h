@@ -22,6 +22,7 @@ void bb_cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens
 void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                             int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe);
 void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+void bb_cpu_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH);
 void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH);
 void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);

@@ -9,6 +9,7 @@
 
 #include "bigbatch/shard.h"
 #include "bigbatch/json.h"
+#include "bigbatch/tokenizer.h"
 #include "commands.h"
 
 static const char usage[] = "bigbatch inspect PATH [--verify] [--json]";
@@ -107,6 +108,14 @@ static void print_text(const bb_dataset_t *ds, const verify_result *v, const cha
         printf("  identity %016llx (XXH64 of the records)\n", (unsigned long long)m->dataset_id);
     else
         printf("  identity none (a version-1 shard)\n");
+    bb_tokenizer_t *t = NULL;
+    if (bb_tokenizer_of_dataset(bb_dataset_path(ds), &t) != BB_OK)
+        printf("  tokenizer unreadable: %s\n", bb_error_message());
+    else if (t)
+        printf("  tokenizer %s: %u ids, XXH64 %016llx%s\n", bb_tokenizer_path(t), bb_tokenizer_vocab(t),
+               (unsigned long long)bb_tokenizer_hash(t),
+               bb_tokenizer_vocab(t) == m->classes_or_vocab ? "" : " (not the records' vocabulary)");
+    bb_tokenizer_destroy(t);
     printf("  frames   %u in %u shard%s, %u records per frame\n", frames, bb_dataset_shard_count(ds),
            bb_dataset_shard_count(ds) == 1 ? "" : "s", m->records_per_frame);
     printf("  size     %s raw, %s on disk, ratio %.2f\n", bb_format_bytes(raw, a, sizeof a),
@@ -154,6 +163,15 @@ static json_t *dataset_json(const bb_dataset_t *ds, const verify_result *v, cons
     char id[24];
     snprintf(id, sizeof id, "%016llx", (unsigned long long)m->dataset_id);
     if (o) json_object_set_new(o, "identity", m->dataset_id ? json_string(id) : json_null());
+    bb_tokenizer_t *t = NULL;
+    if (o && bb_tokenizer_of_dataset(bb_dataset_path(ds), &t) == BB_OK && t) {
+        snprintf(id, sizeof id, "%016llx", (unsigned long long)bb_tokenizer_hash(t));
+        json_object_set_new(o, "tokenizer", json_pack("{s:s, s:i, s:s}", "path", bb_tokenizer_path(t), "vocab",
+                                                      (int)bb_tokenizer_vocab(t), "xxh64", id));
+    } else if (o) {
+        json_object_set_new(o, "tokenizer", json_null());
+    }
+    bb_tokenizer_destroy(t);
     if (o && v->ran) {
         json_t *ver = json_pack("{s:b, s:I, s:I, s:o}", "ok", v->ok, "frames", (json_int_t)v->frames, "bytes",
                                 (json_int_t)v->bytes, "seconds", bb_json_fixed(v->seconds, 6));

@@ -1,18 +1,24 @@
 /* cmd_model.c — commands on trained weights: `eval`, `export`, `sample`. */
+#include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "bigbatch/json.h"
+#include "bigbatch/tokenizer.h"
 #include "bigbatch/train.h"
 #include "commands.h"
 #include "model_flags.h"
 
-/* A one-device CPU model from a checkpoint (--ckpt) or from a safetensors
- * file and the model flags (--init-from; the data gives the rest). */
+/* A one-device model (on `device`, "cpu" or "cuda:N"; NULL: the CPU) from
+ * a checkpoint (--ckpt), or (--init-from; the data gives the rest) from a
+ * safetensors file and the model flags or a transformers directory and
+ * its config.json. */
 static bb_status load_model(const char *ckpt, const char *init_from, const model_flags *mf, const char *data,
-                            int micro_batch, bb_backend_t **be, bb_model_t **m)
+                            const char *device, int micro_batch, bb_backend_t **be, bb_model_t **m)
 {
     bb_model_config c;
     bb_checkpoint_info info;
@@ -22,31 +28,61 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
         c = info.model;
     } else {
         struct stat st;
-        if (stat(init_from, &st) == 0 && S_ISDIR(st.st_mode))
-            return bb_fail(BB_ERR_IO, "--init-from %s is a directory, not a .safetensors file (a checkpoint directory "
-                           "is read with --ckpt)", init_from);
-        BB_TRY(model_flags_config(mf, &c));
-        if (!data) return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");
-        BB_TRY(model_config_from_data(data, &c, NULL));
+        bool hf = bb_model_is_hf_dir(init_from);
+        if (!hf && stat(init_from, &st) == 0 && S_ISDIR(st.st_mode))
+            return bb_fail(BB_ERR_IO, "--init-from %s is a directory, not a .safetensors file, and holds no "
+                           "config.json of a transformers model (a checkpoint directory is read with --ckpt)", init_from);
+        static const model_flags defaults = MODEL_FLAGS_DEFAULT;
+        BB_TRY(model_flags_config(mf ? mf : &defaults, &c));
+        if (hf) BB_TRY(model_flags_hf_shape(mf ? mf : &defaults, init_from, &c));
+        int positions;
+        bb_model_config whole;
+        if (hf && !data) { /* sample: the model as config.json says, all its positions */
+            BB_TRY(bb_model_hf_config(init_from, &whole, &positions));
+            c.seq_len = whole.seq_len, c.vocab = whole.vocab;
+        } else {
+            if (!data)
+                return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");
+            BB_TRY(model_config_from_data(data, &c, NULL));
+        }
     }
     c.checkpoint_every = 0;
     c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */
     if (mf) BB_TRY(loss_chunk_flag(mf, &c));
     bb_backend_options bo = {0};
-    BB_TRY(bb_backend_create_cpu(&bo, be));
+    bb_device_kind kind = BB_DEVICE_CPU;
+    if (device) BB_TRY(device_flag_parse_one(device, &kind, &bo.device));
+    BB_TRY(bb_backend_create(kind, &bo, be));
     BB_TRY(bb_model_create(*be, &c, micro_batch, m));
-    BB_TRY(ckpt ? bb_checkpoint_load_weights(&info, *m) : bb_model_load_safetensors(*m, init_from));
-    /* NaN or infinite weights give no answer worth printing (the CPU backend's memory is the host's) */
-    const float *p = bb_model_params(*m);
-    for (int i = 0; i < bb_model_tensor_count(*m); i++) {
+    BB_TRY(ckpt ? bb_checkpoint_load_weights(&info, *m) : bb_model_load_weights(*m, init_from));
+    /* NaN or infinite weights give no answer worth printing */
+    size_t n = bb_model_param_count(*m);
+    float *p = malloc(n * sizeof *p);
+    bb_status rc = p ? bb_backend_copy(*be, p, bb_model_params(*m), n * sizeof *p, BB_COPY_D2H)
+                     : bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int i = 0; rc == BB_OK && i < bb_model_tensor_count(*m); i++) {
         const bb_tensor_info *t = bb_model_tensor(*m, i);
         size_t bad = 0;
         for (size_t k = 0; k < t->count; k++) bad += !isfinite(p[t->offset + k]);
         if (bad)
-            return bb_fail(BB_ERR_FORMAT, "%s: tensor %s holds %zu non-finite weights (NaN or infinite): nothing to "
-                           "evaluate, sample or export", ckpt ? info.dir : init_from, t->name, bad);
+            rc = bb_fail(BB_ERR_FORMAT, "%s: tensor %s holds %zu non-finite weights (NaN or infinite): nothing to "
+                         "evaluate, sample or export", ckpt ? info.dir : init_from, t->name, bad);
     }
-    return BB_OK;
+    free(p);
+    return rc;
+}
+
+/* A model of tokens reads data of its own vocabulary only (token ids of
+ * another tokenizer would evaluate without an error, and mean nothing). */
+static bb_status same_vocabulary(const bb_model_t *m, const bb_dataset_t *ds, const char *weights)
+{
+    const bb_model_config *c = bb_model_get_config(m);
+    const bb_shard_meta *meta = bb_dataset_meta(ds);
+    uint32_t v = meta->classes_or_vocab;
+    bool tokens = meta->kind == BB_RECORD_TOKENS_U16 || meta->kind == BB_RECORD_TOKENS_U32; /* else: the kind's error */
+    if (!bb_model_targets_are_tokens(c) || !tokens || v == (uint32_t)bb_model_outputs(c)) return BB_OK;
+    return bb_fail(BB_ERR_ARG, "%s has a vocabulary of %u tokens, the model %s one of %d: the data was packed with "
+                   "another tokenizer", bb_dataset_path(ds), v, weights, bb_model_outputs(c));
 }
 
 static const char *eval_split(const char *data)
@@ -58,7 +94,7 @@ static const char *eval_split(const char *data)
 
 int bb_cmd_eval(int argc, char **argv)
 {
-    static const char usage[] = "bigbatch eval (--ckpt DIR [--data DIR] | --init-from FILE [model flags] --data DIR) "
+    static const char usage[] = "bigbatch eval (--ckpt DIR [--data DIR] | --init-from PATH [model flags] --data DIR) "
                                 "[--json]";
     static const char summary[] =
         "Runs every record of a dataset through the model and prints the mean loss (per\n"
@@ -71,7 +107,8 @@ int bb_cmd_eval(int argc, char **argv)
     bool json = false;
     const bb_opt opts[] = {
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save"},
-        {"--init-from", BB_OPT_STRING, &init_from, "FILE", "a .safetensors file (with the model flags)"},
+        {"--init-from", BB_OPT_STRING, &init_from, "PATH", "a .safetensors file (with the model flags), or a "
+         "transformers GPT2LMHeadModel directory"},
         {"--data", BB_OPT_STRING, &data, "DIR", "the dataset to evaluate on (--ckpt: default the run's validation "
          "data, else its training data)"},
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per forward pass", .min = 1, .max = 1 << 20},
@@ -87,18 +124,27 @@ int bb_cmd_eval(int argc, char **argv)
     if (rc == BB_OK && !data && ckpt && (rc = bb_checkpoint_read_info(ckpt, &info)) == BB_OK)
         data = info.val_data[0] ? info.val_data : info.data; /* what the run recorded */
     if (rc == BB_OK && data) data = eval_split(data); /* none: load_model says --init-from needs it */
-    if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, (int)micro_batch, &be, &m);
+    if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, NULL, (int)micro_batch, &be, &m);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
-    bb_eval_options eo = {.progress = stderr, .label = "eval", .interrupted = &bb_cli_interrupted};
+    bb_tokenizer_t *tok = NULL;
+    if (rc == BB_OK) rc = same_vocabulary(m, ds, ckpt ? ckpt : init_from);
+    if (rc == BB_OK) rc = bb_tokenizer_of_dataset(data, &tok);
+    uint32_t *token_bytes = tok ? bb_tokenizer_byte_lengths(tok) : NULL;
+    bb_tokenizer_destroy(tok);
+    bb_eval_options eo = {.progress = stderr, .label = "eval", .interrupted = &bb_cli_interrupted,
+                          .token_bytes = token_bytes};
     if (rc == BB_OK) rc = bb_evaluate(m, ds, &eo, &r);
+    free(token_bytes);
     if (rc == BB_OK && json) {
-        json_t *o = json_pack("{s:o, s:o, s:I}", "loss", bb_json_real(r.loss, 7), "accuracy",
-                              bb_json_fixed(r.accuracy, 6), "records", (json_int_t)r.records);
+        json_t *o = json_pack("{s:o, s:o, s:o, s:I}", "loss", bb_json_real(r.loss, 7), "accuracy",
+                              bb_json_fixed(r.accuracy, 6), "bits_per_byte", bb_json_real(r.bits_per_byte, 7),
+                              "records", (json_int_t)r.records);
         rc = bb_json_write_line(stdout, o);
         json_decref(o);
     } else if (rc == BB_OK) {
         printf("%s: %llu records, loss %.4f", data, (unsigned long long)r.records, r.loss);
         if (!isnan(r.accuracy)) printf(", accuracy %.2f%%", 100 * r.accuracy);
+        if (!isnan(r.bits_per_byte)) printf(", %.4f bits per byte", r.bits_per_byte);
         printf("\n");
     }
     bb_dataset_close(ds);
@@ -109,29 +155,73 @@ int bb_cmd_eval(int argc, char **argv)
     return code;
 }
 
+/* export --format hf: DIR (made if missing; only what an export writes may
+ * be in it) gets model.safetensors, config.json and the checkpoint's
+ * tokenizer.json, each through a temporary file renamed into place. */
+static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return bb_fail(BB_ERR_IO, "--out %s exists and is not a directory (--format hf writes a directory)", dir);
+    if (stat(dir, &st) != 0 && (bb_make_parents(dir, NULL) != BB_OK || mkdir(dir, 0755) != 0))
+        return bb_fail_errno(BB_ERR_IO, "--out %s: cannot create the directory", dir);
+    DIR *d = opendir(dir);
+    static const char *const ours[] = {"config.json", "model.safetensors", BB_TOKENIZER_FILE};
+    for (struct dirent *e; d && (e = readdir(d));) {
+        bool known = e->d_name[0] == '.';
+        for (int i = 0; i < 3 && !known; i++) known = !strcmp(e->d_name, ours[i]);
+        if (!known) {
+            closedir(d);
+            return bb_fail(BB_ERR_IO, "--out %s holds %s, which an export does not write: give an empty or new "
+                           "directory", dir, e->d_name);
+        }
+    }
+    if (d) closedir(d);
+    BB_TRY(bb_model_save_hf(m, dir));
+    char from[4200], to[4200], tmp[4300];
+    snprintf(from, sizeof from, "%s/%s", info->dir, BB_TOKENIZER_FILE);
+    snprintf(to, sizeof to, "%s/%s", dir, BB_TOKENIZER_FILE);
+    if (access(from, F_OK)) return BB_OK;
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", to, (int)getpid());
+    BB_TRY(bb_copy_file(from, tmp));
+    if (rename(tmp, to) != 0) {
+        unlink(tmp);
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", to);
+    }
+    return BB_OK;
+}
+
 int bb_cmd_export(int argc, char **argv)
 {
-    static const char usage[] = "bigbatch export --ckpt DIR --out FILE.safetensors";
+    static const char usage[] = "bigbatch export --ckpt DIR --out FILE.safetensors | --format hf --out DIR";
     static const char summary[] =
-        "Writes the weights of DIR's latest checkpoint as one safetensors file under PyTorch\n"
-        "(nanoGPT) names, for safetensors.torch.load_file or transformers-style loaders.";
-    const char *ckpt = NULL, *out = NULL;
+        "Writes the weights of DIR's latest checkpoint: as one safetensors file under PyTorch\n"
+        "(nanoGPT) names (--format safetensors), or as a transformers GPT2LMHeadModel directory\n"
+        "(--format hf: config.json, model.safetensors with GPT-2's Conv1D layout, and the\n"
+        "checkpoint's tokenizer.json), which GPT2LMHeadModel.from_pretrained(DIR) loads.";
+    const char *ckpt = NULL, *out = NULL, *format = "safetensors";
     const bb_opt opts[] = {
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save", .required = true},
-        {"--out", BB_OPT_STRING, &out, "FILE", "the .safetensors file to write", .required = true},
+        {"--out", BB_OPT_STRING, &out, "PATH", "the .safetensors file, or (hf) the directory, to write",
+         .required = true},
+        {"--format", BB_OPT_CHOICE, &format, "F", "safetensors (one file) or hf (a transformers directory; gpt)",
+         .choices = "safetensors|hf"},
         {0}};
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
     bb_status rc = bb_cli_parse("export", opts, argc, argv, NULL);
     bb_checkpoint_info info;
+    bool hf = rc == BB_OK && !strcmp(format, "hf");
     char weights[4200] = "", target[4096];
-    if (rc == BB_OK && bb_checkpoint_read_info(ckpt, &info) == BB_OK) /* the input it must not replace */
-        snprintf(weights, sizeof weights, "%s/model.safetensors", info.dir);
+    if (rc == BB_OK) rc = bb_checkpoint_read_info(ckpt, &info);
+    if (rc == BB_OK) snprintf(weights, sizeof weights, "%s/model.safetensors", info.dir); /* the input it must not replace */
     const char *inputs[] = {weights};
-    if (rc == BB_OK) rc = bb_check_output("--out", out, inputs, 1, target, sizeof target);
-    if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, 1, &be, &m);
-    if (rc == BB_OK) rc = bb_model_save_safetensors(m, target);
-    if (rc == BB_OK) printf("%s: %zu parameters\n", out, bb_model_param_count(m));
+    if (rc == BB_OK && !hf) rc = bb_check_output("--out", out, inputs, 1, target, sizeof target);
+    if (rc == BB_OK && hf && realpath(out, target) && realpath(info.dir, weights) && !strcmp(target, weights))
+        rc = bb_fail(BB_ERR_IO, "--out %s is the checkpoint itself", out);
+    if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, NULL, 1, &be, &m);
+    if (rc == BB_OK) rc = hf ? export_hf(m, &info, out) : bb_model_save_safetensors(m, target);
+    if (rc == BB_OK) printf("%s: %zu parameters%s\n", out, bb_model_param_count(m), hf ? " (transformers GPT-2)" : "");
     bb_model_destroy(m);
     bb_backend_destroy(be);
     int code = bb_cli_report(rc, usage, summary, opts);
@@ -159,32 +249,114 @@ static int draw(const float *logits, int V, double temperature, uint64_t *rng)
     return pick;
 }
 
+/* The tokenizer sample decodes with: --tokenizer, else the checkpoint's
+ * copy of its training data's; NULL (bytes) when there is none. A
+ * vocabulary other than the model's is one line. */
+static bb_status sample_tokenizer(const char *flag, const char *ckpt, const char *init_from, const bb_model_config *c,
+                                  bool ids, bb_tokenizer_t **out)
+{
+    *out = NULL;
+    bb_checkpoint_info info;
+    char path[4200];
+    if (flag) snprintf(path, sizeof path, "%s", flag);
+    else {
+        if (ckpt) BB_TRY(bb_checkpoint_read_info(ckpt, &info));
+        snprintf(path, sizeof path, "%s/%s", ckpt ? info.dir : init_from, BB_TOKENIZER_FILE);
+        if (access(path, F_OK)) path[0] = '\0';
+    }
+    const char *weights = ckpt ? ckpt : init_from;
+    if (!path[0]) {
+        if (bb_model_outputs(c) != 256 && !ids)
+            return bb_fail(BB_ERR_ARG, "%s: the model's vocabulary is %d and there is no %s beside it: give "
+                           "--tokenizer FILE (the one its data was packed with)", weights, bb_model_outputs(c),
+                           BB_TOKENIZER_FILE);
+        return BB_OK;
+    }
+    BB_TRY(bb_tokenizer_load(path, out));
+    if (bb_tokenizer_vocab(*out) != (uint32_t)bb_model_outputs(c)) {
+        uint32_t v = bb_tokenizer_vocab(*out);
+        bb_tokenizer_destroy(*out), *out = NULL;
+        return bb_fail(BB_ERR_ARG, "%s has %u ids, the model %s a vocabulary of %d: not the tokenizer it was trained "
+                       "with", path, v, weights, bb_model_outputs(c));
+    }
+    return BB_OK;
+}
+
+/* The logits after context[0..len): with the cache, the positions from
+ * *cached on (each costs one position); with `recompute`, a forward over
+ * the whole context. */
+static bb_status next_logits(bb_model_t *m, const int32_t *context, int len, int *cached, bool recompute,
+                             const int32_t *ignored, float *logits)
+{
+    if (recompute) {
+        BB_TRY(bb_model_set_batch(m, context, ignored));
+        return bb_model_logits(m, len - 1, logits);
+    }
+    for (; *cached < len; ++*cached) BB_TRY(bb_model_decode(m, context[*cached], *cached, logits));
+    return BB_OK;
+}
+
+static void put_token(const bb_tokenizer_t *tok, int id, bool ids, bool first)
+{
+    size_t n = 1;
+    if (ids) {
+        printf(first ? "%d" : " %d", id);
+        return;
+    }
+    const uint8_t *b = tok ? bb_tokenizer_token_bytes(tok, (uint32_t)id, &n) : NULL;
+    if (tok && !b) return; /* an id no token holds: nothing to print */
+    if (b) fwrite(b, 1, n, stdout);
+    else putchar(id);
+    fflush(stdout);
+}
+
 int bb_cmd_sample(int argc, char **argv)
 {
-    static const char usage[] = "bigbatch sample --ckpt DIR [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]";
+    static const char usage[] = "bigbatch sample (--ckpt DIR | --init-from HF_DIR) [--prompt TEXT] [--tokens N] "
+                                "[--temperature T] [--seed S] [--tokenizer FILE] [--ids] [--devices D]";
     static const char summary[] =
-        "Generates text with a gpt checkpoint trained on byte-level text (vocabulary 256):\n"
-        "the prompt's bytes, then N sampled tokens, written to stdout.";
-    const char *ckpt = NULL, *prompt = "\n";
+        "Generates text with a gpt checkpoint or a transformers GPT-2 directory: the prompt,\n"
+        "then N sampled tokens, written to stdout. Tokens are decoded with the tokenizer.json\n"
+        "beside the weights (a checkpoint keeps its training data's) or --tokenizer; without\n"
+        "one the model's tokens are bytes (vocabulary 256). Each token costs one position: every\n"
+        "layer's keys and values are cached; when the context of T tokens is full, its last T/2\n"
+        "start the cache again. BB_LOG=info prints tokens/s.";
+    const char *ckpt = NULL, *init_from = NULL, *prompt = "\n", *tokenizer = NULL;
     int64_t tokens = 200, seed = 1;
     double temperature = 0.8;
+    bool ids = false, recompute = false;
+    const char *device = "cpu";
     const bb_opt opts[] = {
-        {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a gpt checkpoint directory", .required = true},
+        {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a gpt checkpoint directory"},
+        {"--init-from", BB_OPT_STRING, &init_from, "DIR", "a transformers GPT2LMHeadModel directory"},
         {"--prompt", BB_OPT_STRING, &prompt, "TEXT", "text to continue"},
         {"--tokens", BB_OPT_INT, &tokens, "N", "tokens to generate", .min = 1, .max = 1 << 20},
         {"--temperature", BB_OPT_DOUBLE, &temperature, "T", "softmax temperature; 0: always the likeliest",
          .min = 0, .max = 100},
         {"--seed", BB_OPT_INT, &seed, "S", "random seed for sampling", .min = 0, .max = 9.2e18},
+        {"--tokenizer", BB_OPT_STRING, &tokenizer, "FILE", "decode with this tokenizer.json (default: the one "
+         "beside the weights)"},
+        {"--ids", BB_OPT_FLAG, &ids, NULL, "print the new tokens' ids (separated by spaces), not the text (without "
+         "a tokenizer the prompt's bytes are its ids)"},
+        {"--devices", BB_OPT_STRING, &device, "D", "where the model runs: cpu or cuda:N"},
+        {"--recompute", BB_OPT_FLAG, &recompute, NULL, "run the whole context through the model for every token "
+         "(no key/value cache; a full window then slides by one token, not by half), for comparison"},
         {0}};
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
+    bb_tokenizer_t *tok = NULL;
+    bb_tokens ptoks = {0};
     int32_t *context = NULL;
     float *logits = NULL;
     bb_status rc = bb_cli_parse("sample", opts, argc, argv, NULL);
-    if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, 1, &be, &m);
+    if (rc == BB_OK && init_from && !bb_model_is_hf_dir(init_from))
+        rc = bb_fail(BB_ERR_ARG, "--init-from %s: sample reads a transformers directory (config.json + "
+                     "model.safetensors); a checkpoint is --ckpt", init_from);
+    if (rc == BB_OK) rc = load_model(ckpt, init_from, NULL, NULL, device, 1, &be, &m);
     const bb_model_config *c = m ? bb_model_get_config(m) : NULL;
-    if (rc == BB_OK && (!bb_model_targets_are_tokens(c) || bb_model_outputs(c) != 256))
-        rc = bb_fail(BB_ERR_ARG, "%s: sample needs a gpt over bytes (vocabulary 256)", ckpt);
+    if (rc == BB_OK && !bb_model_targets_are_tokens(c))
+        rc = bb_fail(BB_ERR_ARG, "%s: sample needs a gpt (a model of tokens)", ckpt ? ckpt : init_from);
+    if (rc == BB_OK) rc = sample_tokenizer(tokenizer, ckpt, init_from, c, ids, &tok);
     int T = c ? c->seq_len : 0, len = 0;
     if (rc == BB_OK) {
         context = calloc((size_t)T, sizeof *context);
@@ -192,27 +364,49 @@ int bb_cmd_sample(int argc, char **argv)
         if (!context || !logits) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     size_t plen = strlen(prompt);
-    for (size_t i = plen > (size_t)T ? plen - (size_t)T : 0; rc == BB_OK && i < plen; i++)
-        context[len++] = (uint8_t)prompt[i];
-    if (rc == BB_OK) fputs(prompt, stdout);
+    if (rc == BB_OK && tok) rc = bb_tokenizer_encode(tok, (const uint8_t *)prompt, plen, &ptoks);
+    else
+        for (size_t i = 0; rc == BB_OK && i < plen; i++)
+            if (!bb_tokens_push(&ptoks, (uint8_t)prompt[i])) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (size_t i = ptoks.n > (size_t)T ? ptoks.n - (size_t)T : 0; rc == BB_OK && i < ptoks.n; i++)
+        context[len++] = (int32_t)ptoks.v[i];
+    if (rc == BB_OK && !ids) fputs(prompt, stdout);
     uint64_t rng = (uint64_t)seed;
     int32_t *ignored = NULL;
     if (rc == BB_OK && !(ignored = malloc((size_t)T * sizeof *ignored))) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int i = 0; ignored && i < T; i++) ignored[i] = -1;
-    for (int64_t n = 0; rc == BB_OK && n < tokens && !bb_cli_interrupted; n++) {
-        if (len == 0) context[len++] = '\n';
-        rc = bb_model_set_batch(m, context, ignored);
-        if (rc == BB_OK) rc = bb_model_logits(m, len - 1, logits);
+    int32_t newline = tok ? -1 : '\n';
+    if (rc == BB_OK && tok) {
+        bb_tokens nl = {0};
+        rc = bb_tokenizer_encode(tok, (const uint8_t *)"\n", 1, &nl);
+        if (rc == BB_OK) newline = nl.n ? (int32_t)nl.v[0] : 0;
+        bb_tokens_free(&nl);
+    }
+    int cached = 0; /* positions of the context in the model's cache */
+    double t0 = bb_clock_seconds();
+    int64_t n = 0;
+    for (; rc == BB_OK && n < tokens && !bb_cli_interrupted; n++) {
+        if (len == 0) context[len++] = newline; /* an empty prompt starts a line */
+        rc = next_logits(m, context, len, &cached, recompute, ignored, logits);
         if (rc != BB_OK) break;
         int next = draw(logits, c->vocab, temperature, &rng);
-        putchar(next);
-        fflush(stdout);
-        if (len == T) memmove(context, context + 1, (size_t)(T - 1) * sizeof *context), len--; /* slide the window */
+        put_token(tok, next, ids, n == 0);
+        if (len == T && recompute) { /* a full window slides by one */
+            memmove(context, context + 1, (size_t)(T - 1) * sizeof *context), len--;
+        } else if (len == T) { /* the cache is full: its second half starts it again */
+            int keep = T / 2;
+            memmove(context, context + T - keep, (size_t)keep * sizeof *context), len = keep, cached = 0;
+        }
         context[len++] = next;
     }
+    double dt = bb_clock_seconds() - t0;
+    BB_INFO("sampled %lld tokens in %.3f s: %.1f tokens/s (%s)", (long long)n, dt, (double)n / dt,
+            recompute ? "the whole context recomputed for each" : "one position each, keys and values cached");
     if (rc == BB_OK) putchar('\n');
     if (rc == BB_OK && bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");
     free(ignored), free(context), free(logits);
+    bb_tokens_free(&ptoks);
+    bb_tokenizer_destroy(tok);
     bb_model_destroy(m);
     bb_backend_destroy(be);
     int code = bb_cli_report(rc, usage, summary, opts);

@@ -7,12 +7,15 @@
 
 static const char usage[] =
     "bigbatch pack --format fmnist --images FILE --labels FILE --out DIR [options]\n"
-    "       bigbatch pack --format text|llmc --in FILE... --seq-len T --out DIR [options]";
+    "       bigbatch pack --format text|llmc --in FILE... --seq-len T --out DIR [--tokenizer FILE] [options]";
 static const char summary[] =
     "Packs a dataset into .bbs shards: zstd seekable-format files with a checksummed\n"
     "seek table (data/FORMAT.md), readable by `zstd -d`. Records:\n"
     "  fmnist  IDX images + labels (gzipped or not): label u8 + pixels u8, 10 classes\n"
-    "  text    bytes of the concatenated inputs as u16 tokens (vocabulary 256)\n"
+    "  text    bytes of the concatenated inputs as u16 tokens (vocabulary 256), or with\n"
+    "          --tokenizer the tokens of a byte-level BPE tokenizer.json (Hugging Face's,\n"
+    "          GPT-2's, or `bigbatch tokenizer train`'s): u16, or u32 past 65536 ids; the\n"
+    "          dataset (and each split) keeps a copy of it, for sample to decode with\n"
     "  llmc    llm.c .bin token files (magic 20240520, version 1) as u16 tokens\n"
     "A token record holds T+1 tokens (inputs and shifted targets); windows advance\n"
     "by T. With --val-fraction the last records go to DIR/val, the rest to DIR/train.\n"
@@ -46,6 +49,8 @@ static void print_split(const char *dir, const char *name, const bb_dataset_summ
 static bb_status check_format_flags(const char *format, const bb_pack_options *o, bool has_seq_len,
                                     bool has_vocab)
 {
+    if (o->tokenizer && strcmp(format, "text"))
+        return bb_fail(BB_ERR_ARG, "--tokenizer applies only to --format text (%s holds tokens already)", format);
     bool fmnist = !strcmp(format, "fmnist");
     if (fmnist) {
         if (!o->images || !o->labels)
@@ -79,6 +84,8 @@ int bb_cmd_pack(int argc, char **argv)
          .min = 1, .max = (BB_SHARD_MAX_FRAME_BYTES / 2) - 1, .given = &has_seq_len},
         {"--vocab", BB_OPT_INT, &vocab, "V", "llmc: vocabulary size; every token must be below it", .min = 2,
          .max = 65536, .given = &has_vocab},
+        {"--tokenizer", BB_OPT_STRING, &o.tokenizer, "FILE", "text: encode with this byte-level BPE tokenizer.json "
+         "(default: bytes)"},
         {"--out", BB_OPT_STRING, &o.out_dir, "DIR", "output directory (created; must not exist or be empty)", .required = true},
         {"--val-fraction", BB_OPT_DOUBLE, &o.val_fraction, "F", "put the last F of the records in DIR/val, the rest in DIR/train",
          .min = 0, .max = 0.99},

@@ -137,8 +137,9 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "DIR/step-N): model, data, devices, batch, optimizer, schedule, --steps and seed are the run's unless given, "
          "and it goes on saving into DIR with the run's --keep and --save-every unless --save is given",
          GIVEN(RESUME)},
-        {"--init-from", BB_OPT_STRING, &o->init_from, "FILE", "start from these weights (.safetensors, PyTorch "
-         "names)", GIVEN(INIT_FROM)},
+        {"--init-from", BB_OPT_STRING, &o->init_from, "PATH", "start from these weights: a .safetensors file "
+         "(PyTorch names), or a transformers GPT2LMHeadModel directory (config.json + model.safetensors), whose "
+         "config.json gives the shape", GIVEN(INIT_FROM)},
         {"--metrics", BB_OPT_STRING, &o->metrics_path, "FILE", "one JSON object per step (JSON Lines), after a "
          "first line with the run's configuration", GIVEN(METRICS)},
         {"--report", BB_OPT_STRING, &f->report, "FILE", "write `bigbatch report`'s HTML page of the run here when it "
@@ -168,6 +169,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     if (f->given[BB_TRAIN_STEPS] && f->given[BB_TRAIN_EPOCHS])
         return bb_fail(BB_ERR_ARG, "--steps and --epochs both set the run's length: give one");
     BB_TRY(model_flags_config(mf, &o->model));
+    if (o->init_from && bb_model_is_hf_dir(o->init_from)) BB_TRY(model_flags_hf_shape(mf, o->init_from, &o->model));
     f->given[BB_TRAIN_MODEL] = model_flags_shape_given(mf);
     f->given[BB_TRAIN_CHECKPOINT] = mf->checkpoint_given;
     f->given[BB_TRAIN_LOSS_CHUNK] = mf->loss_chunk_given;

@@ -23,6 +23,7 @@ extern volatile sig_atomic_t bb_cli_interrupted;
 int bb_cli_report(bb_status status, const char *usage, const char *summary, const bb_opt *opts);
 
 int bb_cmd_pack(int argc, char **argv);
+int bb_cmd_tokenizer(int argc, char **argv);
 int bb_cmd_inspect(int argc, char **argv);
 int bb_cmd_version(int argc, char **argv);
 int bb_cmd_bench(int argc, char **argv);

@@ -36,6 +36,7 @@ static const struct command {
     {"report", bb_cmd_report, "one HTML page of plots from a run's --metrics (and --trace, plan --json)"},
     {"export", bb_cmd_export, "write a checkpoint's weights as one .safetensors file"},
     {"pack", bb_cmd_pack, "turn Fashion-MNIST, text or llm.c token files into .bbs shards"},
+    {"tokenizer", bb_cmd_tokenizer, "train a byte-level BPE tokenizer.json on text; encode text with one"},
     {"inspect", bb_cmd_inspect, "describe shards or a dataset; --verify checks every frame"},
     {"bench", bb_cmd_bench, "measure the queue, the loader, a model's steps, host-to-GPU copies (perf/ runs them "
                             "beside their peers)"},

@@ -40,6 +40,18 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
     return BB_OK;
 }
 
+bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_config *c)
+{
+    if (model_flags_shape_given(f))
+        return bb_fail(BB_ERR_ARG, "--init-from %s: its config.json gives the shape; drop --model, --layers, --heads, "
+                       "--d-model", dir);
+    bb_model_config hf;
+    int positions;
+    BB_TRY(bb_model_hf_config(dir, &hf, &positions));
+    c->kind = hf.kind, c->layers = hf.layers, c->heads = hf.heads, c->d_model = hf.d_model; /* the data gives T, V */
+    return BB_OK;
+}
+
 bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size)
 {
     bb_dataset_t *ds;

@@ -17,6 +17,11 @@ typedef struct model_flags {
     {.kind = "gpt", .checkpoint = "none", .layers = BB_GPT_DEFAULT_LAYERS, .heads = BB_GPT_DEFAULT_HEADS,      \
      .d_model = BB_GPT_DEFAULT_D_MODEL}
 
+/* --init-from DIR, a transformers directory: its config.json's shape into
+ * c (checkpointing and the loss chunk stay the flags'); fails with
+ * BB_ERR_ARG when a shape flag was given too, as bb_model_hf_config. */
+bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_config *c);
+
 /* The option-table rows for model_flags (5 rows, --checkpoint, --loss-chunk). */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
     {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices(),   \

@@ -99,6 +99,26 @@ bb_status bb_make_parents(const char *path, size_t *created)
     return rc;
 }
 
+bb_status bb_copy_file(const char *from, const char *to)
+{
+    int in = open(from, O_RDONLY | O_CLOEXEC), out = -1;
+    if (in < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", from);
+    bb_status rc = BB_OK;
+    if ((out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", to);
+    char buf[1 << 16];
+    for (ssize_t n; rc == BB_OK && (n = read(in, buf, sizeof buf)) != 0;) {
+        if (n < 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot read", from);
+        for (ssize_t done = 0, w; rc == BB_OK && done < n; done += w)
+            if ((w = write(out, buf + done, (size_t)(n - done))) < 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", to);
+    }
+    if (rc == BB_OK && fsync(out) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot sync", to);
+    if (out >= 0 && close(out) != 0 && rc == BB_OK) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", to);
+    close(in);
+    if (rc != BB_OK && out >= 0) unlink(to);
+    return rc;
+}
+
 bb_status bb_fsync_dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');

@@ -1,8 +1,10 @@
-/* import_tokens.c — token windows from text (bytes) or llm.c .bin files.
+/* import_tokens.c — token windows from text (bytes, or the tokens of a
+ * byte-level BPE tokenizer) or llm.c .bin files.
  *
  * The inputs form one token stream, in order. Record r holds tokens
  * [r*T, r*T + T] (T+1 tokens: inputs and shifted targets), so consecutive
  * records share one token and the stream yields (N-1)/T records. */
+#include "bigbatch/tokenizer.h"
 #include "import.h"
 #include "shard_format.h"
 
@@ -28,7 +30,9 @@ typedef struct token_file {
 typedef struct token_state {
     token_file *files;
     int file_count;
-    bool u16_input;    /* llm.c tokens; else one byte per token */
+    bool u16_input;    /* llm.c tokens; else one byte per token, or the encoded stream: */
+    bb_tokens encoded; /* text with a tokenizer: every file's tokens, in order */
+    uint32_t width;    /* bytes per token in a record: 2, or 4 past 65536 ids */
     uint32_t vocab;    /* every token is below this */
     uint32_t seq_len;
     uint64_t next_pos; /* stream position of the next record's first token */
@@ -110,9 +114,16 @@ static bb_status check_llmc_tokens(const token_file *f, uint32_t vocab)
     return BB_OK;
 }
 
-/* Copies stream tokens [pos, pos+n) to dst as u16. */
-static void copy_tokens(token_state *st, uint64_t pos, uint64_t n, uint16_t *dst)
+/* Copies stream tokens [pos, pos+n) to dst as u16 (or u32: st->width). */
+static void copy_tokens(token_state *st, uint64_t pos, uint64_t n, void *out)
 {
+    if (st->encoded.v) {
+        for (uint64_t i = 0; i < n; i++)
+            if (st->width == 4) ((uint32_t *)out)[i] = st->encoded.v[pos + i];
+            else ((uint16_t *)out)[i] = (uint16_t)st->encoded.v[pos + i];
+        return;
+    }
+    uint16_t *dst = out;
     while (pos >= st->file_start + st->files[st->file].count) /* records only move forward */
         st->file_start += st->files[st->file++].count;
     int fi = st->file;
@@ -137,7 +148,7 @@ static bb_status tokens_read(bb_record_source *src, uint64_t count, uint8_t *dst
     token_state *st = src->state;
     uint32_t len = st->seq_len + 1;
     for (uint64_t r = 0; r < count; r++) {
-        copy_tokens(st, st->next_pos, len, (uint16_t *)(void *)(dst + r * 2 * (uint64_t)len));
+        copy_tokens(st, st->next_pos, len, dst + r * st->width * (uint64_t)len);
         st->next_pos += st->seq_len;
     }
     return BB_OK;
@@ -150,6 +161,7 @@ static void tokens_close(bb_record_source *src)
     for (int i = 0; i < st->file_count; i++)
         if (st->files[i].map) munmap((void *)st->files[i].map, st->files[i].map_size);
     free(st->files);
+    bb_tokens_free(&st->encoded);
     free(st);
     src->state = NULL;
 }
@@ -175,20 +187,34 @@ bb_status bb_import_tokens_open(const bb_pack_options *o, bb_record_source *out)
     st->u16_input = llmc;
     st->vocab = llmc ? o->vocab : 256;
     st->seq_len = o->seq_len;
-    bb_status rc;
+    st->width = 2;
+    bb_status rc = BB_OK;
     uint64_t total = 0;
+    bb_tokenizer_t *tok = NULL;
+    if (o->tokenizer) {
+        BB_TRY_GOTO(bb_tokenizer_load(o->tokenizer, &tok), rc, fail);
+        st->vocab = bb_tokenizer_vocab(tok);
+        st->width = st->vocab > 65536 ? 4 : 2;
+    }
     for (int i = 0; i < o->input_count; i++) {
         token_file *f = &st->files[i];
         BB_TRY_GOTO(map_file(f, o->inputs[i]), rc, fail);
         if (llmc) {
             BB_TRY_GOTO(check_llmc_header(f), rc, fail);
             BB_TRY_GOTO(check_llmc_tokens(f, st->vocab), rc, fail);
+        } else if (tok) { /* encoded now, so that the whole stream is known before any output */
+            size_t before = st->encoded.n;
+            BB_TRY_GOTO(bb_tokenizer_encode_parallel(tok, f->map, f->map_size, o->writer.threads, &st->encoded), rc,
+                        fail);
+            f->count = st->encoded.n - before;
+            munmap((void *)f->map, f->map_size), f->map = NULL;
         } else {
             f->tokens = f->map;
             f->count = f->map_size;
         }
         total += f->count;
     }
+    bb_tokenizer_destroy(tok), tok = NULL;
     uint64_t record_tokens = (uint64_t)o->seq_len + 1;
     if (total < record_tokens) {
         rc = bb_fail(BB_ERR_FORMAT, "%s%s: %llu tokens in all, shorter than one record (--seq-len %u needs %llu tokens)",
@@ -199,14 +225,15 @@ bb_status bb_import_tokens_open(const bb_pack_options *o, bb_record_source *out)
     out->record_count = (total - 1) / o->seq_len;
     out->unused_tokens = total - 1 - out->record_count * o->seq_len;
     bb_shard_meta *m = &out->meta;
-    m->kind = BB_RECORD_TOKENS_U16;
+    m->kind = st->width == 4 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16;
     m->rank = 1;
     m->shape[0] = (uint32_t)record_tokens;
-    m->record_size = (uint32_t)(2 * record_tokens);
+    m->record_size = (uint32_t)(st->width * record_tokens);
     m->classes_or_vocab = st->vocab;
     bb_import_source_name(m->source, o->inputs[0], o->input_count - 1);
     return BB_OK;
 fail:
+    bb_tokenizer_destroy(tok);
     tokens_close(out);
     return rc;
 }

@@ -1,5 +1,6 @@
 /* pack.c — the pack driver: validates the input, streams records into
  * writers under a temporary directory, and renames it into place. */
+#include "bigbatch/tokenizer.h"
 #include "import.h"
 
 #include <dirent.h>
@@ -36,8 +37,9 @@ static int remove_tree(const char *path)
     return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* True when `dir` holds only shards and split directories of shards, i.e.
- * output of an earlier pack that --force may replace. */
+/* True when `dir` holds only shards (and the tokenizer's copy) and split
+ * directories of them, i.e. output of an earlier pack that --force may
+ * replace. */
 static bool holds_only_shards(const char *dir, int depth)
 {
     DIR *d = opendir(dir);
@@ -52,7 +54,7 @@ static bool holds_only_shards(const char *dir, int depth)
         if (lstat(sub, &st) != 0)
             ok = false;
         else if (S_ISREG(st.st_mode))
-            ok = bb_shard_is_file_name(e->d_name);
+            ok = bb_shard_is_file_name(e->d_name) || !strcmp(e->d_name, BB_TOKENIZER_FILE);
         else
             ok = S_ISDIR(st.st_mode) && depth == 0 && holds_only_shards(sub, 1);
     }
@@ -260,6 +262,14 @@ bb_status bb_pack(const bb_pack_options *o, bb_pack_report *report)
             goto done_out;
         }
         BB_TRY_GOTO(bb_dataset_writer_create(dir, &src.meta, &o->writer, &splits[s].writer), rc, done_out);
+        char copy[sizeof dir + 32];
+        snprintf(copy, sizeof copy, "%s/%s", dir, BB_TOKENIZER_FILE);
+        if (o->tokenizer) BB_TRY_GOTO(bb_copy_file(o->tokenizer, copy), rc, done_out); /* every split decodes alone */
+    }
+    if (o->tokenizer && nsplits == 2) {
+        char copy[sizeof plan.temp + 32];
+        snprintf(copy, sizeof copy, "%s/%s", plan.temp, BB_TOKENIZER_FILE);
+        BB_TRY_GOTO(bb_copy_file(o->tokenizer, copy), rc, done_out);
     }
     BB_TRY_GOTO(stream_records(o, &src, splits, nsplits), rc, done_out);
     BB_TRY_GOTO(bb_dataset_writer_finish(splits[0].writer, &report->train), rc, done_out);

@@ -56,6 +56,7 @@ typedef struct gpt_state {
     int computed_segment;    /* the recomputed segment the recompute slots hold; -1: none */
     int last_block;          /* the block whose forward ran last and whose buffers are intact; -1: none */
     bool forward_done;       /* a forward with loss ran: a backward may follow */
+    struct gpt_decode *decode; /* incremental decoding's cache (gpt_decode.c); NULL until used */
     void **owned;            /* every activation buffer, freed by the destroy */
     int owned_count, owned_cap;
 } gpt_state;
@@ -77,6 +78,10 @@ bb_status bb_gpt_init(bb_model_t *m, uint64_t seed, float *host);
 bb_status bb_gpt_forward(bb_model_t *m, float normalizer, double *loss, int *correct);
 bb_status bb_gpt_backward(bb_model_t *m, bool acc);
 bb_status bb_gpt_logits(bb_model_t *m, int position, float *host);
+/* gpt_decode.c: bb_model_decode's hook, and its cache's destroy. */
+typedef struct gpt_decode gpt_decode;
+bb_status bb_gpt_decode(bb_model_t *m, int32_t token, int position, float *host_logits);
+void bb_gpt_decode_destroy(bb_model_t *m, gpt_decode *d);
 void bb_gpt_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
 
 #endif /* BIGBATCH_GPT_INTERNAL_H */

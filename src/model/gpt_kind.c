@@ -121,6 +121,7 @@ const bb_model_kind bb_model_kind_gpt = {
     .checkpoint_plans = true,
     .block_costs = bb_gpt_block_costs,
     .tied_head = "lm_head.weight",
+    .hf_model_type = "gpt2",
     .to_json = gpt_to_json,
     .from_json = gpt_from_json,
     .inputs_per_example = gpt_tokens,
@@ -134,6 +135,7 @@ const bb_model_kind bb_model_kind_gpt = {
     .init = bb_gpt_init,
     .forward = bb_gpt_forward,
     .logits = bb_gpt_logits,
+    .decode = bb_gpt_decode,
     .backward = bb_gpt_backward,
     .destroy = bb_gpt_destroy,
 };

@@ -223,6 +223,7 @@ void bb_gpt_destroy(bb_model_t *m)
     gpt_state *g = m->impl;
     if (!g) return;
     /* The buffers belong to the backend's accounting: free them there. */
+    bb_gpt_decode_destroy(m, g->decode);
     for (int i = 0; i < g->owned_count; i++) bb_backend_free(m->be, g->owned[i]);
     free(g->owned);
     free(g->segs), free(g->seg_of), free(g->keep), free(g->act), free(g->slots);

@@ -345,6 +345,19 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
     return m->cfg.kind->logits(m, position, host_logits);
 }
 
+bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *host_logits)
+{
+    if (!m->cfg.kind->decode)
+        return bb_fail(BB_ERR_UNSUPPORTED, "a %s does not decode token by token", m->cfg.kind->name);
+    int positions = bb_model_targets_per_example(&m->cfg), vocab = bb_model_outputs(&m->cfg);
+    if (position < 0 || position >= positions)
+        return bb_fail(BB_ERR_ARG, "decode at position %d: this %s has positions 0 to %d", position,
+                       m->cfg.kind->name, positions - 1);
+    if (token < 0 || token >= vocab)
+        return bb_fail(BB_ERR_ARG, "decode: token %d is outside the vocabulary of %d", (int)token, vocab);
+    return m->cfg.kind->decode(m, token, position, host_logits);
+}
+
 int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget)
 {
     if (!bb_model_chunks_loss(c)) return 0;

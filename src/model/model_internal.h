@@ -24,6 +24,7 @@ struct bb_model_kind {
     /* with checkpoint_plans: what each policy costs a block (bb_model_block_costs) */
     void (*block_costs)(const bb_model_config *c, int micro_batch, bb_block_costs *out);
     const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
+    const char *hf_model_type; /* its transformers model_type (gpt_hf.c: "gpt2"); NULL: none */
     int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
     bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
     /* ---- batches (batch.c) ---- */
@@ -46,6 +47,8 @@ struct bb_model_kind {
     bb_status (*forward)(bb_model_t *m, float normalizer, double *loss, int *correct);
     /* after a forward without loss: every example's logits at `position`, to the host */
     bb_status (*logits)(bb_model_t *m, int position, float *host);
+    /* optional: incremental decoding (bb_model_decode); position and token checked */
+    bb_status (*decode)(bb_model_t *m, int32_t token, int position, float *host_logits);
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
 };
@@ -73,6 +76,39 @@ struct bb_model {
 };
 
 extern const bb_model_kind bb_model_kind_gpt, bb_model_kind_mlp;
+
+/* ---- safetensors files (safetensors.c), for the model's own and other
+ * tools' layouts (gpt_hf.c) ---- */
+typedef struct bb_st_entry {
+    char name[128], dtype[16];
+    uint64_t shape[4], begin, end; /* begin, end: byte offsets into the data */
+    int rank;
+} bb_st_entry;
+typedef struct bb_st_file {
+    const uint8_t *map, *data;
+    size_t size, data_size;
+    bb_st_entry *entries;
+    int count;
+} bb_st_file;
+/* Maps `path` and reads its header; a file with bigbatch's "xxh64" must
+ * match it, and no tensor's bytes may overlap another's or leave the
+ * file. Fails with BB_ERR_IO, BB_ERR_CORRUPT naming the file (and the
+ * tensor), BB_ERR_NOMEM. */
+bb_status bb_st_map(const char *path, bb_st_file *f);
+void bb_st_unmap(bb_st_file *f);
+/* The tensor called `name`; NULL when there is none. */
+const bb_st_entry *bb_st_find(const bb_st_file *f, const char *name);
+/* One F32 tensor to write. */
+typedef struct bb_st_tensor {
+    const char *name;
+    int rank, shape[2];
+    const float *data;
+    size_t count;
+} bb_st_tensor;
+/* Writes `n` tensors in order, with {"format": "pt", "producer", "xxh64"}
+ * metadata, through a temporary file renamed into place. Fails with
+ * BB_ERR_IO, BB_ERR_NOMEM. */
+bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n);
 
 /* model.c helpers for the kinds */
 bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int cols, bool decay);

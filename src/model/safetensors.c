@@ -20,42 +20,24 @@
 /* ---- writing ----------------------------------------------------------- */
 static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
 
-/* XXH64 of the tensor bytes as written: the parameters, then (gpt) the
- * tied embedding again as lm_head.weight. */
-static uint64_t data_checksum(const float *host, size_t count, const float *tied, size_t tied_count)
+bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n)
 {
-    XXH64_state_t st;
+    XXH64_state_t st; /* of the tensor bytes as written, in order */
     XXH64_reset(&st, 0);
-    XXH64_update(&st, host, count * sizeof *host);
-    if (tied) XXH64_update(&st, tied, tied_count * sizeof *tied);
-    return XXH64_digest(&st);
-}
-
-bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
-{
-    const char *head = m->cfg.kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte) */
-    bool tied = head != NULL;
-    float *host = malloc(m->param_count * sizeof *host);
-    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
-    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
-    const float *tied_data = tied ? host + m->tensors[0].offset : NULL;
-    size_t tied_count = tied ? m->tensors[0].count : 0;
-    uint64_t sum = rc == BB_OK ? data_checksum(host, m->param_count, tied_data, tied_count) : 0;
+    for (int i = 0; i < n; i++) XXH64_update(&st, ts[i].data, ts[i].count * sizeof(float));
     char producer[64], xxh64[24];
     snprintf(producer, sizeof producer, "bigbatch %s", BB_VERSION);
-    snprintf(xxh64, sizeof xxh64, "%016llx", (unsigned long long)sum);
+    snprintf(xxh64, sizeof xxh64, "%016llx", (unsigned long long)XXH64_digest(&st));
     json_t *header =
         json_pack("{s:{s:s, s:s, s:s}}", "__metadata__", "format", "pt", "producer", producer, "xxh64", xxh64);
     size_t offset = 0;
-    for (int i = 0; header && i <= m->tensor_count; i++) {
-        const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
-        if (i == m->tensor_count && !tied) break;
-        const char *name = i < m->tensor_count ? t->name : head; /* tied to tensor 0: written twice */
+    for (int i = 0; header && i < n; i++) {
+        const bb_st_tensor *t = &ts[i];
         size_t bytes = t->count * sizeof(float);
         json_t *shape = t->rank == 2 ? json_pack("[i, i]", t->shape[0], t->shape[1]) : json_pack("[i]", t->shape[0]);
         json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets",
                                   (json_int_t)offset, (json_int_t)(offset + bytes));
-        if (json_object_set_new(header, name, entry)) json_decref(header), header = NULL;
+        if (json_object_set_new(header, t->name, entry)) json_decref(header), header = NULL;
         offset += bytes;
     }
     char *json = header ? json_dumps(header, JSON_COMPACT) : NULL;
@@ -63,7 +45,7 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     size_t len = json ? strlen(json) : 0;
     char *padded = json ? realloc(json, len + 8) : NULL;
     if (!padded) {
-        free(json), free(host);
+        free(json);
         return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
     }
     json = padded;
@@ -71,14 +53,13 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     /* Written beside the target, then renamed: no half-written weights. */
     char *tmp = malloc(strlen(path) + 16);
     if (tmp) sprintf(tmp, "%s.tmp-%d", path, (int)getpid());
-    FILE *f = rc == BB_OK && tmp ? fopen(tmp, "wb") : NULL;
-    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp ? tmp : path);
+    FILE *f = tmp ? fopen(tmp, "wb") : NULL;
+    bb_status rc = f ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp ? tmp : path);
     if (f) {
-        uint8_t header[8];
-        for (int i = 0; i < 8; i++) header[i] = (uint8_t)((uint64_t)len >> (8 * i));
-        bool ok = write_all(f, header, 8) && write_all(f, json, len) &&
-                  write_all(f, host, m->param_count * sizeof *host) &&
-                  (!tied || write_all(f, tied_data, tied_count * sizeof *host));
+        uint8_t head[8];
+        for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)len >> (8 * i));
+        bool ok = write_all(f, head, 8) && write_all(f, json, len);
+        for (int i = 0; ok && i < n; i++) ok = write_all(f, ts[i].data, ts[i].count * sizeof(float));
         ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0; /* on disk before the rename makes it visible */
         if (fclose(f) != 0) ok = false;
         if (!ok) rc = bb_fail_errno(BB_ERR_IO, "%s: write failed", path);
@@ -88,17 +69,33 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
     }
     free(tmp);
     free(json);
+    return rc;
+}
+
+bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
+{
+    const char *head = m->cfg.kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte): written twice */
+    float *host = malloc(m->param_count * sizeof *host);
+    bb_st_tensor *ts = calloc((size_t)m->tensor_count + 1, sizeof *ts);
+    if (!host || !ts) {
+        free(host), free(ts);
+        return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
+    }
+    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
+    int n = 0;
+    for (int i = 0; i <= m->tensor_count; i++) {
+        if (i == m->tensor_count && !head) break;
+        const bb_tensor_info *t = &m->tensors[i < m->tensor_count ? i : 0];
+        ts[n++] = (bb_st_tensor){i < m->tensor_count ? t->name : head, t->rank, {t->shape[0], t->shape[1]},
+                                 host + t->offset, t->count};
+    }
+    if (rc == BB_OK) rc = bb_st_write(path, ts, n);
+    free(ts);
     free(host);
     return rc;
 }
 
 /* ---- reading ----------------------------------------------------------- */
-typedef struct entry {
-    char name[128], dtype[16];
-    uint64_t shape[4], begin, end;
-    int rank;
-} entry;
-
 /* A non-negative integer array of at most `cap` into out; false otherwise. */
 static bool read_uints(const json_t *a, uint64_t *out, int cap, int *count)
 {
@@ -113,9 +110,9 @@ static bool read_uints(const json_t *a, uint64_t *out, int cap, int *count)
 }
 
 /* One tensor's {"dtype", "shape", "data_offsets"}; false when malformed. */
-static bool read_entry(const char *name, const json_t *v, entry *e)
+static bool read_entry(const char *name, const json_t *v, bb_st_entry *e)
 {
-    *e = (entry){0};
+    *e = (bb_st_entry){0};
     uint64_t pair[2];
     int offsets;
     const char *dtype = json_string_value(json_object_get(v, "dtype"));
@@ -129,7 +126,7 @@ static bool read_entry(const char *name, const json_t *v, entry *e)
     return true;
 }
 
-static bb_status parse_header(const char *path, const uint8_t *file, size_t size, entry **out, int *count,
+static bb_status parse_header(const char *path, const uint8_t *file, size_t size, bb_st_entry **out, int *count,
                               size_t *data_start, char *xxh64, size_t xxh64_cap)
 {
     if (size < 8) return bb_fail(BB_ERR_CORRUPT, "%s: too short for a safetensors file", path);
@@ -142,7 +139,7 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     json_t *h = json_loadb((const char *)file + 8, n, JSON_REJECT_DUPLICATES, &err);
     if (!h) return bb_fail(BB_ERR_CORRUPT, "%s: malformed safetensors header near byte %d (%s)", path, 8 + err.position,
                            err.text);
-    entry *e = calloc(json_object_size(h) + 1, sizeof *e);
+    bb_st_entry *e = calloc(json_object_size(h) + 1, sizeof *e);
     *count = 0;
     const char *key;
     json_t *v;
@@ -168,7 +165,7 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     return BB_OK;
 }
 
-static bb_status check_tensor(const char *path, const entry *e, const bb_tensor_info *t, size_t data_size)
+static bb_status check_tensor(const char *path, const bb_st_entry *e, const bb_tensor_info *t, size_t data_size)
 {
     if (strcmp(e->dtype, "F32"))
         return bb_fail(BB_ERR_FORMAT, "%s: tensor %s is %s, bigbatch reads F32", path, t->name, e->dtype);
@@ -185,8 +182,9 @@ static bb_status check_tensor(const char *path, const entry *e, const bb_tensor_
     return BB_OK;
 }
 
-bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
+bb_status bb_st_map(const char *path, bb_st_file *f)
 {
+    memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
     struct stat st;
@@ -199,63 +197,88 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
         return bb_fail(BB_ERR_IO, "%s is a directory, not a .safetensors file (a checkpoint directory is read as "
                        "a checkpoint)", path);
     }
-    size_t size = (size_t)st.st_size;
-    const uint8_t *file = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    f->size = (size_t)st.st_size;
+    f->map = f->size ? mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
-    if (size && file == MAP_FAILED) return bb_fail_errno(BB_ERR_IO, "%s: cannot map", path);
-    entry *entries = NULL;
-    int count = 0;
-    size_t data_start = 0;
+    if (f->size && f->map == MAP_FAILED) {
+        f->map = NULL, f->size = 0;
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot map", path);
+    }
     char xxh64[32] = "";
-    bb_status rc = parse_header(path, file, size, &entries, &count, &data_start, xxh64, sizeof xxh64);
+    size_t start = 0;
+    bb_status rc = parse_header(path, f->map, f->size, &f->entries, &f->count, &start, xxh64, sizeof xxh64);
+    f->data = f->map + start, f->data_size = f->size - start;
     if (rc == BB_OK && xxh64[0]) { /* bigbatch's own file: the bytes must be what was written */
         char actual[17];
-        snprintf(actual, sizeof actual, "%016llx", (unsigned long long)XXH64(file + data_start, size - data_start, 0));
+        snprintf(actual, sizeof actual, "%016llx", (unsigned long long)XXH64(f->data, f->data_size, 0));
         if (strcmp(actual, xxh64))
             rc = bb_fail(BB_ERR_CORRUPT, "%s: the weights do not match their checksum (xxh64 %s, the file's data has "
                          "%s): the file is damaged", path, xxh64, actual);
     }
+    for (int a = 0; rc == BB_OK && a < f->count; a++) { /* a tensor's bytes are its own, inside the file */
+        const bb_st_entry *x = &f->entries[a];
+        if (x->end < x->begin || x->end > f->data_size)
+            rc = bb_fail(BB_ERR_CORRUPT, "%s: tensor %s: data offsets [%llu, %llu] run past the file's %zu bytes of "
+                         "data", path, x->name, (unsigned long long)x->begin, (unsigned long long)x->end, f->data_size);
+        for (int b = a + 1; rc == BB_OK && b < f->count; b++) {
+            const bb_st_entry *y = &f->entries[b];
+            if (x->begin < y->end && y->begin < x->end && x->begin < x->end && y->begin < y->end)
+                rc = bb_fail(BB_ERR_CORRUPT, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap in the data",
+                             path, x->name, (unsigned long long)x->begin, (unsigned long long)x->end, y->name,
+                             (unsigned long long)y->begin, (unsigned long long)y->end);
+        }
+    }
+    if (rc != BB_OK) bb_st_unmap(f);
+    return rc;
+}
+
+void bb_st_unmap(bb_st_file *f)
+{
+    free(f->entries);
+    if (f->size) munmap((void *)f->map, f->size);
+    memset(f, 0, sizeof *f);
+}
+
+const bb_st_entry *bb_st_find(const bb_st_file *f, const char *name)
+{
+    for (int k = 0; k < f->count; k++)
+        if (!strcmp(f->entries[k].name, name)) return &f->entries[k];
+    return NULL;
+}
+
+bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
+{
+    bb_st_file f;
+    BB_TRY(bb_st_map(path, &f));
+    bb_status rc = BB_OK;
     /* Every tensor is checked before any is copied: a bad file leaves the
      * model as it was. A tensor the model does not have means another
      * shape (e.g. more layers): refused, naming the first. */
-    for (int k = 0; rc == BB_OK && k < count; k++) {
-        const char *head = m->cfg.kind->tied_head;
-        bool known = head && !strcmp(entries[k].name, head);
-        for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(entries[k].name, m->tensors[i].name);
+    const char *head = m->cfg.kind->tied_head;
+    for (int k = 0; rc == BB_OK && k < f.count; k++) {
+        bool known = head && !strcmp(f.entries[k].name, head);
+        for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(f.entries[k].name, m->tensors[i].name);
         if (!known) {
             char model[160];
             bb_model_describe(&m->cfg, model, sizeof model);
             rc = bb_fail(BB_ERR_FORMAT, "%s: tensor %s is not in the model (%s): is the file for another shape?",
-                         path, entries[k].name, model);
+                         path, f.entries[k].name, model);
         }
     }
-    for (int a = 0; rc == BB_OK && a < count; a++) /* a tensor's bytes are its own */
-        for (int b = a + 1; rc == BB_OK && b < count; b++)
-            if (entries[a].begin < entries[b].end && entries[b].begin < entries[a].end &&
-                entries[a].begin < entries[a].end && entries[b].begin < entries[b].end)
-                rc = bb_fail(BB_ERR_CORRUPT, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap in the data",
-                             path, entries[a].name, (unsigned long long)entries[a].begin,
-                             (unsigned long long)entries[a].end, entries[b].name, (unsigned long long)entries[b].begin,
-                             (unsigned long long)entries[b].end);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
             const bb_tensor_info *t = &m->tensors[i];
-            const entry *e = NULL;
-            for (int k = 0; k < count && !e; k++)
-                if (!strcmp(entries[k].name, t->name)) e = &entries[k];
+            const bb_st_entry *e = bb_st_find(&f, t->name);
             /* A GPT trained elsewhere may carry the tied weight only as lm_head. */
-            if (!e && i == 0 && m->cfg.kind->tied_head)
-                for (int k = 0; k < count && !e; k++)
-                    if (!strcmp(entries[k].name, m->cfg.kind->tied_head)) e = &entries[k];
+            if (!e && i == 0 && head) e = bb_st_find(&f, head);
             if (!e)
                 rc = bb_fail(BB_ERR_FORMAT, "%s: no tensor %s (the file has %d tensors; is it for this model shape?)",
-                             path, t->name, count);
+                             path, t->name, f.count);
             else
-                rc = pass == 0 ? check_tensor(path, e, t, size - data_start)
-                               : bb_backend_copy(m->be, m->params + t->offset, file + data_start + e->begin,
+                rc = pass == 0 ? check_tensor(path, e, t, f.data_size)
+                               : bb_backend_copy(m->be, m->params + t->offset, f.data + e->begin,
                                                  t->count * sizeof(float), BB_COPY_H2D);
         }
-    free(entries);
-    if (size) munmap((void *)file, size);
+    bb_st_unmap(&f);
     return rc;
 }

@@ -3,6 +3,7 @@
  *
  *   DIR/latest -> step-00000100
  *   DIR/step-00000100/{model.safetensors, optimizer.bin, state.json}
+ *   (and tokenizer.json, the training data's, when it has one)
  */
 #include <dirent.h>
 #include <errno.h>
@@ -21,19 +22,19 @@ static bb_status join(char *out, size_t cap, const char *dir, const char *name)
     return BB_OK;
 }
 
-/* A step directory bigbatch wrote: state.json, and nothing but its three
+/* A step directory bigbatch wrote: state.json, and nothing but its four
  * files (and what a killed write of one left, NAME.tmp-PID). A directory
  * with anything else is the user's, never removed. */
 static bool is_checkpoint_dir(const char *path)
 {
     DIR *d = opendir(path);
     if (!d) return false;
-    static const char *const ours[] = {"model.safetensors", "optimizer.bin", "state.json"};
+    static const char *const ours[] = {"model.safetensors", "optimizer.bin", "state.json", "tokenizer.json"};
     bool state = false, only_ours = true;
     for (struct dirent *e; only_ours && (e = readdir(d));) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         bool mine = false;
-        for (int i = 0; i < 3 && !mine; i++) {
+        for (int i = 0; i < 4 && !mine; i++) {
             size_t n = strlen(ours[i]);
             mine = !strncmp(e->d_name, ours[i], n) && (!e->d_name[n] || !strncmp(e->d_name + n, ".tmp-", 5));
         }
@@ -266,6 +267,10 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
     BB_TRY(bb_optimizer_save(be, o, n, bb_model_param_count(m), st->shards_across_processes, file));
     BB_TRY(join(file, sizeof file, tmp, "state.json"));
     BB_TRY(write_state(file, st, bb_model_get_config(m), o[0]));
+    if (st->tokenizer && *st->tokenizer) { /* sample and export decode with it */
+        BB_TRY(join(file, sizeof file, tmp, "tokenizer.json"));
+        BB_TRY(bb_copy_file(st->tokenizer, file));
+    }
     return sync_dir(tmp);
 }
 

@@ -24,6 +24,7 @@ typedef struct checkpoint_state {
     uint64_t save_every;
     double loss;
     const char *data, *val_data, *devices;
+    const char *tokenizer;        /* the training data's tokenizer.json, copied into the checkpoint; NULL/"": none */
     bool shards_across_processes; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
 } checkpoint_state;
 

@@ -9,11 +9,30 @@
 
 typedef struct eval_sums {
     double loss;
-    uint64_t targets, correct, records;
+    uint64_t targets, correct, records, bytes;
 } eval_sums;
 
-static bb_status run_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count, eval_sums *s)
+/* The bytes of text the targets of `count` token records stand for
+ * (tokens 1..T of each). */
+static uint64_t target_bytes(const bb_shard_meta *meta, const uint8_t *records, int count, const uint32_t *len)
 {
+    uint64_t n = 0;
+    uint32_t T1 = meta->shape[0], vocab = meta->classes_or_vocab;
+    for (int r = 0; r < count; r++)
+        for (uint32_t i = 1; i < T1; i++) {
+            uint32_t id; /* little-endian, as the host (import_tokens.c asserts it) */
+            uint16_t id16;
+            if (meta->kind == BB_RECORD_TOKENS_U32) memcpy(&id, records + ((size_t)r * T1 + i) * 4, 4);
+            else memcpy(&id16, records + ((size_t)r * T1 + i) * 2, 2), id = id16;
+            n += id < vocab ? len[id] : 0;
+        }
+    return n;
+}
+
+static bb_status run_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count,
+                           const uint32_t *token_bytes, eval_sums *s)
+{
+    if (token_bytes) s->bytes += target_bytes(meta, records, count, token_bytes);
     double loss;
     int correct;
     BB_TRY(bb_model_set_batch_from_records(m, meta, records, count));
@@ -61,6 +80,8 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
     progress.tty = progress.out && isatty(fileno(progress.out));
     volatile sig_atomic_t *interrupted = o ? o->interrupted : NULL;
     const bb_shard_meta *meta = bb_dataset_meta(ds);
+    bool tokens = meta->kind == BB_RECORD_TOKENS_U16 || meta->kind == BB_RECORD_TOKENS_U32;
+    const uint32_t *token_bytes = tokens && o ? o->token_bytes : NULL;
     int B = bb_model_micro_batch(m);
     size_t rs = meta->record_size, cap = 0;
     for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++)
@@ -78,7 +99,7 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
             for (size_t r = 0; rc == BB_OK && r < n; r++) {
                 memcpy(batch + (size_t)filled * rs, frame + r * rs, rs);
                 if (++filled == B) {
-                    rc = run_batch(m, meta, batch, B, &s);
+                    rc = run_batch(m, meta, batch, B, token_bytes, &s);
                     filled = 0;
                     if (interrupted && *interrupted)
                         rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted after %llu of %llu records",
@@ -88,7 +109,7 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
             }
         }
     }
-    if (rc == BB_OK && filled) rc = run_batch(m, meta, batch, filled, &s); /* padded */
+    if (rc == BB_OK && filled) rc = run_batch(m, meta, batch, filled, token_bytes, &s); /* padded */
     end_progress(&progress);
     bb_frame_decoder_destroy(dec);
     free(frame);
@@ -96,6 +117,11 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
     BB_TRY(rc);
     out->records = s.records;
     out->loss = s.targets ? s.loss / (double)s.targets : NAN;
+    out->bits_per_byte = NAN;
+    if (tokens && (token_bytes || meta->classes_or_vocab == 256)) { /* no table: a token is a byte */
+        uint64_t bytes = token_bytes ? s.bytes : s.targets;
+        out->bits_per_byte = bytes ? s.loss / (double)bytes / log(2.0) : NAN;
+    }
     out->accuracy = bb_model_counts_correct(bb_model_get_config(m)) && s.records ? (double)s.correct / (double)s.records : NAN;
     return BB_OK;
 }

@@ -63,6 +63,8 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
         "fwd_ms", bb_json_fixed(f->fwd_ms, 3), "bwd_ms", bb_json_fixed(f->bwd_ms, 3),
         "reduce_ms", bb_json_fixed(f->reduce_ms, 3), "opt_ms", bb_json_fixed(f->opt_ms, 3), "peak_mem_bytes", peaks));
     if (!fail && ev) fail = json_object_set_new(row, "val_loss", bb_json_real(ev->loss, 7));
+    if (!fail && ev && !isnan(ev->bits_per_byte))
+        fail = json_object_set_new(row, "val_bits_per_byte", bb_json_real(ev->bits_per_byte, 7));
     if (!fail && ev && !isnan(ev->accuracy))
         fail = json_object_set_new(row, "val_accuracy", bb_json_fixed(ev->accuracy, 6));
     bb_status rc = fail ? bb_fail(BB_ERR_NOMEM, "out of memory") : bb_json_write_line(t->metrics, row);
@@ -140,7 +142,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
-                           .data_identity = t->data_identity,
+                           .data_identity = t->data_identity, .tokenizer = t->tokenizer,
                            .save_every = t->o->save_every};
     uint64_t t0 = bb_clock_ns();
     char name[64];
@@ -218,7 +220,8 @@ static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, double los
     if (t->val) { /* rank 0's: the others wait in the agreement below */
         char label[48];
         snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
-        bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted};
+        bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted,
+                              .token_bytes = t->val_token_bytes};
         bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, ev);
         if (rc != BB_ERR_INTERRUPTED) BB_TRY(rc);
         else if (o->progress) /* the step was saved before it, if it saves */
@@ -246,6 +249,7 @@ static void report_progress(trainer *t, uint64_t step, const step_figures *f, ui
     progress_line(t, step, f, now);
     if (ev) {
         fprintf(o->progress, "%seval step %llu: val loss %.4f", t->tty ? "\n" : "", (unsigned long long)step, ev->loss);
+        if (!isnan(ev->bits_per_byte)) fprintf(o->progress, ", %.4f bits per byte", ev->bits_per_byte);
         if (!isnan(ev->accuracy)) fprintf(o->progress, ", val accuracy %.2f%%", 100 * ev->accuracy);
         fprintf(o->progress, " (%llu records)\n", (unsigned long long)ev->records);
     }

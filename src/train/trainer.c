@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <xxhash.h>
 
 #include "bigbatch/plan.h"
+#include "bigbatch/tokenizer.h"
 #include "bigbatch/world.h"
 #include "trainer.h"
 
@@ -110,6 +112,10 @@ static bb_status open_val(trainer *t)
                        "holds %s records of %u bytes (%u)", NAME(VAL_DATA), o->val_data, bb_record_kind_name(b->kind),
                        b->record_size, b->classes_or_vocab, o->data, bb_record_kind_name(a->kind), a->record_size,
                        a->classes_or_vocab);
+    bb_tokenizer_t *tok; /* its text's bytes per token: val loss in bits per byte too */
+    BB_TRY(bb_tokenizer_of_dataset(o->val_data, &tok));
+    if (tok && !(t->val_token_bytes = bb_tokenizer_byte_lengths(tok))) BB_WARN("out of memory: no bits per byte");
+    bb_tokenizer_destroy(tok);
     return BB_OK;
 }
 
@@ -210,7 +216,7 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
         BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));
         BB_TRY(bb_model_init(r->model, t->seed));
-        if (o->init_from) BB_TRY(bb_model_load_safetensors(r->model, o->init_from));
+        if (o->init_from) BB_TRY(bb_model_load_weights(r->model, o->init_from));
         size_t params = bb_model_param_count(r->model);
         bb_shard shard = {0};
         if (o->zero) /* this device's shard of every bucket, among all the job's devices */
@@ -363,6 +369,9 @@ static bb_status setup_data(trainer *t)
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
     t->data_identity = bb_dataset_identity(t->data);
+    struct stat data_st;
+    snprintf(t->tokenizer, sizeof t->tokenizer, "%s/%s", o->data, BB_TOKENIZER_FILE);
+    if (stat(o->data, &data_st) || !S_ISDIR(data_st.st_mode) || access(t->tokenizer, R_OK)) t->tokenizer[0] = '\0';
     BB_TRY(check_same_data(t));
     t->cfg = o->model;
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
@@ -514,6 +523,7 @@ static void teardown(trainer *t)
     if (t->metrics) fclose(t->metrics);
     bb_dataset_close(t->data);
     bb_dataset_close(t->val);
+    free(t->val_token_bytes);
     pthread_mutex_destroy(&t->fail_lock);
     pthread_mutex_destroy(&t->barrier.lock);
     pthread_cond_destroy(&t->barrier.cond);

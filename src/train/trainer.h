@@ -57,6 +57,8 @@ typedef struct trainer {
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
     uint64_t data_identity;  /* bb_dataset_identity of the training data, once: ranks, resume, saves */
+    uint32_t *val_token_bytes; /* the validation data's bytes per token id; NULL: none (bytes) */
+    char tokenizer[4200];    /* the training data's tokenizer.json, which saves copy; "" when it has none */
     float normalizer;        /* each device's share of the examples (tokens) of a step */
     replica replicas[BB_TRAIN_MAX_DEVICES];
     bb_loader_t *loader;

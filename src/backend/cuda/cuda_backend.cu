@@ -416,6 +416,12 @@ void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float
                                         b->opt.precision == BB_PRECISION_BF16));
 }
 
+void cuda_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_attention_decode(compute(b), out, scores, qkv, T, C, NH));
+}
+
 void cuda_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, int B, int T, int C, int NH)
 {
@@ -676,6 +682,7 @@ bb_backend_vtable make_vtable()
     v.embedding_backward = cuda_embedding_backward;
     v.attention_forward = cuda_attention_forward;
     v.attention_backward = cuda_attention_backward;
+    v.attention_decode = cuda_attention_decode;
     v.attention_engine = cuda_attention_engine;
     v.add = cuda_add;
     v.softmax_crossentropy = cuda_softmax_crossentropy;

@@ -1,0 +1,148 @@
+/* test_hf.c — GPT-2 from and to `transformers`: a GPT2LMHeadModel built
+ * offline (random weights, save_pretrained) is evaluated by bigbatch to
+ * transformers' loss, exported back to the same loss, trained a few steps
+ * and exported to the loss bigbatch's last evaluation gave; greedy sample
+ * is generate(); configurations bigbatch cannot represent are one line.
+ * Helpers: hf_fixture.h. */
+#include "hf_fixture.h"
+
+TestSuite(hf, .init = fixture_setup, .fini = fixture_teardown);
+
+typedef struct setup {
+    char *text, *tok, *data, *model;
+} setup;
+
+/* A tokenizer of 512 ids on 300 KB of KJV, the first 60 KB packed with it
+ * (T 32), and (with transformers) a GPT2LMHeadModel of 2 layers, d 32,
+ * 64 positions. */
+static setup make_setup(bool model)
+{
+    setup s = {.text = kjv_head(60000, "text.txt"), .data = tu_path(tmp, "data"), .model = tu_path(tmp, "gpt2")};
+    char *big = kjv_head(300000, "big.txt");
+    s.tok = train_ours(big, 512, "tok.json");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --tokenizer '%s' --out '%s'", tu_bigbatch_bin(), s.text,
+               s.tok, s.data));
+    if (model)
+        free(sh_ok("%s tests/hf_gpt2.py make --out '%s' --layers 2 --heads 2 --d 32 --positions 64 --vocab 512 "
+                   "2>/dev/null && cp '%s' '%s/tokenizer.json'", HF_PYTHON, s.model, s.tok, s.model));
+    free(big);
+    return s;
+}
+
+static void free_setup(setup *s) { free(s->text), free(s->tok), free(s->data), free(s->model); }
+
+static double bigbatch_loss(const char *weights_flag, const char *weights, const char *data)
+{
+    char *out = sh_ok("'%s' eval %s '%s' --data '%s' --json 2>/dev/null", tu_bigbatch_bin(), weights_flag, weights, data);
+    double loss;
+    cr_assert(sscanf(out, "{\"loss\": %lf", &loss) == 1, "%s", out);
+    free(out);
+    return loss;
+}
+
+static double torch_loss(const setup *s, const char *model)
+{
+    char *out = sh_ok("%s tests/hf_gpt2.py loss --model '%s' --tokenizer '%s' --text '%s' --seq-len 32 2>/dev/null",
+                      HF_PYTHON, model, s->tok, s->text);
+    double loss;
+    cr_assert(sscanf(out, "loss %lf", &loss) == 1, "%s", out);
+    free(out);
+    return loss;
+}
+
+Test(hf, a_transformers_gpt2_evaluates_exports_and_trains_to_its_loss)
+{
+    hf_require("tokenizers, transformers");
+    setup s = make_setup(true);
+    double theirs = torch_loss(&s, s.model), ours = bigbatch_loss("--init-from", s.model, s.data);
+    cr_assert(fabs(ours - theirs) < 1e-4, "--init-from: bigbatch's loss %.7f, transformers' %.7f", ours, theirs);
+    char *ck = tu_path(tmp, "ck"), *out = tu_path(tmp, "exported"), *out2 = tu_path(tmp, "trained");
+    /* 0 steps of change: a run of one step at learning rate 0, exported */
+    free(sh_ok("'%s' train --data '%s' --init-from '%s' --devices cpu:1 --global-batch 8 --micro-batch 8 --steps 1 "
+               "--lr 0 --warmup 0 --save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s'",
+               tu_bigbatch_bin(), s.data, s.model, ck, tu_bigbatch_bin(), ck, out));
+    double back = torch_loss(&s, out);
+    cr_assert(fabs(back - theirs) < 1e-4, "exported untrained: transformers' loss %.7f, before %.7f", back, theirs);
+    tu_rm_tree(ck);
+    free(sh_ok("'%s' train --data '%s' --init-from '%s' --devices cpu:2 --global-batch 16 --micro-batch 4 --steps 5 "
+               "--lr 3e-3 --warmup 0 --save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s'",
+               tu_bigbatch_bin(), s.data, s.model, ck, tu_bigbatch_bin(), ck, out2));
+    double trained = bigbatch_loss("--ckpt", ck, s.data), exported = torch_loss(&s, out2);
+    cr_assert(trained < theirs - 0.05, "5 steps changed the loss from %.5f to %.5f only", theirs, trained);
+    cr_assert(fabs(trained - exported) < 1e-4, "trained: bigbatch's loss %.7f, transformers' on the export %.7f",
+              trained, exported);
+    char tokjson[8400];
+    snprintf(tokjson, sizeof tokjson, "%s/tokenizer.json", out2);
+    cr_assert(tu_exists(tokjson), "export --format hf wrote no tokenizer.json");
+    cr_log_info("transformers %.7f, bigbatch --init-from %.7f; exported back %.7f; after 5 steps bigbatch %.7f, "
+                "transformers on the export %.7f", theirs, ours, back, trained, exported);
+    free(ck), free(out), free(out2);
+    free_setup(&s);
+}
+
+Test(hf, greedy_sample_is_transformers_generate)
+{
+    hf_require("tokenizers, transformers");
+    setup s = make_setup(true);
+    char *prompt = tu_path(tmp, "prompt.txt");
+    tu_write_file(prompt, "And God said", 12);
+    char *ids = sh_ok("'%s' tokenizer encode --tokenizer '%s' --in '%s'", tu_bigbatch_bin(), s.tok, prompt);
+    ids[strcspn(ids, "\n")] = 0;
+    char *ours = sh_ok("'%s' sample --init-from '%s' --prompt 'And God said' --temperature 0 --tokens 40 --ids",
+                       tu_bigbatch_bin(), s.model);
+    char *theirs = sh_ok("%s tests/hf_gpt2.py generate --model '%s' --prompt-ids '%s' --tokens 40 2>/dev/null",
+                         HF_PYTHON, s.model, ids);
+    cr_assert_str_eq(ours, theirs, "greedy: bigbatch %s, transformers' generate %s", ours, theirs);
+    int distinct = 0; /* a path that moves, not one token repeated */
+    for (char *p = ours, *q; *p && *p != '\n'; p = q) {
+        long id = strtol(p, &q, 10);
+        distinct += !strstr(ours, " ") || strtol(ours, NULL, 10) != id;
+    }
+    cr_assert_gt(distinct, 5, "the greedy path hardly moves: %s", ours);
+    cr_log_info("prompt %s; 40 greedy tokens equal to generate(): %.80s", ids, ours);
+    free(prompt), free(ids), free(ours), free(theirs);
+    free_setup(&s);
+}
+
+/* A directory bigbatch exported (no Python needed), then its config.json
+ * edited: each key bigbatch cannot represent is one line naming it. */
+Test(hf, configurations_it_cannot_represent_are_one_line)
+{
+    setup s = make_setup(false);
+    char *ck = tu_path(tmp, "ck"), *dir = tu_path(tmp, "exported"), *bad = tu_path(tmp, "bad");
+    free(sh_ok("'%s' train --data '%s' --layers 1 --heads 2 --d-model 16 --global-batch 8 --micro-batch 8 --steps 1 "
+               "--save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s'", tu_bigbatch_bin(), s.data, ck,
+               tu_bigbatch_bin(), ck, dir));
+    double direct = bigbatch_loss("--ckpt", ck, s.data), again = bigbatch_loss("--init-from", dir, s.data);
+    cr_assert(fabs(direct - again) < 1e-6, "the checkpoint's loss %.7f, its export's %.7f", direct, again);
+    struct { const char *edit, *needle; } cases[] = {
+        {"c['activation_function'] = 'relu'", "activation_function relu"},
+        {"c['n_inner'] = 20", "n_inner is 20"},
+        {"c['tie_word_embeddings'] = False", "tie_word_embeddings"},
+        {"c['model_type'] = 'gpt_neo'", "model_type gpt_neo"},
+        {"c['layer_norm_epsilon'] = 1e-6", "layer_norm_epsilon"},
+        {"c['scale_attn_by_inverse_layer_idx'] = True", "scale_attn_by_inverse_layer_idx"},
+        {"c['n_positions'] = 16", "n_positions 16 is fewer than the data's T"},
+        {"c['n_positions'] = 48", "n_positions is 48"},
+        {"c['n_layer'] = 2", "no tensor transformer.h.1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "
+                   "c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\"", bad, dir, bad, bad, cases[i].edit));
+        tu_run r = tu_bigbatch("train", "--data", s.data, "--init-from", bad, "--steps", "1", "--global-batch", "8",
+                               "--micro-batch", "8", "--quiet");
+        tu_assert_error(&r, cases[i].needle);
+        tu_run_free(&r);
+    }
+    /* data of another vocabulary, and shape flags beside a config.json */
+    char *bytes = tu_path(tmp, "bytes");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --out '%s'", tu_bigbatch_bin(), s.text, bytes));
+    tu_run r = tu_bigbatch("eval", "--init-from", dir, "--data", bytes);
+    tu_assert_error(&r, "512 tokens", "vocabulary is 256", "another tokenizer");
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", s.data, "--init-from", dir, "--layers", "3", "--steps", "1");
+    tu_assert_error(&r, "config.json gives the shape");
+    tu_run_free(&r);
+    free(ck), free(dir), free(bad), free(bytes);
+    free_setup(&s);
+}

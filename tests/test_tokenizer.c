@@ -1,0 +1,255 @@
+/* test_tokenizer.c — byte-level BPE: our encoder gives the `tokenizers`
+ * package's tokens, token for token, for a tokenizer that package trained
+ * and for one ours trained (GPT-2's pre-tokenizer and a GPT-4-style Split);
+ * our trainer's vocabulary is as good as its trainer's; every byte comes
+ * back from the tokens; pack keeps the tokenizer with the data, sample
+ * decodes through it and evaluation speaks bits per byte; what cannot be
+ * represented is one line. Helpers: hf_fixture.h. */
+#include "bigbatch/tokenizer.h"
+#include "hf_fixture.h"
+
+TestSuite(tokenizer, .init = fixture_setup, .fini = fixture_teardown);
+
+/* Text with accents, CJK, emoji (with joiners and modifiers), every kind
+ * of whitespace the pre-tokenizer treats apart (tabs, CRLF, NBSP, U+3000,
+ * U+2028/9, VT, FF, NEL), contractions and digits. */
+static const char utf8_sample[] =
+    "Café naïve résumé — déjà vu! 北京欢迎你。日本語のテキスト 한국어 😀👍🏽 family: 👨‍👩‍👧 \t\ttabs  and   spaces\u00a0nbsp"
+    "\u3000ideographic\r\nCRLF\n\n\n  trailing   \n''s it's we'll I'd 'RE 123 4567 ½ ٣ Ⅻ x²\u2028ls\u2029ps\x0b\x0cvt ff "
+    "\xc2\x85nel end\n";
+
+/* Writes the UTF-8 sample (20 times) and 200 000 random bytes read as UTF-8
+ * with U+FFFD for what is not (the package takes only valid UTF-8). */
+static void write_samples(char **utf8, char **random_text)
+{
+    *utf8 = tu_path(tmp, "utf8.txt"), *random_text = tu_path(tmp, "random.txt");
+    FILE *f = fopen(*utf8, "w");
+    for (int i = 0; i < 20; i++) fputs(utf8_sample, f);
+    fclose(f);
+    free(sh_ok("python3 -c \"import random; r = random.Random(7); b = bytes(r.randrange(256) for _ in range(200000)); "
+               "open('%s', 'w', encoding='utf-8', newline='').write(b.decode('utf-8', errors='replace'))\"",
+               *random_text));
+}
+
+/* Our ids and the package's for `text` with `tok` must be the same; returns how many. */
+static size_t expect_same_ids(const char *tok, const char *text, const char *what)
+{
+    char *ours = tu_path(tmp, "ours.ids"), *theirs = tu_path(tmp, "theirs.ids");
+    free(sh_ok("'%s' tokenizer encode --tokenizer '%s' --in '%s' --threads 2 > '%s'", tu_bigbatch_bin(), tok, text,
+               ours));
+    free(sh_ok("%s tests/hf_tokenizer.py encode --tokenizer '%s' --in '%s' > '%s'", HF_PYTHON, tok, text, theirs));
+    size_t na, nb;
+    char *a = (char *)tu_read_file(ours, &na), *b = (char *)tu_read_file(theirs, &nb);
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    size_t tokens = 0;
+    for (size_t k = 0; k < na; k++) tokens += a[k] == ' ';
+    cr_assert(na == nb && i == na, "%s: our ids differ from tokenizers' at byte %zu of the id lists: ours '%.60s', "
+              "theirs '%.60s'", what, i, a + (i > 20 ? i - 20 : 0), b + (i > 20 ? i - 20 : 0));
+    free(a), free(b), free(ours), free(theirs);
+    return tokens + 1;
+}
+
+Test(tokenizer, encodes_token_for_token_like_the_tokenizers_package)
+{
+    hf_require("tokenizers");
+    char *kjv = kjv_text(), *head = kjv_head(1 << 20, "head.txt"), *utf8, *rnd;
+    write_samples(&utf8, &rnd);
+    char *ours = train_ours(kjv, 1024, "ours.json"), *theirs = tu_path(tmp, "theirs.json"),
+         *split = tu_path(tmp, "split.json");
+    free(sh_ok("%s tests/hf_tokenizer.py train --in '%s' --vocab 1024 --out '%s'", HF_PYTHON, kjv, theirs));
+    free(sh_ok("%s tests/hf_tokenizer.py train --in '%s' --vocab 1024 --split gpt4 --out '%s'", HF_PYTHON, head, split));
+    const char *toks[] = {ours, theirs, split}, *tok_names[] = {"ours", "tokenizers'", "tokenizers' GPT-4-style split"};
+    char counts[512] = "";
+    for (int t = 0; t < 3; t++) {
+        const char *texts[] = {t == 2 ? head : kjv, utf8, rnd}, *text_names[] = {"KJV", "UTF-8 sample", "random bytes"};
+        for (int x = 0; x < 3; x++) {
+            char what[128];
+            snprintf(what, sizeof what, "%s tokenizer, %s", tok_names[t], text_names[x]);
+            size_t n = expect_same_ids(toks[t], texts[x], what);
+            snprintf(counts + strlen(counts), sizeof counts - strlen(counts), "%s%zu", t || x ? ", " : "", n);
+        }
+    }
+    cr_log_info("the same tokens as tokenizers' for (ours, tokenizers', split) x (KJV, UTF-8, random): %s", counts);
+    free(kjv), free(head), free(utf8), free(rnd), free(ours), free(theirs), free(split);
+}
+
+/* Tokens per byte of KJV at a vocabulary of 2048: ours within 2% of the
+ * package's trainer (perf/tokenizer_bench.sh times both). */
+Test(tokenizer, our_trainer_matches_the_tokenizers_trainer_in_tokens_per_byte)
+{
+    hf_require("tokenizers");
+    char *kjv = kjv_text(), *ours = train_ours(kjv, 2048, "ours.json"), *theirs = tu_path(tmp, "theirs.json");
+    free(sh_ok("%s tests/hf_tokenizer.py train --in '%s' --vocab 2048 --out '%s'", HF_PYTHON, kjv, theirs));
+    unsigned long long bytes[2], tokens[2];
+    const char *toks[] = {ours, theirs};
+    for (int i = 0; i < 2; i++) {
+        char *out = sh_ok("'%s' tokenizer encode --tokenizer '%s' --in '%s' --stats", tu_bigbatch_bin(), toks[i], kjv);
+        char *p = strchr(out, ' ');
+        cr_assert(p && sscanf(p, " %llu bytes, %llu tokens", &bytes[i], &tokens[i]) == 2, "%s", out);
+        free(out);
+    }
+    double ratio = (double)tokens[0] / (double)tokens[1];
+    cr_assert(fabs(ratio - 1) < 0.02, "ours %llu tokens, tokenizers' trainer %llu for %llu bytes (%.4f)", tokens[0],
+              tokens[1], bytes[0], ratio);
+    cr_log_info("KJV at vocabulary 2048: ours %.4f tokens per byte, tokenizers' trainer %.4f (%.4fx)",
+                (double)tokens[0] / bytes[0], (double)tokens[1] / bytes[1], ratio);
+    free(kjv), free(ours), free(theirs);
+}
+
+/* Whatever the bytes (UTF-8 or not), the tokens' bytes are the text; on
+ * two threads the tokens are those of one; the trainer's output does not
+ * depend on its threads. */
+Test(tokenizer, every_byte_comes_back_and_threads_change_nothing)
+{
+    char *kjv = kjv_text(), *utf8, *rnd;
+    write_samples(&utf8, &rnd);
+    char *a = train_ours(kjv, 600, "one.json");
+    char *b = tu_path(tmp, "two.json");
+    free(sh_ok("'%s' tokenizer train --in '%s' --vocab 600 --threads 1 --out '%s' 2>/dev/null", tu_bigbatch_bin(), kjv,
+               b));
+    size_t na, nb;
+    uint8_t *ja = tu_read_file(a, &na), *jb = tu_read_file(b, &nb);
+    cr_assert(na == nb && !memcmp(ja, jb, na), "the trainer wrote another tokenizer on one thread than on two");
+    free(ja), free(jb);
+    bb_tokenizer_t *t;
+    cr_assert_eq(bb_tokenizer_load(a, &t), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_tokenizer_vocab(t), 600);
+    uint8_t raw[4096];
+    tu_fill_random(raw, sizeof raw, 3); /* not UTF-8 */
+    size_t kn;
+    uint8_t *text = tu_read_file(kjv, &kn);
+    const struct { const uint8_t *p; size_t n; const char *what; } inputs[] = {
+        {raw, sizeof raw, "random bytes"}, {(const uint8_t *)utf8_sample, sizeof utf8_sample - 1, "UTF-8"},
+        {text, kn, "KJV"}};
+    for (int k = 0; k < 3; k++) {
+        bb_tokens ids = {0}, par = {0};
+        cr_assert_eq(bb_tokenizer_encode(t, inputs[k].p, inputs[k].n, &ids), BB_OK, "%s", bb_error_message());
+        cr_assert_eq(bb_tokenizer_encode_parallel(t, inputs[k].p, inputs[k].n, 2, &par), BB_OK);
+        cr_assert(ids.n == par.n && !memcmp(ids.v, par.v, ids.n * sizeof *ids.v), "%s: 2 threads gave other tokens",
+                  inputs[k].what);
+        uint8_t *back = malloc(inputs[k].n + 1);
+        size_t at = 0;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t len;
+            const uint8_t *b2 = bb_tokenizer_token_bytes(t, ids.v[i], &len);
+            cr_assert(b2 && at + len <= inputs[k].n, "%s: token %zu (id %u) has no bytes or runs past the text",
+                      inputs[k].what, i, ids.v[i]);
+            memcpy(back + at, b2, len), at += len;
+        }
+        cr_assert(at == inputs[k].n && !memcmp(back, inputs[k].p, at), "%s: the tokens' bytes are not the text",
+                  inputs[k].what);
+        free(back), bb_tokens_free(&ids), bb_tokens_free(&par);
+    }
+    bb_tokenizer_destroy(t);
+    free(text), free(kjv), free(utf8), free(rnd), free(a), free(b);
+}
+
+/* Edits tokenizer.json `in` into `out` with a line of Python over `j`. */
+static char *edited(const char *in, const char *name, const char *python)
+{
+    char *out = tu_path(tmp, name);
+    free(sh_ok("python3 -c \"import json; j = json.load(open('%s')); %s; json.dump(j, open('%s', 'w'))\"", in, python,
+               out));
+    return out;
+}
+
+/* pack --tokenizer: the dataset (and each split) keeps the tokenizer, its
+ * vocabulary and token width are the tokenizer's (u32 past 65536 ids), and
+ * --force may replace it. */
+Test(tokenizer, pack_keeps_the_tokenizer_with_the_data_in_u16_or_u32)
+{
+    char *head = kjv_head(200000, "head.txt"), *tok = train_ours(head, 400, "tok.json"), *out = tu_path(tmp, "data");
+    for (int again = 0; again < 2; again++)
+        free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --val-fraction 0.1 --tokenizer '%s' --out '%s'%s",
+                   tu_bigbatch_bin(), head, tok, out, again ? " --force" : ""));
+    const char *where[] = {"", "/train", "/val"};
+    for (int i = 0; i < 3; i++) {
+        char p[8400];
+        snprintf(p, sizeof p, "%s%s/tokenizer.json", out, where[i]);
+        cr_assert(tu_exists(p), "%s is missing", p);
+    }
+    char *info = sh_ok("'%s' inspect '%s/train'", tu_bigbatch_bin(), out);
+    cr_assert(strstr(info, "tokens_u16 [33]") && strstr(info, "vocabulary 400"), "%s", info);
+    free(info);
+    char *big = edited(tok, "big.json", "j['added_tokens'].append(dict(id=70000, content='<|big|>', single_word=False, "
+                                        "lstrip=False, rstrip=False, normalized=False, special=True))");
+    char *out32 = tu_path(tmp, "data32");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --tokenizer '%s' --out '%s'", tu_bigbatch_bin(), head,
+               big, out32));
+    info = sh_ok("'%s' inspect '%s'", tu_bigbatch_bin(), out32);
+    cr_assert(strstr(info, "tokens_u32 [33]") && strstr(info, "vocabulary 70001"), "%s", info);
+    free(info), free(head), free(tok), free(out), free(big), free(out32);
+}
+
+/* What bigbatch cannot represent is one line naming it, exit 1, and pack
+ * leaves nothing. */
+Test(tokenizer, tokenizers_it_cannot_represent_are_one_line)
+{
+    char *head = kjv_head(50000, "head.txt"), *tok = train_ours(head, 300, "tok.json"), *bad = tu_path(tmp, "bad.json");
+    struct { const char *edit, *needle; } cases[] = {
+        {"j['model']['type'] = 'WordPiece'", "model type WordPiece"},
+        {"j['normalizer'] = dict(type='NFC')", "normalizer NFC"},
+        {"j['pre_tokenizer']['add_prefix_space'] = True", "add_prefix_space"},
+        {"j['pre_tokenizer'] = dict(type='Whitespace')", "pre_tokenizer type Whitespace"},
+        {"j['model']['dropout'] = 0.1", "model.dropout"},
+        {"j['model']['merges'][0] = 'zzz qqq'", "model.merges[0]"},
+        {"del j['model']['vocab']['a']", "byte 0x61"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *e = edited(tok, "bad.json", cases[i].edit), *out = tu_path(tmp, "never");
+        tu_run r = tu_bigbatch("pack", "--format", "text", "--in", head, "--seq-len", "16", "--tokenizer", e, "--out", out);
+        tu_assert_error(&r, e, cases[i].needle);
+        cr_assert_eq(r.exit_code, 1, "%s", r.err);
+        cr_assert(!tu_exists(out), "pack left %s", out);
+        tu_run_free(&r);
+        free(e), free(out);
+    }
+    tu_write_file(bad, "{\"model\": ", 10);
+    tu_run r = tu_bigbatch("tokenizer", "encode", "--tokenizer", bad, "--in", head);
+    tu_assert_error(&r, bad, "not JSON");
+    tu_run_free(&r);
+    free(head), free(tok), free(bad);
+}
+
+/* A gpt trained on BPE tokens: evaluation gives bits per byte, the
+ * checkpoint keeps the tokenizer, sample decodes through it (and --ids
+ * gives ids of the vocabulary), and data of another vocabulary is one line. */
+Test(tokenizer, a_bpe_model_samples_text_and_reports_bits_per_byte)
+{
+    char *head = kjv_head(300000, "head.txt"), *tok = train_ours(head, 512, "tok.json"), *data = tu_path(tmp, "data"),
+         *bytes = tu_path(tmp, "bytes"), *ck = tu_path(tmp, "ck");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --val-fraction 0.1 --tokenizer '%s' --out '%s'",
+               tu_bigbatch_bin(), head, tok, data));
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --val-fraction 0.1 --out '%s'", tu_bigbatch_bin(), head,
+               bytes));
+    tu_run r = sh("'%s' train --data '%s' --layers 2 --heads 2 --d-model 32 --global-batch 16 --micro-batch 8 --steps 6 "
+                  "--lr 3e-3 --save '%s' --log-every 0", tu_bigbatch_bin(), data, ck);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    double loss, bpb;
+    const char *ev = strstr(r.err, "val loss");
+    cr_assert(ev && sscanf(ev, "val loss %lf, %lf bits per byte", &loss, &bpb) == 2, "%s", r.err);
+    /* a token stands for more than one byte of KJV: fewer bits per byte than nats per token / ln 2 */
+    cr_assert(bpb > 0 && bpb < loss / log(2.0) * 0.6, "val loss %g nats per token, %g bits per byte", loss, bpb);
+    tu_run_free(&r);
+    char latest[8400];
+    snprintf(latest, sizeof latest, "%s/latest/tokenizer.json", ck);
+    cr_assert(tu_exists(latest), "the checkpoint keeps no tokenizer.json");
+    char *text = sh_ok("'%s' sample --ckpt '%s' --prompt 'And God said' --tokens 30 --seed 2", tu_bigbatch_bin(), ck);
+    cr_assert(!strncmp(text, "And God said", 12) && strlen(text) > 30, "%s", text);
+    char *ids = sh_ok("'%s' sample --ckpt '%s' --prompt 'And God said' --tokens 30 --seed 2 --ids", tu_bigbatch_bin(), ck);
+    int n = 0;
+    for (char *p = ids, *end; *p && *p != '\n'; p = end, n++) {
+        long id = strtol(p, &end, 10);
+        cr_assert(end != p && id >= 0 && id < 512, "sample --ids: '%s'", ids);
+    }
+    cr_assert_eq(n, 30, "sample --ids printed %d ids: '%s'", n, ids);
+    cr_log_info("val loss %.4f nats per token = %.4f bits per byte; sampled: %.60s", loss, bpb, text);
+    free(text), free(ids);
+    char val[8400];
+    snprintf(val, sizeof val, "%s/val", bytes);
+    r = tu_bigbatch("eval", "--ckpt", ck, "--data", val);
+    tu_assert_error(&r, "vocabulary of 256", "512", "another tokenizer");
+    tu_run_free(&r);
+    free(head), free(tok), free(data), free(bytes), free(ck);
+}
