@@ -79,6 +79,10 @@ bb_status bb_tokenizer_encode_parallel(const bb_tokenizer_t *t, const uint8_t *t
  * the vocabulary or one that no token holds. */
 const uint8_t *bb_tokenizer_token_bytes(const bb_tokenizer_t *t, uint32_t id, size_t *len);
 
+/* Where the tokenizer a dataset was packed with lies (DIR/tokenizer.json,
+ * or beside the shard `data` names) into path (cap bytes); false when it
+ * has none. */
+bool bb_tokenizer_file_of_dataset(const char *data, char *path, size_t cap);
 /* The tokenizer a dataset was packed with: DIR/tokenizer.json, loaded
  * into *out; *out NULL (and BB_OK) when `data` (a dataset directory, or
  * a shard file) has none. Fails as bb_tokenizer_load. */

@@ -69,18 +69,23 @@ uint32_t *bb_tokenizer_byte_lengths(const bb_tokenizer_t *t)
     return len;
 }
 
+bool bb_tokenizer_file_of_dataset(const char *data, char *path, size_t cap)
+{
+    struct stat st;
+    if (stat(data, &st) != 0) return false; /* opening the dataset says what is wrong */
+    if (S_ISDIR(st.st_mode)) snprintf(path, cap, "%s/%s", data, BB_TOKENIZER_FILE);
+    else {
+        const char *slash = strrchr(data, '/');
+        snprintf(path, cap, "%.*s%s", slash ? (int)(slash - data + 1) : 0, data, BB_TOKENIZER_FILE);
+    }
+    return access(path, F_OK) == 0;
+}
+
 bb_status bb_tokenizer_of_dataset(const char *data, bb_tokenizer_t **out)
 {
     *out = NULL;
     char path[4200];
-    struct stat st;
-    if (stat(data, &st) != 0) return BB_OK; /* opening the dataset says what is wrong */
-    if (S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/%s", data, BB_TOKENIZER_FILE);
-    else {
-        const char *slash = strrchr(data, '/');
-        snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - data + 1) : 0, data, BB_TOKENIZER_FILE);
-    }
-    return access(path, F_OK) ? BB_OK : bb_tokenizer_load(path, out);
+    return bb_tokenizer_file_of_dataset(data, path, sizeof path) ? bb_tokenizer_load(path, out) : BB_OK;
 }
 
 void bb_tokenizer_destroy(bb_tokenizer_t *t)
@@ -491,21 +496,14 @@ bb_status bb_tokenizer_encode_parallel(const bb_tokenizer_t *t, const uint8_t *t
     for (int i = 0; i < t->added_count; i++) cut_ok &= !memchr(t->added[i].bytes, '\n', t->added[i].len);
     size_t target = n / ((size_t)threads * 4) > (1u << 20) ? n / ((size_t)threads * 4) : 1u << 20;
     if (threads <= 1 || !cut_ok || n < 2 * target) return bb_tokenizer_encode(t, text, n, out);
-    int chunks = (int)(n / target) + 1;
-    parallel p = {.lock = PTHREAD_MUTEX_INITIALIZER, .t = t, .text = text, .cuts = calloc((size_t)chunks + 1, sizeof *p.cuts),
-                  .parts = calloc((size_t)chunks, sizeof *p.parts), .rc = calloc((size_t)chunks, sizeof *p.rc)};
+    parallel p = {.lock = PTHREAD_MUTEX_INITIALIZER, .t = t, .text = text};
     pthread_t *tid = calloc((size_t)threads, sizeof *tid);
-    bb_status rc = BB_OK;
-    if (!p.cuts || !p.parts || !p.rc || !tid) {
+    bb_status rc = bb_pretok_cuts(text, n, target, &p.cuts, &p.chunks);
+    int k = p.chunks;
+    if (rc == BB_OK && (!(p.parts = calloc((size_t)k, sizeof *p.parts)) || !(p.rc = calloc((size_t)k, sizeof *p.rc)) ||
+                        !tid))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    int k = 0;
-    for (size_t at = 0; at < n; k++) {
-        p.cuts[k] = at;
-        at = bb_pretok_cut(text, n, at + target < n ? at + target : n);
-    }
-    p.cuts[k] = n, p.chunks = k;
+    if (rc != BB_OK) goto done;
     int started = 0;
     for (; started < threads && started < k; started++)
         if (pthread_create(&tid[started], NULL, encode_worker, &p)) break;

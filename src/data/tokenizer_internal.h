@@ -31,9 +31,11 @@ bb_status bb_pretok_compile(const char *pattern, const char *what, pcre2_code **
  * error, or what fn returns. */
 typedef bb_status (*bb_piece_fn)(void *ctx, const uint8_t *piece, size_t len);
 bb_status bb_pretok_each(const pcre2_code *re, const uint8_t *text, size_t n, bb_piece_fn fn, void *ctx);
-/* Where text may be cut without changing its pieces: just after a '\n'
- * that a printable ASCII character follows, at or after `from`; n if none. */
-size_t bb_pretok_cut(const uint8_t *text, size_t n, size_t from);
+/* Chunks of about `target` bytes (at least) that text may be cut into
+ * without changing its pieces: each cut is just after a '\n' that a
+ * printable ASCII character follows. *cuts (malloc'd) gets *count + 1
+ * offsets, 0 first and n last. Fails with BB_ERR_NOMEM. */
+bb_status bb_pretok_cuts(const uint8_t *text, size_t n, size_t target, size_t **cuts, int *count);
 
 /* ---- pair of ids → u64 ---------------------------------------------------- */
 typedef struct bb_pair_map {

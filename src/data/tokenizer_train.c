@@ -66,19 +66,14 @@ static void *count_worker(void *arg)
 static bb_status count_words(const pcre2_code *re, const uint8_t *text, size_t n, int threads,
                              const volatile sig_atomic_t *interrupted, bb_str_map *words, uint64_t *pieces)
 {
-    size_t target = 1u << 20;
-    int chunks = (int)(n / target) + 1, k = 0;
-    size_t *cuts = calloc((size_t)chunks + 1, sizeof *cuts);
+    size_t *cuts = NULL;
+    int k = 0;
+    bb_status rc = bb_pretok_cuts(text, n, 1u << 20, &cuts, &k);
     bb_str_map *maps = calloc((size_t)threads, sizeof *maps);
     bb_status *rcs = calloc((size_t)threads, sizeof *rcs);
     count_arg *args = calloc((size_t)threads, sizeof *args);
     pthread_t *tid = calloc((size_t)threads, sizeof *tid);
-    bb_status rc = cuts && maps && rcs && args && tid ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (size_t at = 0; rc == BB_OK && at < n; k++) {
-        cuts[k] = at;
-        at = bb_pretok_cut(text, n, at + target < n ? at + target : n);
-    }
-    if (cuts) cuts[k] = n;
+    if (rc == BB_OK && !(maps && rcs && args && tid)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     counter c = {.re = re, .text = text, .cuts = cuts, .chunks = k, .maps = maps, .rc = rcs, .interrupted = interrupted};
     int started = 0;
     for (; rc == BB_OK && started < threads; started++) {

@@ -108,7 +108,8 @@ done:
     return rc;
 }
 
-size_t bb_pretok_cut(const uint8_t *text, size_t n, size_t from)
+/* The first cut at or after `from`; n if none. */
+static size_t pretok_cut(const uint8_t *text, size_t n, size_t from)
 {
     for (size_t i = from ? from : 1; i < n; i++) {
         const uint8_t *nl = memchr(text + i - 1, '\n', n - i);
@@ -117,6 +118,18 @@ size_t bb_pretok_cut(const uint8_t *text, size_t n, size_t from)
         if (i < n && text[i] > ' ' && text[i] < 0x7F) return i;
     }
     return n;
+}
+
+bb_status bb_pretok_cuts(const uint8_t *text, size_t n, size_t target, size_t **cuts, int *count)
+{
+    *count = 0;
+    if (!(*cuts = malloc((n / target + 2) * sizeof **cuts))) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (size_t at = 0; at < n; ++*count) {
+        (*cuts)[*count] = at;
+        at = pretok_cut(text, n, at + target < n ? at + target : n);
+    }
+    (*cuts)[*count] = n;
+    return BB_OK;
 }
 
 bool bb_pair_grow(bb_pair_map *m)

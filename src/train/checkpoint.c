@@ -22,7 +22,7 @@ static bb_status join(char *out, size_t cap, const char *dir, const char *name)
     return BB_OK;
 }
 
-/* A step directory bigbatch wrote: state.json, and nothing but its four
+/* A step directory bigbatch wrote: state.json, and nothing but its
  * files (and what a killed write of one left, NAME.tmp-PID). A directory
  * with anything else is the user's, never removed. */
 static bool is_checkpoint_dir(const char *path)
@@ -34,7 +34,7 @@ static bool is_checkpoint_dir(const char *path)
     for (struct dirent *e; only_ours && (e = readdir(d));) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         bool mine = false;
-        for (int i = 0; i < 4 && !mine; i++) {
+        for (size_t i = 0; i < sizeof ours / sizeof *ours && !mine; i++) {
             size_t n = strlen(ours[i]);
             mine = !strncmp(e->d_name, ours[i], n) && (!e->d_name[n] || !strncmp(e->d_name + n, ".tmp-", 5));
         }

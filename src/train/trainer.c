@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/stat.h>
 
 #include <xxhash.h>
 
@@ -369,9 +368,7 @@ static bb_status setup_data(trainer *t)
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
     t->data_identity = bb_dataset_identity(t->data);
-    struct stat data_st;
-    snprintf(t->tokenizer, sizeof t->tokenizer, "%s/%s", o->data, BB_TOKENIZER_FILE);
-    if (stat(o->data, &data_st) || !S_ISDIR(data_st.st_mode) || access(t->tokenizer, R_OK)) t->tokenizer[0] = '\0';
+    if (!bb_tokenizer_file_of_dataset(o->data, t->tokenizer, sizeof t->tokenizer)) t->tokenizer[0] = '\0';
     BB_TRY(check_same_data(t));
     t->cfg = o->model;
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
