@@ -1,6 +1,8 @@
 # bigbatch — build, test, sanitizers, fuzzing, demo.
 #
 #   make            build bin/bigbatch and lib/libbigbatch.a
+#   make check      the fast loop: build, then every suite but the slow ones (MPI, two hosts, Hugging Face,
+#                   the browser's report) in parallel, on the CPU and the emulated GPUs; no installs, no network
 #   make test       install missing Debian packages, build, run every Criterion suite
 #   make demo       the main job: verify the embedded data/kjv, train a BPE tokenizer on the KJV text, pack it,
 #                   train the gpt ~3 min (val loss in bits per byte), sample words, report
@@ -124,7 +126,7 @@ TEST_SRC  ?= $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: FORCE all test check-tests cuda-emu cuda-emu-test demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle hf-deps
+.PHONY: FORCE all test check check-tests check-layers cuda-emu cuda-emu-build cuda-emu-test cuda-emu-check demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle hf-deps hf-deps-fetch
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -206,34 +208,44 @@ $(BUILD)/tests/test_cuda_emu: $(BUILD)/tests/cuda_emu/selftest.o
 $(BUILD)/tests/test_cuda_emu: TEST_LDLIBS = -L$(LIB_DIR) -l:libnccl.so.2
 endif
 
-# Runs every suite; the tests find the CLI through BIGBATCH_BIN. Passing
-# tests stay quiet; skipped ones are listed with their reason.
+# Runs the suites of TEST_SRC in parallel (tests/run_suites.sh: JOBS suites
+# at once, the CPUs by default); the tests find the CLI through
+# BIGBATCH_BIN. Passing tests stay quiet; skipped ones are listed with
+# their reason.
 SHELL := /bin/bash
 check-tests: $(TEST_BIN) $(BIN)
-	@failed=0; log=$$(mktemp); for t in $(TEST_BIN); do \
-	  echo "== $$t"; \
-	  BIGBATCH_BIN=$(abspath $(BIN)) BB_CACHE_DIR=$$log.cache $$t --jobs 2 --verbose $(TEST_ARGS) > $$log 2>&1 || failed=1; \
-	  grep -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' $$log; \
-	  if grep -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' $$log; then \
-	    echo "FAILED: a sanitizer reported an error in $$t"; failed=1; fi; \
-	done; rm -rf $$log $$log.cache; \
-	if [ $$failed -ne 0 ]; then echo "FAILED: at least one suite failed"; exit 1; fi; \
-	echo "all suites passed"
+	@tests/run_suites.sh $(abspath $(BIN)) $(TEST_BIN)
 
-# The emulated variant is built first: the README's examples use it.
-test: deps
-	@$(MAKE) --no-print-directory hf-deps
-	@$(MAKE) --no-print-directory cuda-emu
+# The layering rule of ARCHITECTURE.md (Modules), by grep.
+check-layers:
+	@tests/check_layers.sh
+
+# The fast loop: no installs, no network, the slow suites left to make test.
+CHECK_SLOW := tests/test_mpi.c tests/test_hosts.c tests/test_hf.c tests/test_report.c tests/test_readme.c
+check: check-layers
+	@$(MAKE) --no-print-directory cuda-emu-build
+	@$(MAKE) --no-print-directory check-tests TEST_SRC="$(filter-out $(CHECK_SLOW),$(wildcard tests/test_*.c))"
+	@$(MAKE) --no-print-directory cuda-emu-check
+
+# The emulated variant is built first: the README's examples use it. Packages
+# are installed once, here; the rest neither installs nor fetches.
+test: deps check-layers
+	@$(MAKE) --no-print-directory hf-deps-fetch
+	@$(MAKE) --no-print-directory cuda-emu-build
 	@$(MAKE) --no-print-directory check-tests
-	@$(MAKE) --no-print-directory cuda-emu-test
+	@$(MAKE) --no-print-directory cuda-emu-check
 
 # The CUDA backend on emulated GPUs (tests/cuda_emu): every CUDA test runs.
-CUDA_EMU_TESTS := tests/test_cuda.c tests/test_cuda_train.c tests/test_cuda_emu.c tests/test_backend.c
+CUDA_EMU_TESTS := tests/test_ops.c tests/test_cuda.c tests/test_cuda_train.c tests/test_cuda_emu.c tests/test_backend.c
 CUDA_EMU_VARS := CUDA=emu BUILD=build/cuda-emu BIN_DIR=build/cuda-emu/bin LIB_DIR=build/cuda-emu/lib \
                  TEST_SRC="$(CUDA_EMU_TESTS)"
 cuda-emu: deps
+	@$(MAKE) --no-print-directory cuda-emu-build
+cuda-emu-build:
 	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) all $(CUDA_EMU_TESTS:tests/%.c=build/cuda-emu/tests/%)
 cuda-emu-test: deps
+	@$(MAKE) --no-print-directory cuda-emu-check
+cuda-emu-check:
 	@$(MAKE) --no-print-directory $(CUDA_EMU_VARS) check-tests
 
 demo: deps
@@ -352,6 +364,8 @@ deps:
 # transformers 4.40 runs on it). Where PyPI is out of reach those tests say skipped, with the reason.
 HF_PINS := tokenizers==0.19.1 transformers==4.40.2 safetensors==0.4.3
 hf-deps: deps
+	@$(MAKE) --no-print-directory hf-deps-fetch
+hf-deps-fetch:
 	@if ! build/hf/bin/python -c 'import tokenizers, transformers, safetensors' 2>/dev/null; then \
 	  rm -rf build/hf && /usr/bin/python3 -m venv --system-site-packages build/hf && \
 	  build/hf/bin/pip install -q --disable-pip-version-check $(HF_PINS) >build/hf/install.log 2>&1 && \

@@ -9,7 +9,10 @@
 namespace {
 
 // ---- tiled (flash-style) attention ------------------------------------------
-// Head h of row t: q at qkv + (b·T + t)·3C + h·hs, k at +C, v at +2C. Tiles
+// A row of qkv is W = (NH + 2·KVH)·hs wide: q's NH heads, then k's and v's
+// KVH heads (Heads: where each starts); query head h reads key/value head
+// g = h / (NH / KVH). Head h of row t: q at qkv + (b·T + t)·W + h·hs, its
+// k at + koff + g·hs, its v at + voff + g·hs; out rows are C = NH·hs. Tiles
 // of kKeys keys (one lane each) are staged in shared memory with a row
 // pitch of hs + 1 (no bank conflicts when lanes read different keys). The
 // forward and the dQ kernel give each warp one query row, kRows rows per
@@ -20,24 +23,33 @@ namespace {
 // them; sums stay fp32.
 constexpr int kRows = 8, kKeys = 32;
 
+struct Heads {
+    int NH, KVH, hs, C, W, koff, voff, group;
+};
+
+Heads heads_of(int NH, int KVH, int HS)
+{
+    return Heads{NH, KVH, HS, NH * HS, (NH + 2 * KVH) * HS, NH * HS, (NH + KVH) * HS, NH / KVH};
+}
+
 template <bool Bf16> __device__ float operand(float x)
 {
     return Bf16 ? bb_bf16_to_float(bb_bf16_from_float(x)) : x;
 }
 
-// Stages keys j0 .. j0+keys-1 of k and v into shared memory (rows past T
-// become 0), between two barriers: the previous tile is no longer read,
-// and this one is whole. All threads of the block take part.
+// Stages keys j0 .. j0+keys-1 of k and v (kbase, vbase: the head's first
+// row) into shared memory (rows past T become 0), between two barriers:
+// the previous tile is no longer read, and this one is whole. All threads
+// of the block take part.
 template <bool Bf16>
-__device__ void stage_keys(float *ks, float *vs, const float *base, int j0, int T, int C, int hs, int pitch,
-                           int keys = kKeys)
+__device__ void stage_keys(float *ks, float *vs, const float *kbase, const float *vbase, int j0, int T, int W, int hs,
+                           int pitch, int keys = kKeys)
 {
     __syncthreads();
     for (int e = threadIdx.x; e < keys * hs; e += blockDim.x) {
         int jj = e / hs, d = e % hs, j = j0 + jj;
-        const float *row = base + (size_t)j * 3 * C;
-        ks[jj * pitch + d] = j < T ? operand<Bf16>(row[C + d]) : 0.0f;
-        vs[jj * pitch + d] = j < T ? operand<Bf16>(row[2 * C + d]) : 0.0f;
+        ks[jj * pitch + d] = j < T ? operand<Bf16>(kbase[(size_t)j * W + d]) : 0.0f;
+        vs[jj * pitch + d] = j < T ? operand<Bf16>(vbase[(size_t)j * W + d]) : 0.0f;
     }
     __syncthreads();
 }
@@ -60,23 +72,24 @@ __device__ float warp_row_dot(const float *x, const float *y, int hs)
 // grid (ceil(T / kRows), NH, B), kRows warps. Shared: k and v tiles, then
 // per warp its q row, output accumulator and probabilities.
 template <bool Bf16>
-__global__ void attention_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale)
+__global__ void attention_forward_k(float *out, float *lse, const float *qkv, int T, Heads H, float scale)
 {
     BB_DYNAMIC_SHARED(float, sm);
-    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int hs = H.hs, W = H.W, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z, g = h / H.group;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
     float *ks = sm, *vs = ks + kKeys * pitch, *q = vs + kKeys * pitch + warp * hs,
           *acc = vs + kKeys * pitch + kRows * hs + warp * hs, *ps = vs + kKeys * pitch + 2 * kRows * hs + warp * kKeys;
-    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const float *rows = qkv + (size_t)b * T * W, *base = rows + (size_t)h * hs;
+    const float *kbase = rows + H.koff + (size_t)g * hs, *vbase = rows + H.voff + (size_t)g * hs;
     bool active = i < T;
     for (int d = lane; d < hs; d += 32) {
-        q[d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) * scale : 0.0f;
+        q[d] = active ? operand<Bf16>(base[(size_t)i * W + d]) * scale : 0.0f;
         acc[d] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     int keys = min(i0 + kRows, T); // j0 <= i0 <= i for every tile: each row sees a key per tile
     for (int j0 = 0; j0 < keys; j0 += kKeys) {
-        stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
+        stage_keys<Bf16>(ks, vs, kbase, vbase, j0, T, W, hs, pitch);
         if (!active) continue;
         int j = j0 + lane;
         float s = j <= i ? row_dot(q, ks + lane * pitch, hs) : -INFINITY;
@@ -94,59 +107,60 @@ __global__ void attention_forward_k(float *out, float *lse, const float *qkv, in
         __syncwarp();
     }
     if (!active) return;
-    float *o = out + ((size_t)b * T + i) * C + (size_t)h * hs;
+    float *o = out + ((size_t)b * T + i) * H.C + (size_t)h * hs;
     for (int d = lane; d < hs; d += 32) o[d] = acc[d] / l;
-    if (lane == 0) lse[((size_t)b * NH + h) * T + i] = m + logf(l);
+    if (lane == 0) lse[((size_t)b * H.NH + h) * T + i] = m + logf(l);
 }
 
 // D = dout·out for every row and head, once (the dK/dV kernel needs it for
 // every key tile): one warp each, into the first float of the row's dQ
 // slot of dqkv, which the dK/dV kernel reads and the dQ kernel reads before
 // it writes the slot (the three run in that order on one stream).
-__global__ void attention_d_k(float *dqkv, const float *dout, const float *out, int BT, int C, int NH)
+__global__ void attention_d_k(float *dqkv, const float *dout, const float *out, int BT, Heads H)
 {
-    int hs = C / NH;
+    int hs = H.hs, NH = H.NH;
     size_t w = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (w >= (size_t)BT * NH) return; // whole warps leave together
-    size_t row = w / (size_t)NH, yoff = row * C + (w % (size_t)NH) * hs;
+    size_t row = w / (size_t)NH, yoff = row * H.C + (w % (size_t)NH) * hs;
     float D = warp_row_dot(dout + yoff, out + yoff, hs);
-    if (threadIdx.x % 32 == 0) dqkv[row * 3 * C + (w % (size_t)NH) * hs] = D;
+    if (threadIdx.x % 32 == 0) dqkv[row * H.W + (w % (size_t)NH) * hs] = D;
 }
 
 // dQ: as the forward, per query row: p = exp(scale·q·k - lse), dS = p ∘
 // (dout·vᵀ - D) with D = dout·out, dq = scale · Σ dS·k.
 template <bool Bf16>
-__global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, int C,
-                               int NH, float scale)
+__global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, Heads H,
+                               float scale)
 {
     BB_DYNAMIC_SHARED(float, sm);
-    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int hs = H.hs, W = H.W, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z, g = h / H.group;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = blockIdx.x * kRows, i = i0 + warp;
     float *ks = sm, *vs = ks + kKeys * pitch, *rows = vs + kKeys * pitch;
     float *q = rows + warp * hs, *dy = rows + (kRows + warp) * hs, *acc = rows + (2 * kRows + warp) * hs,
           *ds = rows + 3 * kRows * hs + warp * kKeys;
-    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const float *all = qkv + (size_t)b * T * W, *base = all + (size_t)h * hs;
+    const float *kbase = all + H.koff + (size_t)g * hs, *vbase = all + H.voff + (size_t)g * hs;
     bool active = i < T;
-    size_t yoff = ((size_t)b * T + (active ? i : 0)) * C + (size_t)h * hs;
+    size_t yoff = ((size_t)b * T + (active ? i : 0)) * H.C + (size_t)h * hs;
     for (int d = lane; d < hs; d += 32) {
-        q[d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) * scale : 0.0f;
+        q[d] = active ? operand<Bf16>(base[(size_t)i * W + d]) * scale : 0.0f;
         dy[d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
         acc[d] = 0.0f;
     }
     // D, left by attention_d_k in the first float of this row's dQ slot, read before the slot is written.
-    float D = active ? dqkv[((size_t)b * T + i) * 3 * C + (size_t)h * hs] : 0.0f;
-    float L = active ? lse[((size_t)b * NH + h) * T + i] : 0.0f;
+    float D = active ? dqkv[((size_t)b * T + i) * W + (size_t)h * hs] : 0.0f;
+    float L = active ? lse[((size_t)b * H.NH + h) * T + i] : 0.0f;
     int keys = min(i0 + kRows, T);
     for (int j0 = 0; j0 < keys; j0 += kKeys) {
-        stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch);
+        stage_keys<Bf16>(ks, vs, kbase, vbase, j0, T, W, hs, pitch);
         if (!active) continue;
         int j = j0 + lane;
-        float g = 0.0f;
+        float dscore = 0.0f;
         if (j <= i) {
             float p = expf(row_dot(q, ks + lane * pitch, hs) - L);
-            g = p * (row_dot(dy, vs + lane * pitch, hs) - D) * scale;
+            dscore = p * (row_dot(dy, vs + lane * pitch, hs) - D) * scale;
         }
-        ds[lane] = operand<Bf16>(g);
+        ds[lane] = operand<Bf16>(dscore);
         __syncwarp();
         for (int d = lane; d < hs; d += 32) {
             float a = acc[d];
@@ -156,69 +170,73 @@ __global__ void attention_dq_k(float *dqkv, const float *dout, const float *qkv,
         __syncwarp();
     }
     if (!active) return;
-    float *dq = dqkv + ((size_t)b * T + i) * 3 * C + (size_t)h * hs;
+    float *dq = dqkv + ((size_t)b * T + i) * W + (size_t)h * hs;
     for (int d = lane; d < hs; d += 32) dq[d] = acc[d];
 }
 
-// dK and dV: grid (ceil(T / Keys), NH, B), kDkvWarps warps. The block
-// stages its Keys keys once and walks the query rows i >= j0, kDkvWarps at
-// a time, one per warp: lane jj gives p and dS for key jj and the warp's
-// row (shared memory); then each thread adds the group's rows, in row
-// order, to its own entries of the dK and dV accumulators — every sum in
-// increasing i, as one warp walking the rows would (deterministic).
-// Keys is 32 up to head size 128, 16 above (shared memory for 2 blocks
-// an SM at head size 256).
+// dK and dV: grid (ceil(T / Keys), KVH, B), kDkvWarps warps. The block
+// stages its Keys keys of key/value head g once and, for each query head
+// of g's group in order, walks the query rows i >= j0, kDkvWarps at a
+// time, one per warp: lane jj gives p and dS for key jj and the warp's row
+// (shared memory); then each thread adds the group's rows, in row order,
+// to its own entries of the dK and dV accumulators — every sum in
+// increasing (head, i), as one warp walking the rows would
+// (deterministic). Keys is 32 up to head size 128, 16 above (shared
+// memory for 2 blocks an SM at head size 256).
 constexpr int kDkvWarps = 4;
 
 template <bool Bf16, int Keys>
-__global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, int C,
-                                int NH, float scale)
+__global__ void attention_dkv_k(float *dqkv, const float *dout, const float *qkv, const float *lse, int T, Heads H,
+                                float scale)
 {
     BB_DYNAMIC_SHARED(float, sm);
-    int hs = C / NH, pitch = hs + 1, h = blockIdx.y, b = blockIdx.z;
+    int hs = H.hs, W = H.W, pitch = hs + 1, g = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j0 = blockIdx.x * Keys, j = j0 + lane;
     float *ks = sm, *vs = ks + Keys * pitch, *dk = vs + Keys * pitch, *dv = dk + Keys * pitch;
     float *qs = dv + Keys * pitch, *dys = qs + kDkvWarps * hs, *ps = dys + kDkvWarps * hs, *gs = ps + kDkvWarps * Keys;
-    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const float *all = qkv + (size_t)b * T * W;
     for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
         int at = e / hs * pitch + e % hs;
         dk[at] = dv[at] = 0.0f;
     }
-    stage_keys<Bf16>(ks, vs, base, j0, T, C, hs, pitch, Keys);
-    for (int i0 = j0; i0 < T; i0 += kDkvWarps) {
-        int i = i0 + warp;
-        bool active = i < T;
-        size_t row = (size_t)b * T + (active ? i : 0), yoff = row * C + (size_t)h * hs;
-        for (int d = lane; d < hs; d += 32) {
-            qs[warp * hs + d] = active ? operand<Bf16>(base[(size_t)i * 3 * C + d]) : 0.0f;
-            dys[warp * hs + d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
-        }
-        __syncwarp();
-        float p = 0.0f, g = 0.0f;
-        if (active && lane < Keys && j <= i) {
-            float D = dqkv[row * 3 * C + (size_t)h * hs], L = lse[((size_t)b * NH + h) * T + i]; // D: attention_d_k's
-            p = expf(row_dot(qs + warp * hs, ks + lane * pitch, hs) * scale - L);
-            g = operand<Bf16>(p * (row_dot(dys + warp * hs, vs + lane * pitch, hs) - D) * scale);
-            p = operand<Bf16>(p);
-        }
-        if (lane < Keys) ps[warp * Keys + lane] = p, gs[warp * Keys + lane] = g;
-        __syncthreads();
-        for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
-            int jj = e / hs, d = e % hs;
-            float a = dk[jj * pitch + d], c = dv[jj * pitch + d];
-            for (int w = 0; w < kDkvWarps; w++) {
-                c += ps[w * Keys + jj] * dys[w * hs + d];
-                a += gs[w * Keys + jj] * qs[w * hs + d];
+    stage_keys<Bf16>(ks, vs, all + H.koff + (size_t)g * hs, all + H.voff + (size_t)g * hs, j0, T, W, hs, pitch, Keys);
+    for (int h = g * H.group; h < (g + 1) * H.group; h++) {
+        const float *base = all + (size_t)h * hs;
+        for (int i0 = j0; i0 < T; i0 += kDkvWarps) {
+            int i = i0 + warp;
+            bool active = i < T;
+            size_t row = (size_t)b * T + (active ? i : 0), yoff = row * H.C + (size_t)h * hs;
+            for (int d = lane; d < hs; d += 32) {
+                qs[warp * hs + d] = active ? operand<Bf16>(base[(size_t)i * W + d]) : 0.0f;
+                dys[warp * hs + d] = active ? operand<Bf16>(dout[yoff + d]) : 0.0f;
             }
-            dk[jj * pitch + d] = a, dv[jj * pitch + d] = c;
+            __syncwarp();
+            float p = 0.0f, gr = 0.0f;
+            if (active && lane < Keys && j <= i) {
+                float D = dqkv[row * W + (size_t)h * hs], L = lse[((size_t)b * H.NH + h) * T + i]; // D: attention_d_k's
+                p = expf(row_dot(qs + warp * hs, ks + lane * pitch, hs) * scale - L);
+                gr = operand<Bf16>(p * (row_dot(dys + warp * hs, vs + lane * pitch, hs) - D) * scale);
+                p = operand<Bf16>(p);
+            }
+            if (lane < Keys) ps[warp * Keys + lane] = p, gs[warp * Keys + lane] = gr;
+            __syncthreads();
+            for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
+                int jj = e / hs, d = e % hs;
+                float a = dk[jj * pitch + d], c = dv[jj * pitch + d];
+                for (int w = 0; w < kDkvWarps; w++) {
+                    c += ps[w * Keys + jj] * dys[w * hs + d];
+                    a += gs[w * Keys + jj] * qs[w * hs + d];
+                }
+                dk[jj * pitch + d] = a, dv[jj * pitch + d] = c;
+            }
+            __syncthreads(); // the group's rows are no longer read
         }
-        __syncthreads(); // the group's rows are no longer read
     }
     for (int e = threadIdx.x; e < Keys * hs; e += blockDim.x) {
         int jj = e / hs, d = e % hs;
         if (j0 + jj >= T) continue;
-        float *dkr = dqkv + ((size_t)b * T + j0 + jj) * 3 * C + C + (size_t)h * hs;
-        dkr[d] = dk[jj * pitch + d], dkr[C + d] = dv[jj * pitch + d];
+        float *row = dqkv + ((size_t)b * T + j0 + jj) * W;
+        row[H.koff + (size_t)g * hs + d] = dk[jj * pitch + d], row[H.voff + (size_t)g * hs + d] = dv[jj * pitch + d];
     }
 }
 
@@ -231,60 +249,60 @@ template <typename K> cudaError_t allow_shared(K kernel, size_t bytes)
 }
 
 template <bool Bf16>
-cudaError_t attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+cudaError_t attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, Heads H)
 {
-    int hs = C / NH;
+    int hs = H.hs;
     size_t bytes = (2 * (size_t)kKeys * (hs + 1) + 2 * (size_t)kRows * hs + kRows * kKeys) * sizeof(float);
     cudaError_t e = allow_shared(attention_forward_k<Bf16>, bytes);
     if (e != cudaSuccess) return e;
-    dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
-    BB_LAUNCH(attention_forward_k<Bf16>, grid, kRows * 32, bytes, s)(out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)H.NH, (unsigned)B);
+    BB_LAUNCH(attention_forward_k<Bf16>, grid, kRows * 32, bytes, s)(out, lse, qkv, T, H, 1.0f / sqrtf((float)hs));
     return cudaGetLastError();
 }
 
 template <bool Bf16, int Keys>
 cudaError_t launch_dkv(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *lse, int B,
-                          int T, int C, int NH, float scale)
+                       int T, Heads H, float scale)
 {
-    int hs = C / NH;
+    int hs = H.hs;
     size_t bytes = (4 * (size_t)Keys * (hs + 1) + 2 * (size_t)kDkvWarps * hs + 2 * kDkvWarps * Keys) * sizeof(float);
     const auto attention_dkv = attention_dkv_k<Bf16, Keys>; // one name for the launch macro
     cudaError_t e = allow_shared(attention_dkv, bytes);
     if (e != cudaSuccess) return e;
-    dim3 keys((unsigned)((T + Keys - 1) / Keys), (unsigned)NH, (unsigned)B);
-    BB_LAUNCH(attention_dkv, keys, kDkvWarps * 32, bytes, s)(dqkv, dout, qkv, lse, T, C, NH, scale);
+    dim3 keys((unsigned)((T + Keys - 1) / Keys), (unsigned)H.KVH, (unsigned)B);
+    BB_LAUNCH(attention_dkv, keys, kDkvWarps * 32, bytes, s)(dqkv, dout, qkv, lse, T, H, scale);
     return cudaGetLastError();
 }
 
 // D first (into dQ's place), then dK/dV, then dQ (which overwrites D).
 template <bool Bf16>
 cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int C, int NH)
+                               const float *lse, int B, int T, Heads H)
 {
-    int hs = C / NH;
+    int hs = H.hs;
     float scale = 1.0f / sqrtf((float)hs);
     size_t dq_bytes = (2 * (size_t)kKeys * (hs + 1) + 3 * (size_t)kRows * hs + kRows * kKeys) * sizeof(float);
     cudaError_t e = allow_shared(attention_dq_k<Bf16>, dq_bytes);
     if (e != cudaSuccess) return e;
-    size_t warps = (size_t)B * T * NH;
-    BB_LAUNCH(attention_d_k, (unsigned)((warps + 7) / 8), 256, 0, s)(dqkv, dout, out, B * T, C, NH);
-    e = hs > 128 ? launch_dkv<Bf16, 16>(s, dqkv, dout, qkv, lse, B, T, C, NH, scale)
-                 : launch_dkv<Bf16, kKeys>(s, dqkv, dout, qkv, lse, B, T, C, NH, scale);
+    size_t warps = (size_t)B * T * H.NH;
+    BB_LAUNCH(attention_d_k, (unsigned)((warps + 7) / 8), 256, 0, s)(dqkv, dout, out, B * T, H);
+    e = hs > 128 ? launch_dkv<Bf16, 16>(s, dqkv, dout, qkv, lse, B, T, H, scale)
+                 : launch_dkv<Bf16, kKeys>(s, dqkv, dout, qkv, lse, B, T, H, scale);
     if (e != cudaSuccess) return e;
-    dim3 rows((unsigned)((T + kRows - 1) / kRows), (unsigned)NH, (unsigned)B);
-    BB_LAUNCH(attention_dq_k<Bf16>, rows, kRows * 32, dq_bytes, s)(dqkv, dout, qkv, lse, T, C, NH, scale);
+    dim3 rows((unsigned)((T + kRows - 1) / kRows), (unsigned)H.NH, (unsigned)B);
+    BB_LAUNCH(attention_dq_k<Bf16>, rows, kRows * 32, dq_bytes, s)(dqkv, dout, qkv, lse, T, H, scale);
     return cudaGetLastError();
 }
 
 // ---- incremental decoding: the last row's query over T cached rows ---------
 constexpr int kDecodeThreads = 256;
 
-// scores[h, t] = q_h · k_(t,h) / sqrt(hs), q from row T-1: one thread per (t, h).
-__global__ void decode_scores_k(float *scores, const float *qkv, int T, int C, int hs)
+// scores[h, t] = q_h · k_(t,g) / sqrt(hs), q from row T-1: one thread per (t, h).
+__global__ void decode_scores_k(float *scores, const float *qkv, int T, Heads H)
 {
-    int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+    int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, hs = H.hs, g = h / H.group;
     if (t >= T) return;
-    const float *q = qkv + (size_t)(T - 1) * 3 * C + h * hs, *k = qkv + (size_t)t * 3 * C + C + h * hs;
+    const float *q = qkv + (size_t)(T - 1) * H.W + h * hs, *k = qkv + (size_t)t * H.W + H.koff + g * hs;
     float dot = 0.0f;
     for (int d = 0; d < hs; d++) dot += q[d] * k[d];
     scores[(size_t)h * T + t] = dot * (1.0f / sqrtf((float)hs));
@@ -312,11 +330,12 @@ template <bool Max> __device__ float decode_reduce(float v, float *lanes, float 
 }
 
 // One block per head: the softmax of its scores in place, then out_h = p · v.
-__global__ void decode_out_k(float *out, float *scores, const float *qkv, int T, int C, int hs)
+__global__ void decode_out_k(float *out, float *scores, const float *qkv, int T, Heads H)
 {
     __shared__ float lanes[32];
     __shared__ float result;
-    int h = blockIdx.x;
+    int h = blockIdx.x, hs = H.hs;
+    const float *v = qkv + H.voff + (size_t)(h / H.group) * hs;
     float *s = scores + (size_t)h * T, m = -INFINITY, sum = 0.0f;
     for (int t = threadIdx.x; t < T; t += blockDim.x) m = fmaxf(m, s[t]);
     m = decode_reduce<true>(m, lanes, &result);
@@ -324,7 +343,7 @@ __global__ void decode_out_k(float *out, float *scores, const float *qkv, int T,
     float inv = 1.0f / decode_reduce<false>(sum, lanes, &result); // its barriers publish s
     for (int d = threadIdx.x; d < hs; d += blockDim.x) {
         float acc = 0.0f;
-        for (int t = 0; t < T; t++) acc += s[t] * inv * qkv[(size_t)t * 3 * C + 2 * C + h * hs + d];
+        for (int t = 0; t < T; t++) acc += s[t] * inv * v[(size_t)t * H.W + d];
         out[h * hs + d] = acc;
     }
 }
@@ -333,29 +352,32 @@ __global__ void decode_out_k(float *out, float *scores, const float *qkv, int T,
 
 extern "C" {
 
-cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
-                                  bool bf16)
+cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int NH,
+                                  int KVH, int HS, bool bf16)
 {
     if (B <= 0 || T <= 0) return cudaGetLastError();
-    return bf16 ? attention_forward<true>(s, out, lse, qkv, B, T, C, NH)
-                : attention_forward<false>(s, out, lse, qkv, B, T, C, NH);
+    Heads H = heads_of(NH, KVH, HS);
+    return bf16 ? attention_forward<true>(s, out, lse, qkv, B, T, H) : attention_forward<false>(s, out, lse, qkv, B, T, H);
 }
 
-cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int C, int NH)
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int NH, int KVH,
+                                 int HS)
 {
     if (T <= 0) return cudaGetLastError();
+    Heads H = heads_of(NH, KVH, HS);
     dim3 grid((unsigned)((T + kDecodeThreads - 1) / kDecodeThreads), (unsigned)NH);
-    BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, T, C, C / NH);
-    BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, qkv, T, C, C / NH);
+    BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, T, H);
+    BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, qkv, T, H);
     return cudaGetLastError();
 }
 
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int C, int NH, bool bf16)
+                                   const float *lse, int B, int T, int NH, int KVH, int HS, bool bf16)
 {
     if (B <= 0 || T <= 0) return cudaGetLastError();
-    return bf16 ? attention_backward<true>(s, dqkv, dout, qkv, out, lse, B, T, C, NH)
-                : attention_backward<false>(s, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    Heads H = heads_of(NH, KVH, HS);
+    return bf16 ? attention_backward<true>(s, dqkv, dout, qkv, out, lse, B, T, H)
+                : attention_backward<false>(s, dqkv, dout, qkv, out, lse, B, T, H);
 }
 
 } // extern "C"

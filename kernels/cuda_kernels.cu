@@ -65,36 +65,45 @@ __device__ double block_sum_double(double v)
 }
 
 // ---- elementwise -----------------------------------------------------------
-__global__ void relu_forward_k(float *out, const float *in, size_t n)
-{
-    GRID_STRIDE(i, n) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
-}
-
-__global__ void relu_backward_k(float *din, const float *dout, const float *in, size_t n)
-{
-    GRID_STRIDE(i, n) din[i] = in[i] > 0.0f ? dout[i] : 0.0f;
-}
+// The activations: each its value and its gradient (dy · act'(x)); one
+// forward and one backward kernel for all of them.
+struct Relu {
+    __device__ static float value(float x) { return x > 0.0f ? x : 0.0f; }
+    __device__ static float grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
+};
 
 // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-__global__ void gelu_forward_k(float *out, const float *in, size_t n)
-{
-    const float k = 0.7978845608028654f;
-    GRID_STRIDE(i, n)
+struct GeluTanh {
+    __device__ static float value(float x)
     {
-        float x = in[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     }
+    __device__ static float grad(float dy, float x)
+    {
+        const float k = 0.7978845608028654f;
+        float t = tanhf(k * (x + 0.044715f * x * x * x)), du = k * (1.0f + 3.0f * 0.044715f * x * x);
+        return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    }
+};
+
+// SiLU: x · sigmoid(x); its derivative s · (1 + x · (1 - s)).
+struct Silu {
+    __device__ static float value(float x) { return x / (1.0f + expf(-x)); }
+    __device__ static float grad(float dy, float x)
+    {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return dy * sg * (1.0f + x * (1.0f - sg));
+    }
+};
+
+template <class Act> __global__ void activation_forward_k(float *out, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = Act::value(in[i]);
 }
 
-__global__ void gelu_backward_k(float *din, const float *dout, const float *in, size_t n)
+template <class Act> __global__ void activation_backward_k(float *din, const float *dout, const float *in, size_t n)
 {
-    const float k = 0.7978845608028654f;
-    GRID_STRIDE(i, n)
-    {
-        float x = in[i], u = k * (x + 0.044715f * x * x * x), t = tanhf(u);
-        float du = k * (1.0f + 3.0f * 0.044715f * x * x);
-        din[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
-    }
+    GRID_STRIDE(i, n) din[i] = Act::grad(dout[i], in[i]);
 }
 
 __global__ void add_k(float *out, const float *x, const float *y, size_t n)
@@ -214,7 +223,7 @@ __global__ void embedding_forward_k(float *out, const int32_t *tokens, const flo
     {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T);
-        out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+        out[i] = wte[(size_t)tokens[bt] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0f);
     }
 }
 
@@ -394,33 +403,30 @@ size_t cub_bytes(int n)
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
+template <class Act> cudaError_t activation_launch(cudaStream_t s, bool backward, float *out, const float *x,
+                                                    const float *in, size_t n)
+{
+    if (backward)
+        BB_LAUNCH(activation_backward_k<Act>, grid_for(n), kThreads, 0, s)(out, x, in, n);
+    else
+        BB_LAUNCH(activation_forward_k<Act>, grid_for(n), kThreads, 0, s)(out, x, n);
+    return cudaGetLastError();
+}
+
 } // namespace
 
 // ---- launchers -------------------------------------------------------------
 extern "C" {
 
-cudaError_t bbk_relu_forward(cudaStream_t s, float *out, const float *in, size_t n)
+cudaError_t bbk_activation(cudaStream_t s, int act, bool backward, float *out, const float *x, const float *in,
+                           size_t n)
 {
-    BB_LAUNCH(relu_forward_k, grid_for(n), kThreads, 0, s)(out, in, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
-{
-    BB_LAUNCH(relu_backward_k, grid_for(n), kThreads, 0, s)(din, dout, in, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n)
-{
-    BB_LAUNCH(gelu_forward_k, grid_for(n), kThreads, 0, s)(out, in, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n)
-{
-    BB_LAUNCH(gelu_backward_k, grid_for(n), kThreads, 0, s)(din, dout, in, n);
-    return cudaGetLastError();
+    switch (act) {
+    case 0: return activation_launch<Relu>(s, backward, out, x, in, n);
+    case 1: return activation_launch<GeluTanh>(s, backward, out, x, in, n);
+    case 2: return activation_launch<Silu>(s, backward, out, x, in, n);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n)

@@ -15,10 +15,11 @@
 extern "C" {
 #endif
 
-cudaError_t bbk_relu_forward(cudaStream_t s, float *out, const float *in, size_t n);
-cudaError_t bbk_relu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n);
-cudaError_t bbk_gelu_forward(cudaStream_t s, float *out, const float *in, size_t n);
-cudaError_t bbk_gelu_backward(cudaStream_t s, float *din, const float *dout, const float *in, size_t n);
+/* act: bb_activation's value (0 relu, 1 gelu tanh, 2 silu); forward:
+ * out = act(x) (in unused); backward: out = x · act'(in), out may alias x.
+ * cudaErrorInvalidValue for another act. */
+cudaError_t bbk_activation(cudaStream_t s, int act, bool backward, float *out, const float *x, const float *in,
+                           size_t n);
 cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n);
 /* bf16 storage: see bb_op_bf16_round and bb_op_bf16_unpack (packed may be NULL). */
 cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n);
@@ -41,6 +42,7 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float 
                                    const float *dout, const float *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate);
 
+/* wpe NULL: no position embedding. */
 cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C);
 /* dwte (V, C) += the rows of dout (n, C) of each token, summed per token in
@@ -58,16 +60,18 @@ cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targ
 cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labels, const uint8_t *records, int count,
                                   int B, int inputs);
 
-/* Tiled causal attention (see bb_op_attention_forward and _backward);
- * bf16: the products' operands rounded to bf16, sums in fp32. Fails
+/* Tiled causal attention (see bb_op_attention_forward and _backward): NH
+ * query heads, KVH key/value heads (dividing NH), each HS wide; bf16: the
+ * products' operands rounded to bf16, sums in fp32. Fails
  * (cudaErrorInvalidValue) when a head is too wide for the device's shared
  * memory (head size ~400 on sm_90). */
-/* The last row of the causal attention of qkv (1,T,3C) (bb_op_attention_decode). */
-cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int C, int NH);
-cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
-                                  bool bf16);
+/* The last row of the causal attention of qkv (1,T,...) (bb_op_attention_decode). */
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int NH, int KVH,
+                                 int HS);
+cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int NH,
+                                  int KVH, int HS, bool bf16);
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int C, int NH, bool bf16);
+                                   const float *lse, int B, int T, int NH, int KVH, int HS, bool bf16);
 
 /* Per row: row_loss[n] = -log softmax(logits[n])[target] in double (0
  * when target is -1); dlogits (may alias logits, may be NULL) = (softmax -

@@ -19,7 +19,7 @@ static inline void hf_require(const char *modules)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s -c 'import %s' >/dev/null 2>&1", HF_PYTHON, modules);
     if (access(HF_PYTHON, X_OK) != 0 || system(cmd) != 0)
-        cr_skip_test("skipped: %s cannot import %s (make hf-deps installs the pinned versions from PyPI; it could "
+        fixture_skip("skipped: %s cannot import %s (make hf-deps installs the pinned versions from PyPI; it could "
                      "not here)", HF_PYTHON, modules);
 }
 

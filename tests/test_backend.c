@@ -40,9 +40,9 @@ Test(backend, a_faulted_op_fails_the_next_synchronizing_call)
     float *x, host[4] = {1, 2, 3, 4};
     cr_assert_eq(bb_backend_alloc(b, sizeof host, "x", (void **)&x), BB_OK);
     cr_assert_eq(bb_backend_copy(b, x, host, sizeof host, BB_COPY_H2D), BB_OK);
-    bb_op_relu_forward(b, x, x, 4);
+    bb_op_activation_forward(b, BB_ACTIVATION_RELU, bb_f32(x), bb_f32(x), 4);
     cr_assert_eq(bb_backend_synchronize(b), BB_OK, "the first call is fine");
-    bb_op_relu_forward(b, x, x, 4);
+    bb_op_activation_forward(b, BB_ACTIVATION_RELU, bb_f32(x), bb_f32(x), 4);
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_DEVICE);
     cr_assert(strstr(bb_error_message(), "cpu: relu_forward failed: injected fault"), "%s", bb_error_message());
     /* sticky: every later copy and event call says so too */
@@ -55,6 +55,7 @@ Test(backend, a_faulted_op_fails_the_next_synchronizing_call)
 
 /* Ops with scratch (column sums, per-row losses, the embedding's sort) use
  * what was reserved; beyond it they grow, and that is counted. */
+#define T(p) bb_f32(p)
 Test(backend, scratch_beyond_the_reservation_is_counted)
 {
     bb_backend_options o = {0};
@@ -69,11 +70,11 @@ Test(backend, scratch_beyond_the_reservation_is_counted)
     cr_assert_eq(bb_backend_alloc(b, 64 * sizeof(float), "t", (void **)&db), BB_OK);
     cr_assert_eq(bb_backend_alloc(b, 64 * sizeof(float), "t", (void **)&din), BB_OK);
     memset(dout, 0, 64 * sizeof(float)), memset(in, 0, 64 * sizeof(float)), memset(w, 0, 64 * sizeof(float));
-    bb_op_linear_backward(b, din, dw, db, dout, in, w, 2, 2, 3, false); /* width 3: reserved */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 3, false); /* width 3: reserved */
     cr_assert_eq(bb_backend_scratch_grew(b), 0);
-    bb_op_linear_backward(b, din, dw, db, dout, in, w, 2, 2, 5, false); /* width 5: grows */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, false); /* width 5: grows */
     cr_assert_eq(bb_backend_scratch_grew(b), 1);
-    bb_op_linear_backward(b, din, dw, db, dout, in, w, 2, 2, 5, false); /* grown: no more */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, false); /* grown: no more */
     cr_assert_eq(bb_backend_scratch_grew(b), 1);
     bb_backend_destroy(b);
 }

@@ -20,7 +20,7 @@ static void need_gpus(int n)
     bb_cuda_info info;
     bb_cuda_probe(&info);
     if (info.device_count < n)
-        cr_skip_test("skipped: needs %d GPU%s, this machine has %d%s%s", n, n > 1 ? "s" : "", info.device_count,
+        fixture_skip("skipped: needs %d GPU%s, this machine has %d%s%s", n, n > 1 ? "s" : "", info.device_count,
                      info.device_count ? "" : ": ", info.device_count ? "" : info.reason);
 }
 
@@ -28,7 +28,7 @@ static void need_gpus(int n)
 static void need_emulator(const char *what)
 {
 #ifndef BB_CUDA_EMU
-    cr_skip_test("skipped: %s is the emulator's (make cuda-emu)", what);
+    fixture_skip("skipped: %s is the emulator's (make cuda-emu)", what);
 #else
     (void)what;
 #endif
@@ -58,9 +58,12 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
 /* `train --devices cuda:0,1` against `--devices cpu:2`, the same data and
  * options: gpt with accumulation and the reducer's overlap (small buckets,
  * so that several are reduced while the backward runs), without overlap,
- * with --checkpoint blocks, selective and a mixed plan, and with --zero 1;
- * the mlp; bf16, also with a plan (within 2e-2: the GPU's products are
- * bf16, the CPU's fp32). */
+ * with --checkpoint blocks, selective and a mixed plan, and with --zero 1
+ * (equal slices: NCCL's reduce-scatter and all-gather, in place and through
+ * the staging buffer, for buckets the slices fill and those they do not;
+ * whole tensors: all-reduce and a broadcast from each owner); the mlp;
+ * bf16, also with a plan (within 2e-2: the GPU's products are bf16, the
+ * CPU's fp32). */
 Test(cuda_train, two_gpus_train_as_cpu_2)
 {
     need_gpus(2);
@@ -71,21 +74,25 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
         const char *checkpoint;
         bool bf16;
         int zero;
+        bb_param_shard_rule shards;
     } cases[] = {{"gpt", false, false, NULL, false, 0},
                  {"gpt --no-overlap", false, true, NULL, false, 0},
                  {"gpt --checkpoint blocks", false, false, "blocks", false, 0},
                  {"gpt --checkpoint selective", false, false, "selective", false, 0},
                  {"gpt --checkpoint plan:s,f", false, false, "plan:s,f", false, 0},
                  {"gpt --zero 1", false, false, NULL, false, 1},
+                 {"gpt --zero 1 --zero-shards tensors", false, false, NULL, false, 1, BB_PARAM_SHARD_TENSORS},
+                 {"mlp --zero 1 --optimizer sgd", true, false, NULL, false, 1},
                  {"mlp", true, false, NULL, false, 0},
                  {"gpt --precision bf16", false, false, NULL, true, 0},
                  {"gpt --precision bf16 --checkpoint plan:f,s", false, false, "plan:f,s", true, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = cases[i].mlp ? mlp_options(images, 2, 4, 16) : gpt_options(tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
-        o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero;
+        o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero, o.zero_shards = cases[i].shards;
+        if (strstr(cases[i].name, "sgd")) o.opt.kind = BB_OPTIMIZER_SGD;
         if (cases[i].checkpoint)
-            cr_assert_eq(bb_model_parse_checkpoint(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());
+            cr_assert_eq(bb_model_parse_recompute(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());
         if (cases[i].bf16) o.precision = BB_PRECISION_BF16;
         bb_train_result c = train(&o);
         on_gpus(&o, 2);
@@ -169,7 +176,7 @@ Test(cuda_train, a_device_fault_in_the_last_step_fails_the_run_with_one_line)
     bb_backend_t *be;
     cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){0}, &be), BB_OK);
     bb_model_config c = gpt_options(tokens, 1, 4, 16).model;
-    c.vocab = TOKENS_VOCAB, c.seq_len = TOKENS_T;
+    c.gpt.vocab = TOKENS_VOCAB, c.gpt.seq_len = TOKENS_T;
     bb_model_t *m;
     cr_assert_eq(bb_model_create(be, &c, 1, &m), BB_OK, "%s", bb_error_message());
     char fault[64];
@@ -389,7 +396,7 @@ Test(cuda_train, a_gpt_step_on_a_gpu_syncs_launches_and_copies_as_designed)
     for (int k = 0; k < SHAPES; k++) {
         bb_train_options o = gpt_options(tokens, 1, 4, 8); /* 2 micro-steps a step */
         on_gpus(&o, 1);
-        o.model.layers = shape[k].layers;
+        o.model.gpt.layers = shape[k].layers;
         o.model.loss_chunk = shape[k].chunk;
         o.steps = 3;
         step_counts s3 = counts_of(&o);

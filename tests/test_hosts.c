@@ -111,11 +111,11 @@ __attribute__((noreturn)) static void wire_main(const hosts *h, double delay_s, 
 /* ---- the two hosts ----------------------------------------------------------- */
 static void need_hosts(void)
 {
-    if (!strcmp(bb_world_library(), "none")) cr_skip_test("skipped: this build has no MPI (make deps; make MPI=1)");
-    if (access("/usr/bin/mpirun", X_OK) != 0) cr_skip_test("skipped: no mpirun on this machine");
-    if (geteuid() != 0) cr_skip_test("skipped: network namespaces need root (CI runs as root)");
+    if (!strcmp(bb_world_library(), "none")) fixture_skip("skipped: this build has no MPI (make deps; make MPI=1)");
+    if (access("/usr/bin/mpirun", X_OK) != 0) fixture_skip("skipped: no mpirun on this machine");
+    if (geteuid() != 0) fixture_skip("skipped: network namespaces need root (CI runs as root)");
     if (sh("command -v ip >/dev/null && command -v unshare >/dev/null") != 0)
-        cr_skip_test("skipped: no ip (iproute2) or unshare (util-linux) on this machine");
+        fixture_skip("skipped: no ip (iproute2) or unshare (util-linux) on this machine");
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1); /* the harness says so, not the program */
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
 }
@@ -135,7 +135,7 @@ static void hosts_up(hosts *h, bool wire, double delay_s, double loss)
     for (int i = 0; i < 2; i++) snprintf(h->ns[i], sizeof h->ns[i], "bb%d%c", (int)getpid(), 'a' + i);
     if (sh("ip netns add %s 2>/dev/null && ip netns add %s", h->ns[0], h->ns[1]) != 0) {
         hosts_down(h);
-        cr_skip_test("skipped: `ip netns add` is refused here (a container without CAP_SYS_ADMIN?)");
+        fixture_skip("skipped: `ip netns add` is refused here (a container without CAP_SYS_ADMIN?)");
     }
     if (wire) {
         int ready[2];

@@ -152,8 +152,8 @@ Test(json, checkpoints_of_the_previous_format_still_read)
     cr_assert_str_eq(info.data, "data/kjv/train");
     cr_assert_str_eq(info.devices, "cpu:1");
     cr_assert_str_eq(bb_model_kind_name(info.model.kind), "gpt");
-    cr_assert_eq(info.model.layers, 1);
-    cr_assert_eq(info.model.d_model, 16);
+    cr_assert_eq(info.model.gpt.layers, 1);
+    cr_assert_eq(info.model.gpt.d_model, 16);
     cr_assert_eq(info.opt.kind, BB_OPTIMIZER_ADAMW);
     cr_assert_float_eq(info.opt.beta1, 0.9, 0);
     cr_assert_float_eq(info.opt.eps, 1e-8, 0);

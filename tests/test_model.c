@@ -10,18 +10,18 @@ TestSuite(model, .init = backend_up, .fini = backend_down);
 
 enum { GPT_B = 2, GPT_T = 5, GPT_V = 11, MLP_B = 4, MLP_IN = 6, MLP_CLASSES = 3 };
 
-static bb_model_config tiny_gpt(int layers, int checkpoint_every)
+static bb_model_config tiny_gpt(int layers, int recompute_every)
 {
     bb_model_config c = bb_model_gpt_config(layers, 2, 8, GPT_T, GPT_V);
-    c.checkpoint_every = checkpoint_every;
+    c.recompute_every = recompute_every;
     return c;
 }
 
-static bb_model_config tiny_mlp(int checkpoint_every)
+static bb_model_config tiny_mlp(int recompute_every)
 {
     const int hidden[] = {7, 5};
     bb_model_config c = bb_model_mlp_config(MLP_IN, hidden, 2, MLP_CLASSES);
-    c.checkpoint_every = checkpoint_every;
+    c.recompute_every = recompute_every;
     return c;
 }
 
@@ -216,7 +216,7 @@ Test(model, gpt_checkpoint_memory_follows_the_formula)
     bb_model_config none = tiny_gpt(L, 0), blocks = tiny_gpt(L, 1);
     bb_model_t *a = make_model(&none, GPT_B, 1), *b = make_model(&blocks, GPT_B, 1);
     size_t BT = GPT_B * GPT_T, C = 8, NH = 2, V = GPT_V;
-    size_t chunk = (size_t)bb_model_loss_chunk(&none, GPT_B, bb_device_head_budget(BB_DEVICE_CPU, 0));
+    size_t chunk = (size_t)bb_model_loss_chunk(&none, GPT_B, bb_device_transient_budget(BB_DEVICE_CPU, 0));
     cr_assert_eq(chunk, BT, "10 x 11 logits are far below 32 MiB: one chunk of every token");
     size_t slot = BT * (16 * C + 4 + NH) * 4;                     /* one block's activations and statistics */
     size_t fixed = (BT * (C + 2) + chunk * V + BT * 2 * C) * 4 + BT * 8; /* ln_f, a chunk of logits, scratch, losses */
@@ -297,23 +297,23 @@ Test(model, gpt_loss_chunks_change_memory_not_results)
 Test(model, the_loss_chunk_default_follows_its_rule)
 {
     bb_model_config c = bb_model_gpt_config(12, 12, 768, 1024, 50257);
-    uint64_t cpu = bb_device_head_budget(BB_DEVICE_CPU, 0);
+    uint64_t cpu = bb_device_transient_budget(BB_DEVICE_CPU, 0);
     cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), (32 << 20) / (50257 * 4)); /* 166 tokens */
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CPU, 1ull << 30)),
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CPU, 1ull << 30)),
                  (16 << 20) / (50257 * 4));
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CPU, 1 << 20)), 1);
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 40ull << 30)), 8 * 1024,
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CPU, 1 << 20)), 1);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 40ull << 30)), 8 * 1024,
                  "one chunk on a 40 GB GPU");
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 8ull << 30)),
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 8ull << 30)),
                  (512 << 20) / (50257 * 4), "a 16th of an 8 GiB GPU");
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_head_budget(BB_DEVICE_CUDA, 0)), 8 * 1024,
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 0)), 8 * 1024,
                  "a GPU of unknown memory: the whole micro-batch");
-    c.vocab = 256;
+    c.gpt.vocab = 256;
     cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), 8 * 1024);
     c.loss_chunk = 100;
     cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), 100);
     cr_assert_eq(bb_model_loss_chunk(&c, 0 + 1, cpu), 100);
-    c.seq_len = 50;
+    c.gpt.seq_len = 50;
     cr_assert_eq(bb_model_loss_chunk(&c, 1, cpu), 50);
     bb_model_config mlp = tiny_mlp(0);
     cr_assert_eq(bb_model_loss_chunk(&mlp, 4, cpu), 0, "the mlp's loss runs whole");
@@ -438,7 +438,7 @@ Test(model, safetensors_round_trip_and_errors)
 
 /* ---- loader records to batches ----------------------------------------- */
 /* The records give the same loss as the batch written out by hand. */
-static void assert_same_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count,
+static void assert_same_batch(bb_model_t *m, const bb_record_format *meta, const uint8_t *records, int count,
                               const void *inputs, const int32_t *targets, float normalizer)
 {
     double from_records, direct;
@@ -454,7 +454,7 @@ Test(model, batches_from_loader_records)
     /* mlp: image_u8 records are a label, then pixels scaled by 1/255 */
     bb_model_config c = tiny_mlp(0);
     bb_model_t *m = make_model(&c, 2, 21);
-    bb_shard_meta img = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {2, 3}, .record_size = 7};
+    bb_record_format img = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {2, 3}, .record_size = 7};
     const uint8_t images[14] = {2, 0, 255, 51, 102, 1, 7, 0, 10, 20, 30, 40, 50, 60};
     const float features[12] = {0, 1, 0.2f, 0.4f, 1 / 255.0f, 7 / 255.0f, 10 / 255.0f, 20 / 255.0f, 30 / 255.0f,
                                 40 / 255.0f, 50 / 255.0f, 60 / 255.0f};
@@ -473,7 +473,7 @@ Test(model, batches_from_loader_records)
     /* gpt: T+1 tokens per record; inputs are the first T, targets the last T */
     bb_model_config g = tiny_gpt(1, 0);
     m = make_model(&g, 1, 22);
-    bb_shard_meta tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1)};
+    bb_record_format tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1)};
     const uint8_t tokens[12] = {3, 0, 1, 0, 4, 0, 1, 0, 5, 0, 9, 0};
     const int32_t inputs[GPT_T] = {3, 1, 4, 1, 5}, targets[GPT_T] = {1, 4, 1, 5, 9};
     assert_same_batch(m, &tok, tokens, 1, inputs, targets, 5.0f);
@@ -482,7 +482,7 @@ Test(model, batches_from_loader_records)
     out_of_vocab[10] = GPT_V;
     cr_assert_eq(bb_model_set_batch_from_records(m, &tok, out_of_vocab, 1), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "token 11 is not below the vocabulary 11"), "%s", bb_error_message());
-    bb_shard_meta longer = tok;
+    bb_record_format longer = tok;
     longer.shape[0] = GPT_T + 2;
     cr_assert_eq(bb_model_set_batch_from_records(m, &longer, tokens, 1), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "this gpt (T 5) takes token records of 6 tokens"), "%s", bb_error_message());
@@ -578,7 +578,7 @@ Test(model, staged_records_make_no_host_copy)
 {
     bb_model_config c = tiny_gpt(1, 0);
     bb_model_t *m = make_model(&c, GPT_B, 1);
-    bb_shard_meta tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1),
+    bb_record_format tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {GPT_T + 1}, .record_size = 2 * (GPT_T + 1),
                          .classes_or_vocab = GPT_V};
     uint8_t records[2][GPT_B * 2 * (GPT_T + 1)];
     for (int k = 0; k < 2; k++)

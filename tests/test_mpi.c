@@ -20,8 +20,8 @@ static const char *mpirun(void)
 
 static void need_mpi(void)
 {
-    if (!strcmp(bb_world_library(), "none")) cr_skip_test("skipped: this build has no MPI (make deps; make MPI=1)");
-    if (!mpirun()) cr_skip_test("skipped: no mpirun on this machine");
+    if (!strcmp(bb_world_library(), "none")) fixture_skip("skipped: this build has no MPI (make deps; make MPI=1)");
+    if (!mpirun()) fixture_skip("skipped: no mpirun on this machine");
     /* Open MPI refuses root (CI) unless told; the harness says so, not the program. */
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -280,7 +280,7 @@ Test(mpi, a_stopped_rank_ends_the_job_within_the_timeout)
  * training alone in each. */
 Test(mpi, a_build_without_mpi_refuses_several_processes)
 {
-    if (strcmp(bb_world_library(), "none")) cr_skip_test("skipped: this build has MPI (the MPI tests run instead)");
+    if (strcmp(bb_world_library(), "none")) fixture_skip("skipped: this build has MPI (the MPI tests run instead)");
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
     tu_run r = tu_bigbatch("train", "--steps", "1");
     unsetenv("OMPI_COMM_WORLD_SIZE");
@@ -304,9 +304,10 @@ Test(mpi, each_rank_writes_its_own_trace)
     tu_run_free(&r);
 }
 
-/* --zero 1 over 2 processes x cpu:2 (4 shards): the losses of --zero 0, the
- * same optimizer.bin (gathered from every process), and that checkpoint
- * resumes in one process without sharding. */
+/* --zero 1 over 2 processes x cpu:2 (4 shards, equal slices and whole
+ * tensors): the losses of --zero 0, the same optimizer.bin (gathered from
+ * every process), and that checkpoint resumes in one process without
+ * sharding. */
 Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
 {
     need_mpi();
@@ -326,6 +327,17 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     size_t n0, n1;
     uint8_t *b0 = tu_read_file(f0, &n0), *b1 = tu_read_file(f1, &n1);
     cr_assert(n0 == n1 && !memcmp(b0, b1, n0), "optimizer.bin differs between --zero 0 and --zero 1 (gathered)");
+    /* whole tensors: parts of unequal sizes in the all-gather, the same training and state */
+    char *mt = tu_path(tmp, "mt.jsonl"), *ct = tu_path(tmp, "ct"), *ft = tu_path(ct, "latest/optimizer.bin");
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 1 --zero-shards tensors --save %s", ct);
+    r = train_job(2, 2, data, mt, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    expect_metrics_losses(m0, mt, 1, "--zero 1 --zero-shards tensors over 2 processes");
+    size_t nt;
+    uint8_t *bt = tu_read_file(ft, &nt);
+    cr_assert(n0 == nt && !memcmp(b0, bt, n0), "optimizer.bin differs between --zero 0 and --zero-shards tensors");
+    free(bt), free(ft), free(ct), free(mt);
     /* the sharded checkpoint, resumed in one process on 4 devices without --zero: one more step */
     snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", c1);
     r = train_job(0, 4, data, mr, extra);
@@ -334,7 +346,8 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     double last[16];
     cr_assert_eq(metric_values(mr, "loss", 5, last, 16), 1, "the resumed run's step 5");
     cr_assert(isfinite(last[0]));
-    cr_log_info("--zero 1 over 2 processes x cpu:2: --zero 0's losses, optimizer.bin byte for byte; resumed on cpu:4");
+    cr_log_info("--zero 1 over 2 processes x cpu:2 (equal slices, whole tensors): --zero 0's losses, optimizer.bin "
+                "byte for byte; resumed on cpu:4");
     free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
 }
 

@@ -1,613 +1,740 @@
-/* test_ops.c — every op's backward against central finite differences on
- * the CPU backend (small shapes; the relative error of each gradient tensor
- * is printed), the optimizers against a reference written out in double,
- * and the allocator's accounting and out-of-memory message. */
+/* test_ops.c — every op of ops.def on every backend this build has, held to
+ * the CPU backend (tests/test_cpu_ops.c holds the CPU to finite differences
+ * and written-out rules), in the manner of ggml's test-backend-ops: each op
+ * has a case that makes its inputs, runs it, and names its outputs with a
+ * tolerance, over several shapes. The harness runs a case on the CPU (one
+ * thread: the reference) and on the backend under test from the same
+ * inputs, and again on the backend under test, then compares:
+ *
+ *   cpu:3     three threads: every output within its tolerance of one
+ *             thread's, and the same bits twice (deterministic);
+ *   counting  the planner's backend: the same work counted (calls, FLOPs
+ *             and elements of every op, from ops.def) as the CPU's profile
+ *             measured, with memory that is never touched (its
+ *             addresses are unmapped: a touch crashes the case);
+ *   cuda      the GPU (emulated in `make cuda-emu`): every output within
+ *             its tolerance, the same bits twice; skipped without a GPU.
+ *
+ * Every case's float tensors are f32 (bf16 storage's ops take their packed
+ * bf16 buffers as bytes); an op given a dtype it does not take fails,
+ * naming it (the last tests). `every_op_has_a_case` keeps the table and
+ * the cases in step: adding an op to ops.def fails it until the op has a
+ * case here. */
 #include <math.h>
 
 #include "bigbatch/backend.h"
 #include "test_util.h"
 
-static bb_backend_t *be;
+TestSuite(ops);
 
-static void backend_up(void)
+/* ---- the harness ------------------------------------------------------- */
+enum { MAX_BUFS = 16, MAX_VALUES = 4, SIDES = 3 }; /* reference, under test, under test again */
+
+typedef enum { KIND_FLOATS, KIND_BYTES } buf_kind;
+
+typedef struct buf_state {
+    buf_kind kind;
+    bb_dtype dtype;        /* the tensor's (f32 for KIND_FLOATS) */
+    size_t n, bytes;       /* elements; bytes on the device */
+    void *init;            /* host: floats (n) or raw bytes */
+    void *dev[2];          /* on the reference, on the backend under test */
+    void *result[SIDES];   /* host copies after each run (outputs) */
+    double tol;            /* output: max relative difference; 0: the same bits; < 0: an input */
+    const char *name;
+} buf_state;
+
+typedef struct tc {
+    bb_backend_t *be[2];   /* reference, under test */
+    bool counting;         /* the backend under test only counts */
+    int side;              /* the run in progress: 0, 1, 2 */
+    int nbufs;
+    buf_state bufs[MAX_BUFS];
+    struct {
+        const char *name;
+        double v[SIDES], tol;
+    } values[MAX_VALUES];
+    int nvalues;
+    const int *dims;       /* this shape */
+    double tol_floor;      /* the products of a bf16 backend: no output closer than this */
+    uint64_t seed;
+    char what[160];        /* op, shape, backend: for messages */
+} tc;
+
+typedef int buf;
+
+static bb_backend_t *side_be(const tc *t) { return t->be[t->side == 0 ? 0 : 1]; }
+
+static float uniform(uint64_t *s, float scale)
 {
-    bb_backend_options o = {.threads = 1};
-    cr_assert_eq(bb_backend_create_cpu(&o, &be), BB_OK);
+    return (float)(((bb_splitmix64(s) >> 11) / 9007199254740992.0) * 2 - 1) * scale;
 }
 
-static void backend_down(void) { bb_backend_destroy(be); }
-
-TestSuite(ops, .init = backend_up, .fini = backend_down);
-
-/* Uniform in [-scale, scale), deterministic. */
-static float *random_floats(size_t n, uint64_t seed, float scale)
+static buf new_buf(tc *t, buf_kind kind, bb_dtype dtype, size_t n, size_t bytes, const char *name)
 {
-    float *x = malloc(n * sizeof *x);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x[i] = scale * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+    cr_assert_lt(t->nbufs, MAX_BUFS, "%s: too many buffers", t->what);
+    buf_state *b = &t->bufs[t->nbufs];
+    *b = (buf_state){.kind = kind, .dtype = dtype, .n = n, .bytes = bytes, .tol = -1, .name = name};
+    b->init = calloc(1, kind == KIND_FLOATS ? n * sizeof(float) + 1 : bytes + 1);
+    for (int s = 0; s < 2; s++)
+        cr_assert_eq(bb_backend_alloc(t->be[s], bytes ? bytes : 1, name, &b->dev[s]), BB_OK, "%s: %s", t->what,
+                     bb_error_message());
+    return t->nbufs++;
+}
+
+/* n f32 floats uniform in [-scale, scale). */
+static buf tc_floats(tc *t, const char *name, size_t n, float scale)
+{
+    buf b = new_buf(t, KIND_FLOATS, BB_DTYPE_F32, n, n * sizeof(float), name);
+    float *x = t->bufs[b].init;
+    uint64_t s = t->seed++ * 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < n; i++) x[i] = uniform(&s, scale);
+    return b;
+}
+/* Given floats (or raw bytes), held as they are. */
+static buf tc_given(tc *t, const char *name, const float *x, size_t n)
+{
+    buf b = new_buf(t, KIND_FLOATS, BB_DTYPE_F32, n, n * sizeof(float), name);
+    memcpy(t->bufs[b].init, x, n * sizeof *x);
+    return b;
+}
+static buf tc_bytes(tc *t, const char *name, const void *x, size_t bytes)
+{
+    buf b = new_buf(t, KIND_BYTES, BB_DTYPE_F32, 0, bytes, name);
+    if (x) memcpy(t->bufs[b].init, x, bytes);
+    return b;
+}
+/* The buffer is an output: compared within `tol` (0: bitwise). */
+static buf tc_out(tc *t, buf b, double tol)
+{
+    t->bufs[b].tol = tol;
+    return b;
+}
+/* The current run's view of a buffer. */
+static bb_tensor tc_t(tc *t, buf b)
+{
+    return (bb_tensor){t->bufs[b].dev[t->side == 0 ? 0 : 1], t->bufs[b].dtype};
+}
+static void *tc_p(tc *t, buf b) { return t->bufs[b].dev[t->side == 0 ? 0 : 1]; }
+/* A value the op returned to the host, compared within `tol` (0: equal). */
+static void tc_value(tc *t, const char *name, double v, double tol)
+{
+    int k = 0;
+    while (k < t->nvalues && strcmp(t->values[k].name, name)) k++;
+    if (k == t->nvalues) {
+        cr_assert_lt(t->nvalues, MAX_VALUES);
+        t->nvalues++;
+        t->values[k].name = name, t->values[k].tol = tol;
     }
-    return x;
+    t->values[k].v[t->side] = v;
 }
 
-/* The scalar every FD check differentiates: L = sum(out * R), in double. */
-typedef double (*loss_fn)(void *ctx);
-
-static double dot(const float *a, const float *b, size_t n)
+static void upload(tc *t, int s)
 {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
-
-/* Compares `analytic` with central differences of loss() in every element of
- * x (at most `max_checks`, spread evenly); prints and returns the relative
- * error ||a - n|| / max(||a||, ||n||). */
-static double fd_check(const char *name, float *x, size_t n, const float *analytic, loss_fn loss, void *ctx,
-                       float eps, double tolerance)
-{
-    double diff = 0, na = 0, nn = 0;
-    size_t step = n > 400 ? n / 400 : 1;
-    for (size_t i = 0; i < n; i += step) {
-        float saved = x[i];
-        x[i] = saved + eps;
-        double plus = loss(ctx);
-        x[i] = saved - eps;
-        double minus = loss(ctx);
-        x[i] = saved;
-        double numeric = (plus - minus) / (2.0 * eps);
-        diff += (analytic[i] - numeric) * (analytic[i] - numeric);
-        na += (double)analytic[i] * analytic[i];
-        nn += numeric * numeric;
-    }
-    double rel = sqrt(diff) / fmax(fmax(sqrt(na), sqrt(nn)), 1e-12);
-    printf("fd %-22s relative error %.2e\n", name, rel);
-    cr_assert_lt(rel, tolerance, "%s: relative error %.3e", name, rel);
-    return rel;
-}
-
-/* ---- linear ------------------------------------------------------------ */
-enum { LN_N = 6, LN_IC = 5, LN_OC = 4 };
-typedef struct linear_ctx {
-    float *in, *w, *bias, *out, *r;
-} linear_ctx;
-
-static double linear_loss(void *arg)
-{
-    linear_ctx *c = arg;
-    bb_op_linear_forward(be, c->out, c->in, c->w, c->bias, LN_N, LN_IC, LN_OC);
-    return dot(c->out, c->r, LN_N * LN_OC);
-}
-
-Test(ops, linear_backward_matches_finite_differences)
-{
-    linear_ctx c = {random_floats(LN_N * LN_IC, 1, 1), random_floats(LN_OC * LN_IC, 2, 1),
-                    random_floats(LN_OC, 3, 1), malloc(LN_N * LN_OC * sizeof(float)),
-                    random_floats(LN_N * LN_OC, 4, 1)};
-    float din[LN_N * LN_IC], dw[LN_OC * LN_IC], db[LN_OC];
-    bb_op_linear_backward(be, din, dw, db, c.r, c.in, c.w, LN_N, LN_IC, LN_OC, false);
-    fd_check("linear.in", c.in, LN_N * LN_IC, din, linear_loss, &c, 1e-2f, 1e-3);
-    fd_check("linear.weight", c.w, LN_OC * LN_IC, dw, linear_loss, &c, 1e-2f, 1e-3);
-    fd_check("linear.bias", c.bias, LN_OC, db, linear_loss, &c, 1e-2f, 1e-3);
-    /* accumulate = true adds a second micro-step's gradient */
-    float dw2[LN_OC * LN_IC], db2[LN_OC];
-    memcpy(dw2, dw, sizeof dw), memcpy(db2, db, sizeof db);
-    bb_op_linear_backward(be, NULL, dw2, db2, c.r, c.in, c.w, LN_N, LN_IC, LN_OC, true);
-    for (int i = 0; i < LN_OC * LN_IC; i++) cr_assert_float_eq(dw2[i], 2 * dw[i], 1e-5);
-    for (int i = 0; i < LN_OC; i++) cr_assert_float_eq(db2[i], 2 * db[i], 1e-5);
-    free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
-}
-
-/* Products split over the backend's threads (by rows when the output is
- * taller than wide, else by columns), each task starting its rows from the
- * bias, and the bias gradient split by columns: the written-out rule, and
- * the bias gradient the same bits on any thread count. */
-Test(ops, linear_layers_split_over_threads_are_the_rule)
-{
-    const int shapes[2][3] = {{1024, 48, 200}, {40, 48, 1024}}; /* N, IC, OC: rows split, columns split */
-    bb_backend_t *three;
-    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &three), BB_OK);
-    for (int k = 0; k < 2; k++) {
-        int N = shapes[k][0], IC = shapes[k][1], OC = shapes[k][2];
-        float *in = random_floats((size_t)N * IC, 30, 1), *w = random_floats((size_t)OC * IC, 31, 1),
-              *bias = random_floats(OC, 32, 1), *dout = random_floats((size_t)N * OC, 33, 1),
-              *out = malloc((size_t)N * OC * 4), *dw = malloc((size_t)OC * IC * 4), *db1 = malloc(OC * 4),
-              *db3 = malloc(OC * 4), *din = malloc((size_t)N * IC * 4);
-        bb_op_linear_forward(three, out, in, w, bias, N, IC, OC);
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) {
-                double ref = bias[o];
-                for (int i = 0; i < IC; i++) ref += (double)in[(size_t)n * IC + i] * w[(size_t)o * IC + i];
-                cr_assert_float_eq(out[(size_t)n * OC + o], ref, 1e-4, "shape %d: out[%d][%d]", k, n, o);
-            }
-        for (int o = 0; o < OC; o++) db1[o] = db3[o] = 0.5f; /* accumulate onto a previous micro-step's */
-        bb_op_linear_backward(be, NULL, dw, db1, dout, in, w, N, IC, OC, true);
-        bb_op_linear_backward(three, din, dw, db3, dout, in, w, N, IC, OC, true);
-        cr_assert_eq(memcmp(db1, db3, OC * 4), 0, "shape %d: the bias gradient depends on the threads", k);
-        for (int o = 0; o < OC; o++) {
-            double ref = 0.5;
-            for (int n = 0; n < N; n++) ref += dout[(size_t)n * OC + o];
-            cr_assert_float_eq(db3[o], ref, 1e-3, "shape %d: dbias[%d]", k, o);
-        }
-        free(in), free(w), free(bias), free(dout), free(out), free(dw), free(db1), free(db3), free(din);
-    }
-    bb_backend_destroy(three);
-}
-
-/* ---- elementwise activations ------------------------------------------ */
-enum { ACT_N = 64 };
-typedef struct act_ctx {
-    void (*forward)(bb_backend_t *, float *, const float *, size_t);
-    float *in, *out, *r;
-} act_ctx;
-
-static double act_loss(void *arg)
-{
-    act_ctx *c = arg;
-    c->forward(be, c->out, c->in, ACT_N);
-    return dot(c->out, c->r, ACT_N);
-}
-
-static void check_activation(const char *name, void (*forward)(bb_backend_t *, float *, const float *, size_t),
-                             void (*backward)(bb_backend_t *, float *, const float *, const float *, size_t))
-{
-    act_ctx c = {forward, random_floats(ACT_N, 5, 3), malloc(ACT_N * sizeof(float)), random_floats(ACT_N, 6, 1)};
-    for (int i = 0; i < ACT_N; i++)
-        if (fabsf(c.in[i]) < 0.05f) c.in[i] = 0.5f; /* ReLU has no derivative at 0 */
-    float din[ACT_N];
-    backward(be, din, c.r, c.in, ACT_N);
-    fd_check(name, c.in, ACT_N, din, act_loss, &c, 1e-3f, 1e-3);
-    free(c.in), free(c.out), free(c.r);
-}
-
-Test(ops, relu_backward_matches_finite_differences)
-{
-    check_activation("relu", bb_op_relu_forward, bb_op_relu_backward);
-}
-
-Test(ops, gelu_backward_matches_finite_differences)
-{
-    check_activation("gelu", bb_op_gelu_forward, bb_op_gelu_backward);
-    /* The tanh form at a few points (PyTorch GELU(approximate='tanh')). */
-    const float x[3] = {-1.0f, 0.5f, 2.0f}, expect[3] = {-0.15880801f, 0.34571401f, 1.95459769f};
-    float y[3];
-    bb_op_gelu_forward(be, y, x, 3);
-    for (int i = 0; i < 3; i++) cr_assert_float_eq(y[i], expect[i], 1e-6, "gelu(%g) = %.8f", x[i], y[i]);
-}
-
-/* ---- layernorm --------------------------------------------------------- */
-enum { LNORM_N = 5, LNORM_C = 8 };
-typedef struct layernorm_ctx {
-    float *in, *w, *bias, *out, *r, mean[LNORM_N], rstd[LNORM_N];
-} layernorm_ctx;
-
-static double layernorm_loss(void *arg)
-{
-    layernorm_ctx *c = arg;
-    bb_op_layernorm_forward(be, c->out, c->mean, c->rstd, c->in, c->w, c->bias, LNORM_N, LNORM_C);
-    return dot(c->out, c->r, LNORM_N * LNORM_C);
-}
-
-Test(ops, layernorm_backward_matches_finite_differences)
-{
-    layernorm_ctx c = {random_floats(LNORM_N * LNORM_C, 7, 2), random_floats(LNORM_C, 8, 1),
-                       random_floats(LNORM_C, 9, 1), malloc(LNORM_N * LNORM_C * sizeof(float)),
-                       random_floats(LNORM_N * LNORM_C, 10, 1)};
-    layernorm_loss(&c);
-    float din[LNORM_N * LNORM_C] = {0}, dw[LNORM_C], db[LNORM_C];
-    bb_op_layernorm_backward(be, din, dw, db, c.r, c.in, c.w, c.mean, c.rstd, LNORM_N, LNORM_C, false);
-    fd_check("layernorm.in", c.in, LNORM_N * LNORM_C, din, layernorm_loss, &c, 1e-2f, 2e-3);
-    fd_check("layernorm.weight", c.w, LNORM_C, dw, layernorm_loss, &c, 1e-2f, 1e-3);
-    fd_check("layernorm.bias", c.bias, LNORM_C, db, layernorm_loss, &c, 1e-2f, 1e-3);
-    free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
-}
-
-/* ---- embedding --------------------------------------------------------- */
-enum { EMB_B = 2, EMB_T = 3, EMB_C = 4, EMB_V = 5 };
-static const int32_t emb_tokens[EMB_B * EMB_T] = {1, 4, 1, 0, 2, 4};
-typedef struct embedding_ctx {
-    float *wte, *wpe, *out, *r;
-} embedding_ctx;
-
-static double embedding_loss(void *arg)
-{
-    embedding_ctx *c = arg;
-    bb_op_embedding_forward(be, c->out, emb_tokens, c->wte, c->wpe, EMB_B, EMB_T, EMB_C);
-    return dot(c->out, c->r, EMB_B * EMB_T * EMB_C);
-}
-
-Test(ops, embedding_backward_matches_finite_differences)
-{
-    embedding_ctx c = {random_floats(EMB_V * EMB_C, 11, 1), random_floats(EMB_T * EMB_C, 12, 1),
-                       malloc(EMB_B * EMB_T * EMB_C * sizeof(float)), random_floats(EMB_B * EMB_T * EMB_C, 13, 1)};
-    /* Poisoned: without accumulation every row must be overwritten (token 3
-     * appears in no batch position, so its row must come out 0). */
-    float dwte[EMB_V * EMB_C], dwpe[EMB_T * EMB_C];
-    for (size_t i = 0; i < EMB_V * EMB_C; i++) dwte[i] = NAN;
-    for (size_t i = 0; i < EMB_T * EMB_C; i++) dwpe[i] = NAN;
-    bb_op_embedding_backward(be, dwte, dwpe, c.r, emb_tokens, EMB_B, EMB_T, EMB_C, EMB_V, EMB_T, false, false);
-    for (int k = 0; k < EMB_C; k++) cr_assert_eq(dwte[3 * EMB_C + k], 0.0f);
-    fd_check("embedding.wte", c.wte, EMB_V * EMB_C, dwte, embedding_loss, &c, 1e-2f, 1e-3);
-    fd_check("embedding.wpe", c.wpe, EMB_T * EMB_C, dwpe, embedding_loss, &c, 1e-2f, 1e-3);
-    free(c.wte), free(c.wpe), free(c.out), free(c.r);
-}
-
-/* The token table's gradient is an ordered reduction: per token, the rows
- * of its positions summed in position order, onto what the table held.
- * This reference does it the way the CUDA kernel does (a stable sort of
- * positions by token, then each run in order); the CPU op must agree to
- * the bit, and the CUDA op is held to the CPU's bits (test_cuda.c). */
-static int by_token_then_position(const void *a, const void *b)
-{
-    const int32_t *x = a, *y = b;
-    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
-}
-
-Test(ops, embedding_backward_is_an_ordered_sum_per_token)
-{
-    enum { B = 4, T = 33, C = 7, V = 9 };
-    int32_t tokens[B * T], pairs[B * T][2];
-    for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)((i * i + 3 * i) % V) % 4; /* few tokens, many repeats */
-    float *dout = random_floats(B * T * C, 21, 1e3f), *base = random_floats(V * C, 22, 1);
-    float dwte[V * C], ref[V * C], dwpe[T * C];
-    for (int accumulate = 0; accumulate < 2; accumulate++) {
-        memcpy(dwte, base, sizeof dwte);
-        for (int i = 0; i < V * C; i++) ref[i] = accumulate ? base[i] : 0.0f;
-        for (int i = 0; i < B * T; i++) pairs[i][0] = tokens[i], pairs[i][1] = i;
-        qsort(pairs, B * T, sizeof *pairs, by_token_then_position);
-        for (int k = 0; k < B * T; k++)
-            for (int c = 0; c < C; c++) ref[pairs[k][0] * C + c] += dout[(size_t)pairs[k][1] * C + c];
-        bb_op_embedding_backward(be, dwte, dwpe, dout, tokens, B, T, C, V, T, accumulate, false);
-        cr_assert_eq(memcmp(dwte, ref, sizeof ref), 0, "accumulate %d: the CPU's sum order is not position order",
-                     accumulate);
-    }
-    free(dout), free(base);
-}
-
-/* ---- attention --------------------------------------------------------- */
-typedef struct attention_ctx {
-    int B, T, C, NH;
-    float *qkv, *out, *lse, *r;
-} attention_ctx;
-
-static double attention_loss(void *arg)
-{
-    attention_ctx *c = arg;
-    bb_op_attention_forward(be, c->out, c->lse, c->qkv, c->B, c->T, c->C, c->NH);
-    return dot(c->out, c->r, (size_t)c->B * c->T * c->C);
-}
-
-/* The written-out rule: per (b, h, i), softmax over keys j <= i of
- * q_i·k_j / sqrt(hs), times v; lse = log Σ exp of the scores. In double. */
-static void attention_reference(const attention_ctx *c, double *out, double *lse)
-{
-    int hs = c->C / c->NH, C3 = 3 * c->C;
-    for (int b = 0; b < c->B; b++)
-        for (int h = 0; h < c->NH; h++)
-            for (int i = 0; i < c->T; i++) {
-                const float *q = c->qkv + ((size_t)b * c->T + i) * C3 + h * hs;
-                double *s = malloc((size_t)(i + 1) * sizeof *s), mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= i; j++) {
-                    const float *k = c->qkv + ((size_t)b * c->T + j) * C3 + c->C + h * hs;
-                    double d = 0;
-                    for (int e = 0; e < hs; e++) d += (double)q[e] * k[e];
-                    s[j] = d / sqrt((double)hs), mx = fmax(mx, s[j]);
-                }
-                for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
-                lse[((size_t)b * c->NH + h) * c->T + i] = mx + log(sum);
-                for (int e = 0; e < hs; e++) {
-                    double o = 0;
-                    for (int j = 0; j <= i; j++)
-                        o += exp(s[j] - mx) / sum * c->qkv[((size_t)b * c->T + j) * C3 + 2 * c->C + h * hs + e];
-                    out[((size_t)b * c->T + i) * c->C + h * hs + e] = o;
-                }
-                free(s);
-            }
-}
-
-static attention_ctx attention_make(int B, int T, int C, int NH, uint64_t seed)
-{
-    attention_ctx c = {B, T, C, NH, random_floats((size_t)B * T * 3 * C, seed, 1),
-                       malloc((size_t)B * T * C * sizeof(float)), malloc((size_t)B * NH * T * sizeof(float)),
-                       random_floats((size_t)B * T * C, seed + 1, 1)};
-    return c;
-}
-
-static void attention_free(attention_ctx *c) { free(c->qkv), free(c->out), free(c->lse), free(c->r); }
-
-/* Shapes around the tiles (64 rows and keys): one partial tile, several
- * with a partial last one, heads of 4 and of 80. */
-Test(ops, tiled_attention_is_the_softmax_rule)
-{
-    const int shapes[][4] = {{2, 5, 8, 2}, {1, 130, 16, 4}, {2, 67, 160, 2}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        attention_ctx c = attention_make(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 30 + s);
-        size_t n_out = (size_t)c.B * c.T * c.C, n_lse = (size_t)c.B * c.NH * c.T;
-        double *out = malloc(n_out * sizeof *out), *lse = malloc(n_lse * sizeof *lse), worst = 0;
-        attention_loss(&c);
-        attention_reference(&c, out, lse);
-        for (size_t i = 0; i < n_out; i++) worst = fmax(worst, fabs(out[i] - c.out[i]));
-        for (size_t i = 0; i < n_lse; i++) worst = fmax(worst, fabs(lse[i] - c.lse[i]) / fmax(1.0, fabs(lse[i])));
-        cr_assert_lt(worst, 2e-5, "B %d T %d C %d NH %d: worst difference %.3e", c.B, c.T, c.C, c.NH, worst);
-        free(out), free(lse);
-        attention_free(&c);
+    for (int i = 0; i < t->nbufs; i++) {
+        buf_state *b = &t->bufs[i];
+        cr_assert_eq(bb_backend_copy(t->be[s], b->dev[s], b->init, b->bytes, BB_COPY_H2D), BB_OK, "%s: %s", t->what,
+                     bb_error_message());
     }
 }
 
-Test(ops, attention_backward_matches_finite_differences)
+/* Downloads the outputs of run `side`, as floats (KIND_FLOATS) or bytes. */
+static void download(tc *t, int side)
 {
-    /* T 70: two key tiles, the second partial, and rows on both sides */
-    const int shapes[][4] = {{2, 5, 8, 2}, {1, 70, 8, 2}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        attention_ctx c = attention_make(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 14);
-        size_t n_qkv = (size_t)c.B * c.T * 3 * c.C;
-        attention_loss(&c);
-        /* causal: position 0 attends only to itself (lse = its own score) */
-        float q0k0 = 0;
-        for (int e = 0; e < c.C / c.NH; e++) q0k0 += c.qkv[e] * c.qkv[c.C + e];
-        cr_assert_float_eq(c.lse[0], q0k0 / sqrtf((float)(c.C / c.NH)), 1e-5);
-        float *dqkv = malloc(n_qkv * sizeof(float));
-        bb_op_attention_backward(be, dqkv, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
-        fd_check("attention.qkv", c.qkv, n_qkv, dqkv, attention_loss, &c, 1e-2f, 2e-3);
-        free(dqkv);
-        attention_free(&c);
+    bb_backend_t *be = t->be[side == 0 ? 0 : 1];
+    cr_assert_eq(bb_backend_synchronize(be), BB_OK, "%s: %s", t->what, bb_error_message());
+    if (t->counting && side > 0) return;
+    for (int i = 0; i < t->nbufs; i++) {
+        buf_state *b = &t->bufs[i];
+        if (b->tol < 0) continue;
+        void *raw = malloc(b->bytes + 1);
+        cr_assert_eq(bb_backend_copy(be, raw, b->dev[side == 0 ? 0 : 1], b->bytes, BB_COPY_D2H), BB_OK, "%s: %s",
+                     t->what, bb_error_message());
+        b->result[side] = raw;
     }
 }
 
-/* Heads and row tiles run on the backend's threads: any thread count gives
- * the same bits. */
-Test(ops, attention_is_bitwise_the_same_on_any_thread_count)
+/* max |a - b| / max |a| over the floats, or the first differing byte. */
+static void compare(tc *t, const buf_state *b, int x, int y, double tol, const char *against)
 {
-    attention_ctx c = attention_make(2, 150, 32, 4, 60);
-    size_t n_out = (size_t)c.B * c.T * c.C, n_qkv = 3 * n_out;
-    float *out1 = malloc(n_out * 4), *d1 = malloc(n_qkv * 4), *d3 = malloc(n_qkv * 4);
-    bb_backend_t *one, *three;
-    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &one), BB_OK);
-    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &three), BB_OK);
-    bb_op_attention_forward(one, c.out, c.lse, c.qkv, c.B, c.T, c.C, c.NH);
-    memcpy(out1, c.out, n_out * 4);
-    bb_op_attention_backward(one, d1, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
-    bb_op_attention_forward(three, c.out, c.lse, c.qkv, c.B, c.T, c.C, c.NH);
-    cr_assert_eq(memcmp(out1, c.out, n_out * 4), 0);
-    bb_op_attention_backward(three, d3, c.r, c.qkv, c.out, c.lse, c.B, c.T, c.C, c.NH);
-    cr_assert_eq(memcmp(d1, d3, n_qkv * 4), 0);
-    bb_backend_destroy(one), bb_backend_destroy(three);
-    free(out1), free(d1), free(d3);
-    attention_free(&c);
-}
-
-/* ---- softmax + cross-entropy ------------------------------------------ */
-enum { CE_N = 4, CE_V = 7 };
-static const int32_t ce_targets[CE_N] = {3, 0, -1, 6};
-typedef struct ce_ctx {
-    float *logits;
-} ce_ctx;
-
-static double ce_loss(void *arg)
-{
-    ce_ctx *c = arg;
-    double loss;
-    bb_op_softmax_crossentropy(be, &loss, NULL, c->logits, ce_targets, CE_N, CE_V, 3.0f, NULL);
-    return loss;
-}
-
-Test(ops, softmax_crossentropy_gradient_matches_finite_differences)
-{
-    ce_ctx c = {random_floats(CE_N * CE_V, 16, 3)};
-    float dlogits[CE_N * CE_V];
-    double loss;
-    int valid;
-    bb_op_softmax_crossentropy(be, &loss, dlogits, c.logits, ce_targets, CE_N, CE_V, 3.0f, &valid);
-    cr_assert_eq(valid, 3, "the row with target -1 is ignored");
-    cr_assert_float_eq(loss, ce_loss(&c), 1e-12, "forward-only and fused give the same loss");
-    fd_check("softmax_crossentropy", c.logits, CE_N * CE_V, dlogits, ce_loss, &c, 1e-2f, 1e-3);
-    /* in place: dlogits may alias logits */
-    float copy[CE_N * CE_V];
-    memcpy(copy, c.logits, sizeof copy);
-    double loss2;
-    bb_op_softmax_crossentropy(be, &loss2, copy, copy, ce_targets, CE_N, CE_V, 3.0f, NULL);
-    cr_assert_eq(loss2, loss);
-    cr_assert_eq(memcmp(copy, dlogits, sizeof copy), 0);
-    free(c.logits);
-}
-
-/* ---- optimizers, norms ------------------------------------------------- */
-Test(ops, adamw_and_sgd_match_a_double_precision_reference)
-{
-    enum { N = 33 };
-    float *p = random_floats(N, 17, 1), *g = random_floats(N, 18, 1), m[N] = {0}, v[N] = {0}, buf[N] = {0};
-    double rp[N], rm[N] = {0}, rv[N] = {0};
-    for (int i = 0; i < N; i++) rp[i] = p[i];
-    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-    for (int t = 1; t <= 5; t++) {
-        bb_op_adamw(be, p, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t, 1.0f);
-        for (int i = 0; i < N; i++) {
-            rm[i] = b1 * rm[i] + (1 - b1) * g[i];
-            rv[i] = b2 * rv[i] + (1 - b2) * g[i] * g[i];
-            double mhat = rm[i] / (1 - pow(b1, t)), vhat = rv[i] / (1 - pow(b2, t));
-            rp[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * rp[i]);
-        }
+    const char *dut = bb_backend_name(t->be[1]);
+    if (b->kind == KIND_BYTES || tol == 0) {
+        size_t bytes = b->kind == KIND_BYTES ? b->bytes : b->n * sizeof(float);
+        const uint8_t *p = b->result[x], *q = b->result[y];
+        size_t first = 0;
+        while (first < bytes && p[first] == q[first]) first++;
+        cr_assert_eq(first, bytes, "%s: %s: %s differs from %s from byte %zu on", t->what, b->name, dut, against,
+                     first);
+        return;
     }
-    for (int i = 0; i < N; i++) cr_assert_float_eq(p[i], rp[i], 1e-5, "adamw param %d: %g vs %g", i, p[i], rp[i]);
-
-    float *q = random_floats(N, 19, 1);
-    double rq[N], rb[N] = {0};
-    for (int i = 0; i < N; i++) rq[i] = q[i];
-    for (int t = 0; t < 3; t++) {
-        bb_op_sgd(be, q, g, buf, N, 0.1f, 0.9f, 0.01f, 1.0f);
-        for (int i = 0; i < N; i++) {
-            rb[i] = 0.9 * rb[i] + g[i] + 0.01 * rq[i];
-            rq[i] -= 0.1 * rb[i];
-        }
-    }
-    for (int i = 0; i < N; i++) cr_assert_float_eq(q[i], rq[i], 1e-5, "sgd param %d", i);
-    double ss = bb_op_sum_squares(be, g, N), ref = 0;
-    for (int i = 0; i < N; i++) ref += (double)g[i] * g[i];
-    cr_assert_float_eq(ss, ref, 1e-9);
-    for (int i = 0; i < N; i++) g[i] *= 0.5f; /* the CPU backend's memory is the host's */
-    cr_assert_float_eq(bb_op_sum_squares(be, g, N), ref / 4, 1e-9);
-    free(p), free(g), free(q);
-}
-
-/* The clip folded into the update (grad_scale) is the old clip-then-update:
- * AdamW to the bit, SGD within rounding (where g·scale + wd·p compiles to a
- * fused multiply-add, the product g·scale is not rounded on its own); the
- * gradients are left as they were. */
-Test(ops, an_update_with_grad_scale_equals_scaling_the_gradients_first)
-{
-    enum { N = 1000 };
-    const float s = 0.3712f;
-    float *g = random_floats(N, 21, 1), *gs = random_floats(N, 21, 1), *keep = random_floats(N, 21, 1);
-    for (int i = 0; i < N; i++) gs[i] *= s; /* the CPU backend's memory is the host's */
-    for (int kind = 0; kind < 2; kind++) {
-        float *p1 = random_floats(N, 22, 1), *p2 = random_floats(N, 22, 1), m1[N] = {0}, m2[N] = {0}, v1[N] = {0},
-              v2[N] = {0};
-        for (int t = 1; t <= 3; t++) {
-            if (kind == 0) {
-                bb_op_adamw(be, p1, g, m1, v1, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, s);
-                bb_op_adamw(be, p2, gs, m2, v2, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
-            } else {
-                bb_op_sgd(be, p1, g, m1, N, 0.1f, 0.9f, 0.01f, s);
-                bb_op_sgd(be, p2, gs, m2, N, 0.1f, 0.9f, 0.01f, 1.0f);
-            }
-        }
-        if (kind == 0) {
-            cr_assert_eq(memcmp(p1, p2, sizeof(float) * N), 0, "adamw: params differ");
-            cr_assert_eq(memcmp(m1, m2, sizeof m1), 0);
-            cr_assert_eq(memcmp(v1, v2, sizeof v1), 0);
-        } else
-            for (int i = 0; i < N; i++) {
-                cr_assert_float_eq(p1[i], p2[i], 1e-6f * (1 + fabsf(p2[i])), "sgd param %d", i);
-                cr_assert_float_eq(m1[i], m2[i], 1e-6f * (1 + fabsf(m2[i])), "sgd momentum %d", i);
-            }
-        free(p1), free(p2);
-    }
-    cr_assert_eq(memcmp(g, keep, sizeof(float) * N), 0, "the gradients were changed");
-    free(g), free(gs), free(keep);
-}
-
-/* Argmax hits against the rule written out: the first largest logit wins,
- * a NaN never beats anything (a NaN first logit keeps 0), -1 never counts. */
-Test(ops, count_correct_is_the_first_argmax_rule)
-{
-    enum { V = 4 };
-    const float logits[][V] = {
-        {0, 3, 1, 2}, /* 1 */        {5, 5, 1, 2}, /* tie: 0 */   {NAN, 9, 9, 1}, /* NaN first: 0 */
-        {1, NAN, 0, 2}, /* 3 */      {-1, -2, -3, -4}, /* 0 */   {0, 1, 2, 3}, /* 3, target -1 */
-    };
-    const int32_t hit[] = {1, 0, 0, 3, 0, -1}, miss[] = {2, 1, 1, 1, 3, 0};
-    int N = (int)(sizeof hit / sizeof *hit);
-    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], hit, N, V), N - 1);
-    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], miss, N, V), 0);
-    cr_assert_eq(bb_op_count_correct(be, &logits[0][0], hit, 2, V), 2, "only the first N rows");
-}
-
-/* ---- memory accounting ------------------------------------------------- */
-Test(ops, allocations_are_counted_and_capped)
-{
-    bb_backend_t *capped;
-    bb_backend_options o = {.device_mem = 1 << 20};
-    cr_assert_eq(bb_backend_create_cpu(&o, &capped), BB_OK);
-    void *a, *b, *c;
-    cr_assert_eq(bb_backend_alloc(capped, 600 << 10, "activations", &a), BB_OK);
-    cr_assert_eq(bb_backend_alloc(capped, 300 << 10, "gradients", &b), BB_OK);
-    cr_assert_eq(bb_backend_bytes_in_use(capped), 900 << 10);
-    cr_assert_eq(bb_backend_alloc(capped, 200 << 10, "optimizer state", &c), BB_ERR_OOM);
-    const char *msg = bb_error_message();
-    const char *needles[] = {"200.0 KiB", "optimizer state", "900.0 KiB in use", "1.0 MiB", "--micro-batch",
-                             "--checkpoint"};
-    for (size_t i = 0; i < sizeof needles / sizeof *needles; i++)
-        cr_assert(strstr(msg, needles[i]), "'%s' should mention '%s'", msg, needles[i]);
-    bb_backend_free(capped, a);
-    cr_assert_eq(bb_backend_bytes_in_use(capped), 300 << 10);
-    cr_assert_eq(bb_backend_peak_bytes(capped), 900 << 10);
-    cr_assert_eq(bb_backend_alloc(capped, 200 << 10, "optimizer state", &c), BB_OK);
-    bb_backend_reset_peak(capped);
-    cr_assert_eq(bb_backend_peak_bytes(capped), 500 << 10);
-    bb_backend_destroy(capped); /* frees b and c */
-}
-
-/* Copies, memset, host memory, and streams/events (no-ops on the CPU). */
-Test(ops, cpu_copies_and_events)
-{
-    float *dev, *host;
-    cr_assert_eq(bb_backend_alloc(be, 64 * sizeof(float), "buffer", (void **)&dev), BB_OK);
-    cr_assert_eq(bb_backend_host_alloc(be, 64 * sizeof(float), (void **)&host), BB_OK);
-    for (int i = 0; i < 64; i++) host[i] = (float)i;
-    cr_assert_eq(bb_backend_copy(be, dev, host, 64 * sizeof(float), BB_COPY_H2D), BB_OK);
-    cr_assert_eq(bb_backend_memset(be, host, 0, 64 * sizeof(float)), BB_OK);
-    bb_event_t *e;
-    cr_assert_eq(bb_backend_event_create(be, &e), BB_OK);
-    cr_assert_eq(bb_backend_event_record(be, e, BB_STREAM_COPY), BB_OK);
-    cr_assert_eq(bb_backend_stream_wait(be, BB_STREAM_COMPUTE, e), BB_OK);
-    cr_assert_eq(bb_backend_event_synchronize(be, e), BB_OK);
-    bb_backend_event_destroy(be, e);
-    cr_assert_eq(bb_backend_copy(be, host, dev, 64 * sizeof(float), BB_COPY_D2H), BB_OK);
-    cr_assert_eq(bb_backend_synchronize(be), BB_OK);
-    for (int i = 0; i < 64; i++) cr_assert_eq(host[i], (float)i);
-    cr_assert_str_eq(bb_backend_name(be), "cpu");
-    bb_backend_host_free(be, host, 64 * sizeof(float));
-    bb_backend_free(be, dev);
-    cr_assert_eq(bb_backend_bytes_in_use(be), 0);
-}
-
-/* ---- bf16 storage ------------------------------------------------------ */
-/* The nearest bf16, worked out from the two neighbours in double (ties to
- * the even one; past the largest bf16 by half a step or more: infinity). */
-static float reference_bf16(float x)
-{
-    if (isnan(x) || isinf(x)) return x;
-    uint32_t u, down_bits;
-    memcpy(&u, &x, sizeof u);
-    down_bits = u & 0xffff0000u; /* toward zero */
-    float down;
-    memcpy(&down, &down_bits, sizeof down);
-    int e = (int)((u >> 23) & 0xff);
-    double step = ldexp(1.0, (e ? e : 1) - 127 - 7), away = fabs((double)down) + step;
-    double below = fabs((double)x) - fabs((double)down), above = away - fabs((double)x);
-    bool up = above < below || (above == below && ((down_bits >> 16) & 1));
-    if (!up) return down;
-    float r = away >= ldexp(1.0, 128) ? INFINITY : (float)away;
-    return signbit(x) ? -r : r;
-}
-
-Test(ops, bf16_rounding_is_nearest_even_and_packs_exactly)
-{
-    enum { N = 1 << 17, SPECIAL = 14 };
-    float *x = malloc(N * sizeof *x), *want = malloc(N * sizeof *want), *back = malloc(N * sizeof *back);
-    uint16_t *packed = malloc(N * sizeof *packed);
-    const float special[SPECIAL] = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie: down to 1 */,
-                                    1.01171875f /* tie: up to 1.015625 */, -3.0f, 3.4028235e38f /* to inf */,
-                                    -3.3895e38f, 1e-40f /* subnormal */, 1.17549435e-38f, INFINITY, -INFINITY,
-                                    NAN, 65504.0f};
-    uint64_t s = 99;
-    for (int i = 0; i < N; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        uint32_t bits = (uint32_t)(s >> 32);
-        if (i % 4 == 1) bits = (bits & 0xffff0000u) | 0x8000u; /* exact ties */
-        memcpy(&x[i], &bits, sizeof bits);
-        if (i < SPECIAL) x[i] = special[i];
-        want[i] = reference_bf16(x[i]);
-    }
-    bb_op_bf16_round(be, x, packed, N);
-    bb_op_bf16_unpack(be, back, packed, N);
-    int nans = 0;
-    for (int i = 0; i < N; i++) {
-        if (isnan(want[i])) {
-            cr_assert(isnan(x[i]) && isnan(back[i]), "element %d: NaN must stay NaN", i);
-            nans++;
+    const float *p = b->result[x], *q = b->result[y];
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (isnan(p[i]) || isnan(q[i])) {
+            cr_assert(isnan(p[i]) && isnan(q[i]), "%s: %s[%zu]: %g on %s, %g on %s", t->what, b->name, i, q[i], dut,
+                      p[i], against);
             continue;
         }
-        cr_assert(x[i] == want[i] && signbit(x[i]) == signbit(want[i]), "element %d: %a rounded to %a, want %a", i,
-                  (double)back[i], (double)x[i], (double)want[i]);
-        cr_assert(memcmp(&back[i], &x[i], sizeof(float)) == 0, "element %d: unpack(pack) differs from the rounding", i);
+        diff = fmax(diff, fabs((double)p[i] - q[i]));
+        norm = fmax(norm, fabs((double)p[i]));
     }
-    cr_assert_gt(nans, 0, "the random patterns should include NaNs");
-    cr_assert_eq(x[3], 1.0f);
-    cr_assert_eq(x[4], 1.015625f);
-    cr_assert(isinf(x[6]));
-    bb_op_bf16_round(be, back, NULL, N); /* rounding a rounded value changes nothing */
-    for (int i = 0; i < N; i++) cr_assert(isnan(x[i]) || back[i] == x[i]);
-    free(x), free(want), free(back), free(packed);
+    double rel = diff / (norm > 0 ? norm : 1);
+    cr_assert(rel <= tol, "%s: %s: %s differs from %s by %.3e relative (max %.3e; tolerance %.0e)", t->what, b->name,
+              dut, against, rel, norm, tol);
+}
+
+/* The op profile's table, sorted by name, for comparing two backends' counts. */
+static int by_op(const void *a, const void *b) { return strcmp(((const bb_op_time *)a)->op, ((const bb_op_time *)b)->op); }
+
+static void compare_counts(tc *t)
+{
+    bb_op_time want[64], got[64];
+    int nw = bb_backend_op_profile(t->be[0], want, 64), ng = bb_backend_op_profile(t->be[1], got, 64);
+    qsort(want, (size_t)nw, sizeof *want, by_op), qsort(got, (size_t)ng, sizeof *got, by_op);
+    cr_assert_gt(nw, 0, "%s: the reference profiled nothing", t->what);
+    cr_assert_eq(ng, nw, "%s: the counting backend counted %d ops, the CPU ran %d", t->what, ng, nw);
+    for (int i = 0; i < nw; i++) {
+        cr_assert_str_eq(got[i].op, want[i].op, "%s", t->what);
+        cr_assert(got[i].calls == want[i].calls && got[i].flops == want[i].flops &&
+                      got[i].elements == want[i].elements,
+                  "%s: %s counted %llu calls, %g FLOPs, %g elements; the CPU ran %llu, %g, %g", t->what, got[i].op,
+                  (unsigned long long)got[i].calls, got[i].flops, got[i].elements,
+                  (unsigned long long)want[i].calls, want[i].flops, want[i].elements);
+    }
+}
+
+/* Before each run: every buffer as the case made it. After the last: the
+ * comparisons. */
+static bool tc_next(tc *t)
+{
+    if (t->side >= 0) download(t, t->side);
+    if (t->side + 1 == SIDES) {
+        if (t->counting) compare_counts(t);
+        for (int i = 0; i < t->nbufs && !t->counting; i++) {
+            const buf_state *b = &t->bufs[i];
+            if (b->tol < 0) continue;
+            compare(t, b, 0, 1, b->tol > 0 && b->tol < t->tol_floor ? t->tol_floor : b->tol, "the CPU");
+            compare(t, b, 1, 2, 0, "its own first run");
+        }
+        for (int k = 0; k < t->nvalues && !t->counting; k++) {
+            const double *v = t->values[k].v, tol = t->values[k].tol;
+            double rel = fabs(v[1] - v[0]) / fmax(fabs(v[0]), 1e-30);
+            cr_assert(tol == 0 ? v[1] == v[0] : rel <= tol, "%s: %s is %.12g, on the CPU %.12g", t->what,
+                      t->values[k].name, v[1], v[0]);
+            cr_assert(v[2] == v[1], "%s: %s is %.12g, then %.12g", t->what, t->values[k].name, v[1], v[2]);
+        }
+        return false;
+    }
+    t->side++;
+    upload(t, t->side == 0 ? 0 : 1);
+    bb_backend_op_profile_reset(side_be(t)); /* the reference's run, and the last of the backend under test */
+    return true;
+}
+
+/* Runs `call` on the reference, then twice on the backend under test. */
+#define TC_RUN(t, call) for ((t)->side = -1; tc_next(t);) call
+
+typedef struct op_case {
+    const char *op;
+    void (*run)(tc *t);
+    int shapes, dims[8][6];
+    unsigned large; /* bit s: shape s is full size (GPT-2's), slow on the emulated GPU */
+} op_case;
+
+/* ---- the cases, one per op ---------------------------------------------- */
+#define BE side_be(t)
+#define D(i) (t->dims[i])
+
+static void case_linear_forward(tc *t)
+{
+    int N = D(0), IC = D(1), OC = D(2);
+    buf in = tc_floats(t, "in", (size_t)N * IC, 1), w = tc_floats(t, "w", (size_t)OC * IC, 0.5f);
+    buf bias = tc_floats(t, "bias", OC, 0.5f), out = tc_out(t, tc_floats(t, "out", (size_t)N * OC, 1), 1e-5);
+    TC_RUN(t, bb_op_linear_forward(BE, tc_t(t, out), tc_t(t, in), tc_t(t, w), D(3) ? tc_t(t, bias) : bb_no_tensor(),
+                                   N, IC, OC));
+}
+
+static void case_linear_backward(tc *t)
+{
+    int N = D(0), IC = D(1), OC = D(2);
+    bool acc = D(3), with_din = D(4);
+    buf dout = tc_floats(t, "dout", (size_t)N * OC, 1), in = tc_floats(t, "in", (size_t)N * IC, 1);
+    buf w = tc_floats(t, "w", (size_t)OC * IC, 0.5f), din = tc_out(t, tc_floats(t, "din", (size_t)N * IC, 1), 1e-5);
+    buf dw = tc_out(t, tc_floats(t, "dw", (size_t)OC * IC, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", OC, 1), 1e-5);
+    TC_RUN(t, bb_op_linear_backward(BE, with_din ? tc_t(t, din) : bb_no_tensor(), tc_t(t, dw),
+                                    with_din ? tc_t(t, db) : bb_no_tensor(), tc_t(t, dout), tc_t(t, in), tc_t(t, w), N,
+                                    IC, OC, acc));
+}
+
+static void case_activation_forward(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf in = tc_floats(t, "in", n, 4), out = tc_out(t, tc_floats(t, "out", n, 1), 1e-5);
+    TC_RUN(t, bb_op_activation_forward(BE, (bb_activation)D(1), tc_t(t, out), tc_t(t, in), n));
+}
+
+static void case_activation_backward(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf in = tc_floats(t, "in", n, 4), dout = tc_floats(t, "dout", n, 1);
+    buf din = tc_out(t, tc_floats(t, "din", n, 1), 1e-5);
+    TC_RUN(t, bb_op_activation_backward(BE, (bb_activation)D(1), tc_t(t, din), tc_t(t, dout), tc_t(t, in), n));
+}
+
+static void case_add(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf x = tc_floats(t, "x", n, 4), y = tc_floats(t, "y", n, 4), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
+    TC_RUN(t, bb_op_add(BE, tc_t(t, out), tc_t(t, x), tc_t(t, y), n));
+}
+
+static void case_layernorm_forward(tc *t)
+{
+    int N = D(0), C = D(1);
+    buf in = tc_floats(t, "in", (size_t)N * C, 3), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
+    buf out = tc_out(t, tc_floats(t, "out", (size_t)N * C, 1), 1e-5);
+    buf mean = tc_out(t, tc_floats(t, "mean", N, 1), 1e-5);
+    buf rstd = tc_out(t, tc_floats(t, "rstd", N, 1), 1e-5);
+    TC_RUN(t, bb_op_layernorm_forward(BE, tc_t(t, out), tc_p(t, mean), tc_p(t, rstd), tc_t(t, in), tc_t(t, w),
+                                      tc_t(t, b), N, C));
+}
+
+/* The statistics the backward reads come from a forward on each side. */
+static void case_layernorm_backward(tc *t)
+{
+    int N = D(0), C = D(1);
+    buf in = tc_floats(t, "in", (size_t)N * C, 3), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
+    buf out = tc_floats(t, "out", (size_t)N * C, 1), dout = tc_floats(t, "dout", (size_t)N * C, 1);
+    buf mean = tc_floats(t, "mean", N, 1), rstd = tc_floats(t, "rstd", N, 1);
+    buf din = tc_out(t, tc_floats(t, "din", (size_t)N * C, 1), 1e-5);
+    buf dw = tc_out(t, tc_floats(t, "dw", C, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", C, 1), 1e-5);
+    TC_RUN(t, {
+        bb_op_layernorm_forward(BE, tc_t(t, out), tc_p(t, mean), tc_p(t, rstd), tc_t(t, in), tc_t(t, w), tc_t(t, b),
+                                N, C);
+        bb_op_layernorm_backward(BE, tc_t(t, din), tc_t(t, dw), tc_t(t, db), tc_t(t, dout), tc_t(t, in), tc_t(t, w),
+                                 tc_p(t, mean), tc_p(t, rstd), N, C, D(2));
+    });
+}
+
+/* Tokens with repeats (the scatter adds); B, T, C, V, positions (0: none). */
+static buf tokens_buf(tc *t, int n, int V, int repeat_every)
+{
+    int32_t *tok = malloc((size_t)n * sizeof *tok);
+    uint64_t s = t->seed++;
+    uint64_t few = V < 64 ? (uint64_t)V : 64; /* most positions: few tokens, many repeats */
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(bb_splitmix64(&s) % (i % repeat_every ? few : (uint64_t)V));
+    buf b = tc_bytes(t, "tokens", tok, (size_t)n * sizeof *tok);
+    free(tok);
+    return b;
+}
+
+static void case_embedding_forward(tc *t)
+{
+    int B = D(0), T = D(1), C = D(2), V = D(3), maxT = D(4);
+    buf tok = tokens_buf(t, B * T, V, 3), wte = tc_floats(t, "wte", (size_t)V * C, 1);
+    buf wpe = tc_floats(t, "wpe", (size_t)(maxT ? maxT : 1) * C, 1);
+    buf out = tc_out(t, tc_floats(t, "out", (size_t)B * T * C, 1), 0);
+    TC_RUN(t, bb_op_embedding_forward(BE, tc_t(t, out), tc_p(t, tok), tc_t(t, wte), maxT ? tc_t(t, wpe) : bb_no_tensor(),
+                                      B, T, C));
+}
+
+/* The token table's gradient is the same ordered sum everywhere: bitwise. */
+static void case_embedding_backward(tc *t)
+{
+    int B = D(0), T = D(1), C = D(2), V = D(3), maxT = D(4);
+    bool acc = D(5);
+    buf tok = tokens_buf(t, B * T, V, 3), dout = tc_floats(t, "dout", (size_t)B * T * C, 1);
+    buf dwte = tc_out(t, tc_floats(t, "dwte", (size_t)V * C, 1), 0);
+    buf dwpe = tc_out(t, tc_floats(t, "dwpe", (size_t)(maxT ? maxT : 1) * C, 1), 0);
+    TC_RUN(t, bb_op_embedding_backward(BE, tc_t(t, dwte), maxT ? tc_t(t, dwpe) : bb_no_tensor(), tc_t(t, dout),
+                                       tc_p(t, tok), B, T, C, V, maxT, acc, acc));
+}
+
+/* B, T, query heads, key/value heads, head size. */
+static void case_attention_forward(tc *t)
+{
+    int B = D(0), T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
+    buf qkv = tc_floats(t, "qkv", (size_t)B * T * W, 1);
+    buf out = tc_out(t, tc_floats(t, "out", (size_t)B * T * NH * HS, 1), 1e-5);
+    buf lse = tc_out(t, tc_floats(t, "lse", (size_t)B * NH * T, 1), 1e-5);
+    TC_RUN(t, bb_op_attention_forward(BE, tc_t(t, out), tc_p(t, lse), tc_t(t, qkv), B, T, NH, KVH, HS));
+}
+
+/* The backward of each side reads its own forward's output and lse. */
+static void case_attention_backward(tc *t)
+{
+    int B = D(0), T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
+    buf qkv = tc_floats(t, "qkv", (size_t)B * T * W, 1), out = tc_floats(t, "out", (size_t)B * T * NH * HS, 1);
+    buf lse = tc_floats(t, "lse", (size_t)B * NH * T, 1);
+    buf dout = tc_floats(t, "dout", (size_t)B * T * NH * HS, 1);
+    buf dqkv = tc_out(t, tc_floats(t, "dqkv", (size_t)B * T * W, 1), 1e-5);
+    TC_RUN(t, {
+        bb_op_attention_forward(BE, tc_t(t, out), tc_p(t, lse), tc_t(t, qkv), B, T, NH, KVH, HS);
+        bb_op_attention_backward(BE, tc_t(t, dqkv), tc_t(t, dout), tc_t(t, qkv), tc_t(t, out), tc_p(t, lse), B, T, NH,
+                                 KVH, HS);
+    });
+}
+
+static void case_attention_decode(tc *t)
+{
+    int T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
+    buf qkv = tc_floats(t, "qkv", (size_t)T * W, 1), out = tc_out(t, tc_floats(t, "out", (size_t)NH * HS, 1), 1e-5);
+    buf scores = tc_floats(t, "scores", (size_t)NH * T, 1);
+    TC_RUN(t, bb_op_attention_decode(BE, tc_t(t, out), tc_p(t, scores), tc_t(t, qkv), T, NH, KVH, HS));
+}
+
+/* Targets in range, some -1 (ignored). */
+static buf targets_buf(tc *t, int N, int V)
+{
+    int32_t *y = malloc((size_t)N * sizeof *y);
+    for (int n = 0; n < N; n++) y[n] = n % 7 == 2 ? -1 : (int32_t)((n * 2654435761u) % (unsigned)V);
+    buf b = tc_bytes(t, "targets", y, (size_t)N * sizeof *y);
+    free(y);
+    return b;
+}
+
+/* In place (dlogits = logits) or not; with the row count or without. */
+static void case_softmax_crossentropy(tc *t)
+{
+    int N = D(0), V = D(1);
+    bool in_place = D(2);
+    buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
+    buf dl = tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5);
+    if (in_place) tc_out(t, logits, 1e-5);
+    TC_RUN(t, {
+        double loss;
+        int valid;
+        bb_op_softmax_crossentropy(BE, &loss, tc_t(t, in_place ? logits : dl), tc_t(t, logits), tc_p(t, tg), N, V,
+                                   7.0f, in_place ? NULL : &valid);
+        tc_value(t, "loss", loss, 1e-5);
+        if (!in_place) tc_value(t, "valid rows", valid, 0);
+    });
+}
+
+static void case_crossentropy_rows(tc *t)
+{
+    int N = D(0), V = D(1);
+    buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
+    buf dl = tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5);
+    buf rows = tc_bytes(t, "row_loss", NULL, (size_t)N * sizeof(double));
+    TC_RUN(t, {
+        bb_op_crossentropy_rows(BE, tc_p(t, rows), tc_t(t, dl), tc_t(t, logits), tc_p(t, tg), N, V, 3.0f);
+        tc_value(t, "the rows' sum", bb_op_sum_rows(BE, tc_p(t, rows), (size_t)N), 1e-6);
+    });
+}
+
+static void case_sum_rows(tc *t)
+{
+    size_t n = (size_t)D(0);
+    double *x = malloc(n * sizeof *x);
+    uint64_t s = t->seed++;
+    for (size_t i = 0; i < n; i++) x[i] = uniform(&s, 100) * 1e-3 * (double)(i % 97);
+    buf rows = tc_bytes(t, "rows", x, n * sizeof *x);
+    free(x);
+    TC_RUN(t, tc_value(t, "sum", bb_op_sum_rows(BE, tc_p(t, rows), n), 1e-12));
+}
+
+/* Ties (the first wins), NaNs (first and elsewhere), ignored rows. */
+static void case_count_correct(tc *t)
+{
+    int N = D(0), V = D(1);
+    float *h = malloc((size_t)N * V * sizeof *h);
+    uint64_t s = t->seed++;
+    for (size_t i = 0; i < (size_t)N * V; i++) h[i] = uniform(&s, 3);
+    for (int n = 0; n < N; n++) {
+        if (n % 5 == 1) h[(size_t)n * V + 1] = h[(size_t)n * V + V - 1] = 10;
+        if (n % 11 == 2) h[(size_t)n * V] = NAN;
+        if (n % 13 == 3) h[(size_t)n * V + V / 2] = NAN;
+    }
+    buf logits = tc_given(t, "logits", h, (size_t)N * V), tg = targets_buf(t, N, V);
+    free(h);
+    TC_RUN(t, tc_value(t, "hits", bb_op_count_correct(BE, tc_t(t, logits), tc_p(t, tg), N, V), 0));
+}
+
+/* Three steps; second moments start >= 0. */
+static void case_adamw(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
+    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "m", n, 0.1f), 1e-5);
+    buf v = tc_out(t, tc_floats(t, "v", n, 0.1f), 1e-5);
+    float *vh = t->bufs[v].init;
+    for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
+    TC_RUN(t, for (int step = 1; step <= 3; step++) bb_op_adamw(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), tc_p(t, v), n,
+                                                                1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
+}
+
+static void case_sgd(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
+    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "momentum", n, 0.1f), 1e-5);
+    TC_RUN(t, for (int step = 0; step < 2; step++)
+                  bb_op_sgd(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), n, 0.1f, D(1) ? 0.9f : 0.0f, 0.01f, 0.5f));
+}
+
+/* Ranges of a buffer (a shard's): every third 1000 floats, and one range. */
+static void case_sum_squares_ranges(tc *t)
+{
+    size_t n = (size_t)D(0), lo[64], hi[64];
+    int ranges = 0;
+    for (size_t a = 0; a < n && ranges < 64 && D(1); a += 3000) lo[ranges] = a, hi[ranges++] = a + 1000 < n ? a + 1000 : n;
+    if (!D(1)) lo[0] = 0, hi[0] = n, ranges = 1;
+    buf x = tc_floats(t, "x", n, 1);
+    TC_RUN(t, tc_value(t, "sum of squares", bb_op_sum_squares_ranges(BE, tc_p(t, x), lo, hi, ranges), 1e-9));
+}
+
+/* Random bit patterns (NaNs, infinities and subnormals among them; every
+ * fourth an exact tie) and the edge cases, with and without packing. */
+static buf special_floats(tc *t, size_t n)
+{
+    static const float special[] = {0.0f, -0.0f, 1.00390625f, 1.01171875f, 3.4028235e38f, -3.3895e38f, 1e-40f,
+                                    INFINITY, -INFINITY, NAN};
+    float *h = malloc(n * sizeof *h);
+    uint64_t s = t->seed++;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)(bb_splitmix64(&s) >> 32);
+        if (i % 4 == 1) bits = (bits & 0xffff0000u) | 0x8000u;
+        memcpy(&h[i], &bits, sizeof bits);
+        if (i < sizeof special / sizeof *special) h[i] = special[i];
+    }
+    buf b = tc_given(t, "x", h, n);
+    free(h);
+    return b;
+}
+
+static void case_bf16_round(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf x = tc_out(t, special_floats(t, n), 0);
+    buf packed = tc_out(t, tc_bytes(t, "packed", NULL, n * sizeof(uint16_t)), 0);
+    TC_RUN(t, bb_op_bf16_round(BE, tc_t(t, x), D(1) ? bb_bf16(tc_p(t, packed)) : bb_no_tensor(), n));
+}
+
+static void case_bf16_unpack(tc *t)
+{
+    size_t n = (size_t)D(0);
+    uint16_t *h = malloc(n * sizeof *h);
+    uint64_t s = t->seed++;
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)bb_splitmix64(&s);
+    buf packed = tc_bytes(t, "packed", h, n * sizeof *h), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
+    free(h);
+    TC_RUN(t, bb_op_bf16_unpack(BE, tc_t(t, out), bb_bf16(tc_p(t, packed)), n));
+}
+
+static buf records_buf(tc *t, size_t bytes, unsigned mul)
+{
+    uint8_t *rec = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) rec[i] = (uint8_t)(i * mul + 7);
+    buf b = tc_bytes(t, "records", rec, bytes);
+    free(rec);
+    return b;
+}
+
+/* B rows, T tokens, `count` records of T+1 tokens, `width` bytes each. */
+static void case_records_to_tokens(tc *t)
+{
+    int B = D(0), T = D(1), count = D(2), width = D(3);
+    buf rec = records_buf(t, (size_t)count * (T + 1) * width, 37);
+    buf tok = tc_out(t, tc_bytes(t, "tokens", NULL, (size_t)B * T * 4), 0);
+    buf tgt = tc_out(t, tc_bytes(t, "targets", NULL, (size_t)B * T * 4), 0);
+    TC_RUN(t, bb_op_records_to_tokens(BE, tc_p(t, tok), tc_p(t, tgt), tc_p(t, rec), count, B, T, width));
+}
+
+static void case_records_to_images(tc *t)
+{
+    int B = D(0), inputs = D(1), count = D(2);
+    buf rec = records_buf(t, (size_t)count * (inputs + 1), 91);
+    buf x = tc_out(t, tc_floats(t, "features", (size_t)B * inputs, 1), 0);
+    buf y = tc_out(t, tc_bytes(t, "labels", NULL, (size_t)B * 4), 0);
+    TC_RUN(t, bb_op_records_to_images(BE, tc_t(t, x), tc_p(t, y), tc_p(t, rec), count, B, inputs));
+}
+
+/* Each op, its case and its shapes (the case's D(0), D(1), ...). */
+static const op_case cases[] = {
+    /* N, IC, OC, bias */
+    {"linear_forward", case_linear_forward, 4, {{1, 1, 1, 1}, {37, 29, 23, 0}, {37, 29, 23, 1}, {130, 70, 300, 1}}},
+    /* N, IC, OC, accumulate, din and dbias */
+    {"linear_backward", case_linear_backward, 3, {{37, 29, 23, 0, 1}, {37, 29, 23, 1, 1}, {16, 8, 12, 1, 0}}},
+    /* n, activation */
+    {"activation_forward", case_activation_forward, 3,
+     {{100003, BB_ACTIVATION_RELU}, {100003, BB_ACTIVATION_GELU_TANH}, {100003, BB_ACTIVATION_SILU}}},
+    {"activation_backward", case_activation_backward, 3,
+     {{100003, BB_ACTIVATION_RELU}, {100003, BB_ACTIVATION_GELU_TANH}, {100003, BB_ACTIVATION_SILU}}},
+    {"add", case_add, 2, {{1}, {100003}}},
+    /* N, C (rows wider than a block; more rows than column chunks) */
+    {"layernorm_forward", case_layernorm_forward, 2, {{19, 97}, {300, 1500}}},
+    {"layernorm_backward", case_layernorm_backward, 2, {{19, 97, 0}, {300, 1500, 1}}},
+    /* B, T, C, V, positions (0: none), accumulate */
+    {"embedding_forward", case_embedding_forward, 2, {{3, 5, 16, 11, 8}, {3, 5, 16, 11, 0}}},
+    {"embedding_backward", case_embedding_backward, 4,
+     {{3, 5, 16, 11, 8, 0}, {3, 5, 16, 11, 8, 1}, {3, 5, 16, 11, 0, 0}, {8, 1024, 768, 50257, 1024, 0}},
+     .large = 1u << 3},
+    /* B, T, heads, key/value heads, head size: several key tiles and row blocks, GPT-2's heads (64 wide) at
+     * T 1024, heads of 256 (more than 48 KiB of shared memory), grouped-query, multi-query */
+    {"attention_forward", case_attention_forward, 6,
+     {{2, 7, 3, 3, 4}, {2, 70, 4, 4, 8}, {1, 1024, 12, 12, 64}, {1, 300, 4, 4, 256}, {2, 70, 4, 2, 8},
+      {1, 45, 6, 1, 16}}, .large = 1u << 2},
+    {"attention_backward", case_attention_backward, 6,
+     {{2, 7, 3, 3, 4}, {2, 70, 4, 4, 8}, {1, 1024, 12, 12, 64}, {1, 300, 4, 4, 256}, {2, 70, 4, 2, 8},
+      {1, 45, 6, 1, 16}}, .large = 1u << 2},
+    {"attention_decode", case_attention_decode, 4, {{1, 7, 3, 3, 4}, {1, 70, 4, 2, 8}, {1, 300, 12, 12, 64}, {1, 33, 6, 1, 16}}},
+    /* N, V, in place */
+    {"softmax_crossentropy", case_softmax_crossentropy, 2, {{9, 301, 0}, {9, 301, 1}}},
+    {"crossentropy_rows", case_crossentropy_rows, 2, {{9, 301}, {1000, 50}}},
+    {"sum_rows", case_sum_rows, 2, {{1}, {100003}}},
+    /* N, V */
+    {"count_correct", case_count_correct, 2, {{7, 3}, {5003, 10}}},
+    {"adamw", case_adamw, 2, {{1}, {5003}}},
+    /* n, momentum */
+    {"sgd", case_sgd, 2, {{5003, 1}, {5003, 0}}},
+    /* n, ranges (0: one); more blocks than the GPU's partial sums hold */
+    {"sum_squares_ranges", case_sum_squares_ranges, 3, {{10007, 0}, {600001, 0}, {100003, 1}}},
+    /* n, packed */
+    {"bf16_round", case_bf16_round, 2, {{100003, 1}, {100003, 0}}},
+    {"bf16_unpack", case_bf16_unpack, 1, {{100003}}},
+    /* B, T, count, width */
+    {"records_to_tokens", case_records_to_tokens, 3, {{4, 9, 3, 2}, {4, 9, 3, 4}, {2, 5, 2, 2}}},
+    /* B, inputs, count */
+    {"records_to_images", case_records_to_images, 2, {{4, 10, 3}, {3, 784, 3}}},
+};
+enum { CASES = sizeof cases / sizeof *cases };
+
+Test(ops, every_op_has_a_case)
+{
+    cr_assert_gt(bb_op_count(), 20);
+    for (int i = 0; i < bb_op_count(); i++) {
+        int k = 0;
+        while (k < CASES && strcmp(cases[k].op, bb_op_name(i))) k++;
+        cr_assert_lt(k, CASES, "ops.def's %s has no case in tests/test_ops.c", bb_op_name(i));
+    }
+    for (int k = 0; k < CASES; k++) {
+        int i = 0;
+        while (i < bb_op_count() && strcmp(cases[k].op, bb_op_name(i))) i++;
+        cr_assert_lt(i, bb_op_count(), "the case %s names no op of ops.def", cases[k].op);
+    }
+}
+
+static void free_bufs(tc *t)
+{
+    for (int i = 0; i < t->nbufs; i++) {
+        buf_state *b = &t->bufs[i];
+        for (int s = 0; s < 2; s++) bb_backend_free(t->be[s], b->dev[s]);
+        for (int s = 0; s < SIDES; s++) free(b->result[s]);
+        free(b->init);
+    }
+    t->nbufs = t->nvalues = 0;
+}
+
+/* Every case and shape on `dut` (or those whose op starts with `only`, and
+ * without the full-size shapes when `small`), held to a one-thread CPU, no
+ * output closer than `tol_floor` asked. */
+static void run_cases(bb_backend_t *dut, bool counting, const char *only, bool small, double tol_floor)
+{
+    bb_backend_t *ref;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1, .profile_ops = true}, &ref), BB_OK);
+    int runs = 0, left = 0;
+    for (int k = 0; k < CASES; k++)
+        for (int s = 0; s < cases[k].shapes && (!only || !strncmp(cases[k].op, only, strlen(only))); s++) {
+            if (small && (cases[k].large >> s & 1)) {
+                left++;
+                continue;
+            }
+            tc t = {.be = {ref, dut}, .counting = counting, .dims = cases[k].dims[s],
+                    .tol_floor = tol_floor, .seed = (uint64_t)(k * 16 + s + 1)};
+            snprintf(t.what, sizeof t.what, "%s (shape %d: %d,%d,%d,%d,%d,%d)", cases[k].op, s, t.dims[0], t.dims[1],
+                     t.dims[2], t.dims[3], t.dims[4], t.dims[5]);
+            cases[k].run(&t);
+            free_bufs(&t);
+            runs++;
+        }
+    cr_log_info("%s: %d op cases, every one as the CPU's%s", bb_backend_name(dut), runs,
+                left ? " (full-size shapes left to the fp32 pass)" : "");
+    bb_backend_destroy(ref);
+}
+
+static void run_all(bb_backend_t *dut, bool counting) { run_cases(dut, counting, NULL, false, 0); }
+
+static bool need_gpu(void)
+{
+    bb_cuda_info info;
+    bb_cuda_probe(&info);
+    if (info.device_count == 0) cr_skip_test("skipped: no GPU (%s)", info.reason);
+    return true;
+}
+
+Test(ops, every_op_on_three_cpu_threads_is_the_cpu_s)
+{
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &b), BB_OK);
+    run_all(b, false);
+    bb_backend_destroy(b);
+}
+
+Test(ops, the_counting_backend_counts_every_op_s_work_and_touches_nothing)
+{
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_counting(BB_DEVICE_CPU, &(bb_backend_options){0}, &b), BB_OK);
+    run_all(b, true);
+    bb_backend_destroy(b);
+}
+
+Test(ops, every_op_on_the_gpu_is_the_cpu_s)
+{
+    need_gpu();
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cuda(&(bb_backend_options){0}, &b), BB_OK, "%s", bb_error_message());
+    run_all(b, false);
+    bb_backend_destroy(b);
+}
+
+/* --precision bf16 on a GPU: the products and attention on bf16 tensor
+ * cores (fp32 in and out), within 2e-2 of the CPU's fp32; the full-size
+ * shapes, a minute on the emulated GPU, are the fp32 pass's. */
+Test(ops, the_products_of_a_bf16_gpu_stay_within_2e_2_of_fp32)
+{
+    need_gpu();
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cuda(&(bb_backend_options){.precision = BB_PRECISION_BF16}, &b), BB_OK, "%s",
+                 bb_error_message());
+    run_cases(b, false, "linear_", true, 2e-2);
+    run_cases(b, false, "attention_", true, 2e-2);
+    bb_backend_destroy(b);
+}
+
+/* ---- dtypes --------------------------------------------------------------- */
+/* An op given a tensor of a dtype it does not take does nothing and fails
+ * the next synchronizing call, naming the op, the argument and both dtypes;
+ * the backend stays failed. */
+Test(ops, a_tensor_of_a_dtype_the_op_does_not_take_is_refused_by_name)
+{
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &b), BB_OK);
+    float out[4] = {7, 7, 7, 7}, w[4] = {1, 2, 3, 4};
+    uint16_t in[2] = {0x3f80, 0x4000};
+    bb_op_linear_forward(b, bb_f32(out), bb_bf16(in), bb_f32(w), bb_no_tensor(), 2, 1, 2);
+    cr_assert_eq(out[0], 7.0f, "the op ran");
+    cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED);
+    cr_assert(strstr(bb_error_message(), "linear_forward: `in` is a bf16 tensor; this op takes f32"), "%s",
+              bb_error_message());
+    cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED, "a failed backend stays failed");
+    bb_backend_destroy(b);
+
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &b), BB_OK);
+    bb_op_bf16_round(b, bb_f32(out), bb_f32(w), 4); /* the packed values must be bf16 */
+    cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED);
+    cr_assert(strstr(bb_error_message(), "bf16_round: `packed` is a f32 tensor; this op takes bf16"), "%s",
+              bb_error_message());
+    bb_backend_destroy(b);
+}
+
+/* A tensor views its memory at an element offset in its own dtype. */
+Test(ops, tensors_know_their_dtype_s_size)
+{
+    float f[4];
+    uint16_t h[4];
+    cr_assert_eq(bb_tensor_at(bb_f32(f), 3).data, (void *)&f[3]);
+    cr_assert_eq(bb_tensor_at(bb_bf16(h), 3).data, (void *)&h[3]);
+    cr_assert_null(bb_tensor_at(bb_no_tensor(), 3).data, "no tensor stays none");
+    cr_assert_str_eq(bb_dtype_name(BB_DTYPE_BF16), "bf16");
+    cr_assert_eq(bb_dtype_size(BB_DTYPE_F32), 4);
 }

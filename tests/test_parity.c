@@ -1,5 +1,5 @@
 /* test_parity.c — the models against PyTorch: tests/torch_parity.py redoes
- * in PyTorch what the model did here (the loss, the gradients, 10 AdamW
+ * in PyTorch what the model did here (the loss, the gradients, a few AdamW
  * steps) on the weights and batch written out, and compares. */
 #include "bigbatch/pack.h"
 #include "model_fixture.h"
@@ -8,8 +8,8 @@ TestSuite(parity, .init = backend_up, .fini = backend_down);
 
 /* ---- PyTorch parity ---------------------------------------------------- */
 /* Writes the initial weights, the batch, the loss and gradients of one
- * forward/backward, and the weights after 10 AdamW steps on that batch, for
- * tests/torch_parity.py to redo in PyTorch and compare. */
+ * forward/backward, and the weights after `steps` AdamW steps on that
+ * batch, for tests/torch_parity.py to redo in PyTorch and compare. */
 static void need_torch(void)
 {
     if (system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
@@ -17,7 +17,7 @@ static void need_torch(void)
 }
 
 /* On the batch `h` (make_batch's when NULL). */
-static void parity_on(const bb_model_config *c, int B, const char *kind, const host_batch *batch)
+static void parity_on(const bb_model_config *c, int B, int steps, const char *kind, const host_batch *batch)
 {
     need_torch();
     char *dir = tu_temp_dir(), path[4200];
@@ -31,7 +31,7 @@ static void parity_on(const bb_model_config *c, int B, const char *kind, const h
     float normalizer = (float)bb_model_batch_targets(m);
     double loss = 0;
     float *mom = calloc(bb_model_param_count(m), sizeof *mom), *var = calloc(bb_model_param_count(m), sizeof *var);
-    for (int step = 1; step <= 10; step++) {
+    for (int step = 1; step <= steps; step++) {
         double l;
         cr_assert_eq(bb_model_forward(m, normalizer, &l, NULL), BB_OK);
         cr_assert_eq(bb_model_backward(m, false), BB_OK);
@@ -51,12 +51,14 @@ static void parity_on(const bb_model_config *c, int B, const char *kind, const h
     cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
     char spec[512];
     if (c->kind == bb_model_kind_find("gpt"))
-        snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->layers, c->heads, c->d_model, c->seq_len, c->vocab, B);
+        snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->gpt.layers, c->gpt.heads, c->gpt.d_model, c->gpt.seq_len, c->gpt.vocab, B);
     else
-        snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->inputs, c->hidden[0], c->hidden[1], c->classes, B);
-    char loss_text[64];
+        snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->mlp.inputs, c->mlp.hidden[0], c->mlp.hidden[1], c->mlp.classes, B);
+    char loss_text[64], steps_text[16];
     snprintf(loss_text, sizeof loss_text, "%.17g", loss);
-    tu_run r = tu_run_argv((char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, NULL});
+    snprintf(steps_text, sizeof steps_text, "%d", steps);
+    tu_run r = tu_run_argv(
+        (char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, steps_text, NULL});
     printf("%s", r.out);
     cr_assert_eq(r.exit_code, 0, "%s parity with PyTorch failed:\n%s%s", kind, r.out, r.err);
     tu_run_free(&r);
@@ -67,7 +69,7 @@ static void parity_on(const bb_model_config *c, int B, const char *kind, const h
     free(dir);
 }
 
-static void parity(const bb_model_config *c, int B, const char *kind) { parity_on(c, B, kind, NULL); }
+static void parity(const bb_model_config *c, int B, const char *kind) { parity_on(c, B, 10, kind, NULL); }
 
 Test(parity, mlp_matches_pytorch, .timeout = 120)
 {
@@ -84,9 +86,10 @@ Test(parity, gpt_matches_pytorch, .timeout = 120)
 
 /* GPT-2's vocabulary, 12 heads and T 512 (8 tiles of attention rows and
  * keys), the head in 11 chunks of 100 tokens (the last one 24), on tokens
- * from an llm.c token file packed as `pack --format llmc` does. (No
- * .timeout: with a third timed test Criterion's runner leaks 48 bytes,
- * which ASan reports.) */
+ * from an llm.c token file packed as `pack --format llmc` does; 3 AdamW
+ * steps (the small gpt's 10 hold the optimizer; a step here takes seconds
+ * on each side). (No .timeout: with a third timed test Criterion's runner
+ * leaks 48 bytes, which ASan reports.) */
 Test(parity, gpt_matches_pytorch_at_t512_with_gpt2_vocabulary)
 {
     need_torch();
@@ -115,10 +118,10 @@ Test(parity, gpt_matches_pytorch_at_t512_with_gpt2_vocabulary)
 
     bb_dataset_t *ds;
     cr_assert_eq(bb_dataset_open(packed, &ds), BB_OK, "%s", bb_error_message());
-    const bb_shard_meta *meta = bb_dataset_meta(ds);
+    const bb_record_format *meta = bb_dataset_format(ds);
     bb_model_config c = bb_model_gpt_config(2, 12, 96, 0, 0);
     cr_assert_eq(bb_model_config_from_data(&c, meta, packed), BB_OK, "%s", bb_error_message());
-    cr_assert(c.seq_len == T && c.vocab == V, "the packed data gives T %d, vocabulary %d", c.seq_len, c.vocab);
+    cr_assert(c.gpt.seq_len == T && c.gpt.vocab == V, "the packed data gives T %d, vocabulary %d", c.gpt.seq_len, c.gpt.vocab);
     c.loss_chunk = 100;
     uint16_t *records = malloc((size_t)B * (T + 1) * 2);
     bb_frame_decoder_t *dec;
@@ -132,7 +135,7 @@ Test(parity, gpt_matches_pytorch_at_t512_with_gpt2_vocabulary)
             ((int32_t *)h.inputs)[b * T + t] = records[b * (T + 1) + t];
             h.targets[b * T + t] = records[b * (T + 1) + t + 1];
         }
-    parity_on(&c, B, "gpt (T 512, 12 heads, vocabulary 50257, chunks of 100)", &h);
+    parity_on(&c, B, 3, "gpt (T 512, 12 heads, vocabulary 50257, chunks of 100)", &h);
     bb_frame_decoder_destroy(dec);
     bb_dataset_close(ds);
     free(records), free(h.inputs), free(h.targets), free(file), free(bin), free(packed);

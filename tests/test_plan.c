@@ -63,8 +63,8 @@ static uint64_t predicted(const bb_train_options *o, int seq_len, int vocab, int
 {
     bb_model_config c = o->model;
     c.precision = o->precision;
-    if (c.kind == bb_model_kind_find("gpt")) c.seq_len = seq_len, c.vocab = vocab;
-    else c.inputs = inputs, c.classes = classes;
+    if (c.kind == bb_model_kind_find("gpt")) c.gpt.seq_len = seq_len, c.gpt.vocab = vocab;
+    else c.mlp.inputs = inputs, c.mlp.classes = classes;
     bb_memory_breakdown m;
     bb_plan_memory(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, &m);
     return m.total;
@@ -84,7 +84,7 @@ Test(plan, predicted_peaks_equal_the_allocator_s)
             for (int b = 0; b < 3; b++)
                 for (int opt = 0; opt < 2; opt++) {
                     bb_train_options o = options(k == 1 ? img : tok, models[k], batches[b], 32);
-                    o.model.checkpoint_every = every[e];
+                    o.model.recompute_every = every[e];
                     o.precision = k == 2 ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
                     o.opt.kind = opt ? BB_OPTIMIZER_SGD : BB_OPTIMIZER_ADAMW;
                     bb_train_result r;
@@ -105,30 +105,33 @@ Test(plan, predicted_peaks_equal_the_allocator_s)
 }
 
 /* ZeRO-1 (plan --zero 1): the largest shard's state, exact against the
- * allocator on the device that holds it, on 2 and 4 devices, gpt and mlp. */
+ * allocator on the device that holds it, on 2 and 4 devices, gpt and mlp,
+ * in equal slices and (the gpt) in whole tensors. */
 Test(plan, zero1_predicted_peaks_equal_the_allocator_s)
 {
     char *tok = tokens(200), *img = images(300);
     int hidden[] = {48, 24, 16};
     bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0)};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int devices = 2; devices <= 4; devices += 2) {
-            bb_train_options o = options(k ? img : tok, models[k], 4, 32);
+            bb_train_options o = options(k == 1 ? img : tok, models[k == 1], 4, 32);
             o.devices = devices, o.zero = 1, o.bucket_mib = 0.004;
+            o.zero_shards = k == 2 ? BB_PARAM_SHARD_TENSORS : BB_PARAM_SHARD_AUTO;
             bb_train_result r;
             cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
             bb_model_config c = o.model;
-            if (k) c.inputs = 64, c.classes = 4;
-            else c.seq_len = 16, c.vocab = 32;
+            if (k == 1) c.mlp.inputs = 64, c.mlp.classes = 4;
+            else c.gpt.seq_len = 16, c.gpt.vocab = 32;
             bb_memory_breakdown m;
             cr_assert_eq(bb_plan_memory_sharded(&c, 4, o.opt.kind, BB_DEVICE_CPU, devices,
-                                                (size_t)(o.bucket_mib * 1048576.0), &m), BB_OK);
+                                                (size_t)(o.bucket_mib * 1048576.0), o.zero_shards, &m), BB_OK);
             uint64_t most = 0;
             for (int d = 0; d < devices; d++) most = r.peak_bytes[d] > most ? r.peak_bytes[d] : most;
-            cr_log_info("%s on %d devices, --zero 1: predicted %llu, the largest allocator peak %llu",
-                        k ? "mlp" : "gpt", devices, (unsigned long long)m.total, (unsigned long long)most);
-            cr_assert_eq(m.total, most, "%s on %d devices: predicted %llu, allocator %llu", k ? "mlp" : "gpt",
-                         devices, (unsigned long long)m.total, (unsigned long long)most);
+            const char *what = k == 0 ? "gpt" : k == 1 ? "mlp" : "gpt (whole tensors)";
+            cr_log_info("%s on %d devices, --zero 1: predicted %llu, the largest allocator peak %llu", what, devices,
+                        (unsigned long long)m.total, (unsigned long long)most);
+            cr_assert_eq(m.total, most, "%s on %d devices: predicted %llu, allocator %llu", what, devices,
+                         (unsigned long long)m.total, (unsigned long long)most);
             bb_train_result_free(&r);
         }
     free(tok), free(img);
@@ -142,14 +145,14 @@ Test(plan, auto_checkpoints_when_one_sample_does_not_fit_and_both_runs_agree)
     char *tok = tokens(1100);
     bb_model_config c = bb_model_gpt_config(4, 2, 32, 16, 32);
     bb_memory_breakdown none1, blocks1;
-    c.checkpoint_every = 0;
+    c.recompute_every = 0;
     bb_plan_memory(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &none1);
-    c.checkpoint_every = 1;
+    c.recompute_every = 1;
     bb_plan_memory(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &blocks1);
     cr_assert_lt(blocks1.total, none1.total);
     uint64_t small = (uint64_t)((blocks1.total + none1.total) / 2 / 0.95); /* usable: between the two */
     bb_train_options o = options(tok, bb_model_gpt_config(4, 2, 32, 0, 0), 0, 1024);
-    o.auto_micro_batch = o.auto_checkpoint = true;
+    o.auto_micro_batch = o.auto_recompute = true;
     o.steps = 2;
     o.device_mem = small;
     bb_train_result a, b;
@@ -167,10 +170,10 @@ Test(plan, auto_checkpoints_when_one_sample_does_not_fit_and_both_runs_agree)
     cr_assert_geq(p1.chosen, 0);
     cr_assert_geq(p2.chosen, 0);
     const bb_plan_row *r1 = &p1.rows[p1.chosen], *r2 = &p2.rows[p2.chosen];
-    cr_log_info("small memory: micro-batch %d, %s; large: micro-batch %d, %s", r1->micro_batch, r1->checkpoint,
-                r2->micro_batch, r2->checkpoint);
-    cr_assert_str_neq(r1->checkpoint, "none", "with too little memory for one sample, the plan must checkpoint");
-    cr_assert_str_eq(r2->checkpoint, "none", "with ample memory, no checkpointing");
+    cr_log_info("small memory: micro-batch %d, %s; large: micro-batch %d, %s", r1->micro_batch, r1->recompute,
+                r2->micro_batch, r2->recompute);
+    cr_assert_str_neq(r1->recompute, "none", "with too little memory for one sample, the plan must checkpoint");
+    cr_assert_str_eq(r2->recompute, "none", "with ample memory, no checkpointing");
     cr_assert_gt(r2->micro_batch, r1->micro_batch);
     for (int s = 0; s < 2; s++) {
         double rel = fabs(a.losses[s] - b.losses[s]) / fabs(b.losses[s]);
@@ -236,9 +239,9 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
         const bb_plan_row *r = &p.rows[i];
         cr_assert_gt(r->step_ms, 0);
         if (r->micro_batch != 8) continue;
-        if (!strcmp(r->checkpoint, "none")) none = r->relative_time;
-        if (!strcmp(r->checkpoint, "selective")) selective = r->relative_time;
-        if (!strcmp(r->checkpoint, "blocks")) blocks = r->relative_time;
+        if (!strcmp(r->recompute, "none")) none = r->relative_time;
+        if (!strcmp(r->recompute, "selective")) selective = r->relative_time;
+        if (!strcmp(r->recompute, "blocks")) blocks = r->relative_time;
     }
     cr_log_info("calibrated relative time at micro-batch 8: none %.3f, selective %.3f, blocks %.3f", none, selective,
                 blocks);

@@ -1,4 +1,4 @@
-/* test_recompute.c — selective recompute and per-block checkpoint plans:
+/* test_recompute.c — selective recompute and per-block recompute plans:
  * every plan gives the gradients of keeping everything, bit for bit (fp32
  * and bf16, one micro-step and accumulated ones), the memory each policy
  * keeps follows its formula, and a bad plan is one line. */
@@ -14,7 +14,7 @@ enum { B = 2, T = 5, V = 11, C = 8, NH = 2 };
 static bb_model_config gpt(int layers, const char *policy, bb_precision precision)
 {
     bb_model_config c = bb_model_gpt_config(layers, NH, C, T, V);
-    cr_assert_eq(bb_model_parse_checkpoint(policy, &c), BB_OK, "%s: %s", policy, bb_error_message());
+    cr_assert_eq(bb_model_parse_recompute(policy, &c), BB_OK, "%s: %s", policy, bb_error_message());
     c.precision = precision;
     return c;
 }
@@ -99,18 +99,18 @@ Test(recompute, shorthands_are_plans_and_names_are_what_parses)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_model_config c = gpt(4, cases[i].given, BB_PRECISION_FP32);
-        char name[BB_CHECKPOINT_NAME_MAX];
-        bb_model_checkpoint_name(&c, name, sizeof name);
+        char name[BB_RECOMPUTE_NAME_MAX];
+        bb_model_recompute_name(&c, name, sizeof name);
         cr_assert_str_eq(name, cases[i].name, "%s", cases[i].given);
         bb_model_config again = bb_model_gpt_config(4, NH, C, T, V);
-        cr_assert_eq(bb_model_parse_checkpoint(name, &again), BB_OK, "%s", name);
+        cr_assert_eq(bb_model_parse_recompute(name, &again), BB_OK, "%s", name);
         for (int l = 0; l < 4; l++)
-            cr_assert_eq(bb_model_block_keep(&again, l), bb_model_block_keep(&c, l), "%s", name);
+            cr_assert_eq(bb_model_block_recompute(&again, l), bb_model_block_recompute(&c, l), "%s", name);
     }
     bb_model_config s = gpt(4, "selective", BB_PRECISION_FP32), b = gpt(4, "plan:f,f,f,f", BB_PRECISION_FP32);
     for (int l = 0; l < 4; l++) {
-        cr_assert_eq(bb_model_block_keep(&s, l), BB_KEEP_SELECTIVE);
-        cr_assert_eq(bb_model_block_keep(&b, l), BB_KEEP_INPUT);
+        cr_assert_eq(bb_model_block_recompute(&s, l), BB_RECOMPUTE_SELECTIVE);
+        cr_assert_eq(bb_model_block_recompute(&b, l), BB_RECOMPUTE_FULL);
     }
 }
 
@@ -146,16 +146,16 @@ Test(recompute, bad_plans_are_one_line_errors)
     bb_model_config c = bb_model_gpt_config(4, NH, C, T, V);
     const char *bad[] = {"plan:", "plan:x", "plan:s*0", "plan:s*", "plan:n,,f", "plan:s*300", "selectiv", "every:0"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        cr_assert_eq(bb_model_parse_checkpoint(bad[i], &c), BB_ERR_ARG, "%s was taken", bad[i]);
+        cr_assert_eq(bb_model_parse_recompute(bad[i], &c), BB_ERR_ARG, "%s was taken", bad[i]);
         cr_assert(!strchr(bb_error_message(), '\n'), "%s", bb_error_message());
     }
-    cr_assert_eq(bb_model_parse_checkpoint("plan:n,s,f", &c), BB_OK);
+    cr_assert_eq(bb_model_parse_recompute("plan:n,s,f", &c), BB_OK);
     bb_model_t *m;
     cr_assert_eq(bb_model_create(be, &c, B, &m), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "gives 3 blocks; this gpt has 4"), "%s", bb_error_message());
     const int hidden[] = {7};
     bb_model_config mlp = bb_model_mlp_config(6, hidden, 1, 3);
-    cr_assert_eq(bb_model_parse_checkpoint("selective", &mlp), BB_OK);
+    cr_assert_eq(bb_model_parse_recompute("selective", &mlp), BB_OK);
     cr_assert_eq(bb_model_create(be, &mlp, B, &m), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "a mlp takes none, blocks or every:K"), "%s", bb_error_message());
     tu_run r = tu_bigbatch("train", "--layers", "2", "--d-model", "16", "--heads", "2", "--global-batch", "8",
@@ -173,7 +173,7 @@ Test(recompute, bad_plans_are_one_line_errors)
  * micro-batches. */
 Test(recompute, block_costs_predict_every_plans_activations_exactly)
 {
-    static const char letters[] = BB_KEEP_LETTERS;
+    static const char letters[] = BB_RECOMPUTE_LETTERS;
     for (int p = 0; p < 2; p++)
         for (int mb = 1; mb <= 3; mb += 2) {
             bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
@@ -218,7 +218,7 @@ Test(recompute, block_costs_predict_every_plans_activations_exactly)
  * of selective against full recomputation). */
 Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
 {
-    static const char letters[] = BB_KEEP_LETTERS;
+    static const char letters[] = BB_RECOMPUTE_LETTERS;
     const double weights[][2] = {{0.1, 1.0}, {0.45, 0.5}};
     for (int p = 0; p < 2; p++) {
         bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;

@@ -620,14 +620,15 @@ Test(shard, entry_holding_two_zstd_frames_is_refused)
 
 Test(shard, large_dataset_raises_the_open_file_limit)
 {
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 400)
+        cr_skip_test("skipped: hard open-file limit %llu", (unsigned long long)rl.rlim_max);
     char *dir = tu_temp_dir();
     bb_shard_meta m = tokens_meta(33);
     bb_writer_options o = small_frames();
     o.shard_bytes = 5000; /* one frame per shard: 81 shards */
     free(write_dataset(dir, &m, &o, 5000, 18, NULL));
-    struct rlimit rl;
-    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
-    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 400) cr_skip_test("skipped: hard open-file limit %llu", (unsigned long long)rl.rlim_max);
     rl.rlim_cur = 40;
     cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
     bb_dataset_t *ds;

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bigbatch/shard.h"
@@ -168,5 +170,31 @@ static inline void tu_assert_one_line_error(const tu_run *r, const char *const *
         cr_assert_not_null(strstr(r->err, *n), "stderr '%s' should mention '%s'", r->err, *n);
 }
 #define tu_assert_error(r, ...) tu_assert_one_line_error((r), (const char *const[]){__VA_ARGS__, NULL})
+
+/* The calling thread's id (for tu_wait_blocked). */
+static inline pid_t tu_thread_id(void) { return (pid_t)syscall(SYS_gettid); }
+
+/* Waits up to `seconds` until thread `tid` of this process sleeps in the
+ * kernel (state S in /proc/self/task/TID/stat: blocked in a futex or a
+ * condition wait, not spinning nor running): the readiness signal of a test
+ * that must wake a blocked thread. False when it never slept. */
+static inline bool tu_wait_blocked(pid_t tid, double seconds)
+{
+    char path[64], text[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        if (f) fclose(f);
+        text[n] = 0;
+        const char *paren = strrchr(text, ')'); /* the name may hold spaces */
+        if (paren && paren[1] == ' ' && paren[2] == 'S') return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 > seconds) return false;
+        nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
+}
 
 #endif

@@ -1,16 +1,16 @@
 #!/usr/bin/python3
-"""torch_parity.py DIR SPEC LOSS — redo in PyTorch what tests/test_parity.c did
+"""torch_parity.py DIR SPEC LOSS STEPS — redo in PyTorch what tests/test_parity.c did
 in bigbatch, and compare.
 
 DIR holds init.safetensors (the initial weights), inputs.bin and targets.bin
 (the batch), grads.safetensors (bigbatch's gradients of the first step) and
-after.safetensors (its weights after 10 AdamW steps on that batch). SPEC is
+after.safetensors (its weights after STEPS AdamW steps on that batch). SPEC is
 "gpt:LAYERS:HEADS:D:SEQ:VOCAB:B" or "mlp:INPUTS:H1,H2:CLASSES:B"; LOSS is
 bigbatch's first loss. The reference modules below use the same parameter
 names (nanoGPT's for gpt), so bigbatch's safetensors load with strict=True.
 
 Checks: loss relative error <= 1e-5, every gradient tensor <= 1e-4, every
-parameter after 10 AdamW steps <= 1e-4 (relative, as ||a-b|| / ||b||).
+parameter after STEPS AdamW steps <= 1e-4 (relative, as ||a-b|| / ||b||).
 Exits 1 and says which tensor when one is off.
 """
 import json
@@ -124,7 +124,7 @@ def rel(a, b):
 
 
 def main():
-    directory, spec, bb_loss = sys.argv[1], sys.argv[2].split(":"), float(sys.argv[3])
+    directory, spec, bb_loss, steps = sys.argv[1], sys.argv[2].split(":"), float(sys.argv[3]), int(sys.argv[4])
     torch.manual_seed(0)
     torch.set_num_threads(1)
     kind = spec[0]
@@ -154,7 +154,7 @@ def main():
         lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False,
     )
     failures = []
-    for step in range(1, 11):
+    for step in range(1, steps + 1):
         opt.zero_grad()
         loss = loss_fn()
         loss.backward()
@@ -191,8 +191,8 @@ def main():
         err = rel(a, b)
         worst_after = max(worst_after, (err, n))
         if err > 1e-4:
-            failures.append(f"parameter {n} after 10 steps: relative error {err:.2e} > 1e-4")
-    print(f"parity {kind} after 10 AdamW steps: worst relative error {worst_after[0]:.2e} ({worst_after[1]})")
+            failures.append(f"parameter {n} after {steps} steps: relative error {err:.2e} > 1e-4")
+    print(f"parity {kind} after {steps} AdamW steps: worst relative error {worst_after[0]:.2e} ({worst_after[1]})")
     for f in failures:
         print("FAIL", f)
     sys.exit(1 if failures else 0)

@@ -66,9 +66,18 @@ static inline char *make_tokens(const char *name, uint64_t count)
 static inline void fixture_setup(void) { tmp = tu_temp_dir(); }
 static inline void fixture_teardown(void)
 {
-    tu_rm_tree(tmp);
+    if (tmp) tu_rm_tree(tmp);
     free(tmp);
+    tmp = NULL;
 }
+
+/* cr_skip_test for the suites of this fixture: Criterion runs no .fini
+ * after a skip, so the temporary directory goes first. */
+#define fixture_skip(...)                                                                                              \
+    do {                                                                                                               \
+        fixture_teardown();                                                                                            \
+        cr_skip_test(__VA_ARGS__);                                                                                     \
+    } while (0)
 
 static inline bb_train_options mlp_options(const char *data, int devices, int micro_batch, int global_batch)
 {
@@ -143,23 +152,45 @@ static inline int exit_within(pid_t pid, double seconds)
     return -1;
 }
 
-/* Waits up to `seconds` until process `pid` catches signal `sig` (its
- * handler is installed: SigCgt of /proc/PID/status), so that the signal
- * sent next meets the handler and not the default action (a process may
- * take a while to start: bigbatch re-executes itself when OpenBLAS picks
- * generic kernels). False when it never did. */
-static inline bool catches(pid_t pid, int sig, double seconds)
+/* The union of the signal masks of /proc/PID/status's lines that start
+ * with `a` or `b` (b may be NULL): "SigPnd", "ShdPnd", "SigCgt". */
+static inline unsigned long long signal_mask(pid_t pid, const char *a, const char *b)
 {
     char path[64], line[256];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    for (double t0 = now_s(); now_s() - t0 < seconds; usleep(2000)) {
-        FILE *f = fopen(path, "r");
-        unsigned long long mask = 0;
-        while (f && fgets(line, sizeof line, f))
-            if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
-        if (f) fclose(f);
-        if (mask >> (sig - 1) & 1) return true;
-    }
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    size_t la = strlen(a), lb = b ? strlen(b) : 0;
+    while (f && fgets(line, sizeof line, f))
+        if ((!strncmp(line, a, la) && line[la] == ':') || (b && !strncmp(line, b, lb) && line[lb] == ':'))
+            mask |= strtoull(strchr(line, ':') + 1, NULL, 16);
+    if (f) fclose(f);
+    return mask;
+}
+
+/* Signal `sig` pending for process `pid`: sent, and not yet delivered to a
+ * handler. */
+static inline bool signal_pending(pid_t pid, int sig) { return signal_mask(pid, "SigPnd", "ShdPnd") >> (sig - 1) & 1; }
+
+/* Sends `sig` to `pid` and waits (up to 10 s) until it is delivered, so that
+ * a second one is a second signal and not the same pending one. */
+static inline bool kill_delivered(pid_t pid, int sig)
+{
+    if (kill(pid, sig) != 0) return false;
+    for (double t0 = now_s(); now_s() - t0 < 10; usleep(500))
+        if (!signal_pending(pid, sig)) return true;
+    return false;
+}
+
+/* Waits up to `seconds` until process `pid` catches signal `sig` (its
+ * handler is installed: SigCgt), so that the signal sent next meets the
+ * handler and not the default action (a process may take a while to
+ * start: bigbatch re-executes itself when OpenBLAS picks generic kernels).
+ * False when it never did. */
+static inline bool catches(pid_t pid, int sig, double seconds)
+{
+    for (double t0 = now_s(); now_s() - t0 < seconds; usleep(2000))
+        if (signal_mask(pid, "SigCgt", NULL) >> (sig - 1) & 1) return true;
     return false;
 }
 

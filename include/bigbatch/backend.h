@@ -7,16 +7,16 @@
  *   BB_TRY(bb_backend_create_cpu(&bo, &be));
  *   float *w;
  *   BB_TRY(bb_backend_alloc(be, n * sizeof(float), "weights", (void **)&w));
- *   bb_op_linear_forward(be, out, in, w, bias, N, IC, OC);
+ *   bb_op_linear_forward(be, bb_f32(out), bb_f32(in), bb_f32(w), bb_no_tensor(), N, IC, OC);
  *   bb_backend_free(be, w);
  *   bb_backend_destroy(be);
  *
- * Every op is a call through the backend's vtable (src/backend/backend_impl.h,
- * in the style of ggml-backend): the CPU instance uses OpenBLAS cblas_sgemm
- * and plain C loops; the CUDA instance cuBLAS and the kernels of kernels/. Pointers in
- * ops are device pointers of that backend; shapes are written beside them,
- * row-major. Ops that "accumulate" add into their output when `accumulate`
- * is true and overwrite it otherwise (first micro-step).
+ * Every op is declared once, in ops.def, and is a call through the
+ * backend's vtable (src/backend/backend_impl.h, in the style of
+ * ggml-backend): the CPU instance uses OpenBLAS cblas_sgemm and plain C
+ * loops; the CUDA instance cuBLAS and the kernels of kernels/. Tensors and
+ * pointers in ops are device memory of that backend; shapes are written
+ * beside them, row-major.
  *
  * A CUDA build links the CUDA runtime statically and no libcuda (nor NCCL,
  * which the multi-GPU reducer loads with dlopen): it loads and runs on
@@ -97,11 +97,13 @@ bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_backend_t **out
 typedef enum bb_device_kind { BB_DEVICE_CPU = 0, BB_DEVICE_CUDA } bb_device_kind;
 /* "cpu", "cuda". */
 const char *bb_device_kind_name(bb_device_kind k);
-/* Bytes the fused LM head's logits may take (bb_model_loss_chunk) on a
- * device of kind k with `device_mem` bytes (0: unknown): on the CPU 32 MiB
- * (cache-sized), at most a 64th of device_mem; on a GPU a 16th of
- * device_mem (unknown: no bound, the whole micro-batch). */
-uint64_t bb_device_head_budget(bb_device_kind k, uint64_t device_mem);
+/* Bytes one transient buffer of a pass (a chunk an op works through: the
+ * LM head's logits) may take on a device of kind k with `device_mem` bytes
+ * (0: unknown): on the CPU 32 MiB (BB_CPU_TRANSIENT_BYTES: cache-sized), at
+ * most a 64th of device_mem; on a GPU a 16th of device_mem (unknown: no
+ * bound). */
+#define BB_CPU_TRANSIENT_BYTES (32u << 20)
+uint64_t bb_device_transient_budget(bb_device_kind k, uint64_t device_mem);
 /* The devices one process trains on: their kind, their local ids (GPU
  * ordinals; 0..count-1 for CPU devices), and the process's rank among
  * `world` processes (0 and 1 when it runs alone). */
@@ -168,9 +170,9 @@ void bb_backend_free(bb_backend_t *b, void *ptr);
 uint64_t bb_backend_bytes_in_use(const bb_backend_t *b);
 /* The cap on allocations (bb_backend_options.device_mem); 0: none. */
 uint64_t bb_backend_mem_cap(const bb_backend_t *b);
-/* bb_device_head_budget for this backend: of its cap, else (GPU) of what
- * its device has free now. */
-uint64_t bb_backend_head_budget(bb_backend_t *b);
+/* bb_device_transient_budget for this backend: of its cap, else (GPU) of
+ * what its device has free now. */
+uint64_t bb_backend_transient_budget(bb_backend_t *b);
 uint64_t bb_backend_peak_bytes(const bb_backend_t *b);
 void bb_backend_reset_peak(bb_backend_t *b);
 
@@ -209,11 +211,21 @@ bool bb_backend_host_is_device(const bb_backend_t *b);
 bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width);
 uint64_t bb_backend_scratch_grew(const bb_backend_t *b);
 
+/* The backend's device (o->device: the CUDA ordinal). Never fails. */
+int bb_backend_device(const bb_backend_t *b);
+/* The sum of squares of n host floats, in double, by the CPU's kernel (a
+ * reducer's norm of what it averaged). */
+double bb_host_sum_squares(const float *x, size_t n);
+
 /* Streams and events: each backend has a compute, a copy and a
  * communication stream; ops run on the compute stream. An event recorded on
  * one stream can be waited for on another (or by the host). On the CPU
  * everything is done when the call returns, so these are no-ops. */
 typedef enum bb_stream { BB_STREAM_COMPUTE, BB_STREAM_COPY, BB_STREAM_COMM } bb_stream;
+/* The native handle of a stream: a cudaStream_t on CUDA, NULL on the CPU
+ * (and for a value that is not a bb_stream) — what a communication library
+ * (the NCCL reducer) enqueues on. */
+void *bb_backend_native_stream(bb_backend_t *b, bb_stream stream);
 typedef struct bb_event bb_event_t;
 bb_status bb_backend_event_create(bb_backend_t *b, bb_event_t **out); /* *out may be NULL on the CPU */
 void bb_backend_event_destroy(bb_backend_t *b, bb_event_t *e);
@@ -232,128 +244,55 @@ bb_status bb_backend_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t
 bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                                 bb_stream stream);
 
-/* ---- ops --------------------------------------------------------------- */
-/* out = in · wᵀ + bias (bias may be NULL). */
-void bb_op_linear_forward(bb_backend_t *b, float *out /* (N,OC) */, const float *in /* (N,IC) */,
-                          const float *w /* (OC,IC) */, const float *bias /* (OC) */, int N, int IC, int OC);
-/* din = dout · w (overwritten; din may be NULL); dw, dbias accumulate.
- * dw and dbias are formed first: din may alias `in` (not dout). */
-void bb_op_linear_backward(bb_backend_t *b, float *din /* (N,IC) */, float *dw /* (OC,IC) */,
-                           float *dbias /* (OC) or NULL */, const float *dout /* (N,OC) */,
-                           const float *in /* (N,IC) */, const float *w /* (OC,IC) */, int N, int IC, int OC,
-                           bool accumulate);
+/* ---- tensors ------------------------------------------------------------
+ * An op's activations, weights and gradients are tensors: device memory
+ * and the dtype of its elements. Shapes are the op's arguments (written
+ * beside each tensor in ops.def). A tensor whose data is NULL is none
+ * (an optional argument: a bias, a second table). */
+typedef enum bb_dtype { BB_DTYPE_F32 = 0, BB_DTYPE_BF16 } bb_dtype;
+#define BB_DTYPE_COUNT 2
+/* "f32", "bf16"; bytes per element (4, 2). */
+const char *bb_dtype_name(bb_dtype d);
+size_t bb_dtype_size(bb_dtype d);
 
-void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
-/* din = dout where in > 0, else 0 (overwritten; may alias dout). */
-void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
-/* GELU, tanh form (GPT-2; PyTorch approximate='tanh'). */
-void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n);
-/* din = dout * gelu'(in) (overwritten; may alias dout or in). */
-void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
+typedef struct bb_tensor {
+    void *data;
+    bb_dtype dtype;
+} bb_tensor;
+/* A tensor over fp32 (bf16) memory; const memory is only read by the op's contract. */
+static inline bb_tensor bb_f32(const float *p) { return (bb_tensor){(void *)p, BB_DTYPE_F32}; }
+static inline bb_tensor bb_bf16(const uint16_t *p) { return (bb_tensor){(void *)p, BB_DTYPE_BF16}; }
+/* t's elements from `offset` on: a row, a chunk. */
+static inline bb_tensor bb_tensor_at(bb_tensor t, size_t offset)
+{
+    if (t.data) t.data = (char *)t.data + offset * bb_dtype_size(t.dtype);
+    return t;
+}
+/* A tensor of no memory: an optional argument left out. */
+static inline bb_tensor bb_no_tensor(void) { return (bb_tensor){NULL, BB_DTYPE_F32}; }
 
-/* LayerNorm over the last dimension, eps 1e-5; saves mean and 1/std. */
-void bb_op_layernorm_forward(bb_backend_t *b, float *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
-                             const float *in /* (N,C) */, const float *w /* (C) */, const float *bias /* (C) */,
-                             int N, int C);
-/* din += ...; dw, dbias accumulate. */
-void bb_op_layernorm_backward(bb_backend_t *b, float *din /* (N,C) */, float *dw, float *dbias,
-                              const float *dout /* (N,C) */, const float *in, const float *w, const float *mean,
-                              const float *rstd, int N, int C, bool accumulate);
+/* The element-wise activations (bb_op_activation_*). */
+typedef enum bb_activation { BB_ACTIVATION_RELU = 0, BB_ACTIVATION_GELU_TANH, BB_ACTIVATION_SILU } bb_activation;
+/* "relu", "gelu", "silu"; and "<name>_forward" / "<name>_backward", the op profile's labels. */
+const char *bb_activation_name(bb_activation a);
+const char *bb_activation_op_name(bb_activation a, bool backward);
 
-/* out[b,t] = wte[tokens[b,t]] + wpe[t]. */
-void bb_op_embedding_forward(bb_backend_t *b, float *out /* (B,T,C) */, const int32_t *tokens /* (B,T) */,
-                             const float *wte /* (V,C) */, const float *wpe /* (maxT,C) */, int B, int T, int C);
-/* dwte (V,C) and dwpe (maxT,C) accumulate; without accumulation each table
- * is overwritten whole (rows no token or position touched become 0). */
-void bb_op_embedding_backward(bb_backend_t *b, float *dwte /* (V,C) */, float *dwpe /* (maxT,C) */,
-                              const float *dout /* (B,T,C) */, const int32_t *tokens, int B, int T, int C, int V,
-                              int maxT, bool accumulate_wte, bool accumulate_wpe);
+/* ---- ops ------------------------------------------------------------------
+ * Every op is declared once, in ops.def (its contract, shapes and the
+ * dtypes it takes); they all return nothing, but for the few that hand a
+ * value to the host. An op's failure (a device fault, a dtype it does not
+ * take) makes the backend's next synchronizing call fail. */
+#define BB_UNPAREN(...) __VA_ARGS__
+#define BB_OP(name, params, ...) void bb_op_##name(bb_backend_t *b, BB_UNPAREN params);
+#define BB_OP_VALUE(type, name, params, ...) type bb_op_##name(bb_backend_t *b, BB_UNPAREN params);
+#include "bigbatch/ops.def"
 
-/* Causal multi-head self-attention of qkv = [q | k | v], scaled by
- * 1/sqrt(C/NH), tiled (flash-style): no T×T matrix is ever stored. Saves
- * per row and head the log-sum-exp of its scores in lse for the backward,
- * which recomputes the probabilities tile by tile from q, k and lse.
- * Memory is linear in T; the CPU spreads heads and row tiles over the
- * backend's threads. */
-void bb_op_attention_forward(bb_backend_t *b, float *out /* (B,T,C) */, float *lse /* (B,NH,T) */,
-                             const float *qkv /* (B,T,3C) */, int B, int T, int C, int NH);
-/* dqkv overwritten, from dout, the forward's qkv, out and lse. */
-void bb_op_attention_backward(bb_backend_t *b, float *dqkv /* (B,T,3C) */, const float *dout /* (B,T,C) */,
-                              const float *qkv /* (B,T,3C) */, const float *out /* (B,T,C) */,
-                              const float *lse /* (B,NH,T) */, int B, int T, int C, int NH);
-
-/* The last row of bb_op_attention_forward of qkv (1,T,3C), alone: the
- * attention of row T-1's query over the keys and values of rows 0..T-1
- * (incremental decoding: qkv holds a sequence's cached rows). `scores`
- * (NH,T) is workspace. Work linear in T. */
-void bb_op_attention_decode(bb_backend_t *b, float *out /* (C) */, float *scores /* (NH,T) */,
-                            const float *qkv /* (T,3C) */, int T, int C, int NH);
-
-/* out = x + y (out may alias either). */
-void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
-
-/* Softmax + cross-entropy in one pass over logits (N,V). Returns through
- * *loss (when not NULL; on CUDA returning it waits for the device) the sum
- * of -log p[target] over the rows divided by `normalizer`;
- * when dlogits is not NULL, writes (softmax - onehot) / normalizer (it may
- * alias logits). Rows whose target is -1 are ignored. `valid` (may be
- * NULL) gets the number of rows with a target. */
-void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits /* (N,V) */,
-                                const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
-                                float normalizer, int *valid);
-
-/* The same without waiting (gpt's chunked head): each row's -log p[target]
- * (0 where the target is -1), in double, goes to row_loss[0..N) in device
- * memory — a chunk's place in one buffer for the micro-batch's rows — and
- * dlogits (may alias logits) as above. */
-void bb_op_crossentropy_rows(bb_backend_t *b, double *row_loss /* (N) */, float *dlogits /* (N,V) */,
-                             const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V,
-                             float normalizer);
-/* rows[0] + ... + rows[n-1] (device memory) in a fixed order, to the host:
- * the one wait for the device of a chunked loss. NAN after a device fault,
- * which the next synchronizing call reports. */
-double bb_op_sum_rows(bb_backend_t *b, const double *rows, size_t n);
-
-/* Rows whose argmax (the first largest logit; a row whose first logit is
- * NaN picks 0) is their target: a classifier's hits, counted on the device
- * and returned (waits for the device; 0 after a device fault, which the
- * next synchronizing call reports). Rows whose target is -1 never count. */
-int bb_op_count_correct(bb_backend_t *b, const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N,
-                        int V);
-
-/* AdamW (decoupled weight decay, bias correction at step t >= 1), in place,
- * on the gradients times grad_scale (a clip's factor, applied as they are
- * read; grads is left as it is; 1: none). */
-void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
-/* SGD with momentum (PyTorch's rule: buf = momentum*buf + g + wd*p) on
- * g = grads times grad_scale (as in bb_op_adamw). */
-void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-               float momentum, float weight_decay, float grad_scale);
-/* Sum of squares of x[0..n), accumulated in double. */
+/* The ops of ops.def, in its order: how many, and the name of each (NULL
+ * past the end). */
+int bb_op_count(void);
+const char *bb_op_name(int index);
+/* Sum of squares of x[0..n): bb_op_sum_squares_ranges over one range. */
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n);
-/* The sum of squares of x[lo[r]..hi[r]) over the n ranges, range by range in
- * order: one wait for the device for all of them (ZeRO-1's shard). */
-double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n);
-
-/* ---- bf16 storage (--precision bf16) ------------------------------------ */
-/* x = the bf16 nearest to x (ties to even; NaN stays NaN), in place, and
- * the same values packed into 16 bits each when `packed` is not NULL. */
-void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
-/* out = the packed bf16 values widened to fp32 (exact). */
-void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
-
-/* ---- loader records into a batch ------------------------------------------ */
-/* `count` (<= B) records at `records` (device memory, or host memory where
- * bb_backend_host_is_device) become B rows; rows past `count` are padding
- * (zero inputs, target -1). Values are not checked: the caller checks them
- * on the host. Token records hold T+1 tokens of `width` bytes (2 or 4,
- * little-endian): tokens are the first T, targets the last T. */
-void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens /* (B,T) */, int32_t *targets /* (B,T) */,
-                             const uint8_t *records /* (count, (T+1)·width) */, int count, int B, int T, int width);
-/* Image records: a label byte, then `inputs` pixels (u8); features = pixel / 255. */
-void bb_op_records_to_images(bb_backend_t *b, float *features /* (B,inputs) */, int32_t *labels /* (B) */,
-                             const uint8_t *records /* (count, 1+inputs) */, int count, int B, int inputs);
 
 /* The conversions both backends (and the tests) use, so that they agree
  * to the bit. */

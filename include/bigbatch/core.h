@@ -128,6 +128,10 @@ double bb_clock_seconds(void);
 /* ---- small helpers ---------------------------------------------------- */
 /* Formats `bytes` as "7.6 MiB" into buf (at least 16 bytes); returns buf. */
 const char *bb_format_bytes(uint64_t bytes, char *buf, size_t cap);
+/* Appends item i of n to the list in buf (cap bytes, truncated at that):
+ * "a|b|c" where detail is NULL, "a (x), b (y) or c (z)" with details —
+ * how --help and messages list the choices of a table. Never fails. */
+void bb_list_add(char *buf, size_t cap, int i, int n, const char *name, const char *detail);
 /* Number of online CPUs, at least 1. */
 int bb_cpu_count(void);
 /* splitmix64: advances *state and returns the next of its 64-bit outputs.
@@ -154,6 +158,32 @@ bb_status bb_make_parents(const char *path, size_t *created);
  * directory or a socket, or is an input; nothing is changed. */
 bb_status bb_check_output(const char *what, const char *path, const char *const *inputs, int n, char *resolved,
                           size_t cap);
+
+/* ---- record formats -----------------------------------------------------
+ * What one record of a dataset holds: the data module reads it from the
+ * shards (bb_dataset_format), and a model kind says from it what it can
+ * train on and checks its batches against it. */
+typedef enum bb_record_kind {
+    BB_RECORD_IMAGE_U8 = 1,   /* label u8, then prod(shape) pixels u8 */
+    BB_RECORD_TOKENS_U16 = 2, /* shape[0] tokens, u16 little-endian */
+    BB_RECORD_TOKENS_U32 = 3, /* shape[0] tokens, u32 little-endian */
+} bb_record_kind;
+#define BB_RECORD_MAX_RANK 4
+
+typedef struct bb_record_format {
+    uint32_t kind;             /* bb_record_kind */
+    uint32_t rank;             /* dimensions used in shape, 1..4 */
+    uint32_t shape[BB_RECORD_MAX_RANK];
+    uint32_t record_size;      /* bytes per record */
+    uint32_t classes_or_vocab; /* class count (images) or vocabulary size (tokens) */
+} bb_record_format;
+
+/* "image_u8", "tokens_u16", "tokens_u32"; "unknown" for another value. */
+const char *bb_record_kind_name(uint32_t kind);
+/* Bytes per token of a token kind; 0 for the others. */
+int bb_record_token_bytes(uint32_t kind);
+/* The shape as "257" or "28x28", into buf (cap bytes); returns buf. */
+const char *bb_record_shape(const bb_record_format *f, char *buf, size_t cap);
 
 /* ---- command-line parsing ---------------------------------------------
  * A command describes its options in a table ending with {0}; bb_cli_parse()

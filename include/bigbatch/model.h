@@ -1,10 +1,10 @@
-/* model.h — the models (`mlp`, `gpt`): parameters in one contiguous device
+/* model.h — the models (`gpt`, `mlp`): parameters in one contiguous device
  * buffer and gradients in another of the same layout, forward with loss,
- * backward, activation checkpointing, safetensors in and out.
+ * backward, activation recompute, safetensors in and out.
  *
  * How to use (one micro-step):
  *   bb_model_config cfg = bb_model_gpt_config(4, 4, 256, 256, 256);  // layers heads d seq vocab
- *   cfg.checkpoint_every = 1;                        // --checkpoint blocks
+ *   cfg.recompute_every = 1;                         // --checkpoint blocks
  *   bb_model_t *m;
  *   BB_TRY(bb_model_create(be, &cfg, micro_batch, &m));
  *   BB_TRY(bb_model_init(m, seed));
@@ -20,45 +20,48 @@
  * label then pixels scaled to [0,1]; tokens: T+1 tokens, inputs and targets
  * shifted by one).
  *
- * Checkpointing: the layers (mlp) or blocks (gpt) form segments of
- * `checkpoint_every` each; the forward keeps only each segment's input and
- * the backward recomputes a segment before its backward. 0 keeps everything
- * (one segment). A gpt also takes a policy per block (`checkpoint_plan`,
- * --checkpoint selective|plan:...): 'n' keeps everything the block's
- * backward reads, 's' (selective) all but its two LayerNorm outputs and its
- * GELU output, which the backward recomputes from what is kept (the cheap,
- * large ones: 6 of 16 d-wide floats per token), 'f' (full) only its input,
- * re-running the whole block before its backward. The gradients are
- * bitwise the same whatever the policy.
+ * Recompute (activation checkpointing; --checkpoint, alias --recompute):
+ * the layers (mlp) or blocks (decoders: gpt) form segments of
+ * `recompute_every` each; the forward saves only each segment's input and
+ * the backward recomputes a segment before its backward. 0 saves
+ * everything (one segment). A decoder also takes a policy per block
+ * (`recompute_plan`, --checkpoint selective|plan:...): 'n' (none) saves
+ * everything the block's backward reads, 's' (selective) all but what is
+ * cheap and large to recompute (the gpt: its two LayerNorm outputs and its
+ * GELU output, 6 of 16 d-wide floats per token), 'f' (full) only its
+ * input, re-running the whole block before its backward. The gradients
+ * are bitwise the same whatever the policy.
  *
- * bf16 activations (cfg.precision, gpt): every activation the backward
- * reads is rounded to bf16 when it is computed, so the forward, the
- * backward and any recomputation all see the same stored value; blocks
- * keep them packed in 16 bits and unpack one block at a time into fp32
- * work buffers. The ops still compute in fp32; LayerNorm statistics, the
- * logits and the backward scratch stay fp32. Checkpointing stays bitwise
- * free of effect in bf16 too.
+ * bf16 activations (cfg.precision, decoders): every activation the
+ * backward reads is rounded to bf16 when it is computed, so the forward,
+ * the backward and any recomputation all see the same value; blocks stash
+ * them packed in 16 bits and unpack one block at a time into fp32 work
+ * buffers. The ops still compute in fp32; LayerNorm statistics, the logits
+ * and the backward scratch stay fp32. Recompute stays bitwise free of
+ * effect in bf16 too.
  */
 #ifndef BIGBATCH_MODEL_H
 #define BIGBATCH_MODEL_H
 
 #include "bigbatch/backend.h"
-#include "bigbatch/shard.h"
 #include "bigbatch/json.h"
 
 #define BB_MLP_MAX_HIDDEN 16
-#define BB_CHECKPOINT_MAX_BLOCKS 256 /* blocks a per-block plan can name */
-#define BB_CHECKPOINT_NAME_MAX 1040  /* bb_model_checkpoint_name's longest, NUL included */
+#define BB_RECOMPUTE_MAX_BLOCKS 256 /* blocks a per-block plan can name */
+#define BB_RECOMPUTE_NAME_MAX 1040  /* bb_model_recompute_name's longest, NUL included */
 
-/* What a gpt block keeps for its backward (bb_model_config.checkpoint_plan). */
-enum { BB_KEEP_ALL = 'n', BB_KEEP_SELECTIVE = 's', BB_KEEP_INPUT = 'f' };
+/* A block's recompute policy (bb_model_config.recompute_plan): saves
+ * everything its backward reads, all but what selective recompute drops,
+ * or only its input (a full recompute). */
+enum { BB_RECOMPUTE_NONE = 'n', BB_RECOMPUTE_SELECTIVE = 's', BB_RECOMPUTE_FULL = 'f' };
 
 /* ---- model kinds --------------------------------------------------------
  * A kind (gpt, mlp) is one descriptor, defined in its own file (gpt.c,
- * mlp.c) and listed in the kind table (model.c): its name and shape flags,
- * what it takes from the data, its description, its JSON, its batches and
- * its forward and backward. Code outside src/model asks through the
- * functions below and never branches on a kind. */
+ * mlp.c) and listed in the kind table (model.c): its name, its own
+ * configuration (flags, data, description, JSON), and its family's passes
+ * and batches (decoders share the decoder stack, src/model/decoder.c).
+ * Code outside src/model asks through the functions below and never
+ * branches on a kind. */
 typedef struct bb_model_kind bb_model_kind;
 
 /* The kind called `name` ("gpt", "mlp"); NULL when there is none. */
@@ -73,24 +76,33 @@ const char *bb_model_kind_help(void);
 #define BB_GPT_DEFAULT_HEADS 4
 #define BB_GPT_DEFAULT_D_MODEL 128
 
-typedef struct bb_model_config {
-    const bb_model_kind *kind;
-    /* mlp */
+/* Each kind's own shape. */
+typedef struct bb_gpt_config {
+    int layers, heads, d_model, seq_len, vocab;
+} bb_gpt_config;
+typedef struct bb_mlp_config {
     int inputs, classes;
     int hidden[BB_MLP_MAX_HIDDEN];
     int hidden_count;
-    /* gpt */
-    int layers, heads, d_model, seq_len, vocab;
-    /* both: layers (mlp: linear layers) per checkpoint segment; 0: none */
-    int checkpoint_every;
-    /* gpt: what each block keeps, one BB_KEEP_* letter per block, or one
-     * letter for every block ("s": --checkpoint selective); "": as
-     * checkpoint_every says (which a plan overrides) */
-    char checkpoint_plan[BB_CHECKPOINT_MAX_BLOCKS + 1];
-    /* gpt: bf16 stores the activations kept for the backward in bf16 (the
-     * mlp takes fp32 only; its activations are small) */
+} bb_mlp_config;
+
+typedef struct bb_model_config {
+    const bb_model_kind *kind;
+    /* the kind's shape: the member named after it */
+    union {
+        bb_gpt_config gpt;
+        bb_mlp_config mlp;
+    };
+    /* layers (mlp: linear layers; decoders: blocks) per recompute segment; 0: none */
+    int recompute_every;
+    /* decoders: each block's policy, one BB_RECOMPUTE_* letter per block,
+     * or one letter for every block ("s": --checkpoint selective); "": as
+     * recompute_every says (which a plan overrides) */
+    char recompute_plan[BB_RECOMPUTE_MAX_BLOCKS + 1];
+    /* decoders: bf16 stores the activations saved for the backward in bf16
+     * (the mlp takes fp32 only; its activations are small) */
     bb_precision precision;
-    /* gpt: tokens per chunk of the fused LM head + loss (--loss-chunk);
+    /* decoders: tokens per chunk of the fused LM head + loss (--loss-chunk);
      * 0: chosen by bb_model_loss_chunk. Not part of the shape (nor of
      * state.json): any value trains the same model. */
     int loss_chunk;
@@ -98,25 +110,25 @@ typedef struct bb_model_config {
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
 bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab);
-/* Parses --checkpoint into c's checkpoint_every and checkpoint_plan: none,
+/* Parses --checkpoint into c's recompute_every and recompute_plan: none,
  * blocks (every:1), every:K, selective (every block 's'), or plan:P, P a
  * comma-separated list of one policy per block — n|none, s|selective,
  * f|full — each optionally repeated (`s*6`): plan:n,s,f,f or plan:s*6,f*6.
  * Fails with BB_ERR_ARG naming the bad item. A plan's length is checked
- * against the model's blocks when the model is made (bb_model_check_checkpoint). */
-bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c);
-/* Whether c's checkpointing fits its kind and shape: a plan names every
+ * against the model's blocks when the model is made (bb_model_check_recompute). */
+bb_status bb_model_parse_recompute(const char *s, bb_model_config *c);
+/* Whether c's recompute policy fits its kind and shape: a plan names every
  * block once (or gives one policy for all) and only kinds with blocks take
  * one. Fails with BB_ERR_ARG saying what differs. */
-bb_status bb_model_check_checkpoint(const bb_model_config *c);
+bb_status bb_model_check_recompute(const bb_model_config *c);
 /* What one block's policy costs in activation bytes, for planners of
- * per-block plans (kinds that take them: gpt), indexed by policy: 0 'n',
- * 1 's', 2 'f'. The activations of a plan are those of keeping everything
- * plus, for every block, own[p] - own[n] (own_last for the last block),
- * once[p] for each policy some block takes, and after_full for every 'f'
- * block but the last (the saved input of the block after it). Exact:
- * tests/test_recompute.c checks it against the allocator for every plan
- * of 4 blocks. Fails with BB_ERR_UNSUPPORTED for kinds without plans. */
+ * per-block plans (kinds that take them: decoders), indexed by policy: 0
+ * 'n', 1 's', 2 'f'. The activations of a plan are those of saving
+ * everything plus, for every block, own[p] - own[n] (own_last for the last
+ * block), once[p] for each policy some block takes, and after_full for
+ * every 'f' block but the last (the saved input of the block after it).
+ * Exact: tests/test_recompute.c checks it against the allocator for every
+ * plan of 4 blocks. Fails with BB_ERR_UNSUPPORTED for kinds without plans. */
 typedef struct bb_block_costs {
     uint64_t own[3], own_last[3];
     uint64_t once[3];
@@ -129,10 +141,10 @@ typedef struct bb_block_costs {
 } bb_block_costs;
 bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
 /* The policy letters in bb_block_costs order: "nsf". */
-#define BB_KEEP_LETTERS "nsf"
-/* What block l (0 .. bb_model_layers - 1) keeps: BB_KEEP_ALL, _SELECTIVE or
- * _INPUT (every:K's blocks keep their input, in segments of K). */
-char bb_model_block_keep(const bb_model_config *c, int l);
+#define BB_RECOMPUTE_LETTERS "nsf"
+/* Block l's policy (0 .. bb_model_layers - 1): BB_RECOMPUTE_NONE,
+ * _SELECTIVE or _FULL (every:K's blocks recompute, in segments of K). */
+char bb_model_block_recompute(const bb_model_config *c, int l);
 
 /* The shape flags as the command line gave them; each kind takes its own
  * (gpt: --layers --heads --d-model; mlp: --hidden) and refuses the others'. */
@@ -146,13 +158,16 @@ typedef struct bb_model_flags {
  * fields left 0. Fails with BB_ERR_ARG naming the flag. */
 bb_status bb_model_config_from_flags(const char *kind, const bb_model_flags *f, bb_model_config *out);
 /* Fills what the data decides (gpt: seq_len, vocab; mlp: inputs, classes)
- * from the records `meta` describes (of the dataset at `path`, named in
- * the message). Fails with BB_ERR_ARG when the kind cannot take them. */
-bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *meta, const char *path);
-/* Same kind and shape (checkpointing and precision aside). */
+ * from the records of the dataset at `path` (named in the message). Fails
+ * with BB_ERR_ARG when the kind cannot take them. */
+bb_status bb_model_config_from_data(bb_model_config *c, const bb_record_format *f, const char *path);
+/* c takes `from`'s kind and shape (a transformers config's), keeping its
+ * own recompute policy, precision and loss chunk. */
+void bb_model_config_take_shape(bb_model_config *c, const bb_model_config *from);
+/* Same kind and shape (recompute and precision aside). */
 bool bb_model_same_shape(const bb_model_config *a, const bb_model_config *b);
-/* What the trainer and the planner count per kind: checkpointable layers
- * (gpt blocks, mlp linear layers); targets per example (the loss's
+/* What the trainer and the planner count per kind: recomputable layers
+ * (decoder blocks, mlp linear layers); targets per example (the loss's
  * normaliser: T tokens or 1 label); logits per target (vocab or classes). */
 int bb_model_layers(const bb_model_config *c);
 int bb_model_targets_per_example(const bb_model_config *c);
@@ -161,7 +176,7 @@ int bb_model_outputs(const bb_model_config *c);
 bool bb_model_targets_are_tokens(const bb_model_config *c);
 /* The forward counts argmax hits (classification: evaluation reports accuracy). */
 bool bb_model_counts_correct(const bb_model_config *c);
-/* The head and loss run in chunks of tokens (gpt; bb_model_loss_chunk). */
+/* The head and loss run in chunks of tokens (decoders; bb_model_loss_chunk). */
 bool bb_model_chunks_loss(const bb_model_config *c);
 /* state.json's model keys ("model": "gpt" and the shape) set into `obj`;
  * fails with BB_ERR_NOMEM only. Their reader fails with BB_ERR_FORMAT naming
@@ -181,11 +196,11 @@ void bb_model_destroy(bb_model_t *m);
 const bb_model_config *bb_model_get_config(const bb_model_t *m);
 /* "gpt (4 layers, 4 heads, d 128, T 256, vocab 256)" or "mlp (784-1024-10)". */
 void bb_model_describe(const bb_model_config *c, char *buf, size_t cap);
-/* The checkpointing policy as --checkpoint spells it, at most
- * BB_CHECKPOINT_NAME_MAX bytes: "none" (also when one segment holds every
+/* The recompute policy as --checkpoint spells it, at most
+ * BB_RECOMPUTE_NAME_MAX bytes: "none" (also when one segment holds every
  * layer), "blocks", "every:K", "selective", or "plan:n,s*2,f" (runs of one
  * policy written P*N; a plan of one policy by its name). */
-void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap);
+void bb_model_recompute_name(const bb_model_config *c, char *buf, size_t cap);
 int bb_model_micro_batch(const bb_model_t *m);
 
 /* GPT-2 initialisation for gpt (normal 0.02, residual projections
@@ -219,12 +234,12 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
  * over their ranges, the same every time), for benchmarks and calibration.
  * Fails with BB_ERR_NOMEM. */
 bb_status bb_model_set_synthetic_batch(bb_model_t *m);
-/* Converts `count` (1..micro_batch) loader records described by `meta` and
- * sets them as the batch; when count < micro_batch the rest is padding whose
+/* Converts `count` (1..micro_batch) loader records of format `f` and sets
+ * them as the batch; when count < micro_batch the rest is padding whose
  * targets are ignored (-1), e.g. an evaluation's last batch. Fails with
  * BB_ERR_ARG when the records do not fit the model (kind, shape, token or
  * label out of range). */
-bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records,
+bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_record_format *f, const uint8_t *records,
                                           int count);
 /* The same in two halves, so that on a GPU the upload of micro-batch k+1
  * overlaps the compute of micro-batch k. Stage checks the records on the
@@ -237,7 +252,7 @@ bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *me
  * until the stage call after the next one returns (which waits for this
  * upload) or the backend is synchronized; the worker keeps two loader
  * slots for that. Fails like bb_model_set_batch_from_records. */
-bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count);
+bb_status bb_model_stage_records(bb_model_t *m, const bb_record_format *f, const uint8_t *records, int count);
 bb_status bb_model_use_staged(bb_model_t *m);
 /* Bytes of one of the two device buffers that receive a micro-batch's raw
  * records (backends whose host is not the device; the planner counts them). */
@@ -273,22 +288,22 @@ void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx);
 /* Examples (mlp) or target tokens (gpt) the last batch had. */
 int bb_model_batch_targets(const bb_model_t *m);
 
-/* The fused LM head + loss (gpt) runs over chunks of this many tokens, so
- * that at most one chunk's logits (tokens × vocab floats) exist: c->loss_chunk
- * when set, else as many as fit in `budget` bytes (bb_device_head_budget:
- * BB_LOSS_CHUNK_BYTES on the CPU, a 16th of a GPU's memory) — and never
- * more than the micro-batch's micro_batch × T tokens, nor fewer than 1. 0
- * for kinds whose loss does not run in chunks (mlp: its logits are small). */
-#define BB_LOSS_CHUNK_BYTES (32u << 20)
+/* The fused LM head + loss (decoders) runs over chunks of this many tokens,
+ * so that at most one chunk's logits (tokens × vocab floats) exist:
+ * c->loss_chunk when set, else as many as fit in `budget` bytes (the
+ * device's transient budget, bb_device_transient_budget: 32 MiB on the
+ * CPU, a 16th of a GPU's memory) — and never more than the micro-batch's
+ * micro_batch × T tokens, nor fewer than 1. 0 for kinds whose loss does not
+ * run in chunks (mlp: its logits are small). */
 int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget);
 
-/* Bytes of activation memory (block/layer slots, checkpointed segment
- * inputs, one chunk of logits, backward scratch), all allocated when the
- * model is created: what checkpointing and the micro-batch size change. */
+/* Bytes of activation memory (block/layer slots, saved segment inputs,
+ * one chunk of logits, backward scratch), all allocated when the model is
+ * created: what the recompute policy and the micro-batch size change. */
 uint64_t bb_model_activation_bytes(const bb_model_t *m);
-/* What the last forward and backward recomputed: layers (gpt blocks) whose
- * forward the backward re-ran, and selective blocks whose LayerNorm and
- * GELU outputs it recomputed (the planner's time model counts them). */
+/* What the last forward and backward recomputed: layers (blocks) whose
+ * forward the backward re-ran, and selective blocks whose dropped tensors
+ * it recomputed (the planner's time model counts them). */
 void bb_model_recompute_counts(const bb_model_t *m, int *layers, int *selective);
 
 /* ---- weights for other tools: safetensors, F32 ------------------------- */

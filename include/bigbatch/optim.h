@@ -1,17 +1,25 @@
-/* optim.h — the optimizer: its configuration and learning-rate schedule,
- * the gradient buckets the reducers all-reduce and ZeRO-1 shards follow,
- * one replica's optimizer state (AdamW or SGD), the step that clips and
- * updates, and the state file. Below both the planner (which counts the
- * state on a counting backend) and the trainer.
+/* optim.h — the optimizers: one descriptor each (its name, its state per
+ * parameter, its checks and its step, and what a ZeRO shard of its state
+ * must be), their configuration and learning-rate schedule, the gradient
+ * buckets the reducers all-reduce and ZeRO-1 shards follow, one replica's
+ * optimizer state, the step that clips and updates, and the state file.
+ * Below both the planner (which counts the state on a counting backend)
+ * and the trainer.
  *
  * How to use:
- *   bb_optimizer_config cfg = bb_optimizer_defaults();
+ *   bb_optimizer_config cfg = bb_optimizer_defaults();   // AdamW
  *   cfg.lr = 3e-4;
+ *   BB_TRY(bb_optimizer_check(&cfg));
  *   bb_optimizer o;
- *   BB_TRY(bb_optimizer_create(be, &cfg, bb_model_param_count(m), NULL, &o));
+ *   BB_TRY(bb_optimizer_create(be, &cfg, m, NULL, &o));
  *   double norm = bb_optimizer_sum_squares(be, m, &o), lr;   // then sqrt, across devices
  *   bb_optimizer_apply(be, m, &o, step, total, sqrt(norm), &lr);
  *   bb_optimizer_destroy(be, &o);
+ *
+ * Adding an optimizer: src/optim/<name>.c defines its bb_optimizer_desc
+ * (a step from bb_op_* calls), its value in bb_optimizer_kind and its
+ * extern below, and its entry in optimizer.c's table; a step that needs a kernel of its own
+ * adds an op (ARCHITECTURE.md's recipe).
  */
 #ifndef BIGBATCH_OPTIM_H
 #define BIGBATCH_OPTIM_H
@@ -22,7 +30,8 @@
 extern "C" {
 #endif
 
-typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD } bb_optimizer_kind;
+/* The optimizers, in the order of optimizer.c's table (--optimizer's names). */
+typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD, BB_OPTIMIZER_COUNT } bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
 
 typedef struct bb_optimizer_config {
@@ -39,9 +48,72 @@ typedef struct bb_optimizer_config {
 /* The defaults: AdamW at lr 1e-3 (betas 0.9, 0.999, eps 1e-8), SGD's
  * momentum 0.9, no weight decay, cosine schedule, clip at norm 1. */
 bb_optimizer_config bb_optimizer_defaults(void);
+
+/* ---- the optimizers' descriptors ----------------------------------------- */
+#define BB_OPTIMIZER_MAX_STATE 4
+/* How ZeRO cuts the parameters (--zero-shards auto|elements|tensors, in
+ * this order): AUTO, as the optimizer's descriptor says; ELEMENTS, any run
+ * of floats (element-wise updates: AdamW, SGD); TENSORS, whole tensors
+ * (updates that read a whole matrix). A descriptor says ELEMENTS or
+ * TENSORS. */
+typedef enum bb_param_shard_rule {
+    BB_PARAM_SHARD_AUTO = 0,
+    BB_PARAM_SHARD_ELEMENTS,
+    BB_PARAM_SHARD_TENSORS
+} bb_param_shard_rule;
+/* A run of one tensor's parameters the step updates, with its gradients
+ * and its state (state_buffers of them). */
+typedef struct bb_optimizer_piece {
+    float *params;
+    const float *grads;
+    float *state[BB_OPTIMIZER_MAX_STATE];
+    size_t n;
+    bool decay; /* weight decay applies (bb_tensor_info.decay) */
+} bb_optimizer_piece;
+/* How messages name a hyperparameter ("beta2": "--beta2" on the command
+ * line); name NULL, or NULL returned: the optimizer's own words ("AdamW's
+ * beta2"). */
+typedef struct bb_optimizer_names {
+    const char *(*name)(void *ctx, const char *hyperparameter);
+    void *ctx;
+} bb_optimizer_names;
+
+typedef struct bb_optimizer_desc {
+    const char *name;     /* --optimizer NAME, state.json's "optimizer", optimizer.bin's */
+    const char *title;    /* messages: "AdamW" */
+    const char *state;    /* --help: "two moments of state" */
+    uint32_t version;     /* of its state in optimizer.bin */
+    int state_buffers;    /* fp32 state floats per parameter */
+    bb_param_shard_rule shard;
+    /* Its hyperparameters' bounds (a division by zero, a state that
+     * diverges): BB_ERR_ARG naming the hyperparameter (names may be NULL). */
+    bb_status (*check)(const bb_optimizer_config *c, const bb_optimizer_names *names);
+    /* Its own hyperparameters as text ("beta1 0.9, beta2 0.999, eps 1e-08"):
+     * what processes agree on and a resume compares. */
+    void (*describe)(const bb_optimizer_config *c, char *buf, size_t cap);
+    /* One piece at learning rate lr, step `step` (0-based), the gradients
+     * times grad_scale (a clip's factor) as they are read. */
+    void (*step)(bb_backend_t *be, const bb_optimizer_config *c, const bb_optimizer_piece *p, float lr,
+                 uint64_t step, float grad_scale);
+} bb_optimizer_desc;
+
+/* The descriptors, one a kind (src/optim/<name>.c). */
+extern const bb_optimizer_desc bb_optimizer_adamw, bb_optimizer_sgd;
+/* The descriptor of kind k; NULL for none. */
+const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k);
 /* "adamw", "sgd" (--optimizer's names), and back: BB_ERR_ARG for another. */
 const char *bb_optimizer_kind_name(bb_optimizer_kind k);
 bb_status bb_optimizer_kind_parse(const char *s, bb_optimizer_kind *out);
+/* "adamw|sgd" (--optimizer's choices) and "adamw (two moments of state) or sgd (momentum)". */
+const char *bb_optimizer_choices(void);
+const char *bb_optimizer_help(void);
+/* The configuration's hyperparameters fit its optimizer and the schedule
+ * (a finite, non-negative rate). Fails with BB_ERR_ARG naming the one that
+ * does not (as `names` says; may be NULL). */
+bb_status bb_optimizer_check(const bb_optimizer_config *c, const bb_optimizer_names *names);
+/* Hyperparameter `hp` of optimizer d as messages name it, into buf. */
+const char *bb_optimizer_param_name(const bb_optimizer_desc *d, const bb_optimizer_names *names, const char *hp,
+                                    char *buf, size_t cap);
 /* "cosine", "constant" (--lr-schedule's names), and back: BB_ERR_ARG for another. */
 const char *bb_lr_schedule_name(bb_lr_schedule s);
 bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out);
@@ -67,50 +139,75 @@ typedef struct bb_buckets {
 /* Fails with BB_ERR_NOMEM. */
 bb_status bb_buckets_make(const bb_model_t *m, size_t bucket_bytes, bb_buckets *out);
 void bb_buckets_free(bb_buckets *b);
-/* Owner k of n's slice of bucket b: [lo + len·k/n, lo + len·(k+1)/n). */
-static inline void bb_bucket_slice(const size_t *lo, const size_t *hi, int b, int k, int n, size_t *out_lo,
-                                   size_t *out_hi)
-{
-    size_t len = hi[b] - lo[b];
-    *out_lo = lo[b] + len * (size_t)k / (size_t)n;
-    *out_hi = lo[b] + len * (size_t)(k + 1) / (size_t)n;
-}
 
-/* The parameters a replica's optimizer updates: all of them, or with
- * ZeRO-1 (--zero 1) its shard — in every gradient bucket (reducer.h) the
- * owner's slice, bucket b's [lo[b], hi[b]) floats, held in the state at
- * `at[b]`. Owner k of n gets floats [lo + len·k/n, lo + len·(k+1)/n) of a
- * bucket of len floats. */
-typedef struct bb_shard {
+/* ---- ZeRO: the parameters cut among owners -----------------------------------
+ * With ZeRO (--zero 1) the job's devices own the optimizer state in parts:
+ * in every gradient bucket, owner k a run of floats of its own, which its
+ * reduction leaves averaged there, its optimizer updates, and the gather
+ * copies into every replica. Two rules (the optimizer's, or --zero-shards):
+ * equal slices (BB_PARAM_SHARD_ELEMENTS: bucket b padded to owners × count[b]
+ * floats, owner k's slice the k-th count[b] of them, cut to the bucket —
+ * what NCCL's reduce-scatter and all-gather take), or whole tensors
+ * (BB_PARAM_SHARD_TENSORS: each owner a run of the bucket's tensors, balanced by
+ * size — what an update of whole matrices takes). */
+typedef struct bb_param_shards {
+    bb_param_shard_rule rule;
+    int owners;
+    bb_buckets buckets;
+    size_t *lo, *hi; /* (buckets × owners): owner k's floats of bucket b at [b × owners + k] */
+    size_t *count;   /* (buckets): equal slices' length; 0 for whole tensors (slices differ) */
+} bb_param_shards;
+
+/* The cut of `m`'s parameters on the buckets of `bucket_bytes` among
+ * `owners` under `rule` (AUTO: elements). Fails with BB_ERR_NOMEM. */
+bb_status bb_param_shards_make(const bb_model_t *m, size_t bucket_bytes, int owners, bb_param_shard_rule rule,
+                               bb_param_shards *out);
+void bb_param_shards_free(bb_param_shards *s);
+static inline void bb_param_shards_slice(const bb_param_shards *s, int b, int k, size_t *lo, size_t *hi)
+{
+    *lo = s->lo[(size_t)b * s->owners + k];
+    *hi = s->hi[(size_t)b * s->owners + k];
+}
+/* `asked`, or for AUTO the rule of optimizer `k`'s descriptor. Never fails. */
+bb_param_shard_rule bb_param_shard_rule_for(bb_optimizer_kind k, bb_param_shard_rule asked);
+/* "auto", "elements", "tensors" (--zero-shards); "(no rule)" for another. */
+const char *bb_param_shard_rule_name(bb_param_shard_rule r);
+
+/* What one owner's optimizer holds: its slice of every bucket, range r's
+ * floats [lo[r], hi[r]) at state offset at[r]. */
+typedef struct bb_param_shard {
     int ranges;
     size_t *lo, *hi, *at;
     size_t floats; /* the state's length: the sum of hi - lo */
-} bb_shard;
+} bb_param_shard;
 
-/* Owner `owner` of `owners`'s shard of `m`'s parameters, cut on the
- * buckets of `bucket_bytes` (bb_buckets_make). Fails with BB_ERR_NOMEM. */
-bb_status bb_shard_make(const bb_model_t *m, size_t bucket_bytes, int owners, int owner, bb_shard *out);
-void bb_shard_free(bb_shard *s);
+/* Owner `owner`'s part of `all`. Fails with BB_ERR_NOMEM. */
+bb_status bb_param_shard_of(const bb_param_shards *all, int owner, bb_param_shard *out);
+void bb_param_shard_free(bb_param_shard *s);
 
-/* One replica's optimizer: AdamW moments (m, v) or the SGD momentum (m),
- * for every parameter, or for its shard's (shard.ranges > 0). */
+/* ---- one replica's optimizer --------------------------------------------- */
+/* Its state (the descriptor's state_buffers fp32 buffers) for every
+ * parameter, or for its shard's (shard.ranges > 0). */
 typedef struct bb_optimizer {
     bb_optimizer_config cfg;
-    float *m, *v;  /* device memory, `count` floats; v NULL for SGD */
+    const bb_optimizer_desc *desc;
+    float *state[BB_OPTIMIZER_MAX_STATE]; /* device memory, `count` floats each */
     size_t count;  /* param_count, or the shard's floats */
-    bb_shard shard;
+    bb_param_shard shard;
 } bb_optimizer;
 
-/* State for `count` parameters, or with `shard` (may be NULL; taken over
- * by the optimizer, also when it fails) for that shard. */
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_shard *shard,
-                              bb_optimizer *o);
+/* State for `m`'s parameters, or with `shard` (may be NULL; taken over by
+ * the optimizer, also when it fails) for that shard, zeroed. Fails with
+ * BB_ERR_ARG for an unknown optimizer, BB_ERR_OOM, BB_ERR_DEVICE (the
+ * zeroing); what it made is freed then (destroy is harmless). */
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
+                              bb_param_shard *shard, bb_optimizer *o);
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
 /* A step is two passes over the gradients at most: their sum of squares
  * (this optimizer's part: all of them, or its shard's), which a caller
  * skips when it has the norm already (the CPU reducer adds it up as it
  * averages), then bb_optimizer_apply. */
-double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o);
+double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o); /* NAN after a device fault */
 /* Given `norm`, the norm of the whole gradient (every shard's), updates
  * o's parameters for step `step` (0-based) of `total` with the gradients
  * clipped to norm cfg.grad_clip (when set), in one pass: the clip scales
@@ -120,16 +217,26 @@ double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimi
  * untouched. */
 void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,
                         double *lr);
-/* optimizer.bin: magic, buffer count, float count, XXH64 of the floats, then
- * the floats — always the whole state, in parameter order. Save gathers it
- * from `n` optimizers (one whole one, or the shards that cover the
- * parameters, each on its backend); `across_processes`: from every
- * process's too (ZeRO-1 over MPI: a sum over the processes, which every
- * process joins; the others pass path NULL and write nothing). Load takes
- * the part `o` holds. Load fails with BB_ERR_FORMAT/BB_ERR_CORRUPT naming
- * the file. */
+
+/* ---- optimizer.bin ---------------------------------------------------------
+ * A header (the optimizer's name and state version, the buffer count, the
+ * floats per buffer, the XXH64 of the floats), then the floats: always the
+ * whole state, in parameter order, whatever the devices or --zero. Save
+ * gathers it from `n` optimizers (one whole one, or the shards that cover
+ * the parameters, each on its backend) and, with `gather` (ZeRO over
+ * processes), from every process: `gather` sums a host buffer over the
+ * processes (every process joins; the others pass path NULL and write
+ * nothing). Load takes the part `o` holds; it fails with BB_ERR_FORMAT
+ * naming the file and both optimizers when the file holds another
+ * optimizer's state (or another version of it), BB_ERR_CORRUPT when it is
+ * damaged. Files of before the header named the optimizer (BBOPTIM1) still
+ * load: their buffer count says which it was. */
+typedef struct bb_state_gather {
+    bb_status (*sum)(void *ctx, float *host, size_t n);
+    void *ctx;
+} bb_state_gather;
 bb_status bb_optimizer_save(bb_backend_t *const *be, const bb_optimizer *const *o, int n, size_t param_count,
-                            bool across_processes, const char *path);
+                            const bb_state_gather *gather, const char *path);
 bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, size_t param_count, const char *path);
 
 #ifdef __cplusplus

@@ -58,20 +58,21 @@ typedef struct bb_memory_breakdown {
 } bb_memory_breakdown;
 
 /* Device bytes one replica needs for `cfg` (seq_len/vocab or
- * inputs/classes filled) at micro-batch B with cfg->checkpoint_every on a
+ * inputs/classes filled) at micro-batch B with cfg->recompute_every on a
  * device of kind `device`; loader_slots for one device, 2 loader threads
  * and records as wide as the model takes. Fails with BB_ERR_ARG when the
  * model cannot be built (its message), BB_ERR_NOMEM. */
 bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out);
 /* The same with ZeRO-1 over `shards` devices (1: none): the optimizer
- * state of the largest shard, cut on buckets of `bucket_bytes` as the
- * trainer cuts them (--bucket-mib). */
+ * state of the largest shard, cut under `rule` (--zero-shards) on buckets
+ * of `bucket_bytes` as the trainer cuts them (--bucket-mib). */
 bb_status bb_plan_memory_sharded(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt,
-                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out);
+                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_param_shard_rule rule,
+                                 bb_memory_breakdown *out);
 
 typedef struct bb_plan_request {
-    bb_model_config model;     /* shape filled from the data; its checkpoint policy only when fixed_checkpoint */
+    bb_model_config model;     /* shape filled from the data; its checkpoint policy only when fixed_recompute */
     int devices, global_batch;
     uint64_t device_mem;       /* per device; 0: no limit (the fastest choice wins) */
     bb_optimizer_kind optimizer;
@@ -79,17 +80,18 @@ typedef struct bb_plan_request {
     int loader_threads;        /* for loader_slots; 0: train's default */
     uint32_t record_size;      /* the data's bytes per record, for loader_slots; 0: the widest the model takes */
     int fixed_micro_batch;     /* > 0: only this micro-batch */
-    bool fixed_checkpoint;     /* only model's checkpoint policy (checkpoint_every, checkpoint_plan); else any */
+    bool fixed_recompute;     /* only model's checkpoint policy (recompute_every, recompute_plan); else any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
     int zero;                  /* 1: ZeRO-1 (train --zero 1): the optimizer state sharded over the devices */
+    bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */
 } bb_plan_request;
 
 typedef struct bb_plan_row {
-    int micro_batch, accumulation, checkpoint_every;
-    char checkpoint_plan[BB_CHECKPOINT_MAX_BLOCKS + 1]; /* with checkpoint_every: bb_model_config's */
-    char checkpoint[BB_CHECKPOINT_NAME_MAX]; /* "none", "selective", "blocks", "every:3", "plan:s*2,f*2" */
+    int micro_batch, accumulation, recompute_every;
+    char recompute_plan[BB_RECOMPUTE_MAX_BLOCKS + 1]; /* with recompute_every: bb_model_config's */
+    char recompute[BB_RECOMPUTE_NAME_MAX]; /* as --checkpoint: "none", "selective", "blocks", "every:3", "plan:s*2,f*2" */
     bb_memory_breakdown memory;
     double relative_time;      /* 1.0: the whole per-device batch at once, no checkpointing */
     double step_ms;            /* predicted step time of the model's work (calibrated); 0 without */
@@ -117,7 +119,7 @@ void bb_plan_free(bb_plan *p);
  * at most `room` bytes (negative: must save that much): t_selective and
  * t_full are the time one selective block's and one full block's
  * recomputation cost (any unit). A dynamic program over the blocks
- * (block_plan.c), O(L³) at worst. Writes the plan's letters (BB_KEEP_*, L
+ * (block_plan.c), O(L³) at worst. Writes the plan's letters (BB_RECOMPUTE_*, L
  * of them and a NUL) into `plan`, its extra bytes and time; returns false
  * when no plan fits (or out of memory). The planner checks its pick on
  * the counting backend like every candidate. */

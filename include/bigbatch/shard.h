@@ -41,17 +41,11 @@
 #define BB_SHARD_SOURCE_MAX_V1 60
 #define BB_SHARD_MAX_FRAME_BYTES (64u << 20) /* largest decompressed frame */
 #define BB_SHARD_MAX_FRAMES 0x8000000u       /* seekable-format limit */
-#define BB_SHARD_MAX_RANK 4
+#define BB_SHARD_MAX_RANK BB_RECORD_MAX_RANK
 #define BB_SHARD_EXT ".bbs"
 
-typedef enum bb_record_kind {
-    BB_RECORD_IMAGE_U8 = 1,   /* label u8, then prod(shape) pixels u8 */
-    BB_RECORD_TOKENS_U16 = 2, /* shape[0] tokens, u16 little-endian */
-    BB_RECORD_TOKENS_U32 = 3, /* shape[0] tokens, u32 little-endian */
-} bb_record_kind;
-
-/* "image_u8", "tokens_u16", "tokens_u32"; "unknown" otherwise. */
-const char *bb_record_kind_name(uint32_t kind);
+/* Record kinds and formats: core.h's bb_record_format (a shard's metadata
+ * holds one, bb_shard_meta_format). */
 
 typedef struct bb_shard_meta {
     uint32_t kind;               /* bb_record_kind */
@@ -70,6 +64,8 @@ typedef struct bb_shard_meta {
 
 /* Record size implied by kind and shape, or 0 when they are inconsistent. */
 uint64_t bb_shard_meta_record_size(const bb_shard_meta *meta);
+/* What one record holds, as core's type (what the models read). */
+bb_record_format bb_shard_meta_format(const bb_shard_meta *meta);
 
 /* ---- reader ------------------------------------------------------------ */
 typedef struct bb_shard bb_shard_t;
@@ -140,6 +136,8 @@ const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index);
 uint64_t bb_dataset_record_count(const bb_dataset_t *ds);
 /* Metadata of the first shard (shared fields agree across shards). */
 const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds);
+/* Its records' format (the first shard's, which all share). */
+const bb_record_format *bb_dataset_format(const bb_dataset_t *ds);
 /* What the dataset is, independent of where it lies: an XXH64 of every
  * shard's metadata (source, layout, counts, the records' hash that pack
  * wrote) and frame sizes, so that two copies of one dataset agree and

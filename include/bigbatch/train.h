@@ -52,7 +52,7 @@
  * chose field f (a resumed run keeps the checkpoint's for the others). */
 typedef enum bb_train_field {
     BB_TRAIN_MODEL,          /* model: kind and shape */
-    BB_TRAIN_CHECKPOINT,     /* model.checkpoint_every (or auto_checkpoint) */
+    BB_TRAIN_RECOMPUTE,     /* model.recompute_every (or auto_recompute) */
     BB_TRAIN_LOSS_CHUNK,     /* model.loss_chunk */
     BB_TRAIN_DATA, BB_TRAIN_VAL_DATA, BB_TRAIN_DEVICES, BB_TRAIN_PRECISION, BB_TRAIN_GLOBAL_BATCH,
     BB_TRAIN_MICRO_BATCH, BB_TRAIN_STEPS, BB_TRAIN_EPOCHS, BB_TRAIN_OPTIMIZER, BB_TRAIN_LR, BB_TRAIN_LR_SCHEDULE,
@@ -61,8 +61,8 @@ typedef enum bb_train_field {
     /* named in messages only */
     BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
     BB_TRAIN_METRICS, BB_TRAIN_TRACE,
-    BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO, BB_TRAIN_ATTENTION, BB_TRAIN_DEVICE_MEM,
-    BB_TRAIN_NO_OVERLAP,
+    BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO, BB_TRAIN_ZERO_SHARDS, BB_TRAIN_ATTENTION,
+    BB_TRAIN_DEVICE_MEM, BB_TRAIN_NO_OVERLAP,
     BB_TRAIN_FIELDS
 } bb_train_field;
 #define BB_TRAIN_SET(f) (UINT64_C(1) << (f))
@@ -80,7 +80,7 @@ typedef struct bb_train_options {
     bb_attention attention;    /* GPUs, bf16: cuDNN's fused attention or bigbatch's kernels (backend.h) */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
     bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
-    bool auto_checkpoint;      /* --checkpoint auto: the planner picks model.checkpoint_every */
+    bool auto_recompute;      /* --checkpoint auto: the planner picks model.recompute_every */
     uint64_t steps;            /* run ends after step `steps`; 0: use epochs */
     uint64_t epochs;           /* when steps is 0 */
     uint64_t stop_after;       /* end this run after this step, the schedule still
@@ -97,6 +97,7 @@ typedef struct bb_train_options {
                                   for this long: a peer stopped, stalled or died (watchdog.h); 0: never */
     int zero;                  /* 1: ZeRO-1, each device keeps and updates the optimizer state of its
                                   shard of every bucket, and the updated weights are gathered; 0: none */
+    bb_param_shard_rule zero_shards; /* how ZeRO cuts the buckets (optim.h): the optimizer's rule, or one given */
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;
     int keep;                  /* step directories kept in save_dir, the newest (default 2) */

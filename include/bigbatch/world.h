@@ -46,6 +46,11 @@ bb_status bb_world_sum_doubles(double *x, size_t n);
 bb_status bb_world_broadcast_doubles(double *x, size_t n, int root);
 bb_status bb_world_broadcast_bytes(void *x, size_t n, int root);
 bb_status bb_world_max_int(int *x);                    /* in place: x = the largest over processes */
+/* In place in x: process p's floats [lo[p], hi[p]) (parts in rank order,
+ * each starting where the previous ends) into every process (an
+ * all-gather). Fails with BB_ERR_ARG when the parts span 2^31 floats or
+ * more, BB_ERR_NOMEM, and as the other collectives when MPI does. */
+bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi);
 /* *out (on every process): whether every process passed the same `value`. */
 bb_status bb_world_all_equal(uint64_t value, bool *out);
 

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "backend_impl.h"
-#include "bigbatch/model.h"
 
 bb_status bb_backend_init_common(bb_backend_t *b, bb_device_kind kind, const char *name, const bb_backend_options *o)
 {
@@ -48,8 +47,6 @@ static inline void op_entry_work(bb_backend_t *b, const char *op, double flops, 
     if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, flops, elements);
 }
 
-static inline void op_entry(bb_backend_t *b, const char *op, double elements) { op_entry_work(b, op, 0, elements); }
-
 /* Ops run, except on a counting backend (the planner's): there every op
  * is a no-op, while the allocations, the scratch reservations and the
  * scratch the ops would need are all counted. */
@@ -65,12 +62,13 @@ static inline void scratch_need(bb_backend_t *b, size_t rows, size_t width)
     if (width > b->scratch_width) b->scratch_width = width;
 }
 
-/* And bf16 attention's, where the device kind has some (cuDNN's). */
-static inline void attention_need(bb_backend_t *b, int B, int T, int C, int NH)
+/* And bf16 attention's, where the device kind has some (cuDNN's, which
+ * takes multi-head attention only). */
+static inline void attention_need(bb_backend_t *b, int B, int T, int NH, int KVH, int HS)
 {
     const bb_device_desc *d = bb_device_desc_of(b->kind);
-    if (b->opt.precision != BB_PRECISION_BF16 || !d || !d->attention_bytes) return;
-    uint64_t need = d->attention_bytes(B, T, C, NH);
+    if (b->opt.precision != BB_PRECISION_BF16 || !d || !d->attention_bytes || KVH != NH) return;
+    uint64_t need = d->attention_bytes(B, T, NH * HS, NH);
     if (need > b->scratch_attention) b->scratch_attention = need;
 }
 
@@ -93,6 +91,12 @@ const char *bb_backend_attention_engine(bb_backend_t *b)
     return e ? e : "bigbatch's kernels";
 }
 bool bb_backend_host_is_device(const bb_backend_t *b) { return b->vt->host_is_device; }
+int bb_backend_device(const bb_backend_t *b) { return b->opt.device; }
+void *bb_backend_native_stream(bb_backend_t *b, bb_stream stream)
+{
+    bool known = stream >= BB_STREAM_COMPUTE && stream <= BB_STREAM_COMM;
+    return known && b->vt->native_stream ? b->vt->native_stream(b, stream) : NULL;
+}
 
 void bb_backend_copy_stats(const bb_backend_t *b, uint64_t *h2d_copies, uint64_t *h2d_bytes)
 {
@@ -126,14 +130,14 @@ uint64_t bb_backend_workspace_bytes(const bb_backend_t *b) { return b->vt->works
 /* ---- device kinds -------------------------------------------------------- */
 static const bb_device_desc devices[] = {
     /* The CPU's logits stay cache-sized: 32 MiB chunks stream no slower than one. */
-    [BB_DEVICE_CPU] = {.name = "cpu", .create = bb_backend_create_cpu, .host_is_device = true, .head_share = 64,
-                       .head_max = BB_LOSS_CHUNK_BYTES},
+    [BB_DEVICE_CPU] = {.name = "cpu", .create = bb_backend_create_cpu, .host_is_device = true, .transient_share = 64,
+                       .transient_max = BB_CPU_TRANSIENT_BYTES},
     /* A GPU's take a 16th of its memory: the whole micro-batch of GPT-2 124M
      * at 8 × 1024 tokens (1.6 GB of logits) on a 40 GB GPU, so one head
      * product each way and nothing recomputed, while the activations keep
      * 15/16 of the memory. */
     [BB_DEVICE_CUDA] = {.name = "cuda", .create = bb_backend_create_cuda, .workspace_bytes = bb_cuda_workspace_bytes,
-                        .head_share = 16, .attention_bytes = bb_cuda_attention_bytes},
+                        .transient_share = 16, .attention_bytes = bb_cuda_attention_bytes},
 };
 
 const bb_device_desc *bb_device_desc_of(bb_device_kind k)
@@ -141,18 +145,18 @@ const bb_device_desc *bb_device_desc_of(bb_device_kind k)
     return (unsigned)k < sizeof devices / sizeof *devices ? &devices[k] : NULL;
 }
 
-uint64_t bb_device_head_budget(bb_device_kind k, uint64_t device_mem)
+uint64_t bb_device_transient_budget(bb_device_kind k, uint64_t device_mem)
 {
     const bb_device_desc *d = bb_device_desc_of(k);
-    uint64_t budget = d && device_mem ? device_mem / d->head_share : UINT64_MAX;
-    return d && d->head_max && d->head_max < budget ? d->head_max : budget;
+    uint64_t budget = d && device_mem ? device_mem / d->transient_share : UINT64_MAX;
+    return d && d->transient_max && d->transient_max < budget ? d->transient_max : budget;
 }
 
-uint64_t bb_backend_head_budget(bb_backend_t *b)
+uint64_t bb_backend_transient_budget(bb_backend_t *b)
 {
     uint64_t mem = b->opt.device_mem, free_bytes = 0;
     if (!mem && b->vt->device_free_bytes && b->vt->device_free_bytes(b, &free_bytes)) mem = free_bytes;
-    return bb_device_head_budget(b->kind, mem);
+    return bb_device_transient_budget(b->kind, mem);
 }
 
 const char *bb_device_kind_name(bb_device_kind k)
@@ -334,187 +338,103 @@ bb_status bb_backend_event_synchronize(bb_backend_t *b, bb_event_t *e)
 }
 
 /* ---- ops --------------------------------------------------------------- */
-void bb_op_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
-                          int IC, int OC)
+const char *bb_dtype_name(bb_dtype d)
 {
-    op_entry_work(b, "linear_forward", 2.0 * N * IC * OC, (double)N * OC);
-    if (runs(b)) b->vt->linear_forward(b, out, in, w, bias, N, IC, OC);
+    static const char *const names[] = {[BB_DTYPE_F32] = "f32", [BB_DTYPE_BF16] = "bf16"};
+    return d >= 0 && d < BB_DTYPE_COUNT ? names[d] : "(no dtype)";
 }
 
-void bb_op_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                           const float *w, int N, int IC, int OC, bool accumulate)
+size_t bb_dtype_size(bb_dtype d) { return d == BB_DTYPE_BF16 ? 2 : 4; }
+
+const char *bb_activation_name(bb_activation a)
 {
-    op_entry_work(b, "linear_backward", 2.0 * N * IC * OC * ((din != NULL) + (dw != NULL)), (double)N * IC);
-    if (dbias) scratch_need(b, 0, (size_t)OC);
-    if (runs(b)) b->vt->linear_backward(b, din, dw, dbias, dout, in, w, N, IC, OC, accumulate);
+    static const char *const names[] = {[BB_ACTIVATION_RELU] = "relu", [BB_ACTIVATION_GELU_TANH] = "gelu",
+                                        [BB_ACTIVATION_SILU] = "silu"};
+    return a >= BB_ACTIVATION_RELU && a <= BB_ACTIVATION_SILU ? names[a] : "(no activation)";
 }
 
-void bb_op_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+const char *bb_activation_op_name(bb_activation a, bool backward)
 {
-    op_entry(b, "relu_forward", (double)n);
-    if (runs(b)) b->vt->relu_forward(b, out, in, n);
+    static const char *const names[][2] = {[BB_ACTIVATION_RELU] = {"relu_forward", "relu_backward"},
+                                           [BB_ACTIVATION_GELU_TANH] = {"gelu_forward", "gelu_backward"},
+                                           [BB_ACTIVATION_SILU] = {"silu_forward", "silu_backward"}};
+    return a >= BB_ACTIVATION_RELU && a <= BB_ACTIVATION_SILU ? names[a][backward] : "activation";
 }
 
-void bb_op_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+/* What a tensor argument may be (ops.def's BB_ACCEPT): one bit per dtype. */
+enum { F32 = 1u << BB_DTYPE_F32, BF16 = 1u << BB_DTYPE_BF16 };
+
+/* A tensor outside its op's dtypes fails the op, named, for the next
+ * synchronizing call to report. */
+static bool accepts(bb_backend_t *b, const char *op, const char *arg, bb_tensor t, unsigned mask)
 {
-    op_entry(b, "relu_backward", (double)n);
-    if (runs(b)) b->vt->relu_backward(b, din, dout, in, n);
+    if (!t.data || (mask >> t.dtype & 1u)) return true;
+    char took[32] = "";
+    for (int d = 0; d < BB_DTYPE_COUNT; d++)
+        if (mask >> d & 1u) snprintf(took + strlen(took), sizeof took - strlen(took), "%s%s", *took ? " or " : "",
+                                     bb_dtype_name((bb_dtype)d));
+    bb_backend_note_error(b, BB_ERR_UNSUPPORTED, "%s: %s: `%s` is a %s tensor; this op takes %s", b->name, op, arg,
+                          bb_dtype_name(t.dtype), took);
+    return false;
+}
+#define BB_ACCEPT(tensor, mask) accepts(b, op, #tensor, tensor, mask)
+
+/* Attention's heads: KVH key/value heads, dividing the NH query heads. */
+static bool heads_ok(bb_backend_t *b, const char *op, int NH, int KVH, int HS)
+{
+    if (NH >= 1 && KVH >= 1 && HS >= 1 && NH % KVH == 0) return true;
+    bb_backend_note_error(b, BB_ERR_ARG, "%s: %s: %d key/value heads do not divide %d query heads (head size %d)",
+                          b->name, op, KVH, NH, HS);
+    return false;
 }
 
-void bb_op_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+/* An activation of bb_activation's. */
+static bool activation_ok(bb_backend_t *b, const char *op, bb_activation act)
 {
-    op_entry(b, "gelu_forward", (double)n);
-    if (runs(b)) b->vt->gelu_forward(b, out, in, n);
+    if (act >= BB_ACTIVATION_RELU && act <= BB_ACTIVATION_SILU) return true;
+    bb_backend_note_error(b, BB_ERR_ARG, "%s: %s: activation %d is not one of bb_activation", b->name, op, (int)act);
+    return false;
 }
 
-void bb_op_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+static double bb_op_range_elements(const size_t *lo, const size_t *hi, int n)
 {
-    op_entry(b, "gelu_backward", (double)n);
-    if (runs(b)) b->vt->gelu_backward(b, din, dout, in, n);
+    double elements = 0;
+    for (int i = 0; i < n; i++) elements += (double)(hi[i] - lo[i]);
+    return elements;
 }
 
-void bb_op_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
-                             const float *bias, int N, int C)
-{
-    op_entry(b, "layernorm_forward", (double)N * C);
-    if (runs(b)) b->vt->layernorm_forward(b, out, mean, rstd, in, w, bias, N, C);
-}
-
-void bb_op_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
-                              const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
-                              bool accumulate)
-{
-    op_entry(b, "layernorm_backward", (double)N * C);
-    scratch_need(b, 0, (size_t)C);
-    if (runs(b)) b->vt->layernorm_backward(b, din, dw, dbias, dout, in, w, mean, rstd, N, C, accumulate);
-}
-
-void bb_op_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                             int B, int T, int C)
-{
-    op_entry(b, "embedding_forward", (double)B * T * C);
-    if (runs(b)) b->vt->embedding_forward(b, out, tokens, wte, wpe, B, T, C);
-}
-
-void bb_op_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                              int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
-{
-    op_entry(b, "embedding_backward", (double)B * T * C);
-    scratch_need(b, (size_t)B * T, 0);
-    if (runs(b)) b->vt->embedding_backward(b, dwte, dwpe, dout, tokens, B, T, C, V, maxT, accumulate_wte, accumulate_wpe);
-}
-
-void bb_op_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
-{
-    /* q·k and p·v, causal: half */
-    op_entry_work(b, "attention_forward", 2.0 * B * T * (double)T * C, (double)B * T * C);
-    attention_need(b, B, T, C, NH);
-    if (runs(b)) b->vt->attention_forward(b, out, lse, qkv, B, T, C, NH);
-}
-
-void bb_op_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int B, int T, int C, int NH)
-{
-    /* the forward's q·k again, 4 more */
-    op_entry_work(b, "attention_backward", 5.0 * B * T * (double)T * C, (double)B * T * 3 * C);
-    attention_need(b, B, T, C, NH);
-    if (runs(b)) b->vt->attention_backward(b, dqkv, dout, qkv, out, lse, B, T, C, NH);
-}
-
-void bb_op_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
-{
-    op_entry_work(b, "attention_decode", 4.0 * T * (double)C, (double)C); /* q·k and p·v of one row */
-    if (runs(b)) b->vt->attention_decode(b, out, scores, qkv, T, C, NH);
-}
-
-void bb_op_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
-{
-    op_entry(b, "add", (double)n);
-    if (runs(b)) b->vt->add(b, out, x, y, n);
-}
-
-void bb_op_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
-                                const int32_t *targets, int N, int V, float normalizer, int *valid)
-{
-    op_entry(b, "softmax_crossentropy", (double)N * V);
-    scratch_need(b, (size_t)N, 0);
-    if (runs(b)) {
-        b->vt->softmax_crossentropy(b, loss, dlogits, logits, targets, N, V, normalizer, valid);
-        return;
+/* Every op: its `before` (ops.def), the BB_FAULT hook and the profile's
+ * mark, its dtypes, then the call unless the backend only counts. */
+#define BB_OP(name, params, args, accept, flops, elements, before)                                                 \
+    void bb_op_##name(bb_backend_t *b, BB_UNPAREN params)                                                          \
+    {                                                                                                               \
+        const char *op = #name;                                                                                     \
+        before;                                                                                                     \
+        op_entry_work(b, op, flops, elements);                                                                      \
+        if ((accept) && runs(b)) b->vt->name args;                                                                  \
     }
-    if (loss) *loss = 0; /* what the caller reads on the host */
-    if (valid) *valid = 0;
-}
+#define BB_OP_VALUE(type, name, params, args, accept, flops, elements, before)                                     \
+    type bb_op_##name(bb_backend_t *b, BB_UNPAREN params)                                                          \
+    {                                                                                                               \
+        const char *op = #name;                                                                                     \
+        before;                                                                                                     \
+        op_entry_work(b, op, flops, elements);                                                                      \
+        return (accept) && runs(b) ? b->vt->name args : (type)0;                                                    \
+    }
+#include "bigbatch/ops.def"
+#undef BB_ACCEPT
 
-void bb_op_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
-                             const int32_t *targets, int N, int V, float normalizer)
-{
-    op_entry(b, "crossentropy_rows", (double)N * V);
-    if (runs(b)) b->vt->crossentropy_rows(b, row_loss, dlogits, logits, targets, N, V, normalizer);
-}
+static const char *const op_names[] = {
+#define BB_OP(name, ...) #name,
+#define BB_OP_VALUE(type, name, ...) #name,
+#include "bigbatch/ops.def"
+};
 
-double bb_op_sum_rows(bb_backend_t *b, const double *rows, size_t n)
-{
-    op_entry(b, "sum_rows", (double)n);
-    return runs(b) ? b->vt->sum_rows(b, rows, n) : 0;
-}
-
-void bb_op_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
-{
-    op_entry(b, "adamw", (double)n);
-    if (runs(b)) b->vt->adamw(b, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
-}
-
-void bb_op_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-               float momentum, float weight_decay, float grad_scale)
-{
-    op_entry(b, "sgd", (double)n);
-    if (runs(b)) b->vt->sgd(b, params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale);
-}
-
-int bb_op_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
-{
-    op_entry(b, "count_correct", (double)N * V);
-    return runs(b) ? b->vt->count_correct(b, logits, targets, N, V) : 0;
-}
+int bb_op_count(void) { return (int)(sizeof op_names / sizeof *op_names); }
+const char *bb_op_name(int index) { return index >= 0 && index < bb_op_count() ? op_names[index] : NULL; }
 
 double bb_op_sum_squares(bb_backend_t *b, const float *x, size_t n)
 {
     size_t lo = 0;
     return bb_op_sum_squares_ranges(b, x, &lo, &n, 1);
-}
-
-double bb_op_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
-{
-    double elements = 0;
-    for (int i = 0; i < n; i++) elements += (double)(hi[i] - lo[i]);
-    op_entry(b, "sum_squares", elements);
-    return runs(b) ? b->vt->sum_squares(b, x, lo, hi, n) : 0;
-}
-
-void bb_op_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
-{
-    op_entry(b, "bf16_round", (double)n);
-    if (runs(b)) b->vt->bf16_round(b, x, packed, n);
-}
-
-void bb_op_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
-{
-    op_entry(b, "bf16_unpack", (double)n);
-    if (runs(b)) b->vt->bf16_unpack(b, out, packed, n);
-}
-
-void bb_op_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
-                             int B, int T, int width)
-{
-    op_entry(b, "records_to_tokens", (double)B * T);
-    if (runs(b)) b->vt->records_to_tokens(b, tokens, targets, records, count, B, T, width);
-}
-
-void bb_op_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
-                             int B, int inputs)
-{
-    op_entry(b, "records_to_images", (double)B * inputs);
-    if (runs(b)) b->vt->records_to_images(b, features, labels, records, count, B, inputs);
 }

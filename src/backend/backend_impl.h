@@ -37,50 +37,15 @@ typedef struct bb_backend_vtable {
     bb_status (*stream_wait)(bb_backend_t *b, bb_stream stream, bb_event_t *e);
     bb_status (*event_synchronize)(bb_backend_t *b, bb_event_t *e);
     bb_status (*event_elapsed)(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms);
+    /* optional: the native handle of a stream (NULL: none) */
+    void *(*native_stream)(bb_backend_t *b, bb_stream stream);
     /* optional: who ran the last attention op (NULL: bigbatch's kernels) */
     const char *(*attention_engine)(bb_backend_t *b);
 
-    /* ops: required (see backend.h for each one's contract) */
-    void (*linear_forward)(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
-                           int IC, int OC);
-    void (*linear_backward)(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
-                            const float *in, const float *w, int N, int IC, int OC, bool accumulate);
-    void (*relu_forward)(bb_backend_t *b, float *out, const float *in, size_t n);
-    void (*relu_backward)(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
-    void (*gelu_forward)(bb_backend_t *b, float *out, const float *in, size_t n);
-    void (*gelu_backward)(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n);
-    void (*layernorm_forward)(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in,
-                              const float *w, const float *bias, int N, int C);
-    void (*layernorm_backward)(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout,
-                               const float *in, const float *w, const float *mean, const float *rstd, int N, int C,
-                               bool accumulate);
-    void (*embedding_forward)(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte,
-                              const float *wpe, int B, int T, int C);
-    void (*embedding_backward)(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                               int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe);
-    void (*attention_forward)(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C,
-                              int NH);
-    void (*attention_backward)(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int C, int NH);
-    void (*attention_decode)(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH);
-    void (*add)(bb_backend_t *b, float *out, const float *x, const float *y, size_t n);
-    void (*softmax_crossentropy)(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
-                                 const int32_t *targets, int N, int V, float normalizer, int *valid);
-    void (*crossentropy_rows)(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
-                              const int32_t *targets, int N, int V, float normalizer);
-    double (*sum_rows)(bb_backend_t *b, const double *rows, size_t n);
-    void (*adamw)(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
-    void (*sgd)(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                float momentum, float weight_decay, float grad_scale);
-    double (*sum_squares)(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n); /* ranges */
-    int (*count_correct)(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V);
-    void (*bf16_round)(bb_backend_t *b, float *x, uint16_t *packed, size_t n);
-    void (*bf16_unpack)(bb_backend_t *b, float *out, const uint16_t *packed, size_t n);
-    void (*records_to_tokens)(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
-                              int B, int T, int width);
-    void (*records_to_images)(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
-                              int B, int inputs);
+    /* ops: required, one entry per op of ops.def (its contract is there) */
+#define BB_OP(name, params, ...) void (*name)(bb_backend_t *b, BB_UNPAREN params);
+#define BB_OP_VALUE(type, name, params, ...) type (*name)(bb_backend_t *b, BB_UNPAREN params);
+#include "bigbatch/ops.def"
 } bb_backend_vtable;
 
 typedef struct bb_allocation {
@@ -143,10 +108,10 @@ typedef struct bb_device_desc {
     /* device bytes its backend holds besides allocations for ops' scratch
      * of `rows` rows and `width` columns; NULL: none */
     uint64_t (*workspace_bytes)(size_t rows, size_t width);
-    /* the fused LM head's logits budget (bb_device_head_budget): a
-     * `head_share`-th of the device's memory, at most head_max (0: no cap) */
-    uint32_t head_share;
-    uint64_t head_max;
+    /* a pass's transient buffer (bb_device_transient_budget): a
+     * `transient_share`-th of the device's memory, at most transient_max (0: no cap) */
+    uint32_t transient_share;
+    uint64_t transient_max;
     /* device bytes its bf16 attention of this shape takes besides (cuDNN's
      * operands and workspace, bounded); NULL: none */
     uint64_t (*attention_bytes)(int B, int T, int C, int NH);

@@ -1,19 +1,24 @@
 /* cpu_attention.c — causal multi-head self-attention on the CPU, tiled
  * (flash-style): memory linear in T.
  *
+ * A row of qkv holds q (NH heads), then k and v (KVH heads each), every
+ * head hs wide; query head h reads key/value head h / (NH / KVH).
+ *
  * Forward: a task is one (batch, head, tile of QT query rows). It walks the
  * key/value tiles of KT keys up to the diagonal with an online softmax
  * (running max m and sum l per row, the output accumulator rescaled when
  * the max grows) and keeps only the output and lse = m + log l per row.
- * Backward: a task is one (batch, head). D = rowsum(dout ∘ out) first;
- * then per key tile, every query row at or below it recomputes its
- * probabilities p = exp(scale·q·k - lse), and dV += p·dout, dS = p ∘
- * (dout·vᵀ - D), dK += scale·dS·q, dQ += scale·dS·k. No tile outlives its
- * task's loop: the only scratch is a few tiles and D (T floats) per thread.
+ * Backward: a task is one (batch, key/value head). D = rowsum(dout ∘ out)
+ * first, for each query head of its group; then per key tile, for each of
+ * the group's query heads in order, every query row at or below it
+ * recomputes its probabilities p = exp(scale·q·k - lse), and dV += p·dout,
+ * dS = p ∘ (dout·vᵀ - D), dK += scale·dS·q, dQ += scale·dS·k. No tile
+ * outlives its task's loop: the only scratch is a few tiles and D (T
+ * floats a query head) per thread.
  *
  * Tasks spread over the backend's threads (cpu_pool.h); a tile's products
  * are cblas_sgemm calls in the task's thread on strided views of qkv (row
- * stride 3C), the softmax parts plain loops. Each task's sums run in a
+ * stride W = (NH + 2·KVH)·hs), the softmax parts plain loops. Each task's sums run in a
  * fixed order whatever the thread count, so results are bitwise the same
  * on any number of threads. */
 #include <cblas.h>
@@ -31,7 +36,8 @@ typedef struct attn_args {
     float *out, *lse, *dqkv;
     const float *qkv, *dout, *o;
     const float *lse_in;
-    int B, T, C, NH, hs, qtiles;
+    int B, T, NH, KVH, hs, qtiles;
+    int C, W, koff, voff; /* out's row (NH·hs), qkv's row ((NH + 2·KVH)·hs), where k and v start in it */
     float scale;
     float **scratch; /* per thread */
 } attn_args;
@@ -48,17 +54,18 @@ static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float
 static void forward_task(void *ctx, int index, int thread)
 {
     const attn_args *a = ctx;
-    int hs = a->hs, C = a->C, C3 = 3 * C, T = a->T;
+    int hs = a->hs, C = a->C, C3 = a->W, T = a->T;
     int bh = index / a->qtiles, qt = a->qtiles - 1 - index % a->qtiles; /* longest rows first */
-    int bi = bh / a->NH, h = bh % a->NH;
+    int bi = bh / a->NH, h = bh % a->NH, g = h / (a->NH / a->KVH);
     int i0 = qt * QT, rows = i0 + QT < T ? QT : T - i0;
     const float *q = a->qkv + (size_t)bi * T * C3 + (size_t)h * hs;
+    const float *k = a->qkv + (size_t)bi * T * C3 + a->koff + (size_t)g * hs, *v = k + (a->voff - a->koff);
     float *s = a->scratch[thread], *acc = s + QT * KT, *m = acc + (size_t)QT * hs, *l = m + QT;
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
     for (int j0 = 0; j0 < i0 + rows; j0 += KT) {
         int nk = j0 + KT < i0 + rows ? KT : i0 + rows - j0;
         /* S = scale · Q Kᵀ for this tile (ld KT) */
-        gemm(false, true, rows, nk, hs, a->scale, q + (size_t)i0 * C3, C3, q + (size_t)j0 * C3 + C, C3, 0.0f, s, KT);
+        gemm(false, true, rows, nk, hs, a->scale, q + (size_t)i0 * C3, C3, k + (size_t)j0 * C3, C3, 0.0f, s, KT);
         for (int r = 0; r < rows; r++) {
             int valid = i0 + r - j0 + 1 < nk ? i0 + r - j0 + 1 : nk; /* keys j <= i; >= 1 since j0 <= i0 */
             float *sr = s + (size_t)r * KT, mx = m[r], sum = 0.0f;
@@ -74,7 +81,7 @@ static void forward_task(void *ctx, int index, int thread)
             m[r] = mx;
         }
         /* acc += P · V */
-        gemm(false, false, rows, hs, nk, 1.0f, s, KT, q + (size_t)j0 * C3 + 2 * C, C3, 1.0f, acc, hs);
+        gemm(false, false, rows, hs, nk, 1.0f, s, KT, v + (size_t)j0 * C3, C3, 1.0f, acc, hs);
     }
     for (int r = 0; r < rows; r++) {
         int i = i0 + r;
@@ -84,48 +91,59 @@ static void forward_task(void *ctx, int index, int thread)
     }
 }
 
-static void backward_task(void *ctx, int bh, int thread)
+static void backward_task(void *ctx, int bg, int thread)
 {
     const attn_args *a = ctx;
-    int hs = a->hs, C = a->C, C3 = 3 * C, T = a->T;
-    int bi = bh / a->NH, h = bh % a->NH;
-    size_t off = (size_t)bi * T * C3 + (size_t)h * hs, yoff = (size_t)bi * T * C + (size_t)h * hs;
-    const float *q = a->qkv + off, *dy = a->dout + yoff, *y = a->o + yoff, *lse = a->lse_in + (size_t)bh * T;
-    float *dq = a->dqkv + off;
+    int hs = a->hs, C = a->C, C3 = a->W, T = a->T, G = a->NH / a->KVH;
+    int bi = bg / a->KVH, g = bg % a->KVH;
+    const float *k0 = a->qkv + (size_t)bi * T * C3 + a->koff + (size_t)g * hs, *v0 = k0 + (a->voff - a->koff);
+    float *dk0 = a->dqkv + (size_t)bi * T * C3 + a->koff + (size_t)g * hs, *dv0 = dk0 + (a->voff - a->koff);
     float *p = a->scratch[thread], *ds = p + QT * KT, *dk = ds + QT * KT, *dv = dk + (size_t)KT * hs,
-          *D = dv + (size_t)KT * hs;
-    for (int i = 0; i < T; i++) {
-        float dot = 0.0f;
-        for (int d = 0; d < hs; d++) dot += dy[(size_t)i * C + d] * y[(size_t)i * C + d];
-        D[i] = dot;
-        memset(dq + (size_t)i * C3, 0, (size_t)hs * sizeof *dq);
+          *Dg = dv + (size_t)KT * hs; /* (G, T): D of each query head of the group */
+    for (int e = 0; e < G; e++) {
+        int h = g * G + e;
+        size_t yoff = (size_t)bi * T * C + (size_t)h * hs;
+        const float *dy = a->dout + yoff, *y = a->o + yoff;
+        float *dq = a->dqkv + (size_t)bi * T * C3 + (size_t)h * hs, *D = Dg + (size_t)e * T;
+        for (int i = 0; i < T; i++) {
+            float dot = 0.0f;
+            for (int d = 0; d < hs; d++) dot += dy[(size_t)i * C + d] * y[(size_t)i * C + d];
+            D[i] = dot;
+            memset(dq + (size_t)i * C3, 0, (size_t)hs * sizeof *dq);
+        }
     }
     for (int j0 = 0; j0 < T; j0 += KT) {
         int nk = j0 + KT < T ? KT : T - j0;
-        const float *k = q + (size_t)j0 * C3 + C, *v = k + C;
-        for (int i0 = j0 / QT * QT; i0 < T; i0 += QT) {
-            int rows = i0 + QT < T ? QT : T - i0;
-            const float *qi = q + (size_t)i0 * C3, *dyi = dy + (size_t)i0 * C;
-            /* P from the saved lse; dP = dout · Vᵀ */
-            gemm(false, true, rows, nk, hs, a->scale, qi, C3, k, C3, 0.0f, p, KT);
-            gemm(false, true, rows, nk, hs, 1.0f, dyi, C, v, C3, 0.0f, ds, KT);
-            for (int r = 0; r < rows; r++) {
-                int i = i0 + r, valid = i - j0 + 1 < nk ? i - j0 + 1 : nk;
-                float *pr = p + (size_t)r * KT, *dr = ds + (size_t)r * KT;
-                if (valid < 0) valid = 0;
-                for (int j = 0; j < valid; j++) pr[j] = bb_expf(pr[j] - lse[i]);
-                for (int j = 0; j < valid; j++) dr[j] = pr[j] * (dr[j] - D[i]) * a->scale;
-                for (int j = valid; j < nk; j++) pr[j] = dr[j] = 0.0f;
+        const float *k = k0 + (size_t)j0 * C3, *v = v0 + (size_t)j0 * C3;
+        for (int e = 0; e < G; e++) { /* the group's query heads, in order */
+            int h = g * G + e, bh = bi * a->NH + h;
+            const float *q = a->qkv + (size_t)bi * T * C3 + (size_t)h * hs, *D = Dg + (size_t)e * T;
+            const float *dy = a->dout + (size_t)bi * T * C + (size_t)h * hs, *lse = a->lse_in + (size_t)bh * T;
+            float *dq = a->dqkv + (size_t)bi * T * C3 + (size_t)h * hs;
+            for (int i0 = j0 / QT * QT; i0 < T; i0 += QT) {
+                int rows = i0 + QT < T ? QT : T - i0;
+                const float *qi = q + (size_t)i0 * C3, *dyi = dy + (size_t)i0 * C;
+                /* P from the saved lse; dP = dout · Vᵀ */
+                gemm(false, true, rows, nk, hs, a->scale, qi, C3, k, C3, 0.0f, p, KT);
+                gemm(false, true, rows, nk, hs, 1.0f, dyi, C, v, C3, 0.0f, ds, KT);
+                for (int r = 0; r < rows; r++) {
+                    int i = i0 + r, valid = i - j0 + 1 < nk ? i - j0 + 1 : nk;
+                    float *pr = p + (size_t)r * KT, *dr = ds + (size_t)r * KT;
+                    if (valid < 0) valid = 0;
+                    for (int j = 0; j < valid; j++) pr[j] = bb_expf(pr[j] - lse[i]);
+                    for (int j = 0; j < valid; j++) dr[j] = pr[j] * (dr[j] - D[i]) * a->scale;
+                    for (int j = valid; j < nk; j++) pr[j] = dr[j] = 0.0f;
+                }
+                bool first = e == 0 && i0 == j0 / QT * QT;
+                /* dV += Pᵀ · dout, dK += scale·dSᵀ · Q (scale is in dS), dQ += dS · K */
+                gemm(true, false, nk, hs, rows, 1.0f, p, KT, dyi, C, first ? 0.0f : 1.0f, dv, hs);
+                gemm(true, false, nk, hs, rows, 1.0f, ds, KT, qi, C3, first ? 0.0f : 1.0f, dk, hs);
+                gemm(false, false, rows, hs, nk, 1.0f, ds, KT, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);
             }
-            bool first = i0 == j0 / QT * QT;
-            /* dV += Pᵀ · dout, dK += scale·dSᵀ · Q (scale is in dS), dQ += dS · K */
-            gemm(true, false, nk, hs, rows, 1.0f, p, KT, dyi, C, first ? 0.0f : 1.0f, dv, hs);
-            gemm(true, false, nk, hs, rows, 1.0f, ds, KT, qi, C3, first ? 0.0f : 1.0f, dk, hs);
-            gemm(false, false, rows, hs, nk, 1.0f, ds, KT, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);
         }
         for (int j = 0; j < nk; j++) {
-            memcpy(dq + (size_t)(j0 + j) * C3 + C, dk + (size_t)j * hs, (size_t)hs * sizeof *dk);
-            memcpy(dq + (size_t)(j0 + j) * C3 + 2 * C, dv + (size_t)j * hs, (size_t)hs * sizeof *dv);
+            memcpy(dk0 + (size_t)(j0 + j) * C3, dk + (size_t)j * hs, (size_t)hs * sizeof *dk);
+            memcpy(dv0 + (size_t)(j0 + j) * C3, dv + (size_t)j * hs, (size_t)hs * sizeof *dv);
         }
     }
 }
@@ -149,12 +167,20 @@ static void free_scratch(float **s, int threads)
     free(s);
 }
 
-void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+static attn_args attention_args(int B, int T, int NH, int KVH, int HS)
 {
-    int hs = C / NH, threads = bb_cpu_threads(b);
-    attn_args a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .hs = hs,
-                   .qtiles = (T + QT - 1) / QT, .scale = 1.0f / sqrtf((float)hs)};
-    a.scratch = thread_scratch(threads, (size_t)QT * KT + (size_t)QT * hs + 2 * QT);
+    return (attn_args){.B = B, .T = T, .NH = NH, .KVH = KVH, .hs = HS, .C = NH * HS, .W = (NH + 2 * KVH) * HS,
+                       .koff = NH * HS, .voff = (NH + KVH) * HS, .qtiles = (T + QT - 1) / QT,
+                       .scale = 1.0f / sqrtf((float)HS)};
+}
+
+void bb_cpu_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH, int KVH,
+                              int HS)
+{
+    int threads = bb_cpu_threads(b);
+    attn_args a = attention_args(B, T, NH, KVH, HS);
+    a.out = out.data, a.lse = lse, a.qkv = qkv.data;
+    a.scratch = thread_scratch(threads, (size_t)QT * KT + (size_t)QT * HS + 2 * QT);
     if (!a.scratch) {
         bb_backend_note_error(b, BB_ERR_NOMEM, "attention_forward: out of host memory for its tiles");
         return;
@@ -164,43 +190,44 @@ void bb_cpu_attention_forward(bb_backend_t *b, float *out, float *lse, const flo
 }
 
 /* One row per head, on the calling thread: the work is one row's. */
-void bb_cpu_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
+void bb_cpu_attention_decode(bb_backend_t *b, bb_tensor out_t, float *scores, bb_tensor qkv_t, int T, int NH, int KVH,
+                             int HS)
 {
     (void)b;
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    const float *q = qkv + (size_t)(T - 1) * 3 * C;
+    attn_args a = attention_args(1, T, NH, KVH, HS);
+    const float *qkv = qkv_t.data, *q = qkv + (size_t)(T - 1) * a.W;
     for (int h = 0; h < NH; h++) {
+        int g = h / (NH / KVH);
         float *s = scores + (size_t)h * T, max = -INFINITY, sum = 0.0f;
         for (int t = 0; t < T; t++) {
-            const float *k = qkv + (size_t)t * 3 * C + C + h * hs;
+            const float *k = qkv + (size_t)t * a.W + a.koff + g * HS;
             float dot = 0.0f;
-            for (int d = 0; d < hs; d++) dot += q[h * hs + d] * k[d];
-            s[t] = dot * scale;
+            for (int d = 0; d < HS; d++) dot += q[h * HS + d] * k[d];
+            s[t] = dot * a.scale;
             max = s[t] > max ? s[t] : max;
         }
         for (int t = 0; t < T; t++) sum += s[t] = expf(s[t] - max);
-        float *o = out + h * hs, inv = 1.0f / sum;
-        for (int d = 0; d < hs; d++) o[d] = 0.0f;
+        float *o = (float *)out_t.data + h * HS, inv = 1.0f / sum;
+        for (int d = 0; d < HS; d++) o[d] = 0.0f;
         for (int t = 0; t < T; t++) {
-            const float *v = qkv + (size_t)t * 3 * C + 2 * C + h * hs;
+            const float *v = qkv + (size_t)t * a.W + a.voff + g * HS;
             float p = s[t] * inv;
-            for (int d = 0; d < hs; d++) o[d] += p * v[d];
+            for (int d = 0; d < HS; d++) o[d] += p * v[d];
         }
     }
 }
 
-void bb_cpu_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int C, int NH)
+void bb_cpu_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
+                               const float *lse, int B, int T, int NH, int KVH, int HS)
 {
-    int hs = C / NH, threads = bb_cpu_threads(b);
-    attn_args a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .o = out, .lse_in = lse, .B = B, .T = T, .C = C,
-                   .NH = NH, .hs = hs, .scale = 1.0f / sqrtf((float)hs)};
-    a.scratch = thread_scratch(threads, 2 * (size_t)QT * KT + 2 * (size_t)KT * hs + (size_t)T);
+    int threads = bb_cpu_threads(b);
+    attn_args a = attention_args(B, T, NH, KVH, HS);
+    a.dqkv = dqkv.data, a.dout = dout.data, a.qkv = qkv.data, a.o = out.data, a.lse_in = lse;
+    a.scratch = thread_scratch(threads, 2 * (size_t)QT * KT + 2 * (size_t)KT * HS + (size_t)(NH / KVH) * T);
     if (!a.scratch) {
         bb_backend_note_error(b, BB_ERR_NOMEM, "attention_backward: out of host memory for its tiles");
         return;
     }
-    bb_cpu_parallel(b, B * NH, backward_task, &a);
+    bb_cpu_parallel(b, B * KVH, backward_task, &a);
     free_scratch(a.scratch, threads);
 }

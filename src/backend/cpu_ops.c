@@ -106,10 +106,14 @@ static void ew_run(bb_backend_t *b, ew_args *a)
     bb_cpu_parallel(b, ew_slices(a), ew_task, a);
 }
 
-void bb_cpu_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
-                        int IC, int OC)
+/* The fp32 data of a tensor (ops.def's dtypes are checked before the call). */
+#define F32(t) ((float *)(t).data)
+
+void bb_cpu_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
+                           int OC)
 {
-    sgemm_bias(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, in, IC, w, IC, bias ? 1.0f : 0.0f, out, OC, bias);
+    sgemm_bias(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, F32(in), IC, F32(w), IC, bias.data ? 1.0f : 0.0f,
+               F32(out), OC, F32(bias));
 }
 
 /* dbias[lo, hi) += the column sums of dout, rows in order (the same sums
@@ -125,9 +129,11 @@ static void bias_grad_range(const ew_args *a, size_t lo, size_t hi, int slice)
     }
 }
 
-void bb_cpu_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                         const float *w, int N, int IC, int OC, bool accumulate)
+void bb_cpu_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout_t,
+                            bb_tensor in_t, bb_tensor w_t, int N, int IC, int OC, bool accumulate)
 {
+    float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
+    const float *dout = F32(dout_t), *in = F32(in_t), *w = F32(w_t);
     sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
@@ -147,11 +153,6 @@ static void relu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice
     for (size_t i = lo; i < hi; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-void bb_cpu_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
-{
-    ew_run(b, &(ew_args){.range = relu_forward_range, .x = out, .a = in, .n = n});
-}
-
 static void relu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
@@ -161,11 +162,6 @@ static void relu_backward_range(const ew_args *a, size_t lo, size_t hi, int slic
         float g = dout[i]; /* read unconditionally: the loop vectorizes into a blend */
         din[i] = in[i] > 0.0f ? g : 0.0f;
     }
-}
-
-void bb_cpu_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
-{
-    ew_run(b, &(ew_args){.range = relu_backward_range, .x = din, .a = dout, .c = in, .n = n});
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
@@ -181,11 +177,6 @@ static void gelu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice
     }
 }
 
-void bb_cpu_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
-{
-    ew_run(b, &(ew_args){.range = gelu_forward_range, .x = out, .a = in, .n = n});
-}
-
 static void gelu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
@@ -199,9 +190,46 @@ static void gelu_backward_range(const ew_args *a, size_t lo, size_t hi, int slic
     }
 }
 
-void bb_cpu_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+/* SiLU: x · sigmoid(x); its derivative s · (1 + x · (1 - s)). */
+static void silu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
-    ew_run(b, &(ew_args){.range = gelu_backward_range, .x = din, .a = dout, .c = in, .n = n});
+    (void)slice;
+    float *restrict out = a->x;
+    const float *restrict in = a->a;
+    for (size_t i = lo; i < hi; i++) {
+        float x = in[i];
+        out[i] = x / (1.0f + bb_expf(-x));
+    }
+}
+
+static void silu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    float *din = a->x;
+    const float *dout = a->a, *in = a->c;
+    for (size_t i = lo; i < hi; i++) {
+        float x = in[i], s = 1.0f / (1.0f + bb_expf(-x));
+        din[i] = dout[i] * s * (1.0f + x * (1.0f - s));
+    }
+}
+
+typedef void (*ew_range)(const ew_args *a, size_t lo, size_t hi, int slice);
+static const ew_range activation_ranges[][2] = {
+    [BB_ACTIVATION_RELU] = {relu_forward_range, relu_backward_range},
+    [BB_ACTIVATION_GELU_TANH] = {gelu_forward_range, gelu_backward_range},
+    [BB_ACTIVATION_SILU] = {silu_forward_range, silu_backward_range},
+};
+
+/* ops.def checked `act`. */
+void bb_cpu_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor in, size_t n)
+{
+    ew_run(b, &(ew_args){.range = activation_ranges[act][0], .x = F32(out), .a = F32(in), .n = n});
+}
+
+void bb_cpu_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor din, bb_tensor dout, bb_tensor in,
+                                size_t n)
+{
+    ew_run(b, &(ew_args){.range = activation_ranges[act][1], .x = F32(din), .a = F32(dout), .c = F32(in), .n = n});
 }
 
 #define LN_EPS 1e-5f
@@ -234,12 +262,12 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
     }
 }
 
-void bb_cpu_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
-                           const float *bias, int N, int C)
+void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *rstd, bb_tensor in, bb_tensor w,
+                              bb_tensor bias, int N, int C)
 {
-    ln_args a = {.e = {.range = layernorm_forward_range, .x = out, .y = mean, .z = rstd, .a = in, .c = w,
-                       .n = (size_t)N, .C = C},
-                 .bias = bias};
+    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(in),
+                       .c = F32(w), .n = (size_t)N, .C = C},
+                 .bias = F32(bias)};
     ew_run(b, &a.e);
 }
 
@@ -273,11 +301,13 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
     }
 }
 
-void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                            const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout,
+                               bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
+                               bool accumulate)
 {
-    ln_args a = {.e = {.range = layernorm_backward_range, .a = in, .c = w, .n = (size_t)N, .C = C},
-                 .mean = mean, .rstd = rstd, .dout = dout, .din = din};
+    float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
+    ln_args a = {.e = {.range = layernorm_backward_range, .a = F32(in), .c = F32(w), .n = (size_t)N, .C = C},
+                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din};
     a.e.grain = EW_GRAIN / (size_t)C > 0 ? EW_GRAIN / (size_t)C : 1;
     int slices = ew_slices(&a.e);
     a.parts = malloc((size_t)slices * 2 * C * sizeof *a.parts);
@@ -297,30 +327,41 @@ void bb_cpu_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *db
     free(a.parts);
 }
 
-void bb_cpu_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                           int B, int T, int C)
+void bb_cpu_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe,
+                              int B, int T, int C)
 {
     (void)b;
+    const float *wpe_f = F32(wpe);
     for (int i = 0; i < B * T; i++) {
-        const float *te = wte + (size_t)tokens[i] * C, *pe = wpe + (size_t)(i % T) * C;
-        float *o = out + (size_t)i * C;
+        const float *te = F32(wte) + (size_t)tokens[i] * C;
+        float *o = F32(out) + (size_t)i * C;
+        if (!wpe_f) {
+            memcpy(o, te, (size_t)C * sizeof *o);
+            continue;
+        }
+        const float *pe = wpe_f + (size_t)(i % T) * C;
         for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
     }
 }
 
-void bb_cpu_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                            int B, int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
+void bb_cpu_embedding_backward(bb_backend_t *b, bb_tensor dwte_t, bb_tensor dwpe_t, bb_tensor dout_t,
+                               const int32_t *tokens, int B, int T, int C, int V, int maxT, bool accumulate_wte,
+                               bool accumulate_wpe)
 {
     (void)b;
+    float *dwte = F32(dwte_t), *dwpe = F32(dwpe_t);
+    const float *dout = F32(dout_t);
     if (!accumulate_wte) memset(dwte, 0, (size_t)V * C * sizeof *dwte);
-    if (!accumulate_wpe) memset(dwpe, 0, (size_t)maxT * C * sizeof *dwpe);
+    if (dwpe && !accumulate_wpe) memset(dwpe, 0, (size_t)maxT * C * sizeof *dwpe);
     for (int i = 0; i < B * T; i++) {
         const float *d = dout + (size_t)i * C;
-        float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe + (size_t)(i % T) * C;
-        for (int c = 0; c < C; c++) {
-            te[c] += d[c];
-            pe[c] += d[c];
-        }
+        float *te = dwte + (size_t)tokens[i] * C;
+        for (int c = 0; c < C; c++) te[c] += d[c];
+    }
+    for (int i = 0; dwpe && i < B * T; i++) {
+        const float *d = dout + (size_t)i * C;
+        float *pe = dwpe + (size_t)(i % T) * C;
+        for (int c = 0; c < C; c++) pe[c] += d[c];
     }
 }
 
@@ -332,9 +373,9 @@ static void add_range(const ew_args *a, size_t lo, size_t hi, int slice)
     for (size_t i = lo; i < hi; i++) out[i] = x[i] + y[i];
 }
 
-void bb_cpu_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+void bb_cpu_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t n)
 {
-    ew_run(b, &(ew_args){.range = add_range, .x = out, .a = x, .c = y, .n = n});
+    ew_run(b, &(ew_args){.range = add_range, .x = F32(out), .a = F32(x), .c = F32(y), .n = n});
 }
 
 typedef struct xent_args {
@@ -377,11 +418,11 @@ static void xent_task(void *ctx, int task, int thread)
 }
 
 /* Rows spread over the backend's threads. */
-void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits, bb_tensor logits,
                               const int32_t *targets, int N, int V, float normalizer)
 {
-    xent_args a = {.row_loss = row_loss, .dlogits = dlogits, .logits = logits, .targets = targets, .N = N, .V = V,
-                   .normalizer = normalizer};
+    xent_args a = {.row_loss = row_loss, .dlogits = F32(dlogits), .logits = F32(logits), .targets = targets, .N = N,
+                   .V = V, .normalizer = normalizer};
     bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
 }
 
@@ -394,8 +435,8 @@ double bb_cpu_sum_rows(bb_backend_t *b, const double *rows, size_t n)
     return total;
 }
 
-void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
-                              const int32_t *targets, int N, int V, float normalizer, int *valid)
+void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, bb_tensor dlogits, bb_tensor logits,
+                                 const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     double *rows = malloc(((size_t)N + 1) * sizeof(double));
     if (loss) *loss = NAN;
@@ -459,6 +500,8 @@ void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momen
                          .f = {lr, momentum, weight_decay, grad_scale}});
 }
 
+double bb_host_sum_squares(const float *x, size_t n) { return bb_sum_squares_f32(x, n); }
+
 static void sum_squares_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     a->parts[slice] = bb_sum_squares_f32(a->a + lo, hi - lo);
@@ -482,19 +525,19 @@ static double sum_squares_one(bb_backend_t *b, const float *x, size_t n)
 }
 
 /* Range by range, in order: the same as summing each range alone. */
-double bb_cpu_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
+double bb_cpu_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
 {
     double s = 0.0;
     for (int r = 0; r < n; r++) s += sum_squares_one(b, x + lo[r], hi[r] - lo[r]);
     return s;
 }
 
-int bb_cpu_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
+int bb_cpu_count_correct(bb_backend_t *b, bb_tensor logits, const int32_t *targets, int N, int V)
 {
     (void)b;
     int hits = 0;
     for (int n = 0; n < N; n++) {
-        const float *row = logits + (size_t)n * V;
+        const float *row = F32(logits) + (size_t)n * V;
         int best = 0;
         for (int k = 1; k < V; k++) best = row[k] > row[best] ? k : best;
         hits += best == targets[n];
@@ -514,9 +557,9 @@ static void bf16_round_range(const ew_args *a, size_t lo, size_t hi, int slice)
     }
 }
 
-void bb_cpu_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+void bb_cpu_bf16_round(bb_backend_t *b, bb_tensor x, bb_tensor packed, size_t n)
 {
-    ew_run(b, &(ew_args){.range = bf16_round_range, .x = x, .h = packed, .n = n});
+    ew_run(b, &(ew_args){.range = bf16_round_range, .x = F32(x), .h = packed.data, .n = n});
 }
 
 static void bf16_unpack_range(const ew_args *a, size_t lo, size_t hi, int slice)
@@ -527,9 +570,9 @@ static void bf16_unpack_range(const ew_args *a, size_t lo, size_t hi, int slice)
     for (size_t i = lo; i < hi; i++) out[i] = bb_bf16_to_float(packed[i]);
 }
 
-void bb_cpu_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+void bb_cpu_bf16_unpack(bb_backend_t *b, bb_tensor out, bb_tensor packed, size_t n)
 {
-    ew_run(b, &(ew_args){.range = bf16_unpack_range, .x = out, .hc = packed, .n = n});
+    ew_run(b, &(ew_args){.range = bf16_unpack_range, .x = F32(out), .hc = packed.data, .n = n});
 }
 
 void bb_cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
@@ -549,13 +592,13 @@ void bb_cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets
         }
 }
 
-void bb_cpu_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
-                           int B, int inputs)
+void bb_cpu_records_to_images(bb_backend_t *b, bb_tensor features, int32_t *labels, const uint8_t *records, int count,
+                              int B, int inputs)
 {
     (void)b;
     for (int r = 0; r < B; r++) {
         const uint8_t *p = records + (size_t)r * (inputs + 1);
-        float *x = features + (size_t)r * inputs;
+        float *x = F32(features) + (size_t)r * inputs;
         labels[r] = r < count ? p[0] : -1;
         if (r >= count) memset(x, 0, (size_t)inputs * sizeof *x);
         else

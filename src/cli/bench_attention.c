@@ -116,10 +116,12 @@ int bb_bench_attention(int argc, char **argv)
     if (rc == BB_OK) rc = bb_backend_copy(be, dout, h_dout, n1 * sizeof(float), BB_COPY_H2D);
     for (int64_t s = -2; rc == BB_OK && s < steps; s++) {
         uint64_t t0 = bb_clock_ns();
-        bb_op_attention_forward(be, o, lse, qkv, (int)B, (int)T, (int)C, (int)heads);
+        bb_op_attention_forward(be, bb_f32(o), lse, bb_f32(qkv), (int)B, (int)T, (int)heads, (int)heads, (int)(C / heads));
         rc = bb_backend_synchronize(be);
         uint64_t t1 = bb_clock_ns();
-        if (rc == BB_OK) bb_op_attention_backward(be, dqkv, dout, qkv, o, lse, (int)B, (int)T, (int)C, (int)heads);
+        if (rc == BB_OK)
+            bb_op_attention_backward(be, bb_f32(dqkv), bb_f32(dout), bb_f32(qkv), bb_f32(o), lse, (int)B, (int)T,
+                                     (int)heads, (int)heads, (int)(C / heads));
         if (rc == BB_OK) rc = bb_backend_synchronize(be);
         if (s >= 0) fwd[s] = (t1 - t0) / 1e6, bwd[s] = (bb_clock_ns() - t1) / 1e6;
         if (bb_cli_interrupted) rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted");

@@ -59,10 +59,19 @@ static bb_status bench_setup(bench_flags *f, bench_run *r)
     bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
                             .hidden = (const char *const *)f->hidden.items, .hidden_count = f->hidden.count};
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, &r->c));
-    r->c.seq_len = f->seq_len, r->c.vocab = f->vocab, r->c.inputs = f->inputs, r->c.classes = f->classes;
+    /* what a dataset would say: token records of T+1 tokens, or images of `inputs` pixels */
     bool gpt = bb_model_targets_are_tokens(&r->c);
+    uint32_t width = f->vocab > 65536 ? 4 : 2, tokens = (uint32_t)f->seq_len + 1;
+    bb_record_format data = gpt ? (bb_record_format){.kind = width == 4 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16,
+                                                     .rank = 1, .shape = {tokens}, .record_size = tokens * width,
+                                                     .classes_or_vocab = (uint32_t)f->vocab}
+                                : (bb_record_format){.kind = BB_RECORD_IMAGE_U8, .rank = 1,
+                                                     .shape = {(uint32_t)f->inputs},
+                                                     .record_size = (uint32_t)f->inputs + 1,
+                                                     .classes_or_vocab = (uint32_t)f->classes};
+    BB_TRY(bb_model_config_from_data(&r->c, &data, "the flags"));
     if (!f->micro_given && !gpt) f->micro_batch = 256;
-    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, &r->c));
+    BB_TRY(bb_model_parse_recompute(f->checkpoint, &r->c));
     model_flags chunk = {.loss_chunk = f->loss_chunk, .loss_chunk_given = f->loss_chunk_given};
     BB_TRY(loss_chunk_flag(&chunk, &r->c));
     f->bo.threads = f->threads;

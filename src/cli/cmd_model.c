@@ -35,18 +35,13 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
         static const model_flags defaults = MODEL_FLAGS_DEFAULT;
         BB_TRY(model_flags_config(mf ? mf : &defaults, &c));
         if (hf) BB_TRY(model_flags_hf_shape(mf ? mf : &defaults, init_from, &c));
-        int positions;
-        bb_model_config whole;
-        if (hf && !data) { /* sample: the model as config.json says, all its positions */
-            BB_TRY(bb_model_hf_config(init_from, &whole, &positions));
-            c.seq_len = whole.seq_len, c.vocab = whole.vocab;
-        } else {
+        if (!hf || data) { /* else sample: the model as config.json says, all its positions */
             if (!data)
                 return bb_fail(BB_ERR_ARG, "--init-from needs --data (it gives the model's input and output sizes)");
             BB_TRY(model_config_from_data(data, &c, NULL));
         }
     }
-    c.checkpoint_every = 0;
+    c.recompute_every = 0;
     c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */
     if (mf) BB_TRY(loss_chunk_flag(mf, &c));
     bb_backend_options bo = {0};
@@ -357,10 +352,10 @@ int bb_cmd_sample(int argc, char **argv)
     if (rc == BB_OK && !bb_model_targets_are_tokens(c))
         rc = bb_fail(BB_ERR_ARG, "%s: sample needs a gpt (a model of tokens)", ckpt ? ckpt : init_from);
     if (rc == BB_OK) rc = sample_tokenizer(tokenizer, ckpt, init_from, c, ids, &tok);
-    int T = c ? c->seq_len : 0, len = 0;
+    int T = c ? bb_model_targets_per_example(c) : 0, V = c ? bb_model_outputs(c) : 0, len = 0;
     if (rc == BB_OK) {
         context = calloc((size_t)T, sizeof *context);
-        logits = malloc((size_t)c->vocab * sizeof *logits);
+        logits = malloc((size_t)V * sizeof *logits);
         if (!context || !logits) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     size_t plen = strlen(prompt);
@@ -389,7 +384,7 @@ int bb_cmd_sample(int argc, char **argv)
         if (len == 0) context[len++] = newline; /* an empty prompt starts a line */
         rc = next_logits(m, context, len, &cached, recompute, ignored, logits);
         if (rc != BB_OK) break;
-        int next = draw(logits, c->vocab, temperature, &rng);
+        int next = draw(logits, V, temperature, &rng);
         put_token(tok, next, ids, n == 0);
         if (len == T && recompute) { /* a full window slides by one */
             memmove(context, context + 1, (size_t)(T - 1) * sizeof *context), len--;

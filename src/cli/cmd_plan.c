@@ -50,7 +50,7 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
         char step[32] = "";
         if (q->calibration) snprintf(step, sizeof step, "  %14.1f ms", r->step_ms);
         printf("  %s %11d  %12d  %-12s  %15s  %12.2fx%s%s\n", r->chosen ? "*" : " ", r->micro_batch, r->accumulation,
-               r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak), r->relative_time, step,
+               r->recompute, bb_format_bytes(r->memory.total, peak, sizeof peak), r->relative_time, step,
                r->fits ? "" : "  does not fit");
     }
     if (p->chosen < 0) {
@@ -59,13 +59,13 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     }
     const bb_plan_row *r = &p->rows[p->chosen];
     char a[24], b[24], c[24], d[24], e[24];
-    printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->checkpoint,
+    printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->recompute,
            r->accumulation);
     char shard[48] = "";
     if (q->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero 1)", q->devices);
     printf("  its peak: parameters %s, gradients %s, %s state %s%s, batches %s, activations %s",
            bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
-           q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", bb_format_bytes(r->memory.optimizer, c, sizeof c),
+           bb_optimizer_desc_of(q->optimizer)->title, bb_format_bytes(r->memory.optimizer, c, sizeof c),
            shard, bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
     uint64_t chunk_bytes = (uint64_t)r->loss_chunk * bb_model_outputs(&q->model) * sizeof(float);
@@ -92,7 +92,7 @@ static bb_status print_json(const bb_plan *p)
         const bb_memory_breakdown *m = &r->memory;
         json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I}",
                                 "micro_batch", r->micro_batch, "accumulation", r->accumulation, "checkpoint",
-                                r->checkpoint, "peak_bytes", (json_int_t)m->total, "relative_time",
+                                r->recompute, "peak_bytes", (json_int_t)m->total, "relative_time",
                                 bb_json_fixed(r->relative_time, 4), "step_ms",
                                 r->step_ms > 0 ? bb_json_fixed(r->step_ms, 3) : json_null(),
                                 "loss_chunk", r->loss_chunk, "fits", r->fits, "chosen", r->chosen, "parameters_bytes",
@@ -146,7 +146,7 @@ int bb_cmd_plan(int argc, char **argv)
          .max = 1 << 24},
         OPTIMIZER_FLAG_OPT(q.optimizer, NULL),
         PRECISION_FLAG_OPT(precision, NULL),
-        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.bucket_mib, NULL, NULL),
+        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.zero_shards, q.bucket_mib, NULL, NULL, NULL),
         {"--calibrate", BB_OPT_FLAG, &calibrate, NULL,
          "measure what each op costs on this device kind (this model, a few micro-steps), cache it, then plan"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
@@ -156,7 +156,7 @@ int bb_cmd_plan(int argc, char **argv)
     bool any_checkpoint = rc == BB_OK && !strcmp(mf.checkpoint, "auto");
     if (any_checkpoint) mf.checkpoint = "none";
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
-    q.fixed_checkpoint = !any_checkpoint;
+    q.fixed_recompute = !any_checkpoint;
     q.model.precision = precision;
     if (rc == BB_OK) rc = default_data_present(data, data_given);
     if (rc == BB_OK) {

@@ -66,7 +66,7 @@ typedef struct train_flags {
 /* The flag that names each field in messages: the option row whose
  * `given` is given[f] (filled by train_table), the model's own rows. */
 static const char *flag_of[BB_TRAIN_FIELDS] = {
-    [BB_TRAIN_MODEL] = "--model", [BB_TRAIN_CHECKPOINT] = "--checkpoint", [BB_TRAIN_LOSS_CHUNK] = "--loss-chunk",
+    [BB_TRAIN_MODEL] = "--model", [BB_TRAIN_RECOMPUTE] = "--checkpoint", [BB_TRAIN_LOSS_CHUNK] = "--loss-chunk",
     [BB_TRAIN_SKIP_NONFINITE] = "--on-nonfinite skip", [BB_TRAIN_ATTENTION] = "--attention",
     [BB_TRAIN_DEVICE_MEM] = "--device-mem", [BB_TRAIN_NO_OVERLAP] = "--no-overlap"};
 static const char *flag_name(bb_train_field f) { return f >= 0 && f < BB_TRAIN_FIELDS ? flag_of[f] : NULL; }
@@ -120,8 +120,8 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "in, when no device of a process moved for this long (a peer stopped, stalled or died; must exceed the "
          "longest step, evaluation or save); 0: never (default 600, as PyTorch's collective timeout)",
          .min = 0, .max = 1e9},
-        MEMORY_FLAG_OPTS(o->device_mem, o->zero, o->bucket_mib, &f->given[BB_TRAIN_ZERO],
-                         &f->given[BB_TRAIN_BUCKET_MIB]),
+        MEMORY_FLAG_OPTS(o->device_mem, o->zero, o->zero_shards, o->bucket_mib, &f->given[BB_TRAIN_ZERO],
+                         &f->given[BB_TRAIN_ZERO_SHARDS], &f->given[BB_TRAIN_BUCKET_MIB]),
         {"--eval-every", BB_OPT_U64, &o->eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",
          .min = 0, .max = 1e15},
         {"--save", BB_OPT_STRING, &o->save_dir, "DIR", "write checkpoints here (atomically; DIR/latest is the "
@@ -163,7 +163,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
 {
     model_flags *mf = &f->mf;
     if (!strcmp(mf->checkpoint, "auto")) { /* the planner picks the policy */
-        o->auto_checkpoint = true;
+        o->auto_recompute = true;
         mf->checkpoint = "none";
     }
     if (f->given[BB_TRAIN_STEPS] && f->given[BB_TRAIN_EPOCHS])
@@ -171,7 +171,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     BB_TRY(model_flags_config(mf, &o->model));
     if (o->init_from && bb_model_is_hf_dir(o->init_from)) BB_TRY(model_flags_hf_shape(mf, o->init_from, &o->model));
     f->given[BB_TRAIN_MODEL] = model_flags_shape_given(mf);
-    f->given[BB_TRAIN_CHECKPOINT] = mf->checkpoint_given;
+    f->given[BB_TRAIN_RECOMPUTE] = mf->checkpoint_given;
     f->given[BB_TRAIN_LOSS_CHUNK] = mf->loss_chunk_given;
     if (!strcmp(f->micro_batch, "auto")) {
         o->auto_micro_batch = true;
@@ -228,5 +228,5 @@ int bb_cmd_train(int argc, char **argv)
 
 _Static_assert(sizeof(bb_precision) == sizeof(int) && sizeof(bb_attention) == sizeof(int) &&
                    sizeof(bb_optimizer_kind) == sizeof(int) && sizeof(bb_lr_schedule) == sizeof(int) &&
-                   sizeof(bb_io_mode) == sizeof(int),
+                   sizeof(bb_io_mode) == sizeof(int) && sizeof(bb_param_shard_rule) == sizeof(int),
                "BB_OPT_ENUM stores an int");

@@ -30,11 +30,11 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
                             .d_model_given = f->d_model_given, .hidden = (const char *const *)f->hidden.items,
                             .hidden_count = f->hidden.count};
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
-    BB_TRY(bb_model_parse_checkpoint(f->checkpoint, out));
+    BB_TRY(bb_model_parse_recompute(f->checkpoint, out));
     BB_TRY(loss_chunk_flag(f, out));
-    BB_TRY(bb_model_check_checkpoint(out));
+    BB_TRY(bb_model_check_recompute(out));
     int layers = bb_model_layers(out);
-    if (out->checkpoint_every > layers)
+    if (out->recompute_every > layers)
         BB_WARN("--checkpoint %s: the %s has %d layers, so every:%d (one segment: only the first layer's input is "
                 "kept) is what runs", f->checkpoint, bb_model_kind_name(out->kind), layers, layers);
     return BB_OK;
@@ -48,7 +48,7 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     bb_model_config hf;
     int positions;
     BB_TRY(bb_model_hf_config(dir, &hf, &positions));
-    c->kind = hf.kind, c->layers = hf.layers, c->heads = hf.heads, c->d_model = hf.d_model; /* the data gives T, V */
+    bb_model_config_take_shape(c, &hf); /* the data, when given, gives T and V */
     return BB_OK;
 }
 
@@ -56,8 +56,8 @@ bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t 
 {
     bb_dataset_t *ds;
     BB_TRY(bb_dataset_open(path, &ds));
-    bb_status rc = bb_model_config_from_data(c, bb_dataset_meta(ds), path);
-    if (record_size) *record_size = bb_dataset_meta(ds)->record_size;
+    bb_status rc = bb_model_config_from_data(c, bb_dataset_format(ds), path);
+    if (record_size) *record_size = bb_dataset_format(ds)->record_size;
     bb_dataset_close(ds);
     return rc;
 }

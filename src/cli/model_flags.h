@@ -18,11 +18,12 @@ typedef struct model_flags {
      .d_model = BB_GPT_DEFAULT_D_MODEL}
 
 /* --init-from DIR, a transformers directory: its config.json's shape into
- * c (checkpointing and the loss chunk stay the flags'); fails with
+ * c (the recompute policy and the loss chunk stay the flags'); fails with
  * BB_ERR_ARG when a shape flag was given too, as bb_model_hf_config. */
 bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_config *c);
 
-/* The option-table rows for model_flags (5 rows, --checkpoint, --loss-chunk). */
+/* The option-table rows for model_flags: --model, the shape flags, --checkpoint and its alias --recompute,
+ * --loss-chunk. */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
     {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices(),   \
      .given = &(f).shape_given},                                                                               \
@@ -35,8 +36,10 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default: 1024,1024)",           \
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
-     "activation checkpointing: none, selective (recompute each block's LayerNorm and GELU outputs), blocks "  \
-     "(keep one block's input per block), every:K, plan:P (per block n|s|f, e.g. plan:s*6,f*6; train: also auto)", \
+     "activation checkpointing (recompute): none, selective (recompute each block's LayerNorm and GELU "       \
+     "outputs), blocks (save one block's input per block), every:K, plan:P (per block n|s|f, e.g. "            \
+     "plan:s*6,f*6; train: also auto)", .given = &(f).checkpoint_given},                                       \
+    {"--recompute", BB_OPT_STRING, &(f).checkpoint, "POLICY", "the same as --checkpoint",                     \
      .given = &(f).checkpoint_given},                                                                          \
     {"--loss-chunk", BB_OPT_INT, &(f).loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,         \
      .given = &(f).loss_chunk_given}
@@ -64,16 +67,21 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     {"--global-batch", BB_OPT_I32, &(dest), "G", "examples per optimizer step", .min = 1, .max = 1 << 30,       \
      .given = (given_)}
 #define OPTIMIZER_FLAG_OPT(dest, given_)                                                                       \
-    {"--optimizer", BB_OPT_ENUM, &(dest), "NAME", "adamw (two moments of state) or sgd (one)",                 \
-     .choices = "adamw|sgd", .given = (given_)}
+    {"--optimizer", BB_OPT_ENUM, &(dest), "NAME", bb_optimizer_help(), .choices = bb_optimizer_choices(),       \
+     .given = (given_)}
 /* The memory rows of train and plan: --device-mem (a uint64_t), --zero (an
- * int), --bucket-mib (a double). */
-#define MEMORY_FLAG_OPTS(device_mem, zero, bucket_mib, zero_given, bucket_given)                               \
+ * int), --zero-shards (a bb_param_shard_rule), --bucket-mib (a double);
+ * the given flags may be NULL. */
+#define MEMORY_FLAG_OPTS(device_mem, zero, zero_shards, bucket_mib, zero_given, shards_given, bucket_given)      \
     {"--device-mem", BB_OPT_BYTES, &(device_mem), "BYTES", "each device's memory, a cap (e.g. 512MiB, 16GiB); " \
      "0: none"},                                                                                                \
     {"--zero", BB_OPT_I32, &(zero), "0|1", "1: ZeRO-1, each device keeps the optimizer state of its shard only " \
      "(saves (N-1)/N of it on N devices) and the updated weights are gathered", .min = 0, .max = 1,            \
      .given = (zero_given)},                                                                                    \
+    {"--zero-shards", BB_OPT_ENUM, &(zero_shards), "RULE", "how --zero 1 cuts each gradient bucket among the "  \
+     "devices: auto (the optimizer's rule), elements (equal slices: NCCL reduce-scatters and all-gathers them) " \
+     "or tensors (whole tensors, as an update of whole matrices needs)", .choices = "auto|elements|tensors",   \
+     .given = (shards_given)},                                                                                  \
     {"--bucket-mib", BB_OPT_DOUBLE, &(bucket_mib), "MIB", "gradient bucket size for the reducer, which ZeRO-1's " \
      "shards follow (the first bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536,               \
      .given = (bucket_given)}

@@ -99,6 +99,14 @@ bb_status bb_make_parents(const char *path, size_t *created)
     return rc;
 }
 
+void bb_list_add(char *buf, size_t cap, int i, int n, const char *name, const char *detail)
+{
+    size_t len = strnlen(buf, cap);
+    if (len + 1 >= cap) return;
+    if (!detail) snprintf(buf + len, cap - len, "%s%s", i ? "|" : "", name);
+    else snprintf(buf + len, cap - len, "%s%s (%s)", i == 0 ? "" : i == n - 1 ? " or " : ", ", name, detail);
+}
+
 bb_status bb_copy_file(const char *from, const char *to)
 {
     int in = open(from, O_RDONLY | O_CLOEXEC), out = -1;
@@ -129,4 +137,28 @@ bb_status bb_fsync_dir_of(const char *path)
     if (fd >= 0) close(fd);
     free(dir);
     return rc;
+}
+
+const char *bb_record_kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case BB_RECORD_IMAGE_U8: return "image_u8";
+    case BB_RECORD_TOKENS_U16: return "tokens_u16";
+    case BB_RECORD_TOKENS_U32: return "tokens_u32";
+    }
+    return "unknown";
+}
+
+int bb_record_token_bytes(uint32_t kind)
+{
+    return kind == BB_RECORD_TOKENS_U16 ? 2 : kind == BB_RECORD_TOKENS_U32 ? 4 : 0;
+}
+
+const char *bb_record_shape(const bb_record_format *f, char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (uint32_t i = 0; i < f->rank && i < BB_RECORD_MAX_RANK && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%u", i ? "x" : "", f->shape[i]);
+    return buf;
 }

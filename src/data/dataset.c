@@ -14,6 +14,7 @@ struct bb_dataset {
     bb_shard_t **shards;
     uint32_t shard_count;
     uint64_t record_count;
+    bb_record_format format; /* the first shard's */
 };
 
 bool bb_shard_is_file_name(const char *name)
@@ -107,6 +108,7 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
             snprintf(file, sizeof file, "%s", path);
         BB_TRY_GOTO(bb_shard_open(file, &ds->shards[i]), rc, fail);
         ds->shard_count = i + 1;
+        if (i == 0) ds->format = bb_shard_meta_format(bb_shard_get_meta(ds->shards[0]));
         if (is_dir) BB_TRY_GOTO(check_consistent(ds, i), rc, fail);
         ds->record_count += bb_shard_get_meta(ds->shards[i])->record_count;
     }
@@ -152,6 +154,7 @@ uint64_t bb_dataset_identity(const bb_dataset_t *ds)
     return XXH64_digest(&st);
 }
 const bb_shard_meta *bb_dataset_meta(const bb_dataset_t *ds) { return bb_shard_get_meta(ds->shards[0]); }
+const bb_record_format *bb_dataset_format(const bb_dataset_t *ds) { return &ds->format; }
 
 const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index)
 {

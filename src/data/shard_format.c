@@ -25,14 +25,12 @@ uint32_t bb_shard_checksum(const void *data, size_t size)
     return (uint32_t)XXH64(data, size, 0);
 }
 
-const char *bb_record_kind_name(uint32_t kind)
+bb_record_format bb_shard_meta_format(const bb_shard_meta *meta)
 {
-    switch (kind) {
-    case BB_RECORD_IMAGE_U8: return "image_u8";
-    case BB_RECORD_TOKENS_U16: return "tokens_u16";
-    case BB_RECORD_TOKENS_U32: return "tokens_u32";
-    }
-    return "unknown";
+    bb_record_format f = {.kind = meta->kind, .rank = meta->rank, .record_size = meta->record_size,
+                          .classes_or_vocab = meta->classes_or_vocab};
+    memcpy(f.shape, meta->shape, sizeof f.shape);
+    return f;
 }
 
 uint64_t bb_shard_meta_record_size(const bb_shard_meta *meta)

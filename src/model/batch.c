@@ -29,16 +29,16 @@ struct batch_set {
     bb_event_t *released;     /* the compute stream stopped reading it */
 };
 
-int bb_model_batch_rows(const bb_model_t *m) { return m->B * m->cfg.kind->targets_per_example(&m->cfg); }
+int bb_model_batch_rows(const bb_model_t *m) { return m->B * m->cfg.kind->family->targets_per_example(&m->cfg); }
 
 static size_t input_bytes(const bb_model_t *m)
 {
-    return (size_t)m->B * (size_t)m->cfg.kind->inputs_per_example(&m->cfg) * m->cfg.kind->input_size;
+    return (size_t)m->B * (size_t)m->cfg.kind->family->inputs_per_example(&m->cfg) * m->cfg.kind->family->input_size;
 }
 
 size_t bb_model_record_buffer_bytes(const bb_model_config *c, int micro_batch)
 {
-    return (size_t)micro_batch * c->kind->record_bytes(c);
+    return (size_t)micro_batch * c->kind->family->record_bytes(c);
 }
 
 static void point_at(bb_model_t *m, int set)
@@ -55,7 +55,7 @@ bb_status bb_model_alloc_batches(bb_model_t *m)
     int n = bb_model_batch_rows(m);
     for (int i = 0; i < 2; i++) {
         struct batch_set *s = &m->batch_sets[i];
-        BB_TRY(bb_backend_alloc(m->be, input_bytes(m), m->cfg.kind->input_name, &s->inputs));
+        BB_TRY(bb_backend_alloc(m->be, input_bytes(m), m->cfg.kind->family->input_name, &s->inputs));
         /* Zeroed, so that a forward before the first batch indexes row 0. */
         BB_TRY(bb_backend_memset(m->be, s->inputs, 0, input_bytes(m)));
         BB_TRY(bb_backend_alloc(m->be, (size_t)n * sizeof(int32_t), "targets", (void **)&s->targets));
@@ -94,8 +94,8 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
         if (targets[i] < -1 || targets[i] >= classes)
             return bb_fail(BB_ERR_ARG, "target %d at position %d is not -1 (ignored) or below %d", targets[i], i,
                            classes);
-    if (m->cfg.kind->check_inputs)
-        BB_TRY(m->cfg.kind->check_inputs(&m->cfg, inputs, (size_t)m->B * m->cfg.kind->inputs_per_example(&m->cfg)));
+    if (m->cfg.kind->family->check_inputs)
+        BB_TRY(m->cfg.kind->family->check_inputs(&m->cfg, inputs, (size_t)m->B * m->cfg.kind->family->inputs_per_example(&m->cfg)));
     struct batch_set *s = &m->batch_sets[m->current];
     s->targets_valid = 0;
     for (int i = 0; i < n; i++) s->targets_valid += targets[i] >= 0;
@@ -106,14 +106,14 @@ bb_status bb_model_set_batch(bb_model_t *m, const void *inputs, const int32_t *t
 
 bb_status bb_model_set_synthetic_batch(bb_model_t *m)
 {
-    size_t n = (size_t)bb_model_batch_rows(m), count = input_bytes(m) / m->cfg.kind->input_size;
+    size_t n = (size_t)bb_model_batch_rows(m), count = input_bytes(m) / m->cfg.kind->family->input_size;
     uint64_t outputs = (uint64_t)bb_model_outputs(&m->cfg);
     void *inputs = malloc(input_bytes(m));
     int32_t *targets = malloc(n * sizeof *targets);
     bb_status rc = inputs && targets ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
     for (size_t i = 0; rc == BB_OK && i < n; i++) targets[i] = (int32_t)((i * 2654435761u) % outputs);
     for (size_t i = 0; rc == BB_OK && i < count; i++) { /* tokens spread over the vocabulary, or pixels in [0, 1] */
-        if (m->cfg.kind->targets_are_tokens) ((int32_t *)inputs)[i] = (int32_t)((i * 40503u) % outputs);
+        if (m->cfg.kind->family->targets_are_tokens) ((int32_t *)inputs)[i] = (int32_t)((i * 40503u) % outputs);
         else ((float *)inputs)[i] = (float)(i % 255) / 255.0f;
     }
     if (rc == BB_OK) rc = bb_model_set_batch(m, inputs, targets);
@@ -122,23 +122,23 @@ bb_status bb_model_set_synthetic_batch(bb_model_t *m)
 }
 
 /* ---- loader records ------------------------------------------------------- */
-bb_status bb_model_stage_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
+bb_status bb_model_stage_records(bb_model_t *m, const bb_record_format *f, const uint8_t *records, int count)
 {
     if (count < 1 || count > m->B)
         return bb_fail(BB_ERR_ARG, "batch of %d records for a micro-batch of %d", count, m->B);
     struct batch_set *s = &m->batch_sets[m->current ^ 1];
     int width = 0;
-    BB_TRY(m->cfg.kind->check_records(&m->cfg, meta, records, count, &width));
+    BB_TRY(m->cfg.kind->family->check_records(&m->cfg, f, records, count, &width));
     BB_TRY(bb_backend_event_synchronize(m->be, s->copied)); /* the set's last upload is done */
     s->count = count;
     s->width = width;
-    s->targets_valid = count * m->cfg.kind->targets_per_example(&m->cfg);
+    s->targets_valid = count * m->cfg.kind->family->targets_per_example(&m->cfg);
     if (!s->records) { /* host is device: the op reads the records where they are */
         s->source = records;
         return BB_OK;
     }
     BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COPY, s->released));
-    BB_TRY(bb_backend_copy_async(m->be, s->records, records, (size_t)count * meta->record_size, BB_COPY_H2D,
+    BB_TRY(bb_backend_copy_async(m->be, s->records, records, (size_t)count * f->record_size, BB_COPY_H2D,
                                  BB_STREAM_COPY));
     s->source = s->records;
     return bb_backend_event_record(m->be, s->copied, BB_STREAM_COPY);
@@ -151,13 +151,14 @@ bb_status bb_model_use_staged(bb_model_t *m)
     BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COMPUTE, s->copied));
     BB_TRY(bb_backend_event_record(m->be, m->batch_sets[m->current].released, BB_STREAM_COMPUTE));
     point_at(m, next);
-    m->cfg.kind->convert(m, s->inputs, s->targets, s->source, s->count, s->width);
+    m->cfg.kind->family->convert(m, s->inputs, s->targets, s->source, s->count, s->width);
     return BB_OK;
 }
 
-bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count)
+bb_status bb_model_set_batch_from_records(bb_model_t *m, const bb_record_format *f, const uint8_t *records,
+                                          int count)
 {
-    BB_TRY(bb_model_stage_records(m, meta, records, count));
+    BB_TRY(bb_model_stage_records(m, f, records, count));
     BB_TRY(bb_model_use_staged(m));
     /* the caller may release the records when this returns */
     return bb_backend_event_synchronize(m->be, m->batch_sets[m->current].copied);

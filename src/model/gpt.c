@@ -1,278 +1,363 @@
-/* gpt.c — the decoder-only transformer (GPT-2 shape: pre-LayerNorm blocks,
- * causal attention, GELU MLP of 4x, tied token embedding and LM head):
- * forward, backward, and what each block keeps for its backward.
+/* gpt.c — the decoder-only transformer of GPT-2's shape: pre-LayerNorm
+ * blocks, causal multi-head attention, a GELU MLP of 4x, learned positions,
+ * tied token embedding and LM head. The kind: its configuration, JSON and
+ * initialisation, and its block for the decoder stack (decoder.h), which
+ * does the rest (segments, recompute, bf16, the head, decoding).
  *
- * Blocks form segments (gpt_layout.c). A kept segment is one block that
- * keeps, in storage of its own, what its backward reads: everything
- * ('n'), or all but its LayerNorm and GELU outputs ('s', selective), which
- * its backward recomputes from what is kept. A recomputed segment ('f',
- * full; every:K's segments of K blocks) keeps only its input; its blocks
- * run in the shared recompute slots, and the backward re-runs the segment
- * there before its backward unless the slots still hold it.
- *
- * bf16 activations (--precision bf16): the blocks share one set of fp32
- * work buffers (each keeps its own LayerNorm and attention statistics),
- * and each block's kept tensors are rounded to bf16 as they are computed
- * and packed into its stash; the backward unpacks a block into the work
- * buffers before its backward. A block whose backward comes right after
- * its own forward (the last block, the last block of a recomputed segment)
- * needs no stash. Segment inputs are packed too, and every block's input
- * is unpacked into one fp32 buffer `x`. Recomputed tensors are rounded as
- * they were the first time, so every policy gives the same gradients.
- *
- * Attention is tiled (bb_op_attention_*): a block keeps its output and one
- * log-sum-exp per row and head, nothing of size T×T. The LM head and the
- * loss run fused, in chunks of `chunk` tokens (bb_model_loss_chunk): per
- * chunk the logits, in place their gradient, and each token's loss at its
- * place in row_loss, which the forward sums once (its one wait for the
- * device); at most one chunk's logits exist. The backward walks the chunks in reverse: the
- * last one is still in the buffer, the others are recomputed from the
- * final LayerNorm's output (one more head product for all chunks but the
- * last), and each adds its part to the input's and the tied embedding's
- * gradients. */
+ * A block saves, per token, 16 d-wide floats its backward reads (LayerNorm
+ * 1, qkv 3, attention output, residual, LayerNorm 2, fc 4, GELU 4,
+ * output) and 4 + heads statistics; a selective block drops the LayerNorm
+ * and GELU outputs (6 of the 16: cheap to recompute, large), LayerNorm 2's
+ * fp32 scratch reusing LayerNorm 1's. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "gpt_internal.h"
+#include "decoder.h"
 
-/* ---- forward ----------------------------------------------------------- */
-/* Chunk k of the head: its logits from the final LayerNorm's output, then
- * in place d(loss)/d(logits), and its tokens' losses at their place in
- * row_loss. Nothing waits for the device. */
-static void head_chunk(bb_model_t *m, int k)
+enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, PER_BLOCK };
+enum { WTE = 0, WPE = 1 };
+/* What a block saves (the layout's order; the output last) and its statistics. */
+enum { S_LN1, S_QKV, S_ATTY, S_RES2, S_LN2, S_FCH, S_GELU, S_RES3, SAVED };
+enum { LSE, LN1_MEAN, LN1_RSTD, LN2_MEAN, LN2_RSTD, STATS };
+
+#define F(p) bb_f32(p)
+
+/* ---- the configuration ---------------------------------------------------- */
+bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab)
 {
-    gpt_state *g = m->impl;
-    const bb_model_config *c = &m->cfg;
-    int BT = m->B * c->seq_len, first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
-    bb_op_linear_forward(m->be, g->logits, g->lnf + (size_t)first * c->d_model, model_param(m, WTE), NULL, n,
-                         c->d_model, c->vocab);
-    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, c->vocab,
-                            g->normalizer);
+    return (bb_model_config){.kind = &bb_model_kind_gpt,
+                             .gpt = {.layers = layers, .heads = heads, .d_model = d_model, .seq_len = seq_len,
+                                     .vocab = vocab}};
 }
 
-/* bf16: rounds block l's just-computed tensor k (in a) and packs it into
- * its stash, if it has one. fp32: nothing. */
-static void keep(bb_model_t *m, int l, block_acts *a, int k)
+static bb_status gpt_from_flags(const bb_model_flags *f, bb_model_config *out)
 {
-    gpt_state *g = m->impl;
-    if (g->bf16) bb_op_bf16_round(m->be, *gpt_kept_tensor(a, k), g->stash[l * KEPT + k], bb_gpt_kept_count(m, k));
+    if (f->hidden_count) return bb_fail(BB_ERR_ARG, "--hidden sizes an mlp's layers; this is a gpt (--model mlp?)");
+    *out = bb_model_gpt_config((int)f->layers, (int)f->heads, (int)f->d_model, 0, 0);
+    return BB_OK;
 }
 
-/* bf16: unpacks block l's input (its segment's saved input or block l-1's
- * output) into x. */
-static void load_input(bb_model_t *m, int l)
+static bb_status gpt_from_data(bb_model_config *c, const bb_record_format *f, const char *path)
 {
-    gpt_state *g = m->impl;
-    const segment *s = &g->segs[g->seg_of[l]];
-    const uint16_t *in = l == s->first && g->seg_packed[g->seg_of[l]] ? g->seg_packed[g->seg_of[l]]
-                                                                      : g->stash[(l - 1) * KEPT + KEPT_RES3];
-    bb_op_bf16_unpack(m->be, g->x, in, bb_gpt_kept_count(m, KEPT_RES3));
+    return bb_decoder_token_shape(f, path, "gpt", &c->gpt.seq_len, &c->gpt.vocab);
 }
 
-/* bf16: unpacks block l's stashed tensors (all it keeps but its output)
- * into the work buffers. */
-static void load_block(bb_model_t *m, int l)
+static void gpt_describe(const bb_model_config *c, char *buf, size_t cap)
 {
-    gpt_state *g = m->impl;
-    for (int k = 0; k < KEPT_RES3; k++)
-        if (g->stash[l * KEPT + k])
-            bb_op_bf16_unpack(m->be, *gpt_kept_tensor(g->act[l], k), g->stash[l * KEPT + k], bb_gpt_kept_count(m, k));
+    const bb_gpt_config *g = &c->gpt;
+    snprintf(buf, cap, "gpt (%d layer%s, %d head%s, d %d, T %d, vocab %d)", g->layers, g->layers > 1 ? "s" : "",
+             g->heads, g->heads > 1 ? "s" : "", g->d_model, g->seq_len, g->vocab);
 }
 
-#define W(k) model_param(m, BLOCK_TENSOR(l, k))
-#define D(k) model_grad(m, BLOCK_TENSOR(l, k))
-
-static void ln1_forward(bb_model_t *m, int l, block_acts *a, const float *x)
+static bool gpt_same_shape(const bb_model_config *a, const bb_model_config *b)
 {
-    int BT = m->B * m->cfg.seq_len;
-    bb_op_layernorm_forward(m->be, a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LN1_W), W(LN1_B), BT, m->cfg.d_model);
-    keep(m, l, a, KEPT_LN1);
+    return !memcmp(&a->gpt, &b->gpt, sizeof a->gpt);
 }
 
-static void ln2_forward(bb_model_t *m, int l, block_acts *a)
+static int gpt_to_json(json_t *obj, const bb_model_config *c)
 {
-    int BT = m->B * m->cfg.seq_len;
-    bb_op_layernorm_forward(m->be, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), BT,
-                            m->cfg.d_model);
-    keep(m, l, a, KEPT_LN2);
+    const bb_gpt_config *g = &c->gpt;
+    return json_object_update_new(obj, json_pack("{s:i, s:i, s:i, s:i, s:i}", "layers", g->layers, "heads", g->heads,
+                                                 "d_model", g->d_model, "seq_len", g->seq_len, "vocab", g->vocab));
 }
 
-static void gelu_forward(bb_model_t *m, int l, block_acts *a)
+static bb_status gpt_from_json(const json_t *obj, const char *file, bb_model_config *c)
 {
-    bb_op_gelu_forward(m->be, a->fch_gelu, a->fch, (size_t)m->B * m->cfg.seq_len * 4 * m->cfg.d_model);
-    keep(m, l, a, KEPT_GELU);
+    BB_TRY(bb_json_req_int(obj, file, "layers", &c->gpt.layers));
+    BB_TRY(bb_json_req_int(obj, file, "heads", &c->gpt.heads));
+    BB_TRY(bb_json_req_int(obj, file, "d_model", &c->gpt.d_model));
+    BB_TRY(bb_json_req_int(obj, file, "seq_len", &c->gpt.seq_len));
+    return bb_json_req_int(obj, file, "vocab", &c->gpt.vocab);
 }
 
-static void block_forward(bb_model_t *m, int l, block_acts *a, const float *x)
+static void gpt_dims(const bb_model_config *c, bb_decoder_dims *out)
 {
-    const bb_model_config *c = &m->cfg;
-    bb_backend_t *be = m->be;
-    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
-    size_t n = (size_t)BT * C;
-    ln1_forward(m, l, a, x);
-    bb_op_linear_forward(be, a->qkv, a->ln1, W(ATTN_W), W(ATTN_B), BT, C, 3 * C);
-    keep(m, l, a, KEPT_QKV);
-    bb_op_attention_forward(be, a->atty, a->lse, a->qkv, B, T, C, c->heads);
-    keep(m, l, a, KEPT_ATTY);
-    bb_op_linear_forward(be, a->res2, a->atty, W(PROJ_W), W(PROJ_B), BT, C, C);
-    bb_op_add(be, a->res2, a->res2, x, n);
-    keep(m, l, a, KEPT_RES2);
-    ln2_forward(m, l, a);
-    bb_op_linear_forward(be, a->fch, a->ln2, W(FC_W), W(FC_B), BT, C, 4 * C);
-    keep(m, l, a, KEPT_FCH);
-    gelu_forward(m, l, a);
-    bb_op_linear_forward(be, a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C);
-    bb_op_add(be, a->res3, a->res3, a->res2, n);
-    keep(m, l, a, KEPT_RES3);
+    *out = (bb_decoder_dims){.layers = c->gpt.layers, .seq_len = c->gpt.seq_len, .d_model = c->gpt.d_model,
+                             .vocab = c->gpt.vocab};
 }
 
-/* The input of block l: its segment's saved input, or block l-1's output
- * (bf16: x, once load_input has filled it). */
-static const float *block_input(const gpt_state *g, int l)
+static bb_status gpt_check(const bb_model_config *c)
 {
-    if (g->bf16) return g->x;
-    int s = g->seg_of[l];
-    return l == g->segs[s].first && g->seg_in[s] ? g->seg_in[s] : g->act[l - 1]->res3;
+    const bb_gpt_config *g = &c->gpt;
+    if (g->layers < 1 || g->heads < 1 || g->d_model < 1 || g->seq_len < 1 || g->vocab < 1)
+        return bb_fail(BB_ERR_ARG, "gpt needs positive --layers, --heads, --d-model, --seq-len and a vocabulary");
+    if (g->d_model % g->heads)
+        return bb_fail(BB_ERR_ARG, "--d-model %d is not divisible by --heads %d", g->d_model, g->heads);
+    return BB_OK;
 }
 
-/* Runs segment s's blocks; saves its output where the next segment's
- * input is kept (fp32: a copy after a recomputed segment; bf16: packed by
- * keep()). */
-static bb_status segment_forward(bb_model_t *m, int s)
+/* ---- tensors and initialisation ------------------------------------------- */
+static bb_status add_stem_tensors(bb_model_t *m)
 {
-    gpt_state *g = m->impl;
-    const segment *seg = &g->segs[s];
-    for (int l = seg->first; l < seg->end; l++) {
-        if (g->bf16) load_input(m, l);
-        block_forward(m, l, g->act[l], block_input(g, l));
-        g->last_block = l;
+    const bb_gpt_config *g = &m->cfg.gpt;
+    BB_TRY(bb_model_add_tensor(m, "transformer.wte.weight", g->vocab, g->d_model, true));
+    return bb_model_add_tensor(m, "transformer.wpe.weight", g->seq_len, g->d_model, true);
+}
+
+static bb_status add_block_tensors(bb_model_t *m, int l)
+{
+    int C = m->cfg.gpt.d_model;
+    static const struct {
+        const char *name;
+        int rows, cols; /* in multiples of C; cols 0: a vector */
+        bool decay;
+    } block[PER_BLOCK] = {
+        {"ln_1.weight", 1, 0, false},     {"ln_1.bias", 1, 0, false},      {"attn.c_attn.weight", 3, 1, true},
+        {"attn.c_attn.bias", 3, 0, false}, {"attn.c_proj.weight", 1, 1, true}, {"attn.c_proj.bias", 1, 0, false},
+        {"ln_2.weight", 1, 0, false},     {"ln_2.bias", 1, 0, false},      {"mlp.c_fc.weight", 4, 1, true},
+        {"mlp.c_fc.bias", 4, 0, false},   {"mlp.c_proj.weight", 1, 4, true}, {"mlp.c_proj.bias", 1, 0, false},
+    };
+    for (int k = 0; k < PER_BLOCK; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "transformer.h.%d.%s", l, block[k].name);
+        BB_TRY(bb_model_add_tensor(m, name, block[k].rows * C, block[k].cols * C, block[k].decay));
     }
-    /* the recompute slots hold this segment now, or (bf16) no longer any */
-    if (seg->recompute) g->computed_segment = s;
-    else if (g->bf16) g->computed_segment = -1;
-    if (!g->bf16 && s + 1 < g->S && g->seg_in[s + 1])
-        BB_TRY(bb_backend_copy(m->be, g->seg_in[s + 1], g->act[seg->end - 1]->res3,
-                               (size_t)m->B * m->cfg.seq_len * m->cfg.d_model * sizeof(float), BB_COPY_D2D));
     return BB_OK;
 }
 
-static const float *final_output(const gpt_state *g) { return g->act[g->L - 1]->res3; }
-
-bb_status bb_gpt_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
+static bb_status add_final_tensors(bb_model_t *m)
 {
-    (void)correct;
-    gpt_state *g = m->impl;
-    const bb_model_config *c = &m->cfg;
-    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
-    float *embedded = g->bf16 ? g->x : g->seg_in[0];
-    bb_op_embedding_forward(m->be, embedded, (const int32_t *)m->inputs, model_param(m, WTE), model_param(m, WPE), B, T, C);
-    if (g->bf16) bb_op_bf16_round(m->be, embedded, g->seg_packed[0], (size_t)BT * C);
-    g->forward_done = false;
-    for (int s = 0; s < g->S; s++) BB_TRY(segment_forward(m, s));
-    int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
-    bb_op_layernorm_forward(m->be, g->lnf, g->lnf_mean, g->lnf_rstd, final_output(g), model_param(m, lnf),
-                            model_param(m, lnf + 1), BT, C);
-    if (!loss) return BB_OK; /* the head runs in gpt_logits: no backward */
-    g->normalizer = normalizer;
-    for (int k = 0; k < g->chunks; k++) head_chunk(m, k);
-    *loss = bb_op_sum_rows(m->be, g->row_loss, (size_t)BT) / normalizer; /* the forward's one wait */
-    g->forward_done = true;
+    int C = m->cfg.gpt.d_model;
+    BB_TRY(bb_model_add_tensor(m, "transformer.ln_f.weight", C, 0, false));
+    return bb_model_add_tensor(m, "transformer.ln_f.bias", C, 0, false);
+}
+
+/* GPT-2's: normal 0.02, residual projections 0.02/sqrt(2·layers), zero
+ * biases, unit LayerNorm weights. */
+static bb_status gpt_init(bb_model_t *m, uint64_t seed, float *host)
+{
+    init_rng r = {seed};
+    float proj_std = 0.02f / sqrtf(2.0f * m->cfg.gpt.layers);
+    for (int i = 0; i < m->tensor_count; i++) {
+        const bb_tensor_info *t = &m->tensors[i];
+        float *p = host + t->offset;
+        bool proj = strstr(t->name, "c_proj.weight") != NULL;
+        bool norm = strstr(t->name, "ln_") != NULL && strstr(t->name, ".weight") != NULL;
+        for (size_t j = 0; j < t->count; j++)
+            p[j] = t->rank == 2 ? bb_init_normal(&r, proj ? proj_std : 0.02f) : norm ? 1.0f : 0.0f;
+    }
     return BB_OK;
 }
 
-/* ---- backward ---------------------------------------------------------- */
+/* ---- the stem and the final norm ----------------------------------------- */
+static void gpt_embed(bb_model_t *m, bb_tensor out, const int32_t *tokens, int B, int T, int pos0)
+{
+    int C = m->cfg.gpt.d_model;
+    bb_op_embedding_forward(m->be, out, tokens, F(model_param(m, WTE)),
+                            F(model_param(m, WPE) + (size_t)pos0 * C), B, T, C);
+}
+
+static void gpt_embed_backward(bb_model_t *m, bb_tensor dout, const int32_t *tokens, bool acc, bool wte_started)
+{
+    const bb_gpt_config *g = &m->cfg.gpt;
+    bb_op_embedding_backward(m->be, F(model_grad(m, WTE)), F(model_grad(m, WPE)), dout, tokens, m->B, g->seq_len,
+                             g->d_model, g->vocab, g->seq_len, wte_started || acc, acc);
+}
+
+static void gpt_norm_forward(bb_model_t *m, bb_tensor out, float *const *stats, bb_tensor in, int n)
+{
+    int lnf = bb_decoder_final_tensor(m);
+    bb_op_layernorm_forward(m->be, out, stats[0], stats[1], in, F(model_param(m, lnf)), F(model_param(m, lnf + 1)),
+                            n, m->cfg.gpt.d_model);
+}
+
+/* LayerNorm's backward adds into din: it starts from zero. */
+static bb_status gpt_norm_backward(bb_model_t *m, bb_tensor din, bb_tensor dout, bb_tensor in, float *const *stats,
+                                   int n, bool acc)
+{
+    int lnf = bb_decoder_final_tensor(m), C = m->cfg.gpt.d_model;
+    BB_TRY(bb_backend_memset(m->be, din.data, 0, (size_t)n * C * sizeof(float)));
+    bb_op_layernorm_backward(m->be, din, F(model_grad(m, lnf)), F(model_grad(m, lnf + 1)), dout, in,
+                             F(model_param(m, lnf)), stats[0], stats[1], n, C, acc);
+    return BB_OK;
+}
+
+/* ---- the block ------------------------------------------------------------ */
+static void gpt_layout(const bb_model_config *c, bb_block_layout *out)
+{
+    static const struct {
+        int width; /* in multiples of d */
+        bool dropped;
+    } saved[SAVED] = {[S_LN1] = {1, true},   [S_QKV] = {3, false}, [S_ATTY] = {1, false}, [S_RES2] = {1, false},
+                      [S_LN2] = {1, true},   [S_FCH] = {4, false}, [S_GELU] = {4, true},  [S_RES3] = {1, false}};
+    int C = c->gpt.d_model;
+    *out = (bb_block_layout){.saved = SAVED, .stats = STATS};
+    for (int k = 0; k < SAVED; k++) {
+        out->width[k] = saved[k].width * C;
+        out->dropped |= (unsigned)saved[k].dropped << k;
+        out->reuse[k] = -1;
+    }
+    out->reuse[S_LN2] = S_LN1; /* LayerNorm 2's output is dead before LayerNorm 1's is recomputed */
+    out->stat_width[LSE] = c->gpt.heads;
+    for (int s = LN1_MEAN; s < STATS; s++) out->stat_width[s] = 1;
+}
+
+#define W(k) F(model_param(p->m, p->tensor + (k)))
+#define D(k) F(model_grad(p->m, p->tensor + (k)))
+
+static void ln1_forward(bb_block_pass *p)
+{
+    bb_block_acts *a = p->a;
+    bb_op_layernorm_forward(p->be, a->t[S_LN1], a->stat[LN1_MEAN], a->stat[LN1_RSTD], p->x, W(LN1_W), W(LN1_B), p->BT,
+                            p->m->cfg.gpt.d_model);
+    bb_decoder_saved(p, S_LN1);
+}
+
+static void ln2_forward(bb_block_pass *p)
+{
+    bb_block_acts *a = p->a;
+    bb_op_layernorm_forward(p->be, a->t[S_LN2], a->stat[LN2_MEAN], a->stat[LN2_RSTD], a->t[S_RES2], W(LN2_W),
+                            W(LN2_B), p->BT, p->m->cfg.gpt.d_model);
+    bb_decoder_saved(p, S_LN2);
+}
+
+static void gelu_forward(bb_block_pass *p)
+{
+    bb_op_activation_forward(p->be, BB_ACTIVATION_GELU_TANH, p->a->t[S_GELU], p->a->t[S_FCH],
+                             (size_t)p->BT * 4 * p->m->cfg.gpt.d_model);
+    bb_decoder_saved(p, S_GELU);
+}
+
+static void gpt_block_forward(bb_block_pass *p)
+{
+    const bb_gpt_config *c = &p->m->cfg.gpt;
+    bb_backend_t *be = p->be;
+    bb_block_acts *a = p->a;
+    int C = c->d_model, BT = p->BT;
+    size_t n = (size_t)BT * C;
+    ln1_forward(p);
+    bb_op_linear_forward(be, a->t[S_QKV], a->t[S_LN1], W(ATTN_W), W(ATTN_B), BT, C, 3 * C);
+    bb_decoder_saved(p, S_QKV);
+    bb_op_attention_forward(be, a->t[S_ATTY], a->stat[LSE], a->t[S_QKV], p->B, p->T, c->heads, c->heads,
+                            C / c->heads);
+    bb_decoder_saved(p, S_ATTY);
+    bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], W(PROJ_W), W(PROJ_B), BT, C, C);
+    bb_op_add(be, a->t[S_RES2], a->t[S_RES2], p->x, n);
+    bb_decoder_saved(p, S_RES2);
+    ln2_forward(p);
+    bb_op_linear_forward(be, a->t[S_FCH], a->t[S_LN2], W(FC_W), W(FC_B), BT, C, 4 * C);
+    bb_decoder_saved(p, S_FCH);
+    gelu_forward(p);
+    bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], W(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C);
+    bb_op_add(be, a->t[S_RES3], a->t[S_RES3], a->t[S_RES2], n);
+    bb_decoder_saved(p, S_RES3);
+}
+
 /* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on
- * exit. The block's slot is spent as it goes: d(fch) overwrites fch_gelu
- * once its product's weight gradient is formed, then fch once GELU's
- * backward has read it, and d(qkv) takes fch's place. A selective block
- * recomputes its GELU and LayerNorm outputs right before they are read
- * (fp32: both LayerNorms share one buffer), unless its forward was the
- * last one to run and left them in place. */
-static void block_backward(bb_model_t *m, int l, block_acts *a, const float *x, bool acc)
+ * exit. The block's slot is spent as it goes: d(fch) overwrites the GELU
+ * output once its product's weight gradient is formed, then fch once
+ * GELU's backward has read it, and d(qkv) takes fch's place. A selective
+ * block recomputes its GELU and LayerNorm outputs right before they are
+ * read (fp32: both LayerNorms share one buffer), unless its forward was
+ * the last one to run and left them in place. */
+static void gpt_block_backward(bb_block_pass *p)
 {
-    const bb_model_config *c = &m->cfg;
-    gpt_state *g = m->impl;
-    bb_backend_t *be = m->be;
-    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
-    float *dfch = a->fch, *dqkv = a->fch; /* (BT,4C) and (BT,3C) */
-    bool selective = g->keep[l] == BB_KEEP_SELECTIVE, fresh = g->last_block == l;
-    m->selective_recomputes += selective && !fresh;
-    if (selective && !fresh) gelu_forward(m, l, a);
-    bb_op_linear_backward(be, a->fch_gelu, D(FCPROJ_W), D(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), BT, 4 * C,
+    const bb_gpt_config *c = &p->m->cfg.gpt;
+    bb_backend_t *be = p->be;
+    bb_block_acts *a = p->a;
+    int C = c->d_model, BT = p->BT;
+    bool acc = p->accumulate, recompute = p->selective && !p->fresh;
+    bb_tensor dfch = a->t[S_FCH], dqkv = a->t[S_FCH]; /* (BT,4C) and (BT,3C) */
+    if (recompute) gelu_forward(p);
+    bb_op_linear_backward(be, a->t[S_GELU], D(FCPROJ_W), D(FCPROJ_B), p->dres, a->t[S_GELU], W(FCPROJ_W), BT, 4 * C,
                           C, acc);
-    bb_op_gelu_backward(be, dfch, a->fch_gelu, a->fch, (size_t)BT * 4 * C);
-    if (selective && !fresh) ln2_forward(m, l, a);
-    bb_op_linear_backward(be, g->dln, D(FC_W), D(FC_B), dfch, a->ln2, W(FC_W), BT, C, 4 * C, acc);
-    bb_op_layernorm_backward(be, g->dres, D(LN2_W), D(LN2_B), g->dln, a->res2, W(LN2_W), a->ln2_mean, a->ln2_rstd,
-                             BT, C, acc);
-    bb_op_linear_backward(be, g->dln, D(PROJ_W), D(PROJ_B), g->dres, a->atty, W(PROJ_W), BT, C, C, acc);
-    bb_op_attention_backward(be, dqkv, g->dln, a->qkv, a->atty, a->lse, B, T, C, c->heads);
-    if (selective && (!fresh || a->ln1 == a->ln2)) ln1_forward(m, l, a, x);
-    bb_op_linear_backward(be, g->dln, D(ATTN_W), D(ATTN_B), dqkv, a->ln1, W(ATTN_W), BT, C, 3 * C, acc);
-    bb_op_layernorm_backward(be, g->dres, D(LN1_W), D(LN1_B), g->dln, x, W(LN1_W), a->ln1_mean, a->ln1_rstd, BT, C,
-                             acc);
+    bb_op_activation_backward(be, BB_ACTIVATION_GELU_TANH, dfch, a->t[S_GELU], a->t[S_FCH], (size_t)BT * 4 * C);
+    if (recompute) ln2_forward(p);
+    bb_op_linear_backward(be, p->dln, D(FC_W), D(FC_B), dfch, a->t[S_LN2], W(FC_W), BT, C, 4 * C, acc);
+    bb_op_layernorm_backward(be, p->dres, D(LN2_W), D(LN2_B), p->dln, a->t[S_RES2], W(LN2_W), a->stat[LN2_MEAN],
+                             a->stat[LN2_RSTD], BT, C, acc);
+    bb_op_linear_backward(be, p->dln, D(PROJ_W), D(PROJ_B), p->dres, a->t[S_ATTY], W(PROJ_W), BT, C, C, acc);
+    bb_op_attention_backward(be, dqkv, p->dln, a->t[S_QKV], a->t[S_ATTY], a->stat[LSE], p->B, p->T, c->heads,
+                             c->heads, C / c->heads);
+    if (p->selective && (!p->fresh || a->t[S_LN1].data == a->t[S_LN2].data)) ln1_forward(p);
+    bb_op_linear_backward(be, p->dln, D(ATTN_W), D(ATTN_B), dqkv, a->t[S_LN1], W(ATTN_W), BT, C, 3 * C, acc);
+    bb_op_layernorm_backward(be, p->dres, D(LN1_W), D(LN1_B), p->dln, p->x, W(LN1_W), a->stat[LN1_MEAN],
+                             a->stat[LN1_RSTD], BT, C, acc);
 }
 #undef W
 #undef D
 
-bb_status bb_gpt_backward(bb_model_t *m, bool acc)
+/* ---- decoding: a position caches its qkv row (3d floats) ------------------ */
+static size_t gpt_cache_width(const bb_model_config *c) { return 3 * (size_t)c->gpt.d_model; }
+
+/* One row each: LayerNorm output, attention output, residual, fc 4, GELU
+ * 4, mean, 1/std, then the scores (heads × T); every part 64-float aligned. */
+enum { D_LN, D_ATT, D_RES2, D_FCH, D_GELU, D_MEAN, D_RSTD, D_SCORES, D_PARTS };
+static size_t decode_part(const bb_model_config *c, int part, size_t *offset)
 {
-    gpt_state *g = m->impl;
-    const bb_model_config *c = &m->cfg;
-    int B = m->B, T = c->seq_len, C = c->d_model, BT = B * T;
-    if (!g->forward_done) return bb_fail(BB_ERR_INTERNAL, "gpt backward without a forward");
-    g->forward_done = false;
-    int lnf = FIRST_BLOCK + c->layers * PER_BLOCK;
-    /* The head, chunk by chunk from the last (whose gradient the forward
-     * left in the buffer): d(lnf) rows, and the tied embedding's gradient. */
-    for (int k = g->chunks - 1; k >= 0; k--) {
-        if (k < g->chunks - 1) head_chunk(m, k);
-        int first = k * g->chunk, n = BT - first < g->chunk ? BT - first : g->chunk;
-        bb_op_linear_backward(m->be, g->dln + (size_t)first * C, model_grad(m, WTE), NULL, g->logits,
-                              g->lnf + (size_t)first * C, model_param(m, WTE), n, C, c->vocab,
-                              acc || k < g->chunks - 1);
-    }
-    BB_TRY(bb_backend_memset(m->be, g->dres, 0, (size_t)BT * C * sizeof(float)));
-    bb_op_layernorm_backward(m->be, g->dres, model_grad(m, lnf), model_grad(m, lnf + 1), g->dln, final_output(g),
-                             model_param(m, lnf), g->lnf_mean, g->lnf_rstd, BT, C, acc);
-    model_grads_ready(m, lnf);
-    for (int s = g->S - 1; s >= 0; s--) {
-        const segment *seg = &g->segs[s];
-        if (seg->recompute && g->computed_segment != s) { /* full: re-run it */
-            BB_TRY(segment_forward(m, s));
-            m->recomputed_layers += seg->end - seg->first;
-        }
-        for (int l = seg->end - 1; l >= seg->first; l--) {
-            if (g->bf16) {
-                if (g->last_block != l) load_block(m, l); /* else its forward just left it in the work buffers */
-                load_input(m, l);
-                if (!seg->recompute) g->computed_segment = -1; /* the work buffers hold this block now */
-            }
-            block_backward(m, l, g->act[l], block_input(g, l), acc);
-            g->last_block = -1; /* its buffers are spent */
-            model_grads_ready(m, BLOCK_TENSOR(l, 0));
-        }
-        if (seg->recompute) g->computed_segment = -1;
-    }
-    /* The token embedding's gradient already holds the LM head's part. */
-    bb_op_embedding_backward(m->be, model_grad(m, WTE), model_grad(m, WPE), g->dres, (const int32_t *)m->inputs, B, T, C, c->vocab, T,
-                             true, acc);
-    model_grads_ready(m, WTE);
-    return BB_OK;
+    size_t C = (size_t)c->gpt.d_model, at = 0;
+    size_t sizes[D_PARTS] = {C, C, C, 4 * C, 4 * C, 1, 1, (size_t)c->gpt.heads * c->gpt.seq_len};
+    for (int i = 0; i < part; i++) at += (sizes[i] + 63) / 64 * 64;
+    if (offset) *offset = at;
+    return at + (part < D_PARTS ? sizes[part] : 0);
 }
 
-/* The logits at `position` of every example, one row at a time through
- * the chunk buffer (after a forward without loss). */
-bb_status bb_gpt_logits(bb_model_t *m, int position, float *host)
+static size_t gpt_decode_scratch(const bb_model_config *c) { return decode_part(c, D_PARTS, NULL); }
+
+#define W(k) F(model_param(d->m, d->tensor + (k)))
+static void gpt_block_decode(bb_block_decode *d)
 {
-    gpt_state *g = m->impl;
-    const bb_model_config *c = &m->cfg;
-    for (int b = 0; b < m->B; b++) {
-        bb_op_linear_forward(m->be, g->logits, g->lnf + ((size_t)b * c->seq_len + position) * c->d_model,
-                             model_param(m, WTE), NULL, 1, c->d_model, c->vocab);
-        BB_TRY(bb_backend_copy(m->be, host + (size_t)b * c->vocab, g->logits, (size_t)c->vocab * sizeof(float),
-                               BB_COPY_D2H));
+    const bb_model_config *mc = &d->m->cfg;
+    const bb_gpt_config *c = &mc->gpt;
+    bb_backend_t *be = d->be;
+    int C = c->d_model, pos = d->pos;
+    float *part[D_PARTS];
+    for (int i = 0; i < D_PARTS; i++) {
+        size_t at;
+        decode_part(mc, i, &at);
+        part[i] = d->scratch + at;
     }
-    return BB_OK;
+    float *rows = d->rows; /* this block's rows 0..pos */
+    bb_tensor x = F(d->x), ln = F(part[D_LN]), att = F(part[D_ATT]), res2 = F(part[D_RES2]), fch = F(part[D_FCH]),
+              gelu = F(part[D_GELU]);
+    bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], x, W(LN1_W), W(LN1_B), 1, C);
+    bb_op_linear_forward(be, F(rows + (size_t)pos * 3 * C), ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C);
+    bb_op_attention_decode(be, att, part[D_SCORES], F(rows), pos + 1, c->heads, c->heads, C / c->heads);
+    bb_op_linear_forward(be, res2, att, W(PROJ_W), W(PROJ_B), 1, C, C);
+    bb_op_add(be, res2, res2, x, (size_t)C);
+    bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], res2, W(LN2_W), W(LN2_B), 1, C);
+    bb_op_linear_forward(be, fch, ln, W(FC_W), W(FC_B), 1, C, 4 * C);
+    bb_op_activation_forward(be, BB_ACTIVATION_GELU_TANH, gelu, fch, (size_t)4 * C);
+    bb_op_linear_forward(be, x, gelu, W(FCPROJ_W), W(FCPROJ_B), 1, 4 * C, C);
+    bb_op_add(be, x, x, res2, (size_t)C);
 }
+#undef W
+
+static const bb_decoder_block gpt_block = {
+    .layout = gpt_layout,
+    .add_tensors = add_block_tensors,
+    .forward = gpt_block_forward,
+    .backward = gpt_block_backward,
+    .cache_width = gpt_cache_width,
+    .decode_scratch = gpt_decode_scratch,
+    .decode = gpt_block_decode,
+};
+
+static const bb_decoder_kind gpt_decoder = {
+    .dims = gpt_dims,
+    .check = gpt_check,
+    .block = &gpt_block,
+    .add_stem_tensors = add_stem_tensors,
+    .add_final_tensors = add_final_tensors,
+    .embed = gpt_embed,
+    .embed_backward = gpt_embed_backward,
+    .norm_stats = 2,
+    .norm_forward = gpt_norm_forward,
+    .norm_backward = gpt_norm_backward,
+    .tied_head = "lm_head.weight",
+    .init = gpt_init,
+};
+
+const bb_model_kind bb_model_kind_gpt = {
+    .name = "gpt",
+    .takes = "tokens",
+    .from_flags = gpt_from_flags,
+    .from_data = gpt_from_data,
+    .describe = gpt_describe,
+    .same_shape = gpt_same_shape,
+    .to_json = gpt_to_json,
+    .from_json = gpt_from_json,
+    .family = &bb_decoder_family,
+    .decoder = &gpt_decoder,
+    .hf_model_type = "gpt2",
+};

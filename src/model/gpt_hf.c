@@ -160,10 +160,10 @@ static bb_status hf_tensor(const char *path, const bb_st_file *f, const bb_st_en
               (t->rank == 1 || e->shape[1] == cols);
     if (!strcmp(t->name, "transformer.wte.weight") && e->rank == 2 && e->shape[0] != rows && e->shape[1] == cols)
         return bb_fail(BB_ERR_ARG, "%s: the embedding holds %llu tokens, the data's vocabulary is %d: the data was "
-                       "packed with another tokenizer", path, (unsigned long long)e->shape[0], c->vocab);
+                       "packed with another tokenizer", path, (unsigned long long)e->shape[0], c->gpt.vocab);
     if (wpe && e->rank == 2 && e->shape[0] < rows)
         return bb_fail(BB_ERR_ARG, "%s: %s has %llu positions, fewer than the data's T of %d", path, e->name,
-                       (unsigned long long)e->shape[0], c->seq_len);
+                       (unsigned long long)e->shape[0], c->gpt.seq_len);
     if (!ok)
         return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape [%llu%s%llu], the model wants [%llu%s%llu]", path,
                        e->name, (unsigned long long)e->shape[0], e->rank > 1 ? ", " : "",
@@ -199,9 +199,9 @@ bb_status bb_model_load_hf(bb_model_t *m, const char *dir)
     bb_model_config hf;
     int positions;
     BB_TRY(bb_model_hf_config(dir, &hf, &positions));
-    if (positions < m->cfg.seq_len)
+    if (positions < m->cfg.gpt.seq_len)
         return bb_fail(BB_ERR_ARG, "%s/config.json: n_positions %d is fewer than the data's T of %d", dir, positions,
-                       m->cfg.seq_len);
+                       m->cfg.gpt.seq_len);
     bb_st_file f;
     BB_TRY(bb_st_map(path, &f));
     const bb_st_entry *wpe = hf_entry(&f, "transformer.wpe.weight");
@@ -275,8 +275,8 @@ bb_status bb_model_save_hf(bb_model_t *m, const char *dir)
     if (rc != BB_OK) return rc;
     json_t *cfg = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:n, s:s, s:f, s:b, s:f, s:f, s:f, s:f, s:b, "
                             "s:b, s:s}",
-                            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size", c->vocab,
-                            "n_positions", c->seq_len, "n_embd", c->d_model, "n_layer", c->layers, "n_head", c->heads,
+                            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size", c->gpt.vocab,
+                            "n_positions", c->gpt.seq_len, "n_embd", c->gpt.d_model, "n_layer", c->gpt.layers, "n_head", c->gpt.heads,
                             "n_inner", "activation_function", "gelu_new", "layer_norm_epsilon", 1e-5,
                             "tie_word_embeddings", true, "initializer_range", 0.02, "resid_pdrop", 0.0, "embd_pdrop",
                             0.0, "attn_pdrop", 0.0, "scale_attn_weights", true, "use_cache", true, "torch_dtype", "float32");

@@ -1,11 +1,12 @@
-/* model.c — what both models share: configuration, the parameter table and
- * buffers, initialisation, and the entry points that dispatch to gpt.c or
- * mlp.c (batches are in batch.c). */
+/* model.c — what every model shares: the kind table, configuration, the
+ * parameter table and buffers, initialisation, and the entry points, which
+ * call the kind's family (decoder.c for the gpt, mlp.c; batches are in
+ * batch.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_internal.h"
+#include "decoder.h"
 
 /* ---- the kind table ------------------------------------------------------ */
 static const bb_model_kind *const kinds[] = {&bb_model_kind_gpt, &bb_model_kind_mlp};
@@ -20,12 +21,12 @@ const bb_model_kind *bb_model_kind_find(const char *name)
 
 const char *bb_model_kind_name(const bb_model_kind *k) { return k ? k->name : "(no kind)"; }
 
+/* The first call fills the text; later ones read it. */
 const char *bb_model_kind_choices(void)
 {
     static char text[128];
     if (!text[0])
-        for (int i = 0; i < KINDS; i++)
-            snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s", i ? "|" : "", kinds[i]->name);
+        for (int i = 0; i < KINDS; i++) bb_list_add(text, sizeof text, i, KINDS, kinds[i]->name, NULL);
     return text;
 }
 
@@ -33,9 +34,7 @@ const char *bb_model_kind_help(void)
 {
     static char text[256];
     if (!text[0])
-        for (int i = 0; i < KINDS; i++)
-            snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s (%s)",
-                     i == 0 ? "" : i == KINDS - 1 ? " or " : ", ", kinds[i]->name, kinds[i]->takes);
+        for (int i = 0; i < KINDS; i++) bb_list_add(text, sizeof text, i, KINDS, kinds[i]->name, kinds[i]->takes);
     return text;
 }
 
@@ -48,30 +47,30 @@ bb_status bb_model_config_from_flags(const char *kind, const bb_model_flags *f, 
     return BB_OK;
 }
 
-bb_status bb_model_config_from_data(bb_model_config *c, const bb_shard_meta *meta, const char *path)
+bb_status bb_model_config_from_data(bb_model_config *c, const bb_record_format *f, const char *path)
 {
     if (!c->kind) return bb_fail(BB_ERR_ARG, "no model kind given");
-    return c->kind->from_data(c, meta, path);
+    return c->kind->from_data(c, f, path);
 }
 
-void bb_model_checkpoint_name(const bb_model_config *c, char *buf, size_t cap)
+void bb_model_recompute_name(const bb_model_config *c, char *buf, size_t cap)
 {
-    int layers = bb_model_layers(c), every = c->checkpoint_every;
-    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
+    int layers = bb_model_layers(c), every = c->recompute_every;
+    size_t n = strnlen(c->recompute_plan, sizeof c->recompute_plan);
     bool uniform = n > 0;
-    for (size_t i = 1; i < n; i++) uniform = uniform && c->checkpoint_plan[i] == c->checkpoint_plan[0];
+    for (size_t i = 1; i < n; i++) uniform = uniform && c->recompute_plan[i] == c->recompute_plan[0];
     if (uniform) { /* one policy for every block: its own name */
-        char p = c->checkpoint_plan[0];
-        snprintf(buf, cap, "%s", p == BB_KEEP_ALL ? "none" : p == BB_KEEP_SELECTIVE ? "selective" : "blocks");
+        char p = c->recompute_plan[0];
+        snprintf(buf, cap, "%s", p == BB_RECOMPUTE_NONE ? "none" : p == BB_RECOMPUTE_SELECTIVE ? "selective" : "blocks");
         return;
     }
     if (n) {
         size_t used = (size_t)snprintf(buf, cap, "plan:");
         for (size_t i = 0; i < n && used < cap;) {
             size_t run = 1;
-            while (i + run < n && c->checkpoint_plan[i + run] == c->checkpoint_plan[i]) run++;
+            while (i + run < n && c->recompute_plan[i + run] == c->recompute_plan[i]) run++;
             const char *comma = i ? "," : "";
-            char p = c->checkpoint_plan[i];
+            char p = c->recompute_plan[i];
             used += (size_t)(run > 1 ? snprintf(buf + used, cap - used, "%s%c*%zu", comma, p, run)
                                      : snprintf(buf + used, cap - used, "%s%c", comma, p));
             i += run;
@@ -89,17 +88,28 @@ void bb_model_describe(const bb_model_config *c, char *buf, size_t cap)
     else snprintf(buf, cap, "(no model kind)");
 }
 
+void bb_model_config_take_shape(bb_model_config *c, const bb_model_config *from)
+{
+    bb_model_config own = *c;
+    *c = *from;
+    c->recompute_every = own.recompute_every;
+    memcpy(c->recompute_plan, own.recompute_plan, sizeof c->recompute_plan);
+    c->precision = own.precision;
+    c->loss_chunk = own.loss_chunk;
+}
+
 bool bb_model_same_shape(const bb_model_config *a, const bb_model_config *b)
 {
     return a->kind == b->kind && a->kind && a->kind->same_shape(a, b);
 }
 
-int bb_model_layers(const bb_model_config *c) { return c->kind->layers(c); }
-int bb_model_targets_per_example(const bb_model_config *c) { return c->kind->targets_per_example(c); }
-int bb_model_outputs(const bb_model_config *c) { return c->kind->outputs(c); }
-bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->targets_are_tokens; }
-bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->counts_correct; }
-bool bb_model_chunks_loss(const bb_model_config *c) { return c->kind->chunks_loss; }
+int bb_model_layers(const bb_model_config *c) { return c->kind->family->layers(c); }
+int bb_model_targets_per_example(const bb_model_config *c) { return c->kind->family->targets_per_example(c); }
+int bb_model_outputs(const bb_model_config *c) { return c->kind->family->outputs(c); }
+bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->family->targets_are_tokens; }
+bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->family->counts_correct; }
+bool bb_model_chunks_loss(const bb_model_config *c) { return c->kind->family->chunks_loss; }
+const char *bb_model_tied_head(const bb_model_config *c) { return c->kind->decoder ? c->kind->decoder->tied_head : NULL; }
 
 bb_status bb_model_config_to_json(json_t *obj, const bb_model_config *c)
 {
@@ -134,27 +144,27 @@ static bb_status parse_plan_item(const char *item, size_t len, char *letter, lon
         if (n == 0 || n >= sizeof digits) *count = 0;
         else memcpy(digits, star + 1, n), *count = strtol(digits, &end, 10), *count = *end ? 0 : *count;
     }
-    if (!*letter || *count < 1 || *count > BB_CHECKPOINT_MAX_BLOCKS)
+    if (!*letter || *count < 1 || *count > BB_RECOMPUTE_MAX_BLOCKS)
         return bb_fail(BB_ERR_ARG, "--checkpoint plan: '%.*s' is not a block policy: n|none, s|selective or "
                        "f|full, optionally repeated (s*6)", (int)len, item);
     return BB_OK;
 }
 
-bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c)
+bb_status bb_model_parse_recompute(const char *s, bb_model_config *c)
 {
-    c->checkpoint_every = 0;
-    c->checkpoint_plan[0] = 0;
+    c->recompute_every = 0;
+    c->recompute_plan[0] = 0;
     if (!strcmp(s, "none")) return BB_OK;
     if (!strcmp(s, "blocks")) {
-        c->checkpoint_every = 1;
+        c->recompute_every = 1;
     } else if (!strcmp(s, "selective")) {
-        snprintf(c->checkpoint_plan, sizeof c->checkpoint_plan, "%c", BB_KEEP_SELECTIVE);
+        snprintf(c->recompute_plan, sizeof c->recompute_plan, "%c", BB_RECOMPUTE_SELECTIVE);
     } else if (!strncmp(s, "every:", 6)) {
         char *end;
         long k = strtol(s + 6, &end, 10);
         if (*end || k < 1 || k > 1 << 20)
             return bb_fail(BB_ERR_ARG, "--checkpoint every:K needs a whole K >= 1, not '%s'", s + 6);
-        c->checkpoint_every = (int)k;
+        c->recompute_every = (int)k;
     } else if (!strncmp(s, "plan:", 5)) {
         size_t n = 0;
         for (const char *p = s + 5;;) {
@@ -162,14 +172,14 @@ bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c)
             char letter;
             long count;
             BB_TRY(parse_plan_item(p, len, &letter, &count));
-            if (n + (size_t)count > BB_CHECKPOINT_MAX_BLOCKS)
-                return bb_fail(BB_ERR_ARG, "--checkpoint %s names more than %d blocks", s, BB_CHECKPOINT_MAX_BLOCKS);
-            memset(c->checkpoint_plan + n, letter, (size_t)count);
+            if (n + (size_t)count > BB_RECOMPUTE_MAX_BLOCKS)
+                return bb_fail(BB_ERR_ARG, "--checkpoint %s names more than %d blocks", s, BB_RECOMPUTE_MAX_BLOCKS);
+            memset(c->recompute_plan + n, letter, (size_t)count);
             n += (size_t)count;
             if (!p[len]) break;
             p += len + 1;
         }
-        c->checkpoint_plan[n] = 0;
+        c->recompute_plan[n] = 0;
     } else {
         return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, selective, blocks, every:K, plan:P "
                        "(e.g. plan:n,s,f,f)", s);
@@ -177,19 +187,19 @@ bb_status bb_model_parse_checkpoint(const char *s, bb_model_config *c)
     return BB_OK;
 }
 
-bb_status bb_model_check_checkpoint(const bb_model_config *c)
+bb_status bb_model_check_recompute(const bb_model_config *c)
 {
-    if (c->checkpoint_every < 0) return bb_fail(BB_ERR_ARG, "checkpoint segment size must be >= 0");
-    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
+    if (c->recompute_every < 0) return bb_fail(BB_ERR_ARG, "recompute segment size must be >= 0");
+    size_t n = strnlen(c->recompute_plan, sizeof c->recompute_plan);
     if (!n) return BB_OK;
-    char name[BB_CHECKPOINT_NAME_MAX];
-    bb_model_checkpoint_name(c, name, sizeof name);
-    if (!c->kind->checkpoint_plans)
+    char name[BB_RECOMPUTE_NAME_MAX];
+    bb_model_recompute_name(c, name, sizeof name);
+    if (!c->kind->family->recompute_plans)
         return bb_fail(BB_ERR_ARG, "--checkpoint %s: a %s takes none, blocks or every:K", name, c->kind->name);
     for (size_t i = 0; i < n; i++)
-        if (!strchr("nsf", c->checkpoint_plan[i]))
+        if (!strchr("nsf", c->recompute_plan[i]))
             return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s or f", i,
-                           c->checkpoint_plan[i]);
+                           c->recompute_plan[i]);
     int layers = bb_model_layers(c);
     if (n > 1 && n != (size_t)layers)
         return bb_fail(BB_ERR_ARG, "--checkpoint %s gives %zu blocks; this %s has %d", name, n, c->kind->name, layers);
@@ -199,19 +209,19 @@ bb_status bb_model_check_checkpoint(const bb_model_config *c)
 bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out)
 {
     memset(out, 0, sizeof *out);
-    if (!c->kind || !c->kind->block_costs)
-        return bb_fail(BB_ERR_UNSUPPORTED, "a %s takes no per-block checkpoint plan",
+    if (!c->kind || !c->kind->family->block_costs)
+        return bb_fail(BB_ERR_UNSUPPORTED, "a %s takes no per-block recompute plan",
                        c->kind ? c->kind->name : "model");
-    c->kind->block_costs(c, micro_batch, out);
+    c->kind->family->block_costs(c, micro_batch, out);
     return BB_OK;
 }
 
-char bb_model_block_keep(const bb_model_config *c, int l)
+char bb_model_block_recompute(const bb_model_config *c, int l)
 {
-    size_t n = strnlen(c->checkpoint_plan, sizeof c->checkpoint_plan);
-    if (n) return c->checkpoint_plan[n == 1 ? 0 : l];
-    int every = c->checkpoint_every;
-    return every == 0 || every >= bb_model_layers(c) ? BB_KEEP_ALL : BB_KEEP_INPUT;
+    size_t n = strnlen(c->recompute_plan, sizeof c->recompute_plan);
+    if (n) return c->recompute_plan[n == 1 ? 0 : l];
+    int every = c->recompute_every;
+    return every == 0 || every >= bb_model_layers(c) ? BB_RECOMPUTE_NONE : BB_RECOMPUTE_FULL;
 }
 
 /* ---- initialisation streams (bb_splitmix64) ---------------------------- */
@@ -273,8 +283,8 @@ bb_status bb_model_create(bb_backend_t *be, const bb_model_config *cfg, int micr
         free(m);
         return bb_fail(BB_ERR_ARG, "no model kind given");
     }
-    BB_TRY_GOTO(bb_model_check_checkpoint(&m->cfg), rc, fail);
-    BB_TRY_GOTO(m->cfg.kind->create(m), rc, fail);
+    BB_TRY_GOTO(bb_model_check_recompute(&m->cfg), rc, fail);
+    BB_TRY_GOTO(m->cfg.kind->family->create(m), rc, fail);
     /* The ops' own scratch, sized now so that no op allocates mid-step: rows
      * up to the batch's, column sums as wide as the widest vector
      * parameter (biases and norms). */
@@ -292,7 +302,7 @@ fail:
 void bb_model_destroy(bb_model_t *m)
 {
     if (!m) return;
-    if (m->cfg.kind && m->cfg.kind->destroy) m->cfg.kind->destroy(m);
+    if (m->cfg.kind && m->cfg.kind->family->destroy) m->cfg.kind->family->destroy(m);
     bb_backend_free(m->be, m->params);
     bb_backend_free(m->be, m->grads);
     bb_model_free_batches(m);
@@ -319,7 +329,7 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
 {
     float *host = malloc(m->param_count * sizeof *host);
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
-    bb_status rc = m->cfg.kind->init(m, seed, host);
+    bb_status rc = m->cfg.kind->family->init(m, seed, host);
     if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
     free(host);
     return rc;
@@ -330,10 +340,10 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
     if (correct) *correct = -1;
     m->recomputed_layers = m->selective_recomputes = 0;
-    return m->cfg.kind->forward(m, normalizer, loss, correct);
+    return m->cfg.kind->family->forward(m, normalizer, loss, correct);
 }
 
-bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->cfg.kind->backward(m, accumulate); }
+bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->cfg.kind->family->backward(m, accumulate); }
 
 bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
 {
@@ -341,13 +351,13 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
     if (position < 0 || position >= positions)
         return bb_fail(BB_ERR_ARG, "logits at position %d: this %s has positions 0 to %d", position,
                        m->cfg.kind->name, positions - 1);
-    BB_TRY(m->cfg.kind->forward(m, 1.0f, NULL, NULL));
-    return m->cfg.kind->logits(m, position, host_logits);
+    BB_TRY(m->cfg.kind->family->forward(m, 1.0f, NULL, NULL));
+    return m->cfg.kind->family->logits(m, position, host_logits);
 }
 
 bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *host_logits)
 {
-    if (!m->cfg.kind->decode)
+    if (!m->cfg.kind->family->decode)
         return bb_fail(BB_ERR_UNSUPPORTED, "a %s does not decode token by token", m->cfg.kind->name);
     int positions = bb_model_targets_per_example(&m->cfg), vocab = bb_model_outputs(&m->cfg);
     if (position < 0 || position >= positions)
@@ -355,7 +365,7 @@ bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *hos
                        m->cfg.kind->name, positions - 1);
     if (token < 0 || token >= vocab)
         return bb_fail(BB_ERR_ARG, "decode: token %d is outside the vocabulary of %d", (int)token, vocab);
-    return m->cfg.kind->decode(m, token, position, host_logits);
+    return m->cfg.kind->family->decode(m, token, position, host_logits);
 }
 
 int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget)

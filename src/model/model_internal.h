@@ -5,28 +5,19 @@
 
 #include "bigbatch/model.h"
 
-/* A model kind: one per file (gpt.c, mlp.c), listed in model.c's table.
- * Adding a kind is one file that defines one of these and one table entry. */
-struct bb_model_kind {
-    const char *name;      /* --model NAME, state.json's "model" */
-    const char *takes;     /* the records it trains on, for --help: "tokens" */
-    /* ---- configuration (no model needed) ---- */
-    bb_status (*from_flags)(const bb_model_flags *f, bb_model_config *out);
-    bb_status (*from_data)(bb_model_config *c, const bb_shard_meta *meta, const char *path);
-    void (*describe)(const bb_model_config *c, char *buf, size_t cap);
-    bool (*same_shape)(const bb_model_config *a, const bb_model_config *b);
-    int (*layers)(const bb_model_config *c);              /* checkpoint units */
+/* A family of kinds: what the model does, for every kind of the family —
+ * the decoders (decoder.c: gpt, and any decoder-only kind that plugs its
+ * block into the stack) or the mlp (mlp.c). */
+typedef struct bb_model_family {
+    /* ---- counts (no model needed) ---- */
+    int (*layers)(const bb_model_config *c);              /* recompute units */
     int (*targets_per_example)(const bb_model_config *c); /* 1, or T tokens */
     int (*outputs)(const bb_model_config *c);             /* logits per target */
     bool targets_are_tokens, counts_correct;
     bool chunks_loss;      /* its head and loss run in chunks of tokens (bb_model_loss_chunk) */
-    bool checkpoint_plans; /* takes a policy per layer (checkpoint_plan), not only every:K */
-    /* with checkpoint_plans: what each policy costs a block (bb_model_block_costs) */
+    bool recompute_plans;  /* takes a policy per layer (recompute_plan), not only every:K */
+    /* with recompute_plans: what each policy costs a block (bb_model_block_costs) */
     void (*block_costs)(const bb_model_config *c, int micro_batch, bb_block_costs *out);
-    const char *tied_head; /* saved too, as tensor 0 (lm_head.weight); NULL: none */
-    const char *hf_model_type; /* its transformers model_type (gpt_hf.c: "gpt2"); NULL: none */
-    int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
-    bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
     /* ---- batches (batch.c) ---- */
     int (*inputs_per_example)(const bb_model_config *c); /* elements of input_size bytes */
     size_t input_size;                                    /* float features, int32 tokens */
@@ -34,7 +25,7 @@ struct bb_model_kind {
     size_t (*record_bytes)(const bb_model_config *c);     /* the widest record it takes */
     /* checks records on the host (the device indexes tables with them);
      * *width: a detail the conversion needs (bytes per token) */
-    bb_status (*check_records)(const bb_model_config *c, const bb_shard_meta *meta, const uint8_t *records,
+    bb_status (*check_records)(const bb_model_config *c, const bb_record_format *f, const uint8_t *records,
                                int count, int *width);
     /* optional: checks host inputs of bb_model_set_batch (n elements) */
     bb_status (*check_inputs)(const bb_model_config *c, const void *inputs, size_t n);
@@ -51,6 +42,23 @@ struct bb_model_kind {
     bb_status (*decode)(bb_model_t *m, int32_t token, int position, float *host_logits);
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
+} bb_model_family;
+
+/* A model kind: one per file (gpt.c, mlp.c), listed in model.c's table —
+ * its name and configuration, and its family. A decoder kind adds what the
+ * decoder stack runs (decoder.h). */
+struct bb_model_kind {
+    const char *name;      /* --model NAME, state.json's "model" */
+    const char *takes;     /* the records it trains on, for --help: "tokens" */
+    bb_status (*from_flags)(const bb_model_flags *f, bb_model_config *out);
+    bb_status (*from_data)(bb_model_config *c, const bb_record_format *f, const char *path);
+    void (*describe)(const bb_model_config *c, char *buf, size_t cap);
+    bool (*same_shape)(const bb_model_config *a, const bb_model_config *b);
+    int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
+    bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
+    const bb_model_family *family;
+    const struct bb_decoder_kind *decoder; /* decoder kinds (decoder.h); NULL otherwise */
+    const char *hf_model_type; /* its transformers model_type (gpt_hf.c: "gpt2"); NULL: none */
 };
 
 struct bb_model {
@@ -69,12 +77,13 @@ struct bb_model {
     int current;
     uint64_t activation_bytes;
     int recomputed_layers;    /* layers (blocks) the last backward re-ran, and */
-    int selective_recomputes; /* selective blocks whose LayerNorm and GELU outputs it recomputed */
+    int selective_recomputes; /* selective blocks whose dropped tensors it recomputed */
     bb_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
     void *impl;
 };
 
+/* The kinds (model.c's table lists them). */
 extern const bb_model_kind bb_model_kind_gpt, bb_model_kind_mlp;
 
 /* ---- safetensors files (safetensors.c), for the model's own and other
@@ -111,6 +120,9 @@ typedef struct bb_st_tensor {
 bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n);
 
 /* model.c helpers for the kinds */
+/* The name a tied LM head is saved under too, as tensor 0 (decoders);
+ * NULL: none. */
+const char *bb_model_tied_head(const bb_model_config *c);
 bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int cols, bool decay);
 /* Parameters, gradients (zeroed) and the batch buffers, once the tensors
  * are added. */

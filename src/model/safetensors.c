@@ -74,7 +74,7 @@ bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n)
 
 bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
 {
-    const char *head = m->cfg.kind->tied_head; /* gpt: lm_head.weight, tied to tensor 0 (wte): written twice */
+    const char *head = bb_model_tied_head(&m->cfg); /* gpt: lm_head.weight, tied to tensor 0 (wte): written twice */
     float *host = malloc(m->param_count * sizeof *host);
     bb_st_tensor *ts = calloc((size_t)m->tensor_count + 1, sizeof *ts);
     if (!host || !ts) {
@@ -254,7 +254,7 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
     /* Every tensor is checked before any is copied: a bad file leaves the
      * model as it was. A tensor the model does not have means another
      * shape (e.g. more layers): refused, naming the first. */
-    const char *head = m->cfg.kind->tied_head;
+    const char *head = bb_model_tied_head(&m->cfg);
     for (int k = 0; rc == BB_OK && k < f.count; k++) {
         bool known = head && !strcmp(f.entries[k].name, head);
         for (int i = 0; !known && i < m->tensor_count; i++) known = !strcmp(f.entries[k].name, m->tensors[i].name);

@@ -1,7 +1,7 @@
-/* optimizer.c — the optimizer's names and defaults, the learning-rate
- * schedule, gradient buckets and shards, gradient clipping, AdamW and SGD
- * over a replica's parameters, and the optimizer state file (optim.h). */
-#include <limits.h>
+/* optimizer.c — the optimizers' table (each descriptor is in a file of its
+ * own: adamw.c, sgd.c), their configuration and the learning-rate
+ * schedule, gradient buckets and ZeRO's cut of them, a replica's state and
+ * its step (the clip folded in), and the optimizer state file (optim.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,6 @@
 #include <xxhash.h>
 
 #include "bigbatch/optim.h"
-#include "bigbatch/world.h"
 
 bb_optimizer_config bb_optimizer_defaults(void)
 {
@@ -17,30 +16,78 @@ bb_optimizer_config bb_optimizer_defaults(void)
                                  .momentum = 0.9, .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0};
 }
 
-static const char *const kind_names[] = {[BB_OPTIMIZER_ADAMW] = "adamw", [BB_OPTIMIZER_SGD] = "sgd"};
-static const char *const schedule_names[] = {[BB_LR_COSINE] = "cosine", [BB_LR_CONSTANT] = "constant"};
+/* ---- the optimizers ------------------------------------------------------ */
+static const bb_optimizer_desc *const optimizers[BB_OPTIMIZER_COUNT] = {
+    [BB_OPTIMIZER_ADAMW] = &bb_optimizer_adamw,
+    [BB_OPTIMIZER_SGD] = &bb_optimizer_sgd,
+};
 
-const char *bb_optimizer_kind_name(bb_optimizer_kind k) { return kind_names[k == BB_OPTIMIZER_SGD]; }
-const char *bb_lr_schedule_name(bb_lr_schedule s) { return schedule_names[s == BB_LR_CONSTANT]; }
-
-static int find_name(const char *const *names, int n, const char *s)
+const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k)
 {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(names[i], s)) return i;
-    return -1;
+    return k >= 0 && k < BB_OPTIMIZER_COUNT ? optimizers[k] : NULL;
+}
+
+const char *bb_optimizer_kind_name(bb_optimizer_kind k)
+{
+    const bb_optimizer_desc *d = bb_optimizer_desc_of(k);
+    return d ? d->name : "(no optimizer)";
 }
 
 bb_status bb_optimizer_kind_parse(const char *s, bb_optimizer_kind *out)
 {
-    int i = find_name(kind_names, 2, s);
-    if (i < 0) return bb_fail(BB_ERR_ARG, "unknown optimizer '%s' (adamw or sgd)", s);
-    *out = (bb_optimizer_kind)i;
-    return BB_OK;
+    for (int k = 0; k < BB_OPTIMIZER_COUNT; k++)
+        if (!strcmp(optimizers[k]->name, s)) {
+            *out = (bb_optimizer_kind)k;
+            return BB_OK;
+        }
+    return bb_fail(BB_ERR_ARG, "unknown optimizer '%s' (%s)", s, bb_optimizer_choices());
 }
+
+/* The first call fills the text; later ones read it. */
+const char *bb_optimizer_choices(void)
+{
+    static char text[128];
+    if (!text[0])
+        for (int k = 0; k < BB_OPTIMIZER_COUNT; k++)
+            bb_list_add(text, sizeof text, k, BB_OPTIMIZER_COUNT, optimizers[k]->name, NULL);
+    return text;
+}
+
+const char *bb_optimizer_help(void)
+{
+    static char text[256];
+    if (!text[0])
+        for (int k = 0; k < BB_OPTIMIZER_COUNT; k++)
+            bb_list_add(text, sizeof text, k, BB_OPTIMIZER_COUNT, optimizers[k]->name, optimizers[k]->state);
+    return text;
+}
+
+const char *bb_optimizer_param_name(const bb_optimizer_desc *d, const bb_optimizer_names *names, const char *hp,
+                                    char *buf, size_t cap)
+{
+    const char *given = names && names->name ? names->name(names->ctx, hp) : NULL;
+    if (given) snprintf(buf, cap, "%s", given);
+    else snprintf(buf, cap, "%s's %s", d->title, hp);
+    return buf;
+}
+
+bb_status bb_optimizer_check(const bb_optimizer_config *c, const bb_optimizer_names *names)
+{
+    const bb_optimizer_desc *d = bb_optimizer_desc_of(c->kind);
+    if (!d) return bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)c->kind, bb_optimizer_choices());
+    char lr[64];
+    if (!isfinite(c->lr) || c->lr < 0)
+        return bb_fail(BB_ERR_ARG, "%s %g: must be finite and >= 0", bb_optimizer_param_name(d, names, "lr", lr, sizeof lr),
+                       c->lr);
+    return d->check(c, names);
+}
+
+static const char *const schedule_names[] = {[BB_LR_COSINE] = "cosine", [BB_LR_CONSTANT] = "constant"};
+const char *bb_lr_schedule_name(bb_lr_schedule s) { return schedule_names[s == BB_LR_CONSTANT]; }
 
 bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out)
 {
-    int i = find_name(schedule_names, 2, s);
+    int i = !strcmp(s, "cosine") ? BB_LR_COSINE : !strcmp(s, "constant") ? BB_LR_CONSTANT : -1;
     if (i < 0) return bb_fail(BB_ERR_ARG, "unknown learning-rate schedule '%s' (cosine or constant)", s);
     *out = (bb_lr_schedule)i;
     return BB_OK;
@@ -84,62 +131,132 @@ void bb_buckets_free(bb_buckets *b)
     *b = (bb_buckets){0};
 }
 
-bb_status bb_shard_make(const bb_model_t *m, size_t bucket_bytes, int owners, int owner, bb_shard *out)
+/* ---- ZeRO's cut ------------------------------------------------------------ */
+bb_param_shard_rule bb_param_shard_rule_for(bb_optimizer_kind k, bb_param_shard_rule asked)
 {
-    *out = (bb_shard){0};
-    bb_buckets buckets;
-    BB_TRY(bb_buckets_make(m, bucket_bytes, &buckets));
-    out->lo = calloc((size_t)buckets.count + 1, sizeof *out->lo);
-    out->hi = calloc((size_t)buckets.count + 1, sizeof *out->hi);
-    out->at = calloc((size_t)buckets.count + 1, sizeof *out->at);
-    bb_status rc = !out->lo || !out->hi || !out->at ? bb_fail(BB_ERR_NOMEM, "out of memory") : BB_OK;
-    for (int b = 0; rc == BB_OK && b < buckets.count; b++) {
-        bb_bucket_slice(buckets.lo, buckets.hi, b, owner, owners, &out->lo[b], &out->hi[b]);
+    const bb_optimizer_desc *d = bb_optimizer_desc_of(k);
+    return asked != BB_PARAM_SHARD_AUTO || !d ? asked : d->shard;
+}
+
+const char *bb_param_shard_rule_name(bb_param_shard_rule r)
+{
+    static const char *const names[] = {[BB_PARAM_SHARD_AUTO] = "auto", [BB_PARAM_SHARD_ELEMENTS] = "elements",
+                                        [BB_PARAM_SHARD_TENSORS] = "tensors"};
+    return r >= BB_PARAM_SHARD_AUTO && r <= BB_PARAM_SHARD_TENSORS ? names[r] : "(no rule)";
+}
+
+/* Whole tensors: owner k's run ends at the tensor boundary nearest to k+1
+ * owners' equal share of the bucket (never before the previous owner's). */
+static void cut_tensors(const bb_model_t *m, size_t lo, size_t hi, int owners, size_t *slice_lo, size_t *slice_hi)
+{
+    size_t len = hi - lo, cut = lo;
+    int first = 0;
+    while (first < bb_model_tensor_count(m) && bb_model_tensor(m, first)->offset < lo) first++;
+    for (int k = 0; k < owners; k++) {
+        size_t target = lo + len * (size_t)(k + 1) / (size_t)owners, best = hi;
+        for (int t = first; k + 1 < owners && t < bb_model_tensor_count(m); t++) {
+            size_t at = bb_model_tensor(m, t)->offset;
+            if (at >= hi) break;
+            size_t d = at > target ? at - target : target - at, bd = best > target ? best - target : target - best;
+            if (at >= cut && d < bd) best = at;
+        }
+        slice_lo[k] = cut, slice_hi[k] = cut = best;
+    }
+}
+
+bb_status bb_param_shards_make(const bb_model_t *m, size_t bucket_bytes, int owners, bb_param_shard_rule rule,
+                               bb_param_shards *out)
+{
+    *out = (bb_param_shards){.rule = rule, .owners = owners};
+    BB_TRY(bb_buckets_make(m, bucket_bytes, &out->buckets));
+    size_t n = (size_t)out->buckets.count * (size_t)owners;
+    out->lo = calloc(n, sizeof *out->lo), out->hi = calloc(n, sizeof *out->hi);
+    out->count = calloc((size_t)out->buckets.count, sizeof *out->count);
+    if (!out->lo || !out->hi || !out->count) {
+        bb_param_shards_free(out);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; b < out->buckets.count; b++) {
+        size_t lo = out->buckets.lo[b], hi = out->buckets.hi[b], *slo = out->lo + (size_t)b * owners,
+               *shi = out->hi + (size_t)b * owners;
+        if (rule == BB_PARAM_SHARD_TENSORS) {
+            cut_tensors(m, lo, hi, owners, slo, shi);
+            continue;
+        }
+        size_t count = out->count[b] = (hi - lo + (size_t)owners - 1) / (size_t)owners;
+        for (int k = 0; k < owners; k++) {
+            size_t a = lo + count * (size_t)k, e = a + count;
+            slo[k] = a < hi ? a : hi, shi[k] = e < hi ? e : hi;
+        }
+    }
+    return BB_OK;
+}
+
+void bb_param_shards_free(bb_param_shards *s)
+{
+    bb_buckets_free(&s->buckets);
+    free(s->lo), free(s->hi), free(s->count);
+    *s = (bb_param_shards){0};
+}
+
+bb_status bb_param_shard_of(const bb_param_shards *all, int owner, bb_param_shard *out)
+{
+    int n = all->buckets.count;
+    *out = (bb_param_shard){0};
+    out->lo = calloc((size_t)n + 1, sizeof *out->lo);
+    out->hi = calloc((size_t)n + 1, sizeof *out->hi);
+    out->at = calloc((size_t)n + 1, sizeof *out->at);
+    if (!out->lo || !out->hi || !out->at) {
+        bb_param_shard_free(out);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; b < n; b++) {
+        bb_param_shards_slice(all, b, owner, &out->lo[b], &out->hi[b]);
         out->at[b] = out->floats;
         out->floats += out->hi[b] - out->lo[b];
     }
-    out->ranges = rc == BB_OK ? buckets.count : 0;
-    bb_buckets_free(&buckets);
-    if (rc != BB_OK) bb_shard_free(out);
-    return rc;
+    out->ranges = n;
+    return BB_OK;
 }
 
-void bb_shard_free(bb_shard *s)
+void bb_param_shard_free(bb_param_shard *s)
 {
     free(s->lo), free(s->hi), free(s->at);
-    *s = (bb_shard){0};
+    *s = (bb_param_shard){0};
 }
 
+/* ---- one replica's optimizer ---------------------------------------------- */
 /* The optimizer's ranges of parameters: its shard's, or one of all. */
 static int ranges_of(const bb_optimizer *o) { return o->shard.ranges ? o->shard.ranges : 1; }
 static size_t range_lo(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.lo[r] : 0; }
 static size_t range_hi(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.hi[r] : o->count; }
 static size_t range_at(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.at[r] : 0; }
 
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, size_t count, bb_shard *shard,
-                              bb_optimizer *o)
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
+                              bb_param_shard *shard, bb_optimizer *o)
 {
-    *o = (bb_optimizer){.cfg = *c, .count = count};
+    *o = (bb_optimizer){.cfg = *c, .desc = bb_optimizer_desc_of(c->kind), .count = bb_model_param_count(m)};
     if (shard) {
-        o->shard = *shard, *shard = (bb_shard){0};
-        o->count = count = o->shard.floats;
+        o->shard = *shard, *shard = (bb_param_shard){0};
+        o->count = o->shard.floats;
     }
-    size_t bytes = count * sizeof(float);
-    BB_TRY(bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->m));
-    BB_TRY(bb_backend_memset(be, o->m, 0, bytes));
-    if (c->kind == BB_OPTIMIZER_ADAMW) {
-        BB_TRY(bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->v));
-        BB_TRY(bb_backend_memset(be, o->v, 0, bytes));
-    }
-    return BB_OK;
+    bb_status rc = o->desc ? BB_OK
+                           : bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)c->kind, bb_optimizer_choices());
+    size_t bytes = o->count * sizeof(float);
+    for (int k = 0; rc == BB_OK && k < o->desc->state_buffers; k++)
+        if ((rc = bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->state[k])) == BB_OK)
+            rc = bb_backend_memset(be, o->state[k], 0, bytes);
+    if (rc != BB_OK) bb_optimizer_destroy(be, o);
+    return rc;
 }
 
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
 {
-    bb_backend_free(be, o->m);
-    bb_backend_free(be, o->v);
-    o->m = o->v = NULL;
-    bb_shard_free(&o->shard);
+    for (int k = 0; k < BB_OPTIMIZER_MAX_STATE; k++) {
+        bb_backend_free(be, o->state[k]);
+        o->state[k] = NULL;
+    }
+    bb_param_shard_free(&o->shard);
 }
 
 double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o)
@@ -161,7 +278,6 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
     if (!isfinite(norm)) return;
     /* A clip scales the gradients as the update reads them: one pass. */
     float scale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
-    int adam_t = step + 1 < INT_MAX ? (int)(step + 1) : INT_MAX; /* bias corrections are 1 long before */
     for (int r = 0; r < ranges_of(o); r++) {
         size_t lo = range_lo(o, r), hi = range_hi(o, r);
         for (int i = 0; i < bb_model_tensor_count(m); i++) { /* the range's pieces, tensor by tensor */
@@ -169,35 +285,40 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
             size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
             if (a >= b) continue;
             size_t at = range_at(o, r) + (a - lo);
-            float wd = t->decay ? (float)c->weight_decay : 0.0f;
-            if (c->kind == BB_OPTIMIZER_ADAMW)
-                bb_op_adamw(be, params + a, grads + a, o->m + at, o->v + at, b - a, lr, (float)c->beta1,
-                            (float)c->beta2, (float)c->eps, wd, adam_t, scale);
-            else
-                bb_op_sgd(be, params + a, grads + a, o->m + at, b - a, lr, (float)c->momentum, wd, scale);
+            bb_optimizer_piece p = {.params = params + a, .grads = grads + a, .n = b - a, .decay = t->decay};
+            for (int k = 0; k < o->desc->state_buffers; k++) p.state[k] = o->state[k] + at;
+            o->desc->step(be, c, &p, lr, step, scale);
         }
     }
 }
 
 /* ---- optimizer.bin ----------------------------------------------------- */
-static const char magic[8] = "BBOPTIM1";
+/* Version 2 names the optimizer and its state's version; version 1
+ * (BBOPTIM1: buffers, a reserved word, count, checksum) did not, and its
+ * buffer count says which optimizer wrote it. */
+static const char magic_v1[8] = "BBOPTIM1", magic[8] = "BBOPTIM2";
+enum { NAME_BYTES = 16 };
 
 typedef struct file_header {
     char magic[8];
-    uint32_t buffers, reserved;
-    uint64_t count, checksum; /* floats per buffer; XXH64 of all floats */
+    char optimizer[NAME_BYTES]; /* its name, NUL-padded */
+    uint32_t version, buffers;  /* of its state; state buffers */
+    uint64_t count, checksum;   /* floats per buffer; XXH64 of all floats */
 } file_header;
 
-static int buffer_count(const bb_optimizer *o) { return o->v ? 2 : 1; }
+typedef struct file_header_v1 {
+    char magic[8];
+    uint32_t buffers, reserved;
+    uint64_t count, checksum;
+} file_header_v1;
 
 /* Between the whole state on the host (`host`: param_count floats per
  * buffer) and o's part of it on the device. */
 static bb_status copy_state(bb_backend_t *be, const bb_optimizer *o, float *host, size_t param_count, bool to_host)
 {
-    float *buffers[2] = {o->m, o->v};
-    for (int k = 0; k < buffer_count(o); k++)
+    for (int k = 0; k < o->desc->state_buffers; k++)
         for (int r = 0; r < ranges_of(o); r++) {
-            float *h = host + k * param_count + range_lo(o, r), *d = buffers[k] + range_at(o, r);
+            float *h = host + k * param_count + range_lo(o, r), *d = o->state[k] + range_at(o, r);
             size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
             BB_TRY(to_host ? bb_backend_copy(be, h, d, bytes, BB_COPY_D2H) : bb_backend_copy(be, d, h, bytes, BB_COPY_H2D));
         }
@@ -205,24 +326,29 @@ static bb_status copy_state(bb_backend_t *be, const bb_optimizer *o, float *host
 }
 
 bb_status bb_optimizer_save(bb_backend_t *const *be, const bb_optimizer *const *o, int n, size_t param_count,
-                            bool across_processes, const char *path)
+                            const bb_state_gather *gather, const char *path)
 {
-    int buffers = buffer_count(o[0]);
-    size_t floats = param_count * (size_t)buffers;
+    if (n < 1) return bb_fail(BB_ERR_ARG, "saving %s: no optimizer state", path ? path : "the optimizer state");
+    const bb_optimizer_desc *d = o[0]->desc;
+    if (strlen(d->name) >= NAME_BYTES) /* a descriptor's mistake: the load's name check would refuse the file */
+        return bb_fail(BB_ERR_ARG, "optimizer name '%s' is longer than optimizer.bin's %d bytes", d->name,
+                       NAME_BYTES - 1);
+    size_t floats = param_count * (size_t)d->state_buffers;
     float *host = calloc(floats, sizeof *host); /* every float is some optimizer's: the shards cover the parameters */
-    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory saving %s", path);
+    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory saving %s", path ? path : "the optimizer state");
     bb_status rc = BB_OK;
     for (int i = 0; rc == BB_OK && i < n; i++) rc = copy_state(be[i], o[i], host, param_count, true);
-    if (rc == BB_OK && across_processes) rc = bb_world_sum_floats(host, floats); /* zeros elsewhere: exact */
+    if (rc == BB_OK && gather) rc = gather->sum(gather->ctx, host, floats); /* zeros elsewhere: exact */
     if (rc != BB_OK || !path) {
         free(host);
         return rc;
     }
-    file_header h = {.buffers = (uint32_t)buffers, .count = param_count};
+    file_header h = {.version = d->version, .buffers = (uint32_t)d->state_buffers, .count = param_count};
     memcpy(h.magic, magic, sizeof magic);
+    snprintf(h.optimizer, sizeof h.optimizer, "%s", d->name);
     h.checksum = XXH64(host, floats * sizeof *host, 0);
-    FILE *f = rc == BB_OK ? fopen(path, "wb") : NULL;
-    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
+    FILE *f = fopen(path, "wb");
+    if (!f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
     if (f) {
         bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(host, sizeof *host, floats, f) == floats &&
                   fflush(f) == 0 && fsync(fileno(f)) == 0;
@@ -233,19 +359,49 @@ bb_status bb_optimizer_save(bb_backend_t *const *be, const bb_optimizer *const *
     return rc;
 }
 
+/* The header, either version; fails with BB_ERR_FORMAT when the file is not
+ * an optimizer state, or another optimizer's (or version's) than `d`. */
+static bb_status read_header(FILE *f, const char *path, const bb_optimizer_desc *d, file_header *h)
+{
+    char head[sizeof(file_header)];
+    size_t got = fread(head, 1, sizeof head, f);
+    if (got >= sizeof(file_header_v1) && !memcmp(head, magic_v1, sizeof magic_v1)) {
+        file_header_v1 v1;
+        memcpy(&v1, head, sizeof v1);
+        /* version 1 came from AdamW (2 buffers) or SGD (1) */
+        if (v1.buffers != 1 && v1.buffers != 2)
+            return bb_fail(BB_ERR_FORMAT, "%s: a version-1 optimizer state of %u buffers (AdamW's had 2, SGD's 1)",
+                           path, v1.buffers);
+        const char *who = v1.buffers == 2 ? "adamw" : "sgd";
+        *h = (file_header){.version = 1, .buffers = v1.buffers, .count = v1.count, .checksum = v1.checksum};
+        snprintf(h->optimizer, sizeof h->optimizer, "%s", who);
+        if (fseek(f, (long)sizeof v1, SEEK_SET) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot read", path);
+    } else if (got == sizeof(file_header) && !memcmp(head, magic, sizeof magic)) {
+        memcpy(h, head, sizeof *h);
+        h->optimizer[NAME_BYTES - 1] = 0;
+    } else {
+        return bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch optimizer state", path);
+    }
+    if (strcmp(h->optimizer, d->name))
+        return bb_fail(BB_ERR_FORMAT, "%s: holds the state of %s; this run's optimizer is %s (--optimizer %s resumes "
+                       "it)", path, h->optimizer, d->name, h->optimizer);
+    if (h->version != d->version)
+        return bb_fail(BB_ERR_FORMAT, "%s: holds %s's state of version %u; this bigbatch reads version %u", path,
+                       h->optimizer, h->version, d->version);
+    return BB_OK;
+}
+
 bb_status bb_optimizer_load(bb_backend_t *be, bb_optimizer *o, size_t param_count, const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
     file_header h;
-    int n = buffer_count(o);
+    int n = o->desc->state_buffers;
     size_t floats = param_count * (size_t)n;
-    bb_status rc = BB_OK;
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, magic, sizeof magic))
-        rc = bb_fail(BB_ERR_FORMAT, "%s: not a bigbatch optimizer state", path);
-    else if (h.buffers != (uint32_t)n || h.count != param_count)
+    bb_status rc = read_header(f, path, o->desc, &h);
+    if (rc == BB_OK && (h.buffers != (uint32_t)n || h.count != param_count))
         rc = bb_fail(BB_ERR_FORMAT, "%s: holds %u buffers of %llu floats; this %s run needs %d of %zu", path,
-                     h.buffers, (unsigned long long)h.count, o->v ? "AdamW" : "SGD", n, param_count);
+                     h.buffers, (unsigned long long)h.count, o->desc->title, n, param_count);
     float *host = rc == BB_OK ? malloc(floats * sizeof *host) : NULL;
     if (rc == BB_OK && !host) rc = bb_fail(BB_ERR_NOMEM, "out of memory loading %s", path);
     if (rc == BB_OK && fread(host, sizeof *host, floats, f) != floats)

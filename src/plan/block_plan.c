@@ -1,4 +1,4 @@
-/* block_plan.c — the fastest per-block checkpoint plan that fits: a
+/* block_plan.c — the fastest per-block recompute plan that fits: a
  * dynamic program over the blocks (see plan.h, bb_plan_best_blocks).
  *
  * The blocks are taken from the last to the first; a state is which
@@ -60,7 +60,7 @@ bool bb_plan_best_blocks(int L, const bb_block_costs *k, int64_t room, double t_
                          int64_t *bytes, double *time)
 {
     enum { STATES = 4 }; /* bit 0: a selective block placed; bit 1: a full one */
-    if (L < 1 || L > BB_CHECKPOINT_MAX_BLOCKS) return false;
+    if (L < 1 || L > BB_RECOMPUTE_MAX_BLOCKS) return false;
     /* plans as linked policies: arena[i] = {letter, next}, so that entries share their tails */
     size_t cap = 1024, used = 0;
     struct link { char letter; int next; } *arena = malloc(cap * sizeof *arena);
@@ -96,7 +96,7 @@ bool bb_plan_best_blocks(int L, const bb_block_costs *k, int64_t room, double t_
                         }
                         arena = grown;
                     }
-                    arena[used] = (struct link){BB_KEEP_LETTERS[x], e->first};
+                    arena[used] = (struct link){BB_RECOMPUTE_LETTERS[x], e->first};
                     ok = push(&next[to], (entry){b, t, (int)used++});
                 }
             }

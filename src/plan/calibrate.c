@@ -27,7 +27,7 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
     BB_TRY_GOTO(bb_model_init(m, 1), rc, done);
     BB_TRY_GOTO(bb_model_set_synthetic_batch(m), rc, done);
     bb_optimizer_config oc = bb_optimizer_defaults();
-    BB_TRY_GOTO(bb_optimizer_create(be, &oc, bb_model_param_count(m), NULL, &opt), rc, done);
+    BB_TRY_GOTO(bb_optimizer_create(be, &oc, m, NULL, &opt), rc, done);
     /* the same work at every micro-batch: TIMED steps at the largest, more at the smaller */
     int timed = TIMED * (1 << (BB_CALIBRATION_POINTS - 1)) / B;
     for (int s = 0; s < WARMUP + timed; s++) { /* a micro-step and AdamW's step */
@@ -64,9 +64,9 @@ bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb
     memset(out, 0, sizeof *out);
     bb_model_config m = *c;
     /* selective recompute runs every op the policies use, once more */
-    if (bb_model_parse_checkpoint("selective", &m) != BB_OK || bb_model_check_checkpoint(&m) != BB_OK) {
+    if (bb_model_parse_recompute("selective", &m) != BB_OK || bb_model_check_recompute(&m) != BB_OK) {
         bb_error_clear();
-        bb_model_parse_checkpoint("none", &m);
+        bb_model_parse_recompute("none", &m);
     }
     snprintf(out->device, sizeof out->device, "%s", bb_device_kind_name(device));
     bb_model_describe(c, out->model, sizeof out->model);

@@ -21,24 +21,27 @@ static uint64_t loader_slots(const bb_model_config *c, int micro_batch, int devi
 bb_status bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out)
 {
-    return bb_plan_memory_sharded(c, micro_batch, opt, device, 1, 0, out);
+    return bb_plan_memory_sharded(c, micro_batch, opt, device, 1, 0, BB_PARAM_SHARD_AUTO, out);
 }
 
-/* The largest of `shards` shards (they differ by a float per bucket). */
-static bb_status largest_shard(const bb_model_t *m, int shards, size_t bucket_bytes, bb_shard *out)
+/* The largest of `owners` shards under `rule` (AUTO: the optimizer's;
+ * equal slices differ by the padding, whole tensors by up to a tensor). */
+static bb_status largest_shard(const bb_model_t *m, int owners, size_t bucket_bytes, bb_optimizer_kind opt,
+                               bb_param_shard_rule rule, bb_param_shard *out)
 {
-    *out = (bb_shard){0};
-    for (int k = 0; k < shards; k++) {
-        bb_shard s;
-        bb_status rc = bb_shard_make(m, bucket_bytes, shards, k, &s);
-        if (rc != BB_OK) {
-            bb_shard_free(out);
-            return rc;
-        }
-        if (s.floats > out->floats || !out->lo) bb_shard_free(out), *out = s;
-        else bb_shard_free(&s);
+    *out = (bb_param_shard){0};
+    bb_param_shards all;
+    BB_TRY(bb_param_shards_make(m, bucket_bytes, owners, bb_param_shard_rule_for(opt, rule), &all));
+    bb_status rc = BB_OK;
+    for (int k = 0; rc == BB_OK && k < owners; k++) {
+        bb_param_shard s;
+        if ((rc = bb_param_shard_of(&all, k, &s)) != BB_OK) break;
+        if (s.floats > out->floats || !out->lo) bb_param_shard_free(out), *out = s;
+        else bb_param_shard_free(&s);
     }
-    return BB_OK;
+    bb_param_shards_free(&all);
+    if (rc != BB_OK) bb_param_shard_free(out);
+    return rc;
 }
 
 enum { WORK_CAP = 64 };
@@ -52,7 +55,8 @@ typedef struct step_work {
 
 /* bb_plan_memory_sharded, and the work of the step (work may be NULL). */
 static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
-                         int shards, size_t bucket_bytes, bb_memory_breakdown *out, step_work *work)
+                         int shards, size_t bucket_bytes, bb_param_shard_rule rule, bb_memory_breakdown *out,
+                         step_work *work)
 {
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
@@ -63,10 +67,10 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
     BB_TRY_GOTO(bb_model_create(be, c, micro_batch, &m), rc, done);
     uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float);
-    bb_shard shard = {0};
-    if (shards > 1) BB_TRY_GOTO(largest_shard(m, shards, bucket_bytes, &shard), rc, done);
-    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, bb_model_param_count(m),
-                                    shards > 1 ? &shard : NULL, &o), rc, done);
+    bb_param_shard shard = {0};
+    if (shards > 1) BB_TRY_GOTO(largest_shard(m, shards, bucket_bytes, opt, rule, &shard), rc, done);
+    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, shards > 1 ? &shard : NULL, &o), rc,
+                done);
     out->optimizer = bb_backend_bytes_in_use(be) - model_bytes;
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
     BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
@@ -93,9 +97,10 @@ done:
 }
 
 bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
-                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_memory_breakdown *out)
+                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_param_shard_rule rule,
+                                 bb_memory_breakdown *out)
 {
-    return measure(c, micro_batch, opt, device, shards, bucket_bytes, out, NULL);
+    return measure(c, micro_batch, opt, device, shards, bucket_bytes, rule, out, NULL);
 }
 
 /* ---- candidates -------------------------------------------------------- */
@@ -119,19 +124,19 @@ static double relative_time(const bb_model_config *c, const bb_memory_breakdown 
 static int candidate_policies(const bb_plan_request *q, bb_model_config *out, int cap)
 {
     int layers = bb_model_layers(&q->model), n = 0;
-    if (q->fixed_checkpoint) {
+    if (q->fixed_recompute) {
         out[n++] = q->model;
         return n;
     }
     static const char *const names[] = {"none", "selective", "blocks"};
     for (size_t i = 0; i < sizeof names / sizeof *names && n < cap; i++) {
         out[n] = q->model;
-        if (bb_model_parse_checkpoint(names[i], &out[n]) == BB_OK && bb_model_check_checkpoint(&out[n]) == BB_OK) n++;
+        if (bb_model_parse_recompute(names[i], &out[n]) == BB_OK && bb_model_check_recompute(&out[n]) == BB_OK) n++;
     }
     for (int k = 2; k < layers && n < cap; k = k < 4 ? k + 1 : k * 2) {
         out[n] = q->model;
-        out[n].checkpoint_plan[0] = 0;
-        out[n++].checkpoint_every = k;
+        out[n].recompute_plan[0] = 0;
+        out[n++].recompute_every = k;
     }
     bb_error_clear();
     return n;
@@ -149,12 +154,12 @@ static double step_ms(const bb_calibration *cal, const step_work *w, int micro_b
 static bb_status reference_step(const bb_plan_request *q, int per_device, size_t bucket_bytes, double *ms)
 {
     bb_model_config c = q->model;
-    BB_TRY(bb_model_parse_checkpoint("none", &c));
-    c.loss_chunk = bb_model_loss_chunk(&c, per_device, bb_device_head_budget(q->device, q->device_mem));
+    BB_TRY(bb_model_parse_recompute("none", &c));
+    c.loss_chunk = bb_model_loss_chunk(&c, per_device, bb_device_transient_budget(q->device, q->device_mem));
     bb_memory_breakdown mem;
     step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, &mem, w);
+    bb_status rc = measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, q->zero_shards, &mem, w);
     if (rc == BB_OK) *ms = step_ms(q->calibration, w, per_device, 1);
     free(w);
     BB_TRY(rc);
@@ -170,15 +175,16 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     bb_plan_row *r = &out->rows[out->count++];
     bb_model_config c = *policy;
     /* the loss chunk the run's model will take */
-    c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_head_budget(q->device, q->device_mem));
+    c.loss_chunk = r->loss_chunk = bb_model_loss_chunk(&c, b, bb_device_transient_budget(q->device, q->device_mem));
     r->micro_batch = b;
     r->accumulation = per_device / b;
-    r->checkpoint_every = c.checkpoint_every;
-    memcpy(r->checkpoint_plan, c.checkpoint_plan, sizeof r->checkpoint_plan);
-    bb_model_checkpoint_name(&c, r->checkpoint, sizeof r->checkpoint);
+    r->recompute_every = c.recompute_every;
+    memcpy(r->recompute_plan, c.recompute_plan, sizeof r->recompute_plan);
+    bb_model_recompute_name(&c, r->recompute, sizeof r->recompute);
     step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, &r->memory, w);
+    bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, q->zero_shards,
+                           &r->memory, w);
     if (rc == BB_OK && q->calibration) {
         r->step_ms = step_ms(q->calibration, w, b, r->accumulation);
         if (!(*reference_ms > 0)) rc = reference_step(q, per_device, bucket_bytes, reference_ms);
@@ -196,7 +202,7 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
 static const bb_plan_row *row_named(const bb_plan *p, int from, const char *name)
 {
     for (int i = from; i < p->count; i++)
-        if (!strcmp(p->rows[i].checkpoint, name)) return &p->rows[i];
+        if (!strcmp(p->rows[i].recompute, name)) return &p->rows[i];
     return NULL;
 }
 
@@ -216,16 +222,16 @@ static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from
     int ns = sel->memory.selective_recomputes, nf = full->memory.recomputed_layers; /* per recomputed block: */
     double ts = ns ? (sel->relative_time - none->relative_time) / ns : 0;
     double tf = nf ? (full->relative_time - none->relative_time) / nf : 0;
-    char letters[BB_CHECKPOINT_MAX_BLOCKS + 1];
+    char letters[BB_RECOMPUTE_MAX_BLOCKS + 1];
     int64_t bytes;
     double time;
     int64_t room = (int64_t)out->budget - (int64_t)none->memory.total;
     if (!bb_plan_best_blocks(bb_model_layers(&q->model), &k, room, ts, tf, letters, &bytes, &time)) return BB_OK;
     bb_model_config c = q->model;
-    c.checkpoint_every = 0;
-    snprintf(c.checkpoint_plan, sizeof c.checkpoint_plan, "%s", letters);
-    char name[BB_CHECKPOINT_NAME_MAX];
-    bb_model_checkpoint_name(&c, name, sizeof name);
+    c.recompute_every = 0;
+    snprintf(c.recompute_plan, sizeof c.recompute_plan, "%s", letters);
+    char name[BB_RECOMPUTE_NAME_MAX];
+    bb_model_recompute_name(&c, name, sizeof name);
     if (row_named(out, from, name)) return BB_OK; /* a uniform policy: already a candidate */
     return add_row(q, out, &c, b, per_device, bucket_bytes, reference_ms);
 }
@@ -236,6 +242,8 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
+    if (!bb_optimizer_desc_of(q->optimizer))
+        return bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)q->optimizer, bb_optimizer_choices());
     int per_device = q->global_batch / q->devices;
     size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
     bb_model_config *policies = calloc(16, sizeof *policies);
@@ -257,7 +265,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         int from = out->count;
         for (int i = 0; i < np && rc == BB_OK; i++)
             rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &reference_ms);
-        if (rc == BB_OK && !q->fixed_checkpoint)
+        if (rc == BB_OK && !q->fixed_recompute)
             rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &reference_ms);
     }
     free(policies);
@@ -287,7 +295,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
                  "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed",
-                 q->optimizer == BB_OPTIMIZER_SGD ? "SGD" : "AdamW", fixed, have, 100 * margin);
+                 bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin);
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "

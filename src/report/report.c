@@ -119,7 +119,7 @@ static void header(page *p)
     fprintf(out, "<h1>bigbatch report</h1>\n<table class=\"config\">\n");
     config_row(out, "metrics", r->path);
     if (r->has_config) {
-        char v[BB_CHECKPOINT_NAME_MAX + 320];
+        char v[BB_RECOMPUTE_NAME_MAX + 320];
         config_row(out, "model", r->describe);
         snprintf(v, sizeof v, "%s (%d device%s%s)", r->devices, r->device_count, r->device_count == 1 ? "" : "s",
                  r->processes > 1 ? ", several processes" : "");

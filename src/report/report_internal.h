@@ -22,7 +22,7 @@ typedef struct bb_report_row {
 typedef struct bb_report_run {
     const char *path;
     bool has_config;                  /* the "run" line of train --metrics */
-    char model[16], describe[160], devices[48], checkpoint[BB_CHECKPOINT_NAME_MAX], precision[8], optimizer[8], data[256];
+    char model[16], describe[160], devices[48], checkpoint[BB_RECOMPUTE_NAME_MAX], precision[8], optimizer[8], data[256];
     char version[16], commit[48];
     int device_count, processes, global_batch, accumulation, micro_batch, tokens_per_example, zero;
     double lr, device_mem;
@@ -56,7 +56,7 @@ typedef struct bb_report_trace {
 /* The planner's chosen row (`plan --json`). */
 typedef struct bb_report_choice {
     int micro_batch, accumulation;
-    char checkpoint[BB_CHECKPOINT_NAME_MAX];
+    char checkpoint[BB_RECOMPUTE_NAME_MAX];
     uint64_t peak_bytes;
     double relative_time, step_ms; /* step_ms: NAN when not calibrated */
 } bb_report_choice;

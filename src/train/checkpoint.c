@@ -80,7 +80,7 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
                           st->keep, "save_every", (json_int_t)st->save_every);
     json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
-                            c->checkpoint_every, "checkpoint_plan", c->checkpoint_plan, "precision", bb_precision_name(c->precision), "optimizer",
+                            c->recompute_every, "checkpoint_plan", c->recompute_plan, "precision", bb_precision_name(c->precision), "optimizer",
                             bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
                             bb_lr_schedule_name(oc->schedule),
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
@@ -264,7 +264,7 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
     BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
     BB_TRY(bb_model_save_safetensors(m, file));
     BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
-    BB_TRY(bb_optimizer_save(be, o, n, bb_model_param_count(m), st->shards_across_processes, file));
+    BB_TRY(bb_optimizer_save(be, o, n, bb_model_param_count(m), st->gather, file));
     BB_TRY(join(file, sizeof file, tmp, "state.json"));
     BB_TRY(write_state(file, st, bb_model_get_config(m), o[0]));
     if (st->tokenizer && *st->tokenizer) { /* sample and export decode with it */
@@ -377,11 +377,11 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     BB_TRY(bb_json_opt_int(j, path, "keep", &info->keep));
     BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
     BB_TRY(bb_model_config_from_json(j, path, c));
-    BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->checkpoint_every));
-    BB_TRY(bb_json_opt_string(j, path, "checkpoint_plan", c->checkpoint_plan, sizeof c->checkpoint_plan));
-    if (bb_model_check_checkpoint(c) != BB_OK)
+    BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->recompute_every));
+    BB_TRY(bb_json_opt_string(j, path, "checkpoint_plan", c->recompute_plan, sizeof c->recompute_plan));
+    if (bb_model_check_recompute(c) != BB_OK)
         return bb_fail(BB_ERR_FORMAT, "%s: \"checkpoint_plan\" \"%s\" does not fit the model: %s", path,
-                       c->checkpoint_plan, bb_error_message());
+                       c->recompute_plan, bb_error_message());
     BB_TRY(bb_json_opt_string(j, path, "precision", precision, sizeof precision));
     if (bb_precision_parse(precision, &c->precision) != BB_OK)
         return bb_fail(BB_ERR_FORMAT, "%s: \"precision\" is \"%s\", not fp32 or bf16", path, precision);

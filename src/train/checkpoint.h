@@ -25,7 +25,7 @@ typedef struct checkpoint_state {
     double loss;
     const char *data, *val_data, *devices;
     const char *tokenizer;        /* the training data's tokenizer.json, copied into the checkpoint; NULL/"": none */
-    bool shards_across_processes; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
+    const bb_state_gather *gather; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
 } checkpoint_state;
 
 /* Writes a step directory under `dir` and switches `latest` to it (see

@@ -14,7 +14,7 @@ typedef struct eval_sums {
 
 /* The bytes of text the targets of `count` token records stand for
  * (tokens 1..T of each). */
-static uint64_t target_bytes(const bb_shard_meta *meta, const uint8_t *records, int count, const uint32_t *len)
+static uint64_t target_bytes(const bb_record_format *meta, const uint8_t *records, int count, const uint32_t *len)
 {
     uint64_t n = 0;
     uint32_t T1 = meta->shape[0], vocab = meta->classes_or_vocab;
@@ -29,7 +29,7 @@ static uint64_t target_bytes(const bb_shard_meta *meta, const uint8_t *records, 
     return n;
 }
 
-static bb_status run_batch(bb_model_t *m, const bb_shard_meta *meta, const uint8_t *records, int count,
+static bb_status run_batch(bb_model_t *m, const bb_record_format *meta, const uint8_t *records, int count,
                            const uint32_t *token_bytes, eval_sums *s)
 {
     if (token_bytes) s->bytes += target_bytes(meta, records, count, token_bytes);
@@ -79,8 +79,8 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
     progress.last_ns = progress.start_ns;
     progress.tty = progress.out && isatty(fileno(progress.out));
     volatile sig_atomic_t *interrupted = o ? o->interrupted : NULL;
-    const bb_shard_meta *meta = bb_dataset_meta(ds);
-    bool tokens = meta->kind == BB_RECORD_TOKENS_U16 || meta->kind == BB_RECORD_TOKENS_U32;
+    const bb_record_format *meta = bb_dataset_format(ds);
+    bool tokens = bb_record_token_bytes(meta->kind) != 0;
     const uint32_t *token_bytes = tokens && o ? o->token_bytes : NULL;
     int B = bb_model_micro_batch(m);
     size_t rs = meta->record_size, cap = 0;

@@ -1,10 +1,15 @@
 // nccl_reducer.cu — the reducer for CUDA replicas: one NCCL communicator
 // per GPU of the process, the same buckets as the CPU reducer. A post
 // enqueues, for each newly finished bucket, an event on the worker's
-// compute stream, a wait for it on the communication stream, and an
-// ncclAllReduce (average, in place) there. A wait makes the compute stream
-// wait for the step's last reduction: the optimizer is ordered after it on
-// the GPU and the host does not block.
+// compute stream, a wait for it on the communication stream, and the
+// bucket's collective there: ncclAllReduce (average, in place), or with
+// ZeRO-1's equal slices ncclReduceScatter (each owner's slice averaged; in
+// place when the bucket divides into them, else through a padded staging
+// buffer). A wait makes the compute stream wait for the step's last
+// reduction: the optimizer is ordered after it on the GPU and the host does
+// not block. The gather after the update is ncclAllGather of the equal
+// slices (in place or staged the same way), or an ncclBroadcast from each
+// owner of whole-tensor slices, whose lengths differ.
 //
 // Threads. Each worker thread drives only its own communicator, in the same
 // bucket order (NCCL's one-thread-per-GPU model), and no lock is held
@@ -39,7 +44,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cuda/cuda_backend.h"
+#include <cuda_runtime.h>
 
 extern "C" {
 #include "bigbatch/world.h"
@@ -62,6 +67,9 @@ struct nccl_api {
     ncclResult_t (*GroupEnd)(void);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                  cudaStream_t);
+    ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
     const char *(*GetLastError)(ncclComm_t); // NCCL 2.13 on; NULL before
 };
@@ -97,6 +105,8 @@ void load_nccl()
         {(void **)&nccl.GroupEnd, "ncclGroupEnd"},
         {(void **)&nccl.AllReduce, "ncclAllReduce"},
         {(void **)&nccl.Broadcast, "ncclBroadcast"},
+        {(void **)&nccl.ReduceScatter, "ncclReduceScatter"},
+        {(void **)&nccl.AllGather, "ncclAllGather"},
         {(void **)&nccl.GetErrorString, "ncclGetErrorString"},
     };
     for (auto &e : table)
@@ -124,7 +134,8 @@ struct device_side {
     pthread_mutex_t abort_lock; // orders an abort with the watchdog's poll of the error (never across a wait)
     cudaStream_t compute, comm_stream;
     float *grads, *params;
-    int cuda_device, next_bucket;
+    float *stage;               // ZeRO-1's equal slices of a bucket they do not divide: owners × count floats
+    int rank, cuda_device, next_bucket; // rank: in the communicator (the job's device number)
     cudaEvent_t ready, done;
     double *scalar, *host_scalar; // the scalar collectives' value: device, pinned host
 };
@@ -252,16 +263,69 @@ bool nccl_step(nccl_reducer *n, device_side *s, ncclResult_t (*call)(void *ctx),
     return false;
 }
 
-struct all_reduce_args {
+// One bucket's collective: the all-reduce, the reduce-scatter or the
+// all-gather of `buf` (owners × count floats for the last two; in place).
+enum collective { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER };
+struct bucket_args {
     device_side *s;
-    size_t lo, count;
+    collective kind;
+    float *buf;
+    size_t count; // the all-reduce's floats; the slices' otherwise
 };
 
-ncclResult_t all_reduce(void *ctx)
+ncclResult_t bucket_call(void *ctx)
 {
-    all_reduce_args *a = static_cast<all_reduce_args *>(ctx);
-    float *g = a->s->grads + a->lo;
-    return nccl.AllReduce(g, g, a->count, ncclFloat, ncclAvg, a->s->comm, a->s->comm_stream);
+    bucket_args *a = static_cast<bucket_args *>(ctx);
+    device_side *s = a->s;
+    float *mine = a->buf + (size_t)s->rank * a->count;
+    switch (a->kind) {
+    case REDUCE_SCATTER: return nccl.ReduceScatter(a->buf, mine, a->count, ncclFloat, ncclAvg, s->comm, s->comm_stream);
+    case ALL_GATHER: return nccl.AllGather(mine, a->buf, a->count, ncclFloat, s->comm, s->comm_stream);
+    default: return nccl.AllReduce(a->buf, a->buf, a->count, ncclFloat, ncclAvg, s->comm, s->comm_stream);
+    }
+}
+
+// Bucket b's equal slices (ZeRO-1, BB_PARAM_SHARD_ELEMENTS): reduce-scatters the
+// gradients or all-gathers the weights `x`. When the slices fill the bucket
+// exactly, in place; else the bucket goes through the staging buffer,
+// padded with zeros: copied in (the gather: only this owner's slice), the
+// collective, and the result copied back (the reduce-scatter: only the
+// owner's slice, so no neighbouring bucket is written). All on the
+// communication stream, in order.
+bool equal_slices(nccl_reducer *n, device_side *s, int b, collective kind, float *x)
+{
+    reducer_t *r = &n->base;
+    const bb_param_shards *sh = r->shards;
+    size_t lo = r->lo[b], len = r->hi[b] - lo, count = sh->count[b], slo, shi;
+    bb_param_shards_slice(sh, b, s->rank, &slo, &shi);
+    const char *what = kind == REDUCE_SCATTER ? "ncclReduceScatter" : "ncclAllGather";
+    if (len == count * (size_t)sh->owners) {
+        bucket_args a = {s, kind, x + lo, count};
+        return nccl_step(n, s, bucket_call, &a, what);
+    }
+    cudaStream_t st = s->comm_stream;
+    size_t padded = count * (size_t)sh->owners, mine = (size_t)s->rank * count;
+    bucket_args a = {s, kind, s->stage, count};
+    if (kind == REDUCE_SCATTER)
+        return BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage, x + lo, len * sizeof(float), cudaMemcpyDeviceToDevice, st)) &&
+               BB_CUDA_REDUCER(n, cudaMemsetAsync(s->stage + len, 0, (padded - len) * sizeof(float), st)) &&
+               nccl_step(n, s, bucket_call, &a, what) &&
+               (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(x + slo, s->stage + mine, (shi - slo) * sizeof(float),
+                                                                 cudaMemcpyDeviceToDevice, st)));
+    return BB_CUDA_REDUCER(n, cudaMemsetAsync(s->stage + mine, 0, count * sizeof(float), st)) &&
+           (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage + mine, x + slo, (shi - slo) * sizeof(float),
+                                                             cudaMemcpyDeviceToDevice, st))) &&
+           nccl_step(n, s, bucket_call, &a, what) &&
+           BB_CUDA_REDUCER(n, cudaMemcpyAsync(x + lo, s->stage, len * sizeof(float), cudaMemcpyDeviceToDevice, st));
+}
+
+// The reduction of bucket b: equal slices reduce-scattered, else an all-reduce.
+bool reduce_bucket(nccl_reducer *n, device_side *s, int b)
+{
+    reducer_t *r = &n->base;
+    if (r->shards && r->shards->rule == BB_PARAM_SHARD_ELEMENTS) return equal_slices(n, s, b, REDUCE_SCATTER, s->grads);
+    bucket_args a = {s, ALL_REDUCE, s->grads + r->lo[b], r->hi[b] - r->lo[b]};
+    return nccl_step(n, s, bucket_call, &a, "ncclAllReduce");
 }
 
 ncclResult_t async_error(void *ctx)
@@ -344,6 +408,7 @@ void n_destroy(reducer_t *r)
         if (s->done) cudaEventDestroy(s->done);
         if (s->scalar) cudaFree(s->scalar);
         if (s->host_scalar) cudaFreeHost(s->host_scalar);
+        if (s->stage) cudaFree(s->stage);
         pthread_mutex_destroy(&s->abort_lock); // zeroed (never initialized) is the default mutex
     }
     if (n->dev) cudaSetDevice(n->dev[0].cuda_device);
@@ -367,11 +432,10 @@ void n_post(reducer_t *r, int device, size_t ready_from)
     if (ok && device == 0 && ready_from == 0) ok = BB_CUDA_REDUCER(n, cudaEventRecord(n->backward_end, s->compute));
     for (; ok && s->next_bucket < r->buckets && r->lo[s->next_bucket] >= ready_from; s->next_bucket++) {
         int b = s->next_bucket;
-        all_reduce_args a = {s, r->lo[b], r->hi[b] - r->lo[b]};
         ok = BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
              BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0)) &&
              (device != 0 || BB_CUDA_REDUCER(n, cudaEventRecord(n->start[b], s->comm_stream))) &&
-             nccl_step(n, s, all_reduce, &a, "ncclAllReduce") &&
+             reduce_bucket(n, s, b) &&
              (device != 0 || BB_CUDA_REDUCER(n, cudaEventRecord(n->end[b], s->comm_stream)));
     }
 }
@@ -467,25 +531,24 @@ bool n_broadcast_stop(reducer_t *r, int device, bool stop)
     return !scalar_collective(of(r), device, true, &v) || v != 0;
 }
 
-// ZeRO-1's gather of the weights: each owner's slices broadcast from it,
-// one group on the communication stream after the compute stream's
-// update, which the next compute waits for. (Gradients stay all-reduced:
-// the owner's slice has the average, as a reduce-scatter would leave it;
-// ncclReduceScatter and ncclAllGather need slices of equal length.)
+// ZeRO-1's gather of the weights, on the communication stream after the
+// compute stream's update, which the next compute waits for: equal slices
+// all-gathered bucket by bucket; whole-tensor slices (of differing
+// lengths) broadcast from each owner, in one group.
 struct gather_args {
     reducer_t *r;
     device_side *s;
 };
 
-ncclResult_t gather_call(void *ctx)
+ncclResult_t broadcast_slices(void *ctx)
 {
     gather_args *a = static_cast<gather_args *>(ctx);
     reducer_t *r = a->r;
     ncclResult_t rc = nccl.GroupStart();
     for (int b = 0; rc == ncclSuccess && b < r->buckets; b++)
-        for (int k = 0; rc == ncclSuccess && k < r->owners; k++) { // k: the owner's rank in the communicator
+        for (int k = 0; rc == ncclSuccess && k < r->shards->owners; k++) { // k: the owner's rank in the communicator
             size_t lo, hi;
-            bb_reducer_slice(r, b, k, r->owners, &lo, &hi);
+            bb_param_shards_slice(r->shards, b, k, &lo, &hi);
             float *p = a->s->params + lo;
             if (hi > lo) rc = nccl.Broadcast(p, p, hi - lo, ncclFloat, k, a->s->comm, a->s->comm_stream);
         }
@@ -499,10 +562,13 @@ bool n_allgather(reducer_t *r, int device)
     device_side *s = &n->dev[device];
     cudaSetDevice(s->cuda_device);
     gather_args a = {r, s};
-    return !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
-           BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0)) &&
-           nccl_step(n, s, gather_call, &a, "ncclBroadcast (the ZeRO-1 gather)") &&
-           BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
+    bool ok = !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
+              BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0));
+    if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS)
+        for (int b = 0; ok && b < r->buckets; b++) ok = equal_slices(n, s, b, ALL_GATHER, s->params);
+    else
+        ok = ok && nccl_step(n, s, broadcast_slices, &a, "ncclBroadcast (the ZeRO-1 gather)");
+    return ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
            BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
 }
 
@@ -575,25 +641,32 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     reducer_t *r = &n->base;
     r->ops = &nccl_ops;
     pthread_mutex_init(&n->fail_lock, NULL);
-    bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
-    bb_reducer_init_owners(r, a);
+    bb_status rc = bb_reducer_init_shared(r, a);
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
     if (rc == BB_OK && (!n->dev || !n->start || !n->end)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    /* the staging buffer: the largest bucket its equal slices do not fill exactly */
+    size_t stage = 0;
+    for (int b = 0; rc == BB_OK && a->shards && a->shards->rule == BB_PARAM_SHARD_ELEMENTS && b < r->buckets; b++) {
+        size_t padded = a->shards->count[b] * (size_t)a->shards->owners;
+        if (padded != r->hi[b] - r->lo[b] && padded > stage) stage = padded;
+    }
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         device_side *s = &n->dev[d];
         pthread_mutex_init(&s->abort_lock, NULL);
-        s->cuda_device = bb_cuda_backend_device(a->be[d]);
-        s->compute = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMPUTE);
-        s->comm_stream = bb_cuda_backend_stream(a->be[d], BB_STREAM_COMM);
+        s->rank = a->spec->rank * devices + d;
+        s->cuda_device = bb_backend_device(a->be[d]);
+        s->compute = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMPUTE));
+        s->comm_stream = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMM));
         s->grads = a->grads[d];
         s->params = a->params ? a->params[d] : NULL;
         cudaSetDevice(s->cuda_device);
         if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||
             cudaMalloc(&s->scalar, sizeof(double)) != cudaSuccess ||
-            cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess)
+            cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess ||
+            (stage && cudaMalloc(&s->stage, stage * sizeof(float)) != cudaSuccess))
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
     }
     if (rc == BB_OK) rc = init_comms(n, a->spec, 300.0);

@@ -29,7 +29,7 @@ void bb_train_defaults(bb_train_options *o)
 }
 
 static const char *const field_names[BB_TRAIN_FIELDS] = {
-    [BB_TRAIN_MODEL] = "model",           [BB_TRAIN_CHECKPOINT] = "checkpoint",
+    [BB_TRAIN_MODEL] = "model",           [BB_TRAIN_RECOMPUTE] = "checkpoint",
     [BB_TRAIN_LOSS_CHUNK] = "loss_chunk", [BB_TRAIN_DATA] = "data",
     [BB_TRAIN_VAL_DATA] = "val_data",     [BB_TRAIN_DEVICES] = "devices",
     [BB_TRAIN_PRECISION] = "precision",   [BB_TRAIN_GLOBAL_BATCH] = "global_batch",
@@ -45,7 +45,8 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_FORCE] = "force",           [BB_TRAIN_SKIP_NONFINITE] = "skip_nonfinite",
     [BB_TRAIN_METRICS] = "metrics_path",  [BB_TRAIN_TRACE] = "trace_path",
     [BB_TRAIN_LOADER_THREADS] = "loader_threads", [BB_TRAIN_BUCKET_MIB] = "bucket_mib",
-    [BB_TRAIN_ZERO] = "zero",             [BB_TRAIN_ATTENTION] = "attention",
+    [BB_TRAIN_ZERO] = "zero",             [BB_TRAIN_ZERO_SHARDS] = "zero_shards",
+    [BB_TRAIN_ATTENTION] = "attention",
     [BB_TRAIN_DEVICE_MEM] = "device_mem", [BB_TRAIN_NO_OVERLAP] = "no_overlap",
 };
 
@@ -165,11 +166,11 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
     take_optimizer(ck, out);
     if (!is_set(out, BB_TRAIN_MODEL)) { /* the checkpoint's model, with a checkpoint policy and loss chunk if set */
         bb_model_config m = ck->model;
-        if (is_set(out, BB_TRAIN_CHECKPOINT)) {
-            m.checkpoint_every = out->model.checkpoint_every;
-            memcpy(m.checkpoint_plan, out->model.checkpoint_plan, sizeof m.checkpoint_plan);
+        if (is_set(out, BB_TRAIN_RECOMPUTE)) {
+            m.recompute_every = out->model.recompute_every;
+            memcpy(m.recompute_plan, out->model.recompute_plan, sizeof m.recompute_plan);
         }
-        else out->auto_checkpoint = false;
+        else out->auto_recompute = false;
         m.loss_chunk = is_set(out, BB_TRAIN_LOSS_CHUNK) ? out->model.loss_chunk : 0;
         out->model = m;
     }
@@ -177,7 +178,7 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
 }
 
 /* ---- the processes of a job agree ------------------------------------------ */
-enum { AGREE_TEXT = 320 }; /* a model of BB_CHECKPOINT_MAX_BLOCKS blocks' plan fits */
+enum { AGREE_TEXT = 320 }; /* a model of BB_RECOMPUTE_MAX_BLOCKS blocks' plan fits */
 
 typedef struct agreed {
     bb_train_field field;
@@ -195,7 +196,7 @@ static int describe(const bb_train_options *o, agreed *a)
     free(shape);
     json_decref(m);
     const bb_optimizer_config *c = &o->opt;
-    FIELD(CHECKPOINT, "%d %s%s", o->model.checkpoint_every, o->model.checkpoint_plan, o->auto_checkpoint ? " (auto)" : "");
+    FIELD(RECOMPUTE, "%d %s%s", o->model.recompute_every, o->model.recompute_plan, o->auto_recompute ? " (auto)" : "");
     FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
     FIELD(PRECISION, "%s", bb_precision_name(o->precision));
     FIELD(ATTENTION, "%s", bb_attention_name(o->attention));
@@ -204,7 +205,10 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(STEPS, "%llu", (unsigned long long)o->steps);
     FIELD(EPOCHS, "%llu", (unsigned long long)o->epochs);
     FIELD(STOP_AFTER, "%llu", (unsigned long long)o->stop_after);
-    FIELD(OPTIMIZER, "%s (beta1 %.17g, eps %.17g)", bb_optimizer_kind_name(c->kind), c->beta1, c->eps);
+    char own[160] = "";
+    const bb_optimizer_desc *desc = bb_optimizer_desc_of(c->kind);
+    if (desc) desc->describe(c, own, sizeof own);
+    FIELD(OPTIMIZER, "%s (%s)", bb_optimizer_kind_name(c->kind), own);
     FIELD(LR, "%.17g", c->lr);
     FIELD(LR_SCHEDULE, "%s", bb_lr_schedule_name(c->schedule));
     FIELD(WARMUP, "%llu", (unsigned long long)c->warmup);
@@ -215,6 +219,7 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(SEED, "%llu", (unsigned long long)o->seed);
     FIELD(SHUFFLE_FRAMES, "%u", bb_shuffle_frames_or_default(o->shuffle_frames));
     FIELD(ZERO, "%d", o->zero);
+    FIELD(ZERO_SHARDS, "%s", bb_param_shard_rule_name(o->zero_shards));
     FIELD(BUCKET_MIB, "%.17g", o->bucket_mib);
     FIELD(NO_OVERLAP, "%s", o->no_overlap ? "yes" : "no");
     FIELD(SKIP_NONFINITE, "%s", o->skip_nonfinite ? "yes" : "no");

@@ -7,18 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu_math.h"
 #include "bigbatch/queue.h"
 #include "bigbatch/world.h"
 #include "reducer.h"
 
-bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes)
+bb_status bb_reducer_init_shared(reducer_t *r, const reducer_args *a)
 {
     bb_buckets b;
-    BB_TRY(bb_buckets_make(m, bucket_bytes, &b));
-    r->devices = devices;
+    BB_TRY(bb_buckets_make(a->model, a->bucket_bytes, &b));
+    r->devices = a->spec->count;
     r->buckets = b.count, r->lo = b.lo, r->hi = b.hi;
-    return BB_OK;
+    r->shards = a->shards;
+    r->first_owner = a->spec->rank * a->spec->count;
+    bool same = !a->shards || a->shards->buckets.count == b.count;
+    for (int k = 0; same && a->shards && k < b.count; k++)
+        same = a->shards->buckets.lo[k] == b.lo[k] && a->shards->buckets.hi[k] == b.hi[k];
+    return same ? BB_OK : bb_fail(BB_ERR_ARG, "the ZeRO shards were cut on other gradient buckets than the reducer's");
 }
 
 void bb_reducer_free_buckets(reducer_t *r)
@@ -26,6 +30,14 @@ void bb_reducer_free_buckets(reducer_t *r)
     bb_buckets_free(&(bb_buckets){.count = r->buckets, .lo = r->lo, .hi = r->hi});
     r->lo = r->hi = NULL;
 }
+
+static bb_status sum_over_processes(void *ctx, float *host, size_t n)
+{
+    (void)ctx;
+    return bb_world_sum_floats(host, n);
+}
+
+bb_state_gather bb_reducer_state_gather(void) { return (bb_state_gather){sum_over_processes, NULL}; }
 
 bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)
 {
@@ -47,8 +59,7 @@ typedef struct cpu_reducer {
     uint64_t *span_start, *span_end; /* per bucket, the last step */
     double *squares;              /* per bucket: sum of squares of its average, the last step */
     float *acc;                   /* CHUNK floats; a whole bucket with several processes */
-    float *gathered;              /* ZeRO-1 over processes: the weights being gathered */
-    size_t param_count;
+    size_t *part_lo, *part_hi;    /* ZeRO-1 over processes: each process's floats of the bucket being gathered */
     int world;                    /* processes of the job (spec->world) */
     bb_trace_t *trace;
     int track;
@@ -76,10 +87,25 @@ static void fail_reducer(cpu_reducer *c)
     r->ops->abort(r);
 }
 
+/* acc, the average of the bucket's floats [k, k + n), into every device's
+ * buffer; with ZeRO-1 only into each device's own slice. */
+static void store_average(const cpu_reducer *c, int bucket, size_t k, size_t n, const float *acc)
+{
+    for (int d = 0; d < c->base.devices; d++) {
+        size_t a = k, b = k + n;
+        if (c->base.shards) {
+            size_t slo, shi;
+            bb_param_shards_slice(c->base.shards, bucket, c->base.first_owner + d, &slo, &shi);
+            a = slo > a ? slo : a, b = shi < b ? shi : b;
+        }
+        if (a < b) memcpy(c->grads[d] + a, acc + (a - k), (b - a) * sizeof *acc);
+    }
+}
+
 /* Several processes: this process's devices summed in device order, the
- * sums summed over the processes (MPI, one call per bucket), then every
- * device's buffer gets the average over all the job's devices. */
-static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi, double *squares)
+ * sums summed over the processes (MPI, one call per bucket), then the
+ * average over all the job's devices stored (store_average). */
+static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi, double *squares)
 {
     int devices = c->base.devices;
     size_t n = hi - lo;
@@ -92,8 +118,8 @@ static bb_status average_world(cpu_reducer *c, size_t lo, size_t hi, double *squ
     BB_TRY(bb_world_sum_floats(acc, n));
     float inv = 1.0f / (float)(devices * c->world);
     for (size_t i = 0; i < n; i++) acc[i] *= inv;
-    for (int d = 0; d < devices; d++) memcpy(c->grads[d] + lo, acc, n * sizeof *acc);
-    for (size_t k = 0; k < n; k += CHUNK) *squares += bb_sum_squares_f32(acc + k, n - k < CHUNK ? n - k : CHUNK);
+    store_average(c, bucket, lo, n, acc);
+    for (size_t k = 0; k < n; k += CHUNK) *squares += bb_host_sum_squares(acc + k, n - k < CHUNK ? n - k : CHUNK);
     return BB_OK;
 }
 
@@ -106,7 +132,7 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
     double *squares = &c->squares[bucket];
     *squares = 0.0;
     if (c->world > 1) {
-        if (average_world(c, lo, hi, squares) != BB_OK) fail_reducer(c);
+        if (average_world(c, bucket, lo, hi, squares) != BB_OK) fail_reducer(c);
         return;
     }
     int devices = c->base.devices;
@@ -120,16 +146,8 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
             for (size_t i = 0; i < n; i++) acc[i] += g[i];
         }
         for (size_t i = 0; i < n; i++) acc[i] *= inv;
-        *squares += bb_sum_squares_f32(acc, n);
-        for (int d = 0; d < devices; d++) {
-            size_t a = k, b = k + n; /* ZeRO-1: only into the owner's slice */
-            if (c->base.zero) {
-                size_t slo, shi;
-                bb_reducer_slice(&c->base, bucket, c->base.first_owner + d, c->base.owners, &slo, &shi);
-                a = slo > a ? slo : a, b = shi < b ? shi : b;
-            }
-            if (a < b) memcpy(c->grads[d] + a, acc + (a - k), (b - a) * sizeof *acc);
-        }
+        *squares += bb_host_sum_squares(acc, n);
+        store_average(c, bucket, k, n, acc);
     }
 }
 
@@ -173,7 +191,8 @@ static void cpu_destroy(reducer_t *r)
     }
     bb_reducer_free_buckets(r);
     free(c->grads), free(c->params), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
-    free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->gathered);
+    free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->part_lo),
+        free(c->part_hi);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
     free(c);
@@ -266,34 +285,40 @@ static bool cpu_broadcast_stop(reducer_t *r, int device, bool stop)
     return !exchange((cpu_reducer *)r, device, stop ? 1 : 0, false, &v, NULL) || v != 0;
 }
 
-/* Across processes, by the last device of this process to arrive: every
- * process's slices summed over the processes into a buffer that is zero
- * elsewhere (exact: x + 0 is x), then copied into each replica. */
+/* Across processes, by the last device of this process to arrive: the
+ * process's own slices (its devices') are in every local replica already;
+ * bucket by bucket, each process's part (its owners' slices, contiguous)
+ * goes to every process (MPI's all-gather, in device 0's replica), which
+ * is then copied into the others. */
 static bb_status gather_world(cpu_reducer *c)
 {
     reducer_t *r = &c->base;
-    float *all = c->gathered;
-    memset(all, 0, c->param_count * sizeof *all);
-    for (int d = 0; d < r->devices; d++)
-        for (int b = 0; b < r->buckets; b++) {
+    const bb_param_shards *sh = r->shards;
+    int per = r->devices, processes = c->world;
+    for (int b = 0; b < r->buckets; b++) {
+        for (int p = 0; p < processes; p++) {
             size_t lo, hi;
-            bb_reducer_slice(r, b, r->first_owner + d, r->owners, &lo, &hi);
-            memcpy(all + lo, c->params[d] + lo, (hi - lo) * sizeof *all);
+            bb_param_shards_slice(sh, b, p * per, &lo, &hi), c->part_lo[p] = lo;
+            bb_param_shards_slice(sh, b, p * per + per - 1, &lo, &hi), c->part_hi[p] = hi;
         }
-    BB_TRY(bb_world_sum_floats(all, c->param_count));
-    for (int d = 0; d < r->devices; d++) memcpy(c->params[d], all, c->param_count * sizeof *all);
+        BB_TRY(bb_world_allgather_floats(c->params[0], c->part_lo, c->part_hi));
+        for (int d = 1; d < r->devices; d++)
+            memcpy(c->params[d] + r->lo[b], c->params[0] + r->lo[b], (r->hi[b] - r->lo[b]) * sizeof(float));
+    }
     return BB_OK;
 }
 
-/* Each device copies its slices into the other replicas (disjoint writes),
- * then all meet, as in a scalar round, before any reads its weights. */
+/* Each device copies its slices into the other replicas (disjoint writes;
+ * over processes into device 0's only, which gather_world completes and
+ * copies on), then all meet, as in a scalar round, before any reads its
+ * weights. */
 static bool cpu_allgather(reducer_t *r, int device)
 {
     cpu_reducer *c = (cpu_reducer *)r;
-    for (int b = 0; c->world == 1 && b < r->buckets; b++) {
+    for (int b = 0; b < r->buckets; b++) {
         size_t lo, hi;
-        bb_reducer_slice(r, b, r->first_owner + device, r->owners, &lo, &hi);
-        for (int e = 0; e < r->devices; e++)
+        bb_param_shards_slice(r->shards, b, r->first_owner + device, &lo, &hi);
+        for (int e = 0; e < (c->world > 1 ? 1 : r->devices); e++)
             if (e != device && hi > lo) memcpy(c->params[e] + lo, c->params[device] + lo, (hi - lo) * sizeof(float));
     }
     double v;
@@ -352,8 +377,7 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     c->world = a->spec->world > 1 ? a->spec->world : 1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
-    bb_status rc = bb_reducer_init_buckets(r, a->model, devices, a->bucket_bytes);
-    bb_reducer_init_owners(r, a);
+    bb_status rc = bb_reducer_init_shared(r, a);
     c->values = calloc((size_t)devices, sizeof *c->values);
     c->grads = calloc((size_t)devices, sizeof *c->grads);
     c->params = calloc((size_t)devices, sizeof *c->params);
@@ -366,8 +390,9 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     size_t acc = CHUNK;
     for (int b = 0; c->world > 1 && b < r->buckets; b++) acc = r->hi[b] - r->lo[b] > acc ? r->hi[b] - r->lo[b] : acc;
     c->acc = malloc(acc * sizeof *c->acc);
-    c->param_count = bb_model_param_count(a->model);
-    if (a->zero && c->world > 1 && !(c->gathered = malloc(c->param_count * sizeof *c->gathered)))
+    if (a->shards && c->world > 1 &&
+        (!(c->part_lo = calloc((size_t)c->world, sizeof *c->part_lo)) ||
+         !(c->part_hi = calloc((size_t)c->world, sizeof *c->part_hi))))
         rc = rc == BB_OK ? bb_fail(BB_ERR_NOMEM, "out of memory") : rc;
     if (rc == BB_OK && (!c->grads || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
                         !c->acc || !c->values))

@@ -11,11 +11,17 @@
  * posts), so no reset races with a fast worker; they are compared modulo
  * 2^32 (futex words are 32-bit), which long runs wrap.
  *
- * With ZeRO-1 (reducer_args.zero) each device owns a slice of every bucket
- * (optim.h's bb_shard): the reduction leaves the average in the
- * owner's slice (a reduce-scatter; CPU: only there, NCCL: everywhere, an
- * all-reduce), each device updates its slices, and bb_reducer_allgather
- * copies every owner's updated weights into every replica.
+ * With ZeRO-1 (reducer_args.shards: optim.h's bb_param_shards, the job's
+ * devices its owners) each device owns a slice of every bucket: the
+ * reduction leaves the average in the owner's slice (a reduce-scatter:
+ * the CPU writes the average only there, over processes after an MPI
+ * all-reduce of the bucket, which keeps the gradient norm the bits of
+ * --zero 0; NCCL reduce-scatters equal slices, all-reduces whole-tensor
+ * ones), each device
+ * updates its slices, and bb_reducer_allgather copies every owner's
+ * updated weights into every replica (the CPU: copies, and MPI's
+ * all-gather over processes; NCCL: all-gather of equal slices, a
+ * broadcast from each owner of whole-tensor ones).
  *
  * Besides the gradients, two small collectives cross devices once a step:
  * the mean of a scalar (the step's loss) and the stop decision of device
@@ -26,9 +32,10 @@
  * (reducer.c) for CPU devices, NCCL (nccl_reducer.cu) for GPUs; both take
  * the same arguments.
  *
- * The NCCL reducer keeps the same buckets and
- * calls: a post enqueues the bucket's all-reduce on the device's
- * communication stream after an event of its compute stream, and a wait
+ * The NCCL reducer keeps the same buckets and calls: a post enqueues the
+ * bucket's all-reduce (ZeRO-1's equal slices: its reduce-scatter) on the
+ * device's communication stream after an event of its compute stream, and
+ * a wait
  * makes the compute stream wait for the step's reductions (the host does
  * not block). Each device thread drives its own non-blocking communicator
  * and no lock is held across NCCL calls; an abort from any thread ends
@@ -63,17 +70,12 @@ struct reducer {
     const reducer_ops *ops;
     int devices, buckets;
     size_t *lo, *hi;      /* bucket b covers floats [lo[b], hi[b]); lo falls with b */
-    bool zero;            /* ZeRO-1: buckets are owned in slices, weights gathered */
-    int owners, first_owner; /* the job's devices; this process's first (rank x devices) */
+    const bb_param_shards *shards; /* ZeRO-1: the buckets' owners (the caller's); NULL: none */
+    int first_owner;      /* this process's first device among the owners (rank x devices) */
     int stop;             /* aborted or shutting down; __atomic builtins (C and C++) */
     bb_status failure;    /* set before stop when the reducer itself failed (NCCL) */
     char failure_message[256];
 };
-
-/* Cuts `m`'s parameter buffer into buckets (bb_buckets_make) and fills
- * the shared part of `r`. Fails with BB_ERR_NOMEM. */
-bb_status bb_reducer_init_buckets(reducer_t *r, const bb_model_t *m, int devices, size_t bucket_bytes);
-void bb_reducer_free_buckets(reducer_t *r);
 
 /* What a reducer is made over: the devices, the replicas' backends and
  * gradient buffers (param_count floats each, laid out as `model`'s), the
@@ -85,20 +87,19 @@ typedef struct reducer_args {
     bb_backend_t *const *be;
     float *const *grads, *const *params; /* params: what bb_reducer_allgather fills (ZeRO-1) */
     size_t bucket_bytes;
-    int zero;                            /* 1: ZeRO-1 (see above) */
+    const bb_param_shards *shards;       /* ZeRO-1 (see above), on the same buckets; NULL: none */
     uint64_t first_step;
     bb_trace_t *trace;
     int track;
     struct bb_watchdog *watchdog;        /* may be NULL: NCCL's reducer hooks its error polls and aborts there */
 } reducer_args;
 
-/* ZeRO-1's part of the shared state: zero, owners, first_owner. */
-static inline void bb_reducer_init_owners(reducer_t *r, const reducer_args *a)
-{
-    r->zero = a->zero != 0;
-    r->owners = a->spec->count * (a->spec->world > 1 ? a->spec->world : 1);
-    r->first_owner = a->spec->rank * a->spec->count;
-}
+/* Fills the shared part of `r` from `a`: the devices, the buckets of
+ * a->model's parameter buffer (bb_buckets_make), and ZeRO-1's owners
+ * (a->shards, cut on the same buckets) with this process's first. Fails
+ * with BB_ERR_NOMEM, BB_ERR_ARG when the shards were cut on other buckets. */
+bb_status bb_reducer_init_shared(reducer_t *r, const reducer_args *a);
+void bb_reducer_free_buckets(reducer_t *r);
 
 /* The reducer for a->spec: *out NULL when there is nothing to reduce (one
  * device, one process), else the CPU or the NCCL reducer (over processes
@@ -157,12 +158,10 @@ static inline bool bb_reducer_sum_squares(const reducer_t *r, double *out)
 {
     return r->ops->sum_squares && r->ops->sum_squares(r, out);
 }
-/* Owner k of n's slice of bucket b: the floats it updates and gathers
- * (owners are the job's devices: local device d is owner first_owner + d). */
-static inline void bb_reducer_slice(const reducer_t *r, int b, int k, int n, size_t *lo, size_t *hi)
-{
-    bb_bucket_slice(r->lo, r->hi, b, k, n, lo, hi);
-}
+/* ZeRO's optimizer state is saved whole: a sum over the processes of a
+ * host buffer that is zero where the process holds none (bb_optimizer_save's
+ * gather; every process joins). */
+bb_state_gather bb_reducer_state_gather(void);
 /* Device 0's `stop`, on every device; true when the reducer is aborted. */
 static inline bool bb_reducer_broadcast_stop(reducer_t *r, int device, bool stop)
 {

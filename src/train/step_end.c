@@ -152,12 +152,13 @@ static bb_status save(trainer *t, uint64_t step, double loss)
     const bb_optimizer *opt[BB_TRAIN_MAX_DEVICES];
     int n = t->o->zero ? t->spec.count : 1;
     for (int d = 0; d < n; d++) be[d] = t->replicas[d].be, opt[d] = &t->replicas[d].opt;
-    st.shards_across_processes = t->gather_saves;
+    bb_state_gather gather = bb_reducer_state_gather();
+    st.gather = t->gather_saves ? &gather : NULL;
     /* rank 0 writes; the other ranks contribute their shards (ZeRO-1) or nothing */
     bb_status rc = t->o->save_dir ? bb_checkpoint_save(t->o->save_dir, &st, t->replicas[0].model, be, opt, n,
                                                        t->o->keep, name, sizeof name)
-                   : t->gather_saves ? bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model), true,
-                                                         NULL)
+                   : t->gather_saves ? bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model),
+                                                         &gather, NULL)
                                      : BB_OK;
     BB_TRY(rc);
     t->saved = t->result->saved = true;

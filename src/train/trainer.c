@@ -61,15 +61,19 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
     /* Hyperparameters may change on purpose; say that the run is no longer exact. */
     const bb_optimizer_config *a = &o->opt, *b = &info->opt;
     static const bb_train_field fields[] = {BB_TRAIN_LR, BB_TRAIN_WARMUP, BB_TRAIN_LR_SCHEDULE, BB_TRAIN_WEIGHT_DECAY,
-                                            BB_TRAIN_GRAD_CLIP, BB_TRAIN_BETA2, BB_TRAIN_MOMENTUM};
+                                            BB_TRAIN_GRAD_CLIP};
     bool differ[] = {a->lr != b->lr, a->warmup != b->warmup, a->schedule != b->schedule,
-                     a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip,
-                     a->kind == BB_OPTIMIZER_ADAMW && (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps),
-                     a->kind == BB_OPTIMIZER_SGD && a->momentum != b->momentum};
+                     a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip};
     for (size_t i = 0; i < sizeof differ / sizeof *differ; i++)
         if (differ[i])
             BB_WARN("%s: %s differs from the checkpoint's; the run continues, but not as the saved run would have",
                     NAME(RESUME), bb_train_option_name(o, fields[i]));
+    const bb_optimizer_desc *desc = bb_optimizer_desc_of(a->kind);
+    char mine[160], then[160];
+    desc->describe(a, mine, sizeof mine), desc->describe(b, then, sizeof then);
+    if (strcmp(mine, then))
+        BB_WARN("%s: %s's %s differ from the checkpoint's %s; the run continues, but not as the saved run would have",
+                NAME(RESUME), desc->title, mine, then);
     if (info->model.precision != t->cfg.precision)
         BB_WARN("%s: the checkpoint's run used %s %s, this one %s: the run continues, but not as the saved run would "
                 "have", NAME(RESUME), NAME(PRECISION), bb_precision_name(info->model.precision),
@@ -140,9 +144,9 @@ static bb_status probe_writable(const char *path, const char *flag, char *resolv
 static bb_status write_run_line(const trainer *t)
 {
     const bb_train_options *o = t->o;
-    char describe[160], checkpoint[BB_CHECKPOINT_NAME_MAX];
+    char describe[160], checkpoint[BB_RECOMPUTE_NAME_MAX];
     bb_model_describe(&t->cfg, describe, sizeof describe);
-    bb_model_checkpoint_name(&t->cfg, checkpoint, sizeof checkpoint);
+    bb_model_recompute_name(&t->cfg, checkpoint, sizeof checkpoint);
     json_t *run = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:s, s:o, s:I, s:I, "
                             "s:s, s:s, s:s}", "kind", "train", "model", bb_model_kind_name(t->cfg.kind), "describe",
                             describe, "devices", t->devices_text, "device_count", t->spec.count, "processes",
@@ -217,11 +221,13 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
         BB_TRY(bb_model_init(r->model, t->seed));
         if (o->init_from) BB_TRY(bb_model_load_weights(r->model, o->init_from));
         size_t params = bb_model_param_count(r->model);
-        bb_shard shard = {0};
-        if (o->zero) /* this device's shard of every bucket, among all the job's devices */
-            BB_TRY(bb_shard_make(r->model, bucket_bytes(o), trainer_world_devices(t),
-                                 t->spec.rank * t->spec.count + d, &shard));
-        BB_TRY(bb_optimizer_create(r->be, &o->opt, params, o->zero ? &shard : NULL, &r->opt));
+        bb_param_shard shard = {0};
+        if (o->zero && d == 0) { /* the cut of every bucket among all the job's devices */
+            bb_param_shard_rule rule = bb_param_shard_rule_for(o->opt.kind, o->zero_shards);
+            BB_TRY(bb_param_shards_make(r->model, bucket_bytes(o), trainer_world_devices(t), rule, &t->shards));
+        }
+        if (o->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
+        BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, o->zero ? &shard : NULL, &r->opt));
         if (resume) {
             BB_TRY(bb_checkpoint_load_weights(resume, r->model));
             BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
@@ -260,8 +266,8 @@ static bb_status apply_plan(trainer *t)
                          .device_mem = o->device_mem, .optimizer = o->opt.kind, .device = o->device,
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
-                         .fixed_checkpoint = !o->auto_checkpoint,
-                         .zero = o->zero, .bucket_mib = o->bucket_mib};
+                         .fixed_recompute = !o->auto_recompute,
+                         .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib};
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
     if (bb_calibration_cached(o->device, &cal)) q.calibration = &cal;
     bb_plan p;
@@ -273,18 +279,31 @@ static bb_status apply_plan(trainer *t)
     }
     const bb_plan_row *r = &p.rows[p.chosen];
     t->micro_batch = r->micro_batch;
-    t->cfg.checkpoint_every = r->checkpoint_every;
-    memcpy(t->cfg.checkpoint_plan, r->checkpoint_plan, sizeof t->cfg.checkpoint_plan);
+    t->cfg.recompute_every = r->recompute_every;
+    memcpy(t->cfg.recompute_plan, r->recompute_plan, sizeof t->cfg.recompute_plan);
     if (o->progress) {
         char peak[24], mem[24];
         fprintf(o->progress, "plan: micro-batch %d x accumulation %d, checkpoint %s, predicted peak %s", r->micro_batch,
-                r->accumulation, r->checkpoint, bb_format_bytes(r->memory.total, peak, sizeof peak));
+                r->accumulation, r->recompute, bb_format_bytes(r->memory.total, peak, sizeof peak));
         if (o->device_mem) fprintf(o->progress, " of %s", bb_format_bytes(o->device_mem, mem, sizeof mem));
         else fprintf(o->progress, " (no --device-mem: the fastest)");
         fprintf(o->progress, "\n");
     }
     bb_plan_free(&p);
     return BB_OK;
+}
+
+/* The optimizer's hyperparameters as the options name them (--beta2). */
+static const char *hyperparameter_name(void *ctx, const char *hp)
+{
+    const bb_train_options *o = ctx;
+    static const struct {
+        const char *hp;
+        bb_train_field field;
+    } fields[] = {{"lr", BB_TRAIN_LR}, {"beta2", BB_TRAIN_BETA2}, {"momentum", BB_TRAIN_MOMENTUM}};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (!strcmp(hp, fields[i].hp)) return bb_train_option_name(o, fields[i].field);
+    return NULL;
 }
 
 /* What the options alone can tell is wrong, before anything is opened. */
@@ -300,20 +319,9 @@ static bb_status check_options(const bb_train_options *o)
         return bb_fail(BB_ERR_ARG, "%s %d: 0 (none) or 1 (shard the optimizer state)", NAME(ZERO), o->zero);
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give %s N or %s E", NAME(STEPS), NAME(EPOCHS));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "%s must be at least 1", NAME(KEEP));
-    /* Bounds outside which the optimizer cannot work (it would divide by zero). */
-    bool adamw = o->opt.kind == BB_OPTIMIZER_ADAMW;
-    if (adamw && !(o->opt.beta1 >= 0 && o->opt.beta1 < 1))
-        return bb_fail(BB_ERR_ARG, "AdamW's beta1 %g: must be in [0, 1) (1 makes AdamW's bias correction divide by "
-                       "zero)", o->opt.beta1);
-    if (adamw && !(o->opt.beta2 >= 0 && o->opt.beta2 < 1))
-        return bb_fail(BB_ERR_ARG, "%s %g: must be in [0, 1) (1 makes AdamW's bias correction divide by zero)",
-                       NAME(BETA2), o->opt.beta2);
-    if (adamw && !(o->opt.eps > 0))
-        return bb_fail(BB_ERR_ARG, "AdamW's eps %g: must be positive (0 divides zero by zero for unused weights)",
-                       o->opt.eps);
-    if (!isfinite(o->opt.lr) || o->opt.lr < 0)
-        return bb_fail(BB_ERR_ARG, "%s %g: must be finite and >= 0", NAME(LR), o->opt.lr);
-    return BB_OK;
+    /* Bounds outside which the optimizer cannot work (it would divide by zero, or diverge). */
+    bb_optimizer_names names = {hyperparameter_name, (void *)o};
+    return bb_optimizer_check(&o->opt, &names);
 }
 
 /* The device spec, its text (as --devices takes it: the progress line and
@@ -371,9 +379,9 @@ static bb_status setup_data(trainer *t)
     if (!bb_tokenizer_file_of_dataset(o->data, t->tokenizer, sizeof t->tokenizer)) t->tokenizer[0] = '\0';
     BB_TRY(check_same_data(t));
     t->cfg = o->model;
-    BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_meta(t->data), o->data));
+    BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_format(t->data), o->data));
     t->cfg.precision = o->precision;
-    if (o->auto_micro_batch || o->auto_checkpoint) BB_TRY(apply_plan(t));
+    if (o->auto_micro_batch || o->auto_recompute) BB_TRY(apply_plan(t));
     BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
@@ -438,7 +446,8 @@ static bb_status setup(trainer *t)
         params[d] = bb_model_params(t->replicas[d].model);
     }
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
-                       .bucket_bytes = bucket_bytes(o), .zero = o->zero, .first_step = t->first_step,
+                       .bucket_bytes = bucket_bytes(o), .shards = o->zero ? &t->shards : NULL,
+                       .first_step = t->first_step,
                        .trace = t->trace, .track = D, .watchdog = t->watchdog};
     BB_TRY(bb_reducer_create(&ra, &t->reducer));
     if (o->metrics_path) BB_TRY(open_metrics(t));
@@ -516,6 +525,7 @@ static void teardown(trainer *t)
         bb_model_destroy(r->model);
         bb_backend_destroy(r->be);
     }
+    bb_param_shards_free(&t->shards);
     bb_trace_destroy(t->trace);
     if (t->metrics) fclose(t->metrics);
     bb_dataset_close(t->data);

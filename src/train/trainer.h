@@ -63,6 +63,7 @@ typedef struct trainer {
     replica replicas[BB_TRAIN_MAX_DEVICES];
     bb_loader_t *loader;
     reducer_t *reducer;      /* NULL with one device in a world of one */
+    bb_param_shards shards;  /* ZeRO-1: the buckets' cut among the job's devices */
     bb_watchdog *watchdog;   /* where there is a reducer and --timeout: the deadline */
     char device_names[BB_TRAIN_MAX_DEVICES][32]; /* "cuda:1", for the watchdog's line */
     const char *device_name_of[BB_TRAIN_MAX_DEVICES];

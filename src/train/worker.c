@@ -52,8 +52,9 @@ static void post_ready(void *ctx, size_t ready_from)
     bb_reducer_post(p->reducer, p->device, ready_from);
 }
 
-/* Tells the watchdog where this worker is (watchdog.h). */
-static void at(const replica *r, uint64_t step, const char *phase)
+/* Tells the watchdog (watchdog.h) which phase of which step this worker enters (what a
+ * timeout names). */
+static void watch_phase(const replica *r, uint64_t step, const char *phase)
 {
     bb_watchdog_at(r->t->watchdog, r->index, step, phase);
 }
@@ -92,7 +93,7 @@ static bb_status stage(replica *r, uint64_t step, int k, held_batches *h)
     BB_TRY(rc);
     uint64_t t1 = bb_clock_ns();
     bb_trace_range_push("copy");
-    rc = bb_model_stage_records(r->model, bb_dataset_meta(t->data), b.data, (int)b.count);
+    rc = bb_model_stage_records(r->model, bb_dataset_format(t->data), b.data, (int)b.count);
     bb_trace_range_pop();
     if (rc != BB_OK) {
         bb_loader_release(t->loader, &b);
@@ -122,10 +123,10 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
     worker_stats *st = &r->stats;
     bb_model_t *m = r->model;
     post_ctx post = {t->reducer, d};
-    at(r, step, "the loader's first micro-batch");
+    watch_phase(r, step, "the loader's first micro-batch");
     BB_TRY(stage(r, step, 0, h));
     for (int k = 0; k < t->accumulation; k++) {
-        at(r, step, "a micro-step (loading, forward and backward)");
+        watch_phase(r, step, "a micro-step (loading, forward and backward)");
         BB_TRY(bb_model_use_staged(m));
         bool last = k == t->accumulation - 1;
         if (!last) BB_TRY(stage(r, step, k + 1, h));
@@ -220,7 +221,7 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         BB_TRY(bb_device_clock_start(clk));
         BB_TRY(micro_steps(r, step, clk, h));
         if (t->reducer) {
-            at(r, step, "the gradient all-reduce");
+            watch_phase(r, step, "the gradient all-reduce");
             bb_trace_range_push("reduce");
             if (t->o->no_overlap) bb_reducer_post(t->reducer, d, 0);
             st->reduce_wait_ns = bb_reducer_wait(t->reducer, d);
@@ -229,7 +230,7 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         }
         uint64_t t0 = bb_clock_ns();
         BB_TRY(bb_device_clock_mark(clk, 3 * t->accumulation));
-        at(r, step, "the optimizer step");
+        watch_phase(r, step, "the optimizer step");
         bb_trace_range_push("optimizer");
         bb_status rc = optimizer_step(r, step);
         bb_trace_range_pop();
@@ -242,22 +243,22 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         /* A device fault in this step (the backward or the optimizer, which
          * nothing has waited for yet) fails it here, before it is reported
          * or saved. */
-        at(r, step, "the wait for its device (the step's kernels and collectives)");
+        watch_phase(r, step, "the wait for its device (the step's kernels and collectives)");
         BB_TRY(bb_backend_synchronize(r->be));
         double loss;
-        at(r, step, "the loss's all-reduce");
+        watch_phase(r, step, "the loss's all-reduce");
         BB_TRY(step_loss(r, &loss));
-        at(r, step, "the step's first barrier");
+        watch_phase(r, step, "the step's first barrier");
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (d == 0) {
-            at(r, step, "the step's report, evaluation or save");
+            watch_phase(r, step, "the step's report, evaluation or save");
             t->step_loss = loss;
             BB_TRY(bb_trainer_end_of_step(t, step));
         }
         bool stop;
-        at(r, step, "the stop's broadcast");
+        watch_phase(r, step, "the stop's broadcast");
         BB_TRY(decide_stop(r, &stop));
-        at(r, step, "the step's last barrier");
+        watch_phase(r, step, "the step's last barrier");
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (stop) break;
     }

@@ -27,15 +27,18 @@ static int launched_size(void)
 }
 
 #ifdef BB_MPI
+/* An MPI call's failure as a bb_status naming the call. */
+static bb_status mpi_fail(const char *call, int rc)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return bb_fail(BB_ERR_DEVICE, "%s: %s", call, msg);
+}
 #define MPI_OK(call)                                                                               \
     do {                                                                                           \
         int bb_mpi_rc_ = (call);                                                                   \
-        if (bb_mpi_rc_ != MPI_SUCCESS) {                                                           \
-            char bb_mpi_msg_[MPI_MAX_ERROR_STRING];                                                \
-            int bb_mpi_len_ = 0;                                                                   \
-            MPI_Error_string(bb_mpi_rc_, bb_mpi_msg_, &bb_mpi_len_);                               \
-            return bb_fail(BB_ERR_DEVICE, "%s: %s", #call, bb_mpi_msg_);     \
-        }                                                                                          \
+        if (bb_mpi_rc_ != MPI_SUCCESS) return mpi_fail(#call, bb_mpi_rc_);                         \
     } while (0)
 
 bb_status bb_world_init(int *argc, char ***argv)
@@ -96,6 +99,25 @@ bb_status bb_world_sum_floats(float *x, size_t n)
     return BB_OK;
 }
 
+bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
+{
+    if (world.size < 2) return BB_OK;
+    int *counts = malloc((size_t)world.size * sizeof *counts), *displs = malloc((size_t)world.size * sizeof *displs);
+    bb_status rc = counts && displs ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int p = 0; rc == BB_OK && p < world.size; p++) {
+        if (hi[p] - lo[0] >= (size_t)INT32_MAX)
+            rc = bb_fail(BB_ERR_ARG, "an all-gather over %zu floats is more than MPI counts take", hi[p] - lo[0]);
+        else counts[p] = (int)(hi[p] - lo[p]), displs[p] = (int)(lo[p] - lo[0]);
+    }
+    if (rc == BB_OK) {
+        int e = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + lo[0], counts, displs, MPI_FLOAT,
+                               MPI_COMM_WORLD);
+        if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Allgatherv", e);
+    }
+    free(counts), free(displs);
+    return rc;
+}
+
 bb_status bb_world_sum_doubles(double *x, size_t n)
 {
     if (world.size > 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
@@ -150,6 +172,10 @@ bb_status bb_world_sum_doubles(double *x, size_t n) { return (void)x, (void)n, B
 bb_status bb_world_broadcast_doubles(double *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
 bb_status bb_world_broadcast_bytes(void *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
 bb_status bb_world_max_int(int *x) { return (void)x, BB_OK; }
+bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
+{
+    return (void)x, (void)lo, (void)hi, BB_OK;
+}
 bb_status bb_world_all_equal(uint64_t value, bool *out) { return (void)value, *out = true, BB_OK; }
 
 #endif

@@ -19,7 +19,6 @@
 #include <atomic>
 #include <new>
 
-#include "cuda_backend.h"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "cudnn_attention.h"
@@ -322,24 +321,30 @@ bb_status cuda_event_synchronize(bb_backend_t *b, bb_event_t *e)
     return bb_backend_pending(b);
 }
 
+// The fp32 data of a tensor (ops.def's dtypes are checked before the call).
+float *f32(bb_tensor t) { return static_cast<float *>(t.data); }
+
 // ---- matrix products (row-major through column-major cuBLAS) ---------------
 // out (N,OC) = in (N,IC) · wᵀ: column-major outᵀ (OC,N) = w (stored as wᵀ) ᵀ · inᵀ.
-void cuda_linear_forward(bb_backend_t *b, float *out, const float *in, const float *w, const float *bias, int N,
-                         int IC, int OC)
+void cuda_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
+                         int OC)
 {
     use(b);
     float beta = 0.0f;
-    if (bias) {
-        BB_CUDA_OP(b, bbk_broadcast_rows(compute(b), out, bias, N, OC));
+    if (bias.data) {
+        BB_CUDA_OP(b, bbk_broadcast_rows(compute(b), f32(out), f32(bias), N, OC));
         beta = 1.0f;
     }
-    gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, w, IC, 0, in, IC, 0, beta, out, OC, 0, 1, "linear_forward");
+    gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, f32(w), IC, 0, f32(in), IC, 0, beta, f32(out), OC, 0, 1,
+         "linear_forward");
 }
 
-void cuda_linear_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                          const float *w, int N, int IC, int OC, bool accumulate)
+void cuda_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout_t,
+                          bb_tensor in_t, bb_tensor w_t, int N, int IC, int OC, bool accumulate)
 {
     use(b);
+    float *din = f32(din_t), *dw = f32(dw_t), *dbias = f32(dbias_t), *dout = f32(dout_t), *in = f32(in_t),
+          *w = f32(w_t);
     // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC); before din, which may alias in
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
@@ -363,10 +368,14 @@ void warn_no_cudnn(bb_backend_t *b, const char *why)
 }
 
 // cuDNN, its operands' scratch and workspace for this shape; NULL: our kernels.
-bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int C, int NH, uint16_t **ops, void **ws, size_t *ws_bytes)
+// Multi-head attention only (KVH = NH): grouped-query runs on our kernels.
+bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int NH, int KVH, int HS, uint16_t **ops, void **ws,
+                    size_t *ws_bytes)
 {
     cuda_state *s = state(b);
-    if (b->opt.precision != BB_PRECISION_BF16 || b->opt.attention == BB_ATTENTION_KERNELS || s->cudnn_off)
+    int C = NH * HS;
+    if (b->opt.precision != BB_PRECISION_BF16 || b->opt.attention == BB_ATTENTION_KERNELS || s->cudnn_off ||
+        KVH != NH)
         return nullptr;
     size_t fwd = 0, bwd = 0, halves = 8 * (size_t)B * T * C;
     if ((!s->cudnn && bb_cudnn_open(compute(b), &s->cudnn) != BB_OK) ||
@@ -398,114 +407,115 @@ const char *cuda_attention_engine(bb_backend_t *b)
     return s->cudnn && !s->cudnn_off ? bb_cudnn_version() : nullptr;
 }
 
-void cuda_attention_forward(bb_backend_t *b, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_tensor qkv_t, int B, int T, int NH,
+                            int KVH, int HS)
 {
     use(b);
     uint16_t *ops;
     void *ws;
-    size_t ws_bytes, n = (size_t)B * T * C;
-    if (bb_cudnn *c = cudnn_for(b, B, T, C, NH, &ops, &ws, &ws_bytes)) {
+    float *out = f32(out_t), *qkv = f32(qkv_t);
+    size_t ws_bytes, n = (size_t)B * T * NH * HS;
+    if (bb_cudnn *c = cudnn_for(b, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes)) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n;
         BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, 3 * n));
-        bb_status rc = bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, C / NH, ws, ws_bytes);
+        bb_status rc = bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, HS, ws, ws_bytes);
         if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_forward: %s", b->name, bb_error_message());
         BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, out16, n));
         return;
     }
-    BB_CUDA_OP(b, bbk_attention_forward(compute(b), out, lse, qkv, B, T, C, NH,
+    BB_CUDA_OP(b, bbk_attention_forward(compute(b), out, lse, qkv, B, T, NH, KVH, HS,
                                         b->opt.precision == BB_PRECISION_BF16));
 }
 
-void cuda_attention_decode(bb_backend_t *b, float *out, float *scores, const float *qkv, int T, int C, int NH)
+void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor qkv, int T, int NH, int KVH, int HS)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_attention_decode(compute(b), out, scores, qkv, T, C, NH));
+    BB_CUDA_OP(b, bbk_attention_decode(compute(b), f32(out), scores, f32(qkv), T, NH, KVH, HS));
 }
 
-void cuda_attention_backward(bb_backend_t *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int C, int NH)
+void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t, bb_tensor qkv_t, bb_tensor out_t,
+                             const float *lse, int B, int T, int NH, int KVH, int HS)
 {
     use(b);
     uint16_t *ops;
     void *ws;
-    size_t ws_bytes, n = (size_t)B * T * C;
-    if (bb_cudnn *c = cudnn_for(b, B, T, C, NH, &ops, &ws, &ws_bytes)) {
+    float *dqkv = f32(dqkv_t), *dout = f32(dout_t), *qkv = f32(qkv_t), *out = f32(out_t);
+    size_t ws_bytes, n = (size_t)B * T * NH * HS;
+    if (bb_cudnn *c = cudnn_for(b, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes)) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n, *dout16 = ops + 4 * n, *dqkv16 = ops + 5 * n;
         cudaStream_t st = compute(b);
         BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, 3 * n));
         BB_CUDA_OP(b, bbk_bf16_pack(st, out16, out, n));
         BB_CUDA_OP(b, bbk_bf16_pack(st, dout16, dout, n));
-        bb_status rc = bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, C / NH, ws, ws_bytes);
+        bb_status rc = bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, HS, ws, ws_bytes);
         if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_backward: %s", b->name, bb_error_message());
         BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, 3 * n));
         return;
     }
-    BB_CUDA_OP(b, bbk_attention_backward(compute(b), dqkv, dout, qkv, out, lse, B, T, C, NH,
+    BB_CUDA_OP(b, bbk_attention_backward(compute(b), dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS,
                                          b->opt.precision == BB_PRECISION_BF16));
 }
 
 // ---- the other ops -----------------------------------------------------------
-void cuda_relu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
+// forward: out = act(x); backward: out = x · act'(in) (x is dout). ops.def checked `act`.
+void activation(bb_backend_t *b, bb_activation act, bool backward, float *out, const float *x, const float *in,
+                size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_relu_forward(compute(b), out, in, n));
+    bb_cuda_note(b, bbk_activation(compute(b), (int)act, backward, out, x, in, n), bb_activation_op_name(act, backward));
 }
 
-void cuda_relu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
+void cuda_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor in, size_t n)
+{
+    activation(b, act, false, f32(out), f32(in), nullptr, n);
+}
+
+void cuda_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor din, bb_tensor dout, bb_tensor in, size_t n)
+{
+    activation(b, act, true, f32(din), f32(dout), f32(in), n);
+}
+
+void cuda_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *rstd, bb_tensor in, bb_tensor w,
+                            bb_tensor bias, int N, int C)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_relu_backward(compute(b), din, dout, in, n));
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), f32(out), mean, rstd, f32(in), f32(w), f32(bias), N, C));
 }
 
-void cuda_gelu_forward(bb_backend_t *b, float *out, const float *in, size_t n)
-{
-    use(b);
-    BB_CUDA_OP(b, bbk_gelu_forward(compute(b), out, in, n));
-}
-
-void cuda_gelu_backward(bb_backend_t *b, float *din, const float *dout, const float *in, size_t n)
-{
-    use(b);
-    BB_CUDA_OP(b, bbk_gelu_backward(compute(b), din, dout, in, n));
-}
-
-void cuda_layernorm_forward(bb_backend_t *b, float *out, float *mean, float *rstd, const float *in, const float *w,
-                            const float *bias, int N, int C)
-{
-    use(b);
-    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), out, mean, rstd, in, w, bias, N, C));
-}
-
-void cuda_layernorm_backward(bb_backend_t *b, float *din, float *dw, float *dbias, const float *dout, const float *in,
-                             const float *w, const float *mean, const float *rstd, int N, int C, bool accumulate)
+void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
+                             bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
+                             bool accumulate)
 {
     use(b);
     float *scratch = column_scratch(b, (size_t)C);
     if (scratch)
-        BB_CUDA_OP(b,
-                   bbk_layernorm_backward(compute(b), din, dw, dbias, scratch, dout, in, w, mean, rstd, N, C, accumulate));
+        BB_CUDA_OP(b, bbk_layernorm_backward(compute(b), f32(din), f32(dw), f32(dbias), scratch, f32(dout), f32(in),
+                                             f32(w), mean, rstd, N, C, accumulate));
 }
 
-void cuda_embedding_forward(bb_backend_t *b, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                            int B, int T, int C)
+void cuda_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe, int B,
+                            int T, int C)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_embedding_forward(compute(b), out, tokens, wte, wpe, B, T, C));
+    BB_CUDA_OP(b, bbk_embedding_forward(compute(b), f32(out), tokens, f32(wte), f32(wpe), B, T, C));
 }
 
 // The token table's gradient is an ordered reduction: positions sorted by
 // token (stably), each row summed in position order, as the CPU does, so
 // it is deterministic and equal to the CPU's to the bit.
-void cuda_embedding_backward(bb_backend_t *b, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
-                             int T, int C, int V, int maxT, bool accumulate_wte, bool accumulate_wpe)
+void cuda_embedding_backward(bb_backend_t *b, bb_tensor dwte_t, bb_tensor dwpe_t, bb_tensor dout_t,
+                             const int32_t *tokens, int B, int T, int C, int V, int maxT, bool accumulate_wte,
+                             bool accumulate_wpe)
 {
     use(b);
+    float *dwte = f32(dwte_t), *dwpe = f32(dwpe_t), *dout = f32(dout_t);
     cudaStream_t s = compute(b);
     void *sort = sort_scratch(b, (size_t)B * T);
     if (!sort) return;
     // Overwriting means the whole table: rows no token (position) touched become 0.
     if (!accumulate_wte) BB_CUDA_OP(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s));
     BB_CUDA_OP(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes));
+    if (!dwpe) return; // no position table
     if (!accumulate_wpe && maxT > T)
         BB_CUDA_OP(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s));
     BB_CUDA_OP(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe));
@@ -518,37 +528,38 @@ void cuda_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, 
     BB_CUDA_OP(b, bbk_records_to_tokens(compute(b), tokens, targets, records, count, B, T, width));
 }
 
-void cuda_records_to_images(bb_backend_t *b, float *features, int32_t *labels, const uint8_t *records, int count,
+void cuda_records_to_images(bb_backend_t *b, bb_tensor features, int32_t *labels, const uint8_t *records, int count,
                             int B, int inputs)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_records_to_images(compute(b), features, labels, records, count, B, inputs));
+    BB_CUDA_OP(b, bbk_records_to_images(compute(b), f32(features), labels, records, count, B, inputs));
 }
 
-void cuda_add(bb_backend_t *b, float *out, const float *x, const float *y, size_t n)
+void cuda_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_add(compute(b), out, x, y, n));
+    BB_CUDA_OP(b, bbk_add(compute(b), f32(out), f32(x), f32(y), n));
 }
 
-void cuda_bf16_round(bb_backend_t *b, float *x, uint16_t *packed, size_t n)
+void cuda_bf16_round(bb_backend_t *b, bb_tensor x, bb_tensor packed, size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_bf16_round(compute(b), x, packed, n));
+    BB_CUDA_OP(b, bbk_bf16_round(compute(b), f32(x), static_cast<uint16_t *>(packed.data), n));
 }
 
-void cuda_bf16_unpack(bb_backend_t *b, float *out, const uint16_t *packed, size_t n)
+void cuda_bf16_unpack(bb_backend_t *b, bb_tensor out, bb_tensor packed, size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, packed, n));
+    BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), f32(out), static_cast<const uint16_t *>(packed.data), n));
 }
 
 // The loss leaves the device as one double: per-row losses (in double, as
 // the CPU's) summed in a fixed order on the device.
-void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, const float *logits,
+void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, bb_tensor dlogits_t, bb_tensor logits_t,
                                const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     use(b);
+    float *dlogits = f32(dlogits_t), *logits = f32(logits_t);
     cuda_state *s = state(b);
     cudaStream_t st = compute(b);
     if (loss) *loss = NAN;
@@ -572,11 +583,11 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, float *dlogits, co
     if (valid) *valid = s->host->valid;
 }
 
-void cuda_crossentropy_rows(bb_backend_t *b, double *row_loss, float *dlogits, const float *logits,
+void cuda_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits, bb_tensor logits,
                             const int32_t *targets, int N, int V, float normalizer)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), row_loss, dlogits, logits, targets, N, V, normalizer,
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), row_loss, f32(dlogits), f32(logits), targets, N, V, normalizer,
                                            state(b)->counter));
 }
 
@@ -614,8 +625,9 @@ void cuda_sgd(bb_backend_t *b, float *params, const float *grads, float *momentu
     BB_CUDA_OP(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale));
 }
 
-int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targets, int N, int V)
+int cuda_count_correct(bb_backend_t *b, bb_tensor logits_t, const int32_t *targets, int N, int V)
 {
+    const float *logits = f32(logits_t);
     use(b);
     cuda_state *s = state(b);
     cudaStream_t st = compute(b);
@@ -630,7 +642,7 @@ int cuda_count_correct(bb_backend_t *b, const float *logits, const int32_t *targ
 // Each range's block sums are summed on the device (in a fixed order) into
 // its place in range_sums, which is summed and read as one double: one
 // wait for up to kRanges ranges.
-double cuda_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
+double cuda_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo, const size_t *hi, int n)
 {
     use(b);
     cuda_state *s = state(b);
@@ -647,6 +659,8 @@ double cuda_sum_squares(bb_backend_t *b, const float *x, const size_t *lo, const
     }
     return total;
 }
+
+void *cuda_native_stream(bb_backend_t *b, bb_stream stream) { return state(b)->stream[stream]; }
 
 bb_backend_vtable make_vtable()
 {
@@ -670,32 +684,11 @@ bb_backend_vtable make_vtable()
     v.stream_wait = cuda_stream_wait;
     v.event_synchronize = cuda_event_synchronize;
     v.event_elapsed = cuda_event_elapsed;
-    v.linear_forward = cuda_linear_forward;
-    v.linear_backward = cuda_linear_backward;
-    v.relu_forward = cuda_relu_forward;
-    v.relu_backward = cuda_relu_backward;
-    v.gelu_forward = cuda_gelu_forward;
-    v.gelu_backward = cuda_gelu_backward;
-    v.layernorm_forward = cuda_layernorm_forward;
-    v.layernorm_backward = cuda_layernorm_backward;
-    v.embedding_forward = cuda_embedding_forward;
-    v.embedding_backward = cuda_embedding_backward;
-    v.attention_forward = cuda_attention_forward;
-    v.attention_backward = cuda_attention_backward;
-    v.attention_decode = cuda_attention_decode;
     v.attention_engine = cuda_attention_engine;
-    v.add = cuda_add;
-    v.softmax_crossentropy = cuda_softmax_crossentropy;
-    v.crossentropy_rows = cuda_crossentropy_rows;
-    v.sum_rows = cuda_sum_rows;
-    v.adamw = cuda_adamw;
-    v.sgd = cuda_sgd;
-    v.sum_squares = cuda_sum_squares;
-    v.count_correct = cuda_count_correct;
-    v.bf16_round = cuda_bf16_round;
-    v.bf16_unpack = cuda_bf16_unpack;
-    v.records_to_tokens = cuda_records_to_tokens;
-    v.records_to_images = cuda_records_to_images;
+    v.native_stream = cuda_native_stream;
+#define BB_OP(name, ...) v.name = cuda_##name;
+#define BB_OP_VALUE(type, name, ...) v.name = cuda_##name;
+#include "bigbatch/ops.def"
     return v;
 }
 
@@ -762,6 +755,3 @@ extern "C" bb_status bb_backend_create_cuda(const bb_backend_options *o, bb_back
     *out = b;
     return BB_OK;
 }
-
-extern "C" int bb_cuda_backend_device(bb_backend_t *b) { return state(b)->device; }
-extern "C" cudaStream_t bb_cuda_backend_stream(bb_backend_t *b, bb_stream stream) { return state(b)->stream[stream]; }
