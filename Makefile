@@ -224,7 +224,7 @@ check-layers:
 CHECK_SLOW := tests/test_mpi.c tests/test_hosts.c tests/test_hf.c tests/test_report.c tests/test_readme.c
 check: check-layers
 	@$(MAKE) --no-print-directory cuda-emu-build
-	@$(MAKE) --no-print-directory check-tests TEST_SRC="$(filter-out $(CHECK_SLOW),$(wildcard tests/test_*.c))"
+	@$(MAKE) --no-print-directory check-tests TEST_SRC="$(filter-out $(CHECK_SLOW),$(TEST_SRC))"
 	@$(MAKE) --no-print-directory cuda-emu-check
 
 # The emulated variant is built first: the README's examples use it. Packages

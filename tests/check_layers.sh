@@ -19,7 +19,7 @@ check() { # file, its module
     while read -r inc; do
         case $inc in
         bigbatch/*)
-            local h=${inc#bigbatch/} m=${header_module[${inc#bigbatch/}]:-}
+            local m=${header_module[${inc#bigbatch/}]:-}
             if [ -z "$m" ]; then echo "$file: includes $inc, a header of no module"; bad=1
             elif [ "${level[$m]}" -gt "${level[$mod]}" ]; then
                 echo "$file ($mod) includes $inc of $m, a module above it"; bad=1; fi ;;

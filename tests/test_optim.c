@@ -6,20 +6,19 @@
 #include <math.h>
 
 #include "bigbatch/optim.h"
-#include "test_util.h"
+#include "model_fixture.h"
 
-static bb_backend_t *be;
 static char *tmp;
 
 static void up(void)
 {
-    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &be), BB_OK);
+    backend_up();
     tmp = tu_temp_dir();
 }
 
 static void down(void)
 {
-    bb_backend_destroy(be);
+    backend_down();
     tu_rm_tree(tmp);
     free(tmp);
 }
@@ -29,10 +28,7 @@ TestSuite(optim, .init = up, .fini = down);
 static bb_model_t *tiny_gpt(void)
 {
     bb_model_config c = bb_model_gpt_config(3, 2, 24, 10, 37); /* odd tensor sizes: biases of 24·3, a vocabulary of 37 */
-    bb_model_t *m;
-    cr_assert_eq(bb_model_create(be, &c, 1, &m), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(bb_model_init(m, 3), BB_OK);
-    return m;
+    return make_model(&c, 1, 3);
 }
 
 Test(optim, every_optimizer_is_one_descriptor)

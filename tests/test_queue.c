@@ -171,16 +171,14 @@ Test(queue, sleeping_sides_without_membarrier, .timeout = 120)
 struct blocked {
     bb_spsc *q;
     bb_status status;
-    _Atomic int started; /* tid set */
-    pid_t tid;
+    _Atomic pid_t tid; /* set once the thread runs */
 };
 
 static void *blocked_pop(void *arg)
 {
     struct blocked *b = arg;
     void *item;
-    b->tid = tu_thread_id();
-    atomic_store(&b->started, 1);
+    atomic_store(&b->tid, tu_thread_id());
     b->status = bb_spsc_pop(b->q, &item);
     return NULL;
 }
@@ -188,8 +186,7 @@ static void *blocked_pop(void *arg)
 static void *blocked_push(void *arg)
 {
     struct blocked *b = arg;
-    b->tid = tu_thread_id();
-    atomic_store(&b->started, 1);
+    atomic_store(&b->tid, tu_thread_id());
     b->status = bb_spsc_push(b->q, ITEM(2));
     return NULL;
 }
@@ -208,8 +205,8 @@ static void close_wakes(void *(*side)(void *), bool fill_first)
     struct blocked b = {.q = &q, .status = BB_OK};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, side, &b), 0);
-    while (!atomic_load(&b.started)) sleep_ms(1);
-    cr_assert(tu_wait_blocked(b.tid, 10), "the thread never slept in the futex"); /* past the spin phase */
+    while (!atomic_load(&b.tid)) sleep_ms(1);
+    cr_assert(tu_wait_blocked(atomic_load(&b.tid), 10), "the thread never slept in the futex"); /* past the spin phase */
     bb_spsc_close(&q);
     pthread_join(t, NULL);
     cr_assert_eq(b.status, BB_ERR_CLOSED);
@@ -230,11 +227,11 @@ Test(queue, blocked_consumer_sleeps, .timeout = 20)
     struct blocked b = {.q = &q};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, blocked_pop, &b), 0);
-    while (!atomic_load(&b.started)) sleep_ms(1);
+    while (!atomic_load(&b.tid)) sleep_ms(1);
     clockid_t clock;
     cr_assert_eq(pthread_getcpuclockid(t, &clock), 0);
     struct timespec a, z;
-    cr_assert(tu_wait_blocked(b.tid, 10), "the consumer never slept in the futex"); /* past the spin phase */
+    cr_assert(tu_wait_blocked(atomic_load(&b.tid), 10), "the consumer never slept in the futex"); /* past the spin phase */
     clock_gettime(clock, &a);
     sleep_ms(300);
     clock_gettime(clock, &z);

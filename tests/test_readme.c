@@ -34,8 +34,7 @@ Test(readme, examples_run_as_written)
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     cr_skip_test("skipped: the examples train for a minute; `make test` runs them without a sanitizer");
 #endif
-    size_t size;
-    char *readme = (char *)tu_read_file("README.md", &size);
+    char *readme = (char *)tu_read_file("README.md", NULL);
     char *bin = strdup(tu_bigbatch_bin()), *bindir = dirname(bin), *tmp = tu_temp_dir(), *log = tu_path(tmp, "log");
     cr_assert_eq(system("rm -rf build/readme && mkdir -p build/readme"), 0);
     int ran = 0, skipped = 0;

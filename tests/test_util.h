@@ -171,6 +171,14 @@ static inline void tu_assert_one_line_error(const tu_run *r, const char *const *
 }
 #define tu_assert_error(r, ...) tu_assert_one_line_error((r), (const char *const[]){__VA_ARGS__, NULL})
 
+/* Seconds on the monotonic clock. */
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 /* The calling thread's id (for tu_wait_blocked). */
 static inline pid_t tu_thread_id(void) { return (pid_t)syscall(SYS_gettid); }
 
@@ -182,19 +190,15 @@ static inline bool tu_wait_blocked(pid_t tid, double seconds)
 {
     char path[64], text[512];
     snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
+    for (double t0 = now_s(); now_s() - t0 <= seconds; nanosleep(&(struct timespec){0, 200000}, NULL)) {
         FILE *f = fopen(path, "r");
         size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
         if (f) fclose(f);
         text[n] = 0;
         const char *paren = strrchr(text, ')'); /* the name may hold spaces */
         if (paren && paren[1] == ' ' && paren[2] == 'S') return true;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 > seconds) return false;
-        nanosleep(&(struct timespec){0, 200000}, NULL);
     }
+    return false;
 }
 
 #endif

@@ -130,13 +130,6 @@ static inline pid_t start_logged(char *const argv[], const char *out_path, const
     return pid;
 }
 
-static inline double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* The exit code of pid within `seconds` (128 + signal when killed), or -1
  * after killing it when it has not exited by then. */
 static inline int exit_within(pid_t pid, double seconds)

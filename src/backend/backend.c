@@ -396,7 +396,7 @@ static bool activation_ok(bb_backend_t *b, const char *op, bb_activation act)
     return false;
 }
 
-static double bb_op_range_elements(const size_t *lo, const size_t *hi, int n)
+static double range_elements(const size_t *lo, const size_t *hi, int n)
 {
     double elements = 0;
     for (int i = 0; i < n; i++) elements += (double)(hi[i] - lo[i]);

@@ -357,9 +357,7 @@ void bb_cpu_embedding_backward(bb_backend_t *b, bb_tensor dwte_t, bb_tensor dwpe
         const float *d = dout + (size_t)i * C;
         float *te = dwte + (size_t)tokens[i] * C;
         for (int c = 0; c < C; c++) te[c] += d[c];
-    }
-    for (int i = 0; dwpe && i < B * T; i++) {
-        const float *d = dout + (size_t)i * C;
+        if (!dwpe) continue;
         float *pe = dwpe + (size_t)(i % T) * C;
         for (int c = 0; c < C; c++) pe[c] += d[c];
     }

@@ -281,18 +281,23 @@ static void gpt_block_backward(bb_block_pass *p)
 static size_t gpt_cache_width(const bb_model_config *c) { return 3 * (size_t)c->gpt.d_model; }
 
 /* One row each: LayerNorm output, attention output, residual, fc 4, GELU
- * 4, mean, 1/std, then the scores (heads × T); every part 64-float aligned. */
+ * 4, mean, 1/std, then the scores (heads × T); every part 64-float aligned.
+ * at[D_PARTS] is the whole scratch. */
 enum { D_LN, D_ATT, D_RES2, D_FCH, D_GELU, D_MEAN, D_RSTD, D_SCORES, D_PARTS };
-static size_t decode_part(const bb_model_config *c, int part, size_t *offset)
+static void decode_offsets(const bb_model_config *c, size_t at[D_PARTS + 1])
 {
-    size_t C = (size_t)c->gpt.d_model, at = 0;
+    size_t C = (size_t)c->gpt.d_model;
     size_t sizes[D_PARTS] = {C, C, C, 4 * C, 4 * C, 1, 1, (size_t)c->gpt.heads * c->gpt.seq_len};
-    for (int i = 0; i < part; i++) at += (sizes[i] + 63) / 64 * 64;
-    if (offset) *offset = at;
-    return at + (part < D_PARTS ? sizes[part] : 0);
+    at[0] = 0;
+    for (int i = 0; i < D_PARTS; i++) at[i + 1] = at[i] + (sizes[i] + 63) / 64 * 64;
 }
 
-static size_t gpt_decode_scratch(const bb_model_config *c) { return decode_part(c, D_PARTS, NULL); }
+static size_t gpt_decode_scratch(const bb_model_config *c)
+{
+    size_t at[D_PARTS + 1];
+    decode_offsets(c, at);
+    return at[D_PARTS];
+}
 
 #define W(k) F(model_param(d->m, d->tensor + (k)))
 static void gpt_block_decode(bb_block_decode *d)
@@ -301,12 +306,10 @@ static void gpt_block_decode(bb_block_decode *d)
     const bb_gpt_config *c = &mc->gpt;
     bb_backend_t *be = d->be;
     int C = c->d_model, pos = d->pos;
+    size_t at[D_PARTS + 1];
     float *part[D_PARTS];
-    for (int i = 0; i < D_PARTS; i++) {
-        size_t at;
-        decode_part(mc, i, &at);
-        part[i] = d->scratch + at;
-    }
+    decode_offsets(mc, at);
+    for (int i = 0; i < D_PARTS; i++) part[i] = d->scratch + at[i];
     float *rows = d->rows; /* this block's rows 0..pos */
     bb_tensor x = F(d->x), ln = F(part[D_LN]), att = F(part[D_ATT]), res2 = F(part[D_RES2]), fch = F(part[D_FCH]),
               gelu = F(part[D_GELU]);

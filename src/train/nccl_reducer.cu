@@ -655,7 +655,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         device_side *s = &n->dev[d];
         pthread_mutex_init(&s->abort_lock, NULL);
-        s->rank = a->spec->rank * devices + d;
+        s->rank = r->first_owner + d;
         s->cuda_device = bb_backend_device(a->be[d]);
         s->compute = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMPUTE));
         s->comm_stream = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMM));

@@ -52,8 +52,8 @@ static void post_ready(void *ctx, size_t ready_from)
     bb_reducer_post(p->reducer, p->device, ready_from);
 }
 
-/* Tells the watchdog (watchdog.h) which phase of which step this worker enters (what a
- * timeout names). */
+/* Tells the watchdog (watchdog.h) which phase of which step this worker
+ * enters (what a timeout names). */
 static void watch_phase(const replica *r, uint64_t step, const char *phase)
 {
     bb_watchdog_at(r->t->watchdog, r->index, step, phase);
