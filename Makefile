@@ -67,7 +67,7 @@ endif
 
 PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev libpcre2-dev \
-             libcriterion-dev libopenblas-dev zstd bible-kjv python3 python3-pip python3-venv python3-torch clang \
+             libcriterion-dev libopenblas-dev libdnnl-dev zstd bible-kjv python3 python3-pip python3-venv python3-torch clang \
              openmpi-bin libopenmpi-dev chromium iproute2
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -80,7 +80,8 @@ CFLAGS    := -std=gnu11 $(OPT) $(ARCH) -fno-trapping-math -fno-math-errno \
              -Wall -Wextra -Werror -Wno-missing-field-initializers \
              -Iinclude -Isrc -D_GNU_SOURCE \
              -MMD -MP $(SAN_FLAGS) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS    := $(PKG_LIBS) -lm -lpthread
+# oneDNN (Debian's libdnnl-dev, no .pc file): the CPU's bf16 products; its OpenMP runtime is libgomp.
+LDLIBS    := $(PKG_LIBS) -ldnnl -lgomp -lm -lpthread
 LDFLAGS   := $(SAN_FLAGS)
 
 SRC       := $(wildcard src/core/*.c src/queue/*.c src/data/*.c src/backend/*.c src/backend/cuda/*.c src/model/*.c \

@@ -96,31 +96,31 @@ struct Silu {
     }
 };
 
-template <class Act> __global__ void activation_forward_k(float *out, const float *in, size_t n)
+// An activation on an element type: one template parameter, so that a
+// launch names it in one token.
+template <class A, class T> struct ActOn {
+    using Act = A;
+    using Elem = T;
+};
+
+template <class P> __global__ void activation_forward_k(typename P::Elem *out, const typename P::Elem *in, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = Act::value(in[i]);
+    GRID_STRIDE(i, n) bbk_st(out, i, P::Act::value(bbk_ld(in, i)));
 }
 
-template <class Act> __global__ void activation_backward_k(float *din, const float *dout, const float *in, size_t n)
+template <class P>
+__global__ void activation_backward_k(typename P::Elem *din, const typename P::Elem *dout, const typename P::Elem *in,
+                                      size_t n)
 {
-    GRID_STRIDE(i, n) din[i] = Act::grad(dout[i], in[i]);
+    GRID_STRIDE(i, n) bbk_st(din, i, P::Act::grad(bbk_ld(dout, i), bbk_ld(in, i)));
 }
 
-__global__ void add_k(float *out, const float *x, const float *y, size_t n)
+template <class T> __global__ void add_k(T *out, const T *x, const T *y, size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = x[i] + y[i];
+    GRID_STRIDE(i, n) bbk_st(out, i, bbk_ld(x, i) + bbk_ld(y, i));
 }
 
 // The conversions are backend.h's, so CUDA and CPU round to the same bits.
-__global__ void bf16_round_k(float *x, uint16_t *packed, size_t n)
-{
-    GRID_STRIDE(i, n)
-    {
-        uint16_t h = bb_bf16_from_float(x[i]);
-        x[i] = bb_bf16_to_float(h);
-        if (packed) packed[i] = h;
-    }
-}
 
 __global__ void bf16_pack_k(uint16_t *packed, const float *x, size_t n)
 {
@@ -132,22 +132,22 @@ __global__ void bf16_unpack_k(float *out, const uint16_t *packed, size_t n)
     GRID_STRIDE(i, n) out[i] = bb_bf16_to_float(packed[i]);
 }
 
-__global__ void broadcast_rows_k(float *out, const float *bias, size_t N, int C)
+template <class T> __global__ void broadcast_rows_k(T *out, const float *bias, size_t N, int C)
 {
-    GRID_STRIDE(i, N * C) out[i] = bias[i % C];
+    GRID_STRIDE(i, N * C) bbk_st(out, i, bias[i % C]);
 }
 
 // Column sums in two passes with a fixed split, so they are deterministic
 // and still fill the GPU: pass 1 gives each (chunk of rows, column) a
 // thread (consecutive threads, consecutive columns: coalesced), pass 2
 // adds each column's chunks in order.
-__global__ void column_partials_k(float *partial, const float *x, int N, int C, int rows_per_chunk)
+template <class T> __global__ void column_partials_k(float *partial, const T *x, int N, int C, int rows_per_chunk)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= C) return;
     int r0 = chunk * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
     float s = 0.0f;
-    for (int r = r0; r < r1; r++) s += x[(size_t)r * C + c];
+    for (int r = r0; r < r1; r++) s += bbk_ld(x, (size_t)r * C + c);
     partial[(size_t)chunk * C + c] = s;
 }
 
@@ -161,45 +161,47 @@ __global__ void column_finish_k(float *sums, const float *partial, int chunks, i
 }
 
 // ---- LayerNorm: one block per row ------------------------------------------
-__global__ void layernorm_forward_k(float *out, float *mean, float *rstd, const float *in, const float *w,
-                                    const float *b, int C)
+template <class T>
+__global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *in, const float *w, const float *b, int C)
 {
-    const float *x = in + (size_t)blockIdx.x * C;
+    const T *x = in + (size_t)blockIdx.x * C;
     float s = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += bbk_ld(x, c);
     float mu = block_reduce<false>(s) / C;
     float v = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - mu) * (x[c] - mu);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) v += (bbk_ld(x, c) - mu) * (bbk_ld(x, c) - mu);
     float r = rsqrtf(block_reduce<false>(v) / C + 1e-5f);
-    float *y = out + (size_t)blockIdx.x * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] - mu) * r * w[c] + b[c];
+    T *y = out + (size_t)blockIdx.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) bbk_st(y, c, (bbk_ld(x, c) - mu) * r * w[c] + b[c]);
     if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = r;
 }
 
 // din += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * w.
-__global__ void layernorm_backward_input_k(float *din, const float *dout, const float *in, const float *w,
-                                           const float *mean, const float *rstd, int C)
+template <class T>
+__global__ void layernorm_backward_input_k(T *din, const T *dout, const T *in, const float *w, const float *mean,
+                                           const float *rstd, int C)
 {
     size_t row = blockIdx.x;
-    const float *x = in + row * C, *dy = dout + row * C;
+    const T *x = in + row * C, *dy = dout + row * C;
     float mu = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float g = dy[c] * w[c];
+        float g = bbk_ld(dy, c) * w[c];
         sg += g;
-        sgx += g * (x[c] - mu) * r;
+        sgx += g * (bbk_ld(x, c) - mu) * r;
     }
     sg = block_reduce<false>(sg) / C;
     sgx = block_reduce<false>(sgx) / C;
-    float *dx = din + row * C;
+    T *dx = din + row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float xhat = (x[c] - mu) * r;
-        dx[c] += r * (dy[c] * w[c] - sg - xhat * sgx);
+        float xhat = (bbk_ld(x, c) - mu) * r;
+        bbk_st(dx, c, bbk_ld(dx, c) + r * (bbk_ld(dy, c) * w[c] - sg - xhat * sgx));
     }
 }
 
 // Pass 1 of dw[c] (+)= sum_n dout xhat and dbias[c] (+)= sum_n dout (pass 2
 // is column_finish_k on each half of `partial`).
-__global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, const float *dout, const float *in,
+template <class T>
+__global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, const T *dout, const T *in,
                                            const float *mean, const float *rstd, int N, int C, int rows_per_chunk)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
@@ -207,8 +209,8 @@ __global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, c
     int r0 = chunk * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
     float sw = 0.0f, sb = 0.0f;
     for (int n = r0; n < r1; n++) {
-        float dy = dout[(size_t)n * C + c];
-        sw += dy * (in[(size_t)n * C + c] - mean[n]) * rstd[n];
+        float dy = bbk_ld(dout, (size_t)n * C + c);
+        sw += dy * (bbk_ld(in, (size_t)n * C + c) - mean[n]) * rstd[n];
         sb += dy;
     }
     partial_w[(size_t)chunk * C + c] = sw;
@@ -216,14 +218,15 @@ __global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, c
 }
 
 // ---- embeddings ------------------------------------------------------------
-__global__ void embedding_forward_k(float *out, const int32_t *tokens, const float *wte, const float *wpe, int T,
-                                    int C, size_t n)
+template <class T>
+__global__ void embedding_forward_k(T *out, const int32_t *tokens, const float *wte, const float *wpe, int Tn, int C,
+                                    size_t n)
 {
     GRID_STRIDE(i, n)
     {
         size_t bt = i / C;
-        int c = (int)(i % C), t = (int)(bt % T);
-        out[i] = wte[(size_t)tokens[bt] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0f);
+        int c = (int)(i % C), t = (int)(bt % Tn);
+        bbk_st(out, i, wte[(size_t)tokens[bt] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0f));
     }
 }
 
@@ -234,24 +237,26 @@ __global__ void iota_k(int32_t *x, int n)
 
 // One block column per run of equal tokens (grid.x: runs, grid.y: columns):
 // dwte[token] += dout[p] for the run's positions p in increasing order.
-__global__ void embedding_runs_k(float *dwte, const float *dout, const int32_t *positions, const int32_t *run_token,
+template <class T>
+__global__ void embedding_runs_k(float *dwte, const T *dout, const int32_t *positions, const int32_t *run_token,
                                  const int32_t *run_length, const int32_t *run_start, const int32_t *runs, int C)
 {
     int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (r >= *runs || c >= C) return;
     float *row = dwte + (size_t)run_token[r] * C + c;
     float s = *row;
-    for (int k = run_start[r], end = k + run_length[r]; k < end; k++) s += dout[(size_t)positions[k] * C + c];
+    for (int k = run_start[r], end = k + run_length[r]; k < end; k++) s += bbk_ld(dout, (size_t)positions[k] * C + c);
     *row = s;
 }
 
 // From the gradient so far, then the examples in order: the CPU's sum, bit for bit.
-__global__ void embedding_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C, bool accumulate)
+template <class E>
+__global__ void embedding_backward_wpe_k(float *dwpe, const E *dout, int B, int T, int C, bool accumulate)
 {
     GRID_STRIDE(i, (size_t)T * C) // (t, c)
     {
         float s = accumulate ? dwpe[i] : 0.0f;
-        for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
+        for (int b = 0; b < B; b++) s += bbk_ld(dout, (size_t)b * T * C + i);
         dwpe[i] = s;
     }
 }
@@ -293,8 +298,9 @@ __global__ void records_to_images_k(float *features, int32_t *labels, const uint
 }
 
 // ---- loss: one block per row, as the CPU: exp sums and the loss in double --------
-__global__ void softmax_crossentropy_k(double *row_loss, float *dlogits, const float *logits, const int32_t *targets,
-                                       int V, float normalizer, int *valid)
+template <class T>
+__global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const float *logits, const int32_t *targets, int V,
+                                       float normalizer, int *valid)
 {
     size_t row = blockIdx.x;
     const float *x = logits + row * V;
@@ -312,11 +318,12 @@ __global__ void softmax_crossentropy_k(double *row_loss, float *dlogits, const f
         if (target >= 0) atomicAdd(valid, 1);
     }
     if (!dlogits) return;
-    float *d = dlogits + row * V, scale = (float)(1.0 / s) / normalizer;
+    T *d = dlogits + row * V;
+    float scale = (float)(1.0 / s) / normalizer;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float g = target >= 0 ? expf(x[j] - m) * scale : 0.0f;
         if (j == target) g -= 1.0f / normalizer;
-        d[j] = g;
+        bbk_st(d, j, g);
     }
 }
 
@@ -403,14 +410,49 @@ size_t cub_bytes(int n)
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
-template <class Act> cudaError_t activation_launch(cudaStream_t s, bool backward, float *out, const float *x,
-                                                    const float *in, size_t n)
+template <class Act, class T>
+cudaError_t activation_launch(cudaStream_t s, bool backward, void *out_v, const void *x_v, const void *in_v, size_t n)
 {
+    using P = ActOn<Act, T>;
+    T *out = static_cast<T *>(out_v);
+    const T *x = static_cast<const T *>(x_v), *in = static_cast<const T *>(in_v);
     if (backward)
-        BB_LAUNCH(activation_backward_k<Act>, grid_for(n), kThreads, 0, s)(out, x, in, n);
+        BB_LAUNCH(activation_backward_k<P>, grid_for(n), kThreads, 0, s)(out, x, in, n);
     else
-        BB_LAUNCH(activation_forward_k<Act>, grid_for(n), kThreads, 0, s)(out, x, n);
+        BB_LAUNCH(activation_forward_k<P>, grid_for(n), kThreads, 0, s)(out, x, n);
     return cudaGetLastError();
+}
+
+template <class Act>
+cudaError_t activation_on(cudaStream_t s, bool bf16, bool backward, void *out, const void *x, const void *in, size_t n)
+{
+    return bf16 ? activation_launch<Act, uint16_t>(s, backward, out, x, in, n)
+                : activation_launch<Act, float>(s, backward, out, x, in, n);
+}
+
+template <class T> cudaError_t add_launch(cudaStream_t s, void *out, const void *x, const void *y, size_t n)
+{
+    BB_LAUNCH(add_k<T>, grid_for(n), kThreads, 0, s)(static_cast<T *>(out), static_cast<const T *>(x),
+                                                     static_cast<const T *>(y), n);
+    return cudaGetLastError();
+}
+
+template <class T>
+void layernorm_launch(cudaStream_t s, void *out, float *mean, float *rstd, const void *in, const float *w,
+                      const float *bias, int N, int C, int threads)
+{
+    BB_LAUNCH(layernorm_forward_k<T>, N, threads, 0, s)(static_cast<T *>(out), mean, rstd, static_cast<const T *>(in),
+                                                        w, bias, C);
+}
+
+template <class T>
+void layernorm_backward_launch(cudaStream_t s, void *din, float *pw, float *pb, const void *dout_v, const void *in_v,
+                               const float *w, const float *mean, const float *rstd, int N, int C, int threads,
+                               dim3 grid, int rows)
+{
+    const T *dout = static_cast<const T *>(dout_v), *in = static_cast<const T *>(in_v);
+    if (N > 0) BB_LAUNCH(layernorm_backward_input_k<T>, N, threads, 0, s)(static_cast<T *>(din), dout, in, w, mean, rstd, C);
+    BB_LAUNCH(layernorm_param_partials_k<T>, grid, kThreads, 0, s)(pw, pb, dout, in, mean, rstd, N, C, rows);
 }
 
 } // namespace
@@ -418,27 +460,20 @@ template <class Act> cudaError_t activation_launch(cudaStream_t s, bool backward
 // ---- launchers -------------------------------------------------------------
 extern "C" {
 
-cudaError_t bbk_activation(cudaStream_t s, int act, bool backward, float *out, const float *x, const float *in,
+cudaError_t bbk_activation(cudaStream_t s, bool bf16, int act, bool backward, void *out, const void *x, const void *in,
                            size_t n)
 {
     switch (act) {
-    case 0: return activation_launch<Relu>(s, backward, out, x, in, n);
-    case 1: return activation_launch<GeluTanh>(s, backward, out, x, in, n);
-    case 2: return activation_launch<Silu>(s, backward, out, x, in, n);
+    case 0: return activation_on<Relu>(s, bf16, backward, out, x, in, n);
+    case 1: return activation_on<GeluTanh>(s, bf16, backward, out, x, in, n);
+    case 2: return activation_on<Silu>(s, bf16, backward, out, x, in, n);
     default: return cudaErrorInvalidValue;
     }
 }
 
-cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n)
+cudaError_t bbk_add(cudaStream_t s, bool bf16, void *out, const void *x, const void *y, size_t n)
 {
-    BB_LAUNCH(add_k, grid_for(n), kThreads, 0, s)(out, x, y, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n)
-{
-    BB_LAUNCH(bf16_round_k, grid_for(n), kThreads, 0, s)(x, packed, n);
-    return cudaGetLastError();
+    return bf16 ? add_launch<uint16_t>(s, out, x, y, n) : add_launch<float>(s, out, x, y, n);
 }
 
 cudaError_t bbk_bf16_pack(cudaStream_t s, uint16_t *packed, const float *x, size_t n)
@@ -453,48 +488,68 @@ cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, 
     return cudaGetLastError();
 }
 
-cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C)
+cudaError_t bbk_broadcast_rows(cudaStream_t s, bool bf16, void *out, const float *bias, int N, int C)
 {
-    BB_LAUNCH(broadcast_rows_k, grid_for((size_t)N * C), kThreads, 0, s)(out, bias, (size_t)N, C);
+    if (bf16)
+        BB_LAUNCH(broadcast_rows_k<uint16_t>, grid_for((size_t)N * C), kThreads, 0, s)(static_cast<uint16_t *>(out),
+                                                                                       bias, (size_t)N, C);
+    else
+        BB_LAUNCH(broadcast_rows_k<float>, grid_for((size_t)N * C), kThreads, 0, s)(static_cast<float *>(out), bias,
+                                                                                    (size_t)N, C);
     return cudaGetLastError();
 }
 
 static int chunk_rows(int N) { return N > BBK_COLUMN_CHUNKS ? (N + BBK_COLUMN_CHUNKS - 1) / BBK_COLUMN_CHUNKS : 1; }
 
-cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, float *scratch, const float *dout, int N, int C,
+cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scratch, const void *dout, int N, int C,
                             bool accumulate)
 {
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
-    BB_LAUNCH(column_partials_k, grid, kThreads, 0, s)(scratch, dout, N, C, chunk_rows(N));
+    if (bf16)
+        BB_LAUNCH(column_partials_k<uint16_t>, grid, kThreads, 0, s)(scratch, static_cast<const uint16_t *>(dout), N, C,
+                                                                     chunk_rows(N));
+    else
+        BB_LAUNCH(column_partials_k<float>, grid, kThreads, 0, s)(scratch, static_cast<const float *>(dout), N, C,
+                                                                  chunk_rows(N));
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, scratch, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 
-cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
+cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
                                   const float *w, const float *bias, int N, int C)
 {
-    if (N > 0) BB_LAUNCH(layernorm_forward_k, N, row_threads(C), 0, s)(out, mean, rstd, in, w, bias, C);
+    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, w, bias, N, C, row_threads(C));
+    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, w, bias, N, C, row_threads(C));
     return cudaGetLastError();
 }
 
-cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, float *scratch,
-                                   const float *dout, const float *in, const float *w, const float *mean,
+cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *dw, float *dbias, float *scratch,
+                                   const void *dout, const void *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate)
 {
-    if (N > 0) BB_LAUNCH(layernorm_backward_input_k, N, row_threads(C), 0, s)(din, dout, in, w, mean, rstd, C);
     float *pw = scratch, *pb = scratch + (size_t)BBK_COLUMN_CHUNKS * C;
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
-    BB_LAUNCH(layernorm_param_partials_k, grid, kThreads, 0, s)(pw, pb, dout, in, mean, rstd, N, C, chunk_rows(N));
+    if (bf16)
+        layernorm_backward_launch<uint16_t>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, row_threads(C), grid,
+                                            chunk_rows(N));
+    else
+        layernorm_backward_launch<float>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, row_threads(C), grid,
+                                         chunk_rows(N));
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
     return cudaGetLastError();
 }
 
-cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
+cudaError_t bbk_embedding_forward(cudaStream_t s, bool bf16, void *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C)
 {
     size_t n = (size_t)B * T * C;
-    BB_LAUNCH(embedding_forward_k, grid_for(n), kThreads, 0, s)(out, tokens, wte, wpe, T, C, n);
+    if (bf16)
+        BB_LAUNCH(embedding_forward_k<uint16_t>, grid_for(n), kThreads, 0, s)(static_cast<uint16_t *>(out), tokens, wte,
+                                                                              wpe, T, C, n);
+    else
+        BB_LAUNCH(embedding_forward_k<float>, grid_for(n), kThreads, 0, s)(static_cast<float *>(out), tokens, wte, wpe,
+                                                                           T, C, n);
     return cudaGetLastError();
 }
 
@@ -505,8 +560,8 @@ size_t bbk_embedding_sort_bytes(size_t rows)
     return 6 * align256((size_t)n * sizeof(int32_t)) + 256 + align256(cub_bytes(n));
 }
 
-cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int n,
-                                       int C, int V, void *scratch, size_t scratch_bytes)
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, bool bf16, float *dwte, const void *dout, const int32_t *tokens,
+                                       int n, int C, int V, void *scratch, size_t scratch_bytes)
 {
     if (n <= 0) return cudaGetLastError();
     if (scratch_bytes < bbk_embedding_sort_bytes((size_t)n)) return cudaErrorInvalidValue;
@@ -528,14 +583,24 @@ cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float 
     if (e == cudaSuccess) e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, run_length, run_start, n, s);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)n, (unsigned)((C + kThreads - 1) / kThreads));
-    BB_LAUNCH(embedding_runs_k, grid, kThreads, 0, s)(dwte, dout, pos, run_token, run_length, run_start, runs, C);
+    if (bf16)
+        BB_LAUNCH(embedding_runs_k<uint16_t>, grid, kThreads, 0, s)(dwte, static_cast<const uint16_t *>(dout), pos,
+                                                                    run_token, run_length, run_start, runs, C);
+    else
+        BB_LAUNCH(embedding_runs_k<float>, grid, kThreads, 0, s)(dwte, static_cast<const float *>(dout), pos, run_token,
+                                                                 run_length, run_start, runs, C);
     return cudaGetLastError();
 }
 
-cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
+cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, bool bf16, float *dwpe, const void *dout, int B, int T, int C,
                                        bool accumulate)
 {
-    BB_LAUNCH(embedding_backward_wpe_k, grid_for((size_t)T * C), kThreads, 0, s)(dwpe, dout, B, T, C, accumulate);
+    if (bf16)
+        BB_LAUNCH(embedding_backward_wpe_k<uint16_t>, grid_for((size_t)T * C), kThreads, 0, s)(
+            dwpe, static_cast<const uint16_t *>(dout), B, T, C, accumulate);
+    else
+        BB_LAUNCH(embedding_backward_wpe_k<float>, grid_for((size_t)T * C), kThreads, 0, s)(
+            dwpe, static_cast<const float *>(dout), B, T, C, accumulate);
     return cudaGetLastError();
 }
 
@@ -555,12 +620,15 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
     return cudaGetLastError();
 }
 
-cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dlogits, const float *logits,
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, double *row_loss, void *dlogits, const float *logits,
                                      const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
-    if (N > 0)
-        BB_LAUNCH(softmax_crossentropy_k, N, row_threads(V), 0, s)(row_loss, dlogits, logits, targets, V, normalizer,
-                                                                   valid);
+    if (N > 0 && bf16)
+        BB_LAUNCH(softmax_crossentropy_k<uint16_t>, N, row_threads(V), 0, s)(
+            row_loss, static_cast<uint16_t *>(dlogits), logits, targets, V, normalizer, valid);
+    else if (N > 0)
+        BB_LAUNCH(softmax_crossentropy_k<float>, N, row_threads(V), 0, s)(row_loss, static_cast<float *>(dlogits), logits,
+                                                                          targets, V, normalizer, valid);
     return cudaGetLastError();
 }
 

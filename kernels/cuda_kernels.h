@@ -15,44 +15,45 @@
 extern "C" {
 #endif
 
+/* Activations (and their gradients) are `void *`: fp32, or bf16 (uint16_t)
+ * where the launcher's `bf16` says so; kernels compute in fp32 and round
+ * what they write once (backend.h's conversions). */
 /* act: bb_activation's value (0 relu, 1 gelu tanh, 2 silu); forward:
  * out = act(x) (in unused); backward: out = x · act'(in), out may alias x.
  * cudaErrorInvalidValue for another act. */
-cudaError_t bbk_activation(cudaStream_t s, int act, bool backward, float *out, const float *x, const float *in,
+cudaError_t bbk_activation(cudaStream_t s, bool bf16, int act, bool backward, void *out, const void *x, const void *in,
                            size_t n);
-cudaError_t bbk_add(cudaStream_t s, float *out, const float *x, const float *y, size_t n);
-/* bf16 storage: see bb_op_bf16_round and bb_op_bf16_unpack (packed may be NULL). */
-cudaError_t bbk_bf16_round(cudaStream_t s, float *x, uint16_t *packed, size_t n);
+cudaError_t bbk_add(cudaStream_t s, bool bf16, void *out, const void *x, const void *y, size_t n);
+/* bb_op_convert's two directions: packed = x rounded to bf16, out = packed widened. */
 cudaError_t bbk_bf16_unpack(cudaStream_t s, float *out, const uint16_t *packed, size_t n);
-/* packed = x rounded to bf16 (x itself unchanged: cuDNN's operands). */
 cudaError_t bbk_bf16_pack(cudaStream_t s, uint16_t *packed, const float *x, size_t n);
 /* out[n, :] = bias for every row n (before a GEMM with beta 1). */
-cudaError_t bbk_broadcast_rows(cudaStream_t s, float *out, const float *bias, int N, int C);
+cudaError_t bbk_broadcast_rows(cudaStream_t s, bool bf16, void *out, const float *bias, int N, int C);
 /* Column reductions run in two passes over BBK_COLUMN_CHUNKS chunks of
  * rows (deterministic); `scratch` holds BBK_COLUMN_CHUNKS * C floats
  * (twice that for the LayerNorm backward). */
 #define BBK_COLUMN_CHUNKS 64
 /* dbias[c] (+)= sum over rows of dout[:, c]. */
-cudaError_t bbk_column_sums(cudaStream_t s, float *dbias, float *scratch, const float *dout, int N, int C,
+cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scratch, const void *dout, int N, int C,
                             bool accumulate);
 
-cudaError_t bbk_layernorm_forward(cudaStream_t s, float *out, float *mean, float *rstd, const float *in,
+cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
                                   const float *w, const float *bias, int N, int C);
-cudaError_t bbk_layernorm_backward(cudaStream_t s, float *din, float *dw, float *dbias, float *scratch,
-                                   const float *dout, const float *in, const float *w, const float *mean,
+cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *dw, float *dbias, float *scratch,
+                                   const void *dout, const void *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate);
 
 /* wpe NULL: no position embedding. */
-cudaError_t bbk_embedding_forward(cudaStream_t s, float *out, const int32_t *tokens, const float *wte,
+cudaError_t bbk_embedding_forward(cudaStream_t s, bool bf16, void *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C);
 /* dwte (V, C) += the rows of dout (n, C) of each token, summed per token in
  * position order (deterministic; the CPU's order). `scratch` holds
  * bbk_embedding_sort_bytes(n) bytes (cudaErrorInvalidValue when smaller).
  * The table must already be zeroed (or hold the sum to add to). */
 size_t bbk_embedding_sort_bytes(size_t rows);
-cudaError_t bbk_embedding_backward_wte(cudaStream_t s, float *dwte, const float *dout, const int32_t *tokens, int n,
-                                       int C, int V, void *scratch, size_t scratch_bytes);
-cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, float *dwpe, const float *dout, int B, int T, int C,
+cudaError_t bbk_embedding_backward_wte(cudaStream_t s, bool bf16, float *dwte, const void *dout, const int32_t *tokens,
+                                       int n, int C, int V, void *scratch, size_t scratch_bytes);
+cudaError_t bbk_embedding_backward_wpe(cudaStream_t s, bool bf16, float *dwpe, const void *dout, int B, int T, int C,
                                        bool accumulate);
 /* Loader records into a batch: see bb_op_records_to_tokens and _images. */
 cudaError_t bbk_records_to_tokens(cudaStream_t s, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
@@ -77,7 +78,7 @@ cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dou
  * when target is -1); dlogits (may alias logits, may be NULL) = (softmax -
  * onehot) / normalizer; *valid (device int, pre-zeroed) counts rows with a
  * target. As the CPU: exp sums in double. */
-cudaError_t bbk_softmax_crossentropy(cudaStream_t s, double *row_loss, float *dlogits, const float *logits,
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, double *row_loss, void *dlogits, const float *logits,
                                      const int32_t *targets, int N, int V, float normalizer, int *valid);
 /* *out = the sum of rows[0..n) in a fixed order (one block). */
 cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n);

@@ -15,8 +15,8 @@
  *   cuda      the GPU (emulated in `make cuda-emu`): every output within
  *             its tolerance, the same bits twice; skipped without a GPU.
  *
- * Every case's float tensors are f32 (bf16 storage's ops take their packed
- * bf16 buffers as bytes); an op given a dtype it does not take fails,
+ * Every case's float tensors are f32 (convert's bf16 side is bytes); the
+ * bf16 pass runs the activation ops on bf16 tensors against fp32; an op given a dtype it does not take fails,
  * naming it (the last tests). `every_op_has_a_case` keeps the table and
  * the cases in step: adding an op to ops.def fails it until the op has a
  * case here. */
@@ -500,23 +500,26 @@ static buf special_floats(tc *t, size_t n)
     return b;
 }
 
-static void case_bf16_round(tc *t)
+/* n, direction: 0 f32 to bf16 (special values among them), 1 bf16 to f32,
+ * 2 f32 to f32 (a copy); the same bits on every backend. */
+static void case_convert(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf x = tc_out(t, special_floats(t, n), 0);
-    buf packed = tc_out(t, tc_bytes(t, "packed", NULL, n * sizeof(uint16_t)), 0);
-    TC_RUN(t, bb_op_bf16_round(BE, tc_t(t, x), D(1) ? bb_bf16(tc_p(t, packed)) : bb_no_tensor(), n));
-}
-
-static void case_bf16_unpack(tc *t)
-{
-    size_t n = (size_t)D(0);
-    uint16_t *h = malloc(n * sizeof *h);
-    uint64_t s = t->seed++;
-    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)bb_splitmix64(&s);
-    buf packed = tc_bytes(t, "packed", h, n * sizeof *h), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
-    free(h);
-    TC_RUN(t, bb_op_bf16_unpack(BE, tc_t(t, out), bb_bf16(tc_p(t, packed)), n));
+    if (D(1) == 0) {
+        buf x = special_floats(t, n);
+        buf packed = tc_out(t, tc_bytes(t, "packed", NULL, n * sizeof(uint16_t)), 0);
+        TC_RUN(t, bb_op_convert(BE, bb_bf16(tc_p(t, packed)), tc_t(t, x), n));
+    } else if (D(1) == 1) {
+        uint16_t *h = malloc(n * sizeof *h);
+        uint64_t s = t->seed++;
+        for (size_t i = 0; i < n; i++) h[i] = (uint16_t)bb_splitmix64(&s);
+        buf packed = tc_bytes(t, "packed", h, n * sizeof *h), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
+        free(h);
+        TC_RUN(t, bb_op_convert(BE, tc_t(t, out), bb_bf16(tc_p(t, packed)), n));
+    } else {
+        buf x = tc_floats(t, "x", n, 1), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
+        TC_RUN(t, bb_op_convert(BE, tc_t(t, out), tc_t(t, x), n));
+    }
 }
 
 static buf records_buf(tc *t, size_t bytes, unsigned mul)
@@ -588,8 +591,7 @@ static const op_case cases[] = {
     /* n, ranges (0: one); more blocks than the GPU's partial sums hold */
     {"sum_squares_ranges", case_sum_squares_ranges, 3, {{10007, 0}, {600001, 0}, {100003, 1}}},
     /* n, packed */
-    {"bf16_round", case_bf16_round, 2, {{100003, 1}, {100003, 0}}},
-    {"bf16_unpack", case_bf16_unpack, 1, {{100003}}},
+    {"convert", case_convert, 3, {{100003, 0}, {100003, 1}, {1003, 2}}},
     /* B, T, count, width */
     {"records_to_tokens", case_records_to_tokens, 3, {{4, 9, 3, 2}, {4, 9, 3, 4}, {2, 5, 2, 2}}},
     /* B, inputs, count */
@@ -723,15 +725,17 @@ Test(ops, a_tensor_of_a_dtype_the_op_does_not_take_is_refused_by_name)
     bb_op_linear_forward(b, bb_f32(out), bb_bf16(in), bb_f32(w), bb_no_tensor(), 2, 1, 2);
     cr_assert_eq(out[0], 7.0f, "the op ran");
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED);
-    cr_assert(strstr(bb_error_message(), "linear_forward: `in` is a bf16 tensor; this op takes f32"), "%s",
-              bb_error_message());
+    cr_assert(strstr(bb_error_message(),
+                     "linear_forward: `in` is a bf16 tensor and `w` a f32 one; this op takes them of one dtype"),
+              "%s", bb_error_message());
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED, "a failed backend stays failed");
     bb_backend_destroy(b);
 
     cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &b), BB_OK);
-    bb_op_bf16_round(b, bb_f32(out), bb_f32(w), 4); /* the packed values must be bf16 */
+    int32_t targets[2] = {0, 1};
+    cr_assert_eq(bb_op_count_correct(b, bb_bf16(in), targets, 1, 2), 0); /* logits are fp32 */
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED);
-    cr_assert(strstr(bb_error_message(), "bf16_round: `packed` is a f32 tensor; this op takes bf16"), "%s",
+    cr_assert(strstr(bb_error_message(), "count_correct: `logits` is a bf16 tensor; this op takes f32"), "%s",
               bb_error_message());
     bb_backend_destroy(b);
 }

@@ -151,6 +151,11 @@ uint64_t bb_backend_host_waits(const bb_backend_t *b);
 /* Who runs this backend's attention: "cuDNN 9.x.y" once its fused SDPA ran,
  * else "bigbatch's kernels". */
 const char *bb_backend_attention_engine(bb_backend_t *b);
+/* Who runs the products of bf16 tensors, for banners: on the CPU "oneDNN
+ * bf16 (AMX)", "oneDNN bf16 (AVX512-BF16)", "oneDNN bf16 (emulated)" or,
+ * where oneDNN has no bf16 matmul for the CPU, "OpenBLAS fp32 (no bf16
+ * matmul on this CPU)"; on a GPU "cuBLAS bf16 (tensor cores)". */
+const char *bb_backend_bf16_products(bb_backend_t *b);
 
 /* Frees the backend and every allocation still live; accepts NULL. */
 void bb_backend_destroy(bb_backend_t *b);

@@ -221,7 +221,15 @@ typedef struct bb_tensor_info {
 size_t bb_model_param_count(const bb_model_t *m);
 int bb_model_tensor_count(const bb_model_t *m);
 const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int index);
-float *bb_model_params(bb_model_t *m); /* device memory */
+/* Device memory. Taking the parameters marks them changed (the caller may
+ * write them): a bf16 model remakes its bf16 copy of them, the products'
+ * weights, at its next forward. */
+float *bb_model_params(bb_model_t *m);
+/* Says the parameters changed through a pointer taken earlier (an
+ * optimizer step, an all-gather): the same remaking. Never fails. */
+void bb_model_weights_changed(bb_model_t *m);
+/* The parameters' device bytes: fp32, plus their bf16 copy under bf16. */
+uint64_t bb_model_parameter_bytes(const bb_model_t *m);
 float *bb_model_grads(bb_model_t *m);  /* device memory */
 
 /* ---- a micro-step ------------------------------------------------------ */

@@ -85,6 +85,11 @@ bb_status bb_backend_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
 uint64_t bb_backend_scratch_grew(const bb_backend_t *b) { return b->scratch_grew; }
 uint64_t bb_backend_host_waits(const bb_backend_t *b) { return b->host_waits; }
 
+const char *bb_backend_bf16_products(bb_backend_t *b)
+{
+    return b->vt->bf16_products ? b->vt->bf16_products() : "none (this backend only counts)";
+}
+
 const char *bb_backend_attention_engine(bb_backend_t *b)
 {
     const char *e = b->vt->attention_engine ? b->vt->attention_engine(b) : NULL;
@@ -362,7 +367,7 @@ const char *bb_activation_op_name(bb_activation a, bool backward)
 }
 
 /* What a tensor argument may be (ops.def's BB_ACCEPT): one bit per dtype. */
-enum { F32 = 1u << BB_DTYPE_F32, BF16 = 1u << BB_DTYPE_BF16 };
+enum { F32 = 1u << BB_DTYPE_F32, BF16 = 1u << BB_DTYPE_BF16, ACT = F32 | BF16 };
 
 /* A tensor outside its op's dtypes fails the op, named, for the next
  * synchronizing call to report. */
@@ -378,6 +383,16 @@ static bool accepts(bb_backend_t *b, const char *op, const char *arg, bb_tensor 
     return false;
 }
 #define BB_ACCEPT(tensor, mask) accepts(b, op, #tensor, tensor, mask)
+
+/* Two tensor arguments of one dtype (either may be none). */
+static bool same(bb_backend_t *b, const char *op, const char *x_name, bb_tensor x, const char *y_name, bb_tensor y)
+{
+    if (!x.data || !y.data || x.dtype == y.dtype) return true;
+    bb_backend_note_error(b, BB_ERR_UNSUPPORTED, "%s: %s: `%s` is a %s tensor and `%s` a %s one; this op takes them "
+                          "of one dtype", b->name, op, x_name, bb_dtype_name(x.dtype), y_name, bb_dtype_name(y.dtype));
+    return false;
+}
+#define BB_SAME(x, y) same(b, op, #x, x, #y, y)
 
 /* Attention's heads: KVH key/value heads, dividing the NH query heads. */
 static bool heads_ok(bb_backend_t *b, const char *op, int NH, int KVH, int HS)
@@ -423,6 +438,7 @@ static double range_elements(const size_t *lo, const size_t *hi, int n)
     }
 #include "bigbatch/ops.def"
 #undef BB_ACCEPT
+#undef BB_SAME
 
 static const char *const op_names[] = {
 #define BB_OP(name, ...) #name,

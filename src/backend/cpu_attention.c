@@ -20,7 +20,11 @@
  * are cblas_sgemm calls in the task's thread on strided views of qkv (row
  * stride W = (NH + 2·KVH)·hs), the softmax parts plain loops. Each task's sums run in a
  * fixed order whatever the thread count, so results are bitwise the same
- * on any number of threads. */
+ * on any number of threads.
+ *
+ * bf16 tensors are widened into fp32 copies for the op's duration and its
+ * outputs rounded once at the end: the tiles' products run in fp32 (bf16
+ * products in the tiles are not written yet). */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -174,8 +178,79 @@ static attn_args attention_args(int B, int T, int NH, int KVH, int HS)
                        .scale = 1.0f / sqrtf((float)HS)};
 }
 
+/* bf16: fp32 copies of the op's tensors (n elements each, widened when
+ * `in`), and their release, rounding `out` copies back. */
+typedef struct widened {
+    bb_tensor *t[4];
+    bb_tensor orig[4];
+    size_t n[4];
+    bool out[4];
+    int count;
+} widened;
+
+static bool widen_add(widened *w, bb_tensor *t, size_t n, bool out)
+{
+    int k = w->count++;
+    w->t[k] = t, w->orig[k] = *t, w->n[k] = n, w->out[k] = out;
+    float *f = malloc(n * sizeof *f);
+    if (!f) return false;
+    if (!out)
+        for (size_t i = 0; i < n; i++) f[i] = bb_bf16_to_float(((const uint16_t *)t->data)[i]);
+    *t = bb_f32(f);
+    return true;
+}
+
+/* Rounds the outputs into the bf16 tensors (when `done`) and frees the copies. */
+static void widen_end(widened *w, bool done)
+{
+    for (int k = 0; k < w->count; k++) {
+        if (w->t[k]->data == w->orig[k].data) continue; /* its copy was never made */
+        const float *f = w->t[k]->data;
+        if (done && w->out[k])
+            for (size_t i = 0; i < w->n[k]; i++) ((uint16_t *)w->orig[k].data)[i] = bb_bf16_from_float(f[i]);
+        free(w->t[k]->data);
+        *w->t[k] = w->orig[k];
+    }
+}
+
+static void attention_forward_f32(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH,
+                                  int KVH, int HS);
+static void attention_backward_f32(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
+                                   const float *lse, int B, int T, int NH, int KVH, int HS);
+
 void bb_cpu_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH, int KVH,
                               int HS)
+{
+    if (qkv.dtype != BB_DTYPE_BF16) {
+        attention_forward_f32(b, out, lse, qkv, B, T, NH, KVH, HS);
+        return;
+    }
+    size_t rows = (size_t)B * T;
+    widened w = {0};
+    bool ok = widen_add(&w, &qkv, rows * (NH + 2 * KVH) * HS, false) && widen_add(&w, &out, rows * NH * HS, true);
+    if (ok) attention_forward_f32(b, out, lse, qkv, B, T, NH, KVH, HS);
+    else bb_backend_note_error(b, BB_ERR_NOMEM, "attention_forward: out of host memory for its fp32 operands");
+    widen_end(&w, ok);
+}
+
+void bb_cpu_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
+                               const float *lse, int B, int T, int NH, int KVH, int HS)
+{
+    if (qkv.dtype != BB_DTYPE_BF16) {
+        attention_backward_f32(b, dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS);
+        return;
+    }
+    size_t rows = (size_t)B * T, W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
+    widened w = {0};
+    bool ok = widen_add(&w, &qkv, rows * W, false) && widen_add(&w, &out, rows * C, false) &&
+              widen_add(&w, &dout, rows * C, false) && widen_add(&w, &dqkv, rows * W, true);
+    if (ok) attention_backward_f32(b, dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS);
+    else bb_backend_note_error(b, BB_ERR_NOMEM, "attention_backward: out of host memory for its fp32 operands");
+    widen_end(&w, ok);
+}
+
+static void attention_forward_f32(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH,
+                                  int KVH, int HS)
 {
     int threads = bb_cpu_threads(b);
     attn_args a = attention_args(B, T, NH, KVH, HS);
@@ -217,8 +292,8 @@ void bb_cpu_attention_decode(bb_backend_t *b, bb_tensor out_t, float *scores, bb
     }
 }
 
-void bb_cpu_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
-                               const float *lse, int B, int T, int NH, int KVH, int HS)
+static void attention_backward_f32(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
+                                   const float *lse, int B, int T, int NH, int KVH, int HS)
 {
     int threads = bb_cpu_threads(b);
     attn_args a = attention_args(B, T, NH, KVH, HS);

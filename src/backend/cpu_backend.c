@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_dnnl.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
 
@@ -40,6 +41,7 @@ static void cpu_destroy(bb_backend_t *b) { bb_cpu_pool_destroy(b); }
 
 const bb_backend_vtable bb_cpu_vtable = {
     .host_is_device = true,
+    .bf16_products = bb_cpu_bf16_products,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

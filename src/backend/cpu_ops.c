@@ -1,6 +1,10 @@
-/* cpu_ops.c — the CPU backend's ops: matrix products through OpenBLAS
- * cblas_sgemm, everything else plain loops the compiler vectorizes.
- * Contracts are in backend.h.
+/* cpu_ops.c — the CPU backend's ops: fp32 matrix products through
+ * OpenBLAS cblas_sgemm, bf16 ones through oneDNN (cpu_dnnl.h), everything
+ * else plain loops the compiler vectorizes. Contracts are in ops.def.
+ *
+ * bf16 tensors: the element-wise ops widen blocks of BF16_BLOCK elements
+ * (the row-wise ops a row) to fp32 on the stack, run the fp32 loop on
+ * them and round what they write once; the products read bf16 directly.
  *
  * Threads: OpenBLAS runs single-threaded (cpu_backend.c) and a product is
  * split into one slice of rows (or columns) per thread of the backend's
@@ -9,9 +13,11 @@
  * ops need. */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_dnnl.h"
 #include "cpu_math.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
@@ -71,6 +77,49 @@ static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M
     sgemm_bias(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
+/* The bf16 products (cpu_dnnl.h), split over the pool: the longer of M and
+ * N in BF16_SLICES slices of whole 16s, a count that depends on the shape
+ * only, so that every element is the same sum on any number of threads. */
+enum { BF16_SLICES = 16 };
+typedef struct bf16_gemm_args {
+    bb_cpu_bf16_gemm g;
+    int per;
+    bool split_rows;
+    atomic_bool failed;
+} bf16_gemm_args;
+
+static void bf16_gemm_task(void *ctx, int part, int thread)
+{
+    (void)thread;
+    bf16_gemm_args *a = ctx;
+    bb_cpu_bf16_gemm g = a->g;
+    size_t c_size = bb_dtype_size(g.c_dtype);
+    int lo = part * a->per, total = a->split_rows ? g.M : g.N, n = lo + a->per < total ? a->per : total - lo;
+    if (n <= 0) return;
+    if (a->split_rows) {
+        g.M = n;
+        g.A += g.ta ? (size_t)lo : (size_t)lo * g.lda;
+        g.C = (char *)g.C + (size_t)lo * g.ldc * c_size;
+    } else {
+        g.N = n;
+        g.B += g.tb ? (size_t)lo * g.ldb : (size_t)lo;
+        g.C = (char *)g.C + (size_t)lo * c_size;
+        if (g.bias) g.bias += lo;
+    }
+    if (!bb_cpu_bf16_gemm_run(&g)) atomic_store(&a->failed, true);
+}
+
+static void bf16_gemm(bb_backend_t *b, const bb_cpu_bf16_gemm *g, const char *op)
+{
+    if (g->M <= 0 || g->N <= 0) return;
+    bf16_gemm_args a = {.g = *g, .split_rows = g->M >= g->N};
+    int total = a.split_rows ? g->M : g->N, parts = (double)g->M * g->N * g->K < 1 << 20 ? 1 : BF16_SLICES;
+    a.per = ((total + parts - 1) / parts + 15) / 16 * 16;
+    atomic_init(&a.failed, false);
+    bb_cpu_parallel(b, (total + a.per - 1) / a.per, bf16_gemm_task, &a);
+    if (atomic_load(&a.failed)) bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for a bf16 product", op);
+}
+
 /* ---- element-wise and row-wise ops over the pool ----------------------------
  * An op's loop runs over fixed slices (EW_GRAIN elements, or whole rows
  * near that), so a sum made of per-slice parts is the same for any thread
@@ -106,12 +155,68 @@ static void ew_run(bb_backend_t *b, ew_args *a)
     bb_cpu_parallel(b, ew_slices(a), ew_task, a);
 }
 
-/* The fp32 data of a tensor (ops.def's dtypes are checked before the call). */
+/* The fp32 (bf16) data of a tensor (ops.def's dtypes are checked before the call). */
 #define F32(t) ((float *)(t).data)
+#define H16(t) ((uint16_t *)(t).data)
+#define IS_BF16(t) ((t).dtype == BB_DTYPE_BF16)
+
+static void widen(float *out, const uint16_t *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(in[i]);
+}
+
+static void narrow(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_from_float(in[i]);
+}
+
+/* An element-wise op whose output x and inputs a, c (c may be NULL) are
+ * all of `dtype`: bf16 runs the fp32 range on widened blocks of
+ * BF16_BLOCK and rounds each output block once. x may alias a or c. */
+enum { BF16_BLOCK = 1024 };
+typedef struct bf16_ew {
+    ew_args e;
+    void (*fp32)(const ew_args *a, size_t lo, size_t hi, int slice);
+    uint16_t *x;
+    const uint16_t *a, *c;
+} bf16_ew;
+
+static void bf16_ew_range(const ew_args *ea, size_t lo, size_t hi, int slice)
+{
+    const bf16_ew *w = (const bf16_ew *)ea;
+    float x[BF16_BLOCK], a[BF16_BLOCK], c[BF16_BLOCK];
+    ew_args local = w->e;
+    local.x = x, local.a = a, local.c = w->c ? c : NULL;
+    for (size_t b0 = lo; b0 < hi; b0 += BF16_BLOCK) {
+        size_t n = hi - b0 < BF16_BLOCK ? hi - b0 : BF16_BLOCK;
+        widen(a, w->a + b0, n);
+        if (w->c) widen(c, w->c + b0, n);
+        w->fp32(&local, 0, n, slice);
+        narrow(w->x + b0, x, n);
+    }
+}
+
+static void ew_run_act(bb_backend_t *b, ew_args *a, bb_dtype dtype)
+{
+    if (dtype != BB_DTYPE_BF16) {
+        ew_run(b, a);
+        return;
+    }
+    bf16_ew w = {.e = *a, .fp32 = a->range, .x = (uint16_t *)a->x, .a = (const uint16_t *)a->a,
+                 .c = (const uint16_t *)a->c};
+    w.e.range = bf16_ew_range;
+    ew_run(b, &w.e);
+}
 
 void bb_cpu_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
                            int OC)
 {
+    if (IS_BF16(in)) {
+        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = N, .N = OC, .K = IC, .A = H16(in), .lda = IC, .B = H16(w), .ldb = IC,
+                                         .tb = true, .C = out.data, .c_dtype = out.dtype, .ldc = OC, .bias = F32(bias)},
+                  "linear_forward");
+        return;
+    }
     sgemm_bias(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, F32(in), IC, F32(w), IC, bias.data ? 1.0f : 0.0f,
                F32(out), OC, F32(bias));
 }
@@ -123,7 +228,13 @@ static void bias_grad_range(const ew_args *a, size_t lo, size_t hi, int slice)
     (void)slice;
     float *dbias = a->x;
     const float *dout = a->a;
+    const uint16_t *dout16 = a->hc; /* bf16 */
     for (int r = 0; r < a->rows; r++) {
+        if (dout16) {
+            const uint16_t *row = dout16 + (size_t)r * a->n;
+            for (size_t o = lo; o < hi; o++) dbias[o] += bb_bf16_to_float(row[o]);
+            continue;
+        }
         const float *row = dout + (size_t)r * a->n;
         for (size_t o = lo; o < hi; o++) dbias[o] += row[o];
     }
@@ -134,15 +245,26 @@ void bb_cpu_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb
 {
     float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
     const float *dout = F32(dout_t), *in = F32(in_t), *w = F32(w_t);
-    sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
+    bool bf16 = IS_BF16(dout_t);
+    if (bf16 && dw) /* dw (OC,IC) (+)= doutᵀ · in */
+        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = OC, .N = IC, .K = N, .A = H16(dout_t), .lda = OC, .ta = true,
+                                         .B = H16(in_t), .ldb = IC, .C = dw, .c_dtype = BB_DTYPE_F32, .ldc = IC,
+                                         .accumulate = accumulate},
+                  "linear_backward");
+    else if (dw) sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
         size_t columns = EW_GRAIN / (size_t)N; /* about EW_GRAIN elements a slice, whole 16s of columns */
-        ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = dout, .n = (size_t)OC, .rows = N,
+        ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = bf16 ? NULL : dout,
+                             .hc = bf16 ? H16(dout_t) : NULL, .n = (size_t)OC, .rows = N,
                              .grain = columns < 16 ? 16 : columns / 16 * 16});
     }
     /* last: din may alias in */
-    if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+    if (din && bf16)
+        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = N, .N = IC, .K = OC, .A = H16(dout_t), .lda = OC, .B = H16(w_t),
+                                         .ldb = IC, .C = din, .c_dtype = BB_DTYPE_BF16, .ldc = IC},
+                  "linear_backward");
+    else if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
 }
 
 static void relu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
@@ -223,13 +345,14 @@ static const ew_range activation_ranges[][2] = {
 /* ops.def checked `act`. */
 void bb_cpu_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor in, size_t n)
 {
-    ew_run(b, &(ew_args){.range = activation_ranges[act][0], .x = F32(out), .a = F32(in), .n = n});
+    ew_run_act(b, &(ew_args){.range = activation_ranges[act][0], .x = F32(out), .a = F32(in), .n = n}, in.dtype);
 }
 
 void bb_cpu_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor din, bb_tensor dout, bb_tensor in,
                                 size_t n)
 {
-    ew_run(b, &(ew_args){.range = activation_ranges[act][1], .x = F32(din), .a = F32(dout), .c = F32(in), .n = n});
+    ew_run_act(b, &(ew_args){.range = activation_ranges[act][1], .x = F32(din), .a = F32(dout), .c = F32(in), .n = n},
+               in.dtype);
 }
 
 #define LN_EPS 1e-5f
@@ -239,7 +362,14 @@ typedef struct ln_args {
     ew_args e;
     const float *bias, *mean, *rstd, *dout;
     float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
+    bool bf16;                       /* in, out (din, dout) are bf16: rows widened into `rows` */
 } ln_args;
+
+/* bf16 rows: k rows of C floats of scratch for one range; NULL (noted) when out of memory. */
+static float *row_scratch(int k, int C)
+{
+    return malloc((size_t)k * C * sizeof(float));
+}
 
 static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
 {
@@ -247,19 +377,26 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
     const ln_args *a = (const ln_args *)ea;
     int C = ea->C;
     const float *in = ea->a, *w = ea->c, *bias = a->bias;
-    float *out = ea->x, *mean = ea->y, *rstd = ea->z;
+    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(2, C) : NULL;
+    if (a->bf16 && !rows) return; /* the op notes it: mean[lo] stays NaN */
     for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C;
         float *y = out + (size_t)n * C;
+        if (a->bf16) {
+            widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
+            x = rows, y = rows + C;
+        }
         float m = 0.0f, var = 0.0f;
         for (int i = 0; i < C; i++) m += x[i];
         m /= C;
         for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
         float s = 1.0f / sqrtf(var / C + LN_EPS);
         for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
+        if (a->bf16) narrow((uint16_t *)ea->x + (size_t)n * C, y, (size_t)C);
         mean[n] = m;
         rstd[n] = s;
     }
+    free(rows);
 }
 
 void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *rstd, bb_tensor in, bb_tensor w,
@@ -267,8 +404,11 @@ void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float
 {
     ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(in),
                        .c = F32(w), .n = (size_t)N, .C = C},
-                 .bias = F32(bias)};
+                 .bias = F32(bias), .bf16 = IS_BF16(in)};
+    if (a.bf16 && N > 0) mean[0] = NAN; /* a range out of scratch leaves it so */
     ew_run(b, &a.e);
+    if (a.bf16 && N > 0 && isnan(mean[0]))
+        bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_forward: out of host memory for its rows");
 }
 
 /* din for rows [lo, hi), and this slice's parts of dw and dbias (summed
@@ -279,10 +419,21 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
     int C = ea->C;
     const float *in = ea->a, *w = ea->c, *dout = a->dout, *mean = a->mean, *rstd = a->rstd;
     float *din = a->din, *dw = a->parts + (size_t)slice * 2 * C, *dbias = dw + C;
+    float *rows = a->bf16 ? row_scratch(3, C) : NULL;
     memset(dw, 0, 2 * (size_t)C * sizeof *dw);
+    if (a->bf16 && !rows) {
+        dw[0] = NAN; /* the op notes it */
+        return;
+    }
     for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = din + (size_t)n * C;
+        if (a->bf16) {
+            widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
+            widen(rows + C, (const uint16_t *)a->dout + (size_t)n * C, (size_t)C);
+            widen(rows + 2 * C, (const uint16_t *)a->din + (size_t)n * C, (size_t)C);
+            x = rows, dy = rows + C, dx = rows + 2 * C;
+        }
         float m = mean[n], s = rstd[n];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int i = 0; i < C; i++) {
@@ -298,7 +449,9 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
             dw[i] += norm * dy[i];
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
+        if (a->bf16) narrow((uint16_t *)a->din + (size_t)n * C, dx, (size_t)C);
     }
+    free(rows);
 }
 
 void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout,
@@ -307,7 +460,7 @@ void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t,
 {
     float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
     ln_args a = {.e = {.range = layernorm_backward_range, .a = F32(in), .c = F32(w), .n = (size_t)N, .C = C},
-                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din};
+                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din, .bf16 = IS_BF16(in)};
     a.e.grain = EW_GRAIN / (size_t)C > 0 ? EW_GRAIN / (size_t)C : 1;
     int slices = ew_slices(&a.e);
     a.parts = malloc((size_t)slices * 2 * C * sizeof *a.parts);
@@ -322,6 +475,7 @@ void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t,
     }
     for (int k = 0; k < slices; k++) {
         const float *pw = a.parts + (size_t)k * 2 * C, *pb = pw + C;
+        if (isnan(pw[0]) && a.bf16) bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_backward: out of host memory");
         for (int i = 0; i < C; i++) dw[i] += pw[i], dbias[i] += pb[i];
     }
     free(a.parts);
@@ -333,14 +487,16 @@ void bb_cpu_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tok
     (void)b;
     const float *wpe_f = F32(wpe);
     for (int i = 0; i < B * T; i++) {
-        const float *te = F32(wte) + (size_t)tokens[i] * C;
-        float *o = F32(out) + (size_t)i * C;
-        if (!wpe_f) {
-            memcpy(o, te, (size_t)C * sizeof *o);
+        const float *te = F32(wte) + (size_t)tokens[i] * C, *pe = wpe_f ? wpe_f + (size_t)(i % T) * C : NULL;
+        if (IS_BF16(out)) {
+            uint16_t *o = H16(out) + (size_t)i * C;
+            for (int c = 0; c < C; c++) o[c] = bb_bf16_from_float(pe ? te[c] + pe[c] : te[c]);
             continue;
         }
-        const float *pe = wpe_f + (size_t)(i % T) * C;
-        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+        float *o = F32(out) + (size_t)i * C;
+        if (!pe) memcpy(o, te, (size_t)C * sizeof *o);
+        else
+            for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
     }
 }
 
@@ -355,6 +511,14 @@ void bb_cpu_embedding_backward(bb_backend_t *b, bb_tensor dwte_t, bb_tensor dwpe
     if (dwpe && !accumulate_wpe) memset(dwpe, 0, (size_t)maxT * C * sizeof *dwpe);
     for (int i = 0; i < B * T; i++) {
         const float *d = dout + (size_t)i * C;
+        if (IS_BF16(dout_t)) {
+            const uint16_t *h = H16(dout_t) + (size_t)i * C;
+            float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe ? dwpe + (size_t)(i % T) * C : NULL;
+            for (int c = 0; c < C; c++) te[c] += bb_bf16_to_float(h[c]);
+            if (pe)
+                for (int c = 0; c < C; c++) pe[c] += bb_bf16_to_float(h[c]);
+            continue;
+        }
         float *te = dwte + (size_t)tokens[i] * C;
         for (int c = 0; c < C; c++) te[c] += d[c];
         if (!dwpe) continue;
@@ -373,12 +537,13 @@ static void add_range(const ew_args *a, size_t lo, size_t hi, int slice)
 
 void bb_cpu_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t n)
 {
-    ew_run(b, &(ew_args){.range = add_range, .x = F32(out), .a = F32(x), .c = F32(y), .n = n});
+    ew_run_act(b, &(ew_args){.range = add_range, .x = F32(out), .a = F32(x), .c = F32(y), .n = n}, x.dtype);
 }
 
 typedef struct xent_args {
     double *row_loss;
     float *dlogits;
+    uint16_t *dlogits16; /* bf16 dlogits (not aliasing logits): each row rounded from fp32 */
     const float *logits;
     const int32_t *targets;
     int N, V;
@@ -395,10 +560,12 @@ static void xent_task(void *ctx, int task, int thread)
     for (int n = task * XENT_ROWS; n < a->N && n < (task + 1) * XENT_ROWS; n++) {
         const float *x = a->logits + (size_t)n * V;
         float *dx = a->dlogits ? a->dlogits + (size_t)n * V : NULL;
+        uint16_t *dx16 = a->dlogits16 ? a->dlogits16 + (size_t)n * V : NULL;
         int target = a->targets[n];
         a->row_loss[n] = 0.0;
         if (target < 0) {
             if (dx) memset(dx, 0, (size_t)V * sizeof *dx);
+            if (dx16) memset(dx16, 0, (size_t)V * sizeof *dx16); /* +0.0 */
             continue;
         }
         float max = x[0];
@@ -412,6 +579,11 @@ static void xent_task(void *ctx, int task, int thread)
             for (int i = 0; i < V; i++) dx[i] = bb_expf(x[i] - max) * scale;
             dx[target] -= 1.0f / a->normalizer;
         }
+        if (dx16) {
+            float scale = (float)(1.0 / sum) / a->normalizer;
+            for (int i = 0; i < V; i++) dx16[i] = bb_bf16_from_float(bb_expf(x[i] - max) * scale);
+            dx16[target] = bb_bf16_from_float(bb_expf(x[target] - max) * scale - 1.0f / a->normalizer);
+        }
     }
 }
 
@@ -419,8 +591,9 @@ static void xent_task(void *ctx, int task, int thread)
 void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits, bb_tensor logits,
                               const int32_t *targets, int N, int V, float normalizer)
 {
-    xent_args a = {.row_loss = row_loss, .dlogits = F32(dlogits), .logits = F32(logits), .targets = targets, .N = N,
-                   .V = V, .normalizer = normalizer};
+    xent_args a = {.row_loss = row_loss, .dlogits = IS_BF16(dlogits) ? NULL : F32(dlogits),
+                   .dlogits16 = IS_BF16(dlogits) ? H16(dlogits) : NULL, .logits = F32(logits), .targets = targets,
+                   .N = N, .V = V, .normalizer = normalizer};
     bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
 }
 
@@ -543,34 +716,22 @@ int bb_cpu_count_correct(bb_backend_t *b, bb_tensor logits, const int32_t *targe
     return hits;
 }
 
-static void bf16_round_range(const ew_args *a, size_t lo, size_t hi, int slice)
+static void convert_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    float *x = a->x;
-    uint16_t *packed = a->h;
-    for (size_t i = lo; i < hi; i++) {
-        uint16_t h = bb_bf16_from_float(x[i]);
-        x[i] = bb_bf16_to_float(h);
-        if (packed) packed[i] = h;
+    if (a->h) narrow(a->h + lo, a->a + lo, hi - lo);
+    else widen(a->x + lo, a->hc + lo, hi - lo);
+}
+
+void bb_cpu_convert(bb_backend_t *b, bb_tensor out, bb_tensor in, size_t n)
+{
+    if (out.dtype == in.dtype) {
+        if (out.data != in.data) memmove(out.data, in.data, n * bb_dtype_size(in.dtype));
+        return;
     }
-}
-
-void bb_cpu_bf16_round(bb_backend_t *b, bb_tensor x, bb_tensor packed, size_t n)
-{
-    ew_run(b, &(ew_args){.range = bf16_round_range, .x = F32(x), .h = packed.data, .n = n});
-}
-
-static void bf16_unpack_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *out = a->x;
-    const uint16_t *packed = a->hc;
-    for (size_t i = lo; i < hi; i++) out[i] = bb_bf16_to_float(packed[i]);
-}
-
-void bb_cpu_bf16_unpack(bb_backend_t *b, bb_tensor out, bb_tensor packed, size_t n)
-{
-    ew_run(b, &(ew_args){.range = bf16_unpack_range, .x = F32(out), .hc = packed.data, .n = n});
+    bool to16 = IS_BF16(out);
+    ew_run(b, &(ew_args){.range = convert_range, .x = to16 ? NULL : F32(out), .a = to16 ? F32(in) : NULL,
+                         .h = to16 ? H16(out) : NULL, .hc = to16 ? NULL : H16(in), .n = n});
 }
 
 void bb_cpu_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,

@@ -10,15 +10,14 @@
  * the shared recompute slots, and the backward re-runs the segment there
  * before its backward unless the slots still hold it.
  *
- * bf16 activations (--precision bf16): the blocks share one set of fp32
- * work buffers (each keeps its own statistics), and each block's saved
- * tensors are rounded to bf16 as they are computed and packed into its
- * stash; the backward unpacks a block into the work buffers before its
- * backward. A block whose backward comes right after its own forward (the
- * last block, the last block of a recomputed segment) needs no stash.
- * Segment inputs are packed too, and every block's input is unpacked into
- * one fp32 buffer `x`. Recomputed tensors are rounded as they were the
- * first time, so every policy gives the same gradients.
+ * bf16 (--precision bf16): every activation and activation gradient is a
+ * bf16 tensor (decoder_layout.c allocates them in the activation dtype),
+ * the products take the model's bf16 copy of the weights and the logits
+ * come out in fp32 for the loss, whose gradient goes back to the head's
+ * product in bf16 (dlogits). Statistics, the loss, weight gradients and
+ * master weights stay fp32 (ARCHITECTURE.md's table). Recomputed tensors
+ * are the same bits as the first time, so every policy gives the same
+ * gradients.
  *
  * The LM head and the loss run fused, in chunks of `chunk` tokens
  * (bb_model_loss_chunk): per chunk the logits, in place their gradient,
@@ -59,46 +58,15 @@ static void head_chunk(bb_model_t *m, int k)
 {
     decoder_state *g = m->impl;
     int C = g->d.d_model, V = g->d.vocab, first, n = chunk_tokens(m, k, &first);
-    bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, (size_t)first * C), F(model_param(m, g->head)),
+    bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, (size_t)first * C), model_weight(m, g->head),
                          bb_no_tensor(), n, C, V);
-    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, V, g->normalizer);
+    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->dlogits, g->logits, m->targets + first, n, V,
+                            g->normalizer);
 }
 
-void bb_decoder_saved(bb_block_pass *p, int k)
-{
-    decoder_state *g = p->m->impl;
-    if (g->bf16)
-        bb_op_bf16_round(p->be, p->a->t[k], bb_bf16(g->stash[p->l * g->lay.saved + k]),
-                         bb_decoder_saved_count(p->m, k));
-}
-
-/* bf16: unpacks block l's input (its segment's saved input or block l-1's
- * output) into x. */
-static void load_input(bb_model_t *m, int l)
-{
-    decoder_state *g = m->impl;
-    int s = g->seg_of[l], out = g->lay.saved - 1;
-    const uint16_t *in = l == g->segs[s].first && g->seg_packed[s] ? g->seg_packed[s]
-                                                                   : g->stash[(l - 1) * g->lay.saved + out];
-    bb_op_bf16_unpack(m->be, g->x, bb_bf16(in), bb_decoder_saved_count(m, out));
-}
-
-/* bf16: unpacks block l's stashed tensors (all it saves but its output)
- * into the work buffers. */
-static void load_block(bb_model_t *m, int l)
-{
-    decoder_state *g = m->impl;
-    for (int k = 0; k < g->lay.saved - 1; k++)
-        if (g->stash[l * g->lay.saved + k])
-            bb_op_bf16_unpack(m->be, g->act[l]->t[k], bb_bf16(g->stash[l * g->lay.saved + k]),
-                              bb_decoder_saved_count(m, k));
-}
-
-/* The input of block l: its segment's saved input, or block l-1's output
- * (bf16: x, once load_input has filled it). */
+/* The input of block l: its segment's saved input, or block l-1's output. */
 static bb_tensor block_input(const decoder_state *g, int l)
 {
-    if (g->bf16) return g->x;
     int s = g->seg_of[l];
     return l == g->segs[s].first && g->seg_in[s].data ? g->seg_in[s] : g->act[l - 1]->t[g->lay.saved - 1];
 }
@@ -113,24 +81,20 @@ static bb_block_pass pass_of(bb_model_t *m, int l)
 }
 
 /* Runs segment s's blocks; saves its output where the next segment's
- * input is kept (fp32: a copy after a recomputed segment; bf16: packed by
- * bb_decoder_saved). */
+ * input is kept (a copy after a recomputed segment). */
 static bb_status segment_forward(bb_model_t *m, int s)
 {
     decoder_state *g = m->impl;
     const segment *seg = &g->segs[s];
     for (int l = seg->first; l < seg->end; l++) {
-        if (g->bf16) load_input(m, l);
         bb_block_pass p = pass_of(m, l);
         g->k->block->forward(&p);
         g->last_block = l;
     }
-    /* the recompute slots hold this segment now, or (bf16) no longer any */
-    if (seg->recompute) g->computed_segment = s;
-    else if (g->bf16) g->computed_segment = -1;
-    if (!g->bf16 && s + 1 < g->S && g->seg_in[s + 1].data)
+    if (seg->recompute) g->computed_segment = s; /* the recompute slots hold this segment now */
+    if (s + 1 < g->S && g->seg_in[s + 1].data)
         BB_TRY(bb_backend_copy(m->be, g->seg_in[s + 1].data, g->act[seg->end - 1]->t[g->lay.saved - 1].data,
-                               bb_decoder_saved_count(m, g->lay.saved - 1) * sizeof(float), BB_COPY_D2D));
+                               bb_decoder_saved_count(m, g->lay.saved - 1) * bb_dtype_size(g->dtype), BB_COPY_D2D));
     return BB_OK;
 }
 
@@ -141,9 +105,7 @@ static bb_status decoder_forward(bb_model_t *m, float normalizer, double *loss, 
     (void)correct;
     decoder_state *g = m->impl;
     int B = m->B, T = g->d.seq_len, BT = B * T;
-    bb_tensor embedded = g->bf16 ? g->x : g->seg_in[0];
-    g->k->embed(m, embedded, (const int32_t *)m->inputs, B, T, 0);
-    if (g->bf16) bb_op_bf16_round(m->be, embedded, bb_bf16(g->seg_packed[0]), (size_t)BT * g->d.d_model);
+    g->k->embed(m, g->seg_in[0], (const int32_t *)m->inputs, B, T, 0);
     g->forward_done = false;
     for (int s = 0; s < g->S; s++) BB_TRY(segment_forward(m, s));
     g->k->norm_forward(m, g->normed, g->norm_stat, final_output(g), BT);
@@ -168,8 +130,8 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
         if (k < g->chunks - 1) head_chunk(m, k);
         int first, n = chunk_tokens(m, k, &first);
         bb_op_linear_backward(m->be, bb_tensor_at(g->dln, (size_t)first * C), F(model_grad(m, g->head)),
-                              bb_no_tensor(), g->logits, bb_tensor_at(g->normed, (size_t)first * C),
-                              F(model_param(m, g->head)), n, C, V, acc || k < g->chunks - 1);
+                              bb_no_tensor(), g->dlogits, bb_tensor_at(g->normed, (size_t)first * C),
+                              model_weight(m, g->head), n, C, V, acc || k < g->chunks - 1);
     }
     if (g->head != 0) model_grads_ready(m, g->head); /* a head of its own is the last tensor */
     BB_TRY(g->k->norm_backward(m, g->dres, g->dln, final_output(g), g->norm_stat, BT, acc));
@@ -181,11 +143,6 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
             m->recomputed_layers += seg->end - seg->first;
         }
         for (int l = seg->end - 1; l >= seg->first; l--) {
-            if (g->bf16) {
-                if (g->last_block != l) load_block(m, l); /* else its forward just left it in the work buffers */
-                load_input(m, l);
-                if (!seg->recompute) g->computed_segment = -1; /* the work buffers hold this block now */
-            }
             bb_block_pass p = pass_of(m, l);
             p.selective = g->policy[l] == BB_RECOMPUTE_SELECTIVE;
             p.fresh = g->last_block == l;
@@ -210,7 +167,7 @@ static bb_status decoder_logits(bb_model_t *m, int position, float *host)
     int C = g->d.d_model, V = g->d.vocab, T = g->d.seq_len;
     for (int b = 0; b < m->B; b++) {
         bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, ((size_t)b * T + position) * C),
-                             F(model_param(m, g->head)), bb_no_tensor(), 1, C, V);
+                             model_weight(m, g->head), bb_no_tensor(), 1, C, V);
         BB_TRY(bb_backend_copy(m->be, host + (size_t)b * V, g->logits.data, (size_t)V * sizeof(float), BB_COPY_D2H));
     }
     return BB_OK;

@@ -5,7 +5,7 @@
  * place at the bottom and the fused, chunked LM head at the top, blocks
  * grouped into segments by the recompute plan, where each block's saved
  * activations live under its policy (own storage, a shared recompute slot,
- * the selective scratch, the bf16 stash), the forward and backward passes
+ * the selective scratch), in the activation dtype, the forward and backward passes
  * over segments with their recomputation, the planner's block costs, and
  * incremental decoding with a cache of each block's rows. A kind supplies
  * its block and the pieces around it:
@@ -15,13 +15,18 @@
  *                                             .decoder = &my_decoder};
  *
  * A block's forward computes its saved tensors in order into the pass's
- * activations and calls bb_decoder_saved() after each one (bf16: rounded
- * and stashed); its backward takes d(output) in pass->dres and leaves
+ * activations; its backward takes d(output) in pass->dres and leaves
  * d(input) there, spending its own saved tensors as scratch, and
  * recomputes what a selective block dropped (pass->selective) unless its
  * forward ran last and left it in place (pass->fresh). Every recompute
  * policy gives bitwise the same gradients because the recomputed tensors
- * are rounded (bf16) as they were the first time. */
+ * are the same bits as the first time.
+ *
+ * Tensors: activations and their gradients in the model's activation
+ * dtype (model_act_dtype: bf16 under --precision bf16); a product's weight
+ * is model_weight() (the bf16 copy under bf16); norms' weights, biases,
+ * statistics and every parameter gradient fp32. Decoding runs in fp32 on
+ * the master weights whatever the precision. */
 #ifndef BIGBATCH_DECODER_H
 #define BIGBATCH_DECODER_H
 
@@ -36,9 +41,9 @@ enum { BB_BLOCK_MAX_SAVED = 12, BB_BLOCK_MAX_STATS = 8 };
  * attention's log-sum-exp per head), and what a selective block drops. */
 typedef struct bb_block_layout {
     int saved;
-    int width[BB_BLOCK_MAX_SAVED];     /* floats per token */
+    int width[BB_BLOCK_MAX_SAVED];     /* elements per token */
     unsigned dropped;                  /* bits: tensors a selective block recomputes instead of saving */
-    int reuse[BB_BLOCK_MAX_SAVED];     /* fp32, dropped: an earlier dropped tensor whose scratch it reuses
+    int reuse[BB_BLOCK_MAX_SAVED];     /* dropped: an earlier dropped tensor whose scratch it reuses
                                         * (the earlier one is dead before this one is recomputed); -1: none */
     int stats;
     int stat_width[BB_BLOCK_MAX_STATS]; /* floats per token */
@@ -116,10 +121,6 @@ typedef struct bb_decoder_kind {
     const char *tied_head;
     bb_status (*init)(bb_model_t *m, uint64_t seed, float *host);
 } bb_decoder_kind;
-
-/* bf16: rounds the pass's just-computed saved tensor k and stashes it, if
- * the block has a stash for it. fp32: nothing. */
-void bb_decoder_saved(bb_block_pass *p, int k);
 
 /* The decoder family: model ops, batches and counts for every decoder kind. */
 extern const bb_model_family bb_decoder_family;

@@ -6,11 +6,11 @@
  * Per token, a block's backward reads the saved tensors of its layout
  * (the gpt: 16 d-wide floats) and its statistics (the gpt: 4 + heads).
  * 'n' saves them all; 's' saves all but the dropped ones, whose fp32
- * scratch every selective block shares (bf16: the work buffers); 'f' saves
- * its input (or nothing more when the previous block's output is saved
- * anyway), and the recomputed blocks run in slots shared by every 'f'
- * segment. bf16: the blocks share one set of fp32 work buffers, each
- * keeping its own statistics, and stash their saved tensors packed. */
+ * scratch every selective block shares; 'f' saves its input (or nothing
+ * more when the previous block's output is saved anyway), and the
+ * recomputed blocks run in slots shared by every 'f' segment. Tensors are
+ * of the activation dtype (2 bytes an element under bf16, 4 under fp32),
+ * statistics fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,20 +37,21 @@ static bb_status alloc_act(bb_model_t *m, void **out, size_t bytes, const char *
     return BB_OK;
 }
 
-static bb_status alloc_f32(bb_model_t *m, bb_tensor *out, size_t count, const char *what)
+/* A tensor of `count` elements of the activation dtype (or `dtype`). */
+static bb_status alloc_tensor_of(bb_model_t *m, bb_tensor *out, size_t count, bb_dtype dtype, const char *what)
 {
-    *out = bb_no_tensor();
-    return alloc_act(m, &out->data, count * sizeof(float), what);
+    *out = (bb_tensor){NULL, dtype};
+    return alloc_act(m, &out->data, count * bb_dtype_size(dtype), what);
+}
+
+static bb_status alloc_tensor(bb_model_t *m, bb_tensor *out, size_t count, const char *what)
+{
+    return alloc_tensor_of(m, out, count, ((const decoder_state *)m->impl)->dtype, what);
 }
 
 static bb_status alloc_floats(bb_model_t *m, float **out, size_t count, const char *what)
 {
     return alloc_act(m, (void **)out, count * sizeof(float), what);
-}
-
-static bb_status alloc_bf16(bb_model_t *m, uint16_t **out, size_t count, const char *what)
-{
-    return alloc_act(m, (void **)out, count * sizeof(uint16_t), what);
 }
 
 /* A slot: its statistics, and its saved tensors but those of `shared_mask`
@@ -61,7 +62,7 @@ static bb_status alloc_slot(bb_model_t *m, bb_block_acts *a, const bb_block_acts
     size_t BT = (size_t)m->B * g->d.seq_len;
     for (int k = 0; k < g->lay.saved; k++) {
         if (shared_mask >> k & 1) a->t[k] = shared->t[k];
-        else BB_TRY(alloc_f32(m, &a->t[k], bb_decoder_saved_count(m, k), "activations"));
+        else BB_TRY(alloc_tensor(m, &a->t[k], bb_decoder_saved_count(m, k), "activations"));
     }
     for (int s = 0; s < g->lay.stats; s++)
         BB_TRY(alloc_floats(m, &a->stat[s], BT * (size_t)g->lay.stat_width[s], "activations"));
@@ -95,14 +96,14 @@ static int make_segments(bb_model_t *m, decoder_state *g)
 static bb_status alloc_blocks(bb_model_t *m, decoder_state *g, int pool)
 {
     const bb_block_layout *lay = &g->lay;
-    bb_block_acts sel = {0}, *work = NULL; /* fp32: selective blocks' scratch; bf16: the shared fp32 buffers */
+    bb_block_acts sel = {0}; /* selective blocks' scratch */
     int saving = 0;
     for (int l = 0; l < g->L; l++) saving += g->policy[l] != BB_RECOMPUTE_FULL;
-    if (!g->bf16 && memchr(g->policy, BB_RECOMPUTE_SELECTIVE, (size_t)g->L))
+    if (memchr(g->policy, BB_RECOMPUTE_SELECTIVE, (size_t)g->L))
         for (int k = 0; k < lay->saved; k++) {
             if (!(lay->dropped >> k & 1)) continue;
             if (lay->reuse[k] >= 0) sel.t[k] = sel.t[lay->reuse[k]]; /* dead before this one is recomputed */
-            else BB_TRY(alloc_f32(m, &sel.t[k], bb_decoder_saved_count(m, k), "activations (selective recompute)"));
+            else BB_TRY(alloc_tensor(m, &sel.t[k], bb_decoder_saved_count(m, k), "activations (selective recompute)"));
         }
     g->slot_count = saving + pool;
     bool *made = calloc((size_t)g->slot_count + 1, sizeof *made);
@@ -117,35 +118,10 @@ static bb_status alloc_blocks(bb_model_t *m, decoder_state *g, int pool)
         g->act[l] = &g->slots[at];
         if (made[at]) continue; /* a recompute slot already made */
         made[at] = true;
-        unsigned shared = work ? ALL_SAVED(*lay) : g->policy[l] == BB_RECOMPUTE_SELECTIVE && !g->bf16 ? lay->dropped : 0;
-        rc = alloc_slot(m, g->act[l], work ? work : &sel, shared);
-        if (g->bf16 && !work) work = g->act[l];
+        unsigned shared = g->policy[l] == BB_RECOMPUTE_SELECTIVE ? lay->dropped : 0;
+        rc = alloc_slot(m, g->act[l], &sel, shared);
     }
     free(made);
-    return rc;
-}
-
-/* bf16: where each block's saved tensors are packed (decoder_state.stash). */
-static bb_status alloc_stash(bb_model_t *m, decoder_state *g, int pool)
-{
-    int SV = g->lay.saved, out = SV - 1;
-    uint16_t **shared = calloc((size_t)(pool > 1 ? pool - 1 : 1) * SV, sizeof *shared); /* recompute slots' */
-    if (!shared) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = BB_OK;
-    for (int i = 0; i < (pool - 1) * SV && rc == BB_OK; i++)
-        rc = alloc_bf16(m, &shared[i], bb_decoder_saved_count(m, i % SV), "activations (bf16)");
-    for (int l = 0; l < g->L && rc == BB_OK; l++) {
-        int si = g->seg_of[l];
-        const segment *s = &g->segs[si];
-        for (int k = 0; k < SV && rc == BB_OK; k++) {
-            uint16_t **at = &g->stash[l * SV + k];
-            if (s->recompute && l + 1 < s->end) *at = shared[(l - s->first) * SV + k];
-            else if (s->recompute) *at = k == out && si + 1 < g->S ? g->seg_packed[si + 1] : NULL;
-            else if (l + 1 < g->L && !(g->policy[l] == BB_RECOMPUTE_SELECTIVE && g->lay.dropped >> k & 1))
-                rc = alloc_bf16(m, at, bb_decoder_saved_count(m, k), "activations (bf16)");
-        }
-    }
-    free(shared);
     return rc;
 }
 
@@ -177,7 +153,7 @@ bb_status bb_decoder_create(bb_model_t *m)
         return bb_fail(BB_ERR_ARG, "micro-batch %d x --seq-len %d tokens is too many for one micro-step", m->B,
                        g->d.seq_len);
     g->L = g->d.layers;
-    g->bf16 = c->precision == BB_PRECISION_BF16;
+    g->dtype = model_act_dtype(m);
     g->k->block->layout(c, &g->lay);
     g->segs = calloc((size_t)g->L, sizeof *g->segs);
     g->seg_of = calloc((size_t)g->L, sizeof *g->seg_of);
@@ -185,10 +161,7 @@ bb_status bb_decoder_create(bb_model_t *m)
     g->block_tensor = calloc((size_t)g->L + 1, sizeof *g->block_tensor);
     g->act = calloc((size_t)g->L, sizeof *g->act);
     g->seg_in = calloc((size_t)g->L, sizeof *g->seg_in);
-    g->seg_packed = calloc((size_t)g->L, sizeof *g->seg_packed);
-    g->stash = calloc((size_t)g->L * g->lay.saved, sizeof *g->stash);
-    if (!g->segs || !g->seg_of || !g->policy || !g->block_tensor || !g->act || !g->seg_in || !g->seg_packed ||
-        !g->stash)
+    if (!g->segs || !g->seg_of || !g->policy || !g->block_tensor || !g->act || !g->seg_in)
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     BB_TRY(add_tensors(m, g));
     int pool = make_segments(m, g);
@@ -197,20 +170,18 @@ bb_status bb_decoder_create(bb_model_t *m)
     g->chunks = (int)((BT + (size_t)g->chunk - 1) / (size_t)g->chunk);
     for (int s = 0; s < g->S; s++) {
         if (s > 0 && !g->segs[s - 1].recompute) continue; /* the previous block's output is saved */
-        if (g->bf16) BB_TRY(alloc_bf16(m, &g->seg_packed[s], BT * C, "saved block inputs"));
-        else BB_TRY(alloc_f32(m, &g->seg_in[s], BT * C, "saved block inputs"));
+        BB_TRY(alloc_tensor(m, &g->seg_in[s], BT * C, "saved block inputs"));
     }
     BB_TRY(alloc_blocks(m, g, pool));
-    if (g->bf16) {
-        BB_TRY(alloc_f32(m, &g->x, BT * C, "activations"));
-        BB_TRY(alloc_stash(m, g, pool));
-    }
-    BB_TRY(alloc_f32(m, &g->normed, BT * C, "activations"));
+    BB_TRY(alloc_tensor(m, &g->normed, BT * C, "activations"));
     for (int s = 0; s < g->k->norm_stats; s++) BB_TRY(alloc_floats(m, &g->norm_stat[s], BT, "activations"));
-    BB_TRY(alloc_f32(m, &g->logits, (size_t)g->chunk * g->d.vocab, "logits (one chunk)"));
+    size_t logits = (size_t)g->chunk * g->d.vocab;
+    BB_TRY(alloc_tensor_of(m, &g->logits, logits, BB_DTYPE_F32, "logits (one chunk)"));
+    g->dlogits = g->logits;
+    if (g->dtype != BB_DTYPE_F32) BB_TRY(alloc_tensor(m, &g->dlogits, logits, "logits' gradient (one chunk)"));
     BB_TRY(alloc_act(m, (void **)&g->row_loss, BT * sizeof(double), "per-token losses"));
-    BB_TRY(alloc_f32(m, &g->dres, BT * C, "backward scratch"));
-    BB_TRY(alloc_f32(m, &g->dln, BT * C, "backward scratch"));
+    BB_TRY(alloc_tensor(m, &g->dres, BT * C, "backward scratch"));
+    BB_TRY(alloc_tensor(m, &g->dln, BT * C, "backward scratch"));
     g->computed_segment = g->last_block = -1;
     return BB_OK;
 }
@@ -224,7 +195,7 @@ void bb_decoder_destroy(bb_model_t *m)
     for (int i = 0; i < g->owned_count; i++) bb_backend_free(m->be, g->owned[i]);
     free(g->owned);
     free(g->segs), free(g->seg_of), free(g->policy), free(g->block_tensor), free(g->act), free(g->slots);
-    free(g->seg_in), free(g->seg_packed), free(g->stash);
+    free(g->seg_in);
     free(g);
     m->impl = NULL;
 }
@@ -249,18 +220,12 @@ void bb_decoder_block_costs(const bb_model_config *c, int micro_batch, bb_block_
     uint64_t stats = BT * stat_widths * 4, tensors = BT * widths, selective = BT * kept;
     uint64_t output = BT * (uint64_t)lay.width[lay.saved - 1];
     enum { N, S, F };
+    uint64_t es = c->precision == BB_PRECISION_BF16 ? 2 : 4; /* bytes of a tensor's element */
     memset(out, 0, sizeof *out);
-    if (c->precision == BB_PRECISION_BF16) { /* fp32 work buffers shared; saved tensors stashed in 2 bytes */
-        out->own[N] = stats + 2 * tensors, out->own[S] = stats + 2 * selective;
-        out->own_last[N] = out->own_last[S] = stats; /* the last block stays in the work buffers */
-        out->once[F] = stats;                        /* the recompute slot's statistics */
-        out->after_full = output * 2;                /* the packed input of the next block */
-    } else {
-        out->own[N] = out->own_last[N] = stats + 4 * tensors;
-        out->own[S] = out->own_last[S] = stats + 4 * selective;
-        out->once[S] = BT * scratch * 4;             /* the dropped tensors' shared scratch */
-        out->once[F] = stats + 4 * tensors;          /* the recompute slot */
-        out->after_full = output * 4;                /* the saved input of the next block */
-        out->last_full_spared = true;                /* no later 'f' overwrites the recompute slot */
-    }
+    out->own[N] = out->own_last[N] = stats + es * tensors;
+    out->own[S] = out->own_last[S] = stats + es * selective;
+    out->once[S] = BT * scratch * es;                /* the dropped tensors' shared scratch */
+    out->once[F] = stats + es * tensors;             /* the recompute slot */
+    out->after_full = output * es;                   /* the saved input of the next block */
+    out->last_full_spared = true;                    /* no later 'f' overwrites the recompute slot */
 }

@@ -25,16 +25,14 @@ typedef struct decoder_state {
     bb_block_acts **act;      /* (L) each block's activations: its own, or a recompute slot */
     bb_block_acts *slots;     /* (slot_count) saving blocks' own, then the recompute slots */
     int slot_count;
-    bb_tensor *seg_in;        /* (S) fp32: [0] the embedding, then the saved input of each segment after a
+    bb_tensor *seg_in;        /* (S): [0] the embedding, then the saved input of each segment after a
                                * recomputed one; none where the previous block's output is saved anyway */
-    bool bf16;
-    uint16_t **stash;         /* bf16: (L x saved) where block l's tensor k is packed; NULL: not packed
-                               * (recomputed, or still in the work buffers at its backward) */
-    uint16_t **seg_packed;    /* bf16: (S) packed segment inputs, NULL as seg_in */
-    bb_tensor x;              /* bf16: (BT,C) the input of the block being computed */
+    bb_dtype dtype;           /* the activations' (and their gradients'): bf16 under bf16 precision */
     bb_tensor normed;         /* (BT,C) the final norm's output */
     float *norm_stat[BB_BLOCK_MAX_STATS]; /* (BT) each */
-    bb_tensor logits;         /* (chunk, V): one chunk's logits, then their gradient */
+    bb_tensor logits;         /* (chunk, V) fp32: one chunk's logits (fp32: then their gradient, in place) */
+    bb_tensor dlogits;        /* (chunk, V): the logits' gradient, the head product's operand (bf16: a
+                               * buffer of its own; fp32: logits) */
     double *row_loss;         /* (BT): each token's loss, chunk by chunk; summed once per forward */
     int chunk, chunks;        /* tokens per chunk of the head + loss, and their number */
     float normalizer;         /* the last forward's, for the backward's recomputed chunks */

@@ -166,13 +166,14 @@ static bb_status gpt_norm_backward(bb_model_t *m, bb_tensor din, bb_tensor dout,
                                    int n, bool acc)
 {
     int lnf = bb_decoder_final_tensor(m), C = m->cfg.gpt.d_model;
-    BB_TRY(bb_backend_memset(m->be, din.data, 0, (size_t)n * C * sizeof(float)));
+    BB_TRY(bb_backend_memset(m->be, din.data, 0, (size_t)n * C * bb_dtype_size(din.dtype)));
     bb_op_layernorm_backward(m->be, din, F(model_grad(m, lnf)), F(model_grad(m, lnf + 1)), dout, in,
                              F(model_param(m, lnf)), stats[0], stats[1], n, C, acc);
     return BB_OK;
 }
 
 /* ---- the block ------------------------------------------------------------ */
+/* W: a norm's weight or a bias (fp32); PW: a product's weight (bf16 under bf16). */
 static void gpt_layout(const bb_model_config *c, bb_block_layout *out)
 {
     static const struct {
@@ -193,6 +194,7 @@ static void gpt_layout(const bb_model_config *c, bb_block_layout *out)
 }
 
 #define W(k) F(model_param(p->m, p->tensor + (k)))
+#define PW(k) model_weight(p->m, p->tensor + (k))
 #define D(k) F(model_grad(p->m, p->tensor + (k)))
 
 static void ln1_forward(bb_block_pass *p)
@@ -200,7 +202,6 @@ static void ln1_forward(bb_block_pass *p)
     bb_block_acts *a = p->a;
     bb_op_layernorm_forward(p->be, a->t[S_LN1], a->stat[LN1_MEAN], a->stat[LN1_RSTD], p->x, W(LN1_W), W(LN1_B), p->BT,
                             p->m->cfg.gpt.d_model);
-    bb_decoder_saved(p, S_LN1);
 }
 
 static void ln2_forward(bb_block_pass *p)
@@ -208,14 +209,12 @@ static void ln2_forward(bb_block_pass *p)
     bb_block_acts *a = p->a;
     bb_op_layernorm_forward(p->be, a->t[S_LN2], a->stat[LN2_MEAN], a->stat[LN2_RSTD], a->t[S_RES2], W(LN2_W),
                             W(LN2_B), p->BT, p->m->cfg.gpt.d_model);
-    bb_decoder_saved(p, S_LN2);
 }
 
 static void gelu_forward(bb_block_pass *p)
 {
     bb_op_activation_forward(p->be, BB_ACTIVATION_GELU_TANH, p->a->t[S_GELU], p->a->t[S_FCH],
                              (size_t)p->BT * 4 * p->m->cfg.gpt.d_model);
-    bb_decoder_saved(p, S_GELU);
 }
 
 static void gpt_block_forward(bb_block_pass *p)
@@ -226,21 +225,16 @@ static void gpt_block_forward(bb_block_pass *p)
     int C = c->d_model, BT = p->BT;
     size_t n = (size_t)BT * C;
     ln1_forward(p);
-    bb_op_linear_forward(be, a->t[S_QKV], a->t[S_LN1], W(ATTN_W), W(ATTN_B), BT, C, 3 * C);
-    bb_decoder_saved(p, S_QKV);
+    bb_op_linear_forward(be, a->t[S_QKV], a->t[S_LN1], PW(ATTN_W), W(ATTN_B), BT, C, 3 * C);
     bb_op_attention_forward(be, a->t[S_ATTY], a->stat[LSE], a->t[S_QKV], p->B, p->T, c->heads, c->heads,
                             C / c->heads);
-    bb_decoder_saved(p, S_ATTY);
-    bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], W(PROJ_W), W(PROJ_B), BT, C, C);
+    bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], PW(PROJ_W), W(PROJ_B), BT, C, C);
     bb_op_add(be, a->t[S_RES2], a->t[S_RES2], p->x, n);
-    bb_decoder_saved(p, S_RES2);
     ln2_forward(p);
-    bb_op_linear_forward(be, a->t[S_FCH], a->t[S_LN2], W(FC_W), W(FC_B), BT, C, 4 * C);
-    bb_decoder_saved(p, S_FCH);
+    bb_op_linear_forward(be, a->t[S_FCH], a->t[S_LN2], PW(FC_W), W(FC_B), BT, C, 4 * C);
     gelu_forward(p);
-    bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], W(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C);
+    bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], PW(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C);
     bb_op_add(be, a->t[S_RES3], a->t[S_RES3], a->t[S_RES2], n);
-    bb_decoder_saved(p, S_RES3);
 }
 
 /* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on
@@ -248,7 +242,7 @@ static void gpt_block_forward(bb_block_pass *p)
  * output once its product's weight gradient is formed, then fch once
  * GELU's backward has read it, and d(qkv) takes fch's place. A selective
  * block recomputes its GELU and LayerNorm outputs right before they are
- * read (fp32: both LayerNorms share one buffer), unless its forward was
+ * read (both LayerNorms share one buffer), unless its forward was
  * the last one to run and left them in place. */
 static void gpt_block_backward(bb_block_pass *p)
 {
@@ -259,22 +253,23 @@ static void gpt_block_backward(bb_block_pass *p)
     bool acc = p->accumulate, recompute = p->selective && !p->fresh;
     bb_tensor dfch = a->t[S_FCH], dqkv = a->t[S_FCH]; /* (BT,4C) and (BT,3C) */
     if (recompute) gelu_forward(p);
-    bb_op_linear_backward(be, a->t[S_GELU], D(FCPROJ_W), D(FCPROJ_B), p->dres, a->t[S_GELU], W(FCPROJ_W), BT, 4 * C,
-                          C, acc);
+    bb_op_linear_backward(be, a->t[S_GELU], D(FCPROJ_W), D(FCPROJ_B), p->dres, a->t[S_GELU], PW(FCPROJ_W), BT,
+                          4 * C, C, acc);
     bb_op_activation_backward(be, BB_ACTIVATION_GELU_TANH, dfch, a->t[S_GELU], a->t[S_FCH], (size_t)BT * 4 * C);
     if (recompute) ln2_forward(p);
-    bb_op_linear_backward(be, p->dln, D(FC_W), D(FC_B), dfch, a->t[S_LN2], W(FC_W), BT, C, 4 * C, acc);
+    bb_op_linear_backward(be, p->dln, D(FC_W), D(FC_B), dfch, a->t[S_LN2], PW(FC_W), BT, C, 4 * C, acc);
     bb_op_layernorm_backward(be, p->dres, D(LN2_W), D(LN2_B), p->dln, a->t[S_RES2], W(LN2_W), a->stat[LN2_MEAN],
                              a->stat[LN2_RSTD], BT, C, acc);
-    bb_op_linear_backward(be, p->dln, D(PROJ_W), D(PROJ_B), p->dres, a->t[S_ATTY], W(PROJ_W), BT, C, C, acc);
+    bb_op_linear_backward(be, p->dln, D(PROJ_W), D(PROJ_B), p->dres, a->t[S_ATTY], PW(PROJ_W), BT, C, C, acc);
     bb_op_attention_backward(be, dqkv, p->dln, a->t[S_QKV], a->t[S_ATTY], a->stat[LSE], p->B, p->T, c->heads,
                              c->heads, C / c->heads);
     if (p->selective && (!p->fresh || a->t[S_LN1].data == a->t[S_LN2].data)) ln1_forward(p);
-    bb_op_linear_backward(be, p->dln, D(ATTN_W), D(ATTN_B), dqkv, a->t[S_LN1], W(ATTN_W), BT, C, 3 * C, acc);
+    bb_op_linear_backward(be, p->dln, D(ATTN_W), D(ATTN_B), dqkv, a->t[S_LN1], PW(ATTN_W), BT, C, 3 * C, acc);
     bb_op_layernorm_backward(be, p->dres, D(LN1_W), D(LN1_B), p->dln, p->x, W(LN1_W), a->stat[LN1_MEAN],
                              a->stat[LN1_RSTD], BT, C, acc);
 }
 #undef W
+#undef PW
 #undef D
 
 /* ---- decoding: a position caches its qkv row (3d floats) ------------------ */

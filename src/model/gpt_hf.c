@@ -244,6 +244,7 @@ bb_status bb_model_load_hf(bb_model_t *m, const char *dir)
         }
     }
     if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
+    m->weights_stale = true;
     free(host);
     bb_st_unmap(&f);
     return rc;

@@ -257,6 +257,10 @@ bb_status bb_model_alloc_parameters(bb_model_t *m)
 {
     size_t bytes = m->param_count * sizeof(float);
     BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
+    if (m->cfg.precision == BB_PRECISION_BF16)
+        BB_TRY(bb_backend_alloc(m->be, m->param_count * sizeof(uint16_t), "parameters (bf16 copy)",
+                                (void **)&m->params16));
+    m->weights_stale = true;
     BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
     BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
     return bb_model_alloc_batches(m);
@@ -304,6 +308,7 @@ void bb_model_destroy(bb_model_t *m)
     if (!m) return;
     if (m->cfg.kind && m->cfg.kind->family->destroy) m->cfg.kind->family->destroy(m);
     bb_backend_free(m->be, m->params);
+    bb_backend_free(m->be, m->params16);
     bb_backend_free(m->be, m->grads);
     bb_model_free_batches(m);
     free(m->tensors);
@@ -315,7 +320,16 @@ int bb_model_micro_batch(const bb_model_t *m) { return m->B; }
 size_t bb_model_param_count(const bb_model_t *m) { return m->param_count; }
 int bb_model_tensor_count(const bb_model_t *m) { return m->tensor_count; }
 const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int i) { return &m->tensors[i]; }
-float *bb_model_params(bb_model_t *m) { return m->params; }
+float *bb_model_params(bb_model_t *m)
+{
+    m->weights_stale = true; /* the caller may write them */
+    return m->params;
+}
+void bb_model_weights_changed(bb_model_t *m) { m->weights_stale = true; }
+uint64_t bb_model_parameter_bytes(const bb_model_t *m)
+{
+    return (uint64_t)m->param_count * (sizeof(float) + (m->params16 ? sizeof(uint16_t) : 0));
+}
 float *bb_model_grads(bb_model_t *m) { return m->grads; }
 int bb_model_batch_targets(const bb_model_t *m) { return m->targets_valid; }
 uint64_t bb_model_activation_bytes(const bb_model_t *m) { return m->activation_bytes; }
@@ -331,8 +345,17 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
     bb_status rc = m->cfg.kind->family->init(m, seed, host);
     if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
+    m->weights_stale = true;
     free(host);
     return rc;
+}
+
+/* bf16: the products' weights from the parameters, when these changed. */
+static void refresh_weights(bb_model_t *m)
+{
+    if (!m->params16 || !m->weights_stale) return;
+    bb_op_convert(m->be, bb_bf16(m->params16), bb_f32(m->params), m->param_count);
+    m->weights_stale = false;
 }
 
 bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *correct)
@@ -340,6 +363,7 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
     if (!(normalizer > 0)) return bb_fail(BB_ERR_ARG, "the loss normalizer must be positive");
     if (correct) *correct = -1;
     m->recomputed_layers = m->selective_recomputes = 0;
+    refresh_weights(m);
     return m->cfg.kind->family->forward(m, normalizer, loss, correct);
 }
 
@@ -351,6 +375,7 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
     if (position < 0 || position >= positions)
         return bb_fail(BB_ERR_ARG, "logits at position %d: this %s has positions 0 to %d", position,
                        m->cfg.kind->name, positions - 1);
+    refresh_weights(m);
     BB_TRY(m->cfg.kind->family->forward(m, 1.0f, NULL, NULL));
     return m->cfg.kind->family->logits(m, position, host_logits);
 }

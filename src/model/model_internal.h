@@ -66,6 +66,8 @@ struct bb_model {
     bb_model_config cfg;
     int B;                   /* micro-batch */
     float *params, *grads;   /* device, param_count floats each */
+    uint16_t *params16;      /* bf16 precision: the parameters' bf16 copy, the products' weights; else NULL */
+    bool weights_stale;      /* params changed since params16 was made: the next forward remakes it */
     size_t param_count;
     bb_tensor_info *tensors;
     int tensor_count, tensor_capacity;
@@ -135,6 +137,16 @@ int bb_model_batch_rows(const bb_model_t *m);
 /* Allocates `bytes` of activations (counted in activation_bytes). */
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out);
 static inline float *model_param(bb_model_t *m, int tensor) { return m->params + m->tensors[tensor].offset; }
+/* A product's weight: the bf16 copy under bf16 precision, else the fp32 parameter. */
+static inline bb_tensor model_weight(bb_model_t *m, int tensor)
+{
+    return m->params16 ? bb_bf16(m->params16 + m->tensors[tensor].offset) : bb_f32(model_param(m, tensor));
+}
+/* The activations' dtype: bf16 under bf16 precision. */
+static inline bb_dtype model_act_dtype(const bb_model_t *m)
+{
+    return m->cfg.precision == BB_PRECISION_BF16 ? BB_DTYPE_BF16 : BB_DTYPE_F32;
+}
 /* Tells the trainer that gradients from `tensor` to the end are final. */
 static inline void model_grads_ready(bb_model_t *m, int tensor)
 {

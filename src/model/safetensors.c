@@ -279,6 +279,7 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
                                : bb_backend_copy(m->be, m->params + t->offset, f.data + e->begin,
                                                  t->count * sizeof(float), BB_COPY_H2D);
         }
+    m->weights_stale = true;
     bb_st_unmap(&f);
     return rc;
 }

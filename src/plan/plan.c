@@ -66,7 +66,8 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     bb_status rc;
     BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
     BB_TRY_GOTO(bb_model_create(be, c, micro_batch, &m), rc, done);
-    uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float);
+    uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float),
+             weights = bb_model_parameter_bytes(m);
     bb_param_shard shard = {0};
     if (shards > 1) BB_TRY_GOTO(largest_shard(m, shards, bucket_bytes, opt, rule, &shard), rc, done);
     BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, shards > 1 ? &shard : NULL, &o), rc,
@@ -74,9 +75,10 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     out->optimizer = bb_backend_bytes_in_use(be) - model_bytes;
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
     BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
-    out->parameters = out->gradients = P;
+    out->parameters = weights; /* bf16: and their bf16 copy */
+    out->gradients = P;
     out->activations = bb_model_activation_bytes(m);
-    out->batches = model_bytes - 2 * P - out->activations;
+    out->batches = model_bytes - weights - P - out->activations;
     out->workspace = bb_backend_workspace_bytes(be);
     out->total = bb_backend_peak_bytes(be) + out->workspace;
     out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);

@@ -474,9 +474,12 @@ static void print_start(const trainer *t)
         fprintf(p, "; %d gradient bucket%s%s", bb_reducer_bucket_count(t->reducer), bb_reducer_bucket_count(t->reducer) > 1 ? "s" : "",
                 t->o->no_overlap ? ", no overlap" : "");
     char act[24];
-    fprintf(p, "\ntrain: data %s (%s); activations %s per device%s\n", t->o->data, bb_loader_io_description(t->loader),
+    fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
-            t->cfg.precision == BB_PRECISION_BF16 ? " (kept in bf16)" : "");
+            t->cfg.precision == BB_PRECISION_BF16 ? " (bf16)" : "");
+    if (t->cfg.precision == BB_PRECISION_BF16)
+        fprintf(p, "; products: %s", bb_backend_bf16_products(t->replicas[0].be));
+    fputc('\n', p);
     fflush(p);
 }
 

@@ -208,6 +208,7 @@ static bb_status optimizer_step(replica *r, uint64_t step)
     st->grad_norm = sqrt(sum);
     bb_optimizer_apply(r->be, r->model, &r->opt, step, t->total_steps, st->grad_norm, &st->lr);
     if (red && t->o->zero && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
+    bb_model_weights_changed(r->model);
     return BB_OK;
 }
 

@@ -59,8 +59,8 @@ struct gemm_call {
     long long sa, sb, sc;
     float alpha, beta;
     const void *A, *B;
-    float *C;
-    cudaDataType at, bt;
+    void *C;
+    cudaDataType at, bt, ct;
     rounding round;
 };
 
@@ -95,7 +95,7 @@ void run_gemm(void *ctx)
         const char *which;
         const void *p;
         size_t bytes;
-    } mats[] = {{"A", g.A, na * type_bytes(g.at)}, {"B", g.B, nb * type_bytes(g.bt)}, {"C", g.C, nc * 4}};
+    } mats[] = {{"A", g.A, na * type_bytes(g.at)}, {"B", g.B, nb * type_bytes(g.bt)}, {"C", g.C, nc * type_bytes(g.ct)}};
     for (const auto &x : mats) {
         const char *why = "";
         if (x.bytes && !bbemu_device_range(x.p, x.bytes, g.device, &why)) {
@@ -106,10 +106,26 @@ void run_gemm(void *ctx)
     }
     std::vector<float> ta, tb;
     const float *A = operand(g.A, g.at, na, g.round, ta), *B = operand(g.B, g.bt, nb, g.round, tb);
+    // a bf16 C: summed in fp32 from its widened values, rounded once (nearest, ties to even)
+    std::vector<float> tc;
+    float *C = g.ct == CUDA_R_32F ? static_cast<float *>(g.C) : nullptr;
+    if (!C) {
+        tc.resize(nc);
+        for (size_t i = 0; i < nc; i++) tc[i] = g.beta != 0.0f ? from_bf16(static_cast<const uint16_t *>(g.C)[i]) : 0.0f;
+        C = tc.data();
+    }
     for (int i = 0; i < g.batch; i++)
         cblas_sgemm(CblasColMajor, g.ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                     g.tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, g.m, g.n, g.k, g.alpha, A + (size_t)i * g.sa,
-                    g.lda, B + (size_t)i * g.sb, g.ldb, g.beta, g.C + (size_t)i * g.sc, g.ldc);
+                    g.lda, B + (size_t)i * g.sb, g.ldb, g.beta, C + (size_t)i * g.sc, g.ldc);
+    if (!tc.empty())
+        for (size_t i = 0; i < nc; i++) {
+            uint32_t u;
+            memcpy(&u, &tc[i], 4);
+            uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            static_cast<uint16_t *>(g.C)[i] = h;
+        }
 }
 
 cublasStatus_t gemm(cublasHandle_t h, const char *name, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
@@ -123,12 +139,13 @@ cublasStatus_t gemm(cublasHandle_t h, const char *name, cublasOperation_t ta, cu
         return CUBLAS_STATUS_INVALID_VALUE;
     int ar = ta == CUBLAS_OP_N ? m : k, br = tb == CUBLAS_OP_N ? k : n;
     if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1)) return CUBLAS_STATUS_INVALID_VALUE;
-    if ((at != CUDA_R_32F && at != CUDA_R_16BF) || (bt != CUDA_R_32F && bt != CUDA_R_16BF) || ct != CUDA_R_32F)
+    if ((at != CUDA_R_32F && at != CUDA_R_16BF) || (bt != CUDA_R_32F && bt != CUDA_R_16BF) ||
+        (ct != CUDA_R_32F && ct != CUDA_R_16BF))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     bbemu_count("blas_calls", 1);
     if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
     gemm_call *g = new gemm_call{name, h->device, ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, *alpha, *beta,
-                                 A, B, static_cast<float *>(C), at, bt, round};
+                                 A, B, C, at, bt, ct, round};
     cudaError_t e = bbemu_enqueue_host(
         h->stream, name, run_gemm, [](void *p) { delete static_cast<gemm_call *>(p); }, g, 1);
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;

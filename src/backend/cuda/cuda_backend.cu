@@ -45,6 +45,8 @@ struct cuda_state {
     bool cudnn_off;
     uint16_t *attn16;
     size_t attn16_bytes;
+    float *attn32; // bf16 tensors on the tiled attention kernels: their fp32 copies
+    size_t attn32_bytes;
     void *cudnn_ws;
     size_t cudnn_ws_bytes;
     double *partial;            // sum_squares: kPartials block sums
@@ -115,7 +117,7 @@ static_assert(BBK_COLUMN_CHUNKS == 64, "cuda_sizes.c counts 64 column chunks");
 uint64_t cuda_workspace_bytes(const bb_backend_t *b)
 {
     const cuda_state *s = static_cast<const cuda_state *>(b->impl);
-    return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + s->attn16_bytes + s->cudnn_ws_bytes +
+    return s->row_loss_bytes + s->columns_bytes + s->sort_bytes + s->attn16_bytes + s->attn32_bytes + s->cudnn_ws_bytes +
            (kPartials + kRanges) * sizeof(double) + (uint64_t(32) << 20);
 }
 
@@ -135,7 +137,8 @@ bb_status cuda_reserve_scratch(bb_backend_t *b, size_t rows, size_t width)
 }
 
 // One GEMM (or a strided batch of them), column-major as cuBLAS: fp32
-// throughout, or on bf16 tensor cores with fp32 in and out (--precision bf16).
+// throughout, or on bf16 tensor cores with fp32 in and out (fp32 tensors
+// under the backend's bf16 precision).
 void gemm(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
           const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
           long long sc, int batch, const char *op)
@@ -153,6 +156,17 @@ void gemm(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, in
                         : cublasSgemmStridedBatched(h, ta, tb, m, n, k, &alpha, A, lda, sa, B, ldb, sb, &beta, C, ldc,
                                                     sc, batch);
     bb_cublas_note(b, st, op);
+}
+
+// A GEMM of bf16 tensors A and B (tensor cores), C bf16 or fp32, fp32 sums.
+void gemm16(bb_backend_t *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A, int lda,
+            const void *B, int ldb, float beta, void *C, bb_dtype c_dtype, int ldc, const char *op)
+{
+    float alpha = 1.0f;
+    cudaDataType_t ct = c_dtype == BB_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    bb_cublas_note(b, cublasGemmEx(state(b)->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
+                                   &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   op);
 }
 
 // ---- memory ----------------------------------------------------------------
@@ -259,6 +273,7 @@ void cuda_destroy(bb_backend_t *b)
     cudaFree(s->row_loss);
     cudaFree(s->sort);
     cudaFree(s->attn16);
+    cudaFree(s->attn32);
     cudaFree(s->cudnn_ws);
     bb_cudnn_close(s->cudnn);
     cudaFree(s->partial);
@@ -331,9 +346,15 @@ void cuda_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor
 {
     use(b);
     float beta = 0.0f;
-    if (bias.data) {
-        BB_CUDA_OP(b, bbk_broadcast_rows(compute(b), f32(out), f32(bias), N, OC));
+    bool bf16_out = out.dtype == BB_DTYPE_BF16;
+    if (bias.data) { // C starts as the bias (bf16 out: the bias rounded to bf16), then beta 1
+        BB_CUDA_OP(b, bbk_broadcast_rows(compute(b), bf16_out, out.data, f32(bias), N, OC));
         beta = 1.0f;
+    }
+    if (in.dtype == BB_DTYPE_BF16) {
+        gemm16(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w.data, IC, in.data, IC, beta, out.data, out.dtype, OC,
+               "linear_forward");
+        return;
     }
     gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, 1.0f, f32(w), IC, 0, f32(in), IC, 0, beta, f32(out), OC, 0, 1,
          "linear_forward");
@@ -345,21 +366,36 @@ void cuda_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_t
     use(b);
     float *din = f32(din_t), *dw = f32(dw_t), *dbias = f32(dbias_t), *dout = f32(dout_t), *in = f32(in_t),
           *w = f32(w_t);
+    bool bf16 = dout_t.dtype == BB_DTYPE_BF16;
+    if (bf16) { // as below, on bf16 operands: dw and dbias fp32, din bf16
+        if (dw)
+            gemm16(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, in_t.data, IC, dout_t.data, OC, accumulate ? 1.0f : 0.0f, dw,
+                   BB_DTYPE_F32, IC, "linear_backward dw");
+        float *scratch = dbias ? column_scratch(b, (size_t)OC) : NULL;
+        if (scratch) BB_CUDA_OP(b, bbk_column_sums(compute(b), true, dbias, scratch, dout_t.data, N, OC, accumulate));
+        if (din_t.data)
+            gemm16(b, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w_t.data, IC, dout_t.data, OC, 0.0f, din_t.data,
+                   BB_DTYPE_BF16, IC, "linear_backward din");
+        return;
+    }
     // dwᵀ (IC,OC) += inᵀ (IC,N) · dout (N,OC); before din, which may alias in
     gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, in, IC, 0, dout, OC, 0, accumulate ? 1.0f : 0.0f, dw, IC, 0, 1,
          "linear_backward dw");
     float *scratch = dbias ? column_scratch(b, (size_t)OC) : NULL;
-    if (scratch) BB_CUDA_OP(b, bbk_column_sums(compute(b), dbias, scratch, dout, N, OC, accumulate));
+    if (scratch) BB_CUDA_OP(b, bbk_column_sums(compute(b), false, dbias, scratch, dout, N, OC, accumulate));
     if (din) // dinᵀ (IC,N) = wᵀ (IC,OC) · doutᵀ (OC,N)
         gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, w, IC, 0, dout, OC, 0, 0.0f, din, IC, 0, 1,
              "linear_backward din");
 }
 
 // ---- attention ---------------------------------------------------------------
-// bf16: cuDNN's fused SDPA when it loads and takes the shape, on bf16
-// copies of the operands (the activations are bf16 values already, so the
-// copies are exact); else, and in fp32, the tiled kernels of
-// cuda_attention.cu. A process warns once when cuDNN is not used.
+// bf16 tensors: cuDNN's fused SDPA on them when it loads and takes the
+// shape; else the tiled kernels of cuda_attention.cu on fp32 copies (their
+// operands rounded to bf16 as tensor cores take them: exact on bf16
+// values), the outputs rounded back — the one op that still converts (bf16
+// tiles in these kernels are the next issue's). fp32 tensors under the
+// backend's bf16 precision: cuDNN on bf16 copies of them. A process warns
+// once when cuDNN is not used.
 std::atomic<bool> cudnn_warned{false};
 
 void warn_no_cudnn(bb_backend_t *b, const char *why)
@@ -369,15 +405,15 @@ void warn_no_cudnn(bb_backend_t *b, const char *why)
 
 // cuDNN, its operands' scratch and workspace for this shape; NULL: our kernels.
 // Multi-head attention only (KVH = NH): grouped-query runs on our kernels.
-bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int NH, int KVH, int HS, uint16_t **ops, void **ws,
-                    size_t *ws_bytes)
+bb_cudnn *cudnn_for(bb_backend_t *b, bool bf16_tensors, int B, int T, int NH, int KVH, int HS, uint16_t **ops,
+                    void **ws, size_t *ws_bytes)
 {
     cuda_state *s = state(b);
     int C = NH * HS;
-    if (b->opt.precision != BB_PRECISION_BF16 || b->opt.attention == BB_ATTENTION_KERNELS || s->cudnn_off ||
-        KVH != NH)
+    if ((b->opt.precision != BB_PRECISION_BF16 && !bf16_tensors) || b->opt.attention == BB_ATTENTION_KERNELS ||
+        s->cudnn_off || KVH != NH)
         return nullptr;
-    size_t fwd = 0, bwd = 0, halves = 8 * (size_t)B * T * C;
+    size_t fwd = 0, bwd = 0, halves = bf16_tensors ? 0 : 8 * (size_t)B * T * C;
     if ((!s->cudnn && bb_cudnn_open(compute(b), &s->cudnn) != BB_OK) ||
         bb_cudnn_attention_workspace(s->cudnn, B, T, NH, C / NH, &fwd, &bwd) != BB_OK) {
         if (b->opt.attention == BB_ATTENTION_CUDNN) /* asked for: its failure is the op's */
@@ -387,7 +423,8 @@ bb_cudnn *cudnn_for(bb_backend_t *b, int B, int T, int NH, int KVH, int HS, uint
         s->cudnn_off = true;
         return nullptr;
     }
-    if (!grow(b, (void **)&s->attn16, &s->attn16_bytes, halves * sizeof(uint16_t), "cuDNN attention's bf16 operands") ||
+    if ((halves && !grow(b, (void **)&s->attn16, &s->attn16_bytes, halves * sizeof(uint16_t),
+                         "cuDNN attention's bf16 operands")) ||
         !grow(b, &s->cudnn_ws, &s->cudnn_ws_bytes, fwd > bwd ? fwd : bwd, "cuDNN attention's workspace"))
         return nullptr;
     uint64_t counted = bb_cuda_attention_bytes(B, T, C, NH), real = s->attn16_bytes + s->cudnn_ws_bytes;
@@ -407,6 +444,15 @@ const char *cuda_attention_engine(bb_backend_t *b)
     return s->cudnn && !s->cudnn_off ? bb_cudnn_version() : nullptr;
 }
 
+// bf16 tensors on the tiled kernels: `total` floats for their fp32 copies.
+float *attention_f32(bb_backend_t *b, size_t total)
+{
+    cuda_state *s = state(b);
+    return grow(b, (void **)&s->attn32, &s->attn32_bytes, total * sizeof(float), "attention's fp32 operands (bf16)")
+               ? s->attn32
+               : nullptr;
+}
+
 void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_tensor qkv_t, int B, int T, int NH,
                             int KVH, int HS)
 {
@@ -414,8 +460,25 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
     uint16_t *ops;
     void *ws;
     float *out = f32(out_t), *qkv = f32(qkv_t);
-    size_t ws_bytes, n = (size_t)B * T * NH * HS;
-    if (bb_cudnn *c = cudnn_for(b, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes)) {
+    size_t ws_bytes, n = (size_t)B * T * NH * HS, nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+    bool bf16 = qkv_t.dtype == BB_DTYPE_BF16;
+    bb_cudnn *c = cudnn_for(b, bf16, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes);
+    if (c && bf16) {
+        bb_status rc = bb_cudnn_attention_forward(c, static_cast<const uint16_t *>(qkv_t.data),
+                                                  static_cast<uint16_t *>(out_t.data), lse, B, T, NH, HS, ws, ws_bytes);
+        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_forward: %s", b->name, bb_error_message());
+        return;
+    }
+    if (bf16) {
+        float *f = attention_f32(b, nqkv + n);
+        if (!f) return;
+        cudaStream_t st = compute(b);
+        BB_CUDA_OP(b, bbk_bf16_unpack(st, f, static_cast<const uint16_t *>(qkv_t.data), nqkv));
+        BB_CUDA_OP(b, bbk_attention_forward(st, f + nqkv, lse, f, B, T, NH, KVH, HS, true));
+        BB_CUDA_OP(b, bbk_bf16_pack(st, static_cast<uint16_t *>(out_t.data), f + nqkv, n));
+        return;
+    }
+    if (c) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n;
         BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, 3 * n));
         bb_status rc = bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, HS, ws, ws_bytes);
@@ -440,8 +503,30 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
     uint16_t *ops;
     void *ws;
     float *dqkv = f32(dqkv_t), *dout = f32(dout_t), *qkv = f32(qkv_t), *out = f32(out_t);
-    size_t ws_bytes, n = (size_t)B * T * NH * HS;
-    if (bb_cudnn *c = cudnn_for(b, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes)) {
+    size_t ws_bytes, n = (size_t)B * T * NH * HS, nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+    bool bf16 = qkv_t.dtype == BB_DTYPE_BF16;
+    bb_cudnn *c = cudnn_for(b, bf16, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes);
+    if (c && bf16) {
+        bb_status rc = bb_cudnn_attention_backward(
+            c, static_cast<const uint16_t *>(qkv_t.data), static_cast<const uint16_t *>(out_t.data),
+            static_cast<const uint16_t *>(dout_t.data), lse, static_cast<uint16_t *>(dqkv_t.data), B, T, NH, HS, ws,
+            ws_bytes);
+        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_backward: %s", b->name, bb_error_message());
+        return;
+    }
+    if (bf16) {
+        float *f = attention_f32(b, 2 * nqkv + 2 * n); // qkv, out, dout, dqkv
+        if (!f) return;
+        cudaStream_t st = compute(b);
+        float *fq = f, *fo = f + nqkv, *fd = fo + n, *fdq = fd + n;
+        BB_CUDA_OP(b, bbk_bf16_unpack(st, fq, static_cast<const uint16_t *>(qkv_t.data), nqkv));
+        BB_CUDA_OP(b, bbk_bf16_unpack(st, fo, static_cast<const uint16_t *>(out_t.data), n));
+        BB_CUDA_OP(b, bbk_bf16_unpack(st, fd, static_cast<const uint16_t *>(dout_t.data), n));
+        BB_CUDA_OP(b, bbk_attention_backward(st, fdq, fd, fq, fo, lse, B, T, NH, KVH, HS, true));
+        BB_CUDA_OP(b, bbk_bf16_pack(st, static_cast<uint16_t *>(dqkv_t.data), fdq, nqkv));
+        return;
+    }
+    if (c) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n, *dout16 = ops + 4 * n, *dqkv16 = ops + 5 * n;
         cudaStream_t st = compute(b);
         BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, 3 * n));
@@ -458,28 +543,30 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
 
 // ---- the other ops -----------------------------------------------------------
 // forward: out = act(x); backward: out = x · act'(in) (x is dout). ops.def checked `act`.
-void activation(bb_backend_t *b, bb_activation act, bool backward, float *out, const float *x, const float *in,
+void activation(bb_backend_t *b, bb_activation act, bool backward, bb_tensor out, bb_tensor x, const void *in,
                 size_t n)
 {
     use(b);
-    bb_cuda_note(b, bbk_activation(compute(b), (int)act, backward, out, x, in, n), bb_activation_op_name(act, backward));
+    bb_cuda_note(b, bbk_activation(compute(b), x.dtype == BB_DTYPE_BF16, (int)act, backward, out.data, x.data, in, n),
+                 bb_activation_op_name(act, backward));
 }
 
 void cuda_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor in, size_t n)
 {
-    activation(b, act, false, f32(out), f32(in), nullptr, n);
+    activation(b, act, false, out, in, nullptr, n);
 }
 
 void cuda_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor din, bb_tensor dout, bb_tensor in, size_t n)
 {
-    activation(b, act, true, f32(din), f32(dout), f32(in), n);
+    activation(b, act, true, din, dout, in.data, n);
 }
 
 void cuda_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *rstd, bb_tensor in, bb_tensor w,
                             bb_tensor bias, int N, int C)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), f32(out), mean, rstd, f32(in), f32(w), f32(bias), N, C));
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), in.dtype == BB_DTYPE_BF16, out.data, mean, rstd, in.data, f32(w),
+                                        f32(bias), N, C));
 }
 
 void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
@@ -489,15 +576,16 @@ void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_te
     use(b);
     float *scratch = column_scratch(b, (size_t)C);
     if (scratch)
-        BB_CUDA_OP(b, bbk_layernorm_backward(compute(b), f32(din), f32(dw), f32(dbias), scratch, f32(dout), f32(in),
-                                             f32(w), mean, rstd, N, C, accumulate));
+        BB_CUDA_OP(b, bbk_layernorm_backward(compute(b), in.dtype == BB_DTYPE_BF16, din.data, f32(dw), f32(dbias),
+                                             scratch, dout.data, in.data, f32(w), mean, rstd, N, C, accumulate));
 }
 
 void cuda_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe, int B,
                             int T, int C)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_embedding_forward(compute(b), f32(out), tokens, f32(wte), f32(wpe), B, T, C));
+    BB_CUDA_OP(b, bbk_embedding_forward(compute(b), out.dtype == BB_DTYPE_BF16, out.data, tokens, f32(wte), f32(wpe), B,
+                                        T, C));
 }
 
 // The token table's gradient is an ordered reduction: positions sorted by
@@ -508,17 +596,19 @@ void cuda_embedding_backward(bb_backend_t *b, bb_tensor dwte_t, bb_tensor dwpe_t
                              bool accumulate_wpe)
 {
     use(b);
-    float *dwte = f32(dwte_t), *dwpe = f32(dwpe_t), *dout = f32(dout_t);
+    float *dwte = f32(dwte_t), *dwpe = f32(dwpe_t);
+    const void *dout = dout_t.data;
+    bool bf16 = dout_t.dtype == BB_DTYPE_BF16;
     cudaStream_t s = compute(b);
     void *sort = sort_scratch(b, (size_t)B * T);
     if (!sort) return;
     // Overwriting means the whole table: rows no token (position) touched become 0.
     if (!accumulate_wte) BB_CUDA_OP(b, cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s));
-    BB_CUDA_OP(b, bbk_embedding_backward_wte(s, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes));
+    BB_CUDA_OP(b, bbk_embedding_backward_wte(s, bf16, dwte, dout, tokens, B * T, C, V, sort, state(b)->sort_bytes));
     if (!dwpe) return; // no position table
     if (!accumulate_wpe && maxT > T)
         BB_CUDA_OP(b, cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(maxT - T) * C * sizeof(float), s));
-    BB_CUDA_OP(b, bbk_embedding_backward_wpe(s, dwpe, dout, B, T, C, accumulate_wpe));
+    BB_CUDA_OP(b, bbk_embedding_backward_wpe(s, bf16, dwpe, dout, B, T, C, accumulate_wpe));
 }
 
 void cuda_records_to_tokens(bb_backend_t *b, int32_t *tokens, int32_t *targets, const uint8_t *records, int count,
@@ -538,19 +628,20 @@ void cuda_records_to_images(bb_backend_t *b, bb_tensor features, int32_t *labels
 void cuda_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_add(compute(b), f32(out), f32(x), f32(y), n));
+    BB_CUDA_OP(b, bbk_add(compute(b), x.dtype == BB_DTYPE_BF16, out.data, x.data, y.data, n));
 }
 
-void cuda_bf16_round(bb_backend_t *b, bb_tensor x, bb_tensor packed, size_t n)
+void cuda_convert(bb_backend_t *b, bb_tensor out, bb_tensor in, size_t n)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_bf16_round(compute(b), f32(x), static_cast<uint16_t *>(packed.data), n));
-}
-
-void cuda_bf16_unpack(bb_backend_t *b, bb_tensor out, bb_tensor packed, size_t n)
-{
-    use(b);
-    BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), f32(out), static_cast<const uint16_t *>(packed.data), n));
+    if (out.dtype == in.dtype) {
+        if (out.data != in.data)
+            BB_CUDA_OP(b, cudaMemcpyAsync(out.data, in.data, n * bb_dtype_size(in.dtype), cudaMemcpyDeviceToDevice,
+                                          compute(b)));
+    } else if (out.dtype == BB_DTYPE_BF16)
+        BB_CUDA_OP(b, bbk_bf16_pack(compute(b), static_cast<uint16_t *>(out.data), f32(in), n));
+    else
+        BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), f32(out), static_cast<const uint16_t *>(in.data), n));
 }
 
 // The loss leaves the device as one double: per-row losses (in double, as
@@ -559,20 +650,22 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, bb_tensor dlogits_
                                const int32_t *targets, int N, int V, float normalizer, int *valid)
 {
     use(b);
-    float *dlogits = f32(dlogits_t), *logits = f32(logits_t);
+    void *dlogits = dlogits_t.data;
+    bool bf16 = dlogits_t.dtype == BB_DTYPE_BF16;
+    float *logits = f32(logits_t);
     cuda_state *s = state(b);
     cudaStream_t st = compute(b);
     if (loss) *loss = NAN;
     if (valid) *valid = 0;
     if (!loss && !valid) { // the gradient alone: nothing to wait for
         double *rows = row_scratch(b, (size_t)N);
-        if (rows) BB_CUDA_OP(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+        if (rows) BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
         return;
     }
     double *rows = row_scratch(b, (size_t)N);
     if (!rows) return;
     BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
-    BB_CUDA_OP(b, bbk_softmax_crossentropy(st, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
     BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, N));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
@@ -587,7 +680,7 @@ void cuda_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits
                             const int32_t *targets, int N, int V, float normalizer)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), row_loss, f32(dlogits), f32(logits), targets, N, V, normalizer,
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), dlogits.dtype == BB_DTYPE_BF16, row_loss, dlogits.data, f32(logits), targets, N, V, normalizer,
                                            state(b)->counter));
 }
 
@@ -685,6 +778,7 @@ bb_backend_vtable make_vtable()
     v.event_synchronize = cuda_event_synchronize;
     v.event_elapsed = cuda_event_elapsed;
     v.attention_engine = cuda_attention_engine;
+    v.bf16_products = [] { return "cuBLAS bf16 (tensor cores)"; };
     v.native_stream = cuda_native_stream;
 #define BB_OP(name, ...) v.name = cuda_##name;
 #define BB_OP_VALUE(type, name, ...) v.name = cuda_##name;
