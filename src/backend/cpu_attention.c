@@ -194,8 +194,7 @@ static bool widen_add(widened *w, bb_tensor *t, size_t n, bool out)
     w->t[k] = t, w->orig[k] = *t, w->n[k] = n, w->out[k] = out;
     float *f = malloc(n * sizeof *f);
     if (!f) return false;
-    if (!out)
-        for (size_t i = 0; i < n; i++) f[i] = bb_bf16_to_float(((const uint16_t *)t->data)[i]);
+    if (!out) bb_bf16_widen(f, t->data, n);
     *t = bb_f32(f);
     return true;
 }
@@ -206,8 +205,7 @@ static void widen_end(widened *w, bool done)
     for (int k = 0; k < w->count; k++) {
         if (w->t[k]->data == w->orig[k].data) continue; /* its copy was never made */
         const float *f = w->t[k]->data;
-        if (done && w->out[k])
-            for (size_t i = 0; i < w->n[k]; i++) ((uint16_t *)w->orig[k].data)[i] = bb_bf16_from_float(f[i]);
+        if (done && w->out[k]) bb_bf16_narrow(w->orig[k].data, f, w->n[k]);
         free(w->t[k]->data);
         *w->t[k] = w->orig[k];
     }

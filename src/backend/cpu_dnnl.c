@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cpu_dnnl.h"
+#include "cpu_math.h"
 
 enum { CACHE = 96 };
 
@@ -176,8 +177,8 @@ static bool fp32_gemm(const bb_cpu_bf16_gemm *g)
     float *a = malloc(an * sizeof *a), *b = malloc(bn * sizeof *b), *c = malloc(cn * sizeof *c);
     bool ok = a && b && c;
     if (ok) {
-        for (size_t i = 0; i < an; i++) a[i] = bb_bf16_to_float(g->A[i]);
-        for (size_t i = 0; i < bn; i++) b[i] = bb_bf16_to_float(g->B[i]);
+        bb_bf16_widen(a, g->A, an);
+        bb_bf16_widen(b, g->B, bn);
         for (int r = 0; r < g->M; r++)
             for (int j = 0; j < g->N; j++) {
                 float v = g->bias ? g->bias[j] : 0.0f;

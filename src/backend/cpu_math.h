@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bigbatch/backend.h"
+
 static inline float bb_expf(float x)
 {
     /* Below -87.3 the result is 0 (no denormals); above 88.37 it is +inf;
@@ -52,6 +54,18 @@ static inline double bb_sum_squares_f32(const float *x, size_t n)
     for (; i < n; i++) s += (double)x[i] * x[i];
     for (int k = 0; k < BB_SUM_LANES; k++) s += lane[k];
     return s;
+}
+
+/* n bf16 values widened to fp32 (exact), and n fp32 values rounded to
+ * bf16 (backend.h's rounding): the CPU ops' conversions. */
+static inline void bb_bf16_widen(float *out, const uint16_t *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(in[i]);
+}
+
+static inline void bb_bf16_narrow(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_from_float(in[i]);
 }
 
 #endif

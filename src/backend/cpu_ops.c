@@ -160,15 +160,6 @@ static void ew_run(bb_backend_t *b, ew_args *a)
 #define H16(t) ((uint16_t *)(t).data)
 #define IS_BF16(t) ((t).dtype == BB_DTYPE_BF16)
 
-static void widen(float *out, const uint16_t *in, size_t n)
-{
-    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_to_float(in[i]);
-}
-
-static void narrow(uint16_t *out, const float *in, size_t n)
-{
-    for (size_t i = 0; i < n; i++) out[i] = bb_bf16_from_float(in[i]);
-}
 
 /* An element-wise op whose output x and inputs a, c (c may be NULL) are
  * all of `dtype`: bf16 runs the fp32 range on widened blocks of
@@ -189,10 +180,10 @@ static void bf16_ew_range(const ew_args *ea, size_t lo, size_t hi, int slice)
     local.x = x, local.a = a, local.c = w->c ? c : NULL;
     for (size_t b0 = lo; b0 < hi; b0 += BF16_BLOCK) {
         size_t n = hi - b0 < BF16_BLOCK ? hi - b0 : BF16_BLOCK;
-        widen(a, w->a + b0, n);
-        if (w->c) widen(c, w->c + b0, n);
+        bb_bf16_widen(a, w->a + b0, n);
+        if (w->c) bb_bf16_widen(c, w->c + b0, n);
         w->fp32(&local, 0, n, slice);
-        narrow(w->x + b0, x, n);
+        bb_bf16_narrow(w->x + b0, x, n);
     }
 }
 
@@ -362,13 +353,25 @@ typedef struct ln_args {
     ew_args e;
     const float *bias, *mean, *rstd, *dout;
     float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
-    bool bf16;                       /* in, out (din, dout) are bf16: rows widened into `rows` */
+    bool bf16;                       /* in, out (din, dout) are bf16: rows widened into scratch */
+    atomic_bool *no_memory;          /* bf16: a range found no scratch (the op notes it) */
 } ln_args;
 
-/* bf16 rows: k rows of C floats of scratch for one range; NULL (noted) when out of memory. */
-static float *row_scratch(int k, int C)
+/* bf16 rows: k rows of C floats of scratch for one range; NULL (flagged) when out of memory. */
+static float *row_scratch(const ln_args *a, int k, int C)
 {
-    return malloc((size_t)k * C * sizeof(float));
+    float *rows = malloc((size_t)k * C * sizeof(float));
+    if (!rows) atomic_store(a->no_memory, true);
+    return rows;
+}
+
+static void ln_run(bb_backend_t *b, ln_args *a, const char *op)
+{
+    atomic_bool no_memory;
+    atomic_init(&no_memory, false);
+    a->no_memory = &no_memory;
+    ew_run(b, &a->e);
+    if (atomic_load(&no_memory)) bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for its rows", op);
 }
 
 static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
@@ -377,13 +380,13 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
     const ln_args *a = (const ln_args *)ea;
     int C = ea->C;
     const float *in = ea->a, *w = ea->c, *bias = a->bias;
-    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(2, C) : NULL;
-    if (a->bf16 && !rows) return; /* the op notes it: mean[lo] stays NaN */
+    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(a, 2, C) : NULL;
+    if (a->bf16 && !rows) return;
     for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C;
         float *y = out + (size_t)n * C;
         if (a->bf16) {
-            widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
+            bb_bf16_widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
             x = rows, y = rows + C;
         }
         float m = 0.0f, var = 0.0f;
@@ -392,7 +395,7 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
         for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
         float s = 1.0f / sqrtf(var / C + LN_EPS);
         for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
-        if (a->bf16) narrow((uint16_t *)ea->x + (size_t)n * C, y, (size_t)C);
+        if (a->bf16) bb_bf16_narrow((uint16_t *)ea->x + (size_t)n * C, y, (size_t)C);
         mean[n] = m;
         rstd[n] = s;
     }
@@ -405,10 +408,7 @@ void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float
     ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(in),
                        .c = F32(w), .n = (size_t)N, .C = C},
                  .bias = F32(bias), .bf16 = IS_BF16(in)};
-    if (a.bf16 && N > 0) mean[0] = NAN; /* a range out of scratch leaves it so */
-    ew_run(b, &a.e);
-    if (a.bf16 && N > 0 && isnan(mean[0]))
-        bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_forward: out of host memory for its rows");
+    ln_run(b, &a, "layernorm_forward");
 }
 
 /* din for rows [lo, hi), and this slice's parts of dw and dbias (summed
@@ -419,19 +419,16 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
     int C = ea->C;
     const float *in = ea->a, *w = ea->c, *dout = a->dout, *mean = a->mean, *rstd = a->rstd;
     float *din = a->din, *dw = a->parts + (size_t)slice * 2 * C, *dbias = dw + C;
-    float *rows = a->bf16 ? row_scratch(3, C) : NULL;
+    float *rows = a->bf16 ? row_scratch(a, 3, C) : NULL;
     memset(dw, 0, 2 * (size_t)C * sizeof *dw);
-    if (a->bf16 && !rows) {
-        dw[0] = NAN; /* the op notes it */
-        return;
-    }
+    if (a->bf16 && !rows) return;
     for (size_t n = lo; n < hi; n++) {
         const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = din + (size_t)n * C;
         if (a->bf16) {
-            widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
-            widen(rows + C, (const uint16_t *)a->dout + (size_t)n * C, (size_t)C);
-            widen(rows + 2 * C, (const uint16_t *)a->din + (size_t)n * C, (size_t)C);
+            bb_bf16_widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
+            bb_bf16_widen(rows + C, (const uint16_t *)a->dout + (size_t)n * C, (size_t)C);
+            bb_bf16_widen(rows + 2 * C, (const uint16_t *)a->din + (size_t)n * C, (size_t)C);
             x = rows, dy = rows + C, dx = rows + 2 * C;
         }
         float m = mean[n], s = rstd[n];
@@ -449,7 +446,7 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
             dw[i] += norm * dy[i];
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
-        if (a->bf16) narrow((uint16_t *)a->din + (size_t)n * C, dx, (size_t)C);
+        if (a->bf16) bb_bf16_narrow((uint16_t *)a->din + (size_t)n * C, dx, (size_t)C);
     }
     free(rows);
 }
@@ -468,14 +465,13 @@ void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t,
         bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_backward: out of host memory for %d slices", slices);
         return;
     }
-    ew_run(b, &a.e);
+    ln_run(b, &a, "layernorm_backward");
     if (!accumulate) {
         memset(dw, 0, (size_t)C * sizeof *dw);
         memset(dbias, 0, (size_t)C * sizeof *dbias);
     }
     for (int k = 0; k < slices; k++) {
         const float *pw = a.parts + (size_t)k * 2 * C, *pb = pw + C;
-        if (isnan(pw[0]) && a.bf16) bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_backward: out of host memory");
         for (int i = 0; i < C; i++) dw[i] += pw[i], dbias[i] += pb[i];
     }
     free(a.parts);
@@ -719,8 +715,8 @@ int bb_cpu_count_correct(bb_backend_t *b, bb_tensor logits, const int32_t *targe
 static void convert_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;
-    if (a->h) narrow(a->h + lo, a->a + lo, hi - lo);
-    else widen(a->x + lo, a->hc + lo, hi - lo);
+    if (a->h) bb_bf16_narrow(a->h + lo, a->a + lo, hi - lo);
+    else bb_bf16_widen(a->x + lo, a->hc + lo, hi - lo);
 }
 
 void bb_cpu_convert(bb_backend_t *b, bb_tensor out, bb_tensor in, size_t n)

@@ -1,0 +1,71 @@
+// cuda_state.h — private to the CUDA backend (cuda_backend.cu and
+// cuda_attention_ops.cu): a backend's state, the helpers both files use,
+// and the attention ops that cuda_attention_ops.cu gives the vtable.
+#ifndef BIGBATCH_CUDA_STATE_H
+#define BIGBATCH_CUDA_STATE_H
+
+#include <cublas_v2.h>
+
+#include "backend/backend_impl.h"
+#include "cudnn_attention.h"
+
+namespace bb_cuda {
+
+struct cuda_state {
+    int device;
+    cudaStream_t stream[3];     // bb_stream: compute, copy, comm
+    cublasHandle_t blas;        // on the compute stream
+    // Scratch of the ops, sized by bb_backend_reserve_scratch and grown in
+    // stream order (cudaMallocAsync) when an op needs more: no op frees or
+    // allocates with a call that synchronizes the device.
+    float *columns;             // column-sum partials: 2 · BBK_COLUMN_CHUNKS · width floats
+    size_t columns_bytes;
+    double *row_loss;           // per-row losses: rows doubles
+    size_t row_loss_bytes;
+    void *sort;                 // the embedding backward's ordered reduction (bbk_embedding_sort_bytes)
+    size_t sort_bytes;
+    // bf16 attention through cuDNN (cudnn_attention.h): its bf16 operands
+    // (qkv, out, dout, dqkv: 8 · B·T·C halves) and its workspace, grown as
+    // the rest of the scratch; cudnn_off once it failed to load or to run.
+    bb_cudnn *cudnn;
+    bool cudnn_off;
+    uint16_t *attn16;
+    size_t attn16_bytes;
+    float *attn32; // bf16 tensors on the tiled attention kernels: their fp32 copies
+    size_t attn32_bytes;
+    void *cudnn_ws;
+    size_t cudnn_ws_bytes;
+    double *partial;            // sum_squares: kPartials block sums
+    double *range_sums;         // and kRanges ranges' sums
+    double *loss_sum;           // device: the loss, summed in a fixed order
+    int *counter;               // device: rows with a target
+    struct host_result {
+        double loss;
+        int valid, correct;
+    } *host;                    // pinned: what the loss reads back
+};
+
+constexpr int kPartials = 1024, kRanges = 1024;
+
+inline cuda_state *state(bb_backend_t *b) { return static_cast<cuda_state *>(b->impl); }
+inline cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUTE]; }
+inline void use(bb_backend_t *b) { cudaSetDevice(state(b)->device); }
+// The fp32 data of a tensor (ops.def's dtypes are checked before the call).
+inline float *f32(bb_tensor t) { return static_cast<float *>(t.data); }
+
+// Makes *p hold at least `need` bytes, in stream order on the compute
+// stream (cuda_backend.cu); false (error noted) on failure.
+bool grow(bb_backend_t *b, void **p, size_t *bytes, size_t need, const char *what);
+
+// cuda_attention_ops.cu
+void cuda_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH, int KVH,
+                            int HS);
+void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
+                             const float *lse, int B, int T, int NH, int KVH, int HS);
+void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor qkv, int T, int NH, int KVH,
+                           int HS);
+const char *cuda_attention_engine(bb_backend_t *b);
+
+} // namespace bb_cuda
+
+#endif
