@@ -206,6 +206,30 @@ Test(model, bf16_activations_stay_close_to_fp32)
     cr_assert(strstr(bb_error_message(), "--precision fp32"), "%s", bb_error_message());
 }
 
+/* bf16 on the CPU: the products are cut into slices fixed by their shape
+ * (oneDNN on each), so one thread and three give the same loss and
+ * gradients bit for bit (a shape big enough to be cut). */
+Test(model, bf16_is_the_same_bits_on_one_and_three_threads)
+{
+    bb_model_config c = bb_model_gpt_config(2, 2, 64, 32, 61);
+    c.precision = BB_PRECISION_BF16;
+    int B = 4;
+    uint64_t bytes;
+    double loss1, loss3;
+    float *g1 = gradients_with(&c, B, &bytes, &loss1);
+    bb_backend_t *one = be;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3}, &be), BB_OK);
+    float *g3 = gradients_with(&c, B, &bytes, &loss3);
+    bb_model_t *m = make_model(&c, B, 1);
+    size_t n = bb_model_param_count(m);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    be = one;
+    cr_assert_eq(loss1, loss3, "bf16 loss: %.17g on one thread, %.17g on three", loss1, loss3);
+    cr_assert_eq(memcmp(g1, g3, n * sizeof *g1), 0, "bf16 gradients differ between one thread and three");
+    free(g1), free(g3);
+}
+
 /* Activation memory of gpt: without checkpointing L block slots; with
  * blocks, one slot plus L block inputs of B·T·C floats. Nothing grows
  * with T² (attention keeps one log-sum-exp per row and head) nor with

@@ -79,9 +79,9 @@ Test(train, checkpoint_blocks_is_bitwise_the_same)
     free(data);
 }
 
-/* --precision bf16 (activations stored in bf16; the CPU's products stay
- * fp32): the losses follow fp32's within 1e-2, the loss falls, and
- * checkpointing is still bitwise free of effect. */
+/* --precision bf16 (bf16 tensors, bf16 products with fp32 sums): the
+ * losses follow fp32's within 1e-2, the loss falls, and checkpointing is
+ * still bitwise free of effect. */
 Test(train, bf16_activations_track_fp32_and_checkpointing_stays_exact)
 {
     char *data = make_tokens("tokens", 340);
@@ -109,27 +109,32 @@ Test(train, bf16_activations_track_fp32_and_checkpointing_stays_exact)
     free(data);
 }
 
+/* fp32 and bf16 (whose weights' bf16 copy is remade from the loaded
+ * master weights) alike. */
 Test(train, resume_continues_bitwise)
 {
     char *data = make_tokens("tokens", 100); /* 3 steps per epoch: the resume crosses epochs */
-    char *ckpt = tu_path(tmp, "ckpt");
-    bb_train_options o = gpt_options(data, 2, 4, 32);
-    o.steps = 10;
-    bb_train_result whole = train(&o);
-    o.save_dir = ckpt;
-    o.stop_after = 5; /* the first 5 steps of the 10-step schedule, saved */
-    bb_train_result first = train(&o);
-    cr_assert_eq(first.steps_done, 5);
-    o.stop_after = 0;
-    o.save_dir = NULL;
-    o.resume_dir = ckpt;
-    o.set = BB_TRAIN_SET(BB_TRAIN_SAVE); /* chosen: no saving (else it goes on saving into ckpt) */
-    bb_train_result second = train(&o);
-    cr_assert_eq(second.first_step, 5);
-    assert_bitwise(&whole, &second, "resume at step 5");
-    cr_assert_eq(memcmp(whole.losses, first.losses, 5 * sizeof *first.losses), 0);
-    bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
-    free(ckpt);
+    for (int p = 0; p < 2; p++) {
+        char *ckpt = tu_path(tmp, p ? "ckpt-bf16" : "ckpt");
+        bb_train_options o = gpt_options(data, 2, 4, 32);
+        o.steps = 10;
+        o.precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+        bb_train_result whole = train(&o);
+        o.save_dir = ckpt;
+        o.stop_after = 5; /* the first 5 steps of the 10-step schedule, saved */
+        bb_train_result first = train(&o);
+        cr_assert_eq(first.steps_done, 5);
+        o.stop_after = 0;
+        o.save_dir = NULL;
+        o.resume_dir = ckpt;
+        o.set = BB_TRAIN_SET(BB_TRAIN_SAVE); /* chosen: no saving (else it goes on saving into ckpt) */
+        bb_train_result second = train(&o);
+        cr_assert_eq(second.first_step, 5);
+        assert_bitwise(&whole, &second, p ? "bf16: resume at step 5" : "resume at step 5");
+        cr_assert_eq(memcmp(whole.losses, first.losses, 5 * sizeof *first.losses), 0);
+        bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
+        free(ckpt);
+    }
     free(data);
 }
 
