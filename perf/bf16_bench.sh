@@ -6,7 +6,10 @@
 # threads on both sides, in one run, interleaved, median of RUNS (default 5)
 # runs, each the median of STEPS steps after 2 warm-up steps. Prints the
 # tokens/s of each and the ratios, the activation memory of fp32 and bf16,
-# and who runs bigbatch's bf16 products on this CPU.
+# and who runs bigbatch's bf16 products on this CPU; then, on one thread,
+# the step's products' rate (bench model's op profile: linear_forward and
+# linear_backward) as they run and with oneDNN's bf16 matmul forced
+# (BB_BF16_PRODUCTS=onednn), median of RUNS, and the ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -39,3 +42,17 @@ for th in $THREADS; do
 done
 bin/bigbatch bench model --model gpt --d-model 256 --micro-batch 1 --threads 1 --steps 1 --precision bf16 2>&1 |
     grep -o "products: .*" || true
+rate() { # the linear ops' GFLOP/s of one profiled bf16 step
+    BB_PROFILE_OPS=1 BB_BF16_PRODUCTS=$1 bin/bigbatch bench model --model gpt --d-model 256 --micro-batch $B \
+        --threads 1 --steps "$STEPS" --precision bf16 --json | /usr/bin/python3 -c '
+import json, sys
+ops = [o for o in json.load(sys.stdin)["ops"] if o["op"].startswith("linear_")]
+print("%.1f" % (sum(o["gflop"] for o in ops) / sum(o["ms"] for o in ops) * 1e3))'
+}
+declare -A P=()
+for ((i = 0; i < RUNS; i++)); do
+    for e in default onednn; do P[$e]+="$(rate "$([ $e = onednn ] && echo onednn || echo "")") "; done
+done
+pm() { echo "${P[$1]}" | tr ' ' '\n' | grep . | median; }
+echo "products (1 thread, GFLOP/s): as they run $(pm default), oneDNN's bf16 matmul $(pm onednn)" \
+     "($(r "$(pm default)" "$(pm onednn)")x oneDNN's rate)"

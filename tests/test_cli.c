@@ -88,6 +88,8 @@ Test(cli, version_reports_cuda_state)
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.out, "bigbatch 0."));
     cr_assert_not_null(strstr(r.out, "cuda: "));
+    cr_assert_not_null(strstr(r.out, "cpu: OpenBLAS "), "%s", r.out);
+    cr_assert_not_null(strstr(r.out, "; bf16 products: "), "%s", r.out);
     tu_run_free(&r);
 }
 

@@ -15,9 +15,18 @@
  *   cuda      the GPU (emulated in `make cuda-emu`): every output within
  *             its tolerance, the same bits twice; skipped without a GPU.
  *
- * Every case's float tensors are f32 (convert's bf16 side is bytes); the
- * bf16 pass runs the activation ops on bf16 tensors against fp32; an op given a dtype it does not take fails,
- * naming it (the last tests). `every_op_has_a_case` keeps the table and
+ * A case names its activation tensors (tc_act: the ones ops.def's ACT
+ * lets be bf16); every other float tensor is f32 (convert's bf16 side is
+ * bytes). The bf16 passes run each op that has activations with them in
+ * bf16 on one or both sides, from inputs both sides share (rounded to
+ * bf16 first):
+ *
+ *   cpu bf16  three threads on bf16 tensors against one thread's fp32:
+ *             every output within bf16's tolerance, the same bits twice;
+ *   counting  the same work counted on bf16 tensors;
+ *   cuda bf16 the GPU on bf16 tensors against the CPU on bf16 tensors.
+ *
+ * An op given a dtype it does not take fails, naming it (the last tests). `every_op_has_a_case` keeps the table and
  * the cases in step: adding an op to ops.def fails it until the op has a
  * case here. */
 #include <math.h>
@@ -29,6 +38,9 @@ TestSuite(ops);
 
 /* ---- the harness ------------------------------------------------------- */
 enum { MAX_BUFS = 16, MAX_VALUES = 4, SIDES = 3 }; /* reference, under test, under test again */
+/* bf16 keeps 8 bits of mantissa: one rounding is 2^-9 relative, and a
+ * result's largest element sets the scale errors are held to. */
+#define BF16_TOL 1e-2
 
 typedef enum { KIND_FLOATS, KIND_BYTES } buf_kind;
 
@@ -39,6 +51,7 @@ typedef struct buf_state {
     void *dev[2];          /* on the reference, on the backend under test */
     void *result[SIDES];   /* host copies after each run (outputs) */
     double tol;            /* output: max relative difference; 0: the same bits; < 0: an input */
+    bool act;              /* an activation: bf16 on a side that runs bf16 */
     const char *name;
 } buf_state;
 
@@ -54,7 +67,9 @@ typedef struct tc {
     } values[MAX_VALUES];
     int nvalues;
     const int *dims;       /* this shape */
-    double tol_floor;      /* the products of a bf16 backend: no output closer than this */
+    double tol_floor;      /* a bf16 pass or backend: no output closer than this */
+    bool bf16[2];          /* the reference's, the backend under test's activations are bf16 */
+    bool skipped;          /* a bf16 pass, and the op has no activation */
     uint64_t seed;
     char what[160];        /* op, shape, backend: for messages */
 } tc;
@@ -110,9 +125,20 @@ static buf tc_out(tc *t, buf b, double tol)
     t->bufs[b].tol = tol;
     return b;
 }
+/* The buffer is an activation tensor (bf16 on a side that runs bf16). */
+static buf tc_act(tc *t, buf b)
+{
+    t->bufs[b].act = true;
+    return b;
+}
+static bool bf16_pass(const tc *t) { return t->bf16[0] || t->bf16[1]; }
+static bool is_bf16(const tc *t, const buf_state *b, int dev) { return b->act && t->bf16[dev]; }
 /* The current run's view of a buffer. */
 static void *tc_p(tc *t, buf b) { return t->bufs[b].dev[dev_of(t->side)]; }
-static bb_tensor tc_t(tc *t, buf b) { return bb_f32(tc_p(t, b)); }
+static bb_tensor tc_t(tc *t, buf b)
+{
+    return is_bf16(t, &t->bufs[b], dev_of(t->side)) ? bb_bf16(tc_p(t, b)) : bb_f32(tc_p(t, b));
+}
 /* A value the op returned to the host, compared within `tol` (0: equal). */
 static void tc_value(tc *t, const char *name, double v, double tol)
 {
@@ -130,9 +156,30 @@ static void upload(tc *t, int s)
 {
     for (int i = 0; i < t->nbufs; i++) {
         buf_state *b = &t->bufs[i];
-        cr_assert_eq(bb_backend_copy(t->be[s], b->dev[s], b->init, b->bytes, BB_COPY_H2D), BB_OK, "%s: %s", t->what,
+        const void *from = b->init;
+        size_t bytes = b->bytes;
+        uint16_t *h = NULL;
+        if (is_bf16(t, b, s)) {
+            h = malloc(b->n * sizeof *h + 1);
+            for (size_t k = 0; k < b->n; k++) h[k] = bb_bf16_from_float(((const float *)b->init)[k]);
+            from = h, bytes = b->n * sizeof *h;
+        }
+        cr_assert_eq(bb_backend_copy(t->be[s], b->dev[s], from, bytes, BB_COPY_H2D), BB_OK, "%s: %s", t->what,
                      bb_error_message());
+        free(h);
     }
+}
+
+/* A bf16 pass's inputs are bf16 values on both sides: every activation
+ * rounded once, before the first run. */
+static void round_activations(tc *t)
+{
+    for (int i = 0; i < t->nbufs; i++)
+        if (t->bufs[i].act)
+            for (size_t k = 0; k < t->bufs[i].n; k++) {
+                float *x = &((float *)t->bufs[i].init)[k];
+                *x = bb_bf16_to_float(bb_bf16_from_float(*x));
+            }
 }
 
 /* Downloads the outputs of run `side`, as floats (KIND_FLOATS) or bytes. */
@@ -144,9 +191,13 @@ static void download(tc *t, int side)
     for (int i = 0; i < t->nbufs; i++) {
         buf_state *b = &t->bufs[i];
         if (b->tol < 0) continue;
+        bool half = is_bf16(t, b, dev_of(side));
         void *raw = malloc(b->bytes + 1);
-        cr_assert_eq(bb_backend_copy(be, raw, b->dev[dev_of(side)], b->bytes, BB_COPY_D2H), BB_OK, "%s: %s",
-                     t->what, bb_error_message());
+        cr_assert_eq(bb_backend_copy(be, raw, b->dev[dev_of(side)], half ? b->n * sizeof(uint16_t) : b->bytes,
+                                     BB_COPY_D2H),
+                     BB_OK, "%s: %s", t->what, bb_error_message());
+        if (half) /* widened in place, from the end */
+            for (size_t k = b->n; k-- > 0;) ((float *)raw)[k] = bb_bf16_to_float(((const uint16_t *)raw)[k]);
         b->result[side] = raw;
     }
 }
@@ -204,13 +255,20 @@ static void compare_counts(tc *t)
  * comparisons. */
 static bool tc_next(tc *t)
 {
+    if (t->side < 0 && bf16_pass(t)) {
+        bool any = false;
+        for (int i = 0; i < t->nbufs; i++) any |= t->bufs[i].act;
+        if (!any) return !(t->skipped = true);
+        round_activations(t);
+    }
     if (t->side >= 0) download(t, t->side);
     if (t->side + 1 == SIDES) {
         if (t->counting) compare_counts(t);
         for (int i = 0; i < t->nbufs && !t->counting; i++) {
             const buf_state *b = &t->bufs[i];
             if (b->tol < 0) continue;
-            compare(t, b, 0, 1, b->tol > 0 && b->tol < t->tol_floor ? t->tol_floor : b->tol, "the CPU");
+            bool floored = b->tol > 0 || (b->act && bf16_pass(t)); /* a bf16 result is rounded */
+            compare(t, b, 0, 1, floored && b->tol < t->tol_floor ? t->tol_floor : b->tol, "the CPU");
             compare(t, b, 1, 2, 0, "its own first run");
         }
         for (int k = 0; k < t->nvalues && !t->counting; k++) {
@@ -245,8 +303,9 @@ typedef struct op_case {
 static void case_linear_forward(tc *t)
 {
     int N = D(0), IC = D(1), OC = D(2);
-    buf in = tc_floats(t, "in", (size_t)N * IC, 1), w = tc_floats(t, "w", (size_t)OC * IC, 0.5f);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1)), w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f));
     buf bias = tc_floats(t, "bias", OC, 0.5f), out = tc_out(t, tc_floats(t, "out", (size_t)N * OC, 1), 1e-5);
+    if (!D(4)) tc_act(t, out); /* else f32 from bf16: the logits */
     TC_RUN(t, bb_op_linear_forward(BE, tc_t(t, out), tc_t(t, in), tc_t(t, w), D(3) ? tc_t(t, bias) : bb_no_tensor(),
                                    N, IC, OC));
 }
@@ -255,8 +314,9 @@ static void case_linear_backward(tc *t)
 {
     int N = D(0), IC = D(1), OC = D(2);
     bool acc = D(3), with_din = D(4);
-    buf dout = tc_floats(t, "dout", (size_t)N * OC, 1), in = tc_floats(t, "in", (size_t)N * IC, 1);
-    buf w = tc_floats(t, "w", (size_t)OC * IC, 0.5f), din = tc_out(t, tc_floats(t, "din", (size_t)N * IC, 1), 1e-5);
+    buf dout = tc_act(t, tc_floats(t, "dout", (size_t)N * OC, 1)), in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1));
+    buf w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f));
+    buf din = tc_act(t, tc_out(t, tc_floats(t, "din", (size_t)N * IC, 1), 1e-5));
     buf dw = tc_out(t, tc_floats(t, "dw", (size_t)OC * IC, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", OC, 1), 1e-5);
     TC_RUN(t, bb_op_linear_backward(BE, with_din ? tc_t(t, din) : bb_no_tensor(), tc_t(t, dw),
                                     with_din ? tc_t(t, db) : bb_no_tensor(), tc_t(t, dout), tc_t(t, in), tc_t(t, w), N,
@@ -266,30 +326,31 @@ static void case_linear_backward(tc *t)
 static void case_activation_forward(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf in = tc_floats(t, "in", n, 4), out = tc_out(t, tc_floats(t, "out", n, 1), 1e-5);
+    buf in = tc_act(t, tc_floats(t, "in", n, 4)), out = tc_act(t, tc_out(t, tc_floats(t, "out", n, 1), 1e-5));
     TC_RUN(t, bb_op_activation_forward(BE, (bb_activation)D(1), tc_t(t, out), tc_t(t, in), n));
 }
 
 static void case_activation_backward(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf in = tc_floats(t, "in", n, 4), dout = tc_floats(t, "dout", n, 1);
-    buf din = tc_out(t, tc_floats(t, "din", n, 1), 1e-5);
+    buf in = tc_act(t, tc_floats(t, "in", n, 4)), dout = tc_act(t, tc_floats(t, "dout", n, 1));
+    buf din = tc_act(t, tc_out(t, tc_floats(t, "din", n, 1), 1e-5));
     TC_RUN(t, bb_op_activation_backward(BE, (bb_activation)D(1), tc_t(t, din), tc_t(t, dout), tc_t(t, in), n));
 }
 
 static void case_add(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf x = tc_floats(t, "x", n, 4), y = tc_floats(t, "y", n, 4), out = tc_out(t, tc_floats(t, "out", n, 1), 0);
+    buf x = tc_act(t, tc_floats(t, "x", n, 4)), y = tc_act(t, tc_floats(t, "y", n, 4));
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", n, 1), 0));
     TC_RUN(t, bb_op_add(BE, tc_t(t, out), tc_t(t, x), tc_t(t, y), n));
 }
 
 static void case_layernorm_forward(tc *t)
 {
     int N = D(0), C = D(1);
-    buf in = tc_floats(t, "in", (size_t)N * C, 3), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
-    buf out = tc_out(t, tc_floats(t, "out", (size_t)N * C, 1), 1e-5);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * C, 3)), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)N * C, 1), 1e-5));
     buf mean = tc_out(t, tc_floats(t, "mean", N, 1), 1e-5);
     buf rstd = tc_out(t, tc_floats(t, "rstd", N, 1), 1e-5);
     TC_RUN(t, bb_op_layernorm_forward(BE, tc_t(t, out), tc_p(t, mean), tc_p(t, rstd), tc_t(t, in), tc_t(t, w),
@@ -300,10 +361,10 @@ static void case_layernorm_forward(tc *t)
 static void case_layernorm_backward(tc *t)
 {
     int N = D(0), C = D(1);
-    buf in = tc_floats(t, "in", (size_t)N * C, 3), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
-    buf out = tc_floats(t, "out", (size_t)N * C, 1), dout = tc_floats(t, "dout", (size_t)N * C, 1);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * C, 3)), w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
+    buf out = tc_act(t, tc_floats(t, "out", (size_t)N * C, 1)), dout = tc_act(t, tc_floats(t, "dout", (size_t)N * C, 1));
     buf mean = tc_floats(t, "mean", N, 1), rstd = tc_floats(t, "rstd", N, 1);
-    buf din = tc_out(t, tc_floats(t, "din", (size_t)N * C, 1), 1e-5);
+    buf din = tc_act(t, tc_out(t, tc_floats(t, "din", (size_t)N * C, 1), 1e-5));
     buf dw = tc_out(t, tc_floats(t, "dw", C, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", C, 1), 1e-5);
     TC_RUN(t, {
         bb_op_layernorm_forward(BE, tc_t(t, out), tc_p(t, mean), tc_p(t, rstd), tc_t(t, in), tc_t(t, w), tc_t(t, b),
@@ -330,7 +391,7 @@ static void case_embedding_forward(tc *t)
     int B = D(0), T = D(1), C = D(2), V = D(3), maxT = D(4);
     buf tok = tokens_buf(t, B * T, V, 3), wte = tc_floats(t, "wte", (size_t)V * C, 1);
     buf wpe = tc_floats(t, "wpe", (size_t)(maxT ? maxT : 1) * C, 1);
-    buf out = tc_out(t, tc_floats(t, "out", (size_t)B * T * C, 1), 0);
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)B * T * C, 1), 0));
     TC_RUN(t, bb_op_embedding_forward(BE, tc_t(t, out), tc_p(t, tok), tc_t(t, wte), maxT ? tc_t(t, wpe) : bb_no_tensor(),
                                       B, T, C));
 }
@@ -340,7 +401,7 @@ static void case_embedding_backward(tc *t)
 {
     int B = D(0), T = D(1), C = D(2), V = D(3), maxT = D(4);
     bool acc = D(5);
-    buf tok = tokens_buf(t, B * T, V, 3), dout = tc_floats(t, "dout", (size_t)B * T * C, 1);
+    buf tok = tokens_buf(t, B * T, V, 3), dout = tc_act(t, tc_floats(t, "dout", (size_t)B * T * C, 1));
     buf dwte = tc_out(t, tc_floats(t, "dwte", (size_t)V * C, 1), 0);
     buf dwpe = tc_out(t, tc_floats(t, "dwpe", (size_t)(maxT ? maxT : 1) * C, 1), 0);
     TC_RUN(t, bb_op_embedding_backward(BE, tc_t(t, dwte), maxT ? tc_t(t, dwpe) : bb_no_tensor(), tc_t(t, dout),
@@ -351,8 +412,8 @@ static void case_embedding_backward(tc *t)
 static void case_attention_forward(tc *t)
 {
     int B = D(0), T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
-    buf qkv = tc_floats(t, "qkv", (size_t)B * T * W, 1);
-    buf out = tc_out(t, tc_floats(t, "out", (size_t)B * T * NH * HS, 1), 1e-5);
+    buf qkv = tc_act(t, tc_floats(t, "qkv", (size_t)B * T * W, 1));
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)B * T * NH * HS, 1), 1e-5));
     buf lse = tc_out(t, tc_floats(t, "lse", (size_t)B * NH * T, 1), 1e-5);
     TC_RUN(t, bb_op_attention_forward(BE, tc_t(t, out), tc_p(t, lse), tc_t(t, qkv), B, T, NH, KVH, HS));
 }
@@ -361,10 +422,10 @@ static void case_attention_forward(tc *t)
 static void case_attention_backward(tc *t)
 {
     int B = D(0), T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
-    buf qkv = tc_floats(t, "qkv", (size_t)B * T * W, 1), out = tc_floats(t, "out", (size_t)B * T * NH * HS, 1);
-    buf lse = tc_floats(t, "lse", (size_t)B * NH * T, 1);
-    buf dout = tc_floats(t, "dout", (size_t)B * T * NH * HS, 1);
-    buf dqkv = tc_out(t, tc_floats(t, "dqkv", (size_t)B * T * W, 1), 1e-5);
+    buf qkv = tc_act(t, tc_floats(t, "qkv", (size_t)B * T * W, 1));
+    buf out = tc_act(t, tc_floats(t, "out", (size_t)B * T * NH * HS, 1)), lse = tc_floats(t, "lse", (size_t)B * NH * T, 1);
+    buf dout = tc_act(t, tc_floats(t, "dout", (size_t)B * T * NH * HS, 1));
+    buf dqkv = tc_act(t, tc_out(t, tc_floats(t, "dqkv", (size_t)B * T * W, 1), 1e-5));
     TC_RUN(t, {
         bb_op_attention_forward(BE, tc_t(t, out), tc_p(t, lse), tc_t(t, qkv), B, T, NH, KVH, HS);
         bb_op_attention_backward(BE, tc_t(t, dqkv), tc_t(t, dout), tc_t(t, qkv), tc_t(t, out), tc_p(t, lse), B, T, NH,
@@ -398,6 +459,7 @@ static void case_softmax_crossentropy(tc *t)
     buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
     buf dl = tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5);
     if (in_place) tc_out(t, logits, 1e-5);
+    else tc_act(t, dl); /* a bf16 dlogits is its own buffer */
     TC_RUN(t, {
         double loss;
         int valid;
@@ -412,7 +474,7 @@ static void case_crossentropy_rows(tc *t)
 {
     int N = D(0), V = D(1);
     buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
-    buf dl = tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5);
+    buf dl = tc_act(t, tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5));
     buf rows = tc_bytes(t, "row_loss", NULL, (size_t)N * sizeof(double));
     TC_RUN(t, {
         bb_op_crossentropy_rows(BE, tc_p(t, rows), tc_t(t, dl), tc_t(t, logits), tc_p(t, tg), N, V, 3.0f);
@@ -552,8 +614,9 @@ static void case_records_to_images(tc *t)
 
 /* Each op, its case and its shapes (the case's D(0), D(1), ...). */
 static const op_case cases[] = {
-    /* N, IC, OC, bias */
-    {"linear_forward", case_linear_forward, 4, {{1, 1, 1, 1}, {37, 29, 23, 0}, {37, 29, 23, 1}, {130, 70, 300, 1}}},
+    /* N, IC, OC, bias, out f32 (from bf16: the logits) */
+    {"linear_forward", case_linear_forward, 5,
+     {{1, 1, 1, 1}, {37, 29, 23, 0}, {37, 29, 23, 1}, {130, 70, 300, 1}, {37, 29, 23, 1, 1}}},
     /* N, IC, OC, accumulate, din and dbias */
     {"linear_backward", case_linear_backward, 3, {{37, 29, 23, 0, 1}, {37, 29, 23, 1, 1}, {16, 8, 12, 1, 0}}},
     /* n, activation */
@@ -625,34 +688,43 @@ static void free_bufs(tc *t)
     t->nbufs = t->nvalues = 0;
 }
 
-/* Every case and shape on `dut` (or those whose op starts with `only`, and
- * without the full-size shapes when `small`), held to a one-thread CPU, no
- * output closer than `tol_floor` asked. */
-static void run_cases(bb_backend_t *dut, bool counting, const char *only, bool small, double tol_floor)
+/* How a backend under test is held to the CPU. */
+typedef struct pass {
+    bool counting;     /* it counts: the profiles are compared */
+    const char *only;  /* the ops whose names start with this (NULL: all) */
+    bool small;        /* without the full-size shapes */
+    double tol_floor;  /* no output closer than this asked */
+    bool bf16[2];      /* activations in bf16 on the reference, on the backend under test */
+} pass;
+
+/* Every case and shape of `p` on `dut`, held to a one-thread CPU. */
+static void run_cases(bb_backend_t *dut, pass p)
 {
     bb_backend_t *ref;
     cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1, .profile_ops = true}, &ref), BB_OK);
-    int runs = 0, left = 0;
+    int runs = 0, left = 0, fp32_only = 0;
     for (int k = 0; k < CASES; k++)
-        for (int s = 0; s < cases[k].shapes && (!only || !strncmp(cases[k].op, only, strlen(only))); s++) {
-            if (small && (cases[k].large >> s & 1)) {
+        for (int s = 0; s < cases[k].shapes && (!p.only || !strncmp(cases[k].op, p.only, strlen(p.only))); s++) {
+            if (p.small && (cases[k].large >> s & 1)) {
                 left++;
                 continue;
             }
-            tc t = {.be = {ref, dut}, .counting = counting, .dims = cases[k].dims[s],
-                    .tol_floor = tol_floor, .seed = (uint64_t)(k * 16 + s + 1)};
-            snprintf(t.what, sizeof t.what, "%s (shape %d: %d,%d,%d,%d,%d,%d)", cases[k].op, s, t.dims[0], t.dims[1],
-                     t.dims[2], t.dims[3], t.dims[4], t.dims[5]);
+            tc t = {.be = {ref, dut}, .counting = p.counting, .dims = cases[k].dims[s], .tol_floor = p.tol_floor,
+                    .bf16 = {p.bf16[0], p.bf16[1]}, .seed = (uint64_t)(k * 16 + s + 1)};
+            snprintf(t.what, sizeof t.what, "%s (shape %d: %d,%d,%d,%d,%d,%d)%s", cases[k].op, s, t.dims[0],
+                     t.dims[1], t.dims[2], t.dims[3], t.dims[4], t.dims[5], p.bf16[1] ? " in bf16" : "");
             cases[k].run(&t);
             free_bufs(&t);
-            runs++;
+            t.skipped ? fp32_only++ : runs++;
         }
-    cr_log_info("%s: %d op cases, every one as the CPU's%s", bb_backend_name(dut), runs,
-                left ? " (full-size shapes left to the fp32 pass)" : "");
+    cr_assert_gt(runs, 0, "%s: no case ran", bb_backend_name(dut));
+    cr_log_info("%s: %d op cases%s, every one as the CPU's%s%s", bb_backend_name(dut), runs,
+                p.bf16[1] ? " on bf16 tensors" : "", left ? " (full-size shapes left to the fp32 pass)" : "",
+                fp32_only ? " (ops without activations left to the fp32 pass)" : "");
     bb_backend_destroy(ref);
 }
 
-static void run_all(bb_backend_t *dut, bool counting) { run_cases(dut, counting, NULL, false, 0); }
+static void run_all(bb_backend_t *dut, bool counting) { run_cases(dut, (pass){.counting = counting}); }
 
 static void need_gpu(void)
 {
@@ -685,6 +757,19 @@ Test(ops, the_counting_backend_counts_every_op_s_work_and_touches_nothing)
     bb_backend_t *b;
     cr_assert_eq(bb_backend_create_counting(BB_DEVICE_CPU, &(bb_backend_options){0}, &b), BB_OK);
     run_all(b, true);
+    run_cases(b, (pass){.counting = true, .bf16 = {true, true}});
+    bb_backend_destroy(b);
+}
+
+/* bf16 tensors in, fp32 inside, rounded once out: every activation op
+ * within bf16's tolerance of the same op in fp32 on the same (bf16)
+ * inputs, on three threads, the same bits twice. */
+Test(ops, every_op_on_bf16_tensors_is_within_bf16_s_tolerance_of_fp32)
+{
+    cpu_pass();
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 3, .precision = BB_PRECISION_BF16}, &b), BB_OK);
+    run_cases(b, (pass){.tol_floor = BF16_TOL, .bf16 = {false, true}});
     bb_backend_destroy(b);
 }
 
@@ -697,6 +782,18 @@ Test(ops, every_op_on_the_gpu_is_the_cpu_s)
     bb_backend_destroy(b);
 }
 
+/* The GPU on bf16 tensors, as the CPU on the same bf16 tensors: the same
+ * rounding of (nearly) the same fp32 results. */
+Test(ops, every_op_on_bf16_tensors_on_the_gpu_is_the_cpu_s)
+{
+    need_gpu();
+    bb_backend_t *b;
+    cr_assert_eq(bb_backend_create_cuda(&(bb_backend_options){.precision = BB_PRECISION_BF16}, &b), BB_OK, "%s",
+                 bb_error_message());
+    run_cases(b, (pass){.small = true, .tol_floor = BF16_TOL, .bf16 = {true, true}});
+    bb_backend_destroy(b);
+}
+
 /* --precision bf16 on a GPU: the products and attention on bf16 tensor
  * cores (fp32 in and out), within 2e-2 of the CPU's fp32; the full-size
  * shapes, a minute on the emulated GPU, are the fp32 pass's. */
@@ -706,8 +803,8 @@ Test(ops, the_products_of_a_bf16_gpu_stay_within_2e_2_of_fp32)
     bb_backend_t *b;
     cr_assert_eq(bb_backend_create_cuda(&(bb_backend_options){.precision = BB_PRECISION_BF16}, &b), BB_OK, "%s",
                  bb_error_message());
-    run_cases(b, false, "linear_", true, 2e-2);
-    run_cases(b, false, "attention_", true, 2e-2);
+    run_cases(b, (pass){.only = "linear_", .small = true, .tol_floor = 2e-2});
+    run_cases(b, (pass){.only = "attention_", .small = true, .tol_floor = 2e-2});
     bb_backend_destroy(b);
 }
 

@@ -8,8 +8,9 @@ TestSuite(parity, .init = backend_up, .fini = backend_down);
 
 /* ---- PyTorch parity ---------------------------------------------------- */
 /* Writes the initial weights, the batch, the loss and gradients of one
- * forward/backward, and the weights after `steps` AdamW steps on that
- * batch, for tests/torch_parity.py to redo in PyTorch and compare. */
+ * forward/backward, every step's loss and the weights after `steps` AdamW
+ * steps on that batch, for tests/torch_parity.py to redo in PyTorch and
+ * compare (under torch.autocast when the model's precision is bf16). */
 static void need_torch(void)
 {
     if (system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
@@ -30,11 +31,15 @@ static void parity_on(const bb_model_config *c, int B, int steps, const char *ki
     cr_assert_eq(bb_model_set_batch(m, h.inputs, h.targets), BB_OK);
     float normalizer = (float)bb_model_batch_targets(m);
     double loss = 0;
+    snprintf(path, sizeof path, "%s/losses.txt", dir);
+    FILE *losses = fopen(path, "w");
+    cr_assert_not_null(losses);
     float *mom = calloc(bb_model_param_count(m), sizeof *mom), *var = calloc(bb_model_param_count(m), sizeof *var);
     for (int step = 1; step <= steps; step++) {
         double l;
         cr_assert_eq(bb_model_forward(m, normalizer, &l, NULL), BB_OK);
         cr_assert_eq(bb_model_backward(m, false), BB_OK);
+        fprintf(losses, "%.17g\n", l);
         if (step == 1) {
             loss = l;
             memcpy(bb_model_params(g), bb_model_grads(m), bb_model_param_count(m) * sizeof(float));
@@ -47,6 +52,7 @@ static void parity_on(const bb_model_config *c, int B, int steps, const char *ki
                         var + ti->offset, ti->count, 1e-3f, 0.9f, 0.95f, 1e-8f, ti->decay ? 0.1f : 0.0f, step, 1.0f);
         }
     }
+    cr_assert_eq(fclose(losses), 0);
     snprintf(path, sizeof path, "%s/after.safetensors", dir);
     cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
     char spec[512];
@@ -58,7 +64,8 @@ static void parity_on(const bb_model_config *c, int B, int steps, const char *ki
     snprintf(loss_text, sizeof loss_text, "%.17g", loss);
     snprintf(steps_text, sizeof steps_text, "%d", steps);
     tu_run r = tu_run_argv(
-        (char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, steps_text, NULL});
+        (char *const[]){"/usr/bin/python3", "tests/torch_parity.py", dir, spec, loss_text, steps_text,
+                        (char *)bb_precision_name(c->precision), NULL});
     printf("%s", r.out);
     cr_assert_eq(r.exit_code, 0, "%s parity with PyTorch failed:\n%s%s", kind, r.out, r.err);
     tu_run_free(&r);
@@ -82,6 +89,15 @@ Test(parity, gpt_matches_pytorch, .timeout = 120)
 {
     bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
     parity(&c, 3, "gpt");
+}
+
+/* --precision bf16 against torch.autocast("cpu", dtype=torch.bfloat16) on
+ * the same weights and batch: every one of 20 steps' losses within 2e-2. */
+Test(parity, bf16_gpt_matches_pytorch_autocast_for_20_steps)
+{
+    bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
+    c.precision = BB_PRECISION_BF16;
+    parity_on(&c, 3, 20, "bf16 gpt", NULL);
 }
 
 /* GPT-2's vocabulary, 12 heads and T 512 (8 tiles of attention rows and

@@ -82,6 +82,8 @@ bb_status bb_precision_parse(const char *s, bb_precision *out);
  * with AVX-512 (AVX2), re-executes the program with OPENBLAS_CORETYPE set
  * to SkylakeX (Haswell), saying so in one info line. Returns otherwise. */
 void bb_cpu_fix_blas_core(char **argv);
+/* The OpenBLAS kernels this process runs ("SkylakeX", "Haswell", ...). */
+const char *bb_cpu_blas_core(void);
 
 /* The CPU backend. Fails with BB_ERR_NOMEM. */
 bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out);

@@ -71,6 +71,12 @@ bb_status bb_backend_create_cpu(const bb_backend_options *o, bb_backend_t **out)
  * does not know, and then runs sgemm ~6x slower (ARCHITECTURE.md's measured
  * facts). The choice is made when the library loads, so the fix is to set
  * OPENBLAS_CORETYPE and start the program again. */
+const char *bb_cpu_blas_core(void)
+{
+    const char *core = openblas_get_corename();
+    return core ? core : "unknown";
+}
+
 void bb_cpu_fix_blas_core(char **argv)
 {
     const char *core = openblas_get_corename();

@@ -43,7 +43,7 @@ static dnnl_engine_t engine;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t cache_key;
 static const char *products = "OpenBLAS fp32 (no bf16 matmul on this CPU)";
-static bool have_dnnl;
+static bool use_dnnl;
 
 static void entry_free(entry *e)
 {
@@ -79,21 +79,39 @@ static bool probe(void)
     return true;
 }
 
+/* oneDNN with AMX, else OpenBLAS's fp32 sgemm on the widened operands:
+ * without AMX oneDNN 2.x's bf16 matmul (AVX512-BF16 or emulated) runs
+ * below OpenBLAS's fp32 rate on the model's shapes (perf/RESULTS.md), and
+ * both take the same bf16 values and sum in fp32. BB_BF16_PRODUCTS=onednn
+ * or openblas chooses (a benchmark's knob; read once, before any product;
+ * empty: the rule). */
 static void setup(void)
 {
     pthread_key_create(&cache_key, cache_free);
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success || !probe()) return;
-    have_dnnl = true;
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    products = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx     ? "oneDNN bf16 (AMX)"
-               : (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16 ? "oneDNN bf16 (AVX512-BF16)"
-                                                                                        : "oneDNN bf16 (emulated)";
+    bool amx = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+    bool vnni = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    const char *force = getenv("BB_BF16_PRODUCTS");
+    bool on = force && !strcmp(force, "onednn"), off = force && !strcmp(force, "openblas");
+    if (force && *force && !on && !off)
+        BB_WARN("BB_BF16_PRODUCTS=%s is not onednn or openblas; ignored", force);
+    use_dnnl = on || (!off && amx);
+    products = use_dnnl ? (amx ? "oneDNN bf16 (AMX)" : vnni ? "oneDNN bf16 (AVX512-BF16)" : "oneDNN bf16 (emulated)")
+               : vnni   ? "OpenBLAS fp32 on bf16 operands (faster here than oneDNN's AVX512-BF16 without AMX)"
+                        : "OpenBLAS fp32 on bf16 operands (oneDNN's bf16 is emulated on this CPU)";
 }
 
 const char *bb_cpu_bf16_products(void)
 {
     pthread_once(&once, setup);
     return products;
+}
+
+bool bb_cpu_bf16_onednn(void)
+{
+    pthread_once(&once, setup);
+    return use_dnnl;
 }
 
 static thread_cache *this_thread(void)
@@ -169,40 +187,77 @@ static entry *lookup(thread_cache *tc, const gemm_key *k)
     return entry_make(e, k) ? e : NULL;
 }
 
-/* The fallback: the operands widened to fp32, OpenBLAS's sgemm. */
+/* Without oneDNN: each thread's fp32 buffers (a slice's A, B and C), grown
+ * as needed and kept until the thread ends. */
+typedef struct fp32_buffers {
+    float *f[3];
+    size_t cap[3];
+} fp32_buffers;
+static pthread_key_t buffers_key;
+static pthread_once_t buffers_once = PTHREAD_ONCE_INIT;
+
+static void buffers_free(void *p)
+{
+    fp32_buffers *fb = p;
+    for (int i = 0; i < 3; i++) free(fb->f[i]);
+    free(fb);
+}
+static void buffers_setup(void) { pthread_key_create(&buffers_key, buffers_free); }
+
+static float *thread_buffer(int which, size_t n)
+{
+    pthread_once(&buffers_once, buffers_setup);
+    fp32_buffers *fb = pthread_getspecific(buffers_key);
+    if (!fb && (!(fb = calloc(1, sizeof *fb)) || pthread_setspecific(buffers_key, fb) != 0)) {
+        free(fb);
+        return NULL;
+    }
+    if (fb->cap[which] < n) {
+        free(fb->f[which]);
+        fb->cap[which] = 0;
+        if (!(fb->f[which] = malloc(n * sizeof(float)))) return NULL;
+        fb->cap[which] = n;
+    }
+    return fb->f[which];
+}
+
+/* `rows` rows of `cols` bf16 at stride ld as fp32: `given` (already
+ * widened, stride ld), else widened into the thread's buffer `which`
+ * (stride cols). NULL when out of memory. */
+static const float *operand(const uint16_t *x, const float *given, int rows, int cols, int *ld, int which)
+{
+    if (given) return given;
+    float *f = thread_buffer(which, (size_t)rows * cols);
+    if (!f) return NULL;
+    for (int r = 0; r < rows; r++) bb_bf16_widen(f + (size_t)r * cols, x + (size_t)r * *ld, (size_t)cols);
+    *ld = cols;
+    return f;
+}
+
+/* OpenBLAS's sgemm on the operands in fp32 (the same values). */
 static bool fp32_gemm(const bb_cpu_bf16_gemm *g)
 {
-    size_t an = (size_t)(g->ta ? g->K : g->M) * g->lda, bn = (size_t)(g->tb ? g->N : g->K) * g->ldb;
-    size_t cn = (size_t)g->M * g->N;
-    float *a = malloc(an * sizeof *a), *b = malloc(bn * sizeof *b), *c = malloc(cn * sizeof *c);
-    bool ok = a && b && c;
-    if (ok) {
-        bb_bf16_widen(a, g->A, an);
-        bb_bf16_widen(b, g->B, bn);
-        for (int r = 0; r < g->M; r++)
-            for (int j = 0; j < g->N; j++) {
-                float v = g->bias ? g->bias[j] : 0.0f;
-                if (g->accumulate) v = ((const float *)g->C)[(size_t)r * g->ldc + j];
-                c[(size_t)r * g->N + j] = v;
-            }
-        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->M, g->N,
-                    g->K, 1.0f, a, g->lda, b, g->ldb, g->bias || g->accumulate ? 1.0f : 0.0f, c, g->N);
-        for (int r = 0; r < g->M; r++)
-            for (int j = 0; j < g->N; j++) {
-                float v = c[(size_t)r * g->N + j];
-                if (g->c_dtype == BB_DTYPE_BF16) ((uint16_t *)g->C)[(size_t)r * g->ldc + j] = bb_bf16_from_float(v);
-                else ((float *)g->C)[(size_t)r * g->ldc + j] = v;
-            }
-    }
-    free(a), free(b), free(c);
-    return ok;
+    int lda = g->lda, ldb = g->ldb, ldc = g->ldc;
+    const float *a = operand(g->A, g->A32, g->ta ? g->K : g->M, g->ta ? g->M : g->K, &lda, 0);
+    const float *b = operand(g->B, g->B32, g->tb ? g->N : g->K, g->tb ? g->K : g->N, &ldb, 1);
+    bool f32 = g->c_dtype == BB_DTYPE_F32;
+    float *c = f32 ? g->C : thread_buffer(2, (size_t)g->M * g->N);
+    if (!a || !b || !c) return false;
+    if (!f32) ldc = g->N;
+    if (g->bias && !g->accumulate)
+        for (int r = 0; r < g->M; r++) memcpy(c + (size_t)r * ldc, g->bias, (size_t)g->N * sizeof *c);
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->M, g->N, g->K,
+                1.0f, a, lda, b, ldb, g->bias || g->accumulate ? 1.0f : 0.0f, c, ldc);
+    for (int r = 0; !f32 && r < g->M; r++)
+        bb_bf16_narrow((uint16_t *)g->C + (size_t)r * g->ldc, c + (size_t)r * ldc, (size_t)g->N);
+    return true;
 }
 
 bool bb_cpu_bf16_gemm_run(const bb_cpu_bf16_gemm *g)
 {
     if (g->M <= 0 || g->N <= 0) return true;
     pthread_once(&once, setup);
-    if (!have_dnnl) return fp32_gemm(g);
+    if (!use_dnnl) return fp32_gemm(g);
     thread_cache *tc = this_thread();
     if (!tc) return false;
     gemm_key k = {g->M, g->N, g->K, g->lda, g->ldb, g->ldc, g->ta, g->tb, g->bias != NULL, g->accumulate, g->c_dtype};

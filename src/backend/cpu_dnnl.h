@@ -13,10 +13,12 @@
  * oneDNN never starts threads of its own next to the pool's. The caller
  * splits a product into slices (cpu_ops.c).
  *
- * Where oneDNN has no bf16 matmul for this CPU (neither AMX nor AVX512-
- * BF16 nor its AVX-512 emulation), the operands are widened to fp32 slice
- * by slice and OpenBLAS's sgemm runs (same values, fp32 products):
- * bb_cpu_bf16_products() says which runs. */
+ * oneDNN runs them where the CPU has AMX. Elsewhere (AVX512-BF16 alone,
+ * or neither) OpenBLAS's fp32 sgemm is faster than oneDNN's bf16 matmul,
+ * and runs on the operands widened to fp32 (the same bf16 values, fp32
+ * sums): the caller widens the operand every slice shares once (A32 or
+ * B32), each slice widens its own part into its thread's buffers.
+ * bb_cpu_bf16_onednn() says which runs, bb_cpu_bf16_products() names it. */
 #ifndef BIGBATCH_CPU_DNNL_H
 #define BIGBATCH_CPU_DNNL_H
 
@@ -34,6 +36,7 @@ typedef struct bb_cpu_bf16_gemm {
     bb_dtype c_dtype;
     const float *bias;      /* (N) fp32, added to every row; NULL: none */
     bool accumulate;        /* C += the product (fp32 C only) */
+    const float *A32, *B32; /* without oneDNN: A or B already widened (same layout), or NULL */
 } bb_cpu_bf16_gemm;
 
 /* Runs g on the calling thread. False when out of host memory (the
@@ -45,5 +48,7 @@ bool bb_cpu_bf16_gemm_run(const bb_cpu_bf16_gemm *g);
  * "oneDNN bf16 (AVX512-BF16)", "oneDNN bf16 (AVX-512, emulated)", or
  * "OpenBLAS fp32 (no bf16 matmul on this CPU)". Never fails. */
 const char *bb_cpu_bf16_products(void);
+/* Whether oneDNN runs the bf16 products (else OpenBLAS on widened operands). */
+bool bb_cpu_bf16_onednn(void);
 
 #endif

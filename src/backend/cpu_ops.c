@@ -96,17 +96,42 @@ static void bf16_gemm_task(void *ctx, int part, int thread)
     size_t c_size = bb_dtype_size(g.c_dtype);
     int lo = part * a->per, total = a->split_rows ? g.M : g.N, n = lo + a->per < total ? a->per : total - lo;
     if (n <= 0) return;
-    if (a->split_rows) {
+    if (a->split_rows) { /* B (and B32) shared */
         g.M = n;
         g.A += g.ta ? (size_t)lo : (size_t)lo * g.lda;
         g.C = (char *)g.C + (size_t)lo * g.ldc * c_size;
-    } else {
+    } else { /* A (and A32) shared */
         g.N = n;
         g.B += g.tb ? (size_t)lo * g.ldb : (size_t)lo;
         g.C = (char *)g.C + (size_t)lo * c_size;
         if (g.bias) g.bias += lo;
     }
     if (!bb_cpu_bf16_gemm_run(&g)) atomic_store(&a->failed, true);
+}
+
+/* Without oneDNN: the operand every slice reads, widened once, in fixed
+ * blocks of rows over the pool. */
+typedef struct widen_args {
+    float *out;
+    const uint16_t *in;
+    size_t n, per;
+} widen_args;
+
+static void widen_task(void *ctx, int part, int thread)
+{
+    (void)thread;
+    const widen_args *w = ctx;
+    size_t lo = (size_t)part * w->per, n = lo + w->per < w->n ? w->per : w->n - lo;
+    bb_bf16_widen(w->out + lo, w->in + lo, n);
+}
+
+static float *widen_shared(bb_backend_t *b, const uint16_t *x, size_t n)
+{
+    float *f = malloc(n * sizeof *f);
+    if (!f) return NULL;
+    widen_args w = {f, x, n, 1 << 16};
+    bb_cpu_parallel(b, (int)((n + w.per - 1) / w.per), widen_task, &w);
+    return f;
 }
 
 static void bf16_gemm(bb_backend_t *b, const bb_cpu_bf16_gemm *g, const char *op)
@@ -116,7 +141,17 @@ static void bf16_gemm(bb_backend_t *b, const bb_cpu_bf16_gemm *g, const char *op
     int total = a.split_rows ? g->M : g->N, parts = (double)g->M * g->N * g->K < 1 << 20 ? 1 : BF16_SLICES;
     a.per = ((total + parts - 1) / parts + 15) / 16 * 16;
     atomic_init(&a.failed, false);
-    bb_cpu_parallel(b, (total + a.per - 1) / a.per, bf16_gemm_task, &a);
+    float *shared = NULL;
+    if (!bb_cpu_bf16_onednn() && parts > 1) {
+        /* the shared operand's stored rows times its stride, as fp32 */
+        size_t n = a.split_rows ? (size_t)((g->tb ? g->N : g->K) - 1) * g->ldb + (g->tb ? g->K : g->N)
+                                : (size_t)((g->ta ? g->K : g->M) - 1) * g->lda + (g->ta ? g->M : g->K);
+        if (!(shared = widen_shared(b, a.split_rows ? g->B : g->A, n))) atomic_store(&a.failed, true);
+        if (a.split_rows) a.g.B32 = shared;
+        else a.g.A32 = shared;
+    }
+    if (!atomic_load(&a.failed)) bb_cpu_parallel(b, (total + a.per - 1) / a.per, bf16_gemm_task, &a);
+    free(shared);
     if (atomic_load(&a.failed)) bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for a bf16 product", op);
 }
 

@@ -1,4 +1,5 @@
 /* cmd_version.c — `bigbatch version`: version and what this build can use. */
+#include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
@@ -12,6 +13,15 @@ int bb_cmd_version(int argc, char **argv)
     bb_status rc = argc ? bb_cli_parse("version", opts, argc, argv, NULL) : BB_OK;
     if (rc != BB_OK) return bb_cli_report(rc, "bigbatch version", "Prints the version and build.", opts);
     printf("bigbatch %s (zstd %s, %d CPUs)\n", BB_VERSION, ZSTD_versionString(), bb_cpu_count());
+    const char *forced = getenv("OPENBLAS_CORETYPE");
+    printf("cpu: OpenBLAS %s kernels%s%s%s", bb_cpu_blas_core(), forced ? " (OPENBLAS_CORETYPE=" : "",
+           forced ? forced : "", forced ? ")" : "");
+    bb_backend_t *cpu;
+    if (bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &cpu) == BB_OK) {
+        printf("; bf16 products: %s", bb_backend_bf16_products(cpu));
+        bb_backend_destroy(cpu);
+    }
+    printf("\n");
     bb_cuda_info info;
     bb_cuda_probe(&info);
     if (!info.compiled) {

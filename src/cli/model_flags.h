@@ -56,9 +56,10 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      "cuda:all or cuda:0,1; under mpirun/srun, each process's own (cuda:local: one GPU a process); plan counts " \
      "a list of GPUs that need not be on this machine (cuda:0,1,2,3 plans for four)", .given = (given_)}
 #define PRECISION_FLAG_OPT(dest, given_)                                                                       \
-    {"--precision", BB_OPT_ENUM, &(dest), "P", "fp32, or bf16: gpt activations stored in bf16 (about half the " \
-     "activation memory) and, on GPUs, matrix products on bf16 tensor cores; weights, gradients and optimizer " \
-     "state stay fp32", .choices = "fp32|bf16", .given = (given_)}
+    {"--precision", BB_OPT_ENUM, &(dest), "P", "fp32, or bf16: a gpt's activations and their gradients are bf16 " \
+     "tensors (about half the activation memory), products on bf16 operands with fp32 sums (GPUs: tensor " \
+     "cores; CPUs: oneDNN with AMX, else OpenBLAS; the banner says which); LayerNorm statistics, the loss, " \
+     "weight gradients, master weights and optimizer state stay fp32", .choices = "fp32|bf16", .given = (given_)}
 #define ATTENTION_FLAG_OPT(dest)                                                                               \
     {"--attention", BB_OPT_ENUM, &(dest), "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it loads, "   \
      "else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",                \
