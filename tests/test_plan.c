@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "bigbatch/plan.h"
+#include "bigbatch/roofline.h"
 #include "bigbatch/train.h"
 #include "test_util.h"
 
@@ -267,4 +268,63 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
     tu_run_free(&r);
     unsetenv("BB_CACHE_DIR");
     free(cache), free(data);
+}
+
+/* The roofline account (roofline.h) counts each op's FLOPs and bytes at
+ * its dtypes on the counting backend: the linear products' FLOPs are
+ * 2·tokens·(12·C² per block + V·C for the head), bf16 halves every
+ * activation op's bytes (add's to the byte), AdamW moves 28 bytes a
+ * parameter in both, and the predicted times follow the stated rule. */
+Test(plan, roofline_counts_each_op_s_flops_and_bytes_at_its_dtypes)
+{
+    const bb_gpu_peaks *g = bb_gpu_peaks_find("h100");
+    cr_assert_not_null(g);
+    cr_assert_null(bb_gpu_peaks_find("h300"));
+    const int L = 2, H = 2, C = 64, T = 32, V = 96, B = 3;
+    bb_roofline *r = malloc(2 * sizeof *r);
+    for (int p = 0; p < 2; p++) {
+        bb_model_config c = bb_model_gpt_config(L, H, C, T, V);
+        c.precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+        cr_assert_eq(bb_roofline_account(&c, B, g, &r[p]), BB_OK, "%s", bb_error_message());
+        const bb_roofline *a = &r[p];
+        cr_assert_eq(a->tokens, (double)B * T);
+        double sum = 0, peak = p ? g->bf16_flops : g->fp32_flops, bw = g->memory_bytes_per_s * BB_ROOFLINE_MEMORY_EFFICIENCY;
+        for (int i = 0; i < a->count; i++) {
+            const bb_roofline_row *w = &a->rows[i];
+            sum += w->ms;
+            cr_assert_eq(w->product, w->gflop > 0, "%s", w->op);
+            double memory = w->gb * 1e9 / bw * 1e3, compute = w->gflop * 1e9 / (peak * BB_ROOFLINE_PRODUCT_EFFICIENCY) * 1e3;
+            double want = w->product && compute > memory ? compute : memory;
+            cr_assert_float_eq(w->ms, want, 1e-9 * want + 1e-15, "%s: %g ms, want %g", w->op, w->ms, want);
+            if (!strcmp(w->op, "linear_forward"))
+                cr_assert_float_eq(w->gflop * 1e9, 2.0 * B * T * (L * 12.0 * C * C + (double)V * C), 1e-3);
+            if (!strcmp(w->op, "adamw")) cr_assert_float_eq(w->gb * 1e9, 28.0 * a->params, 1e-3);
+        }
+        cr_assert_float_eq(a->step_ms, sum, 1e-9 * sum);
+        cr_assert_float_eq(a->tokens_per_s, a->tokens / (a->step_ms / 1e3), 1e-6 * a->tokens_per_s);
+        cr_assert(a->mfu > 0 && a->mfu < 1, "mfu %g", a->mfu);
+    }
+    double add[2] = {0, 0};
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < r[p].count; i++)
+            if (!strcmp(r[p].rows[i].op, "add")) add[p] = r[p].rows[i].gb;
+    cr_assert_float_eq(add[0], 2.0 * L * 3 * 4.0 * B * T * C / 1e9, 1e-15, "fp32 add %g GB", add[0]);
+    cr_assert_float_eq(add[1], add[0] / 2, 1e-15, "bf16 add %g GB", add[1]);
+    cr_assert_lt(r[1].other_gb, r[0].other_gb);
+    free(r);
+
+    /* the command: a table or JSON with the rows; an unknown GPU named with the known ones */
+    tu_run run = tu_bigbatch("bench", "model", "--roofline", "h200", "--layers", "2", "--d-model", "64", "--heads",
+                             "2", "--seq-len", "32", "--vocab", "96", "--micro-batch", "3", "--precision", "bf16",
+                             "--json");
+    cr_assert_eq(run.exit_code, 0, "%s", run.err);
+    static const char *const keys[] = {"\"predicted_tokens_per_s\"", "\"mfu\"", "\"non_product_gb\"",
+                                       "\"name\": \"linear_forward\"", "\"product\": true", "\"product\": false",
+                                       "\"gflop\"", "\"gb\"", "\"ms\"", "\"calls\""};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        cr_assert_not_null(strstr(run.out, keys[i]), "%s: %s", keys[i], run.out);
+    tu_run_free(&run);
+    run = tu_bigbatch("bench", "model", "--roofline", "h300");
+    tu_assert_error(&run, "--roofline h300: not a GPU this account knows (a100, h100, h200)");
+    tu_run_free(&run);
 }

@@ -142,6 +142,7 @@ typedef struct bb_op_time {
     uint64_t calls;
     double ms, flops;  /* flops: the products' (linear, attention), 0 for the rest */
     double elements;   /* what the op reads or writes, in elements (outputs of products) */
+    double bytes;      /* the traffic it cannot avoid at its dtypes (ops.def's bytes) */
 } bb_op_time;
 /* The ops timed since creation or the last reset, the longest first, at
  * most cap; their count (0 when profiling is off). Waits for the device. */

@@ -71,6 +71,20 @@ bb_status bb_plan_memory_sharded(const bb_model_config *cfg, int micro_batch, bb
                                  bb_device_kind device, int shards, size_t bucket_bytes, bb_param_shard_rule rule,
                                  bb_memory_breakdown *out);
 
+/* The work per op of one micro-step (forward and backward, recomputation
+ * included) and of the optimizer's step, as the counting backend counted
+ * it (bb_op_time: calls, FLOPs, elements, bytes; no times). */
+#define BB_STEP_WORK_CAP 64
+typedef struct bb_step_work {
+    bb_op_time micro[BB_STEP_WORK_CAP], opt[BB_STEP_WORK_CAP];
+    int nmicro, nopt;
+    size_t params;             /* the model's parameters */
+} bb_step_work;
+/* The work of cfg's step at micro-batch B on a device of kind `device`,
+ * one device (large: allocate it). Fails as bb_plan_memory. */
+bb_status bb_plan_step_work(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
+                            bb_step_work *out);
+
 typedef struct bb_plan_request {
     bb_model_config model;     /* shape filled from the data; its checkpoint policy only when fixed_recompute */
     int devices, global_batch;

@@ -37,14 +37,13 @@ bb_status bb_backend_pending(bb_backend_t *b)
 }
 
 /* Every op passes here first: the BB_FAULT hook, and the profile's mark
- * (flops: the op's multiply-adds times 2, for the products; elements: what
- * it reads or writes, the products' outputs). */
-static inline void op_entry_work(bb_backend_t *b, const char *op, double flops, double elements)
+ * (ops.def's flops, elements and bytes). */
+static inline void op_entry_work(bb_backend_t *b, const char *op, bb_op_work w)
 {
     if (__builtin_expect(b->fault_at != 0, 0) && !strcmp(op, b->fault_op) && ++b->fault_calls == b->fault_at)
         bb_backend_note_error(b, BB_ERR_DEVICE, "%s: %s failed: injected fault (BB_FAULT=%s:%llu)", b->name, op,
                               b->fault_op, (unsigned long long)b->fault_at);
-    if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, flops, elements);
+    if (__builtin_expect(b->profile != NULL, 0)) bb_op_profile_mark(b, op, w);
 }
 
 /* Ops run, except on a counting backend (the planner's): there every op
@@ -308,7 +307,7 @@ bb_status bb_backend_synchronize(bb_backend_t *b)
 {
     /* It waits even when an error is pending: callers rely on the queued
      * work being over (no copy still reading a host buffer) when it returns. */
-    if (b->profile && !b->vt->counts_only) bb_op_profile_mark(b, NULL, 0, 0);
+    if (b->profile && !b->vt->counts_only) bb_op_profile_mark(b, NULL, (bb_op_work){0});
     bb_status rc = b->vt->synchronize ? b->vt->synchronize(b) : BB_OK;
     return b->error != BB_OK ? bb_backend_pending(b) : rc;
 }
@@ -411,6 +410,11 @@ static bool activation_ok(bb_backend_t *b, const char *op, bb_activation act)
     return false;
 }
 
+/* ops.def's bytes: n elements of a tensor (none: 0), of fp32s at p, of int32s. */
+static inline double TB(bb_tensor t, double n) { return t.data ? n * (double)bb_dtype_size(t.dtype) : 0; }
+static inline double FB(const void *p, double n) { return p ? 4 * n : 0; }
+static inline double IB(double n) { return 4 * n; }
+
 static double range_elements(const size_t *lo, const size_t *hi, int n)
 {
     double elements = 0;
@@ -420,20 +424,22 @@ static double range_elements(const size_t *lo, const size_t *hi, int n)
 
 /* Every op: its `before` (ops.def), the BB_FAULT hook and the profile's
  * mark, its dtypes, then the call unless the backend only counts. */
-#define BB_OP(name, params, args, accept, flops, elements, before)                                                 \
+#define BB_OP(name, params, args, accept, flops, elements, bytes, before)                                          \
     void bb_op_##name(bb_backend_t *b, BB_UNPAREN params)                                                          \
     {                                                                                                               \
         const char *op = #name;                                                                                     \
         before;                                                                                                     \
-        op_entry_work(b, op, flops, elements);                                                                      \
+        if (__builtin_expect(b->profile != NULL || b->fault_at != 0, 0))                                            \
+            op_entry_work(b, op, (bb_op_work){flops, elements, bytes});                                             \
         if ((accept) && runs(b)) b->vt->name args;                                                                  \
     }
-#define BB_OP_VALUE(type, name, params, args, accept, flops, elements, before)                                     \
+#define BB_OP_VALUE(type, name, params, args, accept, flops, elements, bytes, before)                              \
     type bb_op_##name(bb_backend_t *b, BB_UNPAREN params)                                                          \
     {                                                                                                               \
         const char *op = #name;                                                                                     \
         before;                                                                                                     \
-        op_entry_work(b, op, flops, elements);                                                                      \
+        if (__builtin_expect(b->profile != NULL || b->fault_at != 0, 0))                                            \
+            op_entry_work(b, op, (bb_op_work){flops, elements, bytes});                                             \
         return (accept) && runs(b) ? b->vt->name args : (type)0;                                                    \
     }
 #include "bigbatch/ops.def"

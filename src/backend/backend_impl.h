@@ -85,7 +85,11 @@ struct bb_backend {
  * start (op NULL: a synchronization, which only ends the op before). */
 typedef struct bb_op_profile bb_op_profile;
 void bb_op_profile_init(bb_backend_t *b);
-void bb_op_profile_mark(bb_backend_t *b, const char *op, double flops, double elements);
+/* An op's work, as ops.def counts it. */
+typedef struct bb_op_work {
+    double flops, elements, bytes;
+} bb_op_work;
+void bb_op_profile_mark(bb_backend_t *b, const char *op, bb_op_work w);
 void bb_op_profile_free(bb_backend_t *b);
 
 /* backend.c: fills the shared part; the instance sets vt and impl. */

@@ -5,8 +5,8 @@
  * clock, since the ops are done when they return. The marks are read back
  * 256 at a time (one host wait) and when the table is asked for. A
  * counting backend (the planner's) keeps the table always, with no time:
- * each op's calls, FLOPs and elements, the work the planner's time model
- * weighs. */
+ * each op's calls, FLOPs, elements and bytes, the work the planner's time
+ * model weighs and the roofline account's traffic. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +17,7 @@ enum { RING = 256, OPS = 64 };
 struct bb_op_profile {
     bb_event_t *ev[RING];
     const char *name[RING]; /* NULL: a synchronization's mark, which only ends an op */
-    double flops[RING], elements[RING];
+    bb_op_work work[RING];
     int marks;
     uint64_t host_ns;       /* host clock: the pending op's start */
     bb_op_time table[OPS];
@@ -31,7 +31,7 @@ void bb_op_profile_init(bb_backend_t *b)
         b->profile = calloc(1, sizeof *b->profile);
 }
 
-static void account(bb_op_profile *p, const char *op, double ms, double flops, double elements)
+static void account(bb_op_profile *p, const char *op, double ms, bb_op_work w)
 {
     if (!op) return;
     int i = 0;
@@ -42,8 +42,9 @@ static void account(bb_op_profile *p, const char *op, double ms, double flops, d
     }
     p->table[i].calls++;
     p->table[i].ms += ms;
-    p->table[i].flops += flops;
-    p->table[i].elements += elements;
+    p->table[i].flops += w.flops;
+    p->table[i].elements += w.elements;
+    p->table[i].bytes += w.bytes;
 }
 
 /* Reads back every mark but the last, which starts the next interval. */
@@ -53,36 +54,34 @@ static void flush(bb_backend_t *b, bb_op_profile *p)
     for (int i = 1; i < p->marks; i++) {
         double ms = 0;
         if (b->vt->event_elapsed(b, p->ev[i - 1], p->ev[i], &ms) == BB_OK)
-            account(p, p->name[i - 1], ms, p->flops[i - 1], p->elements[i - 1]);
+            account(p, p->name[i - 1], ms, p->work[i - 1]);
     }
     bb_event_t *last = p->ev[p->marks - 1];
     p->ev[p->marks - 1] = p->ev[0];
     p->ev[0] = last;
     p->name[0] = p->name[p->marks - 1];
-    p->flops[0] = p->flops[p->marks - 1];
-    p->elements[0] = p->elements[p->marks - 1];
+    p->work[0] = p->work[p->marks - 1];
     p->marks = 1;
 }
 
-void bb_op_profile_mark(bb_backend_t *b, const char *op, double flops, double elements)
+void bb_op_profile_mark(bb_backend_t *b, const char *op, bb_op_work w)
 {
     bb_op_profile *p = b->profile;
     if (b->vt->counts_only) { /* the work only */
-        account(p, op, 0, flops, elements);
+        account(p, op, 0, w);
         return;
     }
     if (!b->vt->event_record) { /* the host's clock */
         uint64_t now = bb_clock_ns();
-        if (p->marks) account(p, p->name[0], (double)(now - p->host_ns) / 1e6, p->flops[0], p->elements[0]);
-        p->name[0] = op, p->flops[0] = flops, p->elements[0] = elements, p->marks = 1, p->host_ns = now;
+        if (p->marks) account(p, p->name[0], (double)(now - p->host_ns) / 1e6, p->work[0]);
+        p->name[0] = op, p->work[0] = w, p->marks = 1, p->host_ns = now;
         return;
     }
     if (p->marks == RING) flush(b, p);
     if (!p->ev[p->marks] && b->vt->event_create(b, &p->ev[p->marks]) != BB_OK) return;
     if (b->vt->event_record(b, p->ev[p->marks], BB_STREAM_COMPUTE) != BB_OK) return;
     p->name[p->marks] = op;
-    p->flops[p->marks] = flops;
-    p->elements[p->marks] = elements;
+    p->work[p->marks] = w;
     p->marks++;
 }
 
@@ -90,7 +89,7 @@ void bb_op_profile_mark(bb_backend_t *b, const char *op, double flops, double el
 static void settle(bb_backend_t *b, bb_op_profile *p)
 {
     if (b->vt->counts_only) return;
-    bb_op_profile_mark(b, NULL, 0, 0);
+    bb_op_profile_mark(b, NULL, (bb_op_work){0});
     if (b->vt->event_record) flush(b, p);
 }
 

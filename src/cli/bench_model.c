@@ -7,6 +7,7 @@
 #include "bench.h"
 #include "bigbatch/model.h"
 #include "bigbatch/plan.h"
+#include "bigbatch/roofline.h"
 #include "model_flags.h"
 
 static const char usage[] =
@@ -14,7 +15,7 @@ static const char usage[] =
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
     "                     [--checkpoint none|blocks|every:K] [--loss-chunk TOKENS] [--devices cpu|cuda:N]\n"
     "                     [--precision fp32|bf16] [--attention auto|cudnn|kernels] [--threads N] [--steps S]\n"
-    "                     [--json]";
+    "                     [--roofline a100|h100|h200] [--json]";
 static const char summary[] =
     "Times S training steps (forward, loss, backward, AdamW on every parameter) of a\n"
     "model on random data after 2 warm-up steps, on the CPU backend with N\n"
@@ -23,11 +24,21 @@ static const char summary[] =
     "the first step (a fresh gpt's is about ln V) and of the last. --json adds the\n"
     "planner's prediction of the peak, the host's waits for the device a step, and\n"
     "with BB_PROFILE_OPS=1 in the environment each op's calls, ms and GFLOP a step.\n"
-    "perf/model_bench.sh (CPU) and perf/gpu_check.sh (GPU) run it beside PyTorch.";
+    "perf/model_bench.sh (CPU) and perf/gpu_check.sh (GPU) run it beside PyTorch.\n"
+    "\n"
+    "--roofline GPU runs nothing: it counts the step's work per op (FLOPs, and the\n"
+    "bytes each op must read and write at the model's dtypes) on the planner's\n"
+    "counting backend and weighs it against the GPU's published peaks (dense\n"
+    "bf16 or fp32 FLOP/s, memory bandwidth): products at 70% of peak, the other\n"
+    "ops at 80% of bandwidth. It prints per op the calls, GFLOP, GB and predicted\n"
+    "ms of one step (micro-step and AdamW), the micro-step's non-product traffic,\n"
+    "and the predicted tokens/s and MFU (llm.c's 6N + 6LCT FLOPs per token): a\n"
+    "design's ceiling, since a backend's extra passes and gaps are not counted.\n"
+    "perf/roofline_llmc.py sets it beside the same account of llm.c's step.";
 
 /* The bench's flags. */
 typedef struct bench_flags {
-    const char *kind, *checkpoint, *device;
+    const char *kind, *checkpoint, *device, *roofline;
     int layers, heads, d_model, seq_len, vocab, micro_batch, threads, inputs, classes, steps, loss_chunk;
     bb_str_list hidden;
     bool json, micro_given, loss_chunk_given;
@@ -53,8 +64,8 @@ typedef struct bench_figures {
 } bench_figures;
 
 /* The model the flags describe (no data here: the flags give what the
- * data would), on its backend, with a synthetic batch set and AdamW's state. */
-static bb_status bench_setup(bench_flags *f, bench_run *r)
+ * data would). */
+static bb_status bench_config(bench_flags *f, bench_run *r)
 {
     bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
                             .hidden = (const char *const *)f->hidden.items, .hidden_count = f->hidden.count};
@@ -74,8 +85,16 @@ static bb_status bench_setup(bench_flags *f, bench_run *r)
     BB_TRY(bb_model_parse_recompute(f->checkpoint, &r->c));
     model_flags chunk = {.loss_chunk = f->loss_chunk, .loss_chunk_given = f->loss_chunk_given};
     BB_TRY(loss_chunk_flag(&chunk, &r->c));
-    f->bo.threads = f->threads;
     r->c.precision = f->bo.precision;
+    return BB_OK;
+}
+
+/* That model on its backend, with a synthetic batch set and AdamW's state. */
+static bb_status bench_setup(bench_flags *f, bench_run *r)
+{
+    BB_TRY(bench_config(f, r));
+    bool gpt = bb_model_targets_are_tokens(&r->c);
+    f->bo.threads = f->threads;
     BB_TRY(device_flag_parse_one(f->device, &r->device, &f->bo.device));
     BB_TRY(bb_backend_create(r->device, &f->bo, &r->be));
     BB_TRY(bb_model_create(r->be, &r->c, f->micro_batch, &r->m));
@@ -174,6 +193,67 @@ static bb_status bench_print(const bench_flags *f, const bench_run *r, const ben
     return rc;
 }
 
+/* --roofline: the account of the step on the GPU named, as a table or one JSON object. */
+static bb_status bench_roofline(bench_flags *f, bench_run *r)
+{
+    const bb_gpu_peaks *g = bb_gpu_peaks_find(f->roofline);
+    if (!g) return bb_fail(BB_ERR_ARG, "--roofline %s: not a GPU this account knows (%s)", f->roofline,
+                           bb_gpu_peaks_names());
+    BB_TRY(bench_config(f, r));
+    bb_roofline *a = malloc(sizeof *a);
+    if (!a) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    bb_status rc = bb_roofline_account(&r->c, f->micro_batch, g, a);
+    bool bf16 = r->c.precision == BB_PRECISION_BF16;
+    if (rc == BB_OK && !f->json) {
+        char model[160];
+        bb_model_describe(&r->c, model, sizeof model);
+        printf("roofline of %s, %.0f parameters, micro-batch %d (%.0f targets), %s, checkpoint %s, on %s (%s: "
+               "%.0f TFLOP/s %s dense, %.2f TB/s): products at %.0f%% of peak, other ops at %.0f%% of bandwidth\n",
+               model, a->params, f->micro_batch, a->tokens, bb_precision_name(r->c.precision), f->checkpoint, g->name,
+               g->part, (bf16 ? g->bf16_flops : g->fp32_flops) / 1e12, bf16 ? "bf16" : "fp32",
+               g->memory_bytes_per_s / 1e12, 100 * BB_ROOFLINE_PRODUCT_EFFICIENCY,
+               100 * BB_ROOFLINE_MEMORY_EFFICIENCY);
+        printf("%-22s %-10s %8s %10s %9s %9s\n", "op", "stage", "calls", "GFLOP", "GB", "ms");
+        for (int i = 0; i < a->count; i++) {
+            const bb_roofline_row *w = &a->rows[i];
+            printf("%-22s %-10s %8.0f %10.1f %9.3f %9.3f%s\n", w->op, w->optimizer ? "optimizer" : "micro-step",
+                   w->calls, w->gflop, w->gb, w->ms, w->product ? "  product" : "");
+        }
+        printf("micro-step: products %.2f ms (%.0f GFLOP), other ops %.2f ms (%.2f GB); optimizer %.2f ms (%.2f GB)\n",
+               a->product_ms, a->product_gflop, a->other_ms, a->other_gb, a->optimizer_ms, a->optimizer_gb);
+        printf("predicted: %.2f ms a step, %.0f %s/s, MFU %.1f%%\n", a->step_ms, a->tokens_per_s,
+               bb_model_targets_are_tokens(&r->c) ? "tokens" : "samples", 100 * a->mfu);
+    } else if (rc == BB_OK) {
+        json_t *ops = json_array();
+        for (int i = 0; ops && i < a->count; i++) {
+            const bb_roofline_row *w = &a->rows[i];
+            json_array_append_new(ops, json_pack("{s:s, s:s, s:I, s:o, s:o, s:o, s:b}", "name", w->op, "stage",
+                                                 w->optimizer ? "optimizer" : "micro-step", "calls",
+                                                 (json_int_t)w->calls, "gflop", bb_json_real(w->gflop, 9), "gb",
+                                                 bb_json_real(w->gb, 9), "ms", bb_json_real(w->ms, 9), "product",
+                                                 w->product));
+        }
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:s, s:i, s:I, s:o, s:{s:s, s:o, s:o, s:o}, s:{s:o, s:o}, s:o, s:o, s:o, s:o, s:o, s:o,"
+            " s:o, s:o, s:o, s:o}",
+            "model", f->kind, "roofline", g->name, "precision", bb_precision_name(r->c.precision), "checkpoint",
+            f->checkpoint, "micro_batch", f->micro_batch, "params", (json_int_t)a->params, "tokens",
+            bb_json_real(a->tokens, 9), "gpu", "part", g->part, "bf16_flops", bb_json_real(g->bf16_flops, 6),
+            "fp32_flops", bb_json_real(g->fp32_flops, 6), "memory_bytes_per_s", bb_json_real(g->memory_bytes_per_s, 6),
+            "efficiency", "products", bb_json_real(BB_ROOFLINE_PRODUCT_EFFICIENCY, 6), "memory",
+            bb_json_real(BB_ROOFLINE_MEMORY_EFFICIENCY, 6), "product_ms", bb_json_real(a->product_ms, 9),
+            "product_gflop", bb_json_real(a->product_gflop, 9), "non_product_ms", bb_json_real(a->other_ms, 9),
+            "non_product_gb", bb_json_real(a->other_gb, 9), "optimizer_ms", bb_json_real(a->optimizer_ms, 9),
+            "optimizer_gb", bb_json_real(a->optimizer_gb, 9), "step_ms", bb_json_real(a->step_ms, 9),
+            "predicted_tokens_per_s", bb_json_real(a->tokens_per_s, 9), "mfu", bb_json_real(a->mfu, 9), "ops",
+            ops ? ops : json_null());
+        rc = o ? bb_json_write_line(stdout, o) : bb_fail(BB_ERR_NOMEM, "out of memory");
+        json_decref(o);
+    }
+    free(a);
+    return rc;
+}
+
 int bb_bench_model(int argc, char **argv)
 {
     bench_flags f = {.kind = "gpt", .checkpoint = "none", .device = "cpu", .layers = BB_GPT_DEFAULT_LAYERS,
@@ -201,14 +281,20 @@ int bb_bench_model(int argc, char **argv)
         PRECISION_FLAG_OPT(f.bo.precision, NULL),
         ATTENTION_FLAG_OPT(f.bo.attention),
         {"--steps", BB_OPT_I32, &f.steps, "S", "timed steps", .min = 1, .max = 100000},
+        {"--roofline", BB_OPT_STRING, &f.roofline, "GPU",
+         "run nothing: the step's roofline account on a100, h100 or h200 (see below)"},
         {"--json", BB_OPT_FLAG, &f.json, NULL, "print one JSON object"},
         {0}};
     bench_run r = {0};
     bench_figures g = {.first_loss = NAN, .last_loss = NAN};
     bb_status rc = bb_cli_parse("bench model", opts, argc, argv, NULL);
-    if (rc == BB_OK) rc = bench_setup(&f, &r);
-    if (rc == BB_OK) rc = bench_steps(&r, f.steps, &g);
-    if (rc == BB_OK) rc = bench_print(&f, &r, &g);
+    if (rc == BB_OK && f.roofline) {
+        rc = bench_roofline(&f, &r);
+    } else {
+        if (rc == BB_OK) rc = bench_setup(&f, &r);
+        if (rc == BB_OK) rc = bench_steps(&r, f.steps, &g);
+        if (rc == BB_OK) rc = bench_print(&f, &r, &g);
+    }
     bench_teardown(&r);
     int code = rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);
     bb_cli_free(opts, NULL);

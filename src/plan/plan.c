@@ -44,19 +44,10 @@ static bb_status largest_shard(const bb_model_t *m, int owners, size_t bucket_by
     return rc;
 }
 
-enum { WORK_CAP = 64 };
-
-/* The work per op of a micro-step (forward and backward, recomputation
- * included) and of the optimizer's step, as the counting backend counted it. */
-typedef struct step_work {
-    bb_op_time micro[WORK_CAP], opt[WORK_CAP];
-    int nmicro, nopt;
-} step_work;
-
 /* bb_plan_memory_sharded, and the work of the step (work may be NULL). */
 static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          int shards, size_t bucket_bytes, bb_param_shard_rule rule, bb_memory_breakdown *out,
-                         step_work *work)
+                         bb_step_work *work)
 {
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
@@ -84,18 +75,26 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     out->loader_slots = loader_slots(c, micro_batch, 1, 0, 0);
     bb_model_recompute_counts(m, &out->recomputed_layers, &out->selective_recomputes);
     if (work) {
-        work->nmicro = bb_backend_op_profile(be, work->micro, WORK_CAP);
+        work->params = bb_model_param_count(m);
+        work->nmicro = bb_backend_op_profile(be, work->micro, BB_STEP_WORK_CAP);
         bb_backend_op_profile_reset(be);
         double lr;
         bb_optimizer_sum_squares(be, m, &o);
         bb_optimizer_apply(be, m, &o, 0, 1, 1.0, &lr);
-        work->nopt = bb_backend_op_profile(be, work->opt, WORK_CAP);
+        work->nopt = bb_backend_op_profile(be, work->opt, BB_STEP_WORK_CAP);
     }
 done:
     if (be) bb_optimizer_destroy(be, &o);
     bb_model_destroy(m);
     bb_backend_destroy(be);
     return rc;
+}
+
+bb_status bb_plan_step_work(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
+                            bb_step_work *out)
+{
+    bb_memory_breakdown mem;
+    return measure(c, micro_batch, opt, device, 1, 0, BB_PARAM_SHARD_AUTO, &mem, out);
 }
 
 bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
@@ -145,7 +144,7 @@ static int candidate_policies(const bb_plan_request *q, bb_model_config *out, in
 }
 
 /* Calibrated: a step of `accumulation` micro-steps of `micro_batch`, and the optimizer's. */
-static double step_ms(const bb_calibration *cal, const step_work *w, int micro_batch, int accumulation)
+static double step_ms(const bb_calibration *cal, const bb_step_work *w, int micro_batch, int accumulation)
 {
     return accumulation * bb_calibration_ms(cal, w->micro, w->nmicro, micro_batch) +
            bb_calibration_ms(cal, w->opt, w->nopt, micro_batch);
@@ -159,7 +158,7 @@ static bb_status reference_step(const bb_plan_request *q, int per_device, size_t
     BB_TRY(bb_model_parse_recompute("none", &c));
     c.loss_chunk = bb_model_loss_chunk(&c, per_device, bb_device_transient_budget(q->device, q->device_mem));
     bb_memory_breakdown mem;
-    step_work *w = malloc(sizeof *w);
+    bb_step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
     bb_status rc = measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, q->zero_shards, &mem, w);
     if (rc == BB_OK) *ms = step_ms(q->calibration, w, per_device, 1);
@@ -183,7 +182,7 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     r->recompute_every = c.recompute_every;
     memcpy(r->recompute_plan, c.recompute_plan, sizeof r->recompute_plan);
     bb_model_recompute_name(&c, r->recompute, sizeof r->recompute);
-    step_work *w = malloc(sizeof *w);
+    bb_step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
     bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, q->zero_shards,
                            &r->memory, w);
