@@ -15,7 +15,8 @@
 #
 # Variables: CUDA=auto|0|1|emu (auto: use nvcc when found; emu: the .cu sources as C++ on
 # emulated GPUs, a test build), MPI=auto|0|1 (auto: use mpicc when found), OPT (-O3 -g), ARCH
-# (-march=native), CUDA_GENCODE (sm_90 and sm_80), NCCL_INC/NCCL_LIB (default
+# (-march=native), CUDA_GENCODE (sm_90 and sm_80 machine code, and compute_90 PTX that a newer
+# GPU's driver compiles), NCCL_INC/NCCL_LIB (default
 # the toolkit's), BUILD (object directory).
 
 CC        ?= gcc
@@ -30,7 +31,7 @@ SAN       ?=
 CXX       ?= g++
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
-CUDA_GENCODE ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80
+CUDA_GENCODE ?= -gencode=arch=compute_90,code=[sm_90,compute_90] -gencode=arch=compute_80,code=sm_80
 # NCCL ships with the toolkit here; elsewhere (e.g. PyTorch's wheel) point these at it.
 NCCL_INC  ?= $(CUDA_HOME)/include
 NCCL_LIB  ?= $(CUDA_HOME)/lib64
@@ -143,13 +144,22 @@ $(BUILD)/%.o: %.cu Makefile
 	$(CXX) -x c++ -std=c++17 $(OPT) $(ARCH) -fno-gnu-unique -DBB_CUDA_EMU -I$(EMU_DIR)/include -Iinclude -Isrc -Ikernels \
 	  -Wall -Wextra -Werror -Wno-missing-field-initializers -MMD -MP $(SAN_FLAGS) $(EXTRA_CFLAGS) -c $< -o $@
 else
+NVCC_COMPILE = $(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) $(NVCC_EXTRA) \
+               -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
 $(BUILD)/%.o: %.cu Makefile
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O2 $(CUDA_GENCODE) -Iinclude -Isrc -Ikernels -isystem $(NCCL_INC) $(NVCC_EXTRA) -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique -MMD -MP -c $< -o $@
-# The graph code where the frontend's headers are (rebuilt when they appear).
+	$(NVCC_COMPILE)
+# The graph code where the frontend's headers are (rebuilt when they appear);
+# without them the build says what that costs on a GPU.
 ifneq ($(CUDNN_FE_H),)
 $(BUILD)/src/backend/cuda/cudnn_attention.o: NVCC_EXTRA = -DBB_CUDNN_FRONTEND -isystem $(CUDNN_FE_INC)
 $(BUILD)/src/backend/cuda/cudnn_attention.o: $(CUDNN_FE_H)
+else
+$(BUILD)/src/backend/cuda/cudnn_attention.o: src/backend/cuda/cudnn_attention.cu Makefile
+	@mkdir -p $(@D)
+	@echo "note: no cuDNN frontend headers in $(CUDNN_FE_INC) (make deps fetches them): on a GPU this build's" \
+	      "bf16 attention runs on bigbatch's own kernels, far slower than cuDNN's (the train banner says which runs)"
+	$(NVCC_COMPILE)
 endif
 endif
 
@@ -401,7 +411,7 @@ clean:
 GPU_BUNDLE := build/gpu
 gpu-bundle: deps
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=$(GPU_BUNDLE) BIN_DIR=$(GPU_BUNDLE)/bin LIB_DIR=$(GPU_BUNDLE)/lib \
-	  CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" ARCH=-march=x86-64-v3 all $(GPU_BUNDLE)/tests/test_cuda
+	  CUDA_GENCODE="-gencode=arch=compute_90,code=[sm_90,compute_90]" ARCH=-march=x86-64-v3 all $(GPU_BUNDLE)/tests/test_cuda
 	@mkdir -p $(GPU_BUNDLE)/so && rm -f $(GPU_BUNDLE)/so/*
 	@ldd $(GPU_BUNDLE)/bin/bigbatch $(GPU_BUNDLE)/tests/test_cuda | awk '/=> \// {print $$3}' | sort -u | \
 	  grep -v -E '/(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcublas|libnccl|libcudart' | \

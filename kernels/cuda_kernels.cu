@@ -298,20 +298,27 @@ __global__ void records_to_images_k(float *features, int32_t *labels, const uint
 }
 
 // ---- loss: one block per row, as the CPU: exp sums and the loss in double --------
-template <class T>
-__global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const float *logits, const int32_t *targets, int V,
+// T: dlogits' type, L: the logits' (bf16 logits: in place, as llm.c's fused classifier).
+template <class T, class L>
+__global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const L *logits, const int32_t *targets, int V,
                                        float normalizer, int *valid)
 {
     size_t row = blockIdx.x;
-    const float *x = logits + row * V;
+    const L *x = logits + row * V;
     int target = targets[row];
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-    m = block_reduce<true>(m);
-    double s = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
-    s = block_sum_double(s);
-    float target_logit = target >= 0 ? x[target] : 0.0f; // read before dlogits may overwrite it
+    // One pass for the statistics (an online softmax: each thread keeps its
+    // own maximum and its sum scaled to it), one for the gradient: the
+    // logits are read twice, not three times.
+    float mt = -INFINITY;
+    double st = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = bbk_ld(x, j);
+        if (v > mt) st = st * (double)expf(mt - v) + 1.0, mt = v;
+        else if (v != -INFINITY) st += expf(v - mt); // NaN passes here, and makes the loss NaN
+    }
+    float m = block_reduce<true>(mt);
+    double s = block_sum_double(mt == -INFINITY ? st : st * (double)expf(mt - m));
+    float target_logit = target >= 0 ? bbk_ld(x, target) : 0.0f; // read before dlogits may overwrite it
     __syncthreads();
     if (threadIdx.x == 0) {
         row_loss[row] = target >= 0 ? log(s) - (double)(target_logit - m) : 0.0;
@@ -321,7 +328,7 @@ __global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const float
     T *d = dlogits + row * V;
     float scale = (float)(1.0 / s) / normalizer;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = target >= 0 ? expf(x[j] - m) * scale : 0.0f;
+        float g = target >= 0 ? expf(bbk_ld(x, j) - m) * scale : 0.0f;
         if (j == target) g -= 1.0f / normalizer;
         bbk_st(d, j, g);
     }
@@ -394,6 +401,16 @@ int row_threads(int width)
     int t = 32;
     while (t < width && t < 1024) t *= 2;
     return t;
+}
+
+// LayerNorm's rows (C 768, 1024, 1600 ...): about 4 elements a thread in
+// whole warps, so no thread idles where a power of two would leave a
+// quarter of the block out (C 768: 192 threads, not 1024), and more rows'
+// blocks fit an SM.
+int norm_threads(int C)
+{
+    int t = ((C + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 1024 ? 1024 : t;
 }
 
 // The sort scratch: positions (in, out), sorted tokens, run tokens, run
@@ -518,8 +535,8 @@ cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scra
 cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
                                   const float *w, const float *bias, int N, int C)
 {
-    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, w, bias, N, C, row_threads(C));
-    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, w, bias, N, C, row_threads(C));
+    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, w, bias, N, C, norm_threads(C));
+    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, w, bias, N, C, norm_threads(C));
     return cudaGetLastError();
 }
 
@@ -530,10 +547,10 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *
     float *pw = scratch, *pb = scratch + (size_t)BBK_COLUMN_CHUNKS * C;
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
     if (bf16)
-        layernorm_backward_launch<uint16_t>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, row_threads(C), grid,
+        layernorm_backward_launch<uint16_t>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, norm_threads(C), grid,
                                             chunk_rows(N));
     else
-        layernorm_backward_launch<float>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, row_threads(C), grid,
+        layernorm_backward_launch<float>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, norm_threads(C), grid,
                                          chunk_rows(N));
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
@@ -620,15 +637,22 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
     return cudaGetLastError();
 }
 
-cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, double *row_loss, void *dlogits, const float *logits,
-                                     const int32_t *targets, int N, int V, float normalizer, int *valid)
+cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, bool bf16_logits, double *row_loss, void *dlogits,
+                                     const void *logits, const int32_t *targets, int N, int V, float normalizer,
+                                     int *valid)
 {
-    if (N > 0 && bf16)
-        BB_LAUNCH(softmax_crossentropy_k<uint16_t>, N, row_threads(V), 0, s)(
-            row_loss, static_cast<uint16_t *>(dlogits), logits, targets, V, normalizer, valid);
+    auto *d16 = static_cast<uint16_t *>(dlogits);
+    auto *l16 = static_cast<const uint16_t *>(logits);
+    auto *l32 = static_cast<const float *>(logits);
+    if (N > 0 && bf16_logits)
+        BB_LAUNCH((softmax_crossentropy_k<uint16_t, uint16_t>), N, row_threads(V), 0, s)(row_loss, d16, l16, targets, V,
+                                                                                       normalizer, valid);
+    else if (N > 0 && bf16)
+        BB_LAUNCH((softmax_crossentropy_k<uint16_t, float>), N, row_threads(V), 0, s)(row_loss, d16, l32, targets, V,
+                                                                                    normalizer, valid);
     else if (N > 0)
-        BB_LAUNCH(softmax_crossentropy_k<float>, N, row_threads(V), 0, s)(row_loss, static_cast<float *>(dlogits), logits,
-                                                                          targets, V, normalizer, valid);
+        BB_LAUNCH((softmax_crossentropy_k<float, float>), N, row_threads(V), 0, s)(
+            row_loss, static_cast<float *>(dlogits), l32, targets, V, normalizer, valid);
     return cudaGetLastError();
 }
 

@@ -290,6 +290,33 @@ Test(cuda_train, without_cudnn_bf16_attention_runs_on_our_kernels_after_one_warn
             cr_assert_not_null(strstr(own, cases[i].why), "the reason (%s): %s", cases[i].why, own);
         free(own), tu_run_free(&r);
     }
+    /* the banner names the engine that runs; asked for by name, cuDNN's absence fails the run at once */
+    tu_run r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2",
+                           "--d-model", "16", "--global-batch", "4", "--micro-batch", "4", "--steps", "1", "--precision", "bf16");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "attention: bigbatch's kernels"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "products: cuBLAS bf16"), "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2", "--d-model",
+                    "16", "--global-batch", "4", "--micro-batch", "4", "--steps", "1", "--precision", "bf16", "--attention", "cudnn");
+    tu_assert_error(&r, "--attention cudnn", "cuDNN");
+    tu_run_free(&r);
+    free(tokens);
+}
+
+/* A driver older than the runtime (as CUDA 13 on an R570 driver) is one
+ * line naming both versions and the driver needed, not "no GPU". */
+Test(cuda_train, a_driver_older_than_the_runtime_names_both_versions)
+{
+    need_emulator("a driver too old");
+    char *tokens = make_tokens("tokens", 200);
+    setenv("BB_CUDA_EMU_DRIVER", "12080", 1);
+    tu_run r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2",
+                           "--d-model", "16", "--global-batch", "4", "--steps", "1");
+    unsetenv("BB_CUDA_EMU_DRIVER");
+    tu_assert_error(&r, "the NVIDIA driver supports CUDA 12.8, older than this program's CUDA runtime 13.0",
+                    "R580 or later");
+    tu_run_free(&r);
     free(tokens);
 }
 

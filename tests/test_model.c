@@ -247,14 +247,14 @@ Test(model, gpt_checkpoint_memory_follows_the_formula)
     cr_assert_eq(bb_model_activation_bytes(a), L * slot + BT * C * 4 + fixed);
     cr_assert_eq(bb_model_activation_bytes(b), slot + L * BT * C * 4 + fixed);
     bb_model_destroy(a), bb_model_destroy(b);
-    /* bf16: every tensor in 2 bytes (statistics in 4), the logits' chunk in
-     * 4 and its gradient's in 2; the same layout otherwise */
+    /* bf16: every tensor in 2 bytes (statistics in 4), the logits' chunk
+     * too, with its gradient written over it; the same layout otherwise */
     bb_model_config every4 = tiny_gpt(L, 4); /* segments of 4 and 2: 4 recompute slots */
     none.precision = blocks.precision = every4.precision = BB_PRECISION_BF16;
     a = make_model(&none, GPT_B, 1), b = make_model(&blocks, GPT_B, 1);
     bb_model_t *e = make_model(&every4, GPT_B, 1);
     size_t slot16 = BT * 16 * C * 2 + BT * (4 + NH) * 4;
-    size_t fixed16 = BT * C * 2 + BT * 2 * 4 + chunk * V * (4 + 2) + BT * 2 * C * 2 + BT * 8;
+    size_t fixed16 = BT * C * 2 + BT * 2 * 4 + chunk * V * 2 + BT * 2 * C * 2 + BT * 8;
     cr_assert_eq(bb_model_activation_bytes(a), L * slot16 + BT * C * 2 + fixed16);
     cr_assert_eq(bb_model_activation_bytes(b), slot16 + L * BT * C * 2 + fixed16);
     cr_assert_eq(bb_model_activation_bytes(e), 4 * slot16 + 2 * BT * C * 2 + fixed16);

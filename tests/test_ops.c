@@ -458,8 +458,8 @@ static void case_softmax_crossentropy(tc *t)
     bool in_place = D(2);
     buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
     buf dl = tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5);
-    if (in_place) tc_out(t, logits, 1e-5);
-    else tc_act(t, dl); /* a bf16 dlogits is its own buffer */
+    if (in_place) tc_act(t, tc_out(t, logits, 1e-5)); /* bf16: the fused classifier's bf16 logits */
+    else tc_act(t, dl); /* from fp32 logits */
     TC_RUN(t, {
         double loss;
         int valid;
@@ -473,8 +473,10 @@ static void case_softmax_crossentropy(tc *t)
 static void case_crossentropy_rows(tc *t)
 {
     int N = D(0), V = D(1);
+    bool in_place = D(2); /* the decoder's head: the gradient over the logits (bf16 ones under bf16) */
     buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
-    buf dl = tc_act(t, tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5));
+    buf dl = in_place ? tc_act(t, tc_out(t, logits, 1e-5))
+                      : tc_act(t, tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5));
     buf rows = tc_bytes(t, "row_loss", NULL, (size_t)N * sizeof(double));
     TC_RUN(t, {
         bb_op_crossentropy_rows(BE, tc_p(t, rows), tc_t(t, dl), tc_t(t, logits), tc_p(t, tg), N, V, 3.0f);
@@ -626,7 +628,7 @@ static const op_case cases[] = {
      {{100003, BB_ACTIVATION_RELU}, {100003, BB_ACTIVATION_GELU_TANH}, {100003, BB_ACTIVATION_SILU}}},
     {"add", case_add, 2, {{1}, {100003}}},
     /* N, C (rows wider than a block; more rows than column chunks) */
-    {"layernorm_forward", case_layernorm_forward, 2, {{19, 97}, {300, 1500}}},
+    {"layernorm_forward", case_layernorm_forward, 3, {{19, 97}, {300, 1500}, {64, 768}}},
     {"layernorm_backward", case_layernorm_backward, 2, {{19, 97, 0}, {300, 1500, 1}}},
     /* B, T, C, V, positions (0: none), accumulate */
     {"embedding_forward", case_embedding_forward, 2, {{3, 5, 16, 11, 8}, {3, 5, 16, 11, 0}}},
@@ -642,9 +644,9 @@ static const op_case cases[] = {
      {{2, 7, 3, 3, 4}, {2, 70, 4, 4, 8}, {1, 1024, 12, 12, 64}, {1, 300, 4, 4, 256}, {2, 70, 4, 2, 8},
       {1, 45, 6, 1, 16}}, .large = 1u << 2},
     {"attention_decode", case_attention_decode, 4, {{1, 7, 3, 3, 4}, {1, 70, 4, 2, 8}, {1, 300, 12, 12, 64}, {1, 33, 6, 1, 16}}},
-    /* N, V, in place */
-    {"softmax_crossentropy", case_softmax_crossentropy, 2, {{9, 301, 0}, {9, 301, 1}}},
-    {"crossentropy_rows", case_crossentropy_rows, 2, {{9, 301}, {1000, 50}}},
+    /* N, V, in place; V past a block's threads: each thread's own maximum and sum, rescaled */
+    {"softmax_crossentropy", case_softmax_crossentropy, 3, {{9, 301, 0}, {9, 301, 1}, {4, 5003, 0}}},
+    {"crossentropy_rows", case_crossentropy_rows, 3, {{9, 301, 0}, {1000, 50, 0}, {7, 3001, 1}}},
     {"sum_rows", case_sum_rows, 2, {{1}, {100003}}},
     /* N, V */
     {"count_correct", case_count_correct, 2, {{7, 3}, {5003, 10}}},

@@ -111,13 +111,14 @@ Test(train, bf16_activations_track_fp32_and_checkpointing_stays_exact)
 
 /* The demo's gpt (4 layers, 4 heads, d 128, the demo's batch, rate and
  * warm-up) on the embedded KJV for 50 steps: bf16 follows fp32 — on
- * average within 1e-2 a step, every step within 3e-2, the last ten steps'
+ * average within 1e-2 a step, every step within 4e-2, the last ten steps'
  * mean within 1e-2 — with a bit over half the peak memory. (Per step the
  * difference peaks just after the warm-up, where the rate of 4e-3 makes
  * fp32's own loss jump (3.04 -> 3.33 at step 16) and the two runs'
- * trajectories part: 1.5e-2 to 2.5e-2 there depending on who sums the
- * products, below 1e-2 again by step 35; fp32 on one device against two
- * stays within 1e-5.) */
+ * trajectories part: 1.5e-2 to 2.5e-2 there with fp32 logits depending on
+ * who sums the products, 3.2e-2 with bf16 logits (the fused classifier's,
+ * llm.c's and autocast's), below 1e-2 again by step 35; fp32 on one device
+ * against two stays within 1e-5.) */
 Test(train, bf16_follows_fp32_for_50_steps_of_the_demo_gpt)
 {
     bb_train_options o;
@@ -145,7 +146,7 @@ Test(train, bf16_follows_fp32_for_50_steps_of_the_demo_gpt)
                 bf16.losses[0], bf16.losses[49], fp32.losses[0], fp32.losses[49], mean, worst, at, tail_rel,
                 bf16.peak_bytes[0] / 1048576.0, fp32.peak_bytes[0] / 1048576.0);
     cr_assert_lt(mean, 1e-2, "bf16's loss is %.3e off fp32's on average (relative)", mean);
-    cr_assert_lt(worst, 3e-2, "bf16's loss at step %d is %.3e off fp32's (relative)", at, worst);
+    cr_assert_lt(worst, 4e-2, "bf16's loss at step %d is %.3e off fp32's (relative)", at, worst);
     cr_assert_lt(tail_rel, 1e-2, "bf16's last ten losses average %.4f, fp32's %.4f", tail[1], tail[0]);
     cr_assert_lt(bf16.losses[49], 0.5 * bf16.losses[0], "bf16 did not learn: %.4f -> %.4f", bf16.losses[0],
                  bf16.losses[49]);

@@ -42,7 +42,7 @@ typedef struct bb_cuda_info {
     char device_name[256];  /* device 0, when there is one */
     size_t device_memory;   /* bytes on device 0 */
     int compute_major, compute_minor;
-    char reason[160];       /* why device_count is 0, e.g. "no CUDA driver" */
+    char reason[256];       /* why device_count is 0, e.g. "no CUDA driver" */
 } bb_cuda_info;
 
 /* Fills `info`; never fails (a missing GPU or driver is reported, not an error). */
@@ -151,8 +151,9 @@ void bb_backend_op_profile_reset(bb_backend_t *b);
 /* How many times the host has waited for the device (synchronizations,
  * copies to the host, reads of a loss): the sync budget, on a real GPU. */
 uint64_t bb_backend_host_waits(const bb_backend_t *b);
-/* Who runs this backend's attention: "cuDNN 9.x.y" once its fused SDPA ran,
- * else "bigbatch's kernels". */
+/* Who runs this backend's attention: "cuDNN 9.x.y SDPA" while cuDNN's fused
+ * SDPA is in use (a bf16 GPU backend opens it at creation; a failure turns
+ * it off), else "bigbatch's kernels". */
 const char *bb_backend_attention_engine(bb_backend_t *b);
 /* Who runs the products of bf16 tensors, for banners: on the CPU "oneDNN
  * bf16 (AMX)", "oneDNN bf16 (AVX512-BF16)", "oneDNN bf16 (emulated)" or,

@@ -297,7 +297,8 @@ void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx);
 int bb_model_batch_targets(const bb_model_t *m);
 
 /* The fused LM head + loss (decoders) runs over chunks of this many tokens,
- * so that at most one chunk's logits (tokens × vocab floats) exist:
+ * so that at most one chunk's logits exist (tokens × vocab, in the model's
+ * precision: fp32, or bf16 with their gradient written over them):
  * c->loss_chunk when set, else as many as fit in `budget` bytes (the
  * device's transient budget, bb_device_transient_budget: 32 MiB on the
  * CPU, a 16th of a GPU's memory) — and never more than the micro-batch's

@@ -574,8 +574,10 @@ void bb_cpu_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t
 typedef struct xent_args {
     double *row_loss;
     float *dlogits;
-    uint16_t *dlogits16; /* bf16 dlogits (not aliasing logits): each row rounded from fp32 */
+    uint16_t *dlogits16; /* bf16 dlogits (may alias bf16 logits): each row rounded from fp32 */
     const float *logits;
+    const uint16_t *logits16; /* bf16 logits: each row widened into its thread's part of `wide` first */
+    float *wide;              /* (threads, V) */
     const int32_t *targets;
     int N, V;
     float normalizer;
@@ -585,11 +587,11 @@ enum { XENT_ROWS = 8 }; /* rows per task */
 
 static void xent_task(void *ctx, int task, int thread)
 {
-    (void)thread;
     const xent_args *a = ctx;
     int V = a->V;
     for (int n = task * XENT_ROWS; n < a->N && n < (task + 1) * XENT_ROWS; n++) {
-        const float *x = a->logits + (size_t)n * V;
+        const float *x = a->logits16 ? a->wide + (size_t)thread * V : a->logits + (size_t)n * V;
+        if (a->logits16) bb_bf16_widen(a->wide + (size_t)thread * V, a->logits16 + (size_t)n * V, (size_t)V);
         float *dx = a->dlogits ? a->dlogits + (size_t)n * V : NULL;
         uint16_t *dx16 = a->dlogits16 ? a->dlogits16 + (size_t)n * V : NULL;
         int target = a->targets[n];
@@ -623,9 +625,16 @@ void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogi
                               const int32_t *targets, int N, int V, float normalizer)
 {
     xent_args a = {.row_loss = row_loss, .dlogits = IS_BF16(dlogits) ? NULL : F32(dlogits),
-                   .dlogits16 = IS_BF16(dlogits) ? H16(dlogits) : NULL, .logits = F32(logits), .targets = targets,
-                   .N = N, .V = V, .normalizer = normalizer};
+                   .dlogits16 = IS_BF16(dlogits) ? H16(dlogits) : NULL, .logits = IS_BF16(logits) ? NULL : F32(logits),
+                   .logits16 = IS_BF16(logits) ? H16(logits) : NULL, .targets = targets, .N = N, .V = V,
+                   .normalizer = normalizer};
+    if (a.logits16 && !(a.wide = malloc((size_t)bb_cpu_threads(b) * V * sizeof(float)))) {
+        bb_backend_note_error(b, BB_ERR_NOMEM, "crossentropy: out of host memory for %d threads' rows of %d logits",
+                              bb_cpu_threads(b), V);
+        return;
+    }
     bb_cpu_parallel(b, (N + XENT_ROWS - 1) / XENT_ROWS, xent_task, &a);
+    free(a.wide);
 }
 
 /* In row order: the same for any thread count or chunking. */

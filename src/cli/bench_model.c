@@ -167,6 +167,7 @@ static bb_status bench_print(const bench_flags *f, const bench_run *r, const ben
                f->threads, g->median * 1e3, rate, gpt ? "tokens" : "samples", act / 1048576.0, g->first_loss,
                g->last_loss);
         if (f->bo.precision == BB_PRECISION_BF16) printf("products: %s\n", bb_backend_bf16_products(r->be));
+        if (!bb_backend_host_is_device(r->be)) printf("attention: %s\n", bb_backend_attention_engine(r->be));
         return BB_OK;
     }
     json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:o}",
@@ -188,6 +189,7 @@ static bb_status bench_print(const bench_flags *f, const bench_run *r, const ben
     if (o && list) json_object_set_new(o, "ops", list);
     if (o && f->bo.precision == BB_PRECISION_BF16)
         json_object_set_new(o, "products", json_string(bb_backend_bf16_products(r->be)));
+    if (o) json_object_set_new(o, "attention_engine", json_string(bb_backend_attention_engine(r->be)));
     bb_status rc = bb_json_write_line(stdout, o);
     json_decref(o);
     return rc;

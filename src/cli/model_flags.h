@@ -61,8 +61,8 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      "cores; CPUs: oneDNN with AMX, else OpenBLAS; the banner says which); LayerNorm statistics, the loss, " \
      "weight gradients, master weights and optimizer state stay fp32", .choices = "fp32|bf16", .given = (given_)}
 #define ATTENTION_FLAG_OPT(dest)                                                                               \
-    {"--attention", BB_OPT_ENUM, &(dest), "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it loads, "   \
-     "else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",                \
+    {"--attention", BB_OPT_ENUM, &(dest), "WHO", "GPUs, bf16: auto (cuDNN's fused attention where it loads "    \
+     "and runs, else bigbatch's kernels after one warning), cudnn (or fail), kernels (bigbatch's always)",       \
      .choices = "auto|cudnn|kernels"}
 #define GLOBAL_BATCH_FLAG_OPT(dest, given_)                                                                    \
     {"--global-batch", BB_OPT_I32, &(dest), "G", "examples per optimizer step", .min = 1, .max = 1 << 30,       \

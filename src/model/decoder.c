@@ -12,9 +12,10 @@
  *
  * bf16 (--precision bf16): every activation and activation gradient is a
  * bf16 tensor (decoder_layout.c allocates them in the activation dtype),
- * the products take the model's bf16 copy of the weights and the logits
- * come out in fp32 for the loss, whose gradient goes back to the head's
- * product in bf16 (dlogits). Statistics, the loss, weight gradients and
+ * the products take the model's bf16 copy of the weights, and the logits
+ * are bf16 too: the fused loss reads them (its statistics in fp32 and
+ * double) and writes their gradient over them, the head's backward
+ * operand (llm.c's fused classifier). Statistics, the loss, weight gradients and
  * master weights stay fp32 (ARCHITECTURE.md's table). Recomputed tensors
  * are the same bits as the first time, so every policy gives the same
  * gradients.
@@ -60,7 +61,7 @@ static void head_chunk(bb_model_t *m, int k)
     int C = g->d.d_model, V = g->d.vocab, first, n = chunk_tokens(m, k, &first);
     bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, (size_t)first * C), model_weight(m, g->head),
                          bb_no_tensor(), n, C, V);
-    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->dlogits, g->logits, m->targets + first, n, V,
+    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, V,
                             g->normalizer);
 }
 
@@ -130,7 +131,7 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
         if (k < g->chunks - 1) head_chunk(m, k);
         int first, n = chunk_tokens(m, k, &first);
         bb_op_linear_backward(m->be, bb_tensor_at(g->dln, (size_t)first * C), F(model_grad(m, g->head)),
-                              bb_no_tensor(), g->dlogits, bb_tensor_at(g->normed, (size_t)first * C),
+                              bb_no_tensor(), g->logits, bb_tensor_at(g->normed, (size_t)first * C),
                               model_weight(m, g->head), n, C, V, acc || k < g->chunks - 1);
     }
     if (g->head != 0) model_grads_ready(m, g->head); /* a head of its own is the last tensor */
@@ -165,12 +166,19 @@ static bb_status decoder_logits(bb_model_t *m, int position, float *host)
 {
     decoder_state *g = m->impl;
     int C = g->d.d_model, V = g->d.vocab, T = g->d.seq_len;
-    for (int b = 0; b < m->B; b++) {
+    bool bf16 = g->logits.dtype == BB_DTYPE_BF16;
+    uint16_t *row = bf16 ? malloc((size_t)V * sizeof *row) : NULL;
+    if (bf16 && !row) return bb_fail(BB_ERR_NOMEM, "out of memory for a row of %d logits", V);
+    bb_status rc = BB_OK;
+    for (int b = 0; rc == BB_OK && b < m->B; b++) {
+        float *out = host + (size_t)b * V;
         bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, ((size_t)b * T + position) * C),
                              model_weight(m, g->head), bb_no_tensor(), 1, C, V);
-        BB_TRY(bb_backend_copy(m->be, host + (size_t)b * V, g->logits.data, (size_t)V * sizeof(float), BB_COPY_D2H));
+        rc = bb_backend_copy(m->be, bf16 ? (void *)row : out, g->logits.data, (size_t)V * (bf16 ? 2 : 4), BB_COPY_D2H);
+        for (int v = 0; rc == BB_OK && bf16 && v < V; v++) out[v] = bb_bf16_to_float(row[v]);
     }
-    return BB_OK;
+    free(row);
+    return rc;
 }
 
 static bb_status decoder_init(bb_model_t *m, uint64_t seed, float *host)

@@ -37,16 +37,12 @@ static bb_status alloc_act(bb_model_t *m, void **out, size_t bytes, const char *
     return BB_OK;
 }
 
-/* A tensor of `count` elements of the activation dtype (or `dtype`). */
-static bb_status alloc_tensor_of(bb_model_t *m, bb_tensor *out, size_t count, bb_dtype dtype, const char *what)
-{
-    *out = (bb_tensor){NULL, dtype};
-    return alloc_act(m, &out->data, count * bb_dtype_size(dtype), what);
-}
-
+/* A tensor of `count` elements of the activation dtype. */
 static bb_status alloc_tensor(bb_model_t *m, bb_tensor *out, size_t count, const char *what)
 {
-    return alloc_tensor_of(m, out, count, ((const decoder_state *)m->impl)->dtype, what);
+    bb_dtype dtype = ((const decoder_state *)m->impl)->dtype;
+    *out = (bb_tensor){NULL, dtype};
+    return alloc_act(m, &out->data, count * bb_dtype_size(dtype), what);
 }
 
 static bb_status alloc_floats(bb_model_t *m, float **out, size_t count, const char *what)
@@ -176,9 +172,7 @@ bb_status bb_decoder_create(bb_model_t *m)
     BB_TRY(alloc_tensor(m, &g->normed, BT * C, "activations"));
     for (int s = 0; s < g->k->norm_stats; s++) BB_TRY(alloc_floats(m, &g->norm_stat[s], BT, "activations"));
     size_t logits = (size_t)g->chunk * g->d.vocab;
-    BB_TRY(alloc_tensor_of(m, &g->logits, logits, BB_DTYPE_F32, "logits (one chunk)"));
-    g->dlogits = g->logits;
-    if (g->dtype != BB_DTYPE_F32) BB_TRY(alloc_tensor(m, &g->dlogits, logits, "logits' gradient (one chunk)"));
+    BB_TRY(alloc_tensor(m, &g->logits, logits, "logits (one chunk)")); /* their gradient is written over them */
     BB_TRY(alloc_act(m, (void **)&g->row_loss, BT * sizeof(double), "per-token losses"));
     BB_TRY(alloc_tensor(m, &g->dres, BT * C, "backward scratch"));
     BB_TRY(alloc_tensor(m, &g->dln, BT * C, "backward scratch"));

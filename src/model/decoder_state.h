@@ -30,9 +30,8 @@ typedef struct decoder_state {
     bb_dtype dtype;           /* the activations' (and their gradients'): bf16 under bf16 precision */
     bb_tensor normed;         /* (BT,C) the final norm's output */
     float *norm_stat[BB_BLOCK_MAX_STATS]; /* (BT) each */
-    bb_tensor logits;         /* (chunk, V) fp32: one chunk's logits (fp32: then their gradient, in place) */
-    bb_tensor dlogits;        /* (chunk, V): the logits' gradient, the head product's operand (bf16: a
-                               * buffer of its own; fp32: logits) */
+    bb_tensor logits;         /* (chunk, V), the activation dtype: one chunk's logits, then in place
+                               * their gradient (the head product's backward operand) */
     double *row_loss;         /* (BT): each token's loss, chunk by chunk; summed once per forward */
     int chunk, chunks;        /* tokens per chunk of the head + loss, and their number */
     float normalizer;         /* the last forward's, for the backward's recomputed chunks */

@@ -399,7 +399,7 @@ int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budg
     int64_t rows = (int64_t)micro_batch * bb_model_targets_per_example(c), outputs = bb_model_outputs(c);
     int64_t chunk = c->loss_chunk;
     if (chunk <= 0) {
-        uint64_t row_bytes = (uint64_t)(outputs > 1 ? outputs : 1) * sizeof(float);
+        uint64_t row_bytes = (uint64_t)(outputs > 1 ? outputs : 1) * (c->precision == BB_PRECISION_BF16 ? 2 : 4);
         chunk = budget / row_bytes > (uint64_t)rows ? rows : (int64_t)(budget / row_bytes);
     }
     return (int)(chunk < 1 ? 1 : chunk > rows ? rows : chunk);

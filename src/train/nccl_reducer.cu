@@ -579,7 +579,7 @@ const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort, n_
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this
 // process's GPU d is rank rank * devices + d); waits for them to be ready
-// (at most `timeout_s`).
+// (at most `timeout_s`, --timeout; 0: no limit).
 bb_status init_comms(nccl_reducer *n, const bb_device_spec *spec, double timeout_s)
 {
     int devices = spec->count, world = spec->world > 1 ? spec->world : 1;
@@ -606,9 +606,9 @@ bb_status init_comms(nccl_reducer *n, const bb_device_spec *spec, double timeout
             rc = s->comm ? nccl.CommGetAsyncError(s->comm, &state) : ncclInternalError;
             if (rc == ncclSuccess) rc = state;
             clock_gettime(CLOCK_MONOTONIC, &now);
-            if (rc == ncclInProgress && (double)(now.tv_sec - t0.tv_sec) > timeout_s)
-                return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs not ready after %.0f s", devices * world,
-                               timeout_s);
+            if (rc == ncclInProgress && timeout_s > 0 && (double)(now.tv_sec - t0.tv_sec) > timeout_s)
+                return bb_fail(BB_ERR_DEVICE, "NCCL communicators over %d GPUs not ready after %.0f s (--timeout)",
+                               devices * world, timeout_s);
             if (rc == ncclInProgress) sched_yield();
         } while (rc == ncclInProgress);
     }
@@ -669,7 +669,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
             (stage && cudaMalloc(&s->stage, stage * sizeof(float)) != cudaSuccess))
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
     }
-    if (rc == BB_OK) rc = init_comms(n, a->spec, 300.0);
+    if (rc == BB_OK) rc = init_comms(n, a->spec, a->timeout_s);
     if (rc == BB_OK) {
         cudaSetDevice(n->dev[0].cuda_device);
         bool ok = cudaEventCreate(&n->backward_end) == cudaSuccess;

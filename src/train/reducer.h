@@ -92,6 +92,7 @@ typedef struct reducer_args {
     bb_trace_t *trace;
     int track;
     struct bb_watchdog *watchdog;        /* may be NULL: NCCL's reducer hooks its error polls and aborts there */
+    double timeout_s;                    /* NCCL's set-up waits at most this long for every rank (--timeout); 0: no limit */
 } reducer_args;
 
 /* Fills the shared part of `r` from `a`: the devices, the buckets of

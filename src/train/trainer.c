@@ -448,7 +448,7 @@ static bb_status setup(trainer *t)
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
                        .bucket_bytes = bucket_bytes(o), .shards = o->zero ? &t->shards : NULL,
                        .first_step = t->first_step,
-                       .trace = t->trace, .track = D, .watchdog = t->watchdog};
+                       .trace = t->trace, .track = D, .watchdog = t->watchdog, .timeout_s = o->timeout_s};
     BB_TRY(bb_reducer_create(&ra, &t->reducer));
     if (o->metrics_path) BB_TRY(open_metrics(t));
     return start_loader(t);
@@ -477,8 +477,9 @@ static void print_start(const trainer *t)
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
             t->cfg.precision == BB_PRECISION_BF16 ? " (bf16)" : "");
-    if (t->cfg.precision == BB_PRECISION_BF16)
-        fprintf(p, "; products: %s", bb_backend_bf16_products(t->replicas[0].be));
+    bb_backend_t *be = t->replicas[0].be;
+    if (t->cfg.precision == BB_PRECISION_BF16) fprintf(p, "; products: %s", bb_backend_bf16_products(be));
+    if (!bb_backend_host_is_device(be)) fprintf(p, "; attention: %s", bb_backend_attention_engine(be));
     fputc('\n', p);
     fflush(p);
 }

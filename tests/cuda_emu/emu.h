@@ -91,6 +91,7 @@ struct config {
     int devices = 2;
     uint64_t mem = (uint64_t)8 << 30;
     uint64_t seed = 1;
+    int driver = CUDART_VERSION; // BB_CUDA_EMU_DRIVER: the driver's CUDA version (older than the runtime: no device)
     unsigned delay_us = 0;
     bool launch_blocking = false;
     std::string stats_file;

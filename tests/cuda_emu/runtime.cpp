@@ -106,6 +106,7 @@ void init_runtime()
     const char *v;
     if ((v = getenv("BB_CUDA_EMU_DEVICES")) && *v) c.devices = (int)parse_int("BB_CUDA_EMU_DEVICES", v, 0, 16);
     if ((v = getenv("BB_CUDA_EMU_MEM")) && *v) c.mem = parse_bytes("BB_CUDA_EMU_MEM", v);
+    if ((v = getenv("BB_CUDA_EMU_DRIVER")) && *v) c.driver = (int)parse_int("BB_CUDA_EMU_DRIVER", v, 1000, 99999);
     if ((v = getenv("BB_CUDA_EMU_SEED")) && *v) c.seed = (uint64_t)parse_int("BB_CUDA_EMU_SEED", v, 0, LONG_MAX);
     if ((v = getenv("BB_CUDA_EMU_DELAY_US")) && *v)
         c.delay_us = (unsigned)parse_int("BB_CUDA_EMU_DELAY_US", v, 0, 1000000);
@@ -176,6 +177,8 @@ const struct {
     {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
     {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
     {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
     {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
     {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
@@ -334,13 +337,16 @@ EXPORT cudaError_t cudaRuntimeGetVersion(int *v)
 
 EXPORT cudaError_t cudaDriverGetVersion(int *v)
 {
-    *v = CUDART_VERSION;
+    *v = R().cfg.driver;
     return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaGetDeviceCount(int *count)
 {
-    *count = (int)R().dev.size();
+    runtime &r = R();
+    *count = 0;
+    if (r.cfg.driver < CUDART_VERSION) return fail(cudaErrorInsufficientDriver); // as a real runtime on an old driver
+    *count = (int)r.dev.size();
     return *count ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 

@@ -23,6 +23,40 @@ void warn_no_cudnn(bb_backend_t *b, const char *why)
     if (!cudnn_warned.exchange(true)) BB_WARN("%s: %s; attention runs on bigbatch's own kernels", b->name, why);
 }
 
+// Whether a cuDNN call ran (rc BB_OK), or failed the op (--attention cudnn:
+// the failure is the op's). Under --attention auto a failure at execution
+// warns once, turns cuDNN off for the backend and returns false: the
+// caller runs the op on our kernels (their lse is cuDNN's Stats, so a
+// forward on one and a backward on the other agree).
+bool cudnn_ran(bb_backend_t *b, bb_status rc, const char *op)
+{
+    if (rc == BB_OK) return true;
+    if (b->opt.attention == BB_ATTENTION_CUDNN) {
+        bb_backend_note_error(b, rc, "%s: %s: %s", b->name, op, bb_error_message());
+        return true;
+    }
+    BB_WARN("%s: %s: cuDNN SDPA failed (%s); attention runs on bigbatch's own kernels from here", b->name, op,
+            bb_error_message());
+    cudnn_warned = true;
+    state(b)->cudnn_off = true;
+    return false;
+}
+
+// At backend creation (bf16 precision, --attention auto or cudnn): cuDNN
+// loaded and its handle made before any op, so the banner can name the
+// engine and --attention cudnn fails at once when it cannot be had.
+bb_status cudnn_start(bb_backend_t *b)
+{
+    cuda_state *s = state(b);
+    if (b->opt.precision != BB_PRECISION_BF16 || b->opt.attention == BB_ATTENTION_KERNELS) return BB_OK;
+    if (bb_cudnn_open(compute(b), &s->cudnn) == BB_OK) return BB_OK;
+    if (b->opt.attention == BB_ATTENTION_CUDNN)
+        return bb_fail(BB_ERR_UNSUPPORTED, "%s: --attention cudnn: %s", b->name, bb_error_message());
+    warn_no_cudnn(b, bb_error_message());
+    s->cudnn_off = true;
+    return BB_OK;
+}
+
 // cuDNN, its operands' scratch and workspace for this shape; NULL: our kernels.
 // Multi-head attention only (KVH = NH): grouped-query runs on our kernels.
 bb_cudnn *cudnn_for(bb_backend_t *b, bool bf16_tensors, int B, int T, int NH, int KVH, int HS, uint16_t **ops,
@@ -61,7 +95,7 @@ bb_cudnn *cudnn_for(bb_backend_t *b, bool bf16_tensors, int B, int T, int NH, in
 const char *cuda_attention_engine(bb_backend_t *b)
 {
     const cuda_state *s = state(b);
-    return s->cudnn && !s->cudnn_off ? bb_cudnn_version() : nullptr;
+    return s->cudnn && !s->cudnn_off ? bb_cudnn_engine() : nullptr;
 }
 
 // bf16 tensors on the tiled kernels: `total` floats for their fp32 copies.
@@ -83,12 +117,12 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
     size_t ws_bytes, n = (size_t)B * T * NH * HS, nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
     bool bf16 = qkv_t.dtype == BB_DTYPE_BF16;
     bb_cudnn *c = cudnn_for(b, bf16, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes);
-    if (c && bf16) {
-        bb_status rc = bb_cudnn_attention_forward(c, static_cast<const uint16_t *>(qkv_t.data),
-                                                  static_cast<uint16_t *>(out_t.data), lse, B, T, NH, HS, ws, ws_bytes);
-        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_forward: %s", b->name, bb_error_message());
+    if (c && bf16 &&
+        cudnn_ran(b,
+                  bb_cudnn_attention_forward(c, static_cast<const uint16_t *>(qkv_t.data),
+                                             static_cast<uint16_t *>(out_t.data), lse, B, T, NH, HS, ws, ws_bytes),
+                  "attention_forward"))
         return;
-    }
     if (bf16) {
         float *f = attention_f32(b, nqkv + n);
         if (!f) return;
@@ -98,13 +132,14 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
         BB_CUDA_OP(b, bbk_bf16_pack(st, static_cast<uint16_t *>(out_t.data), f + nqkv, n));
         return;
     }
-    if (c) {
+    if (c && !bf16) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n;
         BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, 3 * n));
-        bb_status rc = bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, HS, ws, ws_bytes);
-        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_forward: %s", b->name, bb_error_message());
-        BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, out16, n));
-        return;
+        if (cudnn_ran(b, bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, HS, ws, ws_bytes),
+                      "attention_forward")) {
+            BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, out16, n));
+            return;
+        }
     }
     BB_CUDA_OP(b, bbk_attention_forward(compute(b), out, lse, qkv, B, T, NH, KVH, HS,
                                         b->opt.precision == BB_PRECISION_BF16));
@@ -126,14 +161,14 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
     size_t ws_bytes, n = (size_t)B * T * NH * HS, nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
     bool bf16 = qkv_t.dtype == BB_DTYPE_BF16;
     bb_cudnn *c = cudnn_for(b, bf16, B, T, NH, KVH, HS, &ops, &ws, &ws_bytes);
-    if (c && bf16) {
-        bb_status rc = bb_cudnn_attention_backward(
-            c, static_cast<const uint16_t *>(qkv_t.data), static_cast<const uint16_t *>(out_t.data),
-            static_cast<const uint16_t *>(dout_t.data), lse, static_cast<uint16_t *>(dqkv_t.data), B, T, NH, HS, ws,
-            ws_bytes);
-        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_backward: %s", b->name, bb_error_message());
+    if (c && bf16 &&
+        cudnn_ran(b,
+                  bb_cudnn_attention_backward(c, static_cast<const uint16_t *>(qkv_t.data),
+                                              static_cast<const uint16_t *>(out_t.data),
+                                              static_cast<const uint16_t *>(dout_t.data), lse,
+                                              static_cast<uint16_t *>(dqkv_t.data), B, T, NH, HS, ws, ws_bytes),
+                  "attention_backward"))
         return;
-    }
     if (bf16) {
         float *f = attention_f32(b, 2 * nqkv + 2 * n); // qkv, out, dout, dqkv
         if (!f) return;
@@ -146,16 +181,17 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
         BB_CUDA_OP(b, bbk_bf16_pack(st, static_cast<uint16_t *>(dqkv_t.data), fdq, nqkv));
         return;
     }
-    if (c) {
+    if (c && !bf16) {
         uint16_t *qkv16 = ops, *out16 = ops + 3 * n, *dout16 = ops + 4 * n, *dqkv16 = ops + 5 * n;
         cudaStream_t st = compute(b);
         BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, 3 * n));
         BB_CUDA_OP(b, bbk_bf16_pack(st, out16, out, n));
         BB_CUDA_OP(b, bbk_bf16_pack(st, dout16, dout, n));
-        bb_status rc = bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, HS, ws, ws_bytes);
-        if (rc != BB_OK) bb_backend_note_error(b, rc, "%s: attention_backward: %s", b->name, bb_error_message());
-        BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, 3 * n));
-        return;
+        if (cudnn_ran(b, bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, HS, ws, ws_bytes),
+                      "attention_backward")) {
+            BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, 3 * n));
+            return;
+        }
     }
     BB_CUDA_OP(b, bbk_attention_backward(compute(b), dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS,
                                          b->opt.precision == BB_PRECISION_BF16));

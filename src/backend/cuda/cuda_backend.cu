@@ -457,21 +457,24 @@ void cuda_softmax_crossentropy(bb_backend_t *b, double *loss, bb_tensor dlogits_
 {
     use(b);
     void *dlogits = dlogits_t.data;
-    bool bf16 = dlogits_t.dtype == BB_DTYPE_BF16;
-    float *logits = f32(logits_t);
+    const void *logits = logits_t.data;
+    bool bf16 = dlogits_t.dtype == BB_DTYPE_BF16, bf16_logits = logits_t.dtype == BB_DTYPE_BF16;
     cuda_state *s = state(b);
     cudaStream_t st = compute(b);
     if (loss) *loss = NAN;
     if (valid) *valid = 0;
     if (!loss && !valid) { // the gradient alone: nothing to wait for
         double *rows = row_scratch(b, (size_t)N);
-        if (rows) BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+        if (rows)
+            BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, bf16_logits, rows, dlogits, logits, targets, N, V,
+                                                   normalizer, s->counter));
         return;
     }
     double *rows = row_scratch(b, (size_t)N);
     if (!rows) return;
     BB_CUDA_OP(b, cudaMemsetAsync(s->counter, 0, sizeof(int), st));
-    BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, rows, dlogits, logits, targets, N, V, normalizer, s->counter));
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(st, bf16, bf16_logits, rows, dlogits, logits, targets, N, V, normalizer,
+                                           s->counter));
     BB_CUDA_OP(b, bbk_sum_rows(st, s->loss_sum, rows, N));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->loss, s->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, st));
     BB_CUDA_OP(b, cudaMemcpyAsync(&s->host->valid, s->counter, sizeof(int), cudaMemcpyDeviceToHost, st));
@@ -486,7 +489,8 @@ void cuda_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits
                             const int32_t *targets, int N, int V, float normalizer)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), dlogits.dtype == BB_DTYPE_BF16, row_loss, dlogits.data, f32(logits), targets, N, V, normalizer,
+    BB_CUDA_OP(b, bbk_softmax_crossentropy(compute(b), dlogits.dtype == BB_DTYPE_BF16, logits.dtype == BB_DTYPE_BF16,
+                                           row_loss, dlogits.data, logits.data, targets, N, V, normalizer,
                                            state(b)->counter));
 }
 
@@ -616,7 +620,7 @@ bb_status cuda_start(bb_backend_t *b, const bb_backend_options *o)
     BB_CUDA(cudaMalloc(&s->counter, sizeof(int)));
     BB_CUDA(cudaMalloc(&s->loss_sum, sizeof(double)));
     BB_CUDA(cudaHostAlloc(&s->host, sizeof *s->host, cudaHostAllocDefault));
-    return BB_OK;
+    return cudnn_start(b);
 }
 
 } // namespace bb_cuda

@@ -16,10 +16,18 @@ extern "C" void bb_cuda_probe(bb_cuda_info *info)
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count <= 0) {
-        const char *why = err == cudaSuccess ? "no CUDA device"
-                          : info->driver_version == 0 ? "no NVIDIA driver (libcuda) on this machine"
-                                                      : cudaGetErrorString(err);
-        snprintf(info->reason, sizeof info->reason, "%s", why);
+        int rt = info->runtime_version, dv = info->driver_version;
+        if (err == cudaErrorInsufficientDriver && dv > 0) // a driver older than the runtime, both named
+            snprintf(info->reason, sizeof info->reason,
+                     "the NVIDIA driver supports CUDA %d.%d, older than this program's CUDA runtime %d.%d "
+                     "(CUDA %d needs a driver of R%s or later; nvidia-smi names the driver)",
+                     dv / 1000, dv % 1000 / 10, rt / 1000, rt % 1000 / 10, rt / 1000,
+                     rt / 1000 >= 13 ? "580" : rt / 1000 == 12 ? "525" : "its release's");
+        else
+            snprintf(info->reason, sizeof info->reason, "%s",
+                     err == cudaSuccess ? "no CUDA device"
+                     : dv == 0          ? "no NVIDIA driver (libcuda) on this machine"
+                                        : cudaGetErrorString(err));
         cudaGetLastError(); // reset the last-error state so later calls do not report it
         return;
     }

@@ -65,6 +65,8 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb
 void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor qkv, int T, int NH, int KVH,
                            int HS);
 const char *cuda_attention_engine(bb_backend_t *b);
+// At backend creation: cuDNN opened (bf16, --attention auto|cudnn); fails only for --attention cudnn.
+bb_status cudnn_start(bb_backend_t *b);
 
 } // namespace bb_cuda
 

@@ -57,6 +57,7 @@ struct library {
     bb_status status = BB_OK;
     char why[320] = "";
     char version_text[32] = "";
+    char engine_text[40] = ""; // "cuDNN 9.x.y SDPA": the banner's
     void *handle = nullptr;
     size_t version = 0, cudart_version = 0;
     int (*create)(void **handle) = nullptr;
@@ -99,6 +100,7 @@ bool load_library()
     lib.cudart_version = get_cudart();
     snprintf(lib.version_text, sizeof lib.version_text, "cuDNN %zu.%zu.%zu", lib.version / 10000,
              lib.version / 100 % 100, lib.version % 100);
+    snprintf(lib.engine_text, sizeof lib.engine_text, "%s SDPA", lib.version_text);
     // 9.10.0 and 9.10.1 have SDPA bugs the frontend itself refuses.
     if (lib.version < 90000 || lib.version == 91000 || lib.version == 91001) {
         dlclose(h);
@@ -109,21 +111,30 @@ bool load_library()
 }
 
 #ifdef BB_CUDNN_FRONTEND
-// The frontend's own libcudart: ours when it is shared, else the shared one
-// of our major (the binary links the static runtime).
-bool prepare_cudart()
+// The frontend opens its own libcudart by the name in
+// CUDNN_FRONTEND_CUDART_LIB_NAME: ours when it is shared, else the shared
+// one of our major (the binary links the static runtime). The name is set
+// here, before main and so before any thread exists (setenv while another
+// thread reads the environment is a race), unless the user set one.
+__attribute__((constructor)) void name_cudart()
 {
     const char *set = getenv("CUDNN_FRONTEND_CUDART_LIB_NAME");
+    if (set && *set) return;
     char name[64];
     snprintf(name, sizeof name, "libcudart.so.%d", CUDART_VERSION / 1000);
     Dl_info info = {};
     if (dladdr(reinterpret_cast<void *>(&cudaRuntimeGetVersion), &info) && info.dli_fname &&
         strstr(info.dli_fname, "libcudart.so"))
         snprintf(name, sizeof name, "%s", info.dli_fname);
-    const char *use = set && *set ? set : name;
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", name, 0);
+}
+
+bool prepare_cudart()
+{
+    const char *use = getenv("CUDNN_FRONTEND_CUDART_LIB_NAME");
+    if (!use || !*use) return unusable("cuDNN: CUDNN_FRONTEND_CUDART_LIB_NAME is empty");
     if (!dlopen(use, RTLD_NOW | RTLD_LOCAL)) // kept open: the frontend opens the same name
         return unusable("cuDNN: the frontend needs the CUDA runtime %s: %s", use, dlerror());
-    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", use, 0);
     int rt = 0;
     if (cudaRuntimeGetVersion(&rt) == cudaSuccess && lib.cudart_version / 1000 != (size_t)rt / 1000)
         return unusable("cuDNN: %s was built for CUDA %zu, this program for CUDA %d", lib.version_text,
@@ -480,3 +491,7 @@ extern "C" void bb_cudnn_close(bb_cudnn *c) { (void)c; }
 #endif
 
 extern "C" const char *bb_cudnn_version(void) { return lib.version_text[0] ? lib.version_text : nullptr; }
+extern "C" const char *bb_cudnn_engine(void)
+{
+    return lib.engine_text[0] ? lib.engine_text : nullptr;
+}

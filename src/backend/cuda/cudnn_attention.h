@@ -64,6 +64,8 @@ bb_status bb_cudnn_attention_backward(bb_cudnn *c, const uint16_t *qkv, const ui
                                       void *workspace, size_t workspace_bytes);
 /* "cuDNN 9.19.0" once loaded; NULL before. */
 const char *bb_cudnn_version(void);
+/* "cuDNN 9.x.y SDPA" once loaded (the banner's name of the engine), else NULL. */
+const char *bb_cudnn_engine(void);
 /* Frees the handle and the cached graphs (the library stays loaded);
  * accepts NULL. */
 void bb_cudnn_close(bb_cudnn *c);
