@@ -284,7 +284,7 @@ int bb_bench_model(int argc, char **argv)
         ATTENTION_FLAG_OPT(f.bo.attention),
         {"--steps", BB_OPT_I32, &f.steps, "S", "timed steps", .min = 1, .max = 100000},
         {"--roofline", BB_OPT_STRING, &f.roofline, "GPU",
-         "run nothing: the step's roofline account on a100, h100 or h200 (see below)"},
+         "run nothing: the step's roofline account on a100, h100 or h200 (see above)"},
         {"--json", BB_OPT_FLAG, &f.json, NULL, "print one JSON object"},
         {0}};
     bench_run r = {0};
