@@ -31,8 +31,10 @@ cudaError_t bbk_bf16_pack(cudaStream_t s, uint16_t *packed, const float *x, size
 cudaError_t bbk_broadcast_rows(cudaStream_t s, bool bf16, void *out, const float *bias, int N, int C);
 /* Column reductions run in two passes over BBK_COLUMN_CHUNKS chunks of
  * rows (deterministic); `scratch` holds BBK_COLUMN_CHUNKS * C floats
- * (twice that for the LayerNorm backward). */
-#define BBK_COLUMN_CHUNKS 64
+ * (twice that for the LayerNorm backward). 256 chunks: at C 768 and 8192
+ * rows, 196K threads of 32 rows each, where 64 chunks gave 49K threads of
+ * 128 (a fifth of what an H100 keeps in flight: latency-bound). */
+#define BBK_COLUMN_CHUNKS 256
 /* dbias[c] (+)= sum over rows of dout[:, c]. */
 cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scratch, const void *dout, int N, int C,
                             bool accumulate);

@@ -423,7 +423,8 @@ static double range_elements(const size_t *lo, const size_t *hi, int n)
 }
 
 /* Every op: its `before` (ops.def), the BB_FAULT hook and the profile's
- * mark, its dtypes, then the call unless the backend only counts. */
+ * mark (its work computed only when one of them is on), its dtypes, then
+ * the call unless the backend only counts. */
 #define BB_OP(name, params, args, accept, flops, elements, bytes, before)                                          \
     void bb_op_##name(bb_backend_t *b, BB_UNPAREN params)                                                          \
     {                                                                                                               \

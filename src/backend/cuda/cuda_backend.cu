@@ -70,7 +70,7 @@ void *sort_scratch(bb_backend_t *b, size_t rows)
     return grow(b, &s->sort, &s->sort_bytes, bbk_embedding_sort_bytes(rows), "embedding sort scratch") ? s->sort : NULL;
 }
 
-static_assert(BBK_COLUMN_CHUNKS == 64, "cuda_sizes.c counts 64 column chunks");
+static_assert(BBK_COLUMN_CHUNKS == 256, "cuda_sizes.c counts 256 column chunks");
 
 // What this backend holds besides its counted allocations: the scratch,
 // the reduction partials and cuBLAS's default workspace (as cuda_sizes.c

@@ -5,7 +5,7 @@
 #include "backend/backend_impl.h"
 
 /* kernels/cuda_kernels.h's BBK_COLUMN_CHUNKS (cuda_backend.cu checks). */
-enum { COLUMN_CHUNKS = 64, PARTIAL_BYTES = 2 * 1024 * 8 };
+enum { COLUMN_CHUNKS = 256, PARTIAL_BYTES = 2 * 1024 * 8 };
 
 uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
 {
