@@ -26,7 +26,7 @@ import sys
 from collections import OrderedDict
 
 
-def llmc_ops(B, T, C, L, NH, V, Vp):
+def llmc_ops(B, T, C, L, NH, Vp):
     """llm.c's step as (op, stage, flops, bytes, product) tuples, one per call."""
     N = B * T
     X = 2  # bf16 (floatX)
@@ -46,7 +46,7 @@ def llmc_ops(B, T, C, L, NH, V, Vp):
         op(name, 4.0 * N * IC * OC,
            2 * N * OC * X + OC * IC * X + N * IC * X + N * IC * X + 2 * OC * IC * X)
 
-    def layernorm_fwd(out_too=True):
+    def layernorm_fwd():
         op("layernorm_forward", 0, N * C * X + 2 * C * X + N * C * X + 2 * N * F)
 
     def fused_residual_fwd():
@@ -154,7 +154,7 @@ def main():
         bb = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     except (OSError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
         sys.exit(f"roofline_llmc.py: {' '.join(cmd)}: {getattr(e, 'stderr', '') or e}")
-    ops, P = llmc_ops(B, T, C, L, NH, V, Vp)
+    ops, P = llmc_ops(B, T, C, L, NH, Vp)
     rows = account(ops, bb["gpu"], "bf16", bb["efficiency"])
     t = totals(rows)
     tokens = B * T

@@ -1,9 +1,14 @@
 /* cpu_ops.h — private: the CPU backend's op implementations (cpu_ops.c,
- * cpu_attention.c), gathered into its vtable in cpu_backend.c. */
+ * cpu_loss.c, cpu_attention.c), gathered into its vtable in cpu_backend.c. */
 #ifndef BIGBATCH_CPU_OPS_H
 #define BIGBATCH_CPU_OPS_H
 
 #include "backend_impl.h"
+
+/* A tensor's data as fp32 or bf16 bits, and whether it is bf16. */
+#define F32(t) ((float *)(t).data)
+#define H16(t) ((uint16_t *)(t).data)
+#define IS_BF16(t) ((t).dtype == BB_DTYPE_BF16)
 
 /* bb_cpu_<name> for every op of ops.def. */
 #define BB_OP(name, params, ...) void bb_cpu_##name(bb_backend_t *b, BB_UNPAREN params);
