@@ -93,11 +93,11 @@ ifeq ($(USE_CUDA),1)
   SRC     := $(filter-out src/backend/cuda/cuda_none.c src/train/nccl_none.c,$(SRC))
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
   # Static runtime, no -lcuda: the binary loads where no GPU driver exists.
-  # cuBLAS has no static build here: the rpath finds it in the toolkit,
+  # cuBLAS (and cuBLASLt) has no static build here: the rpath finds it in the toolkit,
   # which a CUDA build needs at run time (not a driver). NCCL is not linked:
   # the multi-GPU reducer loads it with dlopen, first through this rpath.
   CFLAGS  += -DBB_NVTX -isystem $(CUDA_HOME)/include
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -Wl,-rpath,$(NCCL_LIB) -lcudart_static -ldl -lrt -lstdc++
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -Wl,-rpath,$(NCCL_LIB) -lcudart_static -ldl -lrt -lstdc++
 endif
 # The emulated CUDA build (tests/cuda_emu): the same .cu sources compiled as
 # C++ against the emulator's headers, linked with its runtime (cuBLAS on

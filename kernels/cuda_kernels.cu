@@ -301,10 +301,10 @@ __global__ void records_to_images_k(float *features, int32_t *labels, const uint
 // T: dlogits' type, L: the logits' (bf16 logits: in place, as llm.c's fused classifier).
 template <class T, class L>
 __global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const L *logits, const int32_t *targets, int V,
-                                       float normalizer, int *valid)
+                                       int ld, float normalizer, int *valid)
 {
     size_t row = blockIdx.x;
-    const L *x = logits + row * V;
+    const L *x = logits + row * ld;
     int target = targets[row];
     // One pass for the statistics (an online softmax: each thread keeps its
     // own maximum and its sum scaled to it), one for the gradient: the
@@ -325,7 +325,7 @@ __global__ void softmax_crossentropy_k(double *row_loss, T *dlogits, const L *lo
         if (target >= 0) atomicAdd(valid, 1);
     }
     if (!dlogits) return;
-    T *d = dlogits + row * V;
+    T *d = dlogits + row * ld;
     float scale = (float)(1.0 / s) / normalizer;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float g = target >= 0 ? expf(bbk_ld(x, j) - m) * scale : 0.0f;
@@ -638,21 +638,21 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
 }
 
 cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, bool bf16_logits, double *row_loss, void *dlogits,
-                                     const void *logits, const int32_t *targets, int N, int V, float normalizer,
-                                     int *valid)
+                                     const void *logits, const int32_t *targets, int N, int V, int ld,
+                                     float normalizer, int *valid)
 {
     auto *d16 = static_cast<uint16_t *>(dlogits);
     auto *l16 = static_cast<const uint16_t *>(logits);
     auto *l32 = static_cast<const float *>(logits);
     if (N > 0 && bf16_logits)
         BB_LAUNCH((softmax_crossentropy_k<uint16_t, uint16_t>), N, row_threads(V), 0, s)(row_loss, d16, l16, targets, V,
-                                                                                       normalizer, valid);
+                                                                                       ld, normalizer, valid);
     else if (N > 0 && bf16)
         BB_LAUNCH((softmax_crossentropy_k<uint16_t, float>), N, row_threads(V), 0, s)(row_loss, d16, l32, targets, V,
-                                                                                    normalizer, valid);
+                                                                                    ld, normalizer, valid);
     else if (N > 0)
         BB_LAUNCH((softmax_crossentropy_k<float, float>), N, row_threads(V), 0, s)(
-            row_loss, static_cast<float *>(dlogits), l32, targets, V, normalizer, valid);
+            row_loss, static_cast<float *>(dlogits), l32, targets, V, ld, normalizer, valid);
     return cudaGetLastError();
 }
 

@@ -76,14 +76,14 @@ cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const 
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,
                                    const float *lse, int B, int T, int NH, int KVH, int HS, bool bf16);
 
-/* Per row: row_loss[n] = -log softmax(logits[n])[target] in double (0
+/* Per row (rows `ld` apart, V wide): row_loss[n] = -log softmax(logits[n])[target] in double (0
  * when target is -1); dlogits (may alias logits of its dtype, may be NULL)
  * = (softmax - onehot) / normalizer, bf16 when `bf16`; logits bf16 when
  * `bf16_logits` (then dlogits is bf16 too); *valid (device int,
  * pre-zeroed) counts rows with a target. As the CPU: exp sums in double. */
 cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, bool bf16_logits, double *row_loss, void *dlogits,
-                                     const void *logits, const int32_t *targets, int N, int V, float normalizer,
-                                     int *valid);
+                                     const void *logits, const int32_t *targets, int N, int V, int ld,
+                                     float normalizer, int *valid);
 /* *out = the sum of rows[0..n) in a fixed order (one block). */
 cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n);
 

@@ -31,8 +31,10 @@
 #   - tokens/s, MFU and peak memory beside PyTorch (eager, the same shape):
 #     MFU = tokens/s · (6·params + 12·layers·T·d) over the dense peak
 #     (67 TFLOP/s fp32, 989 bf16), and by llm.c's formula (6·params +
-#     6·layers·d·T); bf16 also with --attention kernels (cuDNN's share),
-#     fp32 also with cuBLAS's pedantic math (BB_CUBLAS_PEDANTIC=1, before);
+#     6·layers·d·T); bf16 also with --attention kernels (cuDNN's share)
+#     and with BB_CUBLASLT=off (the epilogues' share: plain cuBLAS and
+#     bias/GELU kernels; a bf16 run whose products are not cuBLASLt's
+#     fails), fp32 also with cuBLAS's pedantic math (BB_CUBLAS_PEDANTIC=1);
 #     the host's waits for the GPU a step; the peak (allocations + the
 #     backend's workspace) against the planner's prediction;
 #   - a per-op profile of one bf16 step (BB_PROFILE_OPS=1: CUDA events
@@ -220,6 +222,15 @@ esac
 step model_bf16_kernels 120 "${bb[@]}" "$BIN" bench model $gpt2 --steps "$STEPS" --json --precision bf16 --attention kernels
 bf16k=$(result model_bf16_kernels)
 bench_row "bigbatch bf16, --attention kernels" "$bf16k" 989e12
+step model_bf16_plain 120 "${bb[@]}" BB_CUBLASLT=off "$BIN" bench model $gpt2 --steps "$STEPS" --json --precision bf16
+bf16p=$(result model_bf16_plain)
+bench_row "bigbatch bf16, BB_CUBLASLT=off (plain cuBLAS; bias, GELU, bias gradients in kernels)" "$bf16p" 989e12
+products=$(field "$bf16" products %s)
+case $products in # the epilogues missing on a GPU would be a silent slowdown: say so
+cuBLASLt*) ;;
+*) row "| products, bf16 GPT-2 | FAILED: $products, not cuBLASLt's epilogues (see log.txt) |"
+   fail "bf16 products ran on $products" ;;
+esac
 step torch 120 $PY perf/torch_gpu_bench.py --vocab 50257 --steps "$STEPS" --precision fp32
 tfp32=$(result torch)
 bench_row "PyTorch eager fp32" "$tfp32" 67e12
@@ -291,6 +302,7 @@ print("| checkpoint blocks / none, step time | %s |" % ratio(c, a, "step_ms"))
 k, ped = load(sys.argv[6]), load(sys.argv[8])
 print("| fp32 cuBLAS default / pedantic math, tokens/s | %s |" % ratio(a, ped, "tokens_per_s"))
 print("| bf16 cuDNN attention / bigbatch kernels, tokens/s | %s |" % ratio(h, k, "tokens_per_s"))
+print("| bf16 cuBLASLt epilogues / plain cuBLAS and kernels, tokens/s | %s |" % ratio(h, load(sys.argv[9]), "tokens_per_s"))
 goal = h.get("tokens_per_s", 0) >= 470e3 and "tokens_per_s" in tb and h["tokens_per_s"] >= tb["tokens_per_s"]
 print("| goal: bf16 >= 470K tokens/s and >= 1.0x PyTorch eager bf16 | %s |" % ("met" if goal else "not met (%s tokens/s, %s of PyTorch)" % (
       "%.0f" % h["tokens_per_s"] if "tokens_per_s" in h else "n/a", ratio(h, tb, "tokens_per_s"))))
@@ -303,7 +315,7 @@ try:
 except Exception:
     print("| goal: attention forward + backward <= 1.2x PyTorch SDPA at T 1024 | n/a |")
 sys.exit(0 if ok and same and close else 1)
-' "$fp32" "$bf16" "$blocks" "$tfp32" "$tbf16" "$bf16k" "$state/attention.out" "$pedantic" | tee -a "$OUT/table.md"
+' "$fp32" "$bf16" "$blocks" "$tfp32" "$tbf16" "$bf16k" "$state/attention.out" "$pedantic" "$bf16p" | tee -a "$OUT/table.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "GPT-2 correctness checks"
 
 # ---- train on kjv: save, val, trace, bf16, then resume to the bit -----------------------

@@ -70,11 +70,11 @@ Test(backend, scratch_beyond_the_reservation_is_counted)
     cr_assert_eq(bb_backend_alloc(b, 64 * sizeof(float), "t", (void **)&db), BB_OK);
     cr_assert_eq(bb_backend_alloc(b, 64 * sizeof(float), "t", (void **)&din), BB_OK);
     memset(dout, 0, 64 * sizeof(float)), memset(in, 0, 64 * sizeof(float)), memset(w, 0, 64 * sizeof(float));
-    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 3, false); /* width 3: reserved */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 3, 3, false); /* width 3: reserved */
     cr_assert_eq(bb_backend_scratch_grew(b), 0);
-    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, false); /* width 5: grows */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, 5, false); /* width 5: grows */
     cr_assert_eq(bb_backend_scratch_grew(b), 1);
-    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, false); /* grown: no more */
+    bb_op_linear_backward(b, T(din), T(dw), T(db), T(dout), T(in), T(w), 2, 2, 5, 5, false); /* grown: no more */
     cr_assert_eq(bb_backend_scratch_grew(b), 1);
     bb_backend_destroy(b);
 }

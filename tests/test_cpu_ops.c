@@ -70,7 +70,7 @@ typedef struct linear_ctx {
 static double linear_loss(void *arg)
 {
     linear_ctx *c = arg;
-    bb_op_linear_forward(be, F(c->out), F(c->in), F(c->w), F(c->bias), LN_N, LN_IC, LN_OC);
+    bb_op_linear_forward(be, F(c->out), F(c->in), F(c->w), F(c->bias), LN_N, LN_IC, LN_OC, LN_OC);
     return dot(c->out, c->r, LN_N * LN_OC);
 }
 
@@ -80,14 +80,14 @@ Test(cpu_ops, linear_backward_matches_finite_differences)
                     random_floats(LN_OC, 3, 1), malloc(LN_N * LN_OC * sizeof(float)),
                     random_floats(LN_N * LN_OC, 4, 1)};
     float din[LN_N * LN_IC], dw[LN_OC * LN_IC], db[LN_OC];
-    bb_op_linear_backward(be, F(din), F(dw), F(db), F(c.r), F(c.in), F(c.w), LN_N, LN_IC, LN_OC, false);
+    bb_op_linear_backward(be, F(din), F(dw), F(db), F(c.r), F(c.in), F(c.w), LN_N, LN_IC, LN_OC, LN_OC, false);
     fd_check("linear.in", c.in, LN_N * LN_IC, din, linear_loss, &c, 1e-2f, 1e-3);
     fd_check("linear.weight", c.w, LN_OC * LN_IC, dw, linear_loss, &c, 1e-2f, 1e-3);
     fd_check("linear.bias", c.bias, LN_OC, db, linear_loss, &c, 1e-2f, 1e-3);
     /* accumulate = true adds a second micro-step's gradient */
     float dw2[LN_OC * LN_IC], db2[LN_OC];
     memcpy(dw2, dw, sizeof dw), memcpy(db2, db, sizeof db);
-    bb_op_linear_backward(be, NONE, F(dw2), F(db2), F(c.r), F(c.in), F(c.w), LN_N, LN_IC, LN_OC, true);
+    bb_op_linear_backward(be, NONE, F(dw2), F(db2), F(c.r), F(c.in), F(c.w), LN_N, LN_IC, LN_OC, LN_OC, true);
     for (int i = 0; i < LN_OC * LN_IC; i++) cr_assert_float_eq(dw2[i], 2 * dw[i], 1e-5);
     for (int i = 0; i < LN_OC; i++) cr_assert_float_eq(db2[i], 2 * db[i], 1e-5);
     free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
@@ -108,7 +108,7 @@ Test(cpu_ops, linear_layers_split_over_threads_are_the_rule)
               *bias = random_floats(OC, 32, 1), *dout = random_floats((size_t)N * OC, 33, 1),
               *out = malloc((size_t)N * OC * 4), *dw = malloc((size_t)OC * IC * 4), *db1 = malloc(OC * 4),
               *db3 = malloc(OC * 4), *din = malloc((size_t)N * IC * 4);
-        bb_op_linear_forward(three, F(out), F(in), F(w), F(bias), N, IC, OC);
+        bb_op_linear_forward(three, F(out), F(in), F(w), F(bias), N, IC, OC, OC);
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
                 double ref = bias[o];
@@ -116,8 +116,8 @@ Test(cpu_ops, linear_layers_split_over_threads_are_the_rule)
                 cr_assert_float_eq(out[(size_t)n * OC + o], ref, 1e-4, "shape %d: out[%d][%d]", k, n, o);
             }
         for (int o = 0; o < OC; o++) db1[o] = db3[o] = 0.5f; /* accumulate onto a previous micro-step's */
-        bb_op_linear_backward(be, NONE, F(dw), F(db1), F(dout), F(in), F(w), N, IC, OC, true);
-        bb_op_linear_backward(three, F(din), F(dw), F(db3), F(dout), F(in), F(w), N, IC, OC, true);
+        bb_op_linear_backward(be, NONE, F(dw), F(db1), F(dout), F(in), F(w), N, IC, OC, OC, true);
+        bb_op_linear_backward(three, F(din), F(dw), F(db3), F(dout), F(in), F(w), N, IC, OC, OC, true);
         cr_assert_eq(memcmp(db1, db3, OC * 4), 0, "shape %d: the bias gradient depends on the threads", k);
         for (int o = 0; o < OC; o++) {
             double ref = 0.5;

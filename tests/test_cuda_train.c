@@ -8,6 +8,8 @@
  * emulator can do — inject a fault, count the host's waits — always). */
 #include <math.h>
 
+#include <jansson.h>
+
 #include "train_fixture.h"
 #ifdef BB_CUDA_EMU
 #include <cuda_emu.h>
@@ -295,7 +297,7 @@ Test(cuda_train, without_cudnn_bf16_attention_runs_on_our_kernels_after_one_warn
                            "--d-model", "16", "--global-batch", "4", "--micro-batch", "4", "--steps", "1", "--precision", "bf16");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "attention: bigbatch's kernels"), "%s", r.err);
-    cr_assert_not_null(strstr(r.err, "products: cuBLAS bf16"), "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "products: cuBLASLt bf16 (bias, GELU and bias-gradient epilogues)"), "%s", r.err);
     tu_run_free(&r);
     r = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2", "--d-model",
                     "16", "--global-batch", "4", "--micro-batch", "4", "--steps", "1", "--precision", "bf16", "--attention", "cudnn");
@@ -355,6 +357,38 @@ Test(cuda_train, greedy_sample_on_a_gpu_is_the_cpu_s)
     cr_assert_str_eq(g.out, c.out, "cuda:0 %s, cpu %s", g.out, c.out);
     cr_log_info("40 greedy tokens, the same on cuda:0 and the CPU: %.60s", g.out);
     tu_run_free(&c), tu_run_free(&g);
+    free(data), free(ck);
+}
+
+/* Decoding waits for the GPU once a token (its logits' read-back): the
+ * emulator's counters at exit, for 4 and 12 sampled tokens (within the
+ * context of 16: no position decoded twice). */
+Test(cuda_train, decoding_waits_for_the_gpu_once_a_token)
+{
+    need_gpus(1);
+    need_emulator("counting the host's waits");
+    char *data = make_tokens("tokens", 200), *ck = tu_path(tmp, "ck-decode");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "32", "--heads", "2", "--global-batch",
+                           "8", "--steps", "2", "--save", ck, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    double syncs[2];
+    char *tokens[2] = {"4", "12"};
+    for (int k = 0; k < 2; k++) {
+        char *stats = tu_path(tmp, k ? "decode-12.json" : "decode-4.json");
+        setenv("BB_CUDA_EMU_STATS", stats, 1);
+        r = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", tokens[k], "--ids", "--devices",
+                        "cuda:0");
+        unsetenv("BB_CUDA_EMU_STATS");
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        json_t *o = json_load_file(stats, 0, NULL);
+        cr_assert_not_null(o, "%s: no counters", stats);
+        syncs[k] = json_number_value(json_object_get(o, "host_syncs"));
+        json_decref(o), tu_run_free(&r), free(stats);
+    }
+    double per_token = (syncs[1] - syncs[0]) / 8;
+    cr_log_info("host waits: %.0f for 4 tokens, %.0f for 12: %.2f a token", syncs[0], syncs[1], per_token);
+    cr_assert_leq(per_token, 1.0, "%.2f host waits a token", per_token);
     free(data), free(ck);
 }
 
@@ -452,6 +486,81 @@ Test(cuda_train, a_gpt_step_on_a_gpu_syncs_launches_and_copies_as_designed)
     }
     /* 70 before the attention backward computed D = dout·out once per layer, in a kernel of its own */
     cr_assert_leq(micro[0].launches, 72, "kernel launches a micro-step: %.0f", micro[0].launches);
+    free(tokens);
+#endif
+}
+
+/* Under bf16 the products carry their biases, the MLP's GELU and its
+ * gradient, and the bias gradients in cuBLASLt's epilogues: a step
+ * launches no bias, GELU or column-sum kernel (checkpoint none: nothing
+ * recomputed). With cuBLASLt finding no algorithm (BB_CUDA_EMU_LT=off)
+ * the same training runs on plain products and kernels, after one
+ * warning per epilogue, to the same losses within bf16's tolerance. */
+Test(cuda_train, a_bf16_step_runs_bias_gelu_and_bias_gradients_in_the_products_epilogues)
+{
+    need_gpus(1);
+    need_emulator("counting kernels by name");
+#ifdef BB_CUDA_EMU
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 1, 4, 8);
+    on_gpus(&o, 1);
+    o.precision = BB_PRECISION_BF16, o.steps = 2;
+    static const char *const separate[] = {"activation_forward_k", "activation_backward_k", "broadcast_rows_k",
+                                           "column_partials_k"};
+    uint64_t before[4], epilogues;
+    for (int i = 0; i < 4; i++) before[i] = bbemu_kernel_launches(separate[i]);
+    bbemu_counters a, b;
+    bbemu_counters_get(&a);
+    bb_train_result r = train(&o);
+    bbemu_counters_get(&b);
+    epilogues = b.lt_epilogues - a.lt_epilogues;
+    int L = o.model.gpt.layers;
+    cr_log_info("2 steps of 2 micro-steps, %d layers: %llu products with an epilogue", L,
+                (unsigned long long)epilogues);
+    /* a micro-step: 4 biased products forward and 4 bias gradients a layer, GELU's gradient once */
+    cr_assert_geq(epilogues, 4 * 9ull * L, "%llu products with an epilogue", (unsigned long long)epilogues);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(bbemu_kernel_launches(separate[i]), before[i], "%s ran %llu times", separate[i],
+                     (unsigned long long)(bbemu_kernel_launches(separate[i]) - before[i]));
+    bb_train_result_free(&r);
+    /* the fallback, in a process of its own (the emulator reads BB_CUDA_EMU_LT once) */
+    char *metrics[2] = {tu_path(tmp, "lt-on.jsonl"), tu_path(tmp, "lt-off.jsonl")};
+    tu_run run[2];
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("BB_CUDA_EMU_LT", "off", 1);
+        run[k] = tu_bigbatch("train", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2",
+                             "--d-model", "16", "--global-batch", "8", "--micro-batch", "4", "--steps", "3",
+                             "--precision", "bf16", "--metrics", metrics[k]);
+        unsetenv("BB_CUDA_EMU_LT");
+        cr_assert_eq(run[k].exit_code, 0, "%s", run[k].err);
+    }
+    cr_assert_null(strstr(run[0].err, "cuBLASLt has no"), "%s", run[0].err);
+    cr_assert_not_null(strstr(run[1].err, "GELU epilogue"), "%s", run[1].err);
+    cr_assert_not_null(strstr(run[1].err, "cuBLASLt has no bf16 product with the bias gradient epilogue"), "%s",
+                       run[1].err);
+    cr_assert_not_null(strstr(run[1].err, "products: cuBLASLt bf16"), "%s", run[1].err);
+    double loss[2][3];
+    for (int k = 0; k < 2; k++) {
+        size_t size = 0;
+        char *text = (char *)tu_read_file(metrics[k], &size), *line = text;
+        int n = 0;
+        for (char *end; n < 3 && (end = strchr(line, '\n')); line = end + 1) {
+            *end = 0;
+            json_t *row = json_loads(line, 0, NULL);
+            json_t *l = row ? json_object_get(row, "loss") : NULL;
+            if (l && json_object_get(row, "step")) loss[k][n++] = json_number_value(l);
+            json_decref(row);
+        }
+        cr_assert_eq(n, 3, "%s: %d step rows", metrics[k], n);
+        free(text);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_log_info("step %d: loss %.6f with epilogues, %.6f without", i + 1, loss[0][i], loss[1][i]);
+        cr_assert(fabs(loss[0][i] - loss[1][i]) <= 2e-2 * fabs(loss[0][i]), "step %d: %.6f with epilogues, %.6f without",
+                  i + 1, loss[0][i], loss[1][i]);
+    }
+    tu_run_free(&run[0]), tu_run_free(&run[1]);
+    free(metrics[0]), free(metrics[1]);
     free(tokens);
 #endif
 }

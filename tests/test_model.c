@@ -239,7 +239,7 @@ Test(model, gpt_checkpoint_memory_follows_the_formula)
     const int L = 6;
     bb_model_config none = tiny_gpt(L, 0), blocks = tiny_gpt(L, 1);
     bb_model_t *a = make_model(&none, GPT_B, 1), *b = make_model(&blocks, GPT_B, 1);
-    size_t BT = GPT_B * GPT_T, C = 8, NH = 2, V = GPT_V;
+    size_t BT = GPT_B * GPT_T, C = 8, NH = 2, V = (size_t)bb_model_logits_stride(GPT_V); /* the logits' padded rows */
     size_t chunk = (size_t)bb_model_loss_chunk(&none, GPT_B, bb_device_transient_budget(BB_DEVICE_CPU, 0));
     cr_assert_eq(chunk, BT, "10 x 11 logits are far below 32 MiB: one chunk of every token");
     size_t slot = BT * (16 * C + 4 + NH) * 4;                     /* one block's activations and statistics */
@@ -308,7 +308,8 @@ Test(model, gpt_loss_chunks_change_memory_not_results)
         loss_and_grads(m, g_twice, true);
         rel = relative_distance(g_twice, g, n, 2.0f);
         cr_assert_lt(rel, 1e-6, "chunks of %d: two accumulated micro-steps are not twice one (%.3e)", chunks[k], rel);
-        cr_assert_eq(bb_model_activation_bytes(m), bytes_ref - (BT - (size_t)chunks[k]) * GPT_V * 4);
+        cr_assert_eq(bb_model_activation_bytes(m),
+                     bytes_ref - (BT - (size_t)chunks[k]) * (size_t)bb_model_logits_stride(GPT_V) * 4);
         bb_model_destroy(m);
     }
     bb_model_destroy(ref);
@@ -323,14 +324,16 @@ Test(model, the_loss_chunk_default_follows_its_rule)
 {
     bb_model_config c = bb_model_gpt_config(12, 12, 768, 1024, 50257);
     uint64_t cpu = bb_device_transient_budget(BB_DEVICE_CPU, 0);
-    cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), (32 << 20) / (50257 * 4)); /* 166 tokens */
+    cr_assert_eq(bb_model_logits_stride(50257), 50304, "llm.c's Vp");
+    cr_assert_eq(bb_model_logits_stride(64), 64);
+    cr_assert_eq(bb_model_loss_chunk(&c, 8, cpu), (32 << 20) / (50304 * 4)); /* 166 tokens of padded rows */
     cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CPU, 1ull << 30)),
-                 (16 << 20) / (50257 * 4));
+                 (16 << 20) / (50304 * 4));
     cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CPU, 1 << 20)), 1);
     cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 40ull << 30)), 8 * 1024,
                  "one chunk on a 40 GB GPU");
     cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 8ull << 30)),
-                 (512 << 20) / (50257 * 4), "a 16th of an 8 GiB GPU");
+                 (512 << 20) / (50304 * 4), "a 16th of an 8 GiB GPU");
     cr_assert_eq(bb_model_loss_chunk(&c, 8, bb_device_transient_budget(BB_DEVICE_CUDA, 0)), 8 * 1024,
                  "a GPU of unknown memory: the whole micro-batch");
     c.gpt.vocab = 256;

@@ -39,25 +39,49 @@ TestSuite(ops);
 
 static void case_linear_forward(tc *t)
 {
-    int N = D(0), IC = D(1), OC = D(2);
+    int N = D(0), IC = D(1), OC = D(2), ldo = D(5) ? D(5) : OC;
     buf in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1)), w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f));
-    buf bias = tc_floats(t, "bias", OC, 0.5f), out = tc_out(t, tc_floats(t, "out", (size_t)N * OC, 1), 1e-5);
+    buf bias = tc_floats(t, "bias", OC, 0.5f), out = tc_out(t, tc_floats(t, "out", (size_t)N * ldo, 1), 1e-5);
     if (!D(4)) tc_act(t, out); /* else f32 from bf16: the logits */
     TC_RUN(t, bb_op_linear_forward(BE, tc_t(t, out), tc_t(t, in), tc_t(t, w), D(3) ? tc_t(t, bias) : bb_no_tensor(),
-                                   N, IC, OC));
+                                   N, IC, OC, ldo));
 }
 
 static void case_linear_backward(tc *t)
 {
-    int N = D(0), IC = D(1), OC = D(2);
+    int N = D(0), IC = D(1), OC = D(2), ldd = D(5) ? D(5) : OC;
     bool acc = D(3), with_din = D(4);
-    buf dout = tc_act(t, tc_floats(t, "dout", (size_t)N * OC, 1)), in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1));
+    buf dout = tc_act(t, tc_floats(t, "dout", (size_t)N * ldd, 1)), in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1));
     buf w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f));
     buf din = tc_act(t, tc_out(t, tc_floats(t, "din", (size_t)N * IC, 1), 1e-5));
     buf dw = tc_out(t, tc_floats(t, "dw", (size_t)OC * IC, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", OC, 1), 1e-5);
     TC_RUN(t, bb_op_linear_backward(BE, with_din ? tc_t(t, din) : bb_no_tensor(), tc_t(t, dw),
-                                    with_din ? tc_t(t, db) : bb_no_tensor(), tc_t(t, dout), tc_t(t, in), tc_t(t, w), N,
-                                    IC, OC, acc));
+                                    with_din && ldd == OC ? tc_t(t, db) : bb_no_tensor(), tc_t(t, dout), tc_t(t, in),
+                                    tc_t(t, w), N, IC, OC, ldd, acc));
+}
+
+static void case_linear_activation_forward(tc *t)
+{
+    int N = D(0), IC = D(1), OC = D(2);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1)), w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f));
+    buf bias = tc_floats(t, "bias", OC, 0.5f), out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)N * OC, 1), 1e-5));
+    buf pre = tc_act(t, tc_out(t, tc_floats(t, "pre", (size_t)N * OC, 1), 1e-5));
+    TC_RUN(t, bb_op_linear_activation_forward(BE, (bb_activation)D(4), tc_t(t, out), D(5) ? tc_t(t, pre) : bb_no_tensor(),
+                                              tc_t(t, in), tc_t(t, w), D(3) ? tc_t(t, bias) : bb_no_tensor(), N, IC,
+                                              OC));
+}
+
+static void case_activation_linear_backward(tc *t)
+{
+    int N = D(0), IC = D(1), OC = D(2);
+    bool acc = D(3), with_dbias = D(4);
+    buf dout = tc_act(t, tc_floats(t, "dout", (size_t)N * OC, 1)), in = tc_act(t, tc_floats(t, "in", (size_t)N * IC, 1));
+    buf w = tc_act(t, tc_floats(t, "w", (size_t)OC * IC, 0.5f)), pre = tc_act(t, tc_floats(t, "pre", (size_t)N * IC, 3));
+    buf dpre = tc_act(t, tc_out(t, tc_floats(t, "dpre", (size_t)N * IC, 1), 1e-5));
+    buf dw = tc_out(t, tc_floats(t, "dw", (size_t)OC * IC, 1), 1e-5), db = tc_out(t, tc_floats(t, "dbias", OC, 1), 1e-5);
+    TC_RUN(t, bb_op_activation_linear_backward(BE, (bb_activation)D(5), tc_t(t, dpre), tc_t(t, dw),
+                                               with_dbias ? tc_t(t, db) : bb_no_tensor(), tc_t(t, dout), tc_t(t, in),
+                                               tc_t(t, w), tc_t(t, pre), N, IC, OC, acc));
 }
 
 static void case_activation_forward(tc *t)
@@ -209,14 +233,14 @@ static void case_softmax_crossentropy(tc *t)
 
 static void case_crossentropy_rows(tc *t)
 {
-    int N = D(0), V = D(1);
+    int N = D(0), V = D(1), ld = D(3) ? D(3) : V;
     bool in_place = D(2); /* the decoder's head: the gradient over the logits (bf16 ones under bf16) */
-    buf logits = tc_floats(t, "logits", (size_t)N * V, 6), tg = targets_buf(t, N, V);
+    buf logits = tc_floats(t, "logits", (size_t)N * ld, 6), tg = targets_buf(t, N, V);
     buf dl = in_place ? tc_act(t, tc_out(t, logits, 1e-5))
-                      : tc_act(t, tc_out(t, tc_floats(t, "dlogits", (size_t)N * V, 1), 1e-5));
+                      : tc_act(t, tc_out(t, tc_floats(t, "dlogits", (size_t)N * ld, 1), 1e-5));
     buf rows = tc_bytes(t, "row_loss", NULL, (size_t)N * sizeof(double));
     TC_RUN(t, {
-        bb_op_crossentropy_rows(BE, tc_p(t, rows), tc_t(t, dl), tc_t(t, logits), tc_p(t, tg), N, V, 3.0f);
+        bb_op_crossentropy_rows(BE, tc_p(t, rows), tc_t(t, dl), tc_t(t, logits), tc_p(t, tg), N, V, ld, 3.0f);
         tc_value(t, "the rows' sum", bb_op_sum_rows(BE, tc_p(t, rows), (size_t)N), 1e-6);
     });
 }
@@ -353,11 +377,27 @@ static void case_records_to_images(tc *t)
 
 /* Each op, its case and its shapes (the case's D(0), D(1), ...). */
 static const op_case cases[] = {
-    /* N, IC, OC, bias, out f32 (from bf16: the logits) */
-    {"linear_forward", case_linear_forward, 5,
-     {{1, 1, 1, 1}, {37, 29, 23, 0}, {37, 29, 23, 1}, {130, 70, 300, 1}, {37, 29, 23, 1, 1}}},
-    /* N, IC, OC, accumulate, din and dbias */
-    {"linear_backward", case_linear_backward, 3, {{37, 29, 23, 0, 1}, {37, 29, 23, 1, 1}, {16, 8, 12, 1, 0}}},
+    /* N, IC, OC, bias, out f32 (from bf16: the logits), out's row stride (0: OC; the head's padded rows) */
+    {"linear_forward", case_linear_forward, 6,
+     {{1, 1, 1, 1}, {37, 29, 23, 0}, {37, 29, 23, 1}, {130, 70, 300, 1}, {37, 29, 23, 1, 1}, {37, 29, 23, 0, 0, 64}}},
+    /* N, IC, OC, accumulate, din and dbias (dbias: packed rows only), dout's row stride (0: OC) */
+    {"linear_backward", case_linear_backward, 4,
+     {{37, 29, 23, 0, 1}, {37, 29, 23, 1, 1}, {16, 8, 12, 1, 0}, {37, 29, 23, 1, 1, 64}}},
+    /* N, IC, OC, bias, activation, pre kept (widths of 8s take cuBLASLt's epilogues on a GPU, 23 its fallback) */
+    {"linear_activation_forward", case_linear_activation_forward, 6,
+     {{37, 29, 23, 1, BB_ACTIVATION_GELU_TANH, 1},
+      {64, 48, 96, 1, BB_ACTIVATION_GELU_TANH, 1},
+      {64, 48, 96, 0, BB_ACTIVATION_GELU_TANH, 1},
+      {64, 48, 96, 1, BB_ACTIVATION_GELU_TANH, 0},
+      {64, 48, 96, 0, BB_ACTIVATION_GELU_TANH, 0},
+      {37, 29, 23, 1, BB_ACTIVATION_RELU, 1}}},
+    /* N, IC, OC, accumulate, dbias, activation */
+    {"activation_linear_backward", case_activation_linear_backward, 5,
+     {{37, 29, 23, 0, 1, BB_ACTIVATION_GELU_TANH},
+      {64, 96, 48, 1, 1, BB_ACTIVATION_GELU_TANH},
+      {64, 96, 48, 0, 1, BB_ACTIVATION_GELU_TANH},
+      {64, 96, 48, 1, 0, BB_ACTIVATION_GELU_TANH},
+      {16, 8, 12, 1, 1, BB_ACTIVATION_SILU}}},
     /* n, activation */
     {"activation_forward", case_activation_forward, 3,
      {{100003, BB_ACTIVATION_RELU}, {100003, BB_ACTIVATION_GELU_TANH}, {100003, BB_ACTIVATION_SILU}}},
@@ -381,9 +421,10 @@ static const op_case cases[] = {
      {{2, 7, 3, 3, 4}, {2, 70, 4, 4, 8}, {1, 1024, 12, 12, 64}, {1, 300, 4, 4, 256}, {2, 70, 4, 2, 8},
       {1, 45, 6, 1, 16}}, .large = 1u << 2},
     {"attention_decode", case_attention_decode, 4, {{1, 7, 3, 3, 4}, {1, 70, 4, 2, 8}, {1, 300, 12, 12, 64}, {1, 33, 6, 1, 16}}},
-    /* N, V, in place; V past a block's threads: each thread's own maximum and sum, rescaled */
+    /* N, V, in place (, the rows' stride: the head's padded rows); V past a block's threads: each thread's own
+     * maximum and sum, rescaled */
     {"softmax_crossentropy", case_softmax_crossentropy, 3, {{9, 301, 0}, {9, 301, 1}, {4, 5003, 0}}},
-    {"crossentropy_rows", case_crossentropy_rows, 3, {{9, 301, 0}, {1000, 50, 0}, {7, 3001, 1}}},
+    {"crossentropy_rows", case_crossentropy_rows, 4, {{9, 301, 0}, {1000, 50, 0}, {7, 3001, 1}, {7, 3001, 1, 3008}}},
     {"sum_rows", case_sum_rows, 2, {{1}, {100003}}},
     /* N, V */
     {"count_correct", case_count_correct, 2, {{7, 3}, {5003, 10}}},
@@ -558,7 +599,7 @@ Test(ops, a_tensor_of_a_dtype_the_op_does_not_take_is_refused_by_name)
     cr_assert_eq(bb_backend_create_cpu(&(bb_backend_options){.threads = 1}, &b), BB_OK);
     float out[4] = {7, 7, 7, 7}, w[4] = {1, 2, 3, 4};
     uint16_t in[2] = {0x3f80, 0x4000};
-    bb_op_linear_forward(b, bb_f32(out), bb_bf16(in), bb_f32(w), bb_no_tensor(), 2, 1, 2);
+    bb_op_linear_forward(b, bb_f32(out), bb_bf16(in), bb_f32(w), bb_no_tensor(), 2, 1, 2, 2);
     cr_assert_eq(out[0], 7.0f, "the op ran");
     cr_assert_eq(bb_backend_synchronize(b), BB_ERR_UNSUPPORTED);
     cr_assert(strstr(bb_error_message(),

@@ -297,14 +297,22 @@ void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx);
 int bb_model_batch_targets(const bb_model_t *m);
 
 /* The fused LM head + loss (decoders) runs over chunks of this many tokens,
- * so that at most one chunk's logits exist (tokens × vocab, in the model's
- * precision: fp32, or bf16 with their gradient written over them):
+ * so that at most one chunk's logits exist (tokens × bb_model_logits_stride,
+ * in the model's precision: fp32, or bf16 with their gradient written over
+ * them):
  * c->loss_chunk when set, else as many as fit in `budget` bytes (the
  * device's transient budget, bb_device_transient_budget: 32 MiB on the
  * CPU, a 16th of a GPU's memory) — and never more than the micro-batch's
  * micro_batch × T tokens, nor fewer than 1. 0 for kinds whose loss does not
  * run in chunks (mlp: its logits are small). */
 int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget);
+/* The row stride of a chunk's logits: the vocabulary rounded up to a
+ * multiple of 64 (as llm.c's padded Vp: GPT-2's 50257 gives 50304), so that
+ * every row starts aligned for the products (cuBLAS's fast kernels want
+ * 16 bytes). The weights, checkpoints and exports keep the true
+ * vocabulary; the padding columns are never computed, read, in the loss
+ * or sampled. Cannot fail. */
+int bb_model_logits_stride(int vocab);
 
 /* Bytes of activation memory (block/layer slots, saved segment inputs,
  * one chunk of logits, backward scratch), all allocated when the model is

@@ -86,7 +86,7 @@ uint64_t bb_backend_host_waits(const bb_backend_t *b) { return b->host_waits; }
 
 const char *bb_backend_bf16_products(bb_backend_t *b)
 {
-    return b->vt->bf16_products ? b->vt->bf16_products() : "none (this backend only counts)";
+    return b->vt->bf16_products ? b->vt->bf16_products(b) : "none (this backend only counts)";
 }
 
 const char *bb_backend_attention_engine(bb_backend_t *b)
@@ -407,6 +407,15 @@ static bool activation_ok(bb_backend_t *b, const char *op, bb_activation act)
 {
     if (act >= BB_ACTIVATION_RELU && act <= BB_ACTIVATION_SILU) return true;
     bb_backend_note_error(b, BB_ERR_ARG, "%s: %s: activation %d is not one of bb_activation", b->name, op, (int)act);
+    return false;
+}
+
+/* A row stride of at least the row's width; packed (stride = width) where `packed` (a bias). */
+static bool row_stride_ok(bb_backend_t *b, const char *op, int ld, int width, bool packed)
+{
+    if (ld >= width && (!packed || ld == width)) return true;
+    bb_backend_note_error(b, BB_ERR_ARG, "%s: %s: row stride %d for rows of %d%s", b->name, op, ld, width,
+                          packed ? " (a bias takes packed rows)" : "");
     return false;
 }
 

@@ -41,7 +41,7 @@ typedef struct bb_backend_vtable {
     void *(*native_stream)(bb_backend_t *b, bb_stream stream);
     /* optional: who ran the last attention op (NULL: bigbatch's kernels) */
     const char *(*attention_engine)(bb_backend_t *b);
-    const char *(*bf16_products)(void);
+    const char *(*bf16_products)(bb_backend_t *b);
 
     /* ops: required, one entry per op of ops.def (its contract is there) */
 #define BB_OP(name, params, ...) void (*name)(bb_backend_t *b, BB_UNPAREN params);

@@ -39,9 +39,15 @@ static bb_status cpu_memset(bb_backend_t *b, void *dst, int value, size_t bytes)
 
 static void cpu_destroy(bb_backend_t *b) { bb_cpu_pool_destroy(b); }
 
+static const char *cpu_bf16_products(bb_backend_t *b)
+{
+    (void)b;
+    return bb_cpu_bf16_products();
+}
+
 const bb_backend_vtable bb_cpu_vtable = {
     .host_is_device = true,
-    .bf16_products = bb_cpu_bf16_products,
+    .bf16_products = cpu_bf16_products,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -18,7 +18,7 @@ typedef struct xent_args {
     const uint16_t *logits16; /* bf16 logits: each row widened into its thread's part of `wide` first */
     float *wide;              /* (threads, V) */
     const int32_t *targets;
-    int N, V;
+    int N, V, ld; /* ld: the rows' stride in logits and dlogits */
     float normalizer;
 } xent_args;
 
@@ -28,11 +28,12 @@ static void xent_task(void *ctx, int task, int thread)
 {
     const xent_args *a = ctx;
     int V = a->V;
+    size_t ld = (size_t)a->ld;
     for (int n = task * XENT_ROWS; n < a->N && n < (task + 1) * XENT_ROWS; n++) {
-        const float *x = a->logits16 ? a->wide + (size_t)thread * V : a->logits + (size_t)n * V;
-        if (a->logits16) bb_bf16_widen(a->wide + (size_t)thread * V, a->logits16 + (size_t)n * V, (size_t)V);
-        float *dx = a->dlogits ? a->dlogits + (size_t)n * V : NULL;
-        uint16_t *dx16 = a->dlogits16 ? a->dlogits16 + (size_t)n * V : NULL;
+        const float *x = a->logits16 ? a->wide + (size_t)thread * V : a->logits + (size_t)n * ld;
+        if (a->logits16) bb_bf16_widen(a->wide + (size_t)thread * V, a->logits16 + (size_t)n * ld, (size_t)V);
+        float *dx = a->dlogits ? a->dlogits + (size_t)n * ld : NULL;
+        uint16_t *dx16 = a->dlogits16 ? a->dlogits16 + (size_t)n * ld : NULL;
         int target = a->targets[n];
         a->row_loss[n] = 0.0;
         if (target < 0) {
@@ -61,12 +62,12 @@ static void xent_task(void *ctx, int task, int thread)
 
 /* Rows spread over the backend's threads. */
 void bb_cpu_crossentropy_rows(bb_backend_t *b, double *row_loss, bb_tensor dlogits, bb_tensor logits,
-                              const int32_t *targets, int N, int V, float normalizer)
+                              const int32_t *targets, int N, int V, int ld, float normalizer)
 {
     xent_args a = {.row_loss = row_loss, .dlogits = IS_BF16(dlogits) ? NULL : F32(dlogits),
                    .dlogits16 = IS_BF16(dlogits) ? H16(dlogits) : NULL, .logits = IS_BF16(logits) ? NULL : F32(logits),
                    .logits16 = IS_BF16(logits) ? H16(logits) : NULL, .targets = targets, .N = N, .V = V,
-                   .normalizer = normalizer};
+                   .ld = ld, .normalizer = normalizer};
     if (a.logits16 && !(a.wide = malloc((size_t)bb_cpu_threads(b) * V * sizeof(float)))) {
         bb_backend_note_error(b, BB_ERR_NOMEM, "crossentropy: out of host memory for %d threads' rows of %d logits",
                               bb_cpu_threads(b), V);
@@ -95,7 +96,7 @@ void bb_cpu_softmax_crossentropy(bb_backend_t *b, double *loss, bb_tensor dlogit
         bb_backend_note_error(b, BB_ERR_NOMEM, "softmax_crossentropy: out of host memory for %d row losses", N);
         return;
     }
-    bb_cpu_crossentropy_rows(b, rows, dlogits, logits, targets, N, V, normalizer);
+    bb_cpu_crossentropy_rows(b, rows, dlogits, logits, targets, N, V, V, normalizer);
     int counted = 0;
     for (int n = 0; n < N; n++) counted += targets[n] >= 0;
     if (loss) *loss = bb_cpu_sum_rows(b, rows, (size_t)N) / normalizer;

@@ -232,16 +232,16 @@ static void ew_run_act(bb_backend_t *b, ew_args *a, bb_dtype dtype)
 }
 
 void bb_cpu_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
-                           int OC)
+                           int OC, int ldo)
 {
     if (IS_BF16(in)) {
         bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = N, .N = OC, .K = IC, .A = H16(in), .lda = IC, .B = H16(w), .ldb = IC,
-                                         .tb = true, .C = out.data, .c_dtype = out.dtype, .ldc = OC, .bias = F32(bias)},
+                                         .tb = true, .C = out.data, .c_dtype = out.dtype, .ldc = ldo, .bias = F32(bias)},
                   "linear_forward");
         return;
     }
     sgemm_bias(b, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, F32(in), IC, F32(w), IC, bias.data ? 1.0f : 0.0f,
-               F32(out), OC, F32(bias));
+               F32(out), ldo, F32(bias));
 }
 
 /* dbias[lo, hi) += the column sums of dout, rows in order (the same sums
@@ -264,18 +264,18 @@ static void bias_grad_range(const ew_args *a, size_t lo, size_t hi, int slice)
 }
 
 void bb_cpu_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout_t,
-                            bb_tensor in_t, bb_tensor w_t, int N, int IC, int OC, bool accumulate)
+                            bb_tensor in_t, bb_tensor w_t, int N, int IC, int OC, int ldd, bool accumulate)
 {
     float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
     const float *dout = F32(dout_t), *in = F32(in_t), *w = F32(w_t);
     bool bf16 = IS_BF16(dout_t);
     if (bf16 && dw) /* dw (OC,IC) (+)= doutᵀ · in */
-        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = OC, .N = IC, .K = N, .A = H16(dout_t), .lda = OC, .ta = true,
+        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = OC, .N = IC, .K = N, .A = H16(dout_t), .lda = ldd, .ta = true,
                                          .B = H16(in_t), .ldb = IC, .C = dw, .c_dtype = BB_DTYPE_F32, .ldc = IC,
                                          .accumulate = accumulate},
                   "linear_backward");
-    else if (dw) sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
-    if (dbias) {
+    else if (dw) sgemm(b, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, ldd, in, IC, accumulate ? 1.0f : 0.0f, dw, IC);
+    if (dbias) { /* packed rows (ops.def) */
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
         size_t columns = EW_GRAIN / (size_t)N; /* about EW_GRAIN elements a slice, whole 16s of columns */
         ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = bf16 ? NULL : dout,
@@ -284,10 +284,27 @@ void bb_cpu_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb
     }
     /* last: din may alias in */
     if (din && bf16)
-        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = N, .N = IC, .K = OC, .A = H16(dout_t), .lda = OC, .B = H16(w_t),
+        bf16_gemm(b, &(bb_cpu_bf16_gemm){.M = N, .N = IC, .K = OC, .A = H16(dout_t), .lda = ldd, .B = H16(w_t),
                                          .ldb = IC, .C = din, .c_dtype = BB_DTYPE_BF16, .ldc = IC},
                   "linear_backward");
-    else if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+    else if (din) sgemm(b, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, ldd, w, IC, 0.0f, din, IC);
+}
+
+/* The fused ops of ops.def, composed: the same values as their two ops. */
+void bb_cpu_linear_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor pre, bb_tensor in,
+                                      bb_tensor w, bb_tensor bias, int N, int IC, int OC)
+{
+    bb_tensor z = pre.data ? pre : out;
+    bb_cpu_linear_forward(b, z, in, w, bias, N, IC, OC, OC);
+    bb_cpu_activation_forward(b, act, out, z, (size_t)N * OC);
+}
+
+void bb_cpu_activation_linear_backward(bb_backend_t *b, bb_activation act, bb_tensor dpre, bb_tensor dw,
+                                       bb_tensor dbias, bb_tensor dout, bb_tensor in, bb_tensor w, bb_tensor pre,
+                                       int N, int IC, int OC, bool accumulate)
+{
+    bb_cpu_linear_backward(b, dpre, dw, dbias, dout, in, w, N, IC, OC, OC, accumulate);
+    bb_cpu_activation_backward(b, act, dpre, dpre, pre, (size_t)N * IC);
 }
 
 static void relu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)

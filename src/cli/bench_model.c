@@ -215,10 +215,10 @@ static bb_status bench_roofline(bench_flags *f, bench_run *r)
                g->part, (bf16 ? g->bf16_flops : g->fp32_flops) / 1e12, bf16 ? "bf16" : "fp32",
                g->memory_bytes_per_s / 1e12, 100 * BB_ROOFLINE_PRODUCT_EFFICIENCY,
                100 * BB_ROOFLINE_MEMORY_EFFICIENCY);
-        printf("%-22s %-10s %8s %10s %9s %9s\n", "op", "stage", "calls", "GFLOP", "GB", "ms");
+        printf("%-26s %-10s %8s %10s %9s %9s\n", "op", "stage", "calls", "GFLOP", "GB", "ms");
         for (int i = 0; i < a->count; i++) {
             const bb_roofline_row *w = &a->rows[i];
-            printf("%-22s %-10s %8.0f %10.1f %9.3f %9.3f%s\n", w->op, w->optimizer ? "optimizer" : "micro-step",
+            printf("%-26s %-10s %8.0f %10.1f %9.3f %9.3f%s\n", w->op, w->optimizer ? "optimizer" : "micro-step",
                    w->calls, w->gflop, w->gb, w->ms, w->product ? "  product" : "");
         }
         printf("micro-step: products %.2f ms (%.0f GFLOP), other ops %.2f ms (%.2f GB); optimizer %.2f ms (%.2f GB)\n",

@@ -23,8 +23,9 @@
  * The LM head and the loss run fused, in chunks of `chunk` tokens
  * (bb_model_loss_chunk): per chunk the logits, in place their gradient,
  * and each token's loss at its place in row_loss, which the forward sums
- * once (its one wait for the device); at most one chunk's logits exist.
- * The backward walks the chunks in reverse: the last one is still in the
+ * once (its one wait for the device); at most one chunk's logits exist,
+ * in rows padded to bb_model_logits_stride (aligned for the products; the
+ * padding never computed). The backward walks the chunks in reverse: the last one is still in the
  * buffer, the others are recomputed from the final norm's output (one more
  * head product for all chunks but the last), and each adds its part to
  * the input's and the head's (tied: the token table's) gradients. */
@@ -58,10 +59,10 @@ static int chunk_tokens(const bb_model_t *m, int k, int *first)
 static void head_chunk(bb_model_t *m, int k)
 {
     decoder_state *g = m->impl;
-    int C = g->d.d_model, V = g->d.vocab, first, n = chunk_tokens(m, k, &first);
+    int C = g->d.d_model, V = g->d.vocab, ld = bb_model_logits_stride(V), first, n = chunk_tokens(m, k, &first);
     bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, (size_t)first * C), model_weight(m, g->head),
-                         bb_no_tensor(), n, C, V);
-    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, V,
+                         bb_no_tensor(), n, C, V, ld);
+    bb_op_crossentropy_rows(m->be, g->row_loss + first, g->logits, g->logits, m->targets + first, n, V, ld,
                             g->normalizer);
 }
 
@@ -132,7 +133,7 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
         int first, n = chunk_tokens(m, k, &first);
         bb_op_linear_backward(m->be, bb_tensor_at(g->dln, (size_t)first * C), F(model_grad(m, g->head)),
                               bb_no_tensor(), g->logits, bb_tensor_at(g->normed, (size_t)first * C),
-                              model_weight(m, g->head), n, C, V, acc || k < g->chunks - 1);
+                              model_weight(m, g->head), n, C, V, bb_model_logits_stride(V), acc || k < g->chunks - 1);
     }
     if (g->head != 0) model_grads_ready(m, g->head); /* a head of its own is the last tensor */
     BB_TRY(g->k->norm_backward(m, g->dres, g->dln, final_output(g), g->norm_stat, BT, acc));
@@ -173,7 +174,7 @@ static bb_status decoder_logits(bb_model_t *m, int position, float *host)
     for (int b = 0; rc == BB_OK && b < m->B; b++) {
         float *out = host + (size_t)b * V;
         bb_op_linear_forward(m->be, g->logits, bb_tensor_at(g->normed, ((size_t)b * T + position) * C),
-                             model_weight(m, g->head), bb_no_tensor(), 1, C, V);
+                             model_weight(m, g->head), bb_no_tensor(), 1, C, V, V);
         rc = bb_backend_copy(m->be, bf16 ? (void *)row : out, g->logits.data, (size_t)V * (bf16 ? 2 : 4), BB_COPY_D2H);
         for (int v = 0; rc == BB_OK && bf16 && v < V; v++) out[v] = bb_bf16_to_float(row[v]);
     }

@@ -4,8 +4,12 @@
  * cached rows (bb_op_attention_decode) instead of a forward over the whole
  * context. The cache (layers × T × the block's cache width floats) and the
  * one-row buffers are made at the first call and freed with the model; the
- * ops are the forward's, on one row. */
+ * ops are the forward's, on one row. A token costs the host one wait for
+ * the device: its logits' read-back (the token goes up from pinned memory
+ * without waiting, after the previous token's read-back, which its stream
+ * orders after the previous upload). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "decoder_state.h"
 
@@ -15,6 +19,8 @@ struct decoder_cache {
     float *x, *normed, *scratch, *logits; /* one position's */
     float *stat[BB_BLOCK_MAX_STATS];
     int32_t *token;                       /* (1), on the device */
+    int32_t *host_token;                  /* (1), pinned: its upload's source */
+    float *host_logits;                   /* (V), pinned: the read-back's target (one wait) */
     int next;                             /* the position the next call continues at */
 };
 
@@ -32,6 +38,8 @@ static bb_status cache_alloc(bb_model_t *m, decoder_state *g, struct decoder_cac
         BB_TRY(bb_backend_alloc(m->be, (count[i] ? count[i] : 1) * sizeof(float), "decode rows", (void **)rows[i]));
     for (int s = 0; s < g->k->norm_stats; s++)
         BB_TRY(bb_backend_alloc(m->be, sizeof(float), "decode rows", (void **)&d->stat[s]));
+    BB_TRY(bb_backend_host_alloc(m->be, sizeof(int32_t), (void **)&d->host_token));
+    BB_TRY(bb_backend_host_alloc(m->be, (size_t)g->d.vocab * sizeof(float), (void **)&d->host_logits));
     return bb_backend_alloc(m->be, sizeof(int32_t), "decode token", (void **)&d->token);
 }
 
@@ -52,6 +60,8 @@ void bb_decoder_cache_destroy(bb_model_t *m)
     void *bufs[] = {d->rows, d->x, d->normed, d->scratch, d->logits, d->token};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) bb_backend_free(m->be, bufs[i]);
     for (int s = 0; s < BB_BLOCK_MAX_STATS; s++) bb_backend_free(m->be, d->stat[s]);
+    if (d->host_token) bb_backend_host_free(m->be, d->host_token, sizeof(int32_t));
+    if (d->host_logits) bb_backend_host_free(m->be, d->host_logits, (size_t)g->d.vocab * sizeof(float));
     free(d);
     g->cache = NULL;
 }
@@ -66,7 +76,8 @@ bb_status bb_decoder_decode(bb_model_t *m, int32_t token, int pos, float *host_l
     if (pos != 0 && pos != d->next)
         return bb_fail(BB_ERR_ARG, "decode at position %d: the cache holds positions 0 to %d (start again at 0)", pos,
                        d->next - 1);
-    BB_TRY(bb_backend_copy(be, d->token, &token, sizeof token, BB_COPY_H2D));
+    *d->host_token = token; /* the previous upload is done: the previous read-back waited for it */
+    BB_TRY(bb_backend_copy_async(be, d->token, d->host_token, sizeof token, BB_COPY_H2D, BB_STREAM_COMPUTE));
     g->k->embed(m, bb_f32(d->x), d->token, 1, 1, pos);
     for (int l = 0; l < g->L; l++) {
         bb_block_decode bd = {.m = m, .be = be, .l = l, .pos = pos, .tensor = g->block_tensor[l], .x = d->x,
@@ -75,8 +86,9 @@ bb_status bb_decoder_decode(bb_model_t *m, int32_t token, int pos, float *host_l
     }
     g->k->norm_forward(m, bb_f32(d->normed), d->stat, bb_f32(d->x), 1);
     bb_op_linear_forward(be, bb_f32(d->logits), bb_f32(d->normed), bb_f32(model_param(m, g->head)), bb_no_tensor(), 1,
-                         C, V);
-    BB_TRY(bb_backend_copy(be, host_logits, d->logits, (size_t)V * sizeof(float), BB_COPY_D2H));
+                         C, V, V);
+    BB_TRY(bb_backend_copy(be, d->host_logits, d->logits, (size_t)V * sizeof(float), BB_COPY_D2H));
+    memcpy(host_logits, d->host_logits, (size_t)V * sizeof(float));
     d->next = pos + 1;
     return BB_OK;
 }

@@ -171,7 +171,7 @@ bb_status bb_decoder_create(bb_model_t *m)
     BB_TRY(alloc_blocks(m, g, pool));
     BB_TRY(alloc_tensor(m, &g->normed, BT * C, "activations"));
     for (int s = 0; s < g->k->norm_stats; s++) BB_TRY(alloc_floats(m, &g->norm_stat[s], BT, "activations"));
-    size_t logits = (size_t)g->chunk * g->d.vocab;
+    size_t logits = (size_t)g->chunk * bb_model_logits_stride(g->d.vocab);
     BB_TRY(alloc_tensor(m, &g->logits, logits, "logits (one chunk)")); /* their gradient is written over them */
     BB_TRY(alloc_act(m, (void **)&g->row_loss, BT * sizeof(double), "per-token losses"));
     BB_TRY(alloc_tensor(m, &g->dres, BT * C, "backward scratch"));

@@ -30,7 +30,7 @@ typedef struct decoder_state {
     bb_dtype dtype;           /* the activations' (and their gradients'): bf16 under bf16 precision */
     bb_tensor normed;         /* (BT,C) the final norm's output */
     float *norm_stat[BB_BLOCK_MAX_STATS]; /* (BT) each */
-    bb_tensor logits;         /* (chunk, V), the activation dtype: one chunk's logits, then in place
+    bb_tensor logits;         /* (chunk, bb_model_logits_stride(V)), the activation dtype: one chunk's logits, then in place
                                * their gradient (the head product's backward operand) */
     double *row_loss;         /* (BT): each token's loss, chunk by chunk; summed once per forward */
     int chunk, chunks;        /* tokens per chunk of the head + loss, and their number */

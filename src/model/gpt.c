@@ -225,22 +225,22 @@ static void gpt_block_forward(bb_block_pass *p)
     int C = c->d_model, BT = p->BT;
     size_t n = (size_t)BT * C;
     ln1_forward(p);
-    bb_op_linear_forward(be, a->t[S_QKV], a->t[S_LN1], PW(ATTN_W), W(ATTN_B), BT, C, 3 * C);
+    bb_op_linear_forward(be, a->t[S_QKV], a->t[S_LN1], PW(ATTN_W), W(ATTN_B), BT, C, 3 * C, 3 * C);
     bb_op_attention_forward(be, a->t[S_ATTY], a->stat[LSE], a->t[S_QKV], p->B, p->T, c->heads, c->heads,
                             C / c->heads);
-    bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], PW(PROJ_W), W(PROJ_B), BT, C, C);
+    bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], PW(PROJ_W), W(PROJ_B), BT, C, C, C);
     bb_op_add(be, a->t[S_RES2], a->t[S_RES2], p->x, n);
     ln2_forward(p);
-    bb_op_linear_forward(be, a->t[S_FCH], a->t[S_LN2], PW(FC_W), W(FC_B), BT, C, 4 * C);
-    gelu_forward(p);
-    bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], PW(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C);
+    bb_op_linear_activation_forward(be, BB_ACTIVATION_GELU_TANH, a->t[S_GELU], a->t[S_FCH], a->t[S_LN2], PW(FC_W),
+                                    W(FC_B), BT, C, 4 * C);
+    bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], PW(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C, C);
     bb_op_add(be, a->t[S_RES3], a->t[S_RES3], a->t[S_RES2], n);
 }
 
 /* dres holds d(loss)/d(block output) on entry, d(loss)/d(block input) on
  * exit. The block's slot is spent as it goes: d(fch) overwrites the GELU
- * output once its product's weight gradient is formed, then fch once
- * GELU's backward has read it, and d(qkv) takes fch's place. A selective
+ * output once its product's weight gradient is formed (one op with GELU's
+ * backward, which reads fch), and d(qkv) takes fch's place. A selective
  * block recomputes its GELU and LayerNorm outputs right before they are
  * read (both LayerNorms share one buffer), unless its forward was
  * the last one to run and left them in place. */
@@ -251,20 +251,19 @@ static void gpt_block_backward(bb_block_pass *p)
     bb_block_acts *a = p->a;
     int C = c->d_model, BT = p->BT;
     bool acc = p->accumulate, recompute = p->selective && !p->fresh;
-    bb_tensor dfch = a->t[S_FCH], dqkv = a->t[S_FCH]; /* (BT,4C) and (BT,3C) */
+    bb_tensor dfch = a->t[S_GELU], dqkv = a->t[S_FCH]; /* (BT,4C) and (BT,3C) */
     if (recompute) gelu_forward(p);
-    bb_op_linear_backward(be, a->t[S_GELU], D(FCPROJ_W), D(FCPROJ_B), p->dres, a->t[S_GELU], PW(FCPROJ_W), BT,
-                          4 * C, C, acc);
-    bb_op_activation_backward(be, BB_ACTIVATION_GELU_TANH, dfch, a->t[S_GELU], a->t[S_FCH], (size_t)BT * 4 * C);
+    bb_op_activation_linear_backward(be, BB_ACTIVATION_GELU_TANH, dfch, D(FCPROJ_W), D(FCPROJ_B), p->dres,
+                                     a->t[S_GELU], PW(FCPROJ_W), a->t[S_FCH], BT, 4 * C, C, acc);
     if (recompute) ln2_forward(p);
-    bb_op_linear_backward(be, p->dln, D(FC_W), D(FC_B), dfch, a->t[S_LN2], PW(FC_W), BT, C, 4 * C, acc);
+    bb_op_linear_backward(be, p->dln, D(FC_W), D(FC_B), dfch, a->t[S_LN2], PW(FC_W), BT, C, 4 * C, 4 * C, acc);
     bb_op_layernorm_backward(be, p->dres, D(LN2_W), D(LN2_B), p->dln, a->t[S_RES2], W(LN2_W), a->stat[LN2_MEAN],
                              a->stat[LN2_RSTD], BT, C, acc);
-    bb_op_linear_backward(be, p->dln, D(PROJ_W), D(PROJ_B), p->dres, a->t[S_ATTY], PW(PROJ_W), BT, C, C, acc);
+    bb_op_linear_backward(be, p->dln, D(PROJ_W), D(PROJ_B), p->dres, a->t[S_ATTY], PW(PROJ_W), BT, C, C, C, acc);
     bb_op_attention_backward(be, dqkv, p->dln, a->t[S_QKV], a->t[S_ATTY], a->stat[LSE], p->B, p->T, c->heads,
                              c->heads, C / c->heads);
     if (p->selective && (!p->fresh || a->t[S_LN1].data == a->t[S_LN2].data)) ln1_forward(p);
-    bb_op_linear_backward(be, p->dln, D(ATTN_W), D(ATTN_B), dqkv, a->t[S_LN1], PW(ATTN_W), BT, C, 3 * C, acc);
+    bb_op_linear_backward(be, p->dln, D(ATTN_W), D(ATTN_B), dqkv, a->t[S_LN1], PW(ATTN_W), BT, C, 3 * C, 3 * C, acc);
     bb_op_layernorm_backward(be, p->dres, D(LN1_W), D(LN1_B), p->dln, p->x, W(LN1_W), a->stat[LN1_MEAN],
                              a->stat[LN1_RSTD], BT, C, acc);
 }
@@ -309,14 +308,14 @@ static void gpt_block_decode(bb_block_decode *d)
     bb_tensor x = F(d->x), ln = F(part[D_LN]), att = F(part[D_ATT]), res2 = F(part[D_RES2]), fch = F(part[D_FCH]),
               gelu = F(part[D_GELU]);
     bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], x, W(LN1_W), W(LN1_B), 1, C);
-    bb_op_linear_forward(be, F(rows + (size_t)pos * 3 * C), ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C);
+    bb_op_linear_forward(be, F(rows + (size_t)pos * 3 * C), ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C, 3 * C);
     bb_op_attention_decode(be, att, part[D_SCORES], F(rows), pos + 1, c->heads, c->heads, C / c->heads);
-    bb_op_linear_forward(be, res2, att, W(PROJ_W), W(PROJ_B), 1, C, C);
+    bb_op_linear_forward(be, res2, att, W(PROJ_W), W(PROJ_B), 1, C, C, C);
     bb_op_add(be, res2, res2, x, (size_t)C);
     bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], res2, W(LN2_W), W(LN2_B), 1, C);
-    bb_op_linear_forward(be, fch, ln, W(FC_W), W(FC_B), 1, C, 4 * C);
+    bb_op_linear_forward(be, fch, ln, W(FC_W), W(FC_B), 1, C, 4 * C, 4 * C);
     bb_op_activation_forward(be, BB_ACTIVATION_GELU_TANH, gelu, fch, (size_t)4 * C);
-    bb_op_linear_forward(be, x, gelu, W(FCPROJ_W), W(FCPROJ_B), 1, 4 * C, C);
+    bb_op_linear_forward(be, x, gelu, W(FCPROJ_W), W(FCPROJ_B), 1, 4 * C, C, C);
     bb_op_add(be, x, x, res2, (size_t)C);
 }
 #undef W

@@ -118,7 +118,7 @@ static bb_status segment_forward(bb_model_t *m, int seg)
     for (int i = seg * s->K; i < end; i++) {
         layer_acts *a = &s->slots[i % s->K];
         bb_op_linear_forward(m->be, bb_f32(a->pre), bb_f32(layer_input(s, i)), bb_f32(model_param(m, 2 * i)),
-                             bb_f32(model_param(m, 2 * i + 1)), m->B, s->width[i], s->width[i + 1]);
+                             bb_f32(model_param(m, 2 * i + 1)), m->B, s->width[i], s->width[i + 1], s->width[i + 1]);
         if (i + 1 < s->n) bb_op_activation_forward(m->be, BB_ACTIVATION_RELU, bb_f32(a->post), bb_f32(a->pre),
                                                    (size_t)m->B * s->width[i + 1]);
     }
@@ -173,7 +173,7 @@ static bb_status mlp_backward(bb_model_t *m, bool acc)
             float *din = i > 0 ? scratch[flip ^ 1] : NULL;
             bb_op_linear_backward(m->be, bb_f32(din), bb_f32(model_grad(m, 2 * i)), bb_f32(model_grad(m, 2 * i + 1)),
                                   bb_f32(dpre), bb_f32(layer_input(s, i)), bb_f32(model_param(m, 2 * i)), m->B,
-                                  s->width[i], s->width[i + 1], acc);
+                                  s->width[i], s->width[i + 1], s->width[i + 1], acc);
             model_grads_ready(m, 2 * i);
             dcur = din;
             flip ^= 1;

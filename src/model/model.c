@@ -399,11 +399,14 @@ int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budg
     int64_t rows = (int64_t)micro_batch * bb_model_targets_per_example(c), outputs = bb_model_outputs(c);
     int64_t chunk = c->loss_chunk;
     if (chunk <= 0) {
-        uint64_t row_bytes = (uint64_t)(outputs > 1 ? outputs : 1) * (c->precision == BB_PRECISION_BF16 ? 2 : 4);
+        uint64_t row_bytes = (uint64_t)bb_model_logits_stride(outputs > 1 ? (int)outputs : 1) *
+                             (c->precision == BB_PRECISION_BF16 ? 2 : 4);
         chunk = budget / row_bytes > (uint64_t)rows ? rows : (int64_t)(budget / row_bytes);
     }
     return (int)(chunk < 1 ? 1 : chunk > rows ? rows : chunk);
 }
+
+int bb_model_logits_stride(int vocab) { return (vocab + 63) / 64 * 64; }
 
 void bb_model_set_grad_ready(bb_model_t *m, bb_grad_ready_fn fn, void *ctx)
 {

@@ -165,6 +165,9 @@ struct counters {
     std::atomic<uint64_t> stream_syncs{0}, device_syncs{0}, event_syncs{0}, blocking_calls{0}, polls{0};
     std::atomic<uint64_t> launches{0}, blas_calls{0}, cub_calls{0}, nccl_calls{0};
     std::atomic<uint64_t> h2d_bytes{0}, d2h_bytes{0}, d2d_bytes{0}, h2d_copies{0}, d2h_copies{0};
+    std::atomic<uint64_t> lt_epilogues{0};
+    std::mutex by_kernel_m;
+    std::map<std::string, uint64_t> by_kernel; // launches of each kernel name
 };
 
 struct runtime {

@@ -755,6 +755,10 @@ EXPORT cudaError_t bbemu_launch(const bbemu_launch_desc *d)
     rec->pointers.assign(d->pointers, d->pointers + d->pointer_count);
     rec->pointer_index.assign(d->pointer_index, d->pointer_index + d->pointer_count);
     rec->number = r.c.launches++;
+    {
+        std::lock_guard<std::mutex> l(r.c.by_kernel_m);
+        r.c.by_kernel[d->name]++;
+    }
     const config &c = r.cfg;
     if (c.fault.fires(d->name, s->dev->index, s->dev->fault_launches)) {
         rec->inject_fault = true;

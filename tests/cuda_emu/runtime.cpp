@@ -139,6 +139,7 @@ void fill_counters(bbemu_counters *o)
     o->launches = c.launches, o->blas_calls = c.blas_calls, o->cub_calls = c.cub_calls, o->nccl_calls = c.nccl_calls;
     o->h2d_bytes = c.h2d_bytes, o->d2h_bytes = c.d2h_bytes, o->d2d_bytes = c.d2d_bytes;
     o->h2d_copies = c.h2d_copies, o->d2h_copies = c.d2h_copies;
+    o->lt_epilogues = c.lt_epilogues;
 }
 
 // The counters as one JSON object, written whole (a temporary file renamed).
@@ -157,10 +158,11 @@ void write_stats()
             ", \"event_syncs\": %" PRIu64 ", \"blocking_calls\": %" PRIu64 ", \"polls\": %" PRIu64
             ", \"launches\": %" PRIu64 ", \"blas_calls\": %" PRIu64 ", \"cub_calls\": %" PRIu64
             ", \"nccl_calls\": %" PRIu64 ", \"h2d_bytes\": %" PRIu64 ", \"d2h_bytes\": %" PRIu64
-            ", \"d2d_bytes\": %" PRIu64 ", \"h2d_copies\": %" PRIu64 ", \"d2h_copies\": %" PRIu64 "}\n",
+            ", \"d2d_bytes\": %" PRIu64 ", \"h2d_copies\": %" PRIu64 ", \"d2h_copies\": %" PRIu64
+            ", \"lt_epilogues\": %" PRIu64 "}\n",
             o.host_syncs, o.stream_syncs, o.device_syncs, o.event_syncs, o.blocking_calls, o.polls, o.launches,
             o.blas_calls, o.cub_calls, o.nccl_calls, o.h2d_bytes, o.d2h_bytes, o.d2d_bytes, o.h2d_copies,
-            o.d2h_copies);
+            o.d2h_copies, o.lt_epilogues);
     if (fclose(f) != 0 || rename(tmp.c_str(), rt->cfg.stats_file.c_str()) != 0) {
         fprintf(stderr, "cuda-emu: BB_CUDA_EMU_STATS: cannot write %s: %s\n", rt->cfg.stats_file.c_str(),
                 strerror(errno));
@@ -710,6 +712,18 @@ EXPORT void bbemu_count(const char *counter, uint64_t n)
     if (!strcmp(counter, "blas_calls")) c.blas_calls += n;
     else if (!strcmp(counter, "cub_calls")) c.cub_calls += n;
     else if (!strcmp(counter, "nccl_calls")) c.nccl_calls += n;
+    else if (!strcmp(counter, "lt_epilogues")) c.lt_epilogues += n;
+}
+
+EXPORT uint64_t bbemu_kernel_launches(const char *prefix)
+{
+    counters &c = R().c;
+    std::lock_guard<std::mutex> l(c.by_kernel_m);
+    uint64_t n = 0;
+    size_t len = strlen(prefix);
+    for (const auto &k : c.by_kernel)
+        if (!k.first.compare(0, len, prefix)) n += k.second;
+    return n;
 }
 
 EXPORT uint64_t bbemu_seed(void) { return R().cfg.seed; }

@@ -17,7 +17,7 @@ uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
                                           buffers (8 bytes a row), histograms and look-back (under 2 MiB
                                           at a million rows); the emulated CUB takes 12 bytes a row */
            + PARTIAL_BYTES             /* reduction partials and ranges' sums */
-           + ((uint64_t)32 << 20);     /* cuBLAS's default workspace */
+           + ((uint64_t)32 << 20);     /* cuBLAS's workspace, which cuBLASLt shares (one stream) */
 }
 
 uint64_t bb_cuda_attention_bytes(int B, int T, int C, int NH)

@@ -4,6 +4,7 @@
 #ifndef BIGBATCH_CUDA_STATE_H
 #define BIGBATCH_CUDA_STATE_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "backend/backend_impl.h"
@@ -15,6 +16,13 @@ struct cuda_state {
     int device;
     cudaStream_t stream[3];     // bb_stream: compute, copy, comm
     cublasHandle_t blas;        // on the compute stream
+    // bf16 products with epilogues (cuBLASLt, on the compute stream; NULL
+    // under fp32): lt_f32_bias when it adds an fp32 bias to bf16 sums,
+    // lt_warned the epilogues it had no algorithm for (said once each).
+    cublasLtHandle_t lt;
+    bool lt_f32_bias;
+    unsigned lt_warned;
+    void *blas_ws;              // cuBLAS's and cuBLASLt's workspace: kBlasWorkspace bytes
     // Scratch of the ops, sized by bb_backend_reserve_scratch and grown in
     // stream order (cudaMallocAsync) when an op needs more: no op frees or
     // allocates with a call that synchronizes the device.
@@ -46,6 +54,7 @@ struct cuda_state {
 };
 
 constexpr int kPartials = 1024, kRanges = 1024;
+constexpr size_t kBlasWorkspace = size_t(32) << 20; // as cuda_sizes.c counts it
 
 inline cuda_state *state(bb_backend_t *b) { return static_cast<cuda_state *>(b->impl); }
 inline cudaStream_t compute(bb_backend_t *b) { return state(b)->stream[BB_STREAM_COMPUTE]; }

@@ -41,8 +41,12 @@ typedef struct bbemu_counters {
     uint64_t blas_calls, cub_calls, nccl_calls;
     uint64_t h2d_bytes, d2h_bytes, d2d_bytes;
     uint64_t h2d_copies, d2h_copies;
+    uint64_t lt_epilogues;   /* cublasLtMatmul calls with an epilogue (bias, GELU, bias gradient) */
 } bbemu_counters;
 void bbemu_counters_get(bbemu_counters *out);
+/* Launches so far of the kernels whose name starts with `prefix` (as the
+ * launch names them: "activation_forward_k", "broadcast_rows_k<", ...). */
+uint64_t bbemu_kernel_launches(const char *prefix);
 
 /* ---- hooks of the stand-ins ---------------------------------------------- */
 /* Queues fn(ctx) on `stream` (0: the legacy stream of the current device),
@@ -63,7 +67,7 @@ int bbemu_device_range(const void *p, size_t bytes, int device, const char **why
  * elsewhere, only the line. */
 void bbemu_fail_operation(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Adds n to a counter of bbemu_counters ("blas_calls", "cub_calls",
- * "nccl_calls"; another name is ignored). */
+ * "nccl_calls", "lt_epilogues"; another name is ignored). */
 void bbemu_count(const char *counter, uint64_t n);
 /* BB_CUDA_EMU_SEED (default 1). */
 uint64_t bbemu_seed(void);
