@@ -194,6 +194,13 @@ bool handle_device(int *device)
     return true;
 }
 
+template <class H> cublasStatus_t destroy_handle(H *handle)
+{
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 } // namespace
 
 EXPORT cublasStatus_t cublasCreate(cublasHandle_t *handle)
@@ -204,12 +211,7 @@ EXPORT cublasStatus_t cublasCreate(cublasHandle_t *handle)
     return CUBLAS_STATUS_SUCCESS;
 }
 
-EXPORT cublasStatus_t cublasDestroy(cublasHandle_t handle)
-{
-    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-    delete handle;
-    return CUBLAS_STATUS_SUCCESS;
-}
+EXPORT cublasStatus_t cublasDestroy(cublasHandle_t handle) { return destroy_handle(handle); }
 
 // A stream of another device than the handle's is refused (its products could not run there).
 EXPORT cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
@@ -527,12 +529,7 @@ EXPORT cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle)
     return CUBLAS_STATUS_SUCCESS;
 }
 
-EXPORT cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle)
-{
-    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-    delete handle;
-    return CUBLAS_STATUS_SUCCESS;
-}
+EXPORT cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) { return destroy_handle(handle); }
 
 EXPORT cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t compute,
                                                cudaDataType_t scale_type)

@@ -1,6 +1,6 @@
-// cuda_state.h — private to the CUDA backend (cuda_backend.cu and
-// cuda_attention_ops.cu): a backend's state, the helpers both files use,
-// and the attention ops that cuda_attention_ops.cu gives the vtable.
+// cuda_state.h — private to the CUDA backend (cuda_backend.cu,
+// cuda_products.cu and cuda_attention_ops.cu): a backend's state, the
+// helpers they share, and the ops the other files give the vtable.
 #ifndef BIGBATCH_CUDA_STATE_H
 #define BIGBATCH_CUDA_STATE_H
 
@@ -65,6 +65,27 @@ inline float *f32(bb_tensor t) { return static_cast<float *>(t.data); }
 // Makes *p hold at least `need` bytes, in stream order on the compute
 // stream (cuda_backend.cu); false (error noted) on failure.
 bool grow(bb_backend_t *b, void **p, size_t *bytes, size_t need, const char *what);
+
+// cuda_backend.cu: the column-sum scratch (2 · BBK_COLUMN_CHUNKS · width
+// floats, NULL and noted on failure) and the activation ops
+float *column_scratch(bb_backend_t *b, size_t width);
+void cuda_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor in, size_t n);
+void cuda_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor din, bb_tensor dout, bb_tensor in,
+                              size_t n);
+
+// cuda_products.cu: the products' ops, and at backend creation under bf16
+// cuBLASLt (lt_start: none, with a warning, where it cannot start)
+void cuda_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
+                         int OC, int ldo);
+void cuda_linear_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout, bb_tensor in,
+                          bb_tensor w, int N, int IC, int OC, int ldd, bool accumulate);
+void cuda_linear_activation_forward(bb_backend_t *b, bb_activation act, bb_tensor out, bb_tensor pre, bb_tensor in,
+                                    bb_tensor w, bb_tensor bias, int N, int IC, int OC);
+void cuda_activation_linear_backward(bb_backend_t *b, bb_activation act, bb_tensor dpre, bb_tensor dw, bb_tensor dbias,
+                                     bb_tensor dout, bb_tensor in, bb_tensor w, bb_tensor pre, int N, int IC, int OC,
+                                     bool accumulate);
+void lt_start(bb_backend_t *b);
+const char *cuda_bf16_products(bb_backend_t *b);
 
 // cuda_attention_ops.cu
 void cuda_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_tensor qkv, int B, int T, int NH, int KVH,
