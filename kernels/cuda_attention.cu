@@ -348,6 +348,75 @@ __global__ void decode_out_k(float *out, float *scores, const float *qkv, int T,
     }
 }
 
+// Split-K decoding (flash-decoding): the T keys cut into `chunk`-key
+// splits, one block per (split, head), so that a short prompt's 12 heads
+// still fill the GPU. In a block each warp takes every kDecodeWarps-th key
+// of the split, its lanes the head's dimensions (q, k and v rows read
+// whole: coalesced), with an online softmax of its own; the warps are
+// merged through shared memory. One split writes out_h; several write each
+// split's max, sum and unnormalised output into the head's row of the
+// scores scratch (part = scores + h·T: splits maxes, splits sums, then
+// splits × hs outputs; splits·(hs+2) ≤ T by the choice of chunk), merged by
+// decode_merge_k.
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+
+__global__ void decode_split_k(float *out, float *scores, const float *qkv, int T, int chunk, Heads H)
+{
+    BB_DYNAMIC_SHARED(float, shared); // q (hs), then each warp's output (kDecodeWarps · hs)
+    __shared__ float warp_max[kDecodeWarps], warp_sum[kDecodeWarps];
+    int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, hs = H.hs, g = h / H.group;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float *q = shared, *acc = shared + hs + (size_t)warp * hs;
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) q[d] = qkv[(size_t)(T - 1) * H.W + h * hs + d];
+    for (int d = lane; d < hs; d += 32) acc[d] = 0.0f;
+    __syncthreads();
+    const float *keys = qkv + H.koff + (size_t)g * hs, *values = qkv + H.voff + (size_t)g * hs;
+    float scale = 1.0f / sqrtf((float)hs), m = -INFINITY, l = 0.0f;
+    int t1 = min(T, (split + 1) * chunk);
+    for (int t = split * chunk + warp; t < t1; t += kDecodeWarps) {
+        const float *k = keys + (size_t)t * H.W, *v = values + (size_t)t * H.W;
+        float dot = 0.0f;
+        for (int d = lane; d < hs; d += 32) dot += q[d] * k[d];
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot *= scale;
+        float next = fmaxf(m, dot), rescale = expf(m - next), p = expf(dot - next);
+        l = l * rescale + p;
+        for (int d = lane; d < hs; d += 32) acc[d] = acc[d] * rescale + p * v[d];
+        m = next;
+    }
+    if (lane == 0) warp_max[warp] = m, warp_sum[warp] = l;
+    __syncthreads();
+    float M = -INFINITY, L = 0.0f, weight[kDecodeWarps];
+    for (int w = 0; w < kDecodeWarps; w++) M = fmaxf(M, warp_max[w]);
+    for (int w = 0; w < kDecodeWarps; w++) { // a warp without keys weighs 0
+        weight[w] = warp_max[w] == -INFINITY ? 0.0f : expf(warp_max[w] - M);
+        L += warp_sum[w] * weight[w];
+    }
+    float *part = scores + (size_t)h * T;
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < kDecodeWarps; w++) o += shared[hs + (size_t)w * hs + d] * weight[w];
+        if (splits == 1) out[h * hs + d] = o / L;
+        else part[2 * splits + (size_t)split * hs + d] = o;
+    }
+    if (splits > 1 && threadIdx.x == 0) part[split] = M, part[splits + split] = L;
+}
+
+// One block per head: the splits' outputs weighed by their maxes and sums.
+__global__ void decode_merge_k(float *out, const float *scores, int T, int splits, Heads H)
+{
+    int h = blockIdx.x, hs = H.hs;
+    const float *part = scores + (size_t)h * T;
+    float M = -INFINITY, L = 0.0f;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, part[s]);
+    for (int s = 0; s < splits; s++) L += part[splits + s] * expf(part[s] - M);
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) o += part[2 * splits + (size_t)s * hs + d] * expf(part[s] - M);
+        out[h * hs + d] = o / L;
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -365,6 +434,17 @@ cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, cons
 {
     if (T <= 0) return cudaGetLastError();
     Heads H = heads_of(NH, KVH, HS);
+    // Splits of at least 128 keys and of twice a split's partial results
+    // (so that they fit in the head's T floats of scratch); heads too wide
+    // for the warps' outputs in shared memory take the two-pass kernels.
+    size_t shared_bytes = (size_t)(kDecodeWarps + 1) * HS * sizeof(float);
+    if (shared_bytes <= 48 * 1024) {
+        int chunk = max(128, 2 * (HS + 2)), splits = (T + chunk - 1) / chunk;
+        BB_LAUNCH(decode_split_k, dim3((unsigned)splits, (unsigned)NH), kDecodeThreads, shared_bytes,
+                  s)(out, scores, qkv, T, chunk, H);
+        if (splits > 1) BB_LAUNCH(decode_merge_k, NH, 128, 0, s)(out, scores, T, splits, H);
+        return cudaGetLastError();
+    }
     dim3 grid((unsigned)((T + kDecodeThreads - 1) / kDecodeThreads), (unsigned)NH);
     BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, T, H);
     BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, qkv, T, H);

@@ -161,11 +161,20 @@ __global__ void column_finish_k(float *sums, const float *partial, int chunks, i
 }
 
 // ---- LayerNorm: one block per row ------------------------------------------
+// With `addend` (may be null) the residual add is fused in: res = in + addend is
+// written (rounded to T, as add_k writes it) and normalised; each thread
+// reads back only what it wrote itself, so res may alias in or addend.
 template <class T>
-__global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *in, const float *w, const float *b, int C)
+__global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *in, const T *addend, T *res,
+                                    const float *w, const float *b, int C)
 {
-    const T *x = in + (size_t)blockIdx.x * C;
+    size_t row = (size_t)blockIdx.x * C;
+    const T *x = in + row;
     float s = 0.0f;
+    if (addend) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) bbk_st(res + row, c, bbk_ld(x, c) + bbk_ld(addend + row, c));
+        x = res + row;
+    }
     for (int c = threadIdx.x; c < C; c += blockDim.x) s += bbk_ld(x, c);
     float mu = block_reduce<false>(s) / C;
     float v = 0.0f;
@@ -455,11 +464,11 @@ template <class T> cudaError_t add_launch(cudaStream_t s, void *out, const void 
 }
 
 template <class T>
-void layernorm_launch(cudaStream_t s, void *out, float *mean, float *rstd, const void *in, const float *w,
-                      const float *bias, int N, int C, int threads)
+void layernorm_launch(cudaStream_t s, void *out, float *mean, float *rstd, const void *in, const void *y, void *res,
+                      const float *w, const float *bias, int N, int C, int threads)
 {
     BB_LAUNCH(layernorm_forward_k<T>, N, threads, 0, s)(static_cast<T *>(out), mean, rstd, static_cast<const T *>(in),
-                                                        w, bias, C);
+                                                        static_cast<const T *>(y), static_cast<T *>(res), w, bias, C);
 }
 
 template <class T>
@@ -533,10 +542,10 @@ cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scra
 }
 
 cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
-                                  const float *w, const float *bias, int N, int C)
+                                  const void *y, void *res, const float *w, const float *bias, int N, int C)
 {
-    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, w, bias, N, C, norm_threads(C));
-    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, w, bias, N, C, norm_threads(C));
+    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, y, res, w, bias, N, C, norm_threads(C));
+    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, y, res, w, bias, N, C, norm_threads(C));
     return cudaGetLastError();
 }
 

@@ -39,8 +39,10 @@ cudaError_t bbk_broadcast_rows(cudaStream_t s, bool bf16, void *out, const float
 cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scratch, const void *dout, int N, int C,
                             bool accumulate);
 
+/* y NULL: the LayerNorm of in; else res = in + y is written and normalised
+ * (the residual add fused in; res may alias in or y). */
 cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
-                                  const float *w, const float *bias, int N, int C);
+                                  const void *y, void *res, const float *w, const float *bias, int N, int C);
 cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *dw, float *dbias, float *scratch,
                                    const void *dout, const void *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate);

@@ -44,6 +44,9 @@
 #   - a short `train` on data/kjv with --save, --val-data, --trace and
 #     --precision bf16, then --resume: the resumed losses equal the
 #     uninterrupted run's to the bit; data-wait % of the step;
+#   - `sample` of the saved 12-layer model: tokens/s with a CUDA graph a
+#     token against BB_CUDA_GRAPHS=off (kernels one by one), the greedy ids
+#     the same;
 #   - host-to-device GB/s pinned vs pageable. (The loader's records/s into
 #     pinned slots, measured here before, was cut for the attention and
 #     profile rows: the loader is measured on the CPU, perf/loader_bench.sh.)
@@ -366,6 +369,16 @@ if command -v mpirun > /dev/null; then
 else
     row "| mpirun -np 1 train on cuda:0 | n/a (no mpirun on this machine) |"
 fi
+# ---- decoding the saved 12-layer model: one graph a token vs the kernels one by one ----------
+sample_rate() { sed -nE 's/.*: ([0-9.]+) tokens\/s.*/\1/p' "$state/$1.out" | tail -1; }
+sample="sample --ckpt $tmp/ck --tokens 200 --temperature 0 --ids --devices cuda:0"
+step sample_graphs 60 "${bb[@]}" BB_LOG=info "$BIN" $sample
+step sample_plain 60 "${bb[@]}" BB_LOG=info BB_CUDA_GRAPHS=off "$BIN" $sample
+g=$(sample_rate sample_graphs) p=$(sample_rate sample_plain)
+ids_same=$(cmp -s <(grep -E '^[0-9 ]+$' "$state/sample_graphs.out") <(grep -E '^[0-9 ]+$' "$state/sample_plain.out") && echo same || echo DIFFERENT)
+row "| sample 200 tokens (12 layers, d 768), tokens/s: CUDA graphs / one by one | ${g:-n/a} / ${p:-n/a} ($(awk -v a="${g:-0}" -v b="${p:-0}" 'BEGIN {print b > 0 ? sprintf("%.2fx", a / b) : "n/a"}')); greedy ids $ids_same |"
+[ "$ids_same" = same ] && [ -n "$g" ] || fail "sample with CUDA graphs"
+grep -q "graphs off" "$state/sample_graphs.out" && fail "CUDA graphs turned themselves off (log.txt, sample_graphs)"
 rm -rf "$tmp"
 
 # ---- copies and the loader ---------------------------------------------------------------

@@ -32,22 +32,26 @@ export -f run_one
 export dir
 i=0
 for t in "$@"; do echo "$t $i"; i=$((i + 1)); done | xargs -P "$jobs" -n 2 bash -c 'run_one "$0" "$1"'
-failed=0 i=0
+failed=() i=0
 for t in "$@"; do
     read -r rc seconds < "$dir/$i.rc" || rc=1 seconds=?
     echo "== $t (${seconds} s)"
     grep -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' "$dir/$i.log"
     if grep -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$dir/$i.log"; then
         echo "FAILED: a sanitizer reported an error in $t"
-        failed=1
+        failed+=("$(basename "$t") (sanitizer)")
     fi
     left=$(ls -A "$dir/tmp.$i" 2> /dev/null | head -3 | tr '\n' ' ')
     if [ -n "$left" ]; then
         echo "FAILED: $t left files in its temporary directory: $left"
-        failed=1
+        failed+=("$(basename "$t") (left files: $left)")
     fi
-    [ "$rc" = 0 ] || failed=1
+    [ "$rc" = 0 ] || failed+=("$(basename "$t") (exit $rc)")
     i=$((i + 1))
 done
-if [ $failed -ne 0 ]; then echo "FAILED: at least one suite failed"; exit 1; fi
+# The summary names each failed suite: a log's tail shows which, however long the output above.
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "FAILED: ${#failed[@]} suite(s): ${failed[*]}"
+    exit 1
+fi
 echo "all suites passed"

@@ -293,6 +293,69 @@ Test(cuda_emu, streams_run_apart_and_events_order_them)
     cr_assert_eq(cudaFreeHost(pinned), cudaSuccess);
 }
 
+/* A capture records instead of running; a graph launch runs what was
+ * captured, each time, with its captured arguments; an update keeps the
+ * exec when the operations are the same, refuses another topology; the
+ * capturing thread's waits and allocations are refused and spoil it. */
+Test(cuda_emu, a_stream_capture_records_and_a_graph_replays_it)
+{
+    enum { N = 256 };
+    cudaStream_t s = stream_on(0);
+    int *d = device_ints(N), *pinned;
+    cr_assert_eq(cudaHostAlloc((void **)&pinned, N * sizeof *pinned, cudaHostAllocDefault), cudaSuccess);
+    cr_assert_eq(cudaMemset(d, 0, N * sizeof *d), cudaSuccess);
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    enum cudaStreamCaptureStatus st;
+    cr_assert_eq(cudaStreamIsCapturing(s, &st), cudaSuccess);
+    cr_assert_eq(st, cudaStreamCaptureStatusActive);
+    cr_assert_eq(bbemu_test_iota(s, d, N, 2, 128), cudaSuccess);
+    cr_assert_eq(cudaMemcpyAsync(pinned, d, N * sizeof *d, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    cudaGraph_t g, other;
+    cr_assert_eq(cudaStreamEndCapture(s, &g), cudaSuccess);
+    cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+    int *h = to_host(d, N);
+    cr_assert_eq(h[N - 1], 0, "a captured kernel ran before its graph was launched");
+    free(h);
+    cudaGraphExec_t x;
+    cr_assert_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+    for (int round = 0; round < 2; round++) {
+        memset(pinned, 0xff, N * sizeof *pinned);
+        cr_assert_eq(cudaGraphLaunch(x, s), cudaSuccess);
+        cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+        int right = 0;
+        for (int i = 0; i < N; i++) right += pinned[i] == i;
+        cr_assert_eq(right, N, "launch %d: %d of %d", round, right, N);
+    }
+    /* the same operations update the exec; one kernel fewer is another topology */
+    cudaGraphExecUpdateResultInfo info;
+    cr_assert_eq(cudaGraphExecUpdate(x, g, &info), cudaSuccess);
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cr_assert_eq(bbemu_test_iota(s, d, N, 2, 128), cudaSuccess);
+    cr_assert_eq(cudaStreamEndCapture(s, &other), cudaSuccess);
+    cr_assert_eq(cudaGraphExecUpdate(x, other, &info), cudaErrorGraphExecUpdateFailure);
+    cr_assert_eq(info.result, cudaGraphExecUpdateErrorTopologyChanged);
+    cudaGetLastError();
+    /* a wait for the device while capturing: refused, and the capture is spoilt */
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cr_assert_eq(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    const char *why = cudaGetErrorString(cudaGetLastError());
+    cr_assert(strstr(why, "cudaStreamSynchronize") && strstr(why, "captures"), "%s", why);
+    void *p = NULL;
+    cr_assert_eq(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+    cr_assert_eq(cudaStreamIsCapturing(s, &st), cudaSuccess);
+    cr_assert_eq(st, cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t spoilt = (cudaGraph_t)1;
+    cr_assert_eq(cudaStreamEndCapture(s, &spoilt), cudaErrorStreamCaptureInvalidated);
+    cr_assert_null(spoilt);
+    cudaGetLastError();
+    cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess, "after the capture the thread may wait again");
+    cr_assert_eq(cudaGraphExecDestroy(x), cudaSuccess);
+    cr_assert_eq(cudaGraphDestroy(g), cudaSuccess);
+    cr_assert_eq(cudaGraphDestroy(other), cudaSuccess);
+    cr_assert_eq(cudaFreeHost(pinned), cudaSuccess);
+    cr_assert_eq(cudaFree(d), cudaSuccess);
+}
+
 Test(cuda_emu, stream_ordered_memory_is_freed_in_stream_order)
 {
     cudaStream_t s = stream_on(0);

@@ -360,35 +360,56 @@ Test(cuda_train, greedy_sample_on_a_gpu_is_the_cpu_s)
     free(data), free(ck);
 }
 
-/* Decoding waits for the GPU once a token (its logits' read-back): the
+/* Decoding on a GPU waits for it once a token (its logits' read-back) and,
+ * from the second token on, launches one graph a token for all its kernels
+ * (none one by one), with the same ids as BB_CUDA_GRAPHS=off: the
  * emulator's counters at exit, for 4 and 12 sampled tokens (within the
  * context of 16: no position decoded twice). */
-Test(cuda_train, decoding_waits_for_the_gpu_once_a_token)
+Test(cuda_train, decoding_waits_for_the_gpu_once_a_token_and_launches_one_graph)
 {
     need_gpus(1);
-    need_emulator("counting the host's waits");
+    need_emulator("counting the host's waits and the graphs");
     char *data = make_tokens("tokens", 200), *ck = tu_path(tmp, "ck-decode");
     tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "32", "--heads", "2", "--global-batch",
                            "8", "--steps", "2", "--save", ck, "--quiet");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    double syncs[2];
-    char *tokens[2] = {"4", "12"};
-    for (int k = 0; k < 2; k++) {
-        char *stats = tu_path(tmp, k ? "decode-12.json" : "decode-4.json");
+    enum { SYNCS, LAUNCHES, CAPTURED, GRAPHS, GRAPH_KERNELS, COUNTERS };
+    static const char *const names[COUNTERS] = {"host_syncs", "launches", "captured_launches", "graph_launches",
+                                                "graph_kernels"};
+    double n[3][COUNTERS];
+    char *ids[3];
+    char *tokens[3] = {"4", "12", "12"};
+    for (int k = 0; k < 3; k++) { /* 4 tokens, 12, 12 without graphs */
+        char *stats = tu_path(tmp, k == 0 ? "decode-4.json" : k == 1 ? "decode-12.json" : "decode-plain.json");
         setenv("BB_CUDA_EMU_STATS", stats, 1);
+        if (k == 2) setenv("BB_CUDA_GRAPHS", "off", 1);
         r = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", tokens[k], "--ids", "--devices",
                         "cuda:0");
-        unsetenv("BB_CUDA_EMU_STATS");
+        unsetenv("BB_CUDA_EMU_STATS"), unsetenv("BB_CUDA_GRAPHS");
         cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        cr_assert_null(strstr(r.err, "graphs off"), "%s", r.err);
         json_t *o = json_load_file(stats, 0, NULL);
         cr_assert_not_null(o, "%s: no counters", stats);
-        syncs[k] = json_number_value(json_object_get(o, "host_syncs"));
+        for (int c = 0; c < COUNTERS; c++) n[k][c] = json_number_value(json_object_get(o, names[c]));
+        ids[k] = strdup(r.out);
+        cr_assert_not_null(ids[k]);
         json_decref(o), tu_run_free(&r), free(stats);
     }
-    double per_token = (syncs[1] - syncs[0]) / 8;
-    cr_log_info("host waits: %.0f for 4 tokens, %.0f for 12: %.2f a token", syncs[0], syncs[1], per_token);
-    cr_assert_leq(per_token, 1.0, "%.2f host waits a token", per_token);
+    double per[COUNTERS];
+    for (int c = 0; c < COUNTERS; c++) per[c] = (n[1][c] - n[0][c]) / 8;
+    cr_log_info("a token: %.2f host waits, %.2f graph launches of %.1f kernels, %.2f kernels launched one by one "
+                "(2 layers; without graphs %.1f)", per[SYNCS], per[GRAPHS], per[GRAPH_KERNELS],
+                per[LAUNCHES] - per[CAPTURED], (n[2][LAUNCHES] - n[2][CAPTURED]) / 12);
+    cr_assert_leq(per[SYNCS], 1.0, "%.2f host waits a token", per[SYNCS]);
+    cr_assert_eq(per[GRAPHS], 1.0, "%.2f graph launches a token", per[GRAPHS]);
+    cr_assert_eq(per[LAUNCHES] - per[CAPTURED], 0.0, "%.2f kernels a token launched one by one",
+                 per[LAUNCHES] - per[CAPTURED]);
+    cr_assert_eq(per[GRAPH_KERNELS], per[CAPTURED], "a graph runs the kernels it captured");
+    cr_assert_gt(per[GRAPH_KERNELS], 10.0, "%.1f kernels in a token's graph", per[GRAPH_KERNELS]);
+    cr_assert_eq(n[2][GRAPHS], 0, "BB_CUDA_GRAPHS=off still launched %.0f graphs", n[2][GRAPHS]);
+    cr_assert_str_eq(ids[1], ids[2], "the ids with graphs and without differ");
+    for (int k = 0; k < 3; k++) free(ids[k]);
     free(data), free(ck);
 }
 

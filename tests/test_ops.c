@@ -118,6 +118,21 @@ static void case_layernorm_forward(tc *t)
                                       tc_t(t, b), N, C));
 }
 
+/* res into its own buffer, or over x (the block's residual: res = x + y in place). */
+static void case_residual_layernorm_forward(tc *t)
+{
+    int N = D(0), C = D(1);
+    bool over_x = D(2);
+    size_t n = (size_t)N * C;
+    buf x = tc_act(t, tc_floats(t, "x", n, 3)), y = tc_act(t, tc_floats(t, "y", n, 3));
+    buf w = tc_floats(t, "w", C, 1), b = tc_floats(t, "bias", C, 1);
+    buf res = over_x ? tc_out(t, x, 0) : tc_act(t, tc_out(t, tc_floats(t, "res", n, 1), 0));
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", n, 1), 1e-5));
+    buf mean = tc_out(t, tc_floats(t, "mean", N, 1), 1e-5), rstd = tc_out(t, tc_floats(t, "rstd", N, 1), 1e-5);
+    TC_RUN(t, bb_op_residual_layernorm_forward(BE, tc_t(t, res), tc_t(t, out), tc_p(t, mean), tc_p(t, rstd),
+                                               tc_t(t, x), tc_t(t, y), tc_t(t, w), tc_t(t, b), N, C));
+}
+
 /* The statistics the backward reads come from a forward on each side. */
 static void case_layernorm_backward(tc *t)
 {
@@ -253,7 +268,8 @@ static void case_sum_rows(tc *t)
     for (size_t i = 0; i < n; i++) x[i] = uniform(&s, 100) * 1e-3 * (double)(i % 97);
     buf rows = tc_bytes(t, "rows", x, n * sizeof *x);
     free(x);
-    TC_RUN(t, tc_value(t, "sum", bb_op_sum_rows(BE, tc_p(t, rows), n), 1e-12));
+    /* non-negative terms summed in another order: within n·2⁻⁵³ (1.1e-11 at n 100003) of each other */
+    TC_RUN(t, tc_value(t, "sum", bb_op_sum_rows(BE, tc_p(t, rows), n), (double)n * 0x1p-53));
 }
 
 /* Ties (the first wins), NaNs (first and elsewhere), ignored rows. */
@@ -406,6 +422,8 @@ static const op_case cases[] = {
     {"add", case_add, 2, {{1}, {100003}}},
     /* N, C (rows wider than a block; more rows than column chunks) */
     {"layernorm_forward", case_layernorm_forward, 3, {{19, 97}, {300, 1500}, {64, 768}}},
+    /* N, C, res over x */
+    {"residual_layernorm_forward", case_residual_layernorm_forward, 3, {{19, 97, 0}, {300, 1500, 1}, {64, 768, 1}}},
     {"layernorm_backward", case_layernorm_backward, 2, {{19, 97, 0}, {300, 1500, 1}}},
     /* B, T, C, V, positions (0: none), accumulate */
     {"embedding_forward", case_embedding_forward, 2, {{3, 5, 16, 11, 8}, {3, 5, 16, 11, 0}}},
@@ -420,7 +438,11 @@ static const op_case cases[] = {
     {"attention_backward", case_attention_backward, 6,
      {{2, 7, 3, 3, 4}, {2, 70, 4, 4, 8}, {1, 1024, 12, 12, 64}, {1, 300, 4, 4, 256}, {2, 70, 4, 2, 8},
       {1, 45, 6, 1, 16}}, .large = 1u << 2},
-    {"attention_decode", case_attention_decode, 4, {{1, 7, 3, 3, 4}, {1, 70, 4, 2, 8}, {1, 300, 12, 12, 64}, {1, 33, 6, 1, 16}}},
+    /* 1, T, heads, key/value heads, head size: one split of keys, several (300 and 1000 keys; GPT-2's heads),
+     * grouped and multi-query, a head too wide for the split kernel's shared memory (the two-pass kernels) */
+    {"attention_decode", case_attention_decode, 6,
+     {{1, 7, 3, 3, 4}, {1, 70, 4, 2, 8}, {1, 300, 12, 12, 64}, {1, 33, 6, 1, 16}, {1, 1000, 4, 2, 16},
+      {1, 5, 2, 1, 2000}}},
     /* N, V, in place (, the rows' stride: the head's padded rows); V past a block's threads: each thread's own
      * maximum and sum, rescaled */
     {"softmax_crossentropy", case_softmax_crossentropy, 3, {{9, 301, 0}, {9, 301, 1}, {4, 5003, 0}}},

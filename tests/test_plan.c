@@ -310,14 +310,21 @@ Test(plan, roofline_counts_each_op_s_flops_and_bytes_at_its_dtypes)
         cr_assert_float_eq(a->tokens_per_s, a->tokens / (a->step_ms / 1e3), 1e-6 * a->tokens_per_s);
         cr_assert(a->mfu > 0 && a->mfu < 1, "mfu %g", a->mfu);
     }
-    double add[2] = {0, 0}, convert[2] = {0, 0};
+    double add[2] = {0, 0}, convert[2] = {0, 0}, fused[2] = {0, 0};
     for (int p = 0; p < 2; p++)
         for (int i = 0; i < r[p].count; i++) {
             if (!strcmp(r[p].rows[i].op, "add")) add[p] = r[p].rows[i].gb;
             if (!strcmp(r[p].rows[i].op, "convert")) convert[p] = r[p].rows[i].gb;
+            if (!strcmp(r[p].rows[i].op, "residual_layernorm_forward")) fused[p] = r[p].rows[i].gb;
         }
-    cr_assert_float_eq(add[0], 2.0 * L * 3 * 4.0 * B * T * C / 1e9, 1e-15, "fp32 add %g GB", add[0]);
+    /* a block's second residual add is its own op; the first is fused with LayerNorm 2 (x, y read, res and
+     * out written, the parameters read, the statistics written) */
+    double rows = (double)B * T;
+    cr_assert_float_eq(add[0], L * 3 * 4.0 * rows * C / 1e9, 1e-15, "fp32 add %g GB", add[0]);
     cr_assert_float_eq(add[1], add[0] / 2, 1e-15, "bf16 add %g GB", add[1]);
+    for (int p = 0; p < 2; p++)
+        cr_assert_float_eq(fused[p], L * (4 * (p ? 2.0 : 4.0) * rows * C + 2 * 4.0 * C + 2 * 4.0 * rows) / 1e9, 1e-15,
+                           "residual + LayerNorm %g GB", fused[p]);
     /* less activation traffic, besides the bf16 weight copy (which outweighs it at 96 tokens) */
     cr_assert_eq(convert[0], 0);
     cr_assert_lt(r[1].other_gb - convert[1], r[0].other_gb);

@@ -253,6 +253,31 @@ bb_status bb_backend_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t
 bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind,
                                 bb_stream stream);
 
+/* Graphs: the compute stream's work between bb_backend_graph_begin and
+ * bb_backend_graph_end recorded as one graph and launched whole at the end
+ * (CUDA: captured, instantiated at the first graph, then updated in place
+ * while its operations stay the same, the arguments changing; the device
+ * runs its kernels back to back, without a launch each). In between, only
+ * ops and asynchronous copies on the compute stream: no waits for the
+ * device, no allocations (an op whose scratch must grow first runs once
+ * without a graph). BB_CUDA_GRAPHS=off turns graphs off.
+ *
+ *   if (bb_backend_graph_begin(b)) {
+ *       issue(b);
+ *       if (!bb_backend_graph_end(b)) issue(b); // nothing ran: again, without a graph
+ *   } else
+ *       issue(b);
+ *
+ * bb_backend_graph_begin: false where nothing is recorded (no graphs on this
+ * backend, BB_CUDA_GRAPHS=off, a pending error, graphs off after a failure):
+ * the work then runs as issued, and bb_backend_graph_end is not called.
+ * bb_backend_graph_end: true when the recorded work was launched; false when
+ * the recording or its launch failed: nothing of it ran, the error an op
+ * noted while recording is dropped (the work issued again notes it again),
+ * and graphs stay off for this backend after one warning naming the cause. */
+bool bb_backend_graph_begin(bb_backend_t *b);
+bool bb_backend_graph_end(bb_backend_t *b);
+
 /* ---- tensors ------------------------------------------------------------
  * An op's activations, weights and gradients are tensors: device memory
  * and the dtype of its elements. Shapes are the op's arguments (written

@@ -303,6 +303,13 @@ bb_status bb_backend_copy_async(bb_backend_t *b, void *dst, const void *src, siz
     return b->vt->copy_async ? b->vt->copy_async(b, dst, src, bytes, kind, stream) : b->vt->copy(b, dst, src, bytes, kind);
 }
 
+bool bb_backend_graph_begin(bb_backend_t *b)
+{
+    return b->vt->graph_begin && b->error == BB_OK && b->vt->graph_begin(b);
+}
+
+bool bb_backend_graph_end(bb_backend_t *b) { return b->vt->graph_end(b); }
+
 bb_status bb_backend_synchronize(bb_backend_t *b)
 {
     /* It waits even when an error is pending: callers rely on the queued

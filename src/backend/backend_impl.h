@@ -37,6 +37,10 @@ typedef struct bb_backend_vtable {
     bb_status (*stream_wait)(bb_backend_t *b, bb_stream stream, bb_event_t *e);
     bb_status (*event_synchronize)(bb_backend_t *b, bb_event_t *e);
     bb_status (*event_elapsed)(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms);
+    /* optional: graphs of the compute stream's work (bb_backend_graph_begin;
+     * NULL: none); graph_begin is called with no error pending */
+    bool (*graph_begin)(bb_backend_t *b);
+    bool (*graph_end)(bb_backend_t *b);
     /* optional: the native handle of a stream (NULL: none) */
     void *(*native_stream)(bb_backend_t *b, bb_stream stream);
     /* optional: who ran the last attention op (NULL: bigbatch's kernels) */

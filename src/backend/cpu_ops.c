@@ -401,6 +401,8 @@ void bb_cpu_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor di
 typedef struct ln_args {
     ew_args e;
     const float *bias, *mean, *rstd, *dout;
+    const float *y; /* forward fused with the residual: res = in + y, then the LayerNorm of res */
+    float *res;
     float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
     bool bf16;                       /* in, out (din, dout) are bf16: rows widened into scratch */
     atomic_bool *no_memory;          /* bf16: a range found no scratch (the op notes it) */
@@ -429,14 +431,25 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
     const ln_args *a = (const ln_args *)ea;
     int C = ea->C;
     const float *in = ea->a, *w = ea->c, *bias = a->bias;
-    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(a, 2, C) : NULL;
+    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(a, 3, C) : NULL;
     if (a->bf16 && !rows) return;
     for (size_t n = lo; n < hi; n++) {
-        const float *x = in + (size_t)n * C;
-        float *y = out + (size_t)n * C;
+        size_t at = (size_t)n * C;
+        const float *x = in + at;
+        float *y = out + at;
         if (a->bf16) {
-            bb_bf16_widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
+            bb_bf16_widen(rows, (const uint16_t *)ea->a + at, (size_t)C);
             x = rows, y = rows + C;
+        }
+        if (a->res && a->bf16) { /* res rounded to bf16 as add writes it; the LayerNorm reads that */
+            float *r = rows + 2 * C;
+            bb_bf16_widen(r, (const uint16_t *)a->y + at, (size_t)C);
+            for (int i = 0; i < C; i++) r[i] += rows[i];
+            bb_bf16_narrow((uint16_t *)a->res + at, r, (size_t)C);
+            bb_bf16_widen(rows, (const uint16_t *)a->res + at, (size_t)C);
+        } else if (a->res) {
+            for (int i = 0; i < C; i++) a->res[at + i] = x[i] + a->y[at + i];
+            x = a->res + at;
         }
         float m = 0.0f, var = 0.0f;
         for (int i = 0; i < C; i++) m += x[i];
@@ -458,6 +471,15 @@ void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float
                        .c = F32(w), .n = (size_t)N, .C = C},
                  .bias = F32(bias), .bf16 = IS_BF16(in)};
     ln_run(b, &a, "layernorm_forward");
+}
+
+void bb_cpu_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *mean, float *rstd,
+                                       bb_tensor x, bb_tensor y, bb_tensor w, bb_tensor bias, int N, int C)
+{
+    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(x),
+                       .c = F32(w), .n = (size_t)N, .C = C},
+                 .bias = F32(bias), .y = F32(y), .res = F32(res), .bf16 = IS_BF16(x)};
+    ln_run(b, &a, "residual_layernorm_forward");
 }
 
 /* din for rows [lo, hi), and this slice's parts of dw and dbias (summed

@@ -229,8 +229,8 @@ static void gpt_block_forward(bb_block_pass *p)
     bb_op_attention_forward(be, a->t[S_ATTY], a->stat[LSE], a->t[S_QKV], p->B, p->T, c->heads, c->heads,
                             C / c->heads);
     bb_op_linear_forward(be, a->t[S_RES2], a->t[S_ATTY], PW(PROJ_W), W(PROJ_B), BT, C, C, C);
-    bb_op_add(be, a->t[S_RES2], a->t[S_RES2], p->x, n);
-    ln2_forward(p);
+    bb_op_residual_layernorm_forward(be, a->t[S_RES2], a->t[S_LN2], a->stat[LN2_MEAN], a->stat[LN2_RSTD],
+                                     a->t[S_RES2], p->x, W(LN2_W), W(LN2_B), BT, C);
     bb_op_linear_activation_forward(be, BB_ACTIVATION_GELU_TANH, a->t[S_GELU], a->t[S_FCH], a->t[S_LN2], PW(FC_W),
                                     W(FC_B), BT, C, 4 * C);
     bb_op_linear_forward(be, a->t[S_RES3], a->t[S_GELU], PW(FCPROJ_W), W(FCPROJ_B), BT, 4 * C, C, C);
@@ -311,8 +311,7 @@ static void gpt_block_decode(bb_block_decode *d)
     bb_op_linear_forward(be, F(rows + (size_t)pos * 3 * C), ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C, 3 * C);
     bb_op_attention_decode(be, att, part[D_SCORES], F(rows), pos + 1, c->heads, c->heads, C / c->heads);
     bb_op_linear_forward(be, res2, att, W(PROJ_W), W(PROJ_B), 1, C, C, C);
-    bb_op_add(be, res2, res2, x, (size_t)C);
-    bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], res2, W(LN2_W), W(LN2_B), 1, C);
+    bb_op_residual_layernorm_forward(be, res2, ln, part[D_MEAN], part[D_RSTD], res2, x, W(LN2_W), W(LN2_B), 1, C);
     bb_op_linear_forward(be, fch, ln, W(FC_W), W(FC_B), 1, C, 4 * C, 4 * C);
     bb_op_activation_forward(be, BB_ACTIVATION_GELU_TANH, gelu, fch, (size_t)4 * C);
     bb_op_linear_forward(be, x, gelu, W(FCPROJ_W), W(FCPROJ_B), 1, 4 * C, C, C);

@@ -142,6 +142,7 @@ struct item {
     std::function<void()> work;
     std::string what;
     bool device_work = true;
+    bool kernel = false; // a kernel launch (the graph counters)
     std::shared_ptr<event_state> event;
     uint64_t gen = 0;
     stream_state *other = nullptr;
@@ -159,6 +160,10 @@ struct stream_state {
     bool destroyed = false;
     rng delay_rng;
     void *signal_stack = nullptr; // its thread's, for the fault handler
+    // A stream capture (graphs.cpp), under m: the work recorded instead of
+    // queued; invalid once something that cannot be recorded was asked.
+    std::shared_ptr<std::vector<item>> capture;
+    bool capture_invalid = false;
 };
 
 struct counters {
@@ -166,6 +171,7 @@ struct counters {
     std::atomic<uint64_t> launches{0}, blas_calls{0}, cub_calls{0}, nccl_calls{0};
     std::atomic<uint64_t> h2d_bytes{0}, d2h_bytes{0}, d2d_bytes{0}, h2d_copies{0}, d2h_copies{0};
     std::atomic<uint64_t> lt_epilogues{0};
+    std::atomic<uint64_t> captured_launches{0}, graph_launches{0}, graph_kernels{0};
     std::mutex by_kernel_m;
     std::map<std::string, uint64_t> by_kernel; // launches of each kernel name
 };
@@ -227,6 +233,14 @@ void wait_idle(stream_state *s);
 void wait_device(device_state *d);
 void install_fault_handler(); // SIGSEGV/SIGBUS in an operation: a sticky cudaErrorIllegalAddress
 extern thread_local stream_state *running_stream; // the stream whose operation this thread runs
+
+// ---- graphs.cpp -----------------------------------------------------------------------------
+// Whether s records instead of queuing (under no lock: the capturing thread asks).
+bool capturing(stream_state *s);
+// cudaSuccess, or, when the calling thread captures a stream (not in
+// Relaxed mode), the refusal of `call` (which would wait for the device or
+// allocate): cudaErrorStreamCaptureUnsupported, the capture invalidated.
+cudaError_t refuse_in_capture(const char *call);
 
 // ---- kernels.cpp ----------------------------------------------------------------------------
 struct launch_rec;

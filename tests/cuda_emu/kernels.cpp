@@ -765,7 +765,10 @@ EXPORT cudaError_t bbemu_launch(const bbemu_launch_desc *d)
         rec->fault_text = format("an injected fault (%s)", c.fault.text().c_str());
     }
     rec->hang = c.hang.fires(d->name, s->dev->index, s->dev->hang_launches);
-    enqueue_work(s, d->name, [rec] { run_kernel_item(*rec); });
+    if (capturing(s)) r.c.captured_launches++;
+    item it;
+    it.work = [rec] { run_kernel_item(*rec); }, it.what = d->name, it.kernel = true;
+    enqueue(s, std::move(it));
     if (c.launch_blocking) {
         wait_idle(s);
         return fail(sticky_of(s->dev));

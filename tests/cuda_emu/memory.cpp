@@ -215,6 +215,8 @@ cudaError_t copy_on(stream_state *s, void *dst, const void *src, size_t bytes, c
     mem_class dc, sc;
     cudaError_t e = copy_direction(dst, src, bytes, kind, &dc, &sc, call);
     if (e != cudaSuccess) return e;
+    if (sc == PAGEABLE || dc == PAGEABLE) // staged or waited for: not a copy a graph can hold
+        if (cudaError_t c = refuse_in_capture(format("%s with pageable memory", call).c_str())) return c;
     count_copy(dc, sc, bytes);
     std::string what = format("%s of %zu bytes", call, bytes);
     if (sc == PAGEABLE && dc == ON_DEVICE) { // staged at once, as CUDA stages pageable memory

@@ -140,6 +140,8 @@ void fill_counters(bbemu_counters *o)
     o->h2d_bytes = c.h2d_bytes, o->d2h_bytes = c.d2h_bytes, o->d2d_bytes = c.d2d_bytes;
     o->h2d_copies = c.h2d_copies, o->d2h_copies = c.d2h_copies;
     o->lt_epilogues = c.lt_epilogues;
+    o->captured_launches = c.captured_launches, o->graph_launches = c.graph_launches;
+    o->graph_kernels = c.graph_kernels;
 }
 
 // The counters as one JSON object, written whole (a temporary file renamed).
@@ -159,10 +161,11 @@ void write_stats()
             ", \"launches\": %" PRIu64 ", \"blas_calls\": %" PRIu64 ", \"cub_calls\": %" PRIu64
             ", \"nccl_calls\": %" PRIu64 ", \"h2d_bytes\": %" PRIu64 ", \"d2h_bytes\": %" PRIu64
             ", \"d2d_bytes\": %" PRIu64 ", \"h2d_copies\": %" PRIu64 ", \"d2h_copies\": %" PRIu64
-            ", \"lt_epilogues\": %" PRIu64 "}\n",
+            ", \"lt_epilogues\": %" PRIu64 ", \"captured_launches\": %" PRIu64 ", \"graph_launches\": %" PRIu64
+            ", \"graph_kernels\": %" PRIu64 "}\n",
             o.host_syncs, o.stream_syncs, o.device_syncs, o.event_syncs, o.blocking_calls, o.polls, o.launches,
             o.blas_calls, o.cub_calls, o.nccl_calls, o.h2d_bytes, o.d2h_bytes, o.d2d_bytes, o.h2d_copies,
-            o.d2h_copies, o.lt_epilogues);
+            o.d2h_copies, o.lt_epilogues, o.captured_launches, o.graph_launches, o.graph_kernels);
     if (fclose(f) != 0 || rename(tmp.c_str(), rt->cfg.stats_file.c_str()) != 0) {
         fprintf(stderr, "cuda-emu: BB_CUDA_EMU_STATS: cannot write %s: %s\n", rt->cfg.stats_file.c_str(),
                 strerror(errno));
@@ -186,11 +189,21 @@ const struct {
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
+    {cudaErrorGraphExecUpdateFailure, "cudaErrorGraphExecUpdateFailure",
+     "the graph update was not performed because it included changes which violated constraints specific to "
+     "instantiated graph update"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -385,6 +398,7 @@ EXPORT cudaError_t cudaGetDevice(int *device)
 
 EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
+    if (cudaError_t c = refuse_in_capture("cudaDeviceSynchronize")) return c;
     device_state *d;
     cudaError_t e = enter(&d);
     if (e != cudaSuccess) return e;
@@ -405,6 +419,7 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 
 EXPORT cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
+    if (cudaError_t c = refuse_in_capture("cudaMalloc")) return c;
     device_state *d;
     *ptr = nullptr;
     cudaError_t e = enter(&d);
@@ -414,6 +429,7 @@ EXPORT cudaError_t cudaMalloc(void **ptr, size_t bytes)
 // cudaFree synchronizes the device, as CUDA's does.
 EXPORT cudaError_t cudaFree(void *ptr)
 {
+    if (cudaError_t c = refuse_in_capture("cudaFree")) return c;
     runtime &r = R();
     if (!ptr) return cudaSuccess;
     int dev = -1;
@@ -429,6 +445,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
 
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream)
 {
+    if (cudaError_t c = refuse_in_capture("cudaMallocAsync")) return c;
     stream_state *s;
     *ptr = nullptr;
     cudaError_t e = check_stream(stream, &s);
@@ -438,6 +455,7 @@ EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream
 // Freed when the stream gets there.
 EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 {
+    if (cudaError_t c = refuse_in_capture("cudaFreeAsync")) return c;
     stream_state *s;
     cudaError_t e = check_stream(stream, &s);
     if (e != cudaSuccess || !ptr) return e;
@@ -451,6 +469,7 @@ EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 
 EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags)
 {
+    if (cudaError_t c = refuse_in_capture("cudaHostAlloc")) return c;
     R();
     *ptr = nullptr;
     if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
@@ -463,6 +482,7 @@ EXPORT cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return cudaHostAll
 // Synchronizes every device (pinned memory may be in use by any of them).
 EXPORT cudaError_t cudaFreeHost(void *ptr)
 {
+    if (cudaError_t c = refuse_in_capture("cudaFreeHost")) return c;
     runtime &r = R();
     if (!ptr) return cudaSuccess;
     int dev;
@@ -475,6 +495,7 @@ EXPORT cudaError_t cudaFreeHost(void *ptr)
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
+    if (cudaError_t c = refuse_in_capture("cudaMemcpy")) return c;
     device_state *d;
     cudaError_t e = enter(&d);
     return e != cudaSuccess ? e : copy_on(legacy_stream(d), dst, src, bytes, kind, true, "cudaMemcpy");
@@ -489,6 +510,7 @@ EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cud
 
 EXPORT cudaError_t cudaMemset(void *dst, int value, size_t bytes)
 {
+    if (cudaError_t c = refuse_in_capture("cudaMemset")) return c;
     device_state *d;
     cudaError_t e = enter(&d);
     return e != cudaSuccess ? e : memset_on(legacy_stream(d), dst, value, bytes, true, "cudaMemset");
@@ -527,6 +549,7 @@ EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
+    if (cudaError_t c = refuse_in_capture("cudaStreamSynchronize")) return c;
     stream_state *s;
     cudaError_t e = resolve(stream, &s);
     if (e != cudaSuccess) return fail(e);
@@ -537,6 +560,7 @@ EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 
 EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
+    if (cudaError_t c = refuse_in_capture("cudaStreamQuery")) return c;
     stream_state *s;
     cudaError_t e = check_stream(stream, &s);
     if (e != cudaSuccess) return e;
@@ -612,6 +636,7 @@ EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 
 EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
 {
+    if (cudaError_t c = refuse_in_capture("cudaEventQuery")) return c;
     if (!event) return fail(cudaErrorInvalidResourceHandle);
     event_state *x = ev(event);
     {
@@ -624,6 +649,7 @@ EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
 
 EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
+    if (cudaError_t c = refuse_in_capture("cudaEventSynchronize")) return c;
     if (!event) return fail(cudaErrorInvalidResourceHandle);
     event_state *x = ev(event);
     {

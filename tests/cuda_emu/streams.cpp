@@ -30,6 +30,11 @@ thread_local bool fault_overflow;
 uint64_t push(stream_state *s, item &&it)
 {
     std::lock_guard<std::mutex> l(s->m);
+    if (s->capture) { // recorded, not queued; a wait or an event cannot be part of a graph here
+        if (it.kind == item::WORK) s->capture->push_back(std::move(it));
+        else s->capture_invalid = true;
+        return s->submitted;
+    }
     s->q.push_back(std::move(it));
     s->cv.notify_all();
     return ++s->submitted;

@@ -210,6 +210,7 @@ void cuda_destroy(bb_backend_t *b)
     cudaFree(s->loss_sum);
     cudaFree(s->counter);
     cudaFreeHost(s->host);
+    if (s->graph) cudaGraphExecDestroy(s->graph);
     if (s->lt) cublasLtDestroy(s->lt);
     if (s->blas) cublasDestroy(s->blas);
     cudaFree(s->blas_ws);
@@ -247,6 +248,57 @@ bb_status cuda_stream_wait(bb_backend_t *b, bb_stream stream, bb_event_t *e)
     use(b);
     BB_CUDA(cudaStreamWaitEvent(state(b)->stream[stream], reinterpret_cast<cudaEvent_t>(e), 0));
     return bb_backend_pending(b);
+}
+
+// ---- graphs: the compute stream captured (this thread only), launched whole --
+bool cuda_graph_begin(bb_backend_t *b)
+{
+    cuda_state *s = state(b);
+    if (s->graphs_off) return false;
+    use(b);
+    cudaError_t e = cudaStreamBeginCapture(compute(b), cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    BB_WARN("%s: CUDA graphs off (cudaStreamBeginCapture: %s): kernels are launched one by one", b->name,
+            cudaGetErrorString(e));
+    s->graphs_off = true;
+    return false;
+}
+
+// The captured graph into s->graph (updated in place where its operations
+// are the same, else instantiated anew) and launched.
+cudaError_t launch_captured(cuda_state *s, cudaGraph_t g, cudaStream_t stream)
+{
+    if (s->graph) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(s->graph, g, &info) != cudaSuccess) { // another topology: a new graph
+            cudaGetLastError();
+            cudaGraphExecDestroy(s->graph);
+            s->graph = nullptr;
+        }
+    }
+    cudaError_t e = s->graph ? cudaSuccess : cudaGraphInstantiate(&s->graph, g, 0);
+    return e == cudaSuccess ? cudaGraphLaunch(s->graph, stream) : e;
+}
+
+bool cuda_graph_end(bb_backend_t *b)
+{
+    cuda_state *s = state(b);
+    use(b);
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(compute(b), &g);
+    char why[300] = "";
+    if (b->error != BB_OK) snprintf(why, sizeof why, "%s", b->error_message); // an op failed while captured
+    else if (e != cudaSuccess) snprintf(why, sizeof why, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    else if ((e = launch_captured(s, g, compute(b))) != cudaSuccess)
+        snprintf(why, sizeof why, "launching the graph: %s", cudaGetErrorString(e));
+    if (g) cudaGraphDestroy(g);
+    if (!why[0]) return true;
+    cudaGetLastError();
+    BB_WARN("%s: CUDA graphs off (%s): kernels are launched one by one", b->name, why);
+    s->graphs_off = true;
+    b->error = BB_OK; // nothing ran: the work, issued again, notes its own failures
+    return false;
 }
 
 bb_status cuda_event_elapsed(bb_backend_t *b, bb_event_t *from, bb_event_t *to, double *ms)
@@ -292,8 +344,16 @@ void cuda_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *
                             bb_tensor bias, int N, int C)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), in.dtype == BB_DTYPE_BF16, out.data, mean, rstd, in.data, f32(w),
-                                        f32(bias), N, C));
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), in.dtype == BB_DTYPE_BF16, out.data, mean, rstd, in.data, nullptr,
+                                        nullptr, f32(w), f32(bias), N, C));
+}
+
+void cuda_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *mean, float *rstd,
+                                     bb_tensor x, bb_tensor y, bb_tensor w, bb_tensor bias, int N, int C)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), x.dtype == BB_DTYPE_BF16, out.data, mean, rstd, x.data, y.data,
+                                        res.data, f32(w), f32(bias), N, C));
 }
 
 void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
@@ -511,6 +571,8 @@ bb_backend_vtable make_vtable()
     v.attention_engine = cuda_attention_engine;
     v.bf16_products = cuda_bf16_products;
     v.native_stream = cuda_native_stream;
+    v.graph_begin = cuda_graph_begin;
+    v.graph_end = cuda_graph_end;
 #define BB_OP(name, ...) v.name = cuda_##name;
 #define BB_OP_VALUE(type, name, ...) v.name = cuda_##name;
 #include "bigbatch/ops.def"
@@ -539,6 +601,8 @@ bb_status cuda_start(bb_backend_t *b, const bb_backend_options *o)
     BB_CUDA(cudaMalloc(&s->blas_ws, kBlasWorkspace));
     BB_CUBLAS(cublasSetWorkspace(s->blas, s->blas_ws, kBlasWorkspace));
     // BB_CUBLASLT=off: bf16 products on plain cuBLAS, bias, GELU and bias gradients in kernels (to compare)
+    const char *graphs = getenv("BB_CUDA_GRAPHS");
+    s->graphs_off = graphs && !strcmp(graphs, "off");
     const char *lt = getenv("BB_CUBLASLT");
     if (o->precision == BB_PRECISION_BF16 && !(lt && !strcmp(lt, "off"))) lt_start(b);
     BB_CUDA(cudaMalloc(&s->partial, kPartials * sizeof(double)));

@@ -43,6 +43,11 @@ struct cuda_state {
     size_t attn32_bytes;
     void *cudnn_ws;
     size_t cudnn_ws_bytes;
+    // Graphs of the compute stream's work (bb_backend_graph_begin): the
+    // instantiated one, updated in place; graphs_off by BB_CUDA_GRAPHS=off
+    // or after a failure.
+    cudaGraphExec_t graph;
+    bool graphs_off;
     double *partial;            // sum_squares: kPartials block sums
     double *range_sums;         // and kRanges ranges' sums
     double *loss_sum;           // device: the loss, summed in a fixed order

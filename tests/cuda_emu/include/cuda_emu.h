@@ -37,7 +37,9 @@ typedef struct bbemu_counters {
     uint64_t stream_syncs, device_syncs, event_syncs; /* cuda{Stream,Device,Event}Synchronize */
     uint64_t blocking_calls; /* cudaMemcpy, cudaMemset, cudaMemcpyAsync into pageable memory, cudaFree(Host) */
     uint64_t polls;          /* cudaStreamQuery/cudaEventQuery that found the work done (a polling loop's end) */
-    uint64_t launches;       /* kernel launches */
+    uint64_t launches;       /* kernel launches (into a capture too) */
+    uint64_t captured_launches; /* the kernel launches a stream capture recorded */
+    uint64_t graph_launches, graph_kernels; /* cudaGraphLaunch calls, and the kernels they ran */
     uint64_t blas_calls, cub_calls, nccl_calls;
     uint64_t h2d_bytes, d2h_bytes, d2d_bytes;
     uint64_t h2d_copies, d2h_copies;
