@@ -74,6 +74,15 @@ Test(hf, a_transformers_gpt2_evaluates_exports_and_trains_to_its_loss)
     char tokjson[8400];
     snprintf(tokjson, sizeof tokjson, "%s/tokenizer.json", out2);
     cr_assert(tu_exists(tokjson), "export --format hf wrote no tokenizer.json");
+    /* generate() stops at <|endoftext|>: config.json names its id, the tokenizer's */
+    char *ids = sh_ok("%s -c \"import json, tokenizers; c = json.load(open('%s/config.json')); "
+                      "t = tokenizers.Tokenizer.from_file('%s'); print(c.get('bos_token_id'), c.get('eos_token_id'), "
+                      "t.token_to_id('<|endoftext|>'))\"", HF_PYTHON, out2, tokjson);
+    int bos = -2, eos = -2, eot = -3;
+    cr_assert_eq(sscanf(ids, "%d %d %d", &bos, &eos, &eot), 3, "config.json's bos/eos ids: %s", ids);
+    cr_assert(bos == eot && eos == eot, "config.json: bos %d, eos %d; the tokenizer's <|endoftext|> is %d", bos, eos,
+              eot);
+    free(ids);
     cr_log_info("transformers %.7f, bigbatch --init-from %.7f; exported back %.7f; after 5 steps bigbatch %.7f, "
                 "transformers on the export %.7f", theirs, ours, back, trained, exported);
     free(ck), free(out), free(out2);

@@ -453,6 +453,24 @@ Test(model, safetensors_round_trip_and_errors)
     cr_assert_eq(bb_model_load_safetensors(w, path), BB_ERR_FORMAT);
     cr_assert(strstr(bb_error_message(), "transformer.wte.weight has shape [11, 8], the model wants [11, 16]"), "%s",
               bb_error_message());
+    /* shapes of one and of three dimensions, each said whole */
+    static const struct {
+        const char *shape, *said;
+    } odd[] = {{"[88]", "has shape [88], the model wants [11, 8]"}, {"[11, 8, 1]", "has shape [11, 8, 1], the model wants [11, 8]"}};
+    char *one = tu_path(dir, "odd.safetensors");
+    for (size_t k = 0; k < sizeof odd / sizeof *odd; k++) {
+        char header[256];
+        int n = snprintf(header, sizeof header, "{\"transformer.wte.weight\": {\"dtype\": \"F32\", \"shape\": %s, "
+                         "\"data_offsets\": [0, 352]}}", odd[k].shape);
+        while (n % 8) header[n++] = ' ';
+        uint8_t blob[8 + 256 + 352] = {0};
+        for (int i = 0; i < 8; i++) blob[i] = (uint8_t)((uint64_t)n >> (8 * i));
+        memcpy(blob + 8, header, (size_t)n);
+        tu_write_file(one, blob, 8 + (size_t)n + 352);
+        cr_assert_eq(bb_model_load_safetensors(b, one), BB_ERR_FORMAT, "%s", odd[k].shape);
+        cr_assert(strstr(bb_error_message(), odd[k].said), "%s", bb_error_message());
+    }
+    free(one);
     bb_model_config deeper = tiny_gpt(3, 0);
     bb_model_t *d = make_model(&deeper, GPT_B, 1);
     cr_assert_eq(bb_model_load_safetensors(d, path), BB_ERR_FORMAT);

@@ -6,6 +6,8 @@
  * a checkpoint that loads; and --resume of a directory with no checkpoint
  * yet starts the run there (so a job script can always pass it). Over
  * processes: test_mpi.c. Helpers: train_fixture.h. */
+#include <dirent.h>
+
 #include "train_fixture.h"
 
 TestSuite(preempt, .init = fixture_setup, .fini = fixture_teardown);
@@ -19,15 +21,17 @@ static tu_run train_cmd(const char *data, const char *extra)
     return tu_run_argv((char *const[]){"/bin/sh", "-c", cmd, NULL});
 }
 
-/* SIGTERM and SIGUSR1, each in the middle of a long run: the step ends,
- * is saved, the line says how to continue, exit 75; the run resumed from
- * there gives the losses of a run never interrupted, bitwise. */
-Test(preempt, sigterm_and_sigusr1_save_at_the_step_boundary_exit_75_and_resume_bitwise)
+/* SIGTERM, SIGUSR1 and SIGHUP (a closed terminal or ssh session), each in
+ * the middle of a long run: the step ends, is saved, the line says how to
+ * continue, exit 75; the run resumed from there gives the losses of a run
+ * never interrupted, bitwise. */
+Test(preempt, sigterm_sigusr1_and_sighup_save_at_the_step_boundary_exit_75_and_resume_bitwise)
 {
     char *data = make_tokens("tokens", 400);
-    static const int sigs[] = {SIGTERM, SIGUSR1};
-    for (int i = 0; i < 2; i++) {
-        char *ckpt = tu_path(tmp, i ? "ck-usr1" : "ck-term"), *err = tu_path(tmp, "err");
+    static const int sigs[] = {SIGTERM, SIGUSR1, SIGHUP};
+    static const char *const dirs[] = {"ck-term", "ck-usr1", "ck-hup"};
+    for (int i = 0; i < 3; i++) {
+        char *ckpt = tu_path(tmp, dirs[i]), *err = tu_path(tmp, "err");
         char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", data, "--layers", "2", "--d-model", "16",
                         "--heads", "2", "--global-batch", "16", "--micro-batch", "4", "--lr", "3e-3", "--steps",
                         "100000", "--save", ckpt, "--save-every", "100000", "--log-every", "0", NULL};
@@ -93,7 +97,8 @@ static bool wait_for_a_save(const char *ckpt)
 /* SIGTERM while a checkpoint is being written: that save completes, and
  * the run stops at the next step boundary, saved (exit 75). A second SIGTERM during the next
  * save (the preemption's own) stops at once, exit 130: its partial
- * directory is never published and the previous checkpoint loads. */
+ * directory is never published, it is removed before the exit (the line
+ * names it), and the previous checkpoint loads. */
 Test(preempt, a_signal_during_a_save_and_a_second_signal_leave_a_checkpoint_that_loads)
 {
     char *data = make_images("images", 600, 2), *ckpt = tu_path(tmp, "ckpt"), *err = tu_path(tmp, "err");
@@ -128,12 +133,13 @@ Test(preempt, a_signal_during_a_save_and_a_second_signal_leave_a_checkpoint_that
         cr_assert_eq(code, 130, "exit %d after a second SIGTERM: %s", code, e);
         cr_assert_not_null(strstr(e, "interrupted again: stopping now"), "%s", e);
         cr_assert_null(strstr(e, "preempted: saved"), "a second signal must not report a save: %s", e);
-        mid_save = has_temp_step_dir(ckpt); /* what the save being written left, unpublished */
+        mid_save = strstr(e, "(removed the unfinished ") != NULL; /* the save being written, unpublished */
+        cr_assert(!has_temp_step_dir(ckpt), "the second signal left the unfinished save behind: %s", e);
         tu_run r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data, "--json");
         cr_assert_eq(r.exit_code, 0, "after a second SIGTERM the checkpoint does not load: %s", r.err);
         tu_run_free(&r);
         cr_log_info("second SIGTERM: exit 130 in %.3f s%s; the previous checkpoint loads", took,
-                    mid_save ? ", a save half-written and not published" : "");
+                    mid_save ? ", a save half-written, not published and removed" : "");
         free(e);
     }
     cr_assert(mid_save, "no second signal landed during a save in 8 attempts; the test proved nothing");
@@ -213,4 +219,110 @@ Test(preempt, resume_of_a_directory_without_a_checkpoint_starts_the_run_there)
     cr_assert_null(strstr(r.err, "no checkpoint yet"), "%s", r.err);
     tu_run_free(&r);
     free(link), free(empty), free(ckpt), free(data);
+}
+
+/* What `dir` holds after a kill: every step-N directory a whole checkpoint
+ * (state.json, model.safetensors, optimizer.bin, nothing else), `latest`
+ * naming one of them, the user's notes.txt untouched; hidden names
+ * (".step-…", ".latest.tmp-…") are the only leftovers. Returns how many
+ * hidden leftovers there are. */
+static int check_checkpoints(const char *dir, const char *when)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s: %s is gone", when, dir);
+    int hidden = 0, steps = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "latest") || !strcmp(n, "notes.txt") ||
+            !strcmp(n, ".lock")) /* the run's lock file */
+            continue;
+        if (n[0] == '.') {
+            hidden++;
+            continue;
+        }
+        cr_assert(!strncmp(n, "step-", 5), "%s: %s/%s is neither a checkpoint nor the user's", when, dir, n);
+        steps++;
+        static const char *const whole[] = {"state.json", "model.safetensors", "optimizer.bin"};
+        char path[4400];
+        int files = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, n);
+        DIR *s = opendir(path);
+        cr_assert_not_null(s);
+        for (struct dirent *f; (f = readdir(s));)
+            if (f->d_name[0] != '.') files++;
+        closedir(s);
+        for (int i = 0; i < 3; i++) {
+            snprintf(path, sizeof path, "%s/%s/%s", dir, n, whole[i]);
+            cr_assert(tu_exists(path), "%s: %s/%s has no %s: a half-removed or half-written step", when, dir, n,
+                      whole[i]);
+        }
+        cr_assert_eq(files, 3, "%s: %s/%s holds %d files, not a checkpoint's 3", when, dir, n, files);
+    }
+    closedir(d);
+    cr_assert_gt(steps, 0, "%s: no checkpoint left in %s", when, dir);
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(dir, &info), BB_OK, "%s: latest: %s", when, bb_error_message());
+    char notes[4400];
+    snprintf(notes, sizeof notes, "%s/notes.txt", dir);
+    cr_assert(tu_exists(notes), "%s: the user's notes.txt was removed", when);
+    return hidden;
+}
+
+/* kill -9 at each point of a save and of a prune (BB_TEST_KILL_AT), and at
+ * random moments of a run saving every step with --keep 1: only whole
+ * checkpoints and the user's own file are left, the newest loads, and the
+ * next run (resumed) removes the hidden leftovers. */
+Test(preempt, kill_9_at_any_point_of_a_save_or_a_prune_leaves_only_whole_checkpoints)
+{
+    char *data = make_images("images", 600, 2), *ckpt = tu_path(tmp, "ck-kill"), *err = tu_path(tmp, "err");
+    static const char *const points[] = {"save-model", "save-rename", "latest", "prune"};
+    cr_assert_eq(mkdir(ckpt, 0777), 0);
+    char *notes = tu_path(ckpt, "notes.txt");
+    tu_write_file(notes, "mine\n", 5);
+    free(notes);
+    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--model", "mlp", "--hidden", "64", "--data", data,
+                    "--global-batch", "8", "--micro-batch", "8", "--steps", "100000", "--save-every", "1", "--keep",
+                    "1", "--resume", ckpt, "--log-every", "0", NULL};
+    /* a first checkpoint, so that every kill below has one to keep */
+    tu_run r = tu_bigbatch("train", "--model", "mlp", "--hidden", "64", "--data", data, "--global-batch", "8",
+                           "--micro-batch", "8", "--steps", "2", "--resume", ckpt, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++) {
+        setenv("BB_TEST_KILL_AT", points[i], 1);
+        int code = exit_within(start_logged(argv, "/dev/null", err), 30);
+        unsetenv("BB_TEST_KILL_AT");
+        char *e = (char *)tu_read_file(err, NULL);
+        size_t len = strlen(e);
+        cr_assert_eq(code, 128 + SIGKILL, "BB_TEST_KILL_AT=%s: exit %d, not killed: ...%s", points[i], code,
+                     e + (len > 300 ? len - 300 : 0));
+        free(e);
+        int hidden = check_checkpoints(ckpt, points[i]);
+        cr_log_info("killed at %s: whole checkpoints only, %d hidden leftover(s)", points[i], hidden);
+    }
+    srand(7);
+    for (int k = 0; k < 5; k++) { /* at random moments: mostly inside a save or a prune */
+        pid_t pid = start_logged(argv, "/dev/null", err);
+        usleep(200000 + (useconds_t)(rand() % 800000));
+        kill(pid, SIGKILL);
+        exit_within(pid, 10);
+        char when[32];
+        snprintf(when, sizeof when, "random kill %d", k);
+        check_checkpoints(ckpt, when);
+    }
+    /* the next run continues and removes the leftovers */
+    bb_checkpoint_info info;
+    cr_assert_eq(bb_checkpoint_read_info(ckpt, &info), BB_OK, "%s", bb_error_message());
+    char stop[32];
+    snprintf(stop, sizeof stop, "%llu", (unsigned long long)info.step + 1);
+    r = tu_bigbatch("train", "--model", "mlp", "--hidden", "64", "--data", data, "--global-batch", "8",
+                    "--micro-batch", "8", "--steps", "100000", "--stop-after", stop, "--keep", "1", "--resume", ckpt,
+                    "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    cr_assert_eq(check_checkpoints(ckpt, "the next run"), 0, "the next run left hidden leftovers");
+    r = tu_bigbatch("eval", "--ckpt", ckpt, "--data", data, "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    free(data), free(ckpt), free(err);
 }

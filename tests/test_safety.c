@@ -545,6 +545,96 @@ Test(safety, messages_point_the_right_way)
 }
 
 /* ---- --help and flags that mean nothing (issue 14, item 12) ----------------- */
+/* Every command that prints, its standard output a full disk (/dev/full):
+ * exit 1 with one line saying so, never a silent success over a truncated
+ * output; sample stops sampling at the first failed write. */
+Test(safety, printing_into_a_full_disk_fails_with_one_line)
+{
+    char *data = make_tokens("tokens", 170), *ck = tu_path(tmp, "ck-full"), *text = tu_path(tmp, "text.txt");
+    char *tok = tu_path(tmp, "tok.json"), *err = tu_path(tmp, "full.err");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--steps", "1", "--save", ck, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char words[64 * 1024];
+    for (size_t i = 0; i < sizeof words; i++) words[i] = i % 7 == 6 ? ' ' : (char)('a' + i % 5);
+    tu_write_file(text, words, sizeof words);
+    r = tu_bigbatch("tokenizer", "train", "--in", text, "--vocab", "300", "--out", tok);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *bin = (char *)tu_bigbatch_bin();
+    char *const cases[][12] = {
+        {bin, "version"},
+        {bin, "train", "--help"},
+        {bin, "sample", "--ckpt", ck, "--tokens", "5000", "--ids"},
+        {bin, "eval", "--ckpt", ck, "--data", data, "--json"},
+        {bin, "inspect", data, "--json"},
+        {bin, "tokenizer", "encode", "--tokenizer", tok, "--in", text},
+        {bin, "plan", "--global-batch", "64", "--device-mem", "1G", "--layers", "2"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int code = exit_within(start_logged(cases[c], "/dev/full", err), 60);
+        tu_run got = {.exit_code = code, .out = strdup(""), .err = (char *)tu_read_file(err, NULL)};
+        cr_log_info("%s: exit %d: %s", cases[c][1], code, got.err);
+        cr_assert_eq(code, 1, "bigbatch %s into /dev/full: exit %d: %s", cases[c][1], code, got.err);
+        tu_assert_error(&got, "writing the standard output", "No space left on device");
+        tu_run_free(&got);
+    }
+    free(data), free(ck), free(text), free(tok), free(err);
+}
+
+/* A damaged or dangling `latest` names the newest other checkpoint that
+ * may load; eval checks a --checkpoint policy as train does (and says it
+ * changes nothing for a forward pass). */
+Test(safety, a_damaged_latest_points_to_the_step_before_and_eval_checks_its_policy)
+{
+    char *data = make_tokens("tokens", 170), *ck = tu_path(tmp, "ck-latest");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "16", "--heads", "2", "--global-batch",
+                           "8", "--steps", "4", "--save-every", "2", "--save", ck, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char path[4200], older[4200];
+    snprintf(path, sizeof path, "%s/step-00000004/state.json", ck);
+    snprintf(older, sizeof older, "the newest other checkpoint there may load: %s/step-00000002", ck);
+    tu_write_file(path, "garbage", 7);
+    r = tu_bigbatch("eval", "--ckpt", ck, "--json");
+    tu_assert_error(&r, "step-00000004/state.json", older);
+    tu_run_free(&r);
+    snprintf(path, sizeof path, "%s/step-00000002", ck);
+    r = tu_bigbatch("eval", "--ckpt", path, "--json"); /* the way on loads */
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    static char *const bad[] = {"plan:x", "plan:n,s,f", "bogus"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        r = tu_bigbatch("eval", "--ckpt", path, "--checkpoint", bad[i], "--json");
+        cr_assert_eq(r.exit_code, 2, "eval --checkpoint %s: exit %d: %s", bad[i], r.exit_code, r.err);
+        tu_assert_error(&r, "--checkpoint");
+        tu_run_free(&r);
+    }
+    r = tu_bigbatch("eval", "--ckpt", path, "--checkpoint", "plan:n,s", "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "keep nothing for a backward"), "%s", r.err);
+    tu_run_free(&r);
+    free(data), free(ck);
+}
+
+/* A text too small for the vocabulary asked: the tokenizer is written with
+ * the ids it has, and a warning says how many, not a silent shortfall. */
+Test(safety, tokenizer_train_says_when_the_text_gives_fewer_ids_than_asked)
+{
+    char *text = tu_path(tmp, "small.txt"), *tok = tu_path(tmp, "small.json");
+    tu_write_file(text, "the cat sat on the mat\n", 23);
+    tu_run r = tu_bigbatch("tokenizer", "train", "--in", text, "--vocab", "5000", "--out", tok);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "--vocab 5000: the text has only") && strstr(r.err, "not 5000"), "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("tokenizer", "train", "--in", text, "--vocab", "260", "--out", tok);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_null(strstr(r.err, "the text has only"), "a vocabulary the text fills: %s", r.err);
+    tu_run_free(&r);
+    free(text), free(tok);
+}
+
 Test(safety, help_and_flags_say_what_they_mean)
 {
     tu_run r = tu_bigbatch("sample", "--help");

@@ -74,6 +74,34 @@ Test(tokenizer, encodes_token_for_token_like_the_tokenizers_package)
     free(kjv), free(head), free(utf8), free(rnd), free(ours), free(theirs), free(split);
 }
 
+/* Whatever `tokenizer train` writes, our encoder and the tokenizers
+ * package read, token for token, on adversarial texts: runs of one
+ * character up to 50 000 long (merges whose halves are kilobytes), every
+ * byte value (as UTF-8 with U+FFFD, which the package needs), a line of a
+ * megabyte without a space. */
+Test(tokenizer, what_our_trainer_writes_every_reader_reads_on_adversarial_text)
+{
+    hf_require("tokenizers");
+    char *text = tu_path(tmp, "adversarial.txt");
+    free(sh_ok("python3 -c \"import random; r = random.Random(11); parts = []\n"
+               "for n in [1, 7, 300, 1023, 1024, 1025, 4000, 50000]: parts += [('a' * n + ' ') * 6, 'xy' * (n // 2), '\\n']\n"
+               "parts.append(bytes(range(256)).decode('latin-1'))\n"
+               "parts.append(bytes(r.randrange(256) for _ in range(20000)).decode('utf-8', errors='replace'))\n"
+               "parts.append(''.join(r.choice('abc') for _ in range(1 << 18)))\n"
+               "open('%s', 'w', encoding='utf-8', newline='').write(''.join(parts))\"", text));
+    char *ours = train_ours(text, 600, "adversarial.json");
+    char *longest = sh_ok("python3 -c \"import json; m = json.load(open('%s'))['model']['merges']; "
+                          "print(max(len(h) for x in m for h in (x.split(' ') if isinstance(x, str) else x)))\"", ours);
+    cr_assert_gt(atoi(longest), 4096, "the longest merge half is %s bytes: the test proves nothing", longest);
+    size_t n = expect_same_ids(ours, text, "our tokenizer of adversarial text");
+    char *packed = tu_path(tmp, "adv-packed");
+    free(sh_ok("'%s' pack --format text --in '%s' --tokenizer '%s' --seq-len 64 --out '%s' > /dev/null 2>&1",
+               tu_bigbatch_bin(), text, ours, packed));
+    cr_log_info("adversarial text: %zu tokens, the same as tokenizers' (merge halves up to %d bytes); pack reads "
+                "the tokenizer", n, atoi(longest));
+    free(longest), free(packed), free(ours), free(text);
+}
+
 /* Tokens per byte of KJV at a vocabulary of 2048: ours within 2% of the
  * package's trainer (perf/tokenizer_bench.sh times both). */
 Test(tokenizer, our_trainer_matches_the_tokenizers_trainer_in_tokens_per_byte)

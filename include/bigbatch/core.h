@@ -149,6 +149,24 @@ bb_status bb_copy_file(const char *from, const char *to);
  * created, 0 for none, also on failure, so that a caller can remove them.
  * Fails with BB_ERR_IO naming the directory it could not create. */
 bb_status bb_make_parents(const char *path, size_t *created);
+/* Temporaries being written, for a second signal (which ends the process
+ * at once) to remove before it exits:
+ *
+ *   int t = bb_temp_track(tmp);      // after creating tmp (a file, or a flat directory)
+ *   ... write tmp, rename it into place or remove it ...
+ *   bb_temp_untrack(t);
+ *
+ * bb_temp_track returns the slot to untrack, -1 when the path is too long
+ * or all BB_TEMP_SLOTS are taken (it is then left for the next run's
+ * clean-up). bb_temp_path names slot's path (NULL when free); bb_temp_remove
+ * (async-signal-safe: for a signal handler) removes it, a directory with its
+ * entries, and says whether it was there. Never fail. Any thread may track
+ * and untrack. */
+#define BB_TEMP_SLOTS 32
+int bb_temp_track(const char *path);
+void bb_temp_untrack(int slot);
+const char *bb_temp_path(int slot);
+bool bb_temp_remove(int slot);
 /* Checks `path` before a command writes it (through a temporary file
  * renamed into place): it must be absent or a regular file, and none of
  * the `n` inputs (the same device and inode). A symbolic link to a regular

@@ -350,9 +350,11 @@ bool bb_model_is_hf_dir(const char *path);
  * BB_ERR_UNSUPPORTED for kinds without the layout (mlp). */
 bb_status bb_model_load_hf(bb_model_t *m, const char *dir);
 /* Writes DIR/model.safetensors and DIR/config.json (DIR exists) that
- * GPT2LMHeadModel.from_pretrained(DIR) loads. Fails with BB_ERR_IO,
- * BB_ERR_UNSUPPORTED (mlp). */
-bb_status bb_model_save_hf(bb_model_t *m, const char *dir);
+ * GPT2LMHeadModel.from_pretrained(DIR) loads; `eos`, the id of the
+ * end-of-text token, is config.json's bos_token_id and eos_token_id (as
+ * GPT-2's, so that generate() stops at it), -1: none (the keys left out).
+ * Fails with BB_ERR_IO, BB_ERR_UNSUPPORTED (mlp). */
+bb_status bb_model_save_hf(bb_model_t *m, const char *dir, int eos);
 /* --init-from PATH: a transformers directory, else a safetensors file. */
 bb_status bb_model_load_weights(bb_model_t *m, const char *path);
 

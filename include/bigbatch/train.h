@@ -189,6 +189,7 @@ bb_status bb_evaluate(bb_model_t *m, const bb_dataset_t *ds, const bb_eval_optio
 typedef struct bb_checkpoint_info {
     char dir[4096];            /* the step directory read */
     char root[4096];           /* the checkpoint directory it is in (--save DIR) */
+    bool via_latest;           /* dir is what root's `latest` names (not a step directory named itself) */
     bb_model_config model;
     uint64_t step;             /* steps done */
     uint64_t seed;

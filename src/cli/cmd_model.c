@@ -41,6 +41,13 @@ static bb_status load_model(const char *ckpt, const char *init_from, const model
             BB_TRY(model_config_from_data(data, &c, NULL));
         }
     }
+    if (mf && mf->checkpoint_given) { /* checked against the model, as train checks it, though it changes nothing */
+        bb_model_config policy = c;
+        BB_TRY(bb_model_parse_recompute(mf->checkpoint, &policy));
+        BB_TRY(bb_model_check_recompute(&policy));
+        BB_WARN("--checkpoint %s: evaluation runs forward passes, which keep nothing for a backward: no policy "
+                "changes what it computes or holds", mf->checkpoint);
+    }
     c.recompute_every = 0;
     c.precision = BB_PRECISION_FP32; /* a forward only: nothing is kept for a backward */
     if (mf) BB_TRY(loss_chunk_flag(mf, &c));
@@ -150,6 +157,29 @@ int bb_cmd_eval(int argc, char **argv)
     return code;
 }
 
+/* The end-of-text token's id for config.json: "<|endoftext|>" in the
+ * checkpoint's tokenizer (which `tokenizer train` and GPT-2's have), else
+ * GPT-2's 50256 for its vocabulary of 50257; -1: none. */
+static int end_of_text_id(const char *tokenizer, int vocab)
+{
+    bb_tokenizer_t *t = NULL;
+    if (access(tokenizer, F_OK) != 0 || bb_tokenizer_load(tokenizer, &t) != BB_OK) {
+        bb_tokenizer_destroy(t);
+        return vocab == 50257 ? 50256 : -1;
+    }
+    static const char eot[] = "<|endoftext|>";
+    bb_tokens ids = {0};
+    size_t len = 0;
+    int id = -1;
+    if (bb_tokenizer_encode(t, (const uint8_t *)eot, sizeof eot - 1, &ids) == BB_OK && ids.n == 1) {
+        const uint8_t *bytes = bb_tokenizer_token_bytes(t, ids.v[0], &len);
+        if (bytes && len == sizeof eot - 1 && !memcmp(bytes, eot, len)) id = (int)ids.v[0];
+    }
+    bb_tokens_free(&ids);
+    bb_tokenizer_destroy(t);
+    return id;
+}
+
 /* export --format hf: DIR (made if missing; only what an export writes may
  * be in it) gets model.safetensors, config.json and the checkpoint's
  * tokenizer.json, each through a temporary file renamed into place. */
@@ -172,9 +202,9 @@ static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const 
         }
     }
     if (d) closedir(d);
-    BB_TRY(bb_model_save_hf(m, dir));
     char from[4200], to[4200], tmp[4300];
     snprintf(from, sizeof from, "%s/%s", info->dir, BB_TOKENIZER_FILE);
+    BB_TRY(bb_model_save_hf(m, dir, end_of_text_id(from, bb_model_outputs(bb_model_get_config(m)))));
     snprintf(to, sizeof to, "%s/%s", dir, BB_TOKENIZER_FILE);
     if (access(from, F_OK)) return BB_OK;
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", to, (int)getpid());
@@ -386,6 +416,10 @@ int bb_cmd_sample(int argc, char **argv)
         if (rc != BB_OK) break;
         int next = draw(logits, V, temperature, &rng);
         put_token(tok, next, ids, n == 0);
+        if (ferror(stdout)) { /* a full disk or a closed pipe: no point in sampling on */
+            rc = bb_fail_errno(BB_ERR_IO, "writing the standard output after %lld tokens", (long long)n);
+            break;
+        }
         if (len == T && recompute) { /* a full window slides by one */
             memmove(context, context + 1, (size_t)(T - 1) * sizeof *context), len--;
         } else if (len == T) { /* the cache is full: its second half starts it again */

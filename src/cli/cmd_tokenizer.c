@@ -43,6 +43,11 @@ static int train(int argc, char **argv)
         printf("%s: %u merges from %.1f MB (%llu words, %llu distinct): words counted in %.2f s, merged in %.2f s\n",
                out, r.merges, r.bytes / 1e6, (unsigned long long)r.words, (unsigned long long)r.unique_words,
                r.count_seconds, r.merge_seconds);
+    uint32_t ids = 256 + r.merges + 1; /* the bytes, the merges, <|endoftext|> */
+    if (rc == BB_OK && ids < (uint32_t)vocab)
+        BB_WARN("--vocab %lld: the text has only %u merges to learn (no pair of tokens is left), so %s has %u ids, "
+                "not %lld: give it more text, or ask for fewer", (long long)vocab, r.merges, out, ids,
+                (long long)vocab);
     int code = bb_cli_report(rc, usage, summary, opts);
     bb_cli_free(opts, NULL);
     return code;

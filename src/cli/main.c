@@ -1,4 +1,5 @@
 /* main.c — `bigbatch <command>`: dispatch, signals, exit codes. */
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -9,16 +10,26 @@
 
 volatile sig_atomic_t bb_cli_interrupted;
 
-/* The first Ctrl-C, SIGTERM or SIGUSR1 asks the command to stop at a safe
- * point (train: after the step, saved); a second one stops at once, and
- * what it was writing is never published (checkpoints, shards and reports
- * appear by rename only). */
+static void say(const char *s)
+{
+    ssize_t ignored = write(STDERR_FILENO, s, strlen(s));
+    (void)ignored;
+}
+
+/* The first Ctrl-C, SIGTERM, SIGHUP (a closed terminal or ssh session) or
+ * SIGUSR1 asks the command to stop at a safe point (train: after the step,
+ * saved); a second one stops at once: what it was writing is never
+ * published (checkpoints, shards and reports appear by rename only) and
+ * its temporaries are removed first (bb_temp_track), named on the line. */
 static void on_signal(int sig)
 {
     if (bb_cli_interrupted) {
-        static const char msg[] = "\nbigbatch: interrupted again: stopping now\n";
-        ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
-        (void)ignored;
+        say("\nbigbatch: interrupted again: stopping now");
+        for (int i = 0; i < BB_TEMP_SLOTS; i++) {
+            const char *path = bb_temp_path(i);
+            if (path && bb_temp_remove(i)) say(" (removed the unfinished "), say(path), say(")");
+        }
+        say("\n");
         _exit(BB_EXIT_INTERRUPTED);
     }
     bb_cli_interrupted = sig == SIGINT ? BB_STOP_INTERRUPT : BB_STOP_PREEMPT;
@@ -72,6 +83,18 @@ int bb_cli_report(bb_status status, const char *usage, const char *summary, cons
 
 static int run(int argc, char **argv);
 
+/* What a command printed reached its file: a write error on stdout (a full
+ * disk, a closed pipe's EPIPE) is the command's failure, one line, exit 1,
+ * never a silently truncated output. */
+static int finish_stdout(int code)
+{
+    int flushed = fflush(stdout), saved = errno;
+    if (code != BB_EXIT_OK || (flushed == 0 && !ferror(stdout))) return code; /* a failure has said its line */
+    fprintf(stderr, "bigbatch: %serror: writing the standard output: %s\n", bb_log_prefix(),
+            flushed ? strerror(saved) : "a write failed");
+    return BB_EXIT_ERROR;
+}
+
 /* Under mpirun/srun every process runs the command; a process that fails
  * ends the whole job (the others may wait for it in a collective), after
  * its one-line error naming its rank. */
@@ -86,7 +109,7 @@ int main(int argc, char **argv)
     char name[32];
     snprintf(name, sizeof name, "rank %d", w->rank);
     if (w->size > 1) bb_log_set_prefix(name);
-    int code = run(argc, argv);
+    int code = finish_stdout(run(argc, argv));
     if (w->size > 1 && code != BB_EXIT_OK && code != BB_EXIT_INTERRUPTED && code != BB_EXIT_PREEMPTED) {
         fflush(stdout), fflush(stderr);
         bb_world_abort(code);
@@ -101,6 +124,7 @@ static int run(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
 
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {

@@ -38,7 +38,7 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing (recompute): none, selective (recompute each block's LayerNorm and GELU "       \
      "outputs), blocks (save one block's input per block), every:K, plan:P (per block n|s|f, e.g. "            \
-     "plan:s*6,f*6; train: also auto)", .given = &(f).checkpoint_given},                                       \
+     "plan:s*6,f*6; one entry: every block; train: also auto)", .given = &(f).checkpoint_given},               \
     {"--recompute", BB_OPT_STRING, &(f).checkpoint, "POLICY", "the same as --checkpoint",                     \
      .given = &(f).checkpoint_given},                                                                          \
     {"--loss-chunk", BB_OPT_INT, &(f).loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,         \

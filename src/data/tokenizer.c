@@ -259,33 +259,49 @@ static bb_status read_vocab(bb_tokenizer_t *t, const json_t *vocab, const json_t
     return BB_OK;
 }
 
+/* One merge's halves, "a b" or ["a", "b"], into *a and *b (allocated; any
+ * length: a merge of long runs of one character has long halves). false:
+ * neither form. */
+static bool merge_halves(const json_t *m, char **a, char **b)
+{
+    const char *s = json_string_value(m), *sp = s ? strchr(s, ' ') : NULL;
+    if (sp && !strchr(sp + 1, ' ')) {
+        *a = strndup(s, (size_t)(sp - s)), *b = strdup(sp + 1);
+    } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+               json_is_string(json_array_get(m, 1))) {
+        *a = strdup(json_string_value(json_array_get(m, 0))), *b = strdup(json_string_value(json_array_get(m, 1)));
+    } else {
+        *a = *b = NULL;
+        return false;
+    }
+    return true;
+}
+
 static bb_status read_merges(bb_tokenizer_t *t, const json_t *vocab, const json_t *merges, const char *path)
 {
     size_t i;
     const json_t *m;
+    bb_status rc = BB_OK;
     json_array_foreach(merges, i, m) {
-        char a[1024], b[1024], ab[2048];
-        const char *s = json_string_value(m), *sp = s ? strchr(s, ' ') : NULL;
-        if (sp && (size_t)(sp - s) < sizeof a && strlen(sp + 1) < sizeof b && !strchr(sp + 1, ' ')) {
-            snprintf(a, sizeof a, "%.*s", (int)(sp - s), s);
-            snprintf(b, sizeof b, "%s", sp + 1);
-        } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-                   json_is_string(json_array_get(m, 1)) && strlen(json_string_value(json_array_get(m, 0))) < sizeof a &&
-                   strlen(json_string_value(json_array_get(m, 1))) < sizeof b) {
-            snprintf(a, sizeof a, "%s", json_string_value(json_array_get(m, 0)));
-            snprintf(b, sizeof b, "%s", json_string_value(json_array_get(m, 1)));
-        } else {
+        char *a, *b, *ab = NULL;
+        if (!merge_halves(m, &a, &b))
             return bb_fail(BB_ERR_FORMAT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+        size_t la = a ? strlen(a) : 0, lb = b ? strlen(b) : 0;
+        if (!a || !b || !(ab = malloc(la + lb + 1))) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (rc == BB_OK) memcpy(ab, a, la), memcpy(ab + la, b, lb + 1);
+        const json_t *ia = rc == BB_OK ? json_object_get(vocab, a) : NULL, *ib = ia ? json_object_get(vocab, b) : NULL;
+        const json_t *iab = ib ? json_object_get(vocab, ab) : NULL;
+        if (rc == BB_OK && !iab)
+            rc = bb_fail(BB_ERR_FORMAT, "%s: model.merges[%zu] (\"%.200s\" + \"%.200s\") names a token not in "
+                         "model.vocab", path, i, a, b);
+        uint64_t *v = NULL;
+        if (rc == BB_OK) {
+            uint64_t key = bb_pair_key((uint32_t)json_integer_value(ia), (uint32_t)json_integer_value(ib));
+            if (!(v = bb_pair_get(&t->merges, key, UINT64_MAX))) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
         }
-        snprintf(ab, sizeof ab, "%s%s", a, b);
-        const json_t *ia = json_object_get(vocab, a), *ib = json_object_get(vocab, b), *iab = json_object_get(vocab, ab);
-        if (!ia || !ib || !iab)
-            return bb_fail(BB_ERR_FORMAT, "%s: model.merges[%zu] (\"%s\" + \"%s\") names a token not in model.vocab",
-                           path, i, a, b);
-        uint64_t key = bb_pair_key((uint32_t)json_integer_value(ia), (uint32_t)json_integer_value(ib));
-        uint64_t *v = bb_pair_get(&t->merges, key, UINT64_MAX);
-        if (!v) return bb_fail(BB_ERR_NOMEM, "out of memory");
-        if (*v == UINT64_MAX) *v = (uint64_t)i << 32 | (uint64_t)json_integer_value(iab); /* the first rank stays */
+        if (v && *v == UINT64_MAX) *v = (uint64_t)i << 32 | (uint64_t)json_integer_value(iab); /* the first rank stays */
+        free(a), free(b), free(ab);
+        if (rc != BB_OK) return rc;
     }
     return BB_OK;
 }

@@ -364,6 +364,7 @@ static bb_status write_tokenizer(const bb_tokenizer_train_options *o, const toke
     snprintf(tmp, sizeof tmp, "%s.partial-%d", o->out, (int)getpid());
     FILE *f = rc == BB_OK ? fopen(tmp, "w") : NULL;
     if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    int tracked = f ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (f) {
         if (json_dumpf(root, f, JSON_INDENT(1)) || fputc('\n', f) == EOF || fflush(f) ||
             fsync(fileno(f)))
@@ -373,6 +374,7 @@ static bb_status write_tokenizer(const bb_tokenizer_train_options *o, const toke
         if (rc != BB_OK) unlink(tmp);
         else bb_fsync_dir_of(o->out);
     }
+    bb_temp_untrack(tracked);
     json_decref(root), json_decref(vocab), json_decref(mlist), json_decref(added);
     return rc;
 }

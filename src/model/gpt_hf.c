@@ -164,11 +164,13 @@ static bb_status hf_tensor(const char *path, const bb_st_file *f, const bb_st_en
     if (wpe && e->rank == 2 && e->shape[0] < rows)
         return bb_fail(BB_ERR_ARG, "%s: %s has %llu positions, fewer than the data's T of %d", path, e->name,
                        (unsigned long long)e->shape[0], c->gpt.seq_len);
-    if (!ok)
-        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape [%llu%s%llu], the model wants [%llu%s%llu]", path,
-                       e->name, (unsigned long long)e->shape[0], e->rank > 1 ? ", " : "",
-                       e->rank > 1 ? (unsigned long long)e->shape[1] : 0ull, (unsigned long long)rows,
-                       t->rank > 1 ? ", " : "", t->rank > 1 ? (unsigned long long)cols : 0ull);
+    if (!ok) {
+        char has[96], wants[96];
+        const uint64_t want[2] = {rows, cols};
+        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape %s, the model wants %s", path, e->name,
+                       bb_st_shape_text(e->shape, e->rank, has, sizeof has),
+                       bb_st_shape_text(want, t->rank, wants, sizeof wants));
+    }
     uint64_t have = (e->end - e->begin) / es, want = e->rank == 2 ? e->shape[0] * e->shape[1] : e->shape[0];
     if (have != want || (e->end - e->begin) % es)
         return bb_fail(BB_ERR_CORRUPT, "%s: tensor %s: its data offsets hold %llu elements, its shape %llu", path,
@@ -250,7 +252,7 @@ bb_status bb_model_load_hf(bb_model_t *m, const char *dir)
     return rc;
 }
 
-bb_status bb_model_save_hf(bb_model_t *m, const char *dir)
+bb_status bb_model_save_hf(bb_model_t *m, const char *dir, int eos)
 {
     const bb_model_config *c = &m->cfg;
     if (!c->kind->hf_model_type)
@@ -281,6 +283,12 @@ bb_status bb_model_save_hf(bb_model_t *m, const char *dir)
                             "n_inner", "activation_function", "gelu_new", "layer_norm_epsilon", 1e-5,
                             "tie_word_embeddings", true, "initializer_range", 0.02, "resid_pdrop", 0.0, "embd_pdrop",
                             0.0, "attn_pdrop", 0.0, "scale_attn_weights", true, "use_cache", true, "torch_dtype", "float32");
+    if (cfg && eos >= 0 && eos < c->gpt.vocab &&
+        (json_object_set_new(cfg, "bos_token_id", json_integer(eos)) ||
+         json_object_set_new(cfg, "eos_token_id", json_integer(eos)))) {
+        json_decref(cfg);
+        cfg = NULL;
+    }
     char tmp[4300]; /* written beside, then renamed: no half-written config */
     snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());

@@ -109,6 +109,9 @@ bb_status bb_st_map(const char *path, bb_st_file *f);
 void bb_st_unmap(bb_st_file *f);
 /* The tensor called `name`; NULL when there is none. */
 const bb_st_entry *bb_st_find(const bb_st_file *f, const char *name);
+/* "[16]", "[3, 4, 5]": a shape of `rank` dimensions (up to 4) in buf
+ * (cap bytes, truncated there); returns buf. Never fails. */
+const char *bb_st_shape_text(const uint64_t *shape, int rank, char *buf, size_t cap);
 /* One F32 tensor to write. */
 typedef struct bb_st_tensor {
     const char *name;

@@ -55,6 +55,7 @@ bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n)
     if (tmp) sprintf(tmp, "%s.tmp-%d", path, (int)getpid());
     FILE *f = tmp ? fopen(tmp, "wb") : NULL;
     bb_status rc = f ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp ? tmp : path);
+    int tracked = f ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (f) {
         uint8_t head[8];
         for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)len >> (8 * i));
@@ -67,6 +68,7 @@ bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n)
         if (ok && rc == BB_OK) rc = bb_fsync_dir_of(path);
         if (rc != BB_OK) unlink(tmp);
     }
+    bb_temp_untrack(tracked);
     free(tmp);
     free(json);
     return rc;
@@ -165,17 +167,29 @@ static bb_status parse_header(const char *path, const uint8_t *file, size_t size
     return BB_OK;
 }
 
+const char *bb_st_shape_text(const uint64_t *shape, int rank, char *buf, size_t cap)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < rank && i < 4 && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+    return buf;
+}
+
 static bb_status check_tensor(const char *path, const bb_st_entry *e, const bb_tensor_info *t, size_t data_size)
 {
     if (strcmp(e->dtype, "F32"))
         return bb_fail(BB_ERR_FORMAT, "%s: tensor %s is %s, bigbatch reads F32", path, t->name, e->dtype);
     bool same = e->rank == t->rank && e->shape[0] == (uint64_t)t->shape[0] &&
                 (t->rank == 1 || e->shape[1] == (uint64_t)t->shape[1]);
-    if (!same)
-        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape [%llu%s%llu], the model wants [%d%s%d]", path, t->name,
-                       (unsigned long long)e->shape[0], e->rank > 1 ? ", " : "",
-                       e->rank > 1 ? (unsigned long long)e->shape[1] : 0ull, t->shape[0], t->rank > 1 ? ", " : "",
-                       t->rank > 1 ? t->shape[1] : 0);
+    if (!same) {
+        char has[96], wants[96];
+        const uint64_t want[2] = {(uint64_t)t->shape[0], (uint64_t)t->shape[1]};
+        return bb_fail(BB_ERR_FORMAT, "%s: tensor %s has shape %s, the model wants %s", path, t->name,
+                       bb_st_shape_text(e->shape, e->rank, has, sizeof has),
+                       bb_st_shape_text(want, t->rank, wants, sizeof wants));
+    }
     if (e->end < e->begin || e->end > data_size || e->end - e->begin != t->count * sizeof(float))
         return bb_fail(BB_ERR_CORRUPT, "%s: tensor %s: data offsets [%llu, %llu] do not hold %zu floats", path,
                        t->name, (unsigned long long)e->begin, (unsigned long long)e->end, t->count);

@@ -309,6 +309,7 @@ bb_status bb_report_write(const bb_report_options *o)
     if (rc == BB_OK && o->plan) rc = bb_report_read_plan(o->plan, &plan);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
     if (rc == BB_OK && !(p.out = fopen(tmp, "w"))) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    int tracked = rc == BB_OK ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (rc == BB_OK) {
         rc = write_page(&p, &trace, &plan);
         bool ok = fflush(p.out) == 0 && !ferror(p.out);
@@ -318,6 +319,7 @@ bb_status bb_report_write(const bb_report_options *o)
         if (rc == BB_OK && rename(tmp, out) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write", o->out);
         if (rc != BB_OK) unlink(tmp);
     }
+    bb_temp_untrack(tracked);
     for (int k = 0; k < read; k++) bb_report_free_run(&p.runs[k]);
     free(p.runs);
     bb_report_free_trace(&trace);

@@ -103,6 +103,7 @@ bb_status bb_trace_write(const bb_trace_t *t, const char *path)
         return bb_fail(BB_ERR_ARG, "trace path too long: %s", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    int tracked = bb_temp_track(tmp); /* a second signal removes it */
     /* One event per line: a reader streams it element by element. */
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     bool ok = true, first = true;
@@ -133,8 +134,10 @@ bb_status bb_trace_write(const bb_trace_t *t, const char *path)
     if (!ok || rename(tmp, path) != 0) {
         bb_status rc = bb_fail_errno(BB_ERR_IO, "%s: cannot write the trace", path);
         unlink(tmp);
+        bb_temp_untrack(tracked);
         return rc;
     }
+    bb_temp_untrack(tracked);
     if (dropped) BB_WARN("%s: %zu spans were dropped (out of memory)", path, dropped);
     return BB_OK;
 }

@@ -7,6 +7,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
@@ -57,6 +58,40 @@ static void remove_step_dir(const char *path)
             if (join(file, sizeof file, path, e->d_name) == BB_OK) unlink(file);
     closedir(d);
     rmdir(path);
+}
+
+/* BB_TEST_KILL_AT=POINT (tests): the process kills itself (SIGKILL, as a
+ * power cut or the OOM killer would) at that point of a save or a prune:
+ * save-model (the temporary directory holds the weights only), save-rename
+ * (written, not yet renamed), latest (the new link made, not yet renamed
+ * over `latest`), prune (an old step renamed hidden, one file of it gone). */
+static void test_kill_at(const char *point)
+{
+    const char *at = getenv("BB_TEST_KILL_AT");
+    if (at && !strcmp(at, point)) raise(SIGKILL);
+}
+
+/* Removes a published step directory crash-safely: renamed first to a
+ * hidden `.step-….prune-PID` (which the next save's prune removes if this
+ * process dies before it is gone), so that a kill at any point leaves
+ * either the whole checkpoint or nothing the user could take for theirs. */
+static void discard_step_dir(const char *path)
+{
+    char hidden[4096];
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    if ((size_t)snprintf(hidden, sizeof hidden, "%.*s.%s.prune-%d", (int)dir_len, path, path + dir_len,
+                         (int)getpid()) >= sizeof hidden || rename(path, hidden) != 0) {
+        remove_step_dir(path); /* nothing to rename (gone), or a path too long: as before */
+        return;
+    }
+    if (getenv("BB_TEST_KILL_AT")) { /* one file gone, then the kill */
+        char file[4200];
+        snprintf(file, sizeof file, "%s/state.json", hidden);
+        unlink(file);
+        test_kill_at("prune");
+    }
+    remove_step_dir(hidden);
 }
 
 static bb_status write_state(const char *path, const checkpoint_state *st, const bb_model_config *c,
@@ -251,7 +286,7 @@ static void prune(const char *dir, const char *current, int keep)
     closedir(d);
     if (count) qsort(steps, count, sizeof *steps, newest_first);
     for (size_t i = keep > 1 ? (size_t)keep - 1 : 0; i < count; i++)
-        if (join(file, sizeof file, dir, steps[i]) == BB_OK) remove_step_dir(file);
+        if (join(file, sizeof file, dir, steps[i]) == BB_OK) discard_step_dir(file);
     free(steps);
 }
 
@@ -263,6 +298,7 @@ static bb_status write_step(const char *tmp, const checkpoint_state *st, bb_mode
     if (mkdir(tmp, 0777) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
     BB_TRY(join(file, sizeof file, tmp, "model.safetensors"));
     BB_TRY(bb_model_save_safetensors(m, file));
+    test_kill_at("save-model");
     BB_TRY(join(file, sizeof file, tmp, "optimizer.bin"));
     BB_TRY(bb_optimizer_save(be, o, n, bb_model_param_count(m), st->gather, file));
     BB_TRY(join(file, sizeof file, tmp, "state.json"));
@@ -292,34 +328,30 @@ bb_status bb_checkpoint_save(const char *dir, const checkpoint_state *st, bb_mod
     BB_TRY(join(tmp, sizeof tmp, dir, tmp_name));
     BB_TRY(join(final, sizeof final, dir, name));
     remove_step_dir(tmp);
+    int tracked = bb_temp_track(tmp); /* a second signal removes it */
     bb_status rc = write_step(tmp, st, m, be, o, opts);
-    if (rc != BB_OK) {
-        remove_step_dir(tmp); /* a failed save leaves nothing behind */
-        return rc;
-    }
     struct stat sb;
-    if (stat(final, &sb) == 0 && !is_checkpoint_dir(final)) {
-        remove_step_dir(tmp);
-        return bb_fail(BB_ERR_IO, "%s exists and is not a bigbatch checkpoint: move it away (nothing of it was "
-                       "touched)", final);
-    }
-    remove_step_dir(final); /* a stale one from a run that died before publishing it */
-    if (rename(tmp, final) != 0) {
-        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename to %s", tmp, final);
-        remove_step_dir(tmp);
-        return rc;
-    }
+    if (rc == BB_OK && stat(final, &sb) == 0 && !is_checkpoint_dir(final))
+        rc = bb_fail(BB_ERR_IO, "%s exists and is not a bigbatch checkpoint: move it away (nothing of it was "
+                     "touched)", final);
+    if (rc == BB_OK) discard_step_dir(final); /* a stale one from a run that died before publishing it */
+    if (rc == BB_OK) test_kill_at("save-rename");
+    if (rc == BB_OK && rename(tmp, final) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename to %s", tmp, final);
+    if (rc != BB_OK) remove_step_dir(tmp); /* a failed save leaves nothing behind */
+    bb_temp_untrack(tracked);
+    BB_TRY(rc);
     BB_TRY(sync_dir(dir));
     /* Publish: a new link renamed over `latest` (rename is atomic). */
     snprintf(tmp_name, sizeof tmp_name, ".latest.tmp-%d", (int)getpid());
     BB_TRY(join(link_tmp, sizeof link_tmp, dir, tmp_name));
     unlink(link_tmp);
-    if (symlink(name, link_tmp) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create a link", link_tmp);
-    if (rename(link_tmp, link) != 0) {
-        rc = bb_fail_errno(BB_ERR_IO, "%s: cannot replace", link);
-        unlink(link_tmp);
-        return rc;
-    }
+    tracked = bb_temp_track(link_tmp);
+    if (symlink(name, link_tmp) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create a link", link_tmp);
+    if (rc == BB_OK) test_kill_at("latest");
+    if (rc == BB_OK && rename(link_tmp, link) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot replace", link);
+    if (rc != BB_OK) unlink(link_tmp);
+    bb_temp_untrack(tracked);
+    BB_TRY(rc);
     BB_TRY(sync_dir(dir));
     /* Only now may older checkpoints go, past the newest `keep`. */
     prune(dir, name, keep);
@@ -349,6 +381,7 @@ static bb_status locate(const char *ckpt_dir, bb_checkpoint_info *info, char *pa
     target[n] = 0;
     BB_TRY(join(info->dir, sizeof info->dir, ckpt_dir, target));
     snprintf(info->root, sizeof info->root, "%s", ckpt_dir);
+    info->via_latest = true;
     return join(path, cap, info->dir, "state.json");
 }
 
@@ -412,23 +445,55 @@ bool bb_checkpoint_none_yet(const char *dir)
     return S_ISDIR(st.st_mode) && !holds_checkpoints(dir, what, sizeof what);
 }
 
+/* The step directory's state.json is JSON (what a suggestion can check
+ * without loading it). */
+static bool state_parses(const char *step_dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/state.json", step_dir);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    json_decref(j);
+    return j != NULL;
+}
+
+/* A failure to read the checkpoint `latest` names in `root`, with the
+ * newest other whole step directory there named as the way on, if any. */
+static bb_status suggest_older(bb_status rc, const bb_checkpoint_info *info)
+{
+    if (rc == BB_OK || !info->via_latest) return rc; /* the user named the step */
+    const char *root = info->root, *dir = info->dir;
+    DIR *d = opendir(root);
+    char best[256] = "", file[4096];
+    const char *failed = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (step_of(e->d_name) >= 0 && strcmp(e->d_name, failed) && strlen(e->d_name) < sizeof best &&
+            (!best[0] || newest_first(e->d_name, best) < 0) && join(file, sizeof file, root, e->d_name) == BB_OK &&
+            is_checkpoint_dir(file) && state_parses(file))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    if (d) closedir(d);
+    if (!best[0]) return rc;
+    char message[1024];
+    snprintf(message, sizeof message, "%s", bb_error_message());
+    return bb_fail(rc, "%s; the newest other checkpoint there may load: %s/%s", message, root, best);
+}
+
 bb_status bb_checkpoint_read_info(const char *ckpt_dir, bb_checkpoint_info *info)
 {
     memset(info, 0, sizeof *info);
     char path[4096];
     BB_TRY(locate(ckpt_dir, info, path, sizeof path));
     json_t *j;
-    BB_TRY(bb_json_load_file(path, true, &j));
-    bb_status rc = read_state(j, path, info);
-    json_decref(j);
-    return rc;
+    bb_status rc = bb_json_load_file(path, true, &j);
+    if (rc == BB_OK) rc = read_state(j, path, info), json_decref(j);
+    return suggest_older(rc, info);
 }
 
 bb_status bb_checkpoint_load_weights(const bb_checkpoint_info *info, bb_model_t *m)
 {
     char path[4096];
     BB_TRY(join(path, sizeof path, info->dir, "model.safetensors"));
-    return bb_model_load_safetensors(m, path);
+    return suggest_older(bb_model_load_safetensors(m, path), info);
 }
 
 bb_status bb_checkpoint_load_optimizer(const bb_checkpoint_info *info, bb_backend_t *be, bb_optimizer *o,
