@@ -134,6 +134,8 @@ Test(hf, configurations_it_cannot_represent_are_one_line)
         {"c['n_positions'] = 16", "n_positions 16 is fewer than the data's T"},
         {"c['n_positions'] = 48", "n_positions is 48"},
         {"c['n_layer'] = 2", "no tensor transformer.h.1"},
+        {"c['n_head'] = 3", "n_head 3 does not divide n_embd 16"},
+        {"c['vocab_size'] = 600", "transformer.wte.weight has 512 rows, config.json's vocab_size is 600"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "

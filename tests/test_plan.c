@@ -266,6 +266,35 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
     cr_assert(strstr(r.out, "time: op costs measured on cpu"), "%s", r.out);
     cr_assert(strstr(r.out, "step (predicted)"), "%s", r.out);
     tu_run_free(&r);
+    /* a cache damaged (garbage, cut, negative, huge or all-zero rates): said, and the FLOP rule instead */
+    char *made = tu_path(cache, "calibration-cpu.json");
+    size_t size;
+    char *good = (char *)tu_read_file(made, &size);
+    static const struct {
+        const char *edit, *needle; /* edit: Python on the cache's JSON `c`; NULL: garbage, "": cut in half */
+    } bad[] = {{NULL, "not JSON"},
+               {"", "not JSON"},
+               {"next(iter(c['ops'].values()))['ms_per_unit'][0] = -1", "a rate in [0, 1000)"},
+               {"next(iter(c['ops'].values()))['ms_per_unit'][0] = 1e308", "a rate in [0, 1000)"},
+               {"[o.__setitem__('ms_per_unit', [0] * len(o['ms_per_unit'])) for o in c['ops'].values()]",
+                "every op's rate is 0"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (!bad[i].edit) tu_write_file(made, "garbage", 7);
+        else tu_write_file(made, good, *bad[i].edit ? size : size / 2);
+        if (bad[i].edit && *bad[i].edit) {
+            char cmd[8400];
+            snprintf(cmd, sizeof cmd, "python3 -c \"import json; p = '%s'; c = json.load(open(p)); %s; "
+                     "json.dump(c, open(p, 'w'))\"", made, bad[i].edit);
+            cr_assert_eq(system(cmd), 0, "%s", cmd);
+        }
+        r = tu_bigbatch("plan", "--data", data, "--layers", "2", "--heads", "2", "--d-model", "16", "--global-batch", "8");
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        cr_assert(strstr(r.err, "calibration-cpu.json") && strstr(r.err, bad[i].needle) && strstr(r.err, "FLOP rule"),
+                  "damaged cache %zu: %s", i, r.err);
+        cr_assert_null(strstr(r.out, "nan"), "%s", r.out);
+        tu_run_free(&r);
+    }
+    free(good), free(made);
     unsetenv("BB_CACHE_DIR");
     free(cache), free(data);
 }

@@ -244,7 +244,20 @@ Test(report, bad_input_is_a_one_line_error_or_a_note_and_never_a_crash, .timeout
     cr_assert_not_null(strstr(page, "series-compare"), "the compared run is not drawn");
     free(page);
     tu_run_free(&r);
-    free(m), free(cut), free(mid), free(bench), free(empty), free(old);
+    /* every step twice (two runs in one file): a page, a note and a warning saying so */
+    char *twice = tu_path(tmp, "twice.jsonl");
+    f = fopen(twice, "w");
+    fwrite(m, 1, size, f);
+    fwrite(second, 1, size - (size_t)(second - m), f); /* the step rows again */
+    fclose(f);
+    r = tu_bigbatch("report", "--metrics", twice, "--out", out);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "rows repeat or go back in steps"), "no warning: %s", r.err);
+    page = (char *)tu_read_file(out, NULL);
+    cr_assert_not_null(strstr(page, "rows repeat or go back in steps, the first at line"), "no note about the repeats");
+    free(page);
+    tu_run_free(&r);
+    free(m), free(cut), free(mid), free(bench), free(empty), free(old), free(twice);
     free(data), free(metrics), free(trace), free(html), free(out);
 }
 

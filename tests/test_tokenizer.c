@@ -94,6 +94,24 @@ Test(tokenizer, what_our_trainer_writes_every_reader_reads_on_adversarial_text)
                           "print(max(len(h) for x in m for h in (x.split(' ') if isinstance(x, str) else x)))\"", ours);
     cr_assert_gt(atoi(longest), 4096, "the longest merge half is %s bytes: the test proves nothing", longest);
     size_t n = expect_same_ids(ours, text, "our tokenizer of adversarial text");
+    /* and every byte comes back from the tokens, kilobyte-long ones too */
+    bb_tokenizer_t *t;
+    cr_assert_eq(bb_tokenizer_load(ours, &t), BB_OK, "%s", bb_error_message());
+    size_t len;
+    uint8_t *raw = tu_read_file(text, &len), *back = malloc(len + 1);
+    bb_tokens ids = {0};
+    cr_assert_eq(bb_tokenizer_encode(t, raw, len, &ids), BB_OK, "%s", bb_error_message());
+    size_t at = 0, longest_token = 0;
+    for (size_t i = 0; i < ids.n; i++) {
+        size_t k;
+        const uint8_t *b = bb_tokenizer_token_bytes(t, ids.v[i], &k);
+        cr_assert(b && at + k <= len, "token %zu (id %u) has no bytes or runs past the text", i, ids.v[i]);
+        memcpy(back + at, b, k), at += k;
+        longest_token = k > longest_token ? k : longest_token;
+    }
+    cr_assert(at == len && !memcmp(back, raw, len), "the tokens' bytes are not the text (%zu of %zu bytes)", at, len);
+    cr_assert_gt(longest_token, 4096, "the longest token is %zu bytes", longest_token);
+    bb_tokens_free(&ids), bb_tokenizer_destroy(t), free(raw), free(back);
     char *packed = tu_path(tmp, "adv-packed");
     free(sh_ok("'%s' pack --format text --in '%s' --tokenizer '%s' --seq-len 64 --out '%s' > /dev/null 2>&1",
                tu_bigbatch_bin(), text, ours, packed));

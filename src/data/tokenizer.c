@@ -224,8 +224,16 @@ static bb_status read_vocab(bb_tokenizer_t *t, const json_t *vocab, const json_t
     uint8_t buf[4096];
     json_object_foreach((json_t *)vocab, key, v) {
         size_t n;
-        if (strlen(key) < sizeof buf && bytelevel_decode(key, ok, inverse, buf, &n))
-            BB_TRY(set_bytes(t, (uint32_t)json_integer_value(v), buf, n));
+        uint32_t id = (uint32_t)json_integer_value(v);
+        if (t->bytes[id]) /* two strings for one id: decoding could not say which */
+            return bb_fail(BB_ERR_FORMAT, "%s: model.vocab gives id %u to \"%.100s\" and to another token", path, id,
+                           key);
+        size_t len = strlen(key); /* a token decodes to at most its key's length in bytes */
+        uint8_t *b = len < sizeof buf ? buf : malloc(len);
+        if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
+        bb_status rc = bytelevel_decode(key, ok, inverse, b, &n) ? set_bytes(t, id, b, n) : BB_OK;
+        if (b != buf) free(b);
+        BB_TRY(rc);
     }
     json_array_foreach(added, i, v) { /* an added token is its content, not byte-level */
         const char *c = json_string_value(json_object_get(v, "content"));

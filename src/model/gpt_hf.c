@@ -76,6 +76,9 @@ bb_status bb_model_hf_config(const char *dir, bb_model_config *c, int *positions
     if (rc == BB_OK) rc = config_int(cfg, path, "vocab_size", -1, &vocab);
     if (rc == BB_OK) rc = config_int(cfg, path, "n_positions", -1, positions);
     if (rc == BB_OK) rc = config_int(cfg, path, "n_inner", 4 * d, &inner);
+    if (rc == BB_OK && d % heads)
+        rc = bb_fail(BB_ERR_FORMAT, "%s: n_head %d does not divide n_embd %d (the heads split the width)", path, heads,
+                     d);
     if (rc == BB_OK && inner != 4 * d)
         rc = bb_fail(BB_ERR_FORMAT, "%s: n_inner is %d: bigbatch's gpt has an MLP of 4 x n_embd (%d)", path, inner,
                      4 * d);
@@ -210,6 +213,13 @@ bb_status bb_model_load_hf(bb_model_t *m, const char *dir)
     if (wpe && wpe->shape[0] != (uint64_t)positions) {
         bb_status rc = bb_fail(BB_ERR_FORMAT, "%s: %s has %llu rows, config.json's n_positions is %d", path, wpe->name,
                                (unsigned long long)wpe->shape[0], positions);
+        bb_st_unmap(&f);
+        return rc;
+    }
+    const bb_st_entry *wte = hf_entry(&f, "transformer.wte.weight");
+    if (wte && wte->rank == 2 && wte->shape[0] != (uint64_t)hf.gpt.vocab) {
+        bb_status rc = bb_fail(BB_ERR_FORMAT, "%s: %s has %llu rows, config.json's vocab_size is %d", path, wte->name,
+                               (unsigned long long)wte->shape[0], hf.gpt.vocab);
         bb_st_unmap(&f);
         return rc;
     }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bigbatch/calibrate.h"
 #include "bigbatch/optim.h"
@@ -148,6 +149,7 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
     }
     const char *name;
     json_t *v;
+    bool any = false; /* a rate above 0 */
     json_object_foreach(ops, name, v)
     {
         if (out->ops == BB_CALIBRATION_OPS) break;
@@ -160,14 +162,16 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
         for (int s = 0; good && s < out->points; s++) {
             json_t *r = json_array_get(rates, (size_t)s);
             op->ms_per_unit[s] = json_is_number(r) ? json_number_value(r) : NAN;
-            good = op->ms_per_unit[s] >= 0;
+            good = op->ms_per_unit[s] >= 0 && op->ms_per_unit[s] < 1e3; /* a second a unit: no device measured that */
+            any = any || op->ms_per_unit[s] > 0;
         }
         if (!good) {
-            rc = bb_fail(BB_ERR_FORMAT, "%s: \"ops\".\"%s\" needs a \"unit\" and a rate >= 0 per micro-batch", path,
-                         name);
+            rc = bb_fail(BB_ERR_FORMAT, "%s: \"ops\".\"%s\" needs a \"unit\" and a rate in [0, 1000) ms per unit "
+                         "for each micro-batch", path, name);
             goto done;
         }
     }
+    if (!any) rc = bb_fail(BB_ERR_FORMAT, "%s: every op's rate is 0: not a measurement", path);
 done:
     json_decref(j);
     return rc;
@@ -176,7 +180,11 @@ done:
 bool bb_calibration_cached(bb_device_kind device, bb_calibration *out)
 {
     char path[4200];
-    if (bb_calibration_load(bb_calibration_path(device, path, sizeof path), out) == BB_OK) return true;
+    bb_calibration_path(device, path, sizeof path);
+    if (access(path, F_OK) != 0) return false; /* none made yet: the FLOP rule, without a word */
+    if (bb_calibration_load(path, out) == BB_OK) return true;
+    BB_WARN("%s; the planner uses the FLOP rule instead (`bigbatch plan --calibrate` measures the costs again)",
+            bb_error_message());
     bb_error_clear();
     return false;
 }

@@ -137,8 +137,9 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
     BB_TRY(lines_open(path, &in));
     char *line;
     size_t cap_rows = 0;
-    int bad_line = 0;
+    int bad_line = 0, back_line = 0;
     bool bad_last = false;
+    size_t backwards = 0; /* rows whose step is not past the row before's */
     bb_status rc = BB_OK;
     while (rc == BB_OK && (line = lines_next(&in))) {
         int number = in.number;
@@ -174,6 +175,7 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
             rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory at line %d", path, number);
             break;
         }
+        if (r->count && !(w.step > r->rows[r->count - 1].step) && !backwards++) back_line = number;
         r->rows[r->count++] = w;
         read_peaks(obj, r);
         json_decref(obj);
@@ -188,6 +190,13 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
         snprintf(text, sizeof text, "Line %d is incomplete and was left out (the run may still be writing).",
                  bad_line);
         note(r->notes, sizeof r->notes, text);
+    }
+    if (rc == BB_OK && backwards) {
+        char text[240];
+        snprintf(text, sizeof text, "%zu of %d rows repeat or go back in steps, the first at line %d (two runs in "
+                 "one file?): they are plotted in the file's order.", backwards, r->count, back_line);
+        note(r->notes, sizeof r->notes, text);
+        BB_WARN("%s: %s", path, text);
     }
     if (rc == BB_OK && !r->has_config)
         note(r->notes, sizeof r->notes,
