@@ -583,6 +583,112 @@ Test(safety, printing_into_a_full_disk_fails_with_one_line)
     free(data), free(ck), free(text), free(tok), free(err);
 }
 
+/* The first file of directory `dir` whose name starts with `prefix`, as a path. */
+static char *first_file(const char *dir, const char *prefix)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep '^%s' | head -1", dir, prefix);
+    FILE *p = popen(cmd, "r");
+    char name[256] = "";
+    cr_assert(p && fgets(name, sizeof name, p), "no %s* in %s", prefix, dir);
+    pclose(p);
+    name[strcspn(name, "\n")] = 0;
+    return tu_path(dir, name);
+}
+
+/* Every output flag of every command, over every kind of input the command
+ * reads: a shard of --data and of --val-data, each file of the --resume
+ * checkpoint (through `latest`), the --init-from weights, the dataset's
+ * tokenizer, the text `tokenizer train` learns from, report's own inputs.
+ * Each is refused before any work, one line, exit 1, and the input's bytes
+ * stay as they were. A new output flag or input kind goes in this table. */
+Test(safety, no_output_replaces_or_lies_inside_an_input_of_its_command)
+{
+    char *data = make_tokens("tokens", 170), *val = make_tokens("val", 40), *ck = tu_path(tmp, "ck-io");
+    char *init = tu_path(tmp, "init.safetensors"), *metrics = tu_path(tmp, "m.jsonl"), *trace = tu_path(tmp, "t.json");
+    char *text = tu_path(tmp, "words.txt"), *tok = tu_path(data, "tokenizer.json");
+    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2",
+                           "--global-batch", "8", "--steps", "4", "--stop-after", "1", "--save", ck, "--metrics",
+                           metrics, "--trace", trace, "--quiet");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    r = tu_bigbatch("export", "--ckpt", ck, "--out", init);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    tu_write_file(text, "the cat sat on the mat\n", 23);
+    r = tu_bigbatch("tokenizer", "train", "--in", text, "--vocab", "260", "--out", tok); /* the dataset's tokenizer */
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    char *shard = first_file(data, "shard"), *vshard = first_file(val, "shard"), *latest = tu_path(ck, "latest");
+    char *ck_model = tu_path(latest, "model.safetensors"), *ck_opt = tu_path(latest, "optimizer.bin");
+    char *ck_state = tu_path(latest, "state.json");
+    char *bin = (char *)tu_bigbatch_bin();
+    enum { MAXV = 24 };
+    typedef struct {
+        const char *name;
+        char *argv[MAXV]; /* the command; OUT stands for the output's place */
+    } command;
+    const command commands[] = {
+        {"train --resume", {bin, "train", "--resume", ck, "--val-data", val, "--quiet"}},
+        {"train --init-from", {bin, "train", "--data", data, "--val-data", val, "--init-from", init, "--layers", "1",
+                               "--d-model", "16", "--heads", "2", "--global-batch", "8", "--steps", "1", "--quiet"}},
+    };
+    static const char *const train_outputs[] = {"--trace", "--metrics", "--report"};
+    char *const train_inputs[] = {shard, vshard, ck_model, ck_opt, ck_state, init, tok};
+    int cases = 0;
+    for (size_t c = 0; c < sizeof commands / sizeof *commands; c++)
+        for (size_t f = 0; f < sizeof train_outputs / sizeof *train_outputs; f++)
+            for (size_t i = 0; i < sizeof train_inputs / sizeof *train_inputs; i++) {
+                bool resumes = c == 0, from_init = c == 1;
+                char *in = train_inputs[i];
+                if ((!resumes && (in == ck_model || in == ck_opt || in == ck_state)) || (!from_init && in == init))
+                    continue; /* not an input of that command */
+                char *argv[MAXV + 2];
+                int n = 0;
+                for (; commands[c].argv[n]; n++) argv[n] = commands[c].argv[n];
+                argv[n++] = (char *)train_outputs[f], argv[n++] = in, argv[n] = NULL;
+                size_t before_size, after_size;
+                uint8_t *before = tu_read_file(in, &before_size);
+                tu_run got = tu_run_argv(argv);
+                uint8_t *after = tu_read_file(in, &after_size);
+                cr_assert_eq(got.exit_code, 1, "%s %s %s: exit %d: %s", commands[c].name, train_outputs[f], in,
+                             got.exit_code, got.err);
+                tu_assert_error(&got, train_outputs[f], "one of the command's inputs", "nothing written");
+                cr_assert(before_size == after_size && !memcmp(before, after, before_size), "%s %s %s changed it",
+                          commands[c].name, train_outputs[f], in);
+                free(before), free(after), tu_run_free(&got);
+                cases++;
+            }
+    /* export --out into the checkpoint; report --out over its inputs; tokenizer train --out over its text */
+    struct {
+        char *argv[MAXV];
+        char *input;
+    } more[] = {
+        {{bin, "export", "--ckpt", ck, "--out", ck_opt}, ck_opt},
+        {{bin, "export", "--ckpt", ck, "--out", ck_state}, ck_state},
+        {{bin, "export", "--ckpt", ck, "--out", ck_model}, ck_model},
+        {{bin, "report", "--metrics", metrics, "--trace", trace, "--out", trace}, trace},
+        {{bin, "report", "--metrics", metrics, "--out", metrics}, metrics},
+        {{bin, "tokenizer", "train", "--in", text, "--vocab", "260", "--out", text}, text},
+    };
+    for (size_t k = 0; k < sizeof more / sizeof *more; k++) {
+        size_t before_size, after_size;
+        uint8_t *before = tu_read_file(more[k].input, &before_size);
+        tu_run got = tu_run_argv(more[k].argv);
+        uint8_t *after = tu_read_file(more[k].input, &after_size);
+        cr_assert_eq(got.exit_code, 1, "%s --out %s: exit %d: %s", more[k].argv[1], more[k].input, got.exit_code,
+                     got.err);
+        tu_assert_error(&got, "--out", "nothing written");
+        cr_assert(before_size == after_size && !memcmp(before, after, before_size), "%s --out %s changed it",
+                  more[k].argv[1], more[k].input);
+        free(before), free(after), tu_run_free(&got);
+        cases++;
+    }
+    cr_log_info("%d outputs over inputs: each refused before any work, every input unchanged", cases);
+    free(shard), free(vshard), free(latest), free(ck_model), free(ck_opt), free(ck_state);
+    free(data), free(val), free(ck), free(init), free(metrics), free(trace), free(text), free(tok);
+}
+
 /* A damaged or dangling `latest` names the newest other checkpoint that
  * may load; eval checks a --checkpoint policy as train does (and says it
  * changes nothing for a forward pass). */

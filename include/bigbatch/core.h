@@ -168,8 +168,9 @@ void bb_temp_untrack(int slot);
 const char *bb_temp_path(int slot);
 bool bb_temp_remove(int slot);
 /* Checks `path` before a command writes it (through a temporary file
- * renamed into place): it must be absent or a regular file, and none of
- * the `n` inputs (the same device and inode). A symbolic link to a regular
+ * renamed into place): it must be absent or a regular file, none of the
+ * `n` inputs (the same device and inode) and inside none of those that are
+ * directories (a dataset, a checkpoint, a model directory; through links). A symbolic link to a regular
  * file is followed: `resolved` (cap bytes) gets the path to write, the link's
  * target, so that the link stays. Fails with BB_ERR_IO, one line naming
  * `what` (e.g. "--out") and the path, when the target is a device, a FIFO, a

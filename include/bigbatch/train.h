@@ -159,6 +159,13 @@ typedef struct bb_train_result {
  * then says how to continue), and the loader's errors (e.g. a
  * corrupt shard). `result` (may be NULL) is filled as far as the run went. */
 bb_status bb_train_run(const bb_train_options *o, bb_train_result *result);
+/* Checks an output of the run (--trace, --metrics, --report) against what it
+ * reads: the data, the validation data, the weights it starts from and the
+ * checkpoint step it resumes (bb_check_output: not one of them, nor inside
+ * one); `resolved` (cap bytes) gets the path to write. Fails with BB_ERR_IO,
+ * one line naming `what`. */
+bb_status bb_train_check_output(const bb_train_options *o, const char *what, const char *path, char *resolved,
+                                size_t cap);
 void bb_train_result_free(bb_train_result *r);
 
 /* ---- evaluation -------------------------------------------------------- */

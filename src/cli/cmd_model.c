@@ -240,8 +240,8 @@ int bb_cmd_export(int argc, char **argv)
     char weights[4200] = "", target[4096];
     if (rc == BB_OK) rc = bb_checkpoint_read_info(ckpt, &info);
     if (rc == BB_OK) snprintf(weights, sizeof weights, "%s/model.safetensors", info.dir); /* the input it must not replace */
-    const char *inputs[] = {weights};
-    if (rc == BB_OK && !hf) rc = bb_check_output("--out", out, inputs, 1, target, sizeof target);
+    const char *inputs[] = {weights, info.dir}; /* the weights, and the checkpoint's step directory: no file in it */
+    if (rc == BB_OK && !hf) rc = bb_check_output("--out", out, inputs, 2, target, sizeof target);
     if (rc == BB_OK && hf && realpath(out, target) && realpath(info.dir, weights) && !strcmp(target, weights))
         rc = bb_fail(BB_ERR_IO, "--out %s is the checkpoint itself", out);
     if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, NULL, 1, &be, &m);

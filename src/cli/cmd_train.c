@@ -36,10 +36,13 @@ _Static_assert(BB_DEVICES_MAX <= BB_TRAIN_MAX_DEVICES, "--devices lists what the
  * the one reported. */
 static bb_status train_with_report(bb_train_options *o, const char *report, bb_train_result *result)
 {
-    char tmp[4200] = "";
+    char tmp[4200] = "", resolved[4096];
+    int tracked = -1;
+    if (report) BB_TRY(bb_train_check_output(o, "--report", report, resolved, sizeof resolved)); /* before the work */
     if (report && !o->metrics_path) {
         snprintf(tmp, sizeof tmp, "%s.metrics-%d.jsonl", report, (int)getpid());
         o->metrics_path = tmp;
+        tracked = bb_temp_track(tmp); /* a second signal removes it */
     }
     bb_status rc = bb_train_run(o, result);
     if (report && bb_world_get()->rank == 0 && (rc == BB_OK || rc == BB_ERR_INTERRUPTED)) {
@@ -51,6 +54,7 @@ static bb_status train_with_report(bb_train_options *o, const char *report, bb_t
         else if (wrote != BB_OK && o->progress) fprintf(o->progress, "train: no report: %s\n", bb_error_message());
     }
     if (tmp[0]) unlink(tmp);
+    bb_temp_untrack(tracked);
     return rc;
 }
 

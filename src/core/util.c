@@ -49,13 +49,59 @@ uint64_t bb_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+/* The real path of the nearest existing directory that holds `path`
+ * (its parent, or that parent's, ...), into out; false when none resolves. */
+static bool real_parent(const char *path, char *out, size_t cap)
+{
+    char buf[4096];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", path) >= sizeof buf) return false;
+    for (;;) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) snprintf(buf, sizeof buf, ".");
+        else if (slash == buf) buf[1] = 0;
+        else *slash = 0;
+        char *real = realpath(buf, NULL);
+        if (real) {
+            bool fits = (size_t)snprintf(out, cap, "%s", real) < cap;
+            free(real);
+            return fits;
+        }
+        if (!strcmp(buf, ".") || !strcmp(buf, "/")) return false;
+    }
+}
+
+/* `path` (to be written) lies inside input directory `dir`. */
+static bool inside_dir(const char *path, const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    char *real_dir = realpath(dir, NULL), parent[4096];
+    bool in = real_dir && real_parent(path, parent, sizeof parent);
+    if (in) {
+        size_t n = strlen(real_dir);
+        in = !strncmp(parent, real_dir, n) && (parent[n] == '/' || parent[n] == 0 || !strcmp(real_dir, "/"));
+    }
+    free(real_dir);
+    return in;
+}
+
+/* `path` lies inside none of the inputs that are directories. */
+static bb_status outside_inputs(const char *what, const char *path, const char *const *inputs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inside_dir(path, inputs[i]))
+            return bb_fail(BB_ERR_IO, "%s %s is inside %s, one of the command's inputs: writing there would change "
+                           "it; nothing written", what, path, inputs[i]);
+    return BB_OK;
+}
+
 bb_status bb_check_output(const char *what, const char *path, const char *const *inputs, int n, char *resolved,
                           size_t cap)
 {
     struct stat st;
     if ((size_t)snprintf(resolved, cap, "%s", path) >= cap)
         return bb_fail(BB_ERR_IO, "%s %s: path too long", what, path);
-    if (lstat(path, &st) != 0) return BB_OK; /* absent: created */
+    if (lstat(path, &st) != 0) return outside_inputs(what, path, inputs, n); /* absent: created */
     if (S_ISLNK(st.st_mode)) {
         char *target = realpath(path, NULL);
         if (!target || stat(target, &st) != 0) {
@@ -76,7 +122,7 @@ bb_status bb_check_output(const char *what, const char *path, const char *const 
             return bb_fail(BB_ERR_IO, "%s %s is one of the command's inputs (%s): it would be overwritten; nothing "
                            "written", what, path, inputs[i]);
     }
-    return BB_OK;
+    return outside_inputs(what, resolved, inputs, n); /* where a link leads */
 }
 
 bb_status bb_make_parents(const char *path, size_t *created)

@@ -122,13 +122,36 @@ static bb_status open_val(trainer *t)
     return BB_OK;
 }
 
+bb_status bb_train_check_output(const bb_train_options *o, const char *what, const char *path, char *resolved,
+                                size_t cap)
+{
+    const char *inputs[7];
+    int n = 0;
+    bb_checkpoint_info *info = o->resume_dir ? malloc(sizeof *info) : NULL;
+    if (o->data) inputs[n++] = o->data;
+    if (o->val_data) inputs[n++] = o->val_data;
+    if (o->init_from) inputs[n++] = o->init_from;
+    if (info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK) { /* its step, and the data it recorded */
+        inputs[n++] = info->dir;
+        if (info->data[0]) inputs[n++] = info->data; /* what the run reads unless --data says otherwise */
+        if (info->val_data[0]) inputs[n++] = info->val_data;
+    } else {
+        bb_error_clear(); /* no checkpoint to resume yet: nothing of it to protect */
+    }
+    bb_status rc = bb_check_output(what, path, inputs, n, resolved, cap);
+    free(info);
+    return rc;
+}
+
 /* Fails now rather than after hours of training: `path` must be a regular
- * file or absent (bb_check_output; `resolved` gets it through symbolic
- * links) and writable; *created tells whether the probe made the file. */
-static bb_status probe_writable(const char *path, const char *flag, char *resolved, size_t cap, bool *created)
+ * file or absent, no input of the run nor inside one (bb_train_check_output;
+ * `resolved` gets it through symbolic links) and writable; *created tells
+ * whether the probe made the file. */
+static bb_status probe_writable(const bb_train_options *o, const char *path, const char *flag, char *resolved,
+                                size_t cap, bool *created)
 {
     *created = false;
-    BB_TRY(bb_check_output(flag, path, NULL, 0, resolved, cap));
+    BB_TRY(bb_train_check_output(o, flag, path, resolved, cap));
     *created = access(resolved, F_OK) != 0;
     FILE *f = fopen(resolved, "a");
     if (!f) {
@@ -408,9 +431,10 @@ static bb_status setup(trainer *t)
     if (o->save_dir)
         BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created, &t->save_lock));
     if (o->trace_path)
-        BB_TRY(probe_writable(o->trace_path, NAME(TRACE), t->trace_path, sizeof t->trace_path, &t->trace_created));
+        BB_TRY(probe_writable(o, o->trace_path, NAME(TRACE), t->trace_path, sizeof t->trace_path,
+                              &t->trace_created));
     if (o->metrics_path) /* opened (and created) once the run is set up */
-        BB_TRY(bb_check_output(NAME(METRICS), o->metrics_path, NULL, 0, t->metrics_path, sizeof t->metrics_path));
+        BB_TRY(bb_train_check_output(o, NAME(METRICS), o->metrics_path, t->metrics_path, sizeof t->metrics_path));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     int D = t->spec.count;
