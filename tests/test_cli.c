@@ -145,7 +145,8 @@ static void assert_pack_fails_cleanly(const fixture *f, const tu_run *r)
 Test(cli, exit_status_2_is_the_command_line_1_is_a_file_or_a_failure)
 {
     fixture f = setup();
-    char *file = text_file(&f, "plain.txt", 100), *dir = tu_path(f.dir, "no-shards");
+    char *file = text_file(&f, "plain.txt", 100), *empty = text_file(&f, "empty.txt", 0), *dir = tu_path(f.dir, "no-shards");
+    char *out = tu_path(f.dir, "out.file");
     cr_assert_eq(mkdir(dir, 0755), 0);
 #define RUN(...) (char *const[]){(char *)tu_bigbatch_bin(), __VA_ARGS__, NULL}
 #define TRAIN "train", "--layers", "1", "--d-model", "16", "--heads", "2", "--steps", "1"
@@ -163,6 +164,23 @@ Test(cli, exit_status_2_is_the_command_line_1_is_a_file_or_a_failure)
         {1, RUN("inspect", file)},
         {1, RUN("eval", "--init-from", dir, "--data", "data/kjv")},
         {1, RUN("pack", "--format", "text", "--in", file, "--seq-len", "8", "--out", file)},
+        /* every other command: an unknown flag or a missing one is 2, a file missing, empty or damaged is 1 */
+        {2, RUN("eval", "--frobnicate")},
+        {2, RUN("sample", "--frobnicate")},
+        {2, RUN("export", "--ckpt", dir)}, /* no --out */
+        {2, RUN("report", "--frobnicate")},
+        {2, RUN("plan", "--frobnicate")},
+        {2, RUN("inspect", "--frobnicate")},
+        {2, RUN("bench", "frobnicate")},
+        {2, RUN("tokenizer", "frobnicate")},
+        {2, RUN("tokenizer", "train", "--in", file, "--out", out)}, /* no --vocab */
+        {1, RUN("eval", "--ckpt", dir)},
+        {1, RUN("sample", "--ckpt", "/nonexistent/ck")},
+        {1, RUN("export", "--ckpt", "/nonexistent/ck", "--out", out)},
+        {1, RUN("report", "--metrics", empty, "--out", out)},
+        {1, RUN("plan", "--data", "/nonexistent/data", "--global-batch", "8")},
+        {1, RUN("tokenizer", "train", "--in", empty, "--vocab", "300", "--out", out)},
+        {1, RUN("tokenizer", "encode", "--tokenizer", file, "--in", file)},
     };
 #undef TRAIN
 #undef RUN
@@ -175,7 +193,8 @@ Test(cli, exit_status_2_is_the_command_line_1_is_a_file_or_a_failure)
                      cases[i].argv[2] ? cases[i].argv[2] : "", r.exit_code, cases[i].code, r.err);
         tu_run_free(&r);
     }
-    free(file), free(dir);
+    cr_assert(!tu_exists(out), "a failed command wrote its output");
+    free(file), free(empty), free(dir), free(out);
     teardown(&f);
 }
 

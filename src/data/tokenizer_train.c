@@ -426,7 +426,7 @@ bb_status bb_tokenizer_train(const bb_tokenizer_train_options *o, bb_tokenizer_t
             fprintf(o->progress, "tokenizer: %s: %.1f MB read, %llu distinct words so far\n", o->inputs[i], n / 1e6,
                     (unsigned long long)words.count);
     }
-    if (rc == BB_OK && r->bytes == 0) rc = bb_fail(BB_ERR_ARG, "%s: no text to train on (0 bytes)", o->inputs[0]);
+    if (rc == BB_OK && r->bytes == 0) rc = bb_fail(BB_ERR_IO, "%s: no text to train on (0 bytes)", o->inputs[0]);
     r->unique_words = words.count;
     r->count_seconds = bb_clock_seconds() - t0;
     if (rc == BB_OK) rc = trainer_init(&tr, &words);
