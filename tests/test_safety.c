@@ -689,6 +689,35 @@ Test(safety, no_output_replaces_or_lies_inside_an_input_of_its_command)
     free(data), free(val), free(ck), free(init), free(metrics), free(trace), free(text), free(tok);
 }
 
+/* Every output of every command makes the directories its path names that
+ * do not exist yet, as --save and pack do: one rule, no command refusing a
+ * path another takes. */
+Test(safety, every_output_makes_its_missing_parent_directories)
+{
+    char *data = make_tokens("tokens", 170), *root = tu_path(tmp, "new"), *text = tu_path(tmp, "words.txt");
+    tu_write_file(text, "the cat sat on the mat\n", 23);
+    char *bin = (char *)tu_bigbatch_bin();
+    char p[8][4200];
+    static const char *const rel[] = {"a/ck", "b/t.json", "c/m.jsonl", "d/r.html", "e/w.safetensors", "f/hf",
+                                      "g/tok.json", "h/page.html"};
+    for (int i = 0; i < 8; i++) snprintf(p[i], sizeof p[i], "%s/%s", root, rel[i]);
+    char *const cmds[][24] = {
+        {bin, "train", "--data", data, "--layers", "1", "--d-model", "16", "--heads", "2", "--global-batch", "8",
+         "--steps", "1", "--save", p[0], "--trace", p[1], "--metrics", p[2], "--report", p[3], "--quiet"},
+        {bin, "export", "--ckpt", p[0], "--out", p[4]},
+        {bin, "export", "--ckpt", p[0], "--format", "hf", "--out", p[5]},
+        {bin, "tokenizer", "train", "--in", text, "--vocab", "260", "--out", p[6]},
+        {bin, "report", "--metrics", p[2], "--out", p[7]},
+    };
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
+        tu_run r = tu_run_argv(cmds[c]);
+        cr_assert_eq(r.exit_code, 0, "bigbatch %s: %s", cmds[c][1], r.err);
+        tu_run_free(&r);
+    }
+    for (int i = 0; i < 8; i++) cr_assert(tu_exists(p[i]), "%s was not written", p[i]);
+    free(data), free(root), free(text);
+}
+
 /* A damaged or dangling `latest` names the newest other checkpoint that
  * may load; eval checks a --checkpoint policy as train does (and says it
  * changes nothing for a forward pass). */

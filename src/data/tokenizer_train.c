@@ -362,8 +362,9 @@ static bb_status write_tokenizer(const bb_tokenizer_train_options *o, const toke
     }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial-%d", o->out, (int)getpid());
+    if (rc == BB_OK) rc = bb_make_parents(o->out, NULL); /* missing directories are made, as for every output */
     FILE *f = rc == BB_OK ? fopen(tmp, "w") : NULL;
-    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", o->out);
     int tracked = f ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (f) {
         if (json_dumpf(root, f, JSON_INDENT(1)) || fputc('\n', f) == EOF || fflush(f) ||

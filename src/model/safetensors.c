@@ -53,8 +53,9 @@ bb_status bb_st_write(const char *path, const bb_st_tensor *ts, int n)
     /* Written beside the target, then renamed: no half-written weights. */
     char *tmp = malloc(strlen(path) + 16);
     if (tmp) sprintf(tmp, "%s.tmp-%d", path, (int)getpid());
-    FILE *f = tmp ? fopen(tmp, "wb") : NULL;
-    bb_status rc = f ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp ? tmp : path);
+    bb_status rc = bb_make_parents(path, NULL); /* missing directories are made, as for every output */
+    FILE *f = rc == BB_OK && tmp ? fopen(tmp, "wb") : NULL;
+    if (rc == BB_OK && !f) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", path);
     int tracked = f ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (f) {
         uint8_t head[8];

@@ -308,7 +308,8 @@ bb_status bb_report_write(const bb_report_options *o)
     if (rc == BB_OK && o->trace) rc = bb_report_read_trace(o->trace, o->trace_step, o->interrupted, &trace);
     if (rc == BB_OK && o->plan) rc = bb_report_read_plan(o->plan, &plan);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
-    if (rc == BB_OK && !(p.out = fopen(tmp, "w"))) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", tmp);
+    if (rc == BB_OK) rc = bb_make_parents(out, NULL); /* missing directories are made, as for every output */
+    if (rc == BB_OK && !(p.out = fopen(tmp, "w"))) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create", out);
     int tracked = rc == BB_OK ? bb_temp_track(tmp) : -1; /* a second signal removes it */
     if (rc == BB_OK) {
         rc = write_page(&p, &trace, &plan);

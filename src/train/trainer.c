@@ -152,6 +152,7 @@ static bb_status probe_writable(const bb_train_options *o, const char *path, con
 {
     *created = false;
     BB_TRY(bb_train_check_output(o, flag, path, resolved, cap));
+    BB_TRY(bb_make_parents(resolved, NULL)); /* missing directories are made, as for every output */
     *created = access(resolved, F_OK) != 0;
     FILE *f = fopen(resolved, "a");
     if (!f) {
@@ -205,6 +206,10 @@ static bb_status open_metrics(trainer *t)
     FILE *old = t->o->resume_dir ? fopen(path, "r") : NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+    if (bb_make_parents(path, NULL) != BB_OK) { /* missing directories are made, as for every output */
+        if (old) fclose(old);
+        return BB_ERR_IO;
+    }
     if (!(t->metrics = fopen(old ? tmp : path, "w"))) {
         if (old) fclose(old);
         return bb_fail_errno(BB_ERR_IO, "%s %s: cannot write", flag, path);
