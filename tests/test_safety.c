@@ -689,6 +689,39 @@ Test(safety, no_output_replaces_or_lies_inside_an_input_of_its_command)
     free(data), free(val), free(ck), free(init), free(metrics), free(trace), free(text), free(tok);
 }
 
+/* A second Ctrl-C while pack writes its shards: it stops at once and the
+ * partial output directory (its splits and their shards) is removed before
+ * the exit, named on the line; --out never appears. */
+Test(safety, a_second_signal_during_pack_removes_its_partial_output)
+{
+    char *big = tu_path(tmp, "big.txt"), *out = tu_path(tmp, "packed"), *err = tu_path(tmp, "pack.err");
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "python3 -c \"import random; r = random.Random(3); "
+             "open('%s', 'w').write(' '.join(r.choice(['in', 'the', 'beginning', 'God', 'created']) "
+             "for _ in range(6000000)))\"", big);
+    cr_assert_eq(system(cmd), 0);
+    char *argv[] = {(char *)tu_bigbatch_bin(), "pack", "--format", "text", "--in", big, "--seq-len", "64",
+                    "--val-fraction", "0.1", "--out", out, NULL};
+    bool second = false;
+    for (int attempt = 0; attempt < 5 && !second; attempt++) {
+        pid_t pid = start_logged(argv, "/dev/null", err);
+        cr_assert(catches(pid, SIGINT, 30), "pack never installed its Ctrl-C handler");
+        snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -q '^\\.packed\\.partial-'", tmp);
+        for (double t0 = now_s(); system(cmd) != 0 && now_s() - t0 < 20;) usleep(1000);
+        cr_assert(kill_delivered(pid, SIGINT), "the first Ctrl-C was never delivered");
+        kill(pid, SIGINT);
+        int code = exit_within(pid, 20);
+        char *e = (char *)tu_read_file(err, NULL);
+        cr_assert_eq(code, 130, "exit %d: %s", code, e);
+        second = strstr(e, "(removed the unfinished ") != NULL;
+        cr_assert(system(cmd) != 0, "a partial output stayed after the Ctrl-C: %s", e);
+        cr_assert(!tu_exists(out), "--out appeared: %s", e);
+        free(e);
+    }
+    cr_assert(second, "no second Ctrl-C met pack while it wrote, in 5 attempts: the test proved nothing");
+    free(big), free(out), free(err);
+}
+
 /* Every output of every command makes the directories its path names that
  * do not exist yet, as --save and pack do: one rule, no command refusing a
  * path another takes. */

@@ -4,6 +4,7 @@
  * (bb_temp_remove, from the handler: only async-signal-safe calls). */
 #include "bigbatch/core.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -35,8 +36,33 @@ void bb_temp_untrack(int slot)
     if (slot >= 0 && slot < SLOTS) atomic_store(&slots[slot].state, FREE);
 }
 
-/* A directory's entries (a flat one: files and links) then the directory;
- * or the file. getdents64 rather than readdir, which may allocate. */
+/* The entries of the directory open at fd, directories among them to
+ * `depth` levels (a pack's splits: 1), with getdents64 rather than
+ * readdir, which may allocate. */
+static void remove_entries(int fd, int depth)
+{
+    char buf[4096];
+    for (long got; (got = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0;)
+        for (long at = 0; at < got;) {
+            /* struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name */
+            unsigned short reclen;
+            memcpy(&reclen, buf + at + 16, sizeof reclen);
+            unsigned char type = (unsigned char)buf[at + 18];
+            const char *name = buf + at + 19;
+            at += reclen;
+            if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+            int sub = type == DT_DIR && depth > 0 ? openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                                                  : -1;
+            if (sub >= 0) {
+                remove_entries(sub, depth - 1);
+                close(sub);
+            }
+            unlinkat(fd, name, sub >= 0 ? AT_REMOVEDIR : 0);
+        }
+}
+
+/* A directory with its entries (and their directories, one level down),
+ * or the file. */
 static void remove_path(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -44,16 +70,7 @@ static void remove_path(const char *path)
         unlink(path);
         return;
     }
-    char buf[4096];
-    for (long got; (got = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0;)
-        for (long at = 0; at < got;) {
-            /* struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name */
-            unsigned short reclen;
-            memcpy(&reclen, buf + at + 16, sizeof reclen);
-            const char *name = buf + at + 19;
-            if (strcmp(name, ".") && strcmp(name, "..")) unlinkat(fd, name, 0);
-            at += reclen;
-        }
+    remove_entries(fd, 1);
     close(fd);
     rmdir(path);
 }

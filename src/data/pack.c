@@ -254,6 +254,7 @@ bb_status bb_pack(const bb_pack_options *o, bb_pack_report *report)
         remove_parents(plan.temp, plan.parents_created);
         goto done_src;
     }
+    int tracked = bb_temp_track(plan.temp); /* a second signal removes it */
     for (int s = 0; s < nsplits; s++) {
         char dir[sizeof plan.temp + 16];
         snprintf(dir, sizeof dir, "%s%s%s", plan.temp, *splits[s].dir ? "/" : "", splits[s].dir);
@@ -283,6 +284,7 @@ done_out:
         remove_tree(plan.temp);
         remove_parents(plan.temp, plan.parents_created);
     }
+    bb_temp_untrack(tracked);
 done_src:
     src.close(&src);
     return rc;
