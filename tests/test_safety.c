@@ -684,6 +684,18 @@ Test(safety, no_output_replaces_or_lies_inside_an_input_of_its_command)
         free(before), free(after), tu_run_free(&got);
         cases++;
     }
+    /* --save, a directory: not inside the data, the validation data or the model it starts from */
+    char *const saves[] = {data, val, tu_path(data, "ck")};
+    for (size_t k = 0; k < sizeof saves / sizeof *saves; k++) {
+        tu_run got = tu_bigbatch("train", "--data", data, "--val-data", val, "--layers", "1", "--d-model", "16",
+                                 "--heads", "2", "--global-batch", "8", "--steps", "1", "--save", saves[k], "--quiet");
+        cr_assert_eq(got.exit_code, 1, "--save %s: exit %d: %s", saves[k], got.exit_code, got.err);
+        tu_assert_error(&got, "--save", "which the run reads", "nothing written");
+        tu_run_free(&got);
+        cases++;
+    }
+    cr_assert(!tu_exists(saves[2]), "--save inside the data was made");
+    free(saves[2]);
     cr_log_info("%d outputs over inputs: each refused before any work, every input unchanged", cases);
     free(shard), free(vshard), free(latest), free(ck_model), free(ck_opt), free(ck_state);
     free(data), free(val), free(ck), free(init), free(metrics), free(trace), free(text), free(tok);
@@ -799,6 +811,15 @@ Test(safety, tokenizer_train_says_when_the_text_gives_fewer_ids_than_asked)
     r = tu_bigbatch("tokenizer", "train", "--in", text, "--vocab", "260", "--out", tok);
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_null(strstr(r.err, "the text has only"), "a vocabulary the text fills: %s", r.err);
+    tu_run_free(&r);
+    /* one id given to two tokens: decoding could not say which, so the file is refused */
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "python3 -c \"import json; p = '%s'; t = json.load(open(p)); v = t['model']['vocab']; "
+             "v['a'] = v['b']; json.dump(t, open(p, 'w'))\"", tok);
+    cr_assert_eq(system(cmd), 0);
+    r = tu_bigbatch("tokenizer", "encode", "--tokenizer", tok, "--in", text);
+    cr_assert_eq(r.exit_code, 1, "%s", r.err);
+    tu_assert_error(&r, "model.vocab gives id", "and to another token");
     tu_run_free(&r);
     free(text), free(tok);
 }

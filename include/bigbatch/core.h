@@ -167,6 +167,9 @@ int bb_temp_track(const char *path);
 void bb_temp_untrack(int slot);
 const char *bb_temp_path(int slot);
 bool bb_temp_remove(int slot);
+/* `path` (which need not exist yet) is directory `dir` or lies inside it,
+ * through symbolic links; false when `dir` is not a directory. Never fails. */
+bool bb_path_inside(const char *path, const char *dir);
 /* Checks `path` before a command writes it (through a temporary file
  * renamed into place): it must be absent or a regular file, none of the
  * `n` inputs (the same device and inode) and inside none of those that are

@@ -70,13 +70,15 @@ static bool real_parent(const char *path, char *out, size_t cap)
     }
 }
 
-/* `path` (to be written) lies inside input directory `dir`. */
-static bool inside_dir(const char *path, const char *dir)
+bool bb_path_inside(const char *path, const char *dir)
 {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
     char *real_dir = realpath(dir, NULL), parent[4096];
-    bool in = real_dir && real_parent(path, parent, sizeof parent);
+    char *real = realpath(path, NULL); /* an existing directory: itself; else the directory that would hold it */
+    bool in = real_dir && (real ? (size_t)snprintf(parent, sizeof parent, "%s", real) < sizeof parent
+                                : real_parent(path, parent, sizeof parent));
+    free(real);
     if (in) {
         size_t n = strlen(real_dir);
         in = !strncmp(parent, real_dir, n) && (parent[n] == '/' || parent[n] == 0 || !strcmp(real_dir, "/"));
@@ -89,7 +91,7 @@ static bool inside_dir(const char *path, const char *dir)
 static bb_status outside_inputs(const char *what, const char *path, const char *const *inputs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (inputs[i] && inside_dir(path, inputs[i]))
+        if (inputs[i] && bb_path_inside(path, inputs[i]))
             return bb_fail(BB_ERR_IO, "%s %s is inside %s, one of the command's inputs: writing there would change "
                            "it; nothing written", what, path, inputs[i]);
     return BB_OK;

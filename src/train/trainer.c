@@ -433,6 +433,11 @@ static bb_status setup(trainer *t)
         return BB_OK;
     }
     if (o->val_data) BB_TRY(open_val(t));
+    const char *read_dirs[] = {o->data, o->val_data, o->init_from}; /* --save never writes into what the run reads */
+    for (int i = 0; o->save_dir && i < 3; i++)
+        if (read_dirs[i] && bb_path_inside(o->save_dir, read_dirs[i]))
+            return bb_fail(BB_ERR_IO, "%s %s is inside %s, which the run reads: its checkpoints would change it; "
+                           "nothing written", NAME(SAVE), o->save_dir, read_dirs[i]);
     if (o->save_dir)
         BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created, &t->save_lock));
     if (o->trace_path)
