@@ -122,36 +122,48 @@ static bb_status open_val(trainer *t)
     return BB_OK;
 }
 
+enum { RUN_INPUTS = 6 };
+/* What a run reads, which no output may replace or lie inside: its data,
+ * validation data and --init-from, and with `resume` (may be NULL) the
+ * checkpoint step it continues and the data that recorded. Their count. */
+static int run_inputs(const bb_train_options *o, const bb_checkpoint_info *resume, const char *inputs[RUN_INPUTS])
+{
+    int n = 0;
+    const char *all[RUN_INPUTS] = {o->data, o->val_data, o->init_from, resume ? resume->dir : NULL,
+                                   resume && resume->data[0] ? resume->data : NULL,
+                                   resume && resume->val_data[0] ? resume->val_data : NULL};
+    for (int i = 0; i < RUN_INPUTS; i++)
+        if (all[i]) inputs[n++] = all[i];
+    return n;
+}
+
+static bb_status check_run_output(const bb_train_options *o, const bb_checkpoint_info *resume, const char *what,
+                                  const char *path, char *resolved, size_t cap)
+{
+    const char *inputs[RUN_INPUTS];
+    return bb_check_output(what, path, inputs, run_inputs(o, resume, inputs), resolved, cap);
+}
+
 bb_status bb_train_check_output(const bb_train_options *o, const char *what, const char *path, char *resolved,
                                 size_t cap)
 {
-    const char *inputs[7];
-    int n = 0;
     bb_checkpoint_info *info = o->resume_dir ? malloc(sizeof *info) : NULL;
-    if (o->data) inputs[n++] = o->data;
-    if (o->val_data) inputs[n++] = o->val_data;
-    if (o->init_from) inputs[n++] = o->init_from;
-    if (info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK) { /* its step, and the data it recorded */
-        inputs[n++] = info->dir;
-        if (info->data[0]) inputs[n++] = info->data; /* what the run reads unless --data says otherwise */
-        if (info->val_data[0]) inputs[n++] = info->val_data;
-    } else {
-        bb_error_clear(); /* no checkpoint to resume yet: nothing of it to protect */
-    }
-    bb_status rc = bb_check_output(what, path, inputs, n, resolved, cap);
+    bool resumes = info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK;
+    if (info && !resumes) bb_error_clear(); /* no checkpoint to resume yet: nothing of it to protect */
+    bb_status rc = check_run_output(o, resumes ? info : NULL, what, path, resolved, cap);
     free(info);
     return rc;
 }
 
 /* Fails now rather than after hours of training: `path` must be a regular
- * file or absent, no input of the run nor inside one (bb_train_check_output;
+ * file or absent, no input of the run nor inside one (check_run_output;
  * `resolved` gets it through symbolic links) and writable; *created tells
  * whether the probe made the file. */
-static bb_status probe_writable(const bb_train_options *o, const char *path, const char *flag, char *resolved,
-                                size_t cap, bool *created)
+static bb_status probe_writable(const trainer *t, const char *path, const char *flag, char *resolved, size_t cap,
+                                bool *created)
 {
     *created = false;
-    BB_TRY(bb_train_check_output(o, flag, path, resolved, cap));
+    BB_TRY(check_run_output(t->o, t->resume, flag, path, resolved, cap));
     BB_TRY(bb_make_parents(resolved, NULL)); /* missing directories are made, as for every output */
     *created = access(resolved, F_OK) != 0;
     FILE *f = fopen(resolved, "a");
@@ -433,18 +445,19 @@ static bb_status setup(trainer *t)
         return BB_OK;
     }
     if (o->val_data) BB_TRY(open_val(t));
-    const char *read_dirs[] = {o->data, o->val_data, o->init_from}; /* --save never writes into what the run reads */
-    for (int i = 0; o->save_dir && i < 3; i++)
-        if (read_dirs[i] && bb_path_inside(o->save_dir, read_dirs[i]))
+    const char *inputs[RUN_INPUTS]; /* --save never writes into what the run reads */
+    for (int i = 0, n = o->save_dir ? run_inputs(o, t->resume, inputs) : 0; i < n; i++)
+        if (bb_path_inside(o->save_dir, inputs[i]))
             return bb_fail(BB_ERR_IO, "%s %s is inside %s, which the run reads: its checkpoints would change it; "
-                           "nothing written", NAME(SAVE), o->save_dir, read_dirs[i]);
+                           "nothing written", NAME(SAVE), o->save_dir, inputs[i]);
     if (o->save_dir)
         BB_TRY(bb_checkpoint_prepare(o, t->resume ? t->resume->root : NULL, &t->save_dir_created, &t->save_lock));
     if (o->trace_path)
-        BB_TRY(probe_writable(o, o->trace_path, NAME(TRACE), t->trace_path, sizeof t->trace_path,
+        BB_TRY(probe_writable(t, o->trace_path, NAME(TRACE), t->trace_path, sizeof t->trace_path,
                               &t->trace_created));
     if (o->metrics_path) /* opened (and created) once the run is set up */
-        BB_TRY(bb_train_check_output(o, NAME(METRICS), o->metrics_path, t->metrics_path, sizeof t->metrics_path));
+        BB_TRY(check_run_output(o, t->resume, NAME(METRICS), o->metrics_path, t->metrics_path,
+                                sizeof t->metrics_path));
     int examples = t->accumulation * t->micro_batch;
     t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     int D = t->spec.count;
