@@ -160,45 +160,93 @@ __global__ void column_finish_k(float *sums, const float *partial, int chunks, i
     sums[c] = accumulate ? sums[c] + s : s;
 }
 
-// ---- LayerNorm: one block per row ------------------------------------------
+// ---- SwiGLU and RoPE: one thread per element pair ---------------------------
+template <class T> __global__ void swiglu_forward_k(T *out, const T *gu, size_t n, size_t F)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / F, at = row * 2 * F + i % F;
+        float g = bbk_ld(gu, at);
+        bbk_st(out, i, Silu::value(g) * bbk_ld(gu, at + F));
+    }
+}
+
+// One thread reads a (gate, up) pair and writes its gradient: dgu may alias gu.
+template <class T> __global__ void swiglu_backward_k(T *dgu, const T *dout, const T *gu, size_t n, size_t F)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / F, at = row * 2 * F + i % F;
+        float g = bbk_ld(gu, at), u = bbk_ld(gu, at + F), dh = bbk_ld(dout, i);
+        float sg = 1.0f / (1.0f + expf(-g));
+        bbk_st(dgu, at, dh * u * sg * (1.0f + g * (1.0f - sg)));
+        bbk_st(dgu, at + F, dh * g * sg);
+    }
+}
+
+// n = rows (B·T) × rotated heads × HS/2 pairs; a row is `width` wide.
+template <class T>
+__global__ void rope_k(T *qkv, const float *table, size_t n, int heads, int HS, int T_, int pos0, int width, float sign)
+{
+    int half = HS / 2;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int k = (int)(i % half);
+        size_t hr = i / half, row = hr / heads;
+        int h = (int)(hr % heads);
+        const float *cs = table + (size_t)(pos0 + (int)(row % T_)) * HS;
+        size_t at = row * width + (size_t)h * HS + k;
+        float x0 = bbk_ld(qkv, at), x1 = bbk_ld(qkv, at + half), c = cs[k], sn = sign * cs[half + k];
+        bbk_st(qkv, at, x0 * c - x1 * sn);
+        bbk_st(qkv, at + half, x1 * c + x0 * sn);
+    }
+}
+
+// ---- LayerNorm and RMSNorm: one block per row ------------------------------
 // With `addend` (may be null) the residual add is fused in: res = in + addend is
 // written (rounded to T, as add_k writes it) and normalised; each thread
 // reads back only what it wrote itself, so res may alias in or addend.
+// mean null: RMSNorm (no mean, no bias, its own eps).
 template <class T>
 __global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *in, const T *addend, T *res,
-                                    const float *w, const float *b, int C)
+                                    const float *w, const float *b, int C, float eps)
 {
     size_t row = (size_t)blockIdx.x * C;
     const T *x = in + row;
-    float s = 0.0f;
+    bool rms = mean == nullptr;
+    float s = 0.0f, mu = 0.0f;
     if (addend) {
         for (int c = threadIdx.x; c < C; c += blockDim.x) bbk_st(res + row, c, bbk_ld(x, c) + bbk_ld(addend + row, c));
         x = res + row;
     }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) s += bbk_ld(x, c);
-    float mu = block_reduce<false>(s) / C;
+    if (!rms) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) s += bbk_ld(x, c);
+        mu = block_reduce<false>(s) / C;
+    }
     float v = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) v += (bbk_ld(x, c) - mu) * (bbk_ld(x, c) - mu);
-    float r = rsqrtf(block_reduce<false>(v) / C + 1e-5f);
+    float r = rsqrtf(block_reduce<false>(v) / C + eps);
     T *y = out + (size_t)blockIdx.x * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) bbk_st(y, c, (bbk_ld(x, c) - mu) * r * w[c] + b[c]);
-    if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = r;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        bbk_st(y, c, rms ? bbk_ld(x, c) * r * w[c] : (bbk_ld(x, c) - mu) * r * w[c] + b[c]);
+    if (threadIdx.x == 0) {
+        if (!rms) mean[blockIdx.x] = mu;
+        rstd[blockIdx.x] = r;
+    }
 }
 
-// din += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * w.
+// din += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * w; RMSNorm
+// (mean null): xhat = x rstd and no mean(g) term.
 template <class T>
 __global__ void layernorm_backward_input_k(T *din, const T *dout, const T *in, const float *w, const float *mean,
                                            const float *rstd, int C)
 {
     size_t row = blockIdx.x;
     const T *x = in + row * C, *dy = dout + row * C;
-    float mu = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
+    float mu = mean ? mean[row] : 0.0f, r = rstd[row], sg = 0.0f, sgx = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float g = bbk_ld(dy, c) * w[c];
         sg += g;
         sgx += g * (bbk_ld(x, c) - mu) * r;
     }
-    sg = block_reduce<false>(sg) / C;
+    sg = mean ? block_reduce<false>(sg) / C : 0.0f;
     sgx = block_reduce<false>(sgx) / C;
     T *dx = din + row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -219,11 +267,11 @@ __global__ void layernorm_param_partials_k(float *partial_w, float *partial_b, c
     float sw = 0.0f, sb = 0.0f;
     for (int n = r0; n < r1; n++) {
         float dy = bbk_ld(dout, (size_t)n * C + c);
-        sw += dy * (bbk_ld(in, (size_t)n * C + c) - mean[n]) * rstd[n];
+        sw += dy * (bbk_ld(in, (size_t)n * C + c) - (mean ? mean[n] : 0.0f)) * rstd[n];
         sb += dy;
     }
     partial_w[(size_t)chunk * C + c] = sw;
-    partial_b[(size_t)chunk * C + c] = sb;
+    if (partial_b) partial_b[(size_t)chunk * C + c] = sb;
 }
 
 // ---- embeddings ------------------------------------------------------------
@@ -465,10 +513,11 @@ template <class T> cudaError_t add_launch(cudaStream_t s, void *out, const void 
 
 template <class T>
 void layernorm_launch(cudaStream_t s, void *out, float *mean, float *rstd, const void *in, const void *y, void *res,
-                      const float *w, const float *bias, int N, int C, int threads)
+                      const float *w, const float *bias, int N, int C, float eps, int threads)
 {
     BB_LAUNCH(layernorm_forward_k<T>, N, threads, 0, s)(static_cast<T *>(out), mean, rstd, static_cast<const T *>(in),
-                                                        static_cast<const T *>(y), static_cast<T *>(res), w, bias, C);
+                                                        static_cast<const T *>(y), static_cast<T *>(res), w, bias, C,
+                                                        eps);
 }
 
 template <class T>
@@ -542,10 +591,10 @@ cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scra
 }
 
 cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
-                                  const void *y, void *res, const float *w, const float *bias, int N, int C)
+                                  const void *y, void *res, const float *w, const float *bias, int N, int C, float eps)
 {
-    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, y, res, w, bias, N, C, norm_threads(C));
-    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, y, res, w, bias, N, C, norm_threads(C));
+    if (N > 0 && bf16) layernorm_launch<uint16_t>(s, out, mean, rstd, in, y, res, w, bias, N, C, eps, norm_threads(C));
+    else if (N > 0) layernorm_launch<float>(s, out, mean, rstd, in, y, res, w, bias, N, C, eps, norm_threads(C));
     return cudaGetLastError();
 }
 
@@ -553,7 +602,7 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *
                                    const void *dout, const void *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate)
 {
-    float *pw = scratch, *pb = scratch + (size_t)BBK_COLUMN_CHUNKS * C;
+    float *pw = scratch, *pb = dbias ? scratch + (size_t)BBK_COLUMN_CHUNKS * C : nullptr;
     dim3 grid((unsigned)((C + kThreads - 1) / kThreads), BBK_COLUMN_CHUNKS);
     if (bf16)
         layernorm_backward_launch<uint16_t>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, norm_threads(C), grid,
@@ -562,7 +611,48 @@ cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *
         layernorm_backward_launch<float>(s, din, pw, pb, dout, in, w, mean, rstd, N, C, norm_threads(C), grid,
                                          chunk_rows(N));
     BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dw, pw, BBK_COLUMN_CHUNKS, C, accumulate);
-    BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
+    if (dbias) BB_LAUNCH(column_finish_k, grid_for((size_t)C), kThreads, 0, s)(dbias, pb, BBK_COLUMN_CHUNKS, C, accumulate);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_rope(cudaStream_t s, bool bf16, void *qkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                     int pos0, float sign)
+{
+    size_t n = (size_t)B * T * (NH + KVH) * (HS / 2);
+    int width = (NH + 2 * KVH) * HS;
+    if (n == 0) return cudaGetLastError();
+    if (bf16)
+        BB_LAUNCH(rope_k<uint16_t>, grid_for(n), kThreads, 0, s)(static_cast<uint16_t *>(qkv), table, n, NH + KVH, HS,
+                                                                 T, pos0, width, sign);
+    else
+        BB_LAUNCH(rope_k<float>, grid_for(n), kThreads, 0, s)(static_cast<float *>(qkv), table, n, NH + KVH, HS, T,
+                                                              pos0, width, sign);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_swiglu_forward(cudaStream_t s, bool bf16, void *out, const void *gu, int N, int F)
+{
+    size_t n = (size_t)N * F;
+    if (n == 0) return cudaGetLastError();
+    if (bf16)
+        BB_LAUNCH(swiglu_forward_k<uint16_t>, grid_for(n), kThreads, 0, s)(static_cast<uint16_t *>(out),
+                                                                           static_cast<const uint16_t *>(gu), n, F);
+    else
+        BB_LAUNCH(swiglu_forward_k<float>, grid_for(n), kThreads, 0, s)(static_cast<float *>(out),
+                                                                        static_cast<const float *>(gu), n, F);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_swiglu_backward(cudaStream_t s, bool bf16, void *dgu, const void *dout, const void *gu, int N, int F)
+{
+    size_t n = (size_t)N * F;
+    if (n == 0) return cudaGetLastError();
+    if (bf16)
+        BB_LAUNCH(swiglu_backward_k<uint16_t>, grid_for(n), kThreads, 0, s)(
+            static_cast<uint16_t *>(dgu), static_cast<const uint16_t *>(dout), static_cast<const uint16_t *>(gu), n, F);
+    else
+        BB_LAUNCH(swiglu_backward_k<float>, grid_for(n), kThreads, 0, s)(
+            static_cast<float *>(dgu), static_cast<const float *>(dout), static_cast<const float *>(gu), n, F);
     return cudaGetLastError();
 }
 

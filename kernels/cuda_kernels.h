@@ -40,12 +40,22 @@ cudaError_t bbk_column_sums(cudaStream_t s, bool bf16, float *dbias, float *scra
                             bool accumulate);
 
 /* y NULL: the LayerNorm of in; else res = in + y is written and normalised
- * (the residual add fused in; res may alias in or y). */
+ * (the residual add fused in; res may alias in or y). mean (and bias) NULL:
+ * RMSNorm (rmsnorm_forward); eps 1e-5 for LayerNorm. The backward's mean
+ * and dbias NULL: RMSNorm's. */
 cudaError_t bbk_layernorm_forward(cudaStream_t s, bool bf16, void *out, float *mean, float *rstd, const void *in,
-                                  const void *y, void *res, const float *w, const float *bias, int N, int C);
+                                  const void *y, void *res, const float *w, const float *bias, int N, int C, float eps);
 cudaError_t bbk_layernorm_backward(cudaStream_t s, bool bf16, void *din, float *dw, float *dbias, float *scratch,
                                    const void *dout, const void *in, const float *w, const float *mean,
                                    const float *rstd, int N, int C, bool accumulate);
+
+/* RoPE on the q and k heads of qkv in place (bb_op_rope_forward); sign -1:
+ * its inverse (rope_backward). */
+cudaError_t bbk_rope(cudaStream_t s, bool bf16, void *qkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                     int pos0, float sign);
+/* bb_op_swiglu_forward and _backward (dgu may alias gu). */
+cudaError_t bbk_swiglu_forward(cudaStream_t s, bool bf16, void *out, const void *gu, int N, int F);
+cudaError_t bbk_swiglu_backward(cudaStream_t s, bool bf16, void *dgu, const void *dout, const void *gu, int N, int F);
 
 /* wpe NULL: no position embedding. */
 cudaError_t bbk_embedding_forward(cudaStream_t s, bool bf16, void *out, const int32_t *tokens, const float *wte,

@@ -218,6 +218,117 @@ Test(cpu_ops, layernorm_backward_matches_finite_differences)
     free(c.in), free(c.w), free(c.bias), free(c.out), free(c.r);
 }
 
+/* ---- rmsnorm ------------------------------------------------------------ */
+typedef struct rmsnorm_ctx {
+    float *in, *w, *out, *r, rstd[LNORM_N];
+} rmsnorm_ctx;
+
+static double rmsnorm_loss(void *arg)
+{
+    rmsnorm_ctx *c = arg;
+    bb_op_rmsnorm_forward(be, F(c->out), c->rstd, F(c->in), F(c->w), LNORM_N, LNORM_C, 1e-6f);
+    return dot(c->out, c->r, LNORM_N * LNORM_C);
+}
+
+Test(cpu_ops, rmsnorm_is_llama_s_rule_and_its_backward_matches_finite_differences)
+{
+    rmsnorm_ctx c = {random_floats(LNORM_N * LNORM_C, 17, 2), random_floats(LNORM_C, 18, 1),
+                     malloc(LNORM_N * LNORM_C * sizeof(float)), random_floats(LNORM_N * LNORM_C, 19, 1)};
+    rmsnorm_loss(&c);
+    for (int n = 0; n < LNORM_N; n++) { /* out = w · x / sqrt(mean(x²) + eps), in double */
+        double ss = 0;
+        for (int i = 0; i < LNORM_C; i++) ss += (double)c.in[n * LNORM_C + i] * c.in[n * LNORM_C + i];
+        double r = 1.0 / sqrt(ss / LNORM_C + 1e-6);
+        cr_assert_float_eq(c.rstd[n], r, 1e-5 * r);
+        for (int i = 0; i < LNORM_C; i++)
+            cr_assert_float_eq(c.out[n * LNORM_C + i], c.w[i] * c.in[n * LNORM_C + i] * r, 1e-5);
+    }
+    float din[LNORM_N * LNORM_C] = {0}, dw[LNORM_C];
+    bb_op_rmsnorm_backward(be, F(din), F(dw), F(c.r), F(c.in), F(c.w), c.rstd, LNORM_N, LNORM_C, false);
+    fd_check("rmsnorm.in", c.in, LNORM_N * LNORM_C, din, rmsnorm_loss, &c, 1e-2f, 2e-3);
+    fd_check("rmsnorm.weight", c.w, LNORM_C, dw, rmsnorm_loss, &c, 1e-2f, 1e-3);
+    free(c.in), free(c.w), free(c.out), free(c.r);
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+enum { RP_B = 2, RP_T = 5, RP_NH = 4, RP_KVH = 2, RP_HS = 6, RP_W = (RP_NH + 2 * RP_KVH) * RP_HS, RP_POS0 = 3 };
+typedef struct rope_ctx {
+    float *x, *y, *r, table[(RP_POS0 + RP_T) * RP_HS];
+} rope_ctx;
+
+static double rope_loss(void *arg)
+{
+    rope_ctx *c = arg;
+    memcpy(c->y, c->x, RP_B * RP_T * RP_W * sizeof(float));
+    bb_op_rope_forward(be, F(c->y), c->table, RP_B, RP_T, RP_NH, RP_KVH, RP_HS, RP_POS0);
+    return dot(c->y, c->r, RP_B * RP_T * RP_W);
+}
+
+/* transformers' rotate-half rule on q and k at positions pos0.., v untouched;
+ * the backward is the forward's gradient (finite differences) and its inverse. */
+Test(cpu_ops, rope_is_the_rotate_half_rule_and_its_backward_is_its_inverse)
+{
+    size_t n = RP_B * RP_T * RP_W;
+    rope_ctx c = {random_floats(n, 21, 1), malloc(n * sizeof(float)), random_floats(n, 22, 1)};
+    for (int p = 0; p < RP_POS0 + RP_T; p++)
+        for (int i = 0; i < RP_HS / 2; i++) {
+            float angle = (float)p * powf(10000.0f, -2.0f * i / RP_HS);
+            c.table[p * RP_HS + i] = cosf(angle), c.table[p * RP_HS + RP_HS / 2 + i] = sinf(angle);
+        }
+    rope_loss(&c);
+    for (size_t row = 0; row < RP_B * RP_T; row++) {
+        int pos = RP_POS0 + (int)(row % RP_T);
+        for (int h = 0; h < RP_NH + 2 * RP_KVH; h++)
+            for (int i = 0; i < RP_HS; i++) {
+                size_t at = row * RP_W + (size_t)h * RP_HS;
+                double a = c.x[at + i], other = i < RP_HS / 2 ? -c.x[at + i + RP_HS / 2] : c.x[at + i - RP_HS / 2];
+                double theta = pos * pow(10000.0, -2.0 * (i % (RP_HS / 2)) / RP_HS);
+                double want = h < RP_NH + RP_KVH ? a * cos(theta) + other * sin(theta) : a;
+                cr_assert_float_eq(c.y[at + i], want, 1e-5, "row %zu head %d %d", row, h, i);
+            }
+    }
+    float *g = malloc(n * sizeof(float));
+    memcpy(g, c.r, n * sizeof(float));
+    bb_op_rope_backward(be, F(g), c.table, RP_B, RP_T, RP_NH, RP_KVH, RP_HS, RP_POS0);
+    fd_check("rope.qkv", c.x, n, g, rope_loss, &c, 1e-2f, 1e-3);
+    rope_loss(&c);
+    memcpy(g, c.y, n * sizeof(float)); /* the backward undoes the forward */
+    bb_op_rope_backward(be, F(g), c.table, RP_B, RP_T, RP_NH, RP_KVH, RP_HS, RP_POS0);
+    for (size_t i = 0; i < n; i++) cr_assert_float_eq(g[i], c.x[i], 1e-6);
+    free(c.x), free(c.y), free(c.r), free(g);
+}
+
+/* ---- swiglu ------------------------------------------------------------- */
+enum { SG_N = 3, SG_F = 5 };
+typedef struct swiglu_ctx {
+    float *gu, *out, *r;
+} swiglu_ctx;
+
+static double swiglu_loss(void *arg)
+{
+    swiglu_ctx *c = arg;
+    bb_op_swiglu_forward(be, F(c->out), F(c->gu), SG_N, SG_F);
+    return dot(c->out, c->r, SG_N * SG_F);
+}
+
+Test(cpu_ops, swiglu_is_silu_gate_times_up_and_its_backward_matches_finite_differences)
+{
+    swiglu_ctx c = {random_floats(SG_N * 2 * SG_F, 31, 3), malloc(SG_N * SG_F * sizeof(float)),
+                    random_floats(SG_N * SG_F, 32, 1)};
+    swiglu_loss(&c);
+    for (int n = 0; n < SG_N; n++)
+        for (int i = 0; i < SG_F; i++) {
+            double g = c.gu[n * 2 * SG_F + i], u = c.gu[n * 2 * SG_F + SG_F + i];
+            cr_assert_float_eq(c.out[n * SG_F + i], g / (1 + exp(-g)) * u, 1e-5);
+        }
+    float dgu[SG_N * 2 * SG_F];
+    bb_op_swiglu_backward(be, F(dgu), F(c.r), F(c.gu), SG_N, SG_F);
+    fd_check("swiglu.gate_up", c.gu, SG_N * 2 * SG_F, dgu, swiglu_loss, &c, 1e-2f, 1e-3);
+    bb_op_swiglu_backward(be, F(c.gu), F(c.r), F(c.gu), SG_N, SG_F); /* in place: the same */
+    for (int i = 0; i < SG_N * 2 * SG_F; i++) cr_assert_eq(c.gu[i], dgu[i]);
+    free(c.gu), free(c.out), free(c.r);
+}
+
 /* ---- embedding --------------------------------------------------------- */
 enum { EMB_B = 2, EMB_T = 3, EMB_C = 4, EMB_V = 5 };
 static const int32_t emb_tokens[EMB_B * EMB_T] = {1, 4, 1, 0, 2, 4};

@@ -150,6 +150,70 @@ static void case_layernorm_backward(tc *t)
     });
 }
 
+static void case_rmsnorm_forward(tc *t)
+{
+    int N = D(0), C = D(1);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * C, 3)), w = tc_floats(t, "w", C, 1);
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)N * C, 1), 1e-5));
+    buf rstd = tc_out(t, tc_floats(t, "rstd", N, 1), 1e-5);
+    TC_RUN(t, bb_op_rmsnorm_forward(BE, tc_t(t, out), tc_p(t, rstd), tc_t(t, in), tc_t(t, w), N, C, 1e-6f));
+}
+
+static void case_residual_rmsnorm_forward(tc *t)
+{
+    int N = D(0), C = D(1);
+    size_t n = (size_t)N * C;
+    buf x = tc_act(t, tc_floats(t, "x", n, 3)), y = tc_act(t, tc_floats(t, "y", n, 3)), w = tc_floats(t, "w", C, 1);
+    buf res = D(2) ? tc_out(t, x, 0) : tc_act(t, tc_out(t, tc_floats(t, "res", n, 1), 0));
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", n, 1), 1e-5)), rstd = tc_out(t, tc_floats(t, "rstd", N, 1), 1e-5);
+    TC_RUN(t, bb_op_residual_rmsnorm_forward(BE, tc_t(t, res), tc_t(t, out), tc_p(t, rstd), tc_t(t, x), tc_t(t, y),
+                                             tc_t(t, w), N, C, 1e-5f));
+}
+
+static void case_rmsnorm_backward(tc *t)
+{
+    int N = D(0), C = D(1);
+    buf in = tc_act(t, tc_floats(t, "in", (size_t)N * C, 3)), w = tc_floats(t, "w", C, 1);
+    buf out = tc_act(t, tc_floats(t, "out", (size_t)N * C, 1)), dout = tc_act(t, tc_floats(t, "dout", (size_t)N * C, 1));
+    buf rstd = tc_floats(t, "rstd", N, 1);
+    buf din = tc_act(t, tc_out(t, tc_floats(t, "din", (size_t)N * C, 1), 1e-5));
+    buf dw = tc_out(t, tc_floats(t, "dw", C, 1), 1e-5);
+    TC_RUN(t, {
+        bb_op_rmsnorm_forward(BE, tc_t(t, out), tc_p(t, rstd), tc_t(t, in), tc_t(t, w), N, C, 1e-5f);
+        bb_op_rmsnorm_backward(BE, tc_t(t, din), tc_t(t, dw), tc_t(t, dout), tc_t(t, in), tc_t(t, w), tc_p(t, rstd), N,
+                               C, D(2));
+    });
+}
+
+/* B, T, heads, key/value heads, head size, first position: q and k turned in place, v kept. */
+static void case_rope(tc *t, bool backward)
+{
+    int B = D(0), T = D(1), NH = D(2), KVH = D(3), HS = D(4), pos0 = D(5), W = (NH + 2 * KVH) * HS;
+    buf table = tc_floats(t, "table", (size_t)(pos0 + T) * HS, 1);
+    buf qkv = tc_act(t, tc_out(t, tc_floats(t, "qkv", (size_t)B * T * W, 2), 1e-6));
+    if (backward) TC_RUN(t, bb_op_rope_backward(BE, tc_t(t, qkv), tc_p(t, table), B, T, NH, KVH, HS, pos0));
+    else TC_RUN(t, bb_op_rope_forward(BE, tc_t(t, qkv), tc_p(t, table), B, T, NH, KVH, HS, pos0));
+}
+static void case_rope_forward(tc *t) { case_rope(t, false); }
+static void case_rope_backward(tc *t) { case_rope(t, true); }
+
+static void case_swiglu_forward(tc *t)
+{
+    int N = D(0), F = D(1);
+    buf gu = tc_act(t, tc_floats(t, "gu", (size_t)N * 2 * F, 4));
+    buf out = tc_act(t, tc_out(t, tc_floats(t, "out", (size_t)N * F, 1), 1e-5));
+    TC_RUN(t, bb_op_swiglu_forward(BE, tc_t(t, out), tc_t(t, gu), N, F));
+}
+
+/* dgu into its own buffer, or over gu (the block's way). */
+static void case_swiglu_backward(tc *t)
+{
+    int N = D(0), F = D(1);
+    buf gu = tc_act(t, tc_floats(t, "gu", (size_t)N * 2 * F, 4)), dout = tc_act(t, tc_floats(t, "dout", (size_t)N * F, 1));
+    buf dgu = D(2) ? tc_out(t, gu, 1e-5) : tc_act(t, tc_out(t, tc_floats(t, "dgu", (size_t)N * 2 * F, 1), 1e-5));
+    TC_RUN(t, bb_op_swiglu_backward(BE, tc_t(t, dgu), tc_t(t, dout), tc_t(t, gu), N, F));
+}
+
 /* Tokens with repeats (the scatter adds); B, T, C, V, positions (0: none). */
 static buf tokens_buf(tc *t, int n, int V, int repeat_every)
 {
@@ -425,6 +489,16 @@ static const op_case cases[] = {
     /* N, C, res over x */
     {"residual_layernorm_forward", case_residual_layernorm_forward, 3, {{19, 97, 0}, {300, 1500, 1}, {64, 768, 1}}},
     {"layernorm_backward", case_layernorm_backward, 2, {{19, 97, 0}, {300, 1500, 1}}},
+    /* N, C (, res over x; accumulate) */
+    {"rmsnorm_forward", case_rmsnorm_forward, 3, {{19, 97}, {300, 1500}, {64, 576}}},
+    {"residual_rmsnorm_forward", case_residual_rmsnorm_forward, 2, {{19, 97, 0}, {300, 1500, 1}}},
+    {"rmsnorm_backward", case_rmsnorm_backward, 2, {{19, 97, 0}, {300, 1500, 1}}},
+    /* B, T, heads, key/value heads, head size, first position: multi-head, grouped-query, multi-query, decoding's one row */
+    {"rope_forward", case_rope_forward, 4, {{2, 7, 3, 3, 4, 0}, {2, 33, 4, 2, 64, 0}, {1, 45, 6, 1, 16, 5}, {1, 1, 4, 2, 8, 90}}},
+    {"rope_backward", case_rope_backward, 4, {{2, 7, 3, 3, 4, 0}, {2, 33, 4, 2, 64, 0}, {1, 45, 6, 1, 16, 5}, {1, 1, 4, 2, 8, 90}}},
+    /* N, F (, dgu over gu) */
+    {"swiglu_forward", case_swiglu_forward, 2, {{1, 1}, {37, 1537}}},
+    {"swiglu_backward", case_swiglu_backward, 2, {{37, 1537, 0}, {37, 1537, 1}}},
     /* B, T, C, V, positions (0: none), accumulate */
     {"embedding_forward", case_embedding_forward, 2, {{3, 5, 16, 11, 8}, {3, 5, 16, 11, 0}}},
     {"embedding_backward", case_embedding_backward, 4,

@@ -409,6 +409,15 @@ static bool heads_ok(bb_backend_t *b, const char *op, int NH, int KVH, int HS)
     return false;
 }
 
+/* RoPE's head size: even, and its first position not negative. */
+static bool rope_ok(bb_backend_t *b, const char *op, int HS, int pos0)
+{
+    if (HS % 2 == 0 && pos0 >= 0) return true;
+    bb_backend_note_error(b, BB_ERR_ARG, "%s: %s: head size %d (must be even), first position %d", b->name, op, HS,
+                          pos0);
+    return false;
+}
+
 /* An activation of bb_activation's. */
 static bool activation_ok(bb_backend_t *b, const char *op, bb_activation act)
 {

@@ -395,6 +395,100 @@ void bb_cpu_activation_backward(bb_backend_t *b, bb_activation act, bb_tensor di
                in.dtype);
 }
 
+/* An element of an activation tensor of either dtype, in fp32, and back. */
+static inline float act_ld(const void *p, bool bf16, size_t i)
+{
+    return bf16 ? bb_bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void act_st(void *p, bool bf16, size_t i, float v)
+{
+    if (bf16) ((uint16_t *)p)[i] = bb_bf16_from_float(v);
+    else ((float *)p)[i] = v;
+}
+
+/* SwiGLU's rows: x = out (or dgu), a = gu, c = dout; C = F; f[0] = bf16. */
+static void swiglu_forward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    bool bf16 = a->f[0] != 0;
+    size_t F = (size_t)a->C;
+    for (size_t n = lo; n < hi; n++)
+        for (size_t i = 0; i < F; i++) {
+            float g = act_ld(a->a, bf16, n * 2 * F + i), u = act_ld(a->a, bf16, n * 2 * F + F + i);
+            act_st(a->x, bf16, n * F + i, g / (1.0f + bb_expf(-g)) * u);
+        }
+}
+
+/* Each (gate, up) pair is read before it is written: dgu may alias gu. */
+static void swiglu_backward_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    bool bf16 = a->f[0] != 0;
+    size_t F = (size_t)a->C;
+    for (size_t n = lo; n < hi; n++)
+        for (size_t i = 0; i < F; i++) {
+            size_t at = n * 2 * F + i;
+            float g = act_ld(a->a, bf16, at), u = act_ld(a->a, bf16, at + F), dh = act_ld(a->c, bf16, n * F + i);
+            float sg = 1.0f / (1.0f + bb_expf(-g));
+            act_st(a->x, bf16, at, dh * u * sg * (1.0f + g * (1.0f - sg)));
+            act_st(a->x, bf16, at + F, dh * g * sg);
+        }
+}
+
+void bb_cpu_swiglu_forward(bb_backend_t *b, bb_tensor out, bb_tensor gu, int N, int F)
+{
+    ew_run(b, &(ew_args){.range = swiglu_forward_range, .x = out.data, .a = gu.data, .f = {IS_BF16(gu)},
+                         .n = (size_t)N, .C = F});
+}
+
+void bb_cpu_swiglu_backward(bb_backend_t *b, bb_tensor dgu, bb_tensor dout, bb_tensor gu, int N, int F)
+{
+    ew_run(b, &(ew_args){.range = swiglu_backward_range, .x = dgu.data, .a = gu.data, .c = dout.data,
+                         .f = {IS_BF16(gu)}, .n = (size_t)N, .C = F});
+}
+
+/* RoPE's rows: x = qkv, a = table, C = the row's width, f: bf16, sign (1
+ * forward, -1 backward), NH + KVH heads rotated, HS, T, pos0. */
+static void rope_range(const ew_args *a, size_t lo, size_t hi, int slice)
+{
+    (void)slice;
+    bool bf16 = a->f[0] != 0;
+    float sign = a->f[1];
+    int heads = (int)a->f[2], HS = (int)a->f[3], T = (int)a->f[4], pos0 = (int)a->f[5], half = HS / 2;
+    for (size_t n = lo; n < hi; n++) {
+        const float *cs = a->a + (size_t)(pos0 + (int)(n % (size_t)T)) * HS, *sn = cs + half;
+        for (int h = 0; h < heads; h++) {
+            size_t at = n * (size_t)a->C + (size_t)h * HS;
+            for (int i = 0; i < half; i++) {
+                float x0 = act_ld(a->x, bf16, at + i), x1 = act_ld(a->x, bf16, at + i + half);
+                float c = cs[i], s = sign * sn[i];
+                act_st(a->x, bf16, at + i, x0 * c - x1 * s);
+                act_st(a->x, bf16, at + i + half, x1 * c + x0 * s);
+            }
+        }
+    }
+}
+
+static void rope(bb_backend_t *b, bb_tensor qkv, const float *table, int B, int T, int NH, int KVH, int HS, int pos0,
+                 float sign)
+{
+    ew_run(b, &(ew_args){.range = rope_range, .x = qkv.data, .a = table,
+                         .f = {IS_BF16(qkv), sign, (float)(NH + KVH), (float)HS, (float)T, (float)pos0},
+                         .n = (size_t)B * T, .C = (NH + 2 * KVH) * HS});
+}
+
+void bb_cpu_rope_forward(bb_backend_t *b, bb_tensor qkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                         int pos0)
+{
+    rope(b, qkv, table, B, T, NH, KVH, HS, pos0, 1.0f);
+}
+
+void bb_cpu_rope_backward(bb_backend_t *b, bb_tensor dqkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                          int pos0)
+{
+    rope(b, dqkv, table, B, T, NH, KVH, HS, pos0, -1.0f);
+}
+
 #define LN_EPS 1e-5f
 
 /* LayerNorm's rows: x = out, y = mean, z = rstd, a = in, c = w, and: */
@@ -405,6 +499,8 @@ typedef struct ln_args {
     float *res;
     float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
     bool bf16;                       /* in, out (din, dout) are bf16: rows widened into scratch */
+    bool rms;                        /* RMSNorm: no mean (nor its statistic), no bias, eps its own */
+    float eps;
     atomic_bool *no_memory;          /* bf16: a range found no scratch (the op notes it) */
 } ln_args;
 
@@ -452,14 +548,21 @@ static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int
             x = a->res + at;
         }
         float m = 0.0f, var = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= C;
-        for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
-        float s = 1.0f / sqrtf(var / C + LN_EPS);
-        for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
+        if (a->rms) {
+            for (int i = 0; i < C; i++) var += x[i] * x[i];
+            float s = 1.0f / sqrtf(var / C + a->eps);
+            for (int i = 0; i < C; i++) y[i] = x[i] * s * w[i];
+            rstd[n] = s;
+        } else {
+            for (int i = 0; i < C; i++) m += x[i];
+            m /= C;
+            for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
+            float s = 1.0f / sqrtf(var / C + LN_EPS);
+            for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
+            mean[n] = m;
+            rstd[n] = s;
+        }
         if (a->bf16) bb_bf16_narrow((uint16_t *)ea->x + (size_t)n * C, y, (size_t)C);
-        mean[n] = m;
-        rstd[n] = s;
     }
     free(rows);
 }
@@ -482,6 +585,24 @@ void bb_cpu_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor
     ln_run(b, &a, "residual_layernorm_forward");
 }
 
+void bb_cpu_rmsnorm_forward(bb_backend_t *b, bb_tensor out, float *rstd, bb_tensor in, bb_tensor w, int N, int C,
+                            float eps)
+{
+    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .z = rstd, .a = F32(in), .c = F32(w),
+                       .n = (size_t)N, .C = C},
+                 .bf16 = IS_BF16(in), .rms = true, .eps = eps};
+    ln_run(b, &a, "rmsnorm_forward");
+}
+
+void bb_cpu_residual_rmsnorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *rstd, bb_tensor x,
+                                     bb_tensor y, bb_tensor w, int N, int C, float eps)
+{
+    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .z = rstd, .a = F32(x), .c = F32(w),
+                       .n = (size_t)N, .C = C},
+                 .y = F32(y), .res = F32(res), .bf16 = IS_BF16(x), .rms = true, .eps = eps};
+    ln_run(b, &a, "residual_rmsnorm_forward");
+}
+
 /* din for rows [lo, hi), and this slice's parts of dw and dbias (summed
  * in slice order afterwards: the same for any thread count). */
 static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
@@ -502,14 +623,14 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
             bb_bf16_widen(rows + 2 * C, (const uint16_t *)a->din + (size_t)n * C, (size_t)C);
             x = rows, dy = rows + C, dx = rows + 2 * C;
         }
-        float m = mean[n], s = rstd[n];
+        float m = a->rms ? 0.0f : mean[n], s = rstd[n];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int i = 0; i < C; i++) {
             float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
             dnorm_mean += dnorm;
             dnorm_norm_mean += dnorm * norm;
         }
-        dnorm_mean /= C;
+        dnorm_mean = a->rms ? 0.0f : dnorm_mean / C; /* RMSNorm subtracts no mean */
         dnorm_norm_mean /= C;
         for (int i = 0; i < C; i++) {
             float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
@@ -522,30 +643,45 @@ static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, in
     free(rows);
 }
 
-void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb_tensor dbias_t, bb_tensor dout,
-                               bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
-                               bool accumulate)
+/* LayerNorm's backward, or RMSNorm's (mean and dbias NULL). */
+static void norm_backward(bb_backend_t *b, const char *op, bb_tensor din_t, float *dw, float *dbias, bb_tensor dout,
+                          bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
+                          bool accumulate)
 {
-    float *din = F32(din_t), *dw = F32(dw_t), *dbias = F32(dbias_t);
+    float *din = F32(din_t);
     ln_args a = {.e = {.range = layernorm_backward_range, .a = F32(in), .c = F32(w), .n = (size_t)N, .C = C},
-                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din, .bf16 = IS_BF16(in)};
+                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din, .bf16 = IS_BF16(in), .rms = !mean};
     a.e.grain = EW_GRAIN / (size_t)C > 0 ? EW_GRAIN / (size_t)C : 1;
     int slices = ew_slices(&a.e);
     a.parts = malloc((size_t)slices * 2 * C * sizeof *a.parts);
     if (!a.parts) {
-        bb_backend_note_error(b, BB_ERR_NOMEM, "layernorm_backward: out of host memory for %d slices", slices);
+        bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for %d slices", op, slices);
         return;
     }
-    ln_run(b, &a, "layernorm_backward");
+    ln_run(b, &a, op);
     if (!accumulate) {
         memset(dw, 0, (size_t)C * sizeof *dw);
-        memset(dbias, 0, (size_t)C * sizeof *dbias);
+        if (dbias) memset(dbias, 0, (size_t)C * sizeof *dbias);
     }
     for (int k = 0; k < slices; k++) {
         const float *pw = a.parts + (size_t)k * 2 * C, *pb = pw + C;
-        for (int i = 0; i < C; i++) dw[i] += pw[i], dbias[i] += pb[i];
+        for (int i = 0; i < C; i++) dw[i] += pw[i];
+        for (int i = 0; dbias && i < C; i++) dbias[i] += pb[i];
     }
     free(a.parts);
+}
+
+void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
+                               bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
+                               bool accumulate)
+{
+    norm_backward(b, "layernorm_backward", din, F32(dw), F32(dbias), dout, in, w, mean, rstd, N, C, accumulate);
+}
+
+void bb_cpu_rmsnorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dout, bb_tensor in, bb_tensor w,
+                             const float *rstd, int N, int C, bool accumulate)
+{
+    norm_backward(b, "rmsnorm_backward", din, F32(dw), NULL, dout, in, w, NULL, rstd, N, C, accumulate);
 }
 
 void bb_cpu_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe,

@@ -345,7 +345,7 @@ void cuda_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *
 {
     use(b);
     BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), in.dtype == BB_DTYPE_BF16, out.data, mean, rstd, in.data, nullptr,
-                                        nullptr, f32(w), f32(bias), N, C));
+                                        nullptr, f32(w), f32(bias), N, C, 1e-5f));
 }
 
 void cuda_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *mean, float *rstd,
@@ -353,7 +353,7 @@ void cuda_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor o
 {
     use(b);
     BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), x.dtype == BB_DTYPE_BF16, out.data, mean, rstd, x.data, y.data,
-                                        res.data, f32(w), f32(bias), N, C));
+                                        res.data, f32(w), f32(bias), N, C, 1e-5f));
 }
 
 void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
@@ -365,6 +365,58 @@ void cuda_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_te
     if (scratch)
         BB_CUDA_OP(b, bbk_layernorm_backward(compute(b), in.dtype == BB_DTYPE_BF16, din.data, f32(dw), f32(dbias),
                                              scratch, dout.data, in.data, f32(w), mean, rstd, N, C, accumulate));
+}
+
+void cuda_rmsnorm_forward(bb_backend_t *b, bb_tensor out, float *rstd, bb_tensor in, bb_tensor w, int N, int C,
+                          float eps)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), in.dtype == BB_DTYPE_BF16, out.data, nullptr, rstd, in.data, nullptr,
+                                        nullptr, f32(w), nullptr, N, C, eps));
+}
+
+void cuda_residual_rmsnorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *rstd, bb_tensor x,
+                                   bb_tensor y, bb_tensor w, int N, int C, float eps)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_layernorm_forward(compute(b), x.dtype == BB_DTYPE_BF16, out.data, nullptr, rstd, x.data, y.data,
+                                        res.data, f32(w), nullptr, N, C, eps));
+}
+
+void cuda_rmsnorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dout, bb_tensor in, bb_tensor w,
+                           const float *rstd, int N, int C, bool accumulate)
+{
+    use(b);
+    float *scratch = column_scratch(b, (size_t)C);
+    if (scratch)
+        BB_CUDA_OP(b, bbk_layernorm_backward(compute(b), in.dtype == BB_DTYPE_BF16, din.data, f32(dw), nullptr, scratch,
+                                             dout.data, in.data, f32(w), nullptr, rstd, N, C, accumulate));
+}
+
+void cuda_rope_forward(bb_backend_t *b, bb_tensor qkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                       int pos0)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_rope(compute(b), qkv.dtype == BB_DTYPE_BF16, qkv.data, table, B, T, NH, KVH, HS, pos0, 1.0f));
+}
+
+void cuda_rope_backward(bb_backend_t *b, bb_tensor dqkv, const float *table, int B, int T, int NH, int KVH, int HS,
+                        int pos0)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_rope(compute(b), dqkv.dtype == BB_DTYPE_BF16, dqkv.data, table, B, T, NH, KVH, HS, pos0, -1.0f));
+}
+
+void cuda_swiglu_forward(bb_backend_t *b, bb_tensor out, bb_tensor gu, int N, int F)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_swiglu_forward(compute(b), gu.dtype == BB_DTYPE_BF16, out.data, gu.data, N, F));
+}
+
+void cuda_swiglu_backward(bb_backend_t *b, bb_tensor dgu, bb_tensor dout, bb_tensor gu, int N, int F)
+{
+    use(b);
+    BB_CUDA_OP(b, bbk_swiglu_backward(compute(b), gu.dtype == BB_DTYPE_BF16, dgu.data, dout.data, gu.data, N, F));
 }
 
 void cuda_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe, int B,
