@@ -36,13 +36,13 @@ done
 a=$(printf '%s\n' "${cached[@]}" | median) b=$(printf '%s\n' "${recomputed[@]}" | median)
 awk -v a="$a" -v b="$b" 'BEGIN {printf "| demo (0.86M) | 200 | %.0f | %.0f | %.1fx | - | - |\n", a, b, a / b}'
 if "$PY" -c 'import transformers' 2>/dev/null; then
-    "$PY" tests/hf_gpt2.py make --out "$tmp/gpt2" --layers 12 --heads 12 --d 768 --positions 1024 --vocab 50257 2>/dev/null
+    "$PY" tests/hf_models.py make --out "$tmp/gpt2" --layers 12 --heads 12 --d 768 --positions 1024 --vocab 50257 2>/dev/null
     prompt="464 3290 318 257"
     cached=() recomputed=() theirs=()
     for ((r = 0; r < RUNS; r++)); do
         cached+=("$(rate --init-from "$tmp/gpt2" --prompt 'The dog is a' --ids --temperature 0 --tokens "$TOKENS_124M")")
         recomputed+=("$(rate --init-from "$tmp/gpt2" --prompt 'The dog is a' --ids --temperature 0 --tokens 4 --recompute)")
-        theirs+=("$("$PY" tests/hf_gpt2.py generate --model "$tmp/gpt2" --prompt-ids "$prompt" --tokens "$TOKENS_124M" 2>&1 >/dev/null |
+        theirs+=("$("$PY" tests/hf_models.py generate --model "$tmp/gpt2" --prompt-ids "$prompt" --tokens "$TOKENS_124M" 2>&1 >/dev/null |
                    sed -nE 's/.*: ([0-9.]+) tokens\/s.*/\1/p')")
     done
     a=$(printf '%s\n' "${cached[@]}" | median) b=$(printf '%s\n' "${recomputed[@]}" | median)

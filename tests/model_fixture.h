@@ -35,19 +35,20 @@ typedef struct host_batch {
 
 static inline host_batch make_batch(const bb_model_config *c, int B, uint64_t seed)
 {
-    bool gpt = c->kind == bb_model_kind_find("gpt");
-    host_batch h = {.target_count = (size_t)(gpt ? B * c->gpt.seq_len : B)};
-    h.input_bytes = gpt ? h.target_count * sizeof(int32_t) : (size_t)B * c->mlp.inputs * sizeof(float);
+    bool tokens = bb_model_targets_are_tokens(c); /* a decoder (gpt, llama), else the mlp */
+    int V = bb_model_outputs(c);
+    host_batch h = {.target_count = (size_t)B * bb_model_targets_per_example(c)};
+    h.input_bytes = tokens ? h.target_count * sizeof(int32_t) : (size_t)B * c->mlp.inputs * sizeof(float);
     h.inputs = malloc(h.input_bytes);
     h.targets = malloc(h.target_count * sizeof *h.targets);
     uint64_t s = seed;
     for (size_t i = 0; i < h.target_count; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        h.targets[i] = (int32_t)((s >> 45) % (uint64_t)(gpt ? c->gpt.vocab : c->mlp.classes));
-        if (gpt) ((int32_t *)h.inputs)[i] = (int32_t)((s >> 20) % (uint64_t)c->gpt.vocab);
+        h.targets[i] = (int32_t)((s >> 45) % (uint64_t)V);
+        if (tokens) ((int32_t *)h.inputs)[i] = (int32_t)((s >> 20) % (uint64_t)V);
     }
-    if (gpt) h.targets[1] = -1;
-    for (int i = 0; !gpt && i < B * c->mlp.inputs; i++) {
+    if (tokens) h.targets[1] = -1;
+    for (int i = 0; !tokens && i < B * c->mlp.inputs; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         ((float *)h.inputs)[i] = (float)((s >> 40) % 1000) / 1000.0f;
     }

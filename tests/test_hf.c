@@ -23,7 +23,7 @@ static setup make_setup(bool model)
     free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --tokenizer '%s' --out '%s'", tu_bigbatch_bin(), s.text,
                s.tok, s.data));
     if (model)
-        free(sh_ok("%s tests/hf_gpt2.py make --out '%s' --layers 2 --heads 2 --d 32 --positions 64 --vocab 512 "
+        free(sh_ok("%s tests/hf_models.py make --out '%s' --layers 2 --heads 2 --d 32 --positions 64 --vocab 512 "
                    "2>/dev/null && cp '%s' '%s/tokenizer.json'", HF_PYTHON, s.model, s.tok, s.model));
     free(big);
     return s;
@@ -42,7 +42,7 @@ static double bigbatch_loss(const char *weights_flag, const char *weights, const
 
 static double torch_loss(const setup *s, const char *model)
 {
-    char *out = sh_ok("%s tests/hf_gpt2.py loss --model '%s' --tokenizer '%s' --text '%s' --seq-len 32 2>/dev/null",
+    char *out = sh_ok("%s tests/hf_models.py loss --model '%s' --tokenizer '%s' --text '%s' --seq-len 32 2>/dev/null",
                       HF_PYTHON, model, s->tok, s->text);
     double loss;
     cr_assert(sscanf(out, "loss %lf", &loss) == 1, "%s", out);
@@ -99,7 +99,7 @@ Test(hf, greedy_sample_is_transformers_generate)
     ids[strcspn(ids, "\n")] = 0;
     char *ours = sh_ok("'%s' sample --init-from '%s' --prompt 'And God said' --temperature 0 --tokens 40 --ids",
                        tu_bigbatch_bin(), s.model);
-    char *theirs = sh_ok("%s tests/hf_gpt2.py generate --model '%s' --prompt-ids '%s' --tokens 40 2>/dev/null",
+    char *theirs = sh_ok("%s tests/hf_models.py generate --model '%s' --prompt-ids '%s' --tokens 40 2>/dev/null",
                          HF_PYTHON, s.model, ids);
     cr_assert_str_eq(ours, theirs, "greedy: bigbatch %s, transformers' generate %s", ours, theirs);
     int distinct = 0; /* a path that moves, not one token repeated */

@@ -56,8 +56,12 @@ static void parity_on(const bb_model_config *c, int B, int steps, const char *ki
     snprintf(path, sizeof path, "%s/after.safetensors", dir);
     cr_assert_eq(bb_model_save_safetensors(m, path), BB_OK);
     char spec[512];
+    const bb_llama_config *l = &c->llama;
     if (c->kind == bb_model_kind_find("gpt"))
         snprintf(spec, sizeof spec, "gpt:%d:%d:%d:%d:%d:%d", c->gpt.layers, c->gpt.heads, c->gpt.d_model, c->gpt.seq_len, c->gpt.vocab, B);
+    else if (c->kind == bb_model_kind_find("llama"))
+        snprintf(spec, sizeof spec, "llama:%d:%d:%d:%d:%d:%d:%d:%d:%.17g:%.17g:%d", l->layers, l->heads, l->kv_heads,
+                 l->d_model, l->ffn, l->seq_len, l->vocab, B, l->rope_theta, l->norm_eps, l->tied);
     else
         snprintf(spec, sizeof spec, "mlp:%d:%d,%d:%d:%d", c->mlp.inputs, c->mlp.hidden[0], c->mlp.hidden[1], c->mlp.classes, B);
     char loss_text[64], steps_text[16];
@@ -89,6 +93,33 @@ Test(parity, gpt_matches_pytorch, .timeout = 120)
 {
     bb_model_config c = bb_model_gpt_config(2, 4, 32, 16, 37);
     parity(&c, 3, "gpt");
+}
+
+/* Grouped-query attention (4 heads, 2 key/value heads), an untied head, a
+ * non-default RoPE base, T 24 (RoPE's angles past one turn). */
+Test(parity, llama_matches_pytorch, .timeout = 120)
+{
+    bb_model_config c = bb_model_llama_config(2, 4, 32, 24, 37);
+    c.llama.kv_heads = 2, c.llama.ffn = 48, c.llama.rope_theta = 500000, c.llama.norm_eps = 1e-5;
+    parity(&c, 3, "llama");
+}
+
+/* Multi-query, tied, every block recomputed in two ways (a plan of
+ * selective and full blocks): the same gradients as saving everything. */
+Test(parity, a_tied_multi_query_llama_with_recompute_matches_pytorch, .timeout = 120)
+{
+    bb_model_config c = bb_model_llama_config(3, 4, 32, 16, 37);
+    c.llama.kv_heads = 1, c.llama.tied = true;
+    cr_assert_eq(bb_model_parse_recompute("plan:s,f,n", &c), BB_OK);
+    parity(&c, 2, "llama (tied, multi-query, plan:s,f,n)");
+}
+
+Test(parity, bf16_llama_matches_pytorch_autocast_for_20_steps)
+{
+    bb_model_config c = bb_model_llama_config(2, 4, 32, 16, 37);
+    c.llama.kv_heads = 2, c.llama.ffn = 48;
+    c.precision = BB_PRECISION_BF16;
+    parity_on(&c, 3, 20, "bf16 llama", NULL);
 }
 
 /* --precision bf16 against torch.autocast("cpu", dtype=torch.bfloat16) on

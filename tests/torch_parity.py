@@ -5,10 +5,13 @@ tests/test_parity.c did in bigbatch, and compare.
 DIR holds init.safetensors (the initial weights), inputs.bin and targets.bin
 (the batch), grads.safetensors (bigbatch's gradients of the first step) and
 after.safetensors (its weights after STEPS AdamW steps on that batch). SPEC is
-"gpt:LAYERS:HEADS:D:SEQ:VOCAB:B" or "mlp:INPUTS:H1,H2:CLASSES:B"; LOSS is
+"gpt:LAYERS:HEADS:D:SEQ:VOCAB:B", "llama:LAYERS:HEADS:KV_HEADS:D:FFN:SEQ:VOCAB:B:THETA:EPS:TIED" or
+"mlp:INPUTS:H1,H2:CLASSES:B"; LOSS is
 bigbatch's first loss; losses.txt holds every step's. The reference modules
-below use the same parameter names (nanoGPT's for gpt), so bigbatch's
-safetensors load with strict=True.
+below use the same parameter names (nanoGPT's for gpt, transformers'
+LlamaForCausalLM's for llama, written out here: RMSNorm, rotate-half RoPE
+with fp32 inverse frequencies, grouped-query attention by repeating the
+key/value heads, SwiGLU), so bigbatch's safetensors load with strict=True.
 
 fp32 (PRECISION, the default) checks: loss relative error <= 1e-5, every
 gradient tensor <= 1e-4, every parameter after STEPS AdamW steps <= 1e-4
@@ -126,6 +129,94 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, d, heads, kv_heads, theta):
+        super().__init__()
+        self.heads, self.kv_heads, self.hs = heads, kv_heads, d // heads
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * self.hs, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * self.hs, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.hs, 2, dtype=torch.int64).float() / self.hs))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, self.hs).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.hs).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.hs).transpose(1, 2)
+        freqs = torch.arange(T).float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        att = F.softmax(att.masked_fill(~mask, float("-inf")).float(), dim=-1).to(q.dtype)
+        return self.o_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, ffn, bias=False)
+        self.up_proj = nn.Linear(d, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn, theta, eps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(d, eps)
+        self.self_attn = LlamaAttention(d, heads, kv_heads, theta)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.mlp = LlamaMLP(d, ffn)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """transformers' LlamaForCausalLM, names and all (rope_scaling none)."""
+
+    def __init__(self, layers, heads, kv_heads, d, ffn, vocab, theta, eps, tied):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab, d)
+        self.model.layers = nn.ModuleList(LlamaLayer(d, heads, kv_heads, ffn, theta, eps) for _ in range(layers))
+        self.model.norm = RMSNorm(d, eps)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x)
+        return self.lm_head(self.model.norm(x))
+
+
 BF16_LOSS, BF16_GRADS, BF16_AFTER = 2e-2, 5e-2, 5e-2
 
 
@@ -150,6 +241,11 @@ def main():
     if kind == "gpt":
         layers, heads, d, seq, vocab, B = map(int, spec[1:])
         model = GPT(layers, heads, d, seq, vocab)
+        inputs = torch.frombuffer(raw, dtype=torch.int32).long().view(B, seq)
+    elif kind == "llama":
+        layers, heads, kv_heads, d, ffn, seq, vocab, B = map(int, spec[1:9])
+        theta, eps, tied = float(spec[9]), float(spec[10]), spec[11] == "1"
+        model = Llama(layers, heads, kv_heads, d, ffn, vocab, theta, eps, tied)
         inputs = torch.frombuffer(raw, dtype=torch.int32).long().view(B, seq)
     else:
         n_in, hidden, classes, B = int(spec[1]), [int(h) for h in spec[2].split(",")], int(spec[3]), int(spec[4])

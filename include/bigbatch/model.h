@@ -80,6 +80,17 @@ const char *bb_model_kind_help(void);
 typedef struct bb_gpt_config {
     int layers, heads, d_model, seq_len, vocab;
 } bb_gpt_config;
+/* A Llama-family decoder: pre-RMSNorm blocks, RoPE on q and k, grouped-query
+ * attention (kv_heads dividing heads; head size d_model / heads), a SwiGLU
+ * MLP of ffn, no biases, an LM head of its own or tied to the token table. */
+typedef struct bb_llama_config {
+    int layers, heads, kv_heads, d_model, ffn, seq_len, vocab;
+    bool tied;
+    double rope_theta, norm_eps; /* as config.json gives them (the ops take them in fp32, as transformers) */
+    /* rope_scaling "llama3" (Llama 3.1 and 3.2): rope_factor 0 is none */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_positions;
+} bb_llama_config;
 typedef struct bb_mlp_config {
     int inputs, classes;
     int hidden[BB_MLP_MAX_HIDDEN];
@@ -91,6 +102,7 @@ typedef struct bb_model_config {
     /* the kind's shape: the member named after it */
     union {
         bb_gpt_config gpt;
+        bb_llama_config llama;
         bb_mlp_config mlp;
     };
     /* layers (mlp: linear layers; decoders: blocks) per recompute segment; 0: none */
@@ -110,6 +122,12 @@ typedef struct bb_model_config {
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
 bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_len, int vocab);
+/* A llama of transformers' LlamaConfig defaults but the shape: kv_heads =
+ * heads, ffn by Llama's rule (bb_llama_ffn), rope_theta 10000, rms_norm_eps
+ * 1e-6, untied, no rope scaling. */
+bb_model_config bb_model_llama_config(int layers, int heads, int d_model, int seq_len, int vocab);
+/* Llama's FFN width rule: 2/3 of 4·d_model, rounded up to a multiple of 256. */
+int bb_llama_ffn(int d_model);
 /* Parses --checkpoint into c's recompute_every and recompute_plan: none,
  * blocks (every:1), every:K, selective (every block 's'), or plan:P, P a
  * comma-separated list of one policy per block — n|none, s|selective,
@@ -153,7 +171,18 @@ typedef struct bb_model_flags {
     bool layers_given, heads_given, d_model_given;
     const char *const *hidden; /* --hidden's items: "1024,512" or "1024" "512" */
     int hidden_count;          /* 0: not given (the kind's default) */
+    /* llama: --preset, --kv-heads, --ffn, --rope-theta, --norm-eps, --tie-embeddings yes|no */
+    const char *preset, *tie;
+    int64_t kv_heads, ffn;
+    double rope_theta, norm_eps;
+    bool preset_given, kv_heads_given, ffn_given, rope_theta_given, norm_eps_given, tie_given;
 } bb_model_flags;
+/* A llama flag appeared (the other kinds refuse them); its name in *flag. */
+bool bb_model_flags_llama_given(const bb_model_flags *f, const char **flag);
+/* "smollm2-135m|llama-3.2-1b|..." for --preset, and the shape a preset
+ * names (seq_len left 0); false for an unknown name. */
+const char *bb_llama_preset_choices(void);
+bool bb_llama_preset(const char *name, bb_llama_config *out);
 /* The configuration of kind `kind` (a name) the flags describe, the data's
  * fields left 0. Fails with BB_ERR_ARG naming the flag. */
 bb_status bb_model_config_from_flags(const char *kind, const bb_model_flags *f, bb_model_config *out);
@@ -332,29 +361,40 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path);
  * BB_ERR_CORRUPT on a malformed file. */
 bb_status bb_model_load_safetensors(bb_model_t *m, const char *path);
 
-/* ---- weights in transformers' layout (gpt: a GPT2LMHeadModel directory) ----
- * DIR/config.json and DIR/model.safetensors (gpt_hf.c says what maps to
- * what). The shape of DIR's model (*positions: its n_positions; the model
- * made from it uses the data's T, at most that): fails with BB_ERR_IO,
- * BB_ERR_FORMAT naming the key bigbatch cannot represent (model_type,
- * activation_function, n_inner, layer_norm_epsilon, tie_word_embeddings,
- * scale_attn_*, add_cross_attention). */
+/* ---- weights in transformers' layout (gpt: GPT2LMHeadModel; llama:
+ * LlamaForCausalLM) ----
+ * DIR/config.json and DIR/model.safetensors, or the shards of
+ * DIR/model.safetensors.index.json (hf.c; gpt_hf.c and llama_hf.c say what
+ * maps to what). The kind and shape of DIR's model (*positions: its
+ * n_positions or max_position_embeddings; the model made from it uses the
+ * data's T, at most that): fails with BB_ERR_IO, BB_ERR_FORMAT naming the
+ * key bigbatch cannot represent (model_type; gpt: activation_function,
+ * n_inner, layer_norm_epsilon, tie_word_embeddings, scale_attn_*,
+ * add_cross_attention; llama: hidden_act, head_dim, attention_bias,
+ * mlp_bias, rope_scaling other than llama3's). */
 bb_status bb_model_hf_config(const char *dir, bb_model_config *c, int *positions);
 /* `path` is a directory with a config.json. */
 bool bb_model_is_hf_dir(const char *path);
-/* Reads DIR's weights (F32, F16 or BF16; names with or without
+/* Reads DIR's weights (F32, F16 or BF16; gpt: names with or without
  * "transformer."); fails with BB_ERR_ARG when its vocabulary is not the
  * model's (the data's tokenizer) or it has fewer positions than T,
  * BB_ERR_FORMAT naming the tensor that is missing, of another shape, not
  * the model's, or an lm_head.weight that differs from the embedding,
  * BB_ERR_UNSUPPORTED for kinds without the layout (mlp). */
 bb_status bb_model_load_hf(bb_model_t *m, const char *dir);
-/* Writes DIR/model.safetensors and DIR/config.json (DIR exists) that
- * GPT2LMHeadModel.from_pretrained(DIR) loads; `eos`, the id of the
- * end-of-text token, is config.json's bos_token_id and eos_token_id (as
- * GPT-2's, so that generate() stops at it), -1: none (the keys left out).
- * Fails with BB_ERR_IO, BB_ERR_UNSUPPORTED (mlp). */
-bb_status bb_model_save_hf(bb_model_t *m, const char *dir, int eos);
+/* Writes DIR/config.json and the weights (DIR exists) that the kind's
+ * transformers class (GPT2LMHeadModel, LlamaForCausalLM) from_pretrained(DIR)
+ * loads: one model.safetensors, or past `shard_bytes` (0: never) shards
+ * model-0000K-of-0000N.safetensors of at most that many bytes (a larger
+ * tensor alone) and model.safetensors.index.json, written last; an earlier
+ * export's other weight files are removed. `eos`, the id of the
+ * end-of-text token, is config.json's bos_token_id and eos_token_id (so
+ * that generate() stops at it), -1: none (the keys left out). Fails with
+ * BB_ERR_IO, BB_ERR_UNSUPPORTED (mlp). */
+bb_status bb_model_save_hf(bb_model_t *m, const char *dir, int eos, uint64_t shard_bytes);
+/* A file name an export --format hf writes (config.json, model.safetensors,
+ * the index, model-0000K-of-0000N.safetensors). */
+bool bb_model_hf_file(const char *name);
 /* --init-from PATH: a transformers directory, else a safetensors file. */
 bb_status bb_model_load_weights(bb_model_t *m, const char *path);
 

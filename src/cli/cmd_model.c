@@ -183,7 +183,7 @@ static int end_of_text_id(const char *tokenizer, int vocab)
 /* export --format hf: DIR (made if missing; only what an export writes may
  * be in it) gets model.safetensors, config.json and the checkpoint's
  * tokenizer.json, each through a temporary file renamed into place. */
-static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const char *dir)
+static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const char *dir, uint64_t shard_bytes)
 {
     struct stat st;
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
@@ -191,10 +191,8 @@ static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const 
     if (stat(dir, &st) != 0 && (bb_make_parents(dir, NULL) != BB_OK || mkdir(dir, 0755) != 0))
         return bb_fail_errno(BB_ERR_IO, "--out %s: cannot create the directory", dir);
     DIR *d = opendir(dir);
-    static const char *const ours[] = {"config.json", "model.safetensors", BB_TOKENIZER_FILE};
     for (struct dirent *e; d && (e = readdir(d));) {
-        bool known = e->d_name[0] == '.';
-        for (int i = 0; i < 3 && !known; i++) known = !strcmp(e->d_name, ours[i]);
+        bool known = e->d_name[0] == '.' || bb_model_hf_file(e->d_name) || !strcmp(e->d_name, BB_TOKENIZER_FILE);
         if (!known) {
             closedir(d);
             return bb_fail(BB_ERR_IO, "--out %s holds %s, which an export does not write: give an empty or new "
@@ -204,7 +202,7 @@ static bb_status export_hf(bb_model_t *m, const bb_checkpoint_info *info, const 
     if (d) closedir(d);
     char from[4200], to[4200], tmp[4300];
     snprintf(from, sizeof from, "%s/%s", info->dir, BB_TOKENIZER_FILE);
-    BB_TRY(bb_model_save_hf(m, dir, end_of_text_id(from, bb_model_outputs(bb_model_get_config(m)))));
+    BB_TRY(bb_model_save_hf(m, dir, end_of_text_id(from, bb_model_outputs(bb_model_get_config(m))), shard_bytes));
     snprintf(to, sizeof to, "%s/%s", dir, BB_TOKENIZER_FILE);
     if (access(from, F_OK)) return BB_OK;
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", to, (int)getpid());
@@ -221,16 +219,20 @@ int bb_cmd_export(int argc, char **argv)
     static const char usage[] = "bigbatch export --ckpt DIR --out FILE.safetensors | --format hf --out DIR";
     static const char summary[] =
         "Writes the weights of DIR's latest checkpoint: as one safetensors file under PyTorch\n"
-        "(nanoGPT) names (--format safetensors), or as a transformers GPT2LMHeadModel directory\n"
-        "(--format hf: config.json, model.safetensors with GPT-2's Conv1D layout, and the\n"
-        "checkpoint's tokenizer.json), which GPT2LMHeadModel.from_pretrained(DIR) loads.";
+        "names (--format safetensors), or as a transformers directory (--format hf: a gpt as\n"
+        "GPT2LMHeadModel, with GPT-2's Conv1D layout; a llama as LlamaForCausalLM): config.json,\n"
+        "model.safetensors (or shards and their index past --shard-size) and the checkpoint's\n"
+        "tokenizer.json, which the class's from_pretrained(DIR) loads.";
     const char *ckpt = NULL, *out = NULL, *format = "safetensors";
+    uint64_t shard_bytes = 5ull << 30;
     const bb_opt opts[] = {
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save", .required = true},
         {"--out", BB_OPT_STRING, &out, "PATH", "the .safetensors file, or (hf) the directory, to write",
          .required = true},
-        {"--format", BB_OPT_CHOICE, &format, "F", "safetensors (one file) or hf (a transformers directory; gpt)",
-         .choices = "safetensors|hf"},
+        {"--format", BB_OPT_CHOICE, &format, "F", "safetensors (one file) or hf (a transformers directory: gpt, "
+         "llama)", .choices = "safetensors|hf"},
+        {"--shard-size", BB_OPT_BYTES, &shard_bytes, "BYTES", "hf: weights past this size go in shards of at most "
+         "it, with model.safetensors.index.json (default 5GiB, as save_pretrained; 0: one file)"},
         {0}};
     bb_backend_t *be = NULL;
     bb_model_t *m = NULL;
@@ -245,8 +247,10 @@ int bb_cmd_export(int argc, char **argv)
     if (rc == BB_OK && hf && realpath(out, target) && realpath(info.dir, weights) && !strcmp(target, weights))
         rc = bb_fail(BB_ERR_IO, "--out %s is the checkpoint itself", out);
     if (rc == BB_OK) rc = load_model(ckpt, NULL, NULL, NULL, NULL, 1, &be, &m);
-    if (rc == BB_OK) rc = hf ? export_hf(m, &info, out) : bb_model_save_safetensors(m, target);
-    if (rc == BB_OK) printf("%s: %zu parameters%s\n", out, bb_model_param_count(m), hf ? " (transformers GPT-2)" : "");
+    if (rc == BB_OK) rc = hf ? export_hf(m, &info, out, shard_bytes) : bb_model_save_safetensors(m, target);
+    if (rc == BB_OK)
+        printf("%s: %zu parameters%s%s%s\n", out, bb_model_param_count(m), hf ? " (transformers " : "",
+               hf ? bb_model_kind_name(bb_model_get_config(m)->kind) : "", hf ? ")" : "");
     bb_model_destroy(m);
     bb_backend_destroy(be);
     int code = bb_cli_report(rc, usage, summary, opts);

@@ -28,7 +28,12 @@ bb_status model_flags_config(const model_flags *f, bb_model_config *out)
     bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
                             .layers_given = f->layers_given, .heads_given = f->heads_given,
                             .d_model_given = f->d_model_given, .hidden = (const char *const *)f->hidden.items,
-                            .hidden_count = f->hidden.count};
+                            .hidden_count = f->hidden.count, .preset = f->preset, .tie = f->tie,
+                            .kv_heads = f->kv_heads, .ffn = f->ffn, .rope_theta = f->rope_theta,
+                            .norm_eps = f->norm_eps, .preset_given = f->preset_given,
+                            .kv_heads_given = f->kv_heads_given, .ffn_given = f->ffn_given,
+                            .rope_theta_given = f->rope_theta_given, .norm_eps_given = f->norm_eps_given,
+                            .tie_given = f->tie_given};
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
     BB_TRY(bb_model_parse_recompute(f->checkpoint, out));
     BB_TRY(loss_chunk_flag(f, out));
@@ -44,7 +49,7 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
 {
     if (model_flags_shape_given(f))
         return bb_fail(BB_ERR_ARG, "--init-from %s: its config.json gives the shape; drop --model, --layers, --heads, "
-                       "--d-model", dir);
+                       "--d-model and the llama flags", dir);
     bb_model_config hf;
     int positions;
     BB_TRY(bb_model_hf_config(dir, &hf, &positions));

@@ -79,7 +79,7 @@ static bb_block_pass pass_of(bb_model_t *m, int l)
     int T = g->d.seq_len;
     return (bb_block_pass){.m = m, .be = m->be, .l = l, .B = m->B, .T = T, .BT = m->B * T,
                            .tensor = g->block_tensor[l], .a = g->act[l], .x = block_input(g, l), .dres = g->dres,
-                           .dln = g->dln};
+                           .dln = g->dln, .positions = g->positions};
 }
 
 /* Runs segment s's blocks; saves its output where the next segment's

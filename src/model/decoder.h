@@ -67,6 +67,7 @@ typedef struct bb_block_pass {
     bool selective;             /* backward: a selective block, which recomputes what it dropped */
     bool fresh;                 /* backward: its forward ran last, so the dropped tensors still hold their values */
     bool accumulate;            /* backward: add to the gradients (later micro-steps) */
+    const float *positions;     /* the kind's position table (device; rows 0..T-1), or NULL */
 } bb_block_pass;
 
 /* One position of incremental decoding through a block: x (C) in and out,
@@ -78,6 +79,7 @@ typedef struct bb_block_decode {
     int l, pos;
     int tensor;                 /* the block's first parameter tensor */
     float *x, *rows, *scratch;
+    const float *positions;     /* the kind's position table, or NULL */
 } bb_block_decode;
 
 typedef struct bb_decoder_block {
@@ -116,9 +118,12 @@ typedef struct bb_decoder_kind {
     void (*norm_forward)(bb_model_t *m, bb_tensor out, float *const *stats, bb_tensor in, int n);
     bb_status (*norm_backward)(bb_model_t *m, bb_tensor din, bb_tensor dout, bb_tensor in, float *const *stats,
                                int n, bool accumulate);
-    /* the LM head's weight (V, C): tied to the token table (tensor 0), saved a second time under this
-     * name; NULL: the head is a tensor of its own, the last one */
-    const char *tied_head;
+    /* the LM head's weight (V, C): tied to the token table (tensor 0), saved a second time under the
+     * name this returns; NULL: the head is a tensor of its own, the last one */
+    const char *(*tied_head)(const bb_model_config *c);
+    /* optional: floats per position of a table the blocks read (RoPE's cosines and sines), written for
+     * positions 0..seq_len-1 into host when host is not NULL; the stack keeps it on the device */
+    size_t (*position_table)(const bb_model_config *c, float *host);
     bb_status (*init)(bb_model_t *m, uint64_t seed, float *host);
 } bb_decoder_kind;
 

@@ -80,7 +80,8 @@ static bb_status issue_token(bb_model_t *m, decoder_state *g, int pos)
     g->k->embed(m, bb_f32(d->x), d->token, 1, 1, pos);
     for (int l = 0; l < g->L; l++) {
         bb_block_decode bd = {.m = m, .be = be, .l = l, .pos = pos, .tensor = g->block_tensor[l], .x = d->x,
-                              .rows = d->rows + (size_t)l * T * d->width, .scratch = d->scratch};
+                              .rows = d->rows + (size_t)l * T * d->width, .scratch = d->scratch,
+                              .positions = g->positions};
         g->k->block->decode(&bd);
     }
     g->k->norm_forward(m, bb_f32(d->normed), d->stat, bb_f32(d->x), 1);

@@ -121,6 +121,20 @@ static bb_status alloc_blocks(bb_model_t *m, decoder_state *g, int pool)
     return rc;
 }
 
+/* The kind's position table, made on the host once and kept on the device. */
+static bb_status position_table(bb_model_t *m, decoder_state *g)
+{
+    if (!g->k->position_table) return BB_OK;
+    size_t n = g->k->position_table(&m->cfg, NULL) * (size_t)g->d.seq_len;
+    float *host = malloc(n * sizeof *host);
+    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for a position table of %zu floats", n);
+    g->k->position_table(&m->cfg, host);
+    bb_status rc = alloc_floats(m, &g->positions, n, "position table");
+    if (rc == BB_OK) rc = bb_backend_copy(m->be, g->positions, host, n * sizeof *host, BB_COPY_H2D);
+    free(host);
+    return rc;
+}
+
 /* The tensors: the stem's, each block's, then the final ones (the head's
  * last when it is not tied). */
 static bb_status add_tensors(bb_model_t *m, decoder_state *g)
@@ -133,7 +147,7 @@ static bb_status add_tensors(bb_model_t *m, decoder_state *g)
     }
     g->block_tensor[g->L] = m->tensor_count;
     BB_TRY(k->add_final_tensors(m));
-    g->head = k->tied_head ? 0 : m->tensor_count - 1;
+    g->head = k->tied_head(&m->cfg) ? 0 : m->tensor_count - 1;
     return bb_model_alloc_parameters(m);
 }
 
@@ -160,6 +174,7 @@ bb_status bb_decoder_create(bb_model_t *m)
     if (!g->segs || !g->seg_of || !g->policy || !g->block_tensor || !g->act || !g->seg_in)
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     BB_TRY(add_tensors(m, g));
+    BB_TRY(position_table(m, g));
     int pool = make_segments(m, g);
     size_t BT = (size_t)m->B * g->d.seq_len, C = (size_t)g->d.d_model;
     g->chunk = bb_model_loss_chunk(c, m->B, bb_backend_transient_budget(m->be));

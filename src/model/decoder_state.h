@@ -28,6 +28,7 @@ typedef struct decoder_state {
     bb_tensor *seg_in;        /* (S): [0] the embedding, then the saved input of each segment after a
                                * recomputed one; none where the previous block's output is saved anyway */
     bb_dtype dtype;           /* the activations' (and their gradients'): bf16 under bf16 precision */
+    float *positions;         /* (T, the kind's width) its position table; NULL: none */
     bb_tensor normed;         /* (BT,C) the final norm's output */
     float *norm_stat[BB_BLOCK_MAX_STATS]; /* (BT) each */
     bb_tensor logits;         /* (chunk, bb_model_logits_stride(V)), the activation dtype: one chunk's logits, then in place

@@ -32,7 +32,10 @@ bb_model_config bb_model_gpt_config(int layers, int heads, int d_model, int seq_
 
 static bb_status gpt_from_flags(const bb_model_flags *f, bb_model_config *out)
 {
+    const char *flag;
     if (f->hidden_count) return bb_fail(BB_ERR_ARG, "--hidden sizes an mlp's layers; this is a gpt (--model mlp?)");
+    if (bb_model_flags_llama_given(f, &flag))
+        return bb_fail(BB_ERR_ARG, "%s shapes a llama; this is a gpt (--model llama?)", flag);
     *out = bb_model_gpt_config((int)f->layers, (int)f->heads, (int)f->d_model, 0, 0);
     return BB_OK;
 }
@@ -319,6 +322,12 @@ static void gpt_block_decode(bb_block_decode *d)
 }
 #undef W
 
+static const char *gpt_tied_head(const bb_model_config *c)
+{
+    (void)c;
+    return "lm_head.weight";
+}
+
 static const bb_decoder_block gpt_block = {
     .layout = gpt_layout,
     .add_tensors = add_block_tensors,
@@ -340,7 +349,7 @@ static const bb_decoder_kind gpt_decoder = {
     .norm_stats = 2,
     .norm_forward = gpt_norm_forward,
     .norm_backward = gpt_norm_backward,
-    .tied_head = "lm_head.weight",
+    .tied_head = gpt_tied_head,
     .init = gpt_init,
 };
 
@@ -355,5 +364,5 @@ const bb_model_kind bb_model_kind_gpt = {
     .from_json = gpt_from_json,
     .family = &bb_decoder_family,
     .decoder = &gpt_decoder,
-    .hf_model_type = "gpt2",
+    .hf = &bb_hf_gpt2,
 };

@@ -202,8 +202,10 @@ bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_co
 
 static bb_status mlp_from_flags(const bb_model_flags *f, bb_model_config *out)
 {
-    if (f->layers_given || f->heads_given || f->d_model_given)
-        return bb_fail(BB_ERR_ARG, "--layers, --heads and --d-model shape a gpt; an mlp takes --hidden");
+    const char *flag;
+    if (f->layers_given || f->heads_given || f->d_model_given || bb_model_flags_llama_given(f, &flag))
+        return bb_fail(BB_ERR_ARG, "--layers, --heads, --d-model and the llama flags shape a decoder; an mlp takes "
+                       "--hidden");
     int sizes[BB_MLP_MAX_HIDDEN] = {1024, 1024}, n = f->hidden_count ? 0 : 2;
     for (int i = 0; i < f->hidden_count; i++) {
         /* "1024,512" and "1024 512" both work */

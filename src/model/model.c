@@ -9,7 +9,7 @@
 #include "decoder.h"
 
 /* ---- the kind table ------------------------------------------------------ */
-static const bb_model_kind *const kinds[] = {&bb_model_kind_gpt, &bb_model_kind_mlp};
+static const bb_model_kind *const kinds[] = {&bb_model_kind_gpt, &bb_model_kind_llama, &bb_model_kind_mlp};
 enum { KINDS = sizeof kinds / sizeof *kinds };
 
 const bb_model_kind *bb_model_kind_find(const char *name)
@@ -20,6 +20,24 @@ const bb_model_kind *bb_model_kind_find(const char *name)
 }
 
 const char *bb_model_kind_name(const bb_model_kind *k) { return k ? k->name : "(no kind)"; }
+
+const bb_model_kind *bb_model_kind_of_hf(const char *model_type)
+{
+    for (int i = 0; i < KINDS; i++)
+        if (kinds[i]->hf && !strcmp(kinds[i]->hf->model_type, model_type)) return kinds[i];
+    return NULL;
+}
+
+const char *bb_model_hf_types(void)
+{
+    static char text[160];
+    if (*text) return text; /* made once */
+    for (int i = 0, n = 0; i < KINDS; i++)
+        if (kinds[i]->hf)
+            n += snprintf(text + n, sizeof text - (size_t)n, "%s%s (%s)", n ? ", " : "", kinds[i]->hf->model_type,
+                          kinds[i]->hf->architecture);
+    return text;
+}
 
 /* The first call fills the text; later ones read it. */
 const char *bb_model_kind_choices(void)
@@ -109,7 +127,10 @@ int bb_model_outputs(const bb_model_config *c) { return c->kind->family->outputs
 bool bb_model_targets_are_tokens(const bb_model_config *c) { return c->kind->family->targets_are_tokens; }
 bool bb_model_counts_correct(const bb_model_config *c) { return c->kind->family->counts_correct; }
 bool bb_model_chunks_loss(const bb_model_config *c) { return c->kind->family->chunks_loss; }
-const char *bb_model_tied_head(const bb_model_config *c) { return c->kind->decoder ? c->kind->decoder->tied_head : NULL; }
+const char *bb_model_tied_head(const bb_model_config *c)
+{
+    return c->kind->decoder ? c->kind->decoder->tied_head(c) : NULL;
+}
 
 bb_status bb_model_config_to_json(json_t *obj, const bb_model_config *c)
 {

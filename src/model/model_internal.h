@@ -58,8 +58,33 @@ struct bb_model_kind {
     bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
     const bb_model_family *family;
     const struct bb_decoder_kind *decoder; /* decoder kinds (decoder.h); NULL otherwise */
-    const char *hf_model_type; /* its transformers model_type (gpt_hf.c: "gpt2"); NULL: none */
+    const struct bb_hf_layout *hf; /* its transformers layout (hf.c); NULL: none */
 };
+
+/* A kind's transformers layout: hf.c reads and writes the directories
+ * (config.json, one model.safetensors or shards with their index), the
+ * kind says what its config.json holds and how its tensors are named. */
+typedef struct bb_hf_layout {
+    const char *model_type, *architecture; /* "llama", "LlamaForCausalLM" */
+    const char *positions_key;             /* config.json's key of the positions it supports */
+    /* config.json into a configuration (T: its positions); BB_ERR_FORMAT naming the key it cannot represent */
+    bb_status (*read_config)(const json_t *cfg, const char *path, bb_model_config *c, int *positions);
+    /* the configuration as config.json (eos: bos and eos ids, -1: none); NULL out of memory */
+    json_t *(*write_config)(const bb_model_config *c, int eos);
+    /* optional: a file's other name for model tensor `name` (gpt: without "transformer."); NULL: none */
+    const char *(*alias)(const char *name);
+    /* optional: a tensor stored [in, out] (GPT-2's Conv1D), where bigbatch keeps [out, in] */
+    bool (*transposed)(const char *name);
+    /* optional: a file tensor that is no parameter and is skipped (mask buffers, rotary tables) */
+    bool (*skipped)(const char *name);
+    /* optional: the model tensor of positions, of which the file may hold more rows than T */
+    const char *positions_tensor;
+} bb_hf_layout;
+extern const bb_hf_layout bb_hf_gpt2, bb_hf_llama;
+/* The kind whose layout has this model_type; NULL: none. */
+const bb_model_kind *bb_model_kind_of_hf(const char *model_type);
+/* "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM)" for messages. */
+const char *bb_model_hf_types(void);
 
 struct bb_model {
     bb_backend_t *be;
@@ -86,7 +111,7 @@ struct bb_model {
 };
 
 /* The kinds (model.c's table lists them). */
-extern const bb_model_kind bb_model_kind_gpt, bb_model_kind_mlp;
+extern const bb_model_kind bb_model_kind_gpt, bb_model_kind_llama, bb_model_kind_mlp;
 
 /* ---- safetensors files (safetensors.c), for the model's own and other
  * tools' layouts (gpt_hf.c) ---- */
