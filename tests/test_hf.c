@@ -157,3 +157,99 @@ Test(hf, configurations_it_cannot_represent_are_one_line)
     free(ck), free(dir), free(bad), free(bytes);
     free_setup(&s);
 }
+
+/* ---- Llama ----------------------------------------------------------------- */
+/* A LlamaForCausalLM (2 layers, 4 heads over 2 key/value heads, an untied
+ * head, RoPE base 500000, 64 positions) saved by save_pretrained, in one
+ * file or (shards of 20 KB) in five with their index. */
+static char *make_llama(const setup *s, const char *name, const char *extra)
+{
+    char *dir = tu_path(tmp, name);
+    free(sh_ok("%s tests/hf_models.py make-llama --out '%s' --layers 2 --heads 4 --kv-heads 2 --d 32 --ffn 48 "
+               "--positions 64 --vocab 512 --rope-theta 500000 %s 2>/dev/null && cp '%s' '%s/tokenizer.json'",
+               HF_PYTHON, dir, extra, s->tok, dir));
+    return dir;
+}
+
+Test(hf, a_transformers_llama_evaluates_trains_exports_and_samples_as_transformers)
+{
+    hf_require("tokenizers, transformers");
+    setup s = make_setup(false);
+    char *one = make_llama(&s, "llama", ""), *sharded = make_llama(&s, "sharded", "--shard-bytes 20000");
+    char index[8400];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", sharded);
+    cr_assert(tu_exists(index), "save_pretrained wrote no shards");
+    double theirs = torch_loss(&s, one), ours = bigbatch_loss("--init-from", one, s.data);
+    double ours_sharded = bigbatch_loss("--init-from", sharded, s.data);
+    cr_assert(fabs(ours - theirs) < 1e-5, "--init-from: bigbatch's loss %.7f, transformers' %.7f", ours, theirs);
+    cr_assert(fabs(ours_sharded - ours) < 1e-6, "sharded: %.7f, one file: %.7f", ours_sharded, ours);
+    /* 5 steps, then an export (sharded past 30 KB) that transformers evaluates to bigbatch's loss */
+    char *ck = tu_path(tmp, "ck"), *out = tu_path(tmp, "exported");
+    free(sh_ok("'%s' train --data '%s' --init-from '%s' --devices cpu:2 --global-batch 16 --micro-batch 4 --steps 5 "
+               "--lr 3e-3 --warmup 0 --save '%s' --quiet && '%s' export --ckpt '%s' --format hf --shard-size 30000 "
+               "--out '%s' >/dev/null", tu_bigbatch_bin(), s.data, sharded, ck, tu_bigbatch_bin(), ck, out));
+    double trained = bigbatch_loss("--ckpt", ck, s.data), exported = torch_loss(&s, out);
+    double reloaded = bigbatch_loss("--init-from", out, s.data);
+    cr_assert(trained < theirs - 0.05, "5 steps changed the loss from %.5f to %.5f only", theirs, trained);
+    cr_assert(fabs(trained - exported) < 1e-5, "trained: bigbatch %.7f, transformers on the export %.7f", trained,
+              exported);
+    cr_assert(fabs(trained - reloaded) < 1e-6, "trained %.7f, its export read back %.7f", trained, reloaded);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", out);
+    cr_assert(tu_exists(index), "an export past --shard-size wrote no index");
+    /* greedy sampling with the key/value cache (RoPE at each position) is generate()'s */
+    char *prompt = tu_path(tmp, "prompt.txt");
+    tu_write_file(prompt, "And God said", 12);
+    char *ids = sh_ok("'%s' tokenizer encode --tokenizer '%s' --in '%s'", tu_bigbatch_bin(), s.tok, prompt);
+    ids[strcspn(ids, "\n")] = 0;
+    char *mine = sh_ok("'%s' sample --init-from '%s' --prompt 'And God said' --temperature 0 --tokens 40 --ids",
+                       tu_bigbatch_bin(), one);
+    char *gen = sh_ok("%s tests/hf_models.py generate --model '%s' --prompt-ids '%s' --tokens 40 2>/dev/null",
+                      HF_PYTHON, one, ids);
+    cr_assert_str_eq(mine, gen, "greedy: bigbatch %s, transformers' generate %s", mine, gen);
+    cr_log_info("llama: transformers %.7f, bigbatch %.7f (sharded %.7f); after 5 steps %.7f, transformers on the "
+                "export %.7f; 40 greedy tokens as generate()", theirs, ours, ours_sharded, trained, exported);
+    free(prompt), free(ids), free(mine), free(gen);
+    free(ck), free(out), free(one), free(sharded);
+    free_setup(&s);
+}
+
+/* A llama bigbatch exported (no Python needed), its config.json edited:
+ * each key bigbatch cannot represent is one line naming it. */
+Test(hf, llama_configurations_it_cannot_represent_are_one_line)
+{
+    setup s = make_setup(false);
+    char *ck = tu_path(tmp, "ck"), *dir = tu_path(tmp, "exported"), *bad = tu_path(tmp, "bad");
+    free(sh_ok("'%s' train --data '%s' --model llama --layers 1 --heads 4 --kv-heads 2 --d-model 16 --global-batch 8 "
+               "--micro-batch 8 --steps 1 --save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s' "
+               ">/dev/null", tu_bigbatch_bin(), s.data, ck, tu_bigbatch_bin(), ck, dir));
+    double direct = bigbatch_loss("--ckpt", ck, s.data), again = bigbatch_loss("--init-from", dir, s.data);
+    cr_assert(fabs(direct - again) < 1e-6, "the checkpoint's loss %.7f, its export's %.7f", direct, again);
+    struct { const char *edit, *needle; } cases[] = {
+        {"c['hidden_act'] = 'gelu'", "hidden_act gelu"},
+        {"c['rope_scaling'] = {'type': 'linear', 'factor': 2.0}", "rope_scaling of type linear"},
+        {"c['attention_bias'] = True", "attention_bias is true"},
+        {"c['mlp_bias'] = True", "mlp_bias is true"},
+        {"c['head_dim'] = 8", "head_dim is 8"},
+        {"c['num_key_value_heads'] = 3", "num_key_value_heads 3 does not divide"},
+        {"c['max_position_embeddings'] = 16", "max_position_embeddings 16 is fewer than the data's T"},
+        {"c['tie_word_embeddings'] = True", "lm_head.weight differs from model.embed_tokens.weight"},
+        {"c['num_hidden_layers'] = 2", "no tensor model.layers.1."},
+        {"c['model_type'] = 'mistral'", "model_type mistral is not supported"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "
+                   "c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\"", bad, dir, bad, bad, cases[i].edit));
+        tu_run r = tu_bigbatch("train", "--data", s.data, "--init-from", bad, "--steps", "1", "--global-batch", "8",
+                               "--micro-batch", "8", "--quiet");
+        tu_assert_error(&r, cases[i].needle);
+        tu_run_free(&r);
+    }
+    /* a shard the index names is missing */
+    free(sh_ok("rm -rf '%s' && '%s' export --ckpt '%s' --format hf --shard-size 4000 --out '%s' >/dev/null && "
+               "rm '%s'/model-00002-of-*.safetensors", bad, tu_bigbatch_bin(), ck, bad, bad));
+    tu_run r = tu_bigbatch("eval", "--init-from", bad, "--data", s.data);
+    tu_assert_error(&r, "model-00002-of-");
+    tu_run_free(&r);
+    free(ck), free(dir), free(bad);
+    free_setup(&s);
+}
