@@ -207,10 +207,31 @@ Test(plan, command_prints_json_and_says_when_nothing_fits)
     free(tok);
 }
 
+/* The relative times of none, selective and blocks at micro-batch 8 (the
+ * whole batch), as the plan weighs them with calibration `cal`. */
+static void policy_times(const bb_model_config *c, const bb_calibration *cal, double *none, double *selective,
+                         double *blocks)
+{
+    bb_plan_request q = {.model = *c, .devices = 1, .global_batch = 8, .calibration = cal};
+    bb_plan p;
+    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+    *none = *selective = *blocks = 0;
+    for (int i = 0; i < p.count; i++) {
+        const bb_plan_row *r = &p.rows[i];
+        cr_assert_gt(r->step_ms, 0);
+        if (r->micro_batch != 8) continue;
+        if (!strcmp(r->recompute, "none")) *none = r->relative_time;
+        if (!strcmp(r->recompute, "selective")) *selective = r->relative_time;
+        if (!strcmp(r->recompute, "blocks")) *blocks = r->relative_time;
+    }
+    bb_plan_free(&p);
+}
+
 /* plan --calibrate measures each op's cost on the device kind and caches
- * it; the table then weighs every candidate's counted work with it:
- * selective costs a little more than none, blocks more than selective, and
- * the predicted times are positive. A damaged cache is one line, and plan
+ * it; the table then weighs every candidate's counted work with it: a
+ * row's time is its work at the rates, so recomputation costs more than
+ * none (and, at rates that do not depend on the machine's load, blocks
+ * more than selective), and the predicted times are positive. A damaged cache is one line, and plan
  * falls back to the FLOP rule without one. */
 Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
 {
@@ -232,23 +253,34 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
             cr_assert(fabs(back.op[k].ms_per_unit[i] / cal.op[k].ms_per_unit[i] - 1) < 1e-9, "%s", cal.op[k].op);
         }
     }
-    bb_plan_request q = {.model = c, .devices = 1, .global_batch = 8, .calibration = &back};
-    bb_plan p;
-    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
-    double none = 0, selective = 0, blocks = 0;
-    for (int i = 0; i < p.count; i++) {
-        const bb_plan_row *r = &p.rows[i];
-        cr_assert_gt(r->step_ms, 0);
-        if (r->micro_batch != 8) continue;
-        if (!strcmp(r->recompute, "none")) none = r->relative_time;
-        if (!strcmp(r->recompute, "selective")) selective = r->relative_time;
-        if (!strcmp(r->recompute, "blocks")) blocks = r->relative_time;
-    }
+    /* the measured rates: recomputation adds work, so time, to none's */
+    double none, selective, blocks;
+    policy_times(&c, &back, &none, &selective, &blocks);
     cr_log_info("calibrated relative time at micro-batch 8: none %.3f, selective %.3f, blocks %.3f", none, selective,
                 blocks);
     cr_assert(fabs(none - 1.0) < 1e-9, "none at the whole batch is the reference: %g", none);
-    cr_assert(selective > none && blocks > selective, "none %g < selective %g < blocks %g", none, selective, blocks);
+    cr_assert(selective > none && blocks > none, "none %g, selective %g, blocks %g", none, selective, blocks);
+    /* the weighing itself, on rates that do not depend on the machine's load (one rate per unit, a FLOP ten
+     * times an element's): selective recomputes the cheap ops, blocks every op of the recomputed blocks */
+    bb_calibration even = back;
+    for (int k = 0; k < even.ops; k++)
+        for (int i = 0; i < even.points; i++) even.op[k].ms_per_unit[i] = even.op[k].per_flop ? 1e-9 : 1e-8;
+    policy_times(&c, &even, &none, &selective, &blocks);
+    cr_assert(fabs(none - 1.0) < 1e-9 && selective > none && blocks > selective,
+              "even rates: none %g < selective %g < blocks %g", none, selective, blocks);
+    /* each row is its counted work at the calibrated rates */
+    bb_step_work *w = malloc(sizeof *w);
+    cr_assert_eq(bb_plan_step_work(&c, 8, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, w), BB_OK, "%s", bb_error_message());
+    double expect = bb_calibration_ms(&even, w->micro, w->nmicro, 8) + bb_calibration_ms(&even, w->opt, w->nopt, 8);
+    bb_plan_request q = {.model = c, .devices = 1, .global_batch = 8, .calibration = &even, .fixed_recompute = true};
+    bb_plan p;
+    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+    for (int i = 0; i < p.count; i++)
+        if (p.rows[i].micro_batch == 8)
+            cr_assert(fabs(p.rows[i].step_ms / expect - 1) < 1e-9, "%s: %g ms, the counted work %g ms",
+                      p.rows[i].recompute, p.rows[i].step_ms, expect);
     bb_plan_free(&p);
+    free(w);
     tu_write_file(path, "{\"device\": \"cpu\"}", 17);
     cr_assert_eq(bb_calibration_load(path, &back), BB_ERR_FORMAT);
     cr_assert(strstr(bb_error_message(), "calibration-cpu.json") && !strchr(bb_error_message(), '\n'), "%s",

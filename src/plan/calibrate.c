@@ -8,11 +8,16 @@
 #include "bigbatch/calibrate.h"
 #include "bigbatch/optim.h"
 
-enum { WARMUP = 2, TIMED = 3, PROFILE_CAP = 64 };
+enum { WARMUP = 2, ROUNDS = 3, PROFILE_CAP = 64 };
 
 static double units(const bb_op_time *t) { return t->flops > 0 ? t->flops : t->elements; }
 
-/* One micro-batch: the ops' times over TIMED micro-steps after WARMUP. */
+/* One micro-batch: after WARMUP micro-steps, ROUNDS rounds of the same
+ * work (one micro-step at the largest micro-batch, more at the smaller);
+ * each op's rate is its fastest round's. A preempted or interrupted round
+ * only adds time, so the minimum is what the op costs; a sum or a mean
+ * would let one stall weigh a small op at many times its cost (and rank
+ * the checkpoint policies by the machine's noise). */
 static bb_status measure(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo, int B,
                          int slot, bb_calibration *out)
 {
@@ -29,28 +34,31 @@ static bb_status measure(const bb_model_config *c, bb_device_kind device, const 
     BB_TRY_GOTO(bb_model_set_synthetic_batch(m), rc, done);
     bb_optimizer_config oc = bb_optimizer_defaults();
     BB_TRY_GOTO(bb_optimizer_create(be, &oc, m, NULL, &opt), rc, done);
-    /* the same work at every micro-batch: TIMED steps at the largest, more at the smaller */
-    int timed = TIMED * (1 << (BB_CALIBRATION_POINTS - 1)) / B;
-    for (int s = 0; s < WARMUP + timed; s++) { /* a micro-step and AdamW's step */
-        if (s == WARMUP) bb_backend_op_profile_reset(be);
+    int per_round = (1 << (BB_CALIBRATION_POINTS - 1)) / B, steps = WARMUP + ROUNDS * per_round;
+    for (int s = 0; s < steps; s++) { /* a micro-step and AdamW's step */
         BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
         BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
         double norm = bb_optimizer_sum_squares(be, m, &opt);
-        bb_optimizer_apply(be, m, &opt, (uint64_t)s, (uint64_t)(WARMUP + timed), norm, &lr);
-    }
-    BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
-    bb_op_time t[PROFILE_CAP];
-    int n = bb_backend_op_profile(be, t, PROFILE_CAP);
-    for (int i = 0; i < n; i++) {
-        if (units(&t[i]) <= 0) continue;
-        int k = 0;
-        while (k < out->ops && strcmp(out->op[k].op, t[i].op)) k++;
-        if (k == out->ops) {
-            if (out->ops == BB_CALIBRATION_OPS) continue;
-            snprintf(out->op[out->ops++].op, sizeof out->op[0].op, "%s", t[i].op);
+        bb_optimizer_apply(be, m, &opt, (uint64_t)s, (uint64_t)steps, norm, &lr);
+        if (s < WARMUP - 1 || (s - WARMUP + 1) % per_round) continue;
+        BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
+        if (s >= WARMUP) { /* a round ended: its rates */
+            bb_op_time t[PROFILE_CAP];
+            int n = bb_backend_op_profile(be, t, PROFILE_CAP);
+            for (int i = 0; i < n; i++) {
+                if (units(&t[i]) <= 0) continue;
+                int k = 0;
+                while (k < out->ops && strcmp(out->op[k].op, t[i].op)) k++;
+                if (k == out->ops) {
+                    if (out->ops == BB_CALIBRATION_OPS) continue;
+                    snprintf(out->op[out->ops++].op, sizeof out->op[0].op, "%s", t[i].op);
+                }
+                double rate = t[i].ms / units(&t[i]), *best = &out->op[k].ms_per_unit[slot];
+                out->op[k].per_flop = t[i].flops > 0;
+                if (!(*best > 0) || rate < *best) *best = rate;
+            }
         }
-        out->op[k].per_flop = t[i].flops > 0;
-        out->op[k].ms_per_unit[slot] = t[i].ms / units(&t[i]);
+        bb_backend_op_profile_reset(be); /* the next round's */
     }
 done:
     if (be) bb_optimizer_destroy(be, &opt);
