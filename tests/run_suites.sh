@@ -36,8 +36,8 @@ failed=() i=0
 for t in "$@"; do
     read -r rc seconds < "$dir/$i.rc" || rc=1 seconds=?
     echo "== $t (${seconds} s)"
-    grep -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' "$dir/$i.log"
-    if grep -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$dir/$i.log"; then
+    grep -a -v -E '^\[(RUN |PASS)\]|^\[----\] Criterion v|^\[====\] Running' "$dir/$i.log"
+    if grep -a -q -E 'ERROR: (Leak|Address|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$dir/$i.log"; then
         echo "FAILED: a sanitizer reported an error in $t"
         failed+=("$(basename "$t") (sanitizer)")
     fi

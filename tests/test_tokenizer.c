@@ -1,6 +1,7 @@
-/* test_tokenizer.c — byte-level BPE: our encoder gives the `tokenizers`
- * package's tokens, token for token, for a tokenizer that package trained
- * and for one ours trained (GPT-2's pre-tokenizer and a GPT-4-style Split);
+/* test_tokenizer.c — BPE: our encoder gives the `tokenizers` package's
+ * tokens, token for token, for a tokenizer that package trained and for one
+ * ours trained (GPT-2's pre-tokenizer and a GPT-4-style Split), and for the
+ * Llama family's (Llama 3's, and the SentencePiece style of Llama 2);
  * our trainer's vocabulary is as good as its trainer's; every byte comes
  * back from the tokens; pack keeps the tokenizer with the data, sample
  * decodes through it and evaluation speaks bits per byte; what cannot be
@@ -72,6 +73,87 @@ Test(tokenizer, encodes_token_for_token_like_the_tokenizers_package)
     }
     cr_log_info("the same tokens as tokenizers' for (ours, tokenizers', split) x (KJV, UTF-8, random): %s", counts);
     free(kjv), free(head), free(utf8), free(rnd), free(ours), free(theirs), free(split);
+}
+
+/* The tokenizers of the Llama family, built offline by `tokenizers` with
+ * their structure (tests/hf_tokenizer.py --style): Llama 3's byte-level BPE
+ * (a Split on its pattern, ignore_merges, 256 special tokens from 128000)
+ * and the SentencePiece style of Llama 2, Mistral and TinyLlama (a Prepend
+ * and Replace normalizer or a Metaspace pre-tokenizer, byte fallback to
+ * <0xNN>, <unk> fused). Ours gives the package's tokens, token for token,
+ * on text with special tokens, characters out of the vocabulary and bytes
+ * that are not UTF-8; the tokens' bytes are the text (with the space the
+ * normalizer prepends); pack stores Llama 3's ids as u32. */
+Test(tokenizer, llama_family_tokenizers_encode_token_for_token_like_the_tokenizers_package)
+{
+    hf_require("tokenizers");
+    char *head = kjv_head(400000, "head.txt"), *utf8, *rnd, *special = tu_path(tmp, "special.txt");
+    write_samples(&utf8, &rnd);
+    FILE *f = fopen(special, "w");
+    for (int i = 0; i < 3; i++)
+        fprintf(f, "<|begin_of_text|><s>In the beginning</s> <unk>x%s<|eot_id|>  <s> </s>\n<|start_header_id|>user"
+                "<|end_header_id|>\n\n%s", utf8_sample, i ? "" : "<s>");
+    fclose(f);
+    static const char *const styles[] = {"llama3", "llama2", "metaspace-first", "metaspace-split", "unk"};
+    const char *texts[] = {head, utf8, rnd, special}, *text_names[] = {"KJV", "UTF-8 sample", "random", "specials"};
+    char counts[512] = "";
+    for (size_t k = 0; k < sizeof styles / sizeof *styles; k++) {
+        char name[64], *tok;
+        snprintf(name, sizeof name, "%s.json", styles[k]);
+        tok = tu_path(tmp, name);
+        free(sh_ok("%s tests/hf_tokenizer.py train --in '%s' --vocab 700 --style %s --out '%s'", HF_PYTHON, head,
+                   styles[k], tok));
+        for (int x = 0; x < 4; x++) {
+            char what[128];
+            snprintf(what, sizeof what, "%s tokenizer, %s", styles[k], text_names[x]);
+            size_t n = expect_same_ids(tok, texts[x], what);
+            snprintf(counts + strlen(counts), sizeof counts - strlen(counts), "%s%zu", k || x ? ", " : "", n);
+        }
+        /* the rules had work to do: special ids past 65535 (llama3), byte tokens (ids 3..258), <unk> (id 0) */
+        bb_tokenizer_t *t;
+        cr_assert_eq(bb_tokenizer_load(tok, &t), BB_OK, "%s", bb_error_message());
+        size_t n;
+        uint8_t *text = tu_read_file(special, &n);
+        bb_tokens ids = {0};
+        cr_assert_eq(bb_tokenizer_encode(t, text, n, &ids), BB_OK, "%s", bb_error_message());
+        size_t high = 0, bytes = 0, unk = 0;
+        for (size_t i = 0; i < ids.n; i++) high += ids.v[i] >= 128000, bytes += ids.v[i] >= 3 && ids.v[i] < 259,
+                                           unk += ids.v[i] == 0;
+        if (k == 0) cr_assert(high >= 6 && bb_tokenizer_vocab(t) == 128256, "llama3: %zu special ids", high);
+        else if (!strcmp(styles[k], "unk")) cr_assert(unk > 10, "%s: %zu <unk>", styles[k], unk);
+        else cr_assert(bytes > 50, "%s: %zu byte tokens", styles[k], bytes);
+        bb_tokens_free(&ids);
+        free(text);
+        /* SentencePiece with byte fallback: the tokens' bytes are the text, after the prepended space */
+        if (!strcmp(styles[k], "llama2")) {
+            text = tu_read_file(rnd, &n);
+            cr_assert_eq(bb_tokenizer_encode(t, text, n, &ids), BB_OK, "%s", bb_error_message());
+            uint8_t *back = malloc(n + 2);
+            size_t at = 0;
+            for (size_t i = 0; i < ids.n; i++) {
+                size_t len;
+                const uint8_t *b = bb_tokenizer_token_bytes(t, ids.v[i], &len);
+                cr_assert(b && at + len <= n + 1, "token %zu (id %u) has no bytes or runs past the text", i, ids.v[i]);
+                memcpy(back + at, b, len), at += len;
+            }
+            cr_assert(at == n + 1 && back[0] == ' ' && !memcmp(back + 1, text, n), "the tokens' bytes are not ' ' + "
+                      "the text");
+            free(back), free(text), bb_tokens_free(&ids);
+        }
+        bb_tokenizer_destroy(t);
+        if (k == 0) { /* Llama 3's 128256 ids: u32 records */
+            char *out = tu_path(tmp, "data3"), *info;
+            free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --tokenizer '%s' --out '%s'", tu_bigbatch_bin(),
+                       special, tok, out));
+            info = sh_ok("'%s' inspect '%s'", tu_bigbatch_bin(), out);
+            cr_assert(strstr(info, "tokens_u32 [33]") && strstr(info, "vocabulary 128256"), "%s", info);
+            free(info), free(out);
+        }
+        free(tok);
+    }
+    cr_log_info("the same tokens as tokenizers' for (llama3, llama2, metaspace first, metaspace split, unk) x (KJV, "
+                "UTF-8, random, special tokens): %s", counts);
+    free(head), free(utf8), free(rnd), free(special);
 }
 
 /* Whatever `tokenizer train` writes, our encoder and the tokenizers
@@ -241,6 +323,14 @@ Test(tokenizer, tokenizers_it_cannot_represent_are_one_line)
         {"j['model']['dropout'] = 0.1", "model.dropout"},
         {"j['model']['merges'][0] = 'zzz qqq'", "model.merges[0]"},
         {"del j['model']['vocab']['a']", "byte 0x61"},
+        {"j['model']['byte_fallback'] = True", "pre_tokenizer ByteLevel is not supported with a normalizer or "
+         "byte_fallback"},
+        {"j['pre_tokenizer'] = None; j['normalizer'] = dict(type='Replace', pattern=dict(Regex=' '), content='_')",
+         "normalizer Replace: only a pattern"},
+        {"j['pre_tokenizer'] = dict(type='Metaspace', replacement='_', prepend_scheme='sometimes')",
+         "prepend_scheme sometimes"},
+        {"j['pre_tokenizer'] = None; j['decoder'] = dict(type='WordPiece')", "decoder WordPiece"},
+        {"j['pre_tokenizer'] = j['decoder'] = None; j['model']['unk_token'] = '<nope>'", "model.unk_token \"<nope>\" is not a token"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *e = edited(tok, "bad.json", cases[i].edit), *out = tu_path(tmp, "never");

@@ -1,6 +1,7 @@
-/* tokenizer.h — byte-level BPE, the tokenizer of GPT-2: Hugging Face's
- * `tokenizer.json` read and written, text encoded to tokens and tokens
- * decoded to text, and a trainer for new vocabularies.
+/* tokenizer.h — BPE tokenizers: GPT-2's and Llama 3's byte-level BPE and
+ * the SentencePiece-style BPE of Llama 2, Mistral and TinyLlama; Hugging
+ * Face's `tokenizer.json` read (byte-level also written), text encoded to
+ * tokens and tokens decoded to text, and a trainer for new vocabularies.
  *
  *   bb_tokenizer_t *t;
  *   BB_TRY(bb_tokenizer_load("gpt2/tokenizer.json", &t));
@@ -11,20 +12,34 @@
  *   bb_tokens_free(&ids);
  *   bb_tokenizer_destroy(t);
  *
- * What is read: a `model` of type BPE over byte-level symbols (GPT-2's
- * byte-to-unicode map), its `vocab` and `merges` (strings "a b" or pairs
- * ["a", "b"]), `ignore_merges`, the `added_tokens` (split out of the text
- * before anything else, as `tokenizers` does), and a pre-tokenizer that is
- * either ByteLevel with use_regex (GPT-2's split pattern) or a Sequence of
- * a Split on a regex (isolated) and a ByteLevel without one (the GPT-4
- * style). The regexes run on PCRE2 with Unicode properties. What cannot be
- * represented is refused with one line naming the key: another model type,
- * a normalizer, add_prefix_space, dropout, a subword prefix or suffix,
- * byte fallback.
+ * What is read: a `model` of type BPE, its `vocab` and `merges` (strings
+ * "a b" or pairs ["a", "b"]), `ignore_merges`, and the `added_tokens`
+ * (split out of the text before anything else, as `tokenizers` does; no
+ * post-processor runs: no <s> or <|begin_of_text|> is added). Then one of:
  *
- * Bytes that are not UTF-8 match no pattern; each run of them is one piece
- * of its own, encoded through the byte-level symbols like any other (the
- * `tokenizers` package takes only valid UTF-8, so it has no rule for them).
+ *   byte-level    symbols are bytes in GPT-2's byte-to-unicode alphabet (all
+ *                 256 in the vocabulary); the pre-tokenizer is ByteLevel with
+ *                 use_regex (GPT-2's split pattern) or a Sequence of a Split on
+ *                 a regex (isolated) and a ByteLevel without one (GPT-4's and
+ *                 Llama 3's style); the regexes run on PCRE2 with Unicode
+ *                 properties. Bytes that are not UTF-8 match no pattern: each
+ *                 run of them is one piece of its own.
+ *   SentencePiece symbols are characters as the vocabulary writes them (a space
+ *                 as U+2581), written by a normalizer of Prepend and Replace
+ *                 steps (no pre-tokenizer: the text between added tokens is one
+ *                 piece) or by a Metaspace pre-tokenizer (prepend_scheme
+ *                 always, first or never; split or not); a character out of the
+ *                 vocabulary is its bytes' <0xNN> tokens with byte_fallback,
+ *                 else <unk> (a run of them one <unk> with fuse_unk); its
+ *                 decoder is Metaspace or a Sequence of Replace, ByteFallback,
+ *                 Fuse and Strip. A token's bytes are its text with U+2581 as a
+ *                 space (the Strip of the decoded text's first space is left to
+ *                 the caller: sample prints the prompt as given).
+ *
+ * What cannot be represented is refused with one line naming the key:
+ * another model type, another normalizer or pre-tokenizer, a Regex Replace,
+ * add_prefix_space on ByteLevel, dropout, a subword prefix or suffix, byte
+ * fallback in a byte-level BPE.
  */
 #ifndef BIGBATCH_TOKENIZER_H
 #define BIGBATCH_TOKENIZER_H

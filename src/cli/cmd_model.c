@@ -408,7 +408,7 @@ int bb_cmd_sample(int argc, char **argv)
     if (rc == BB_OK && tok) {
         bb_tokens nl = {0};
         rc = bb_tokenizer_encode(tok, (const uint8_t *)"\n", 1, &nl);
-        if (rc == BB_OK) newline = nl.n ? (int32_t)nl.v[0] : 0;
+        if (rc == BB_OK) newline = nl.n ? (int32_t)nl.v[nl.n - 1] : 0; /* SentencePiece: "\n" is "▁" <0x0A> */
         bb_tokens_free(&nl);
     }
     int cached = 0; /* positions of the context in the model's cache */

@@ -1,7 +1,7 @@
-/* tokenizer.c — byte-level BPE: Hugging Face's tokenizer.json in, text to
- * tokens (added tokens, then the pre-tokenizer's pieces, then the merges of
- * lowest rank first, leftmost first among equals, as `tokenizers` does),
- * tokens to bytes. */
+/* tokenizer.c — BPE, byte-level or SentencePiece style: Hugging Face's
+ * tokenizer.json in, text to tokens (added tokens, then the pre-tokenizer's
+ * pieces, then the merges of lowest rank first, leftmost first among
+ * equals, as `tokenizers` does), tokens to bytes. */
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,7 +26,9 @@ struct bb_tokenizer {
     uint32_t byte_id[256];  /* the token of each byte alone */
     bb_pair_map merges;     /* (a, b) → rank << 32 | merged id */
     bool ignore_merges;     /* a piece that is a token is that token, merges or not */
-    bb_str_map whole;       /* ignore_merges: token bytes → id */
+    bb_str_map whole;       /* each token as the encoder sees it → id: byte-level (with ignore_merges only) its
+                               bytes, SentencePiece style its vocabulary key (U+2581 for a space) */
+    bb_sp_style sp;         /* sp.on: SentencePiece style (characters, byte fallback, <unk>) */
     added_token *added;     /* longest first */
     int added_count;
     bool added_first[256];  /* some added token starts with this byte */
@@ -97,6 +99,7 @@ void bb_tokenizer_destroy(bb_tokenizer_t *t)
     free(t->added);
     bb_pair_free(&t->merges);
     bb_str_free(&t->whole);
+    bb_sp_free(&t->sp);
     pcre2_code_free(t->re);
     free(t);
 }
@@ -228,6 +231,15 @@ static bb_status read_vocab(bb_tokenizer_t *t, const json_t *vocab, const json_t
         if (t->bytes[id]) /* two strings for one id: decoding could not say which */
             return bb_fail(BB_ERR_FORMAT, "%s: model.vocab gives id %u to \"%.100s\" and to another token", path, id,
                            key);
+        if (t->sp.on) { /* the key is the text (U+2581 for a space), <0xNN> a byte */
+            uint8_t *b = bb_sp_token_bytes(&t->sp, key, id, &n);
+            bb_status rc = b ? set_bytes(t, id, b, n) : bb_fail(BB_ERR_NOMEM, "out of memory");
+            free(b);
+            if (rc == BB_OK && !bb_str_get(&t->whole, (const uint8_t *)key, strlen(key), id))
+                rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+            BB_TRY(rc);
+            continue;
+        }
         size_t len = strlen(key); /* a token decodes to at most its key's length in bytes */
         uint8_t *b = len < sizeof buf ? buf : malloc(len);
         if (!b) return bb_fail(BB_ERR_NOMEM, "out of memory");
@@ -251,6 +263,7 @@ static bb_status read_vocab(bb_tokenizer_t *t, const json_t *vocab, const json_t
             added_token x = t->added[b];
             t->added[b] = t->added[b - 1], t->added[b - 1] = x;
         }
+    if (t->sp.on) return BB_OK; /* its characters are tokens of the vocabulary, the bytes' tokens optional */
     for (int b = 0; b < 256; b++) {
         char s[5] = {0};
         bb_utf8_put(cp[b], s);
@@ -314,19 +327,31 @@ static bb_status read_merges(bb_tokenizer_t *t, const json_t *vocab, const json_
     return BB_OK;
 }
 
+/* <unk>: model.unk_token's id, in the vocabulary or an added token. */
+static bb_status read_unk(bb_tokenizer_t *t, const json_t *model, const json_t *added, const char *path)
+{
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    if (!unk) return BB_OK;
+    const json_t *id = json_object_get(json_object_get(model, "vocab"), unk), *v;
+    size_t i;
+    json_array_foreach(added, i, v) if (!id && !strcmp(json_string_value(json_object_get(v, "content")), unk))
+        id = json_object_get(v, "id");
+    if (!json_is_integer(id)) return bb_fail(BB_ERR_FORMAT, "%s: model.unk_token \"%s\" is not a token", path, unk);
+    t->sp.unk = (uint32_t)json_integer_value(id);
+    return BB_OK;
+}
+
 static bb_status parse(bb_tokenizer_t *t, const json_t *root, const char *path)
 {
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return bb_fail(BB_ERR_FORMAT, "%s: no \"model\" object: not a tokenizer.json", path);
     if (strcmp(type_of(model), "BPE"))
-        return bb_fail(BB_ERR_FORMAT, "%s: model type %s is not supported (byte-level BPE only)", path, type_of(model));
-    if (json_object_get(root, "normalizer") && !json_is_null(json_object_get(root, "normalizer")))
-        return bb_fail(BB_ERR_FORMAT, "%s: normalizer %s is not supported (byte-level BPE has none)", path,
-                       type_of(json_object_get(root, "normalizer")));
+        return bb_fail(BB_ERR_FORMAT, "%s: model type %s is not supported (BPE only)", path, type_of(model));
+    BB_TRY(bb_sp_read(root, model, path, &t->sp));
     static const char *const unset[] = {"dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"};
-    for (int i = 0; i < 4; i++) BB_TRY(require_unset(model, path, "model", unset[i]));
+    for (int i = 0; i < (t->sp.on ? 3 : 4); i++) BB_TRY(require_unset(model, path, "model", unset[i]));
     const char *decoder = type_of(json_object_get(root, "decoder"));
-    if (json_is_object(json_object_get(root, "decoder")) && strcmp(decoder, "ByteLevel"))
+    if (!t->sp.on && json_is_object(json_object_get(root, "decoder")) && strcmp(decoder, "ByteLevel"))
         return bb_fail(BB_ERR_FORMAT, "%s: decoder %s is not supported (ByteLevel)", path, decoder);
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
@@ -335,11 +360,15 @@ static bb_status parse(bb_tokenizer_t *t, const json_t *root, const char *path)
         return bb_fail(BB_ERR_FORMAT, "%s: model.vocab (an object) or model.merges (an array) is missing", path);
     if (added && !json_is_array(added) && !json_is_null(added))
         return bb_fail(BB_ERR_FORMAT, "%s: added_tokens is not an array", path);
-    const char *pattern = NULL;
-    BB_TRY(read_pretokenizer(root, path, &pattern));
-    char what[4200];
-    snprintf(what, sizeof what, "%s: pre_tokenizer", path);
-    BB_TRY(bb_pretok_compile(pattern, what, &t->re));
+    if (!t->sp.on) {
+        const char *pattern = NULL;
+        BB_TRY(read_pretokenizer(root, path, &pattern));
+        char what[4200];
+        snprintf(what, sizeof what, "%s: pre_tokenizer", path);
+        BB_TRY(bb_pretok_compile(pattern, what, &t->re));
+    } else {
+        BB_TRY(read_unk(t, model, json_is_array(added) ? added : NULL, path));
+    }
     BB_TRY(read_vocab(t, vocab, json_is_array(added) ? added : NULL, path));
     return read_merges(t, vocab, merges, path);
 }
@@ -388,6 +417,7 @@ typedef struct encoder {
     int32_t *prev, *next;
     uint64_t *heap;   /* rank << 32 | position, smallest first */
     size_t cap;
+    bb_sp_buf norm[2]; /* SentencePiece style: the normalized segment */
 } encoder;
 
 static void heap_push(uint64_t *h, size_t *n, uint64_t v)
@@ -419,7 +449,8 @@ static void push_pair(encoder *e, size_t *hn, int32_t pos)
     if (m) heap_push(e->heap, hn, (*m >> 32) << 32 | (uint32_t)pos);
 }
 
-/* One piece's tokens: its bytes' symbols, merged lowest rank first. */
+/* One piece's tokens: its first symbols (byte-level: its bytes';
+ * SentencePiece style: its characters'), merged lowest rank first. */
 static bb_status encode_piece(void *ctx, const uint8_t *p, size_t n)
 {
     encoder *e = ctx;
@@ -437,10 +468,11 @@ static bb_status encode_piece(void *ctx, const uint8_t *p, size_t n)
         if (!e->cap) return bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     size_t hn = 0;
-    for (size_t i = 0; i < n; i++) {
-        e->id[i] = t->byte_id[p[i]];
-        e->prev[i] = (int32_t)i - 1, e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    }
+    if (t->sp.on) n = bb_sp_symbols(&t->sp, &t->whole, p, n, e->id);
+    else
+        for (size_t i = 0; i < n; i++) e->id[i] = t->byte_id[p[i]];
+    if (!n) return BB_OK;
+    for (size_t i = 0; i < n; i++) e->prev[i] = (int32_t)i - 1, e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     for (size_t i = 0; i + 1 < n; i++) push_pair(e, &hn, (int32_t)i);
     while (hn) {
         uint64_t top = heap_pop(e->heap, &hn);
@@ -469,6 +501,14 @@ static const added_token *added_at(const bb_tokenizer_t *t, const uint8_t *p, si
     return NULL;
 }
 
+/* The text between two added tokens, from byte `at` of the text. */
+static bb_status encode_segment(encoder *e, const uint8_t *text, size_t at, size_t n)
+{
+    if (!n) return BB_OK;
+    if (e->t->sp.on) return bb_sp_each(&e->t->sp, text + at, n, at == 0, e->norm, encode_piece, e);
+    return bb_pretok_each(e->t->re, text + at, n, encode_piece, e);
+}
+
 bb_status bb_tokenizer_encode(const bb_tokenizer_t *t, const uint8_t *text, size_t n, bb_tokens *out)
 {
     encoder e = {.t = t, .out = out};
@@ -477,12 +517,12 @@ bb_status bb_tokenizer_encode(const bb_tokenizer_t *t, const uint8_t *text, size
     for (size_t i = 0; t->added_count && i < n && rc == BB_OK; i++) {
         const added_token *a = added_at(t, text + i, n - i);
         if (!a) continue;
-        if (i > start) rc = bb_pretok_each(t->re, text + start, i - start, encode_piece, &e);
+        rc = encode_segment(&e, text, start, i - start);
         if (rc == BB_OK && !bb_tokens_push(out, a->id)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
         start = i + a->len, i = start - 1;
     }
-    if (rc == BB_OK && start < n) rc = bb_pretok_each(t->re, text + start, n - start, encode_piece, &e);
-    free(e.id), free(e.prev), free(e.next), free(e.heap);
+    if (rc == BB_OK) rc = encode_segment(&e, text, start, n - start);
+    free(e.id), free(e.prev), free(e.next), free(e.heap), free(e.norm[0].p), free(e.norm[1].p);
     return rc;
 }
 
@@ -516,7 +556,9 @@ static void *encode_worker(void *arg)
 bb_status bb_tokenizer_encode_parallel(const bb_tokenizer_t *t, const uint8_t *text, size_t n, int threads,
                                        bb_tokens *out)
 {
-    bool cut_ok = true; /* an added token holding a newline could straddle a cut */
+    /* an added token holding a newline could straddle a cut; the SentencePiece style's pieces (and its
+     * prepended U+2581) run across newlines */
+    bool cut_ok = !t->sp.on;
     for (int i = 0; i < t->added_count; i++) cut_ok &= !memchr(t->added[i].bytes, '\n', t->added[i].len);
     size_t target = n / ((size_t)threads * 4) > (1u << 20) ? n / ((size_t)threads * 4) : 1u << 20;
     if (threads <= 1 || !cut_ok || n < 2 * target) return bb_tokenizer_encode(t, text, n, out);

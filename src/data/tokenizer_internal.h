@@ -1,7 +1,8 @@
 /* tokenizer_internal.h — private to the tokenizer (tokenizer.c encodes and
- * decodes, tokenizer_train.c trains): GPT-2's byte-to-unicode map, the
- * pre-tokenizer's pattern, and two open-addressing hash maps (pair of ids →
- * value; byte string → value). */
+ * decodes, tokenizer_sp.c reads the SentencePiece style, tokenizer_train.c
+ * trains): GPT-2's byte-to-unicode map, the pre-tokenizer's pattern, the
+ * SentencePiece style's rules, and two open-addressing hash maps (pair of
+ * ids → value; byte string → value). */
 #ifndef BIGBATCH_TOKENIZER_INTERNAL_H
 #define BIGBATCH_TOKENIZER_INTERNAL_H
 
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigbatch/json.h"
 #include "bigbatch/tokenizer.h"
 
 /* GPT-2's pre-tokenizer (`tokenizers`' ByteLevel with use_regex). */
@@ -83,5 +85,56 @@ uint64_t *bb_str_find(const bb_str_map *m, const uint8_t *s, size_t n);
 /* The value of s, inserted as `init` when absent; NULL when out of memory. */
 uint64_t *bb_str_get(bb_str_map *m, const uint8_t *s, size_t n, uint64_t init);
 void bb_str_free(bb_str_map *m);
+
+/* ---- the SentencePiece style (tokenizer_sp.c) ----------------------------- */
+/* Llama 2's, Mistral's and TinyLlama's tokenizer.json: a BPE over
+ * characters as the vocabulary writes them (a space as U+2581, written by a
+ * normalizer of Prepend and Replace steps or by a Metaspace pre-tokenizer),
+ * a character out of the vocabulary as its bytes' <0xNN> tokens
+ * (byte_fallback), else <unk> (a run of them one <unk> with fuse_unk). */
+enum { BB_SP_EDITS = 4 };
+enum { BB_SP_NEVER, BB_SP_FIRST, BB_SP_ALWAYS }; /* Metaspace's prepend_scheme; first: the text's first segment */
+typedef struct bb_sp_edit {
+    char *from, *to; /* from NULL: Prepend `to` (to a segment that is not empty) */
+} bb_sp_edit;
+typedef struct bb_sp_style {
+    bool on;                         /* false: byte-level BPE */
+    bb_sp_edit edit[BB_SP_EDITS];    /* the normalizer's steps, in order */
+    int edits;
+    char *meta;                      /* Metaspace's replacement; NULL: no Metaspace */
+    int meta_prepend;                /* BB_SP_NEVER, _FIRST, _ALWAYS (unless the segment starts with it) */
+    bool meta_split;                 /* a piece starts at each replacement */
+    char *dec_from, *dec_to;         /* the decoder's Replace (Metaspace's: its replacement by " ") */
+    bool byte_fallback, fuse_unk;
+    uint32_t fallback[256], unk;     /* the ids of <0x00>..<0xFF> and of <unk>; UINT32_MAX: none */
+} bb_sp_style;
+typedef struct bb_sp_buf {
+    uint8_t *p;
+    size_t cap;
+} bb_sp_buf;
+
+/* Reads the normalizer, pre-tokenizer, decoder and the model's byte_fallback
+ * and fuse_unk when root is of the SentencePiece style (a normalizer, no
+ * pre-tokenizer or Metaspace, or byte_fallback); sp->on false when not.
+ * Fails with BB_ERR_FORMAT naming path and what cannot be represented,
+ * BB_ERR_NOMEM. bb_sp_free frees what it read. */
+bb_status bb_sp_read(const json_t *root, const json_t *model, const char *path, bb_sp_style *sp);
+void bb_sp_free(bb_sp_style *sp);
+/* The bytes vocabulary key `key` (of id `id`) decodes to, malloc'd, *len
+ * of them: <0xNN> with byte_fallback is byte NN (and sp->fallback[NN] is set
+ * to id), anything else the key with the decoder's Replace. NULL: out of
+ * memory. */
+uint8_t *bb_sp_token_bytes(bb_sp_style *sp, const char *key, uint32_t id, size_t *len);
+/* Calls fn(ctx, piece, len) for each piece of the segment seg (n bytes, the
+ * text between added tokens; at_start: it starts the text) once normalized
+ * and pre-tokenized; bufs: two scratch buffers, grown here, freed by the
+ * caller. Fails with BB_ERR_NOMEM or what fn returns. */
+bb_status bb_sp_each(const bb_sp_style *sp, const uint8_t *seg, size_t n, bool at_start, bb_sp_buf bufs[2],
+                     bb_piece_fn fn, void *ctx);
+/* The first symbols of a piece (n bytes; at most n of them, into ids): its
+ * characters' ids in `pieces` (vocabulary key → id), else their bytes'
+ * fallback ids, else <unk>; a byte that starts no UTF-8 character is a
+ * character of its own. Returns how many. */
+size_t bb_sp_symbols(const bb_sp_style *sp, const bb_str_map *pieces, const uint8_t *p, size_t n, uint32_t *ids);
 
 #endif /* BIGBATCH_TOKENIZER_INTERNAL_H */
