@@ -294,15 +294,23 @@ cudaError_t attention_backward(cudaStream_t s, float *dqkv, const float *dout, c
     return cudaGetLastError();
 }
 
-// ---- incremental decoding: the last row's query over T cached rows ---------
+// ---- incremental decoding: the new row's query over T cached rows ----------
+// The cache's rows hold the key/value heads' keys, then their values: the
+// Heads of a row without queries (W = 2·KVH·hs, koff 0, voff KVH·hs); the
+// query q is the new row's first NH·hs floats.
 constexpr int kDecodeThreads = 256;
 
-// scores[h, t] = q_h · k_(t,g) / sqrt(hs), q from row T-1: one thread per (t, h).
-__global__ void decode_scores_k(float *scores, const float *qkv, int T, Heads H)
+Heads cache_heads_of(int NH, int KVH, int HS)
+{
+    return Heads{NH, KVH, HS, NH * HS, 2 * KVH * HS, 0, KVH * HS, NH / KVH};
+}
+
+// scores[h, t] = q_h · k_(t,g) / sqrt(hs): one thread per (t, h).
+__global__ void decode_scores_k(float *scores, const float *q_row, const float *kv, int T, Heads H)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, hs = H.hs, g = h / H.group;
     if (t >= T) return;
-    const float *q = qkv + (size_t)(T - 1) * H.W + h * hs, *k = qkv + (size_t)t * H.W + H.koff + g * hs;
+    const float *q = q_row + h * hs, *k = kv + (size_t)t * H.W + H.koff + g * hs;
     float dot = 0.0f;
     for (int d = 0; d < hs; d++) dot += q[d] * k[d];
     scores[(size_t)h * T + t] = dot * (1.0f / sqrtf((float)hs));
@@ -330,12 +338,12 @@ template <bool Max> __device__ float decode_reduce(float v, float *lanes, float 
 }
 
 // One block per head: the softmax of its scores in place, then out_h = p · v.
-__global__ void decode_out_k(float *out, float *scores, const float *qkv, int T, Heads H)
+__global__ void decode_out_k(float *out, float *scores, const float *kv, int T, Heads H)
 {
     __shared__ float lanes[32];
     __shared__ float result;
     int h = blockIdx.x, hs = H.hs;
-    const float *v = qkv + H.voff + (size_t)(h / H.group) * hs;
+    const float *v = kv + H.voff + (size_t)(h / H.group) * hs;
     float *s = scores + (size_t)h * T, m = -INFINITY, sum = 0.0f;
     for (int t = threadIdx.x; t < T; t += blockDim.x) m = fmaxf(m, s[t]);
     m = decode_reduce<true>(m, lanes, &result);
@@ -360,17 +368,18 @@ __global__ void decode_out_k(float *out, float *scores, const float *qkv, int T,
 // decode_merge_k.
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 
-__global__ void decode_split_k(float *out, float *scores, const float *qkv, int T, int chunk, Heads H)
+__global__ void decode_split_k(float *out, float *scores, const float *q_row, const float *kv, int T, int chunk,
+                               Heads H)
 {
     BB_DYNAMIC_SHARED(float, shared); // q (hs), then each warp's output (kDecodeWarps · hs)
     __shared__ float warp_max[kDecodeWarps], warp_sum[kDecodeWarps];
     int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, hs = H.hs, g = h / H.group;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *q = shared, *acc = shared + hs + (size_t)warp * hs;
-    for (int d = threadIdx.x; d < hs; d += blockDim.x) q[d] = qkv[(size_t)(T - 1) * H.W + h * hs + d];
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) q[d] = q_row[h * hs + d];
     for (int d = lane; d < hs; d += 32) acc[d] = 0.0f;
     __syncthreads();
-    const float *keys = qkv + H.koff + (size_t)g * hs, *values = qkv + H.voff + (size_t)g * hs;
+    const float *keys = kv + H.koff + (size_t)g * hs, *values = kv + H.voff + (size_t)g * hs;
     float scale = 1.0f / sqrtf((float)hs), m = -INFINITY, l = 0.0f;
     int t1 = min(T, (split + 1) * chunk);
     for (int t = split * chunk + warp; t < t1; t += kDecodeWarps) {
@@ -429,11 +438,15 @@ cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const 
     return bf16 ? attention_forward<true>(s, out, lse, qkv, B, T, H) : attention_forward<false>(s, out, lse, qkv, B, T, H);
 }
 
-cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int NH, int KVH,
-                                 int HS)
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, float *kv, const float *qkv, int T, int NH,
+                                 int KVH, int HS)
 {
     if (T <= 0) return cudaGetLastError();
-    Heads H = heads_of(NH, KVH, HS);
+    Heads H = cache_heads_of(NH, KVH, HS);
+    size_t row = (size_t)H.W; // the new row's keys and values are contiguous after its queries, as in the cache
+    cudaError_t e = cudaMemcpyAsync(kv + (size_t)(T - 1) * row, qkv + H.C, row * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess) return e;
     // Splits of at least 128 keys and of twice a split's partial results
     // (so that they fit in the head's T floats of scratch); heads too wide
     // for the warps' outputs in shared memory take the two-pass kernels.
@@ -441,13 +454,13 @@ cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, cons
     if (shared_bytes <= 48 * 1024) {
         int chunk = max(128, 2 * (HS + 2)), splits = (T + chunk - 1) / chunk;
         BB_LAUNCH(decode_split_k, dim3((unsigned)splits, (unsigned)NH), kDecodeThreads, shared_bytes,
-                  s)(out, scores, qkv, T, chunk, H);
+                  s)(out, scores, qkv, kv, T, chunk, H);
         if (splits > 1) BB_LAUNCH(decode_merge_k, NH, 128, 0, s)(out, scores, T, splits, H);
         return cudaGetLastError();
     }
     dim3 grid((unsigned)((T + kDecodeThreads - 1) / kDecodeThreads), (unsigned)NH);
-    BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, T, H);
-    BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, qkv, T, H);
+    BB_LAUNCH(decode_scores_k, grid, kDecodeThreads, 0, s)(scores, qkv, kv, T, H);
+    BB_LAUNCH(decode_out_k, NH, kDecodeThreads, 0, s)(out, scores, kv, T, H);
     return cudaGetLastError();
 }
 

@@ -80,9 +80,10 @@ cudaError_t bbk_records_to_images(cudaStream_t s, float *features, int32_t *labe
  * products' operands rounded to bf16, sums in fp32. Fails
  * (cudaErrorInvalidValue) when a head is too wide for the device's shared
  * memory (head size ~400 on sm_90). */
-/* The last row of the causal attention of qkv (1,T,...) (bb_op_attention_decode). */
-cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, const float *qkv, int T, int NH, int KVH,
-                                 int HS);
+/* The new row qkv's keys and values into row T-1 of the cache kv, then
+ * the attention of its queries over rows 0..T-1 (bb_op_attention_decode). */
+cudaError_t bbk_attention_decode(cudaStream_t s, float *out, float *scores, float *kv, const float *qkv, int T, int NH,
+                                 int KVH, int HS);
 cudaError_t bbk_attention_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int NH,
                                   int KVH, int HS, bool bf16);
 cudaError_t bbk_attention_backward(cudaStream_t s, float *dqkv, const float *dout, const float *qkv, const float *out,

@@ -17,6 +17,14 @@ static bb_model_config tiny_gpt(int layers, int recompute_every)
     return c;
 }
 
+/* Grouped-query (4 heads over 2), untied unless asked, RoPE base 500000. */
+static bb_model_config tiny_llama(int layers, bool tied)
+{
+    bb_model_config c = bb_model_llama_config(layers, 4, 8, GPT_T, GPT_V);
+    c.llama.kv_heads = 2, c.llama.ffn = 12, c.llama.tied = tied, c.llama.rope_theta = 500000.0;
+    return c;
+}
+
 static bb_model_config tiny_mlp(int recompute_every)
 {
     const int hidden[] = {7, 5};
@@ -79,7 +87,7 @@ static void spread_weights(bb_model_t *m)
     uint64_t s = 99;
     for (int t = 0; t < bb_model_tensor_count(m); t++) {
         const bb_tensor_info *ti = bb_model_tensor(m, t);
-        bool norm_weight = strstr(ti->name, "ln_") && strstr(ti->name, ".weight");
+        bool norm_weight = (strstr(ti->name, "ln_") || strstr(ti->name, "norm")) && strstr(ti->name, ".weight");
         for (size_t i = 0; i < ti->count; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             float u = (float)((s >> 40) % 2001) / 1000.0f - 1.0f;
@@ -98,6 +106,22 @@ Test(model, gpt_gradients_match_finite_differences)
         spread_weights(m);
         set_batch(m, GPT_B, 2);
         check_gradients(m, chunk ? "gpt, chunks of 3" : "gpt", 1e-2f);
+        bb_model_destroy(m);
+    }
+}
+
+/* RMSNorm, RoPE, SwiGLU and grouped-query attention in the model: untied
+ * in one chunk, tied (the head's gradient added to the token table's) in
+ * chunks of 3. */
+Test(model, llama_gradients_match_finite_differences)
+{
+    for (int tied = 0; tied <= 1; tied++) {
+        bb_model_config c = tiny_llama(2, tied);
+        c.loss_chunk = tied ? 3 : 0;
+        bb_model_t *m = make_model(&c, GPT_B, 1);
+        spread_weights(m);
+        set_batch(m, GPT_B, 2);
+        check_gradients(m, tied ? "llama, tied, chunks of 3" : "llama", 3e-3f);
         bb_model_destroy(m);
     }
 }
@@ -380,9 +404,33 @@ Test(model, gpt_logits_at_a_position_are_what_the_loss_sees)
 /* Incremental decoding: position by position, the logits of one row with
  * the cached keys and values are the full forward's at that position; a
  * new sequence starts at position 0; out of order is an error. */
-Test(model, gpt_decoding_with_the_cache_gives_the_forward_s_logits)
+/* The bytes a position of the decoding cache takes in a layer: what the
+ * first decode allocates for a context of 9 less what it does for 5, a
+ * quarter (the one-position buffers are the same for both). */
+static size_t cache_bytes_per_position(bb_model_config c)
 {
-    bb_model_config c = tiny_gpt(2, 0);
+    size_t made[2];
+    for (int i = 0; i < 2; i++) {
+        bb_record_format f = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {i ? 10 : 6}, .record_size = 20,
+                              .classes_or_vocab = GPT_V};
+        cr_assert_eq(bb_model_config_from_data(&c, &f, "T"), BB_OK, "%s", bb_error_message());
+        bb_model_t *m = make_model(&c, 1, 1);
+        float logits[GPT_V];
+        size_t before = bb_backend_bytes_in_use(be);
+        cr_assert_eq(bb_model_decode(m, 1, 0, logits), BB_OK, "%s", bb_error_message());
+        made[i] = bb_backend_bytes_in_use(be) - before;
+        bb_model_destroy(m);
+    }
+    return (made[1] - made[0]) / 4 / 2; /* 4 positions more, 2 layers */
+}
+
+/* The gpt and a grouped-query llama (RoPE at each position); the cache
+ * holds each position's keys and values only: 2 x kv-heads x head size
+ * floats a layer (a llama's kv-heads, not its heads; no query). */
+Test(model, decoding_with_the_cache_gives_the_forward_s_logits)
+{
+  for (int kind = 0; kind < 2; kind++) {
+    bb_model_config c = kind ? tiny_llama(2, false) : tiny_gpt(2, 0);
     bb_model_t *m = make_model(&c, GPT_B, 1);
     spread_weights(m);
     host_batch h = make_batch(&c, GPT_B, 5);
@@ -403,6 +451,10 @@ Test(model, gpt_decoding_with_the_cache_gives_the_forward_s_logits)
     cr_assert_eq(bb_model_decode(m, tokens[0], GPT_T, step), BB_ERR_ARG, "a position past T");
     free(h.inputs), free(h.targets);
     bb_model_destroy(m);
+    size_t row = cache_bytes_per_position(c), kv = kind ? 2 * 2 * 2 : 2 * 8; /* llama: 2 x 2 kv-heads x 2 */
+    cr_assert_eq(row, kv * sizeof(float), "%s: the cache takes %zu bytes a position and layer, not %zu",
+                 kind ? "llama" : "gpt", row, kv * sizeof(float));
+  }
 }
 
 /* ---- accumulation ------------------------------------------------------ */

@@ -273,12 +273,13 @@ static void case_attention_backward(tc *t)
     });
 }
 
+/* The cache's rows 0..T-2 and the new row; the cache (its row T-1 written) and the output compared. */
 static void case_attention_decode(tc *t)
 {
     int T = D(1), NH = D(2), KVH = D(3), HS = D(4), W = (NH + 2 * KVH) * HS;
-    buf qkv = tc_floats(t, "qkv", (size_t)T * W, 1), out = tc_out(t, tc_floats(t, "out", (size_t)NH * HS, 1), 1e-5);
-    buf scores = tc_floats(t, "scores", (size_t)NH * T, 1);
-    TC_RUN(t, bb_op_attention_decode(BE, tc_t(t, out), tc_p(t, scores), tc_t(t, qkv), T, NH, KVH, HS));
+    buf kv = tc_out(t, tc_floats(t, "kv", (size_t)T * 2 * KVH * HS, 1), 0), qkv = tc_floats(t, "qkv", (size_t)W, 1);
+    buf out = tc_out(t, tc_floats(t, "out", (size_t)NH * HS, 1), 1e-5), scores = tc_floats(t, "scores", (size_t)NH * T, 1);
+    TC_RUN(t, bb_op_attention_decode(BE, tc_t(t, out), tc_p(t, scores), tc_t(t, kv), tc_t(t, qkv), T, NH, KVH, HS));
 }
 
 /* Targets in range, some -1 (ignored). */

@@ -59,38 +59,57 @@ static bb_train_options options(const char *data, bb_model_config model, int mic
     return o;
 }
 
-/* The planner's prediction for the run `o` describes (shape from the data). */
-static uint64_t predicted(const bb_train_options *o, int seq_len, int vocab, int inputs, int classes)
+/* The shape the data of tokens() or images() gives the model of `o`. */
+static bb_model_config shaped(const bb_train_options *o)
 {
     bb_model_config c = o->model;
     c.precision = o->precision;
-    if (c.kind == bb_model_kind_find("gpt")) c.gpt.seq_len = seq_len, c.gpt.vocab = vocab;
-    else c.mlp.inputs = inputs, c.mlp.classes = classes;
+    bb_record_format tok = {.kind = BB_RECORD_TOKENS_U16, .rank = 1, .shape = {17}, .record_size = 34,
+                            .classes_or_vocab = 32},
+                     img = {.kind = BB_RECORD_IMAGE_U8, .rank = 2, .shape = {8, 8}, .record_size = 65,
+                            .classes_or_vocab = 4};
+    cr_assert_eq(bb_model_config_from_data(&c, bb_model_targets_are_tokens(&c) ? &tok : &img, "data"), BB_OK, "%s",
+                 bb_error_message());
+    return c;
+}
+
+/* The planner's prediction for the run `o` describes. */
+static uint64_t predicted(const bb_train_options *o)
+{
+    bb_model_config c = shaped(o);
     bb_memory_breakdown m;
     bb_plan_memory(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, &m);
     return m.total;
+}
+
+/* A llama of grouped-query attention (4 heads over 2), untied. */
+static bb_model_config llama(void)
+{
+    bb_model_config c = bb_model_llama_config(3, 4, 32, 0, 0);
+    c.llama.kv_heads = 2, c.llama.ffn = 48;
+    return c;
 }
 
 Test(plan, predicted_peaks_equal_the_allocator_s)
 {
     char *tok = tokens(200), *img = images(300);
     int hidden[] = {48, 24, 16};
-    /* gpt, mlp, gpt with bf16 activations */
+    /* gpt, mlp, gpt with bf16 activations, llama, llama in bf16 */
     bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0),
-                                bb_model_gpt_config(4, 2, 32, 0, 0)};
-    const char *names[] = {"gpt", "mlp", "gpt bf16"};
+                                bb_model_gpt_config(4, 2, 32, 0, 0), llama(), llama()};
+    const char *names[] = {"gpt", "mlp", "gpt bf16", "llama", "llama bf16"};
     const int every[] = {0, 1, 2}, batches[] = {1, 4, 16};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         for (int e = 0; e < 3; e++)
             for (int b = 0; b < 3; b++)
                 for (int opt = 0; opt < 2; opt++) {
                     bb_train_options o = options(k == 1 ? img : tok, models[k], batches[b], 32);
                     o.model.recompute_every = every[e];
-                    o.precision = k == 2 ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
+                    o.precision = k == 2 || k == 4 ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
                     o.opt.kind = opt ? BB_OPTIMIZER_SGD : BB_OPTIMIZER_ADAMW;
                     bb_train_result r;
                     cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
-                    uint64_t want = predicted(&o, 16, 32, 64, 4), got = r.peak_bytes[0];
+                    uint64_t want = predicted(&o), got = r.peak_bytes[0];
                     double rel = fabs((double)want - (double)got) / (double)got;
                     cr_log_info("%s micro-batch %2d every:%d %s: predicted %llu, allocator %llu (%.2f%%)",
                                 names[k], batches[b], every[e], opt ? "sgd  " : "adamw",
@@ -106,29 +125,28 @@ Test(plan, predicted_peaks_equal_the_allocator_s)
 }
 
 /* ZeRO-1 (plan --zero 1): the largest shard's state, exact against the
- * allocator on the device that holds it, on 2 and 4 devices, gpt and mlp,
- * in equal slices and (the gpt) in whole tensors. */
+ * allocator on the device that holds it, on 2 and 4 devices, gpt, mlp and
+ * llama, in equal slices and (the gpt) in whole tensors. */
 Test(plan, zero1_predicted_peaks_equal_the_allocator_s)
 {
     char *tok = tokens(200), *img = images(300);
     int hidden[] = {48, 24, 16};
-    bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0)};
-    for (int k = 0; k < 3; k++)
+    bb_model_config models[] = {bb_model_gpt_config(4, 2, 32, 0, 0), bb_model_mlp_config(0, hidden, 3, 0),
+                                bb_model_gpt_config(4, 2, 32, 0, 0), llama()};
+    for (int k = 0; k < 4; k++)
         for (int devices = 2; devices <= 4; devices += 2) {
-            bb_train_options o = options(k == 1 ? img : tok, models[k == 1], 4, 32);
+            bb_train_options o = options(k == 1 ? img : tok, models[k], 4, 32);
             o.devices = devices, o.zero = 1, o.bucket_mib = 0.004;
             o.zero_shards = k == 2 ? BB_PARAM_SHARD_TENSORS : BB_PARAM_SHARD_AUTO;
             bb_train_result r;
             cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
-            bb_model_config c = o.model;
-            if (k == 1) c.mlp.inputs = 64, c.mlp.classes = 4;
-            else c.gpt.seq_len = 16, c.gpt.vocab = 32;
+            bb_model_config c = shaped(&o);
             bb_memory_breakdown m;
             cr_assert_eq(bb_plan_memory_sharded(&c, 4, o.opt.kind, BB_DEVICE_CPU, devices,
                                                 (size_t)(o.bucket_mib * 1048576.0), o.zero_shards, &m), BB_OK);
             uint64_t most = 0;
             for (int d = 0; d < devices; d++) most = r.peak_bytes[d] > most ? r.peak_bytes[d] : most;
-            const char *what = k == 0 ? "gpt" : k == 1 ? "mlp" : "gpt (whole tensors)";
+            const char *what = k == 0 ? "gpt" : k == 1 ? "mlp" : k == 2 ? "gpt (whole tensors)" : "llama";
             cr_log_info("%s on %d devices, --zero 1: predicted %llu, the largest allocator peak %llu", what, devices,
                         (unsigned long long)m.total, (unsigned long long)most);
             cr_assert_eq(m.total, most, "%s on %d devices: predicted %llu, allocator %llu", what, devices,
@@ -203,6 +221,27 @@ Test(plan, command_prints_json_and_says_when_nothing_fits)
     r = tu_bigbatch("train", "--data", tok, "--layers", "2", "--d-model", "32", "--heads", "2", "--device-mem", "64KiB",
                     "--global-batch", "32", "--micro-batch", "auto", "--steps", "1");
     tu_assert_error(&r, "plan: nothing fits");
+    tu_run_free(&r);
+    /* a published shape, no data: Llama-3.2-1B on 8 x 80 GB at T 4096 fits; Llama-3.1-8B's weights, gradients
+     * and the shard of its AdamW state do not (10 bytes a parameter whole, 8 sharded: 82 GiB) */
+#define PLAN_8_GPUS(preset)                                                                                  \
+    tu_bigbatch("plan", "--model", "llama", "--preset", preset, "--seq-len", "4096", "--devices",                   \
+                "cuda:0,1,2,3,4,5,6,7", "--device-mem", "80GiB", "--global-batch", "256", "--precision", "bf16",  \
+                "--zero", "1")
+    r = PLAN_8_GPUS("llama-3.2-1b");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "16 layers, 32 heads / 8 kv, d 2048, ffn 8192, T 4096, vocab 128256, tied") &&
+              strstr(r.out, "* chosen: --micro-batch"), "%s", r.out);
+    tu_run_free(&r);
+    r = PLAN_8_GPUS("llama-3.1-8b");
+    tu_assert_error(&r, "nothing fits: the parameters, gradients and AdamW state alone take 82.3 GiB");
+    tu_run_free(&r);
+#undef PLAN_8_GPUS
+    r = tu_bigbatch("plan", "--data", tok, "--seq-len", "64");
+    tu_assert_error(&r, "--seq-len plans without data");
+    tu_run_free(&r);
+    r = tu_bigbatch("plan", "--data", tok, "--vocab", "64");
+    tu_assert_error(&r, "--vocab goes with --seq-len");
     tu_run_free(&r);
     free(tok);
 }

@@ -1,7 +1,8 @@
 /* test_recompute.c — selective recompute and per-block recompute plans:
  * every plan gives the gradients of keeping everything, bit for bit (fp32
- * and bf16, one micro-step and accumulated ones), the memory each policy
- * keeps follows its formula, and a bad plan is one line. */
+ * and bf16, one micro-step and accumulated ones; the gpt and the llama),
+ * the memory each policy keeps follows its formula, and a bad plan is one
+ * line. */
 #include <math.h>
 
 #include "bigbatch/plan.h"
@@ -11,12 +12,24 @@ TestSuite(recompute, .init = backend_up, .fini = backend_down);
 
 enum { B = 2, T = 5, V = 11, C = 8, NH = 2 };
 
-static bb_model_config gpt(int layers, const char *policy, bb_precision precision)
+enum { KINDS = 2 }; /* the decoders: 0 the gpt, 1 a llama (2 heads over 1 key/value head) */
+static const char *const kind_names[KINDS] = {"gpt", "llama"};
+
+static bb_model_config decoder(int kind, int layers, const char *policy, bb_precision precision)
 {
     bb_model_config c = bb_model_gpt_config(layers, NH, C, T, V);
+    if (kind) {
+        c = bb_model_llama_config(layers, NH, C, T, V);
+        c.llama.kv_heads = 1, c.llama.ffn = 12;
+    }
     cr_assert_eq(bb_model_parse_recompute(policy, &c), BB_OK, "%s: %s", policy, bb_error_message());
     c.precision = precision;
     return c;
+}
+
+static bb_model_config gpt(int layers, const char *policy, bb_precision precision)
+{
+    return decoder(0, layers, policy, precision);
 }
 
 /* Loss and gradients of `steps` micro-steps (the later ones accumulate). */
@@ -46,15 +59,16 @@ static size_t params_of(const bb_model_config *c)
     return n;
 }
 
-/* Every one of the 3^4 plans of a 4-block gpt, in fp32 and bf16, with one
- * micro-step and with three accumulated, gives the losses and gradients of
- * `none` bit for bit. */
+/* Every one of the 3^4 plans of a 4-block gpt and llama, in fp32 and
+ * bf16, with one micro-step and with three accumulated, gives the losses
+ * and gradients of `none` bit for bit. */
 Test(recompute, every_plan_of_four_blocks_gives_the_gradients_of_none_bitwise)
 {
     static const char letters[] = "nsf";
+    for (int kind = 0; kind < KINDS; kind++)
     for (int p = 0; p < 2; p++) {
         bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
-        bb_model_config none = gpt(4, "none", precision);
+        bb_model_config none = decoder(kind, 4, "none", precision);
         size_t n = params_of(&none);
         for (int steps = 1; steps <= 3; steps += 2) {
             double want_loss[3], loss[3];
@@ -66,7 +80,7 @@ Test(recompute, every_plan_of_four_blocks_gives_the_gradients_of_none_bitwise)
                 int k = code;
                 snprintf(plan, sizeof plan, "plan:%c,%c,%c,%c", letters[k % 3], letters[k / 3 % 3],
                          letters[k / 9 % 3], letters[k / 27 % 3]);
-                bb_model_config c = gpt(4, plan, precision);
+                bb_model_config c = decoder(kind, 4, plan, precision);
                 float *got = gradients(&c, steps, loss, &bytes);
                 for (int s = 0; s < steps; s++)
                     cr_assert_eq(loss[s], want_loss[s], "%s %s: the loss of micro-step %d changed", plan,
@@ -74,13 +88,15 @@ Test(recompute, every_plan_of_four_blocks_gives_the_gradients_of_none_bitwise)
                 cr_assert_eq(memcmp(got, want, n * sizeof *got), 0, "%s %s, %d micro-steps: gradients differ", plan,
                              bb_precision_name(precision), steps);
                 /* a lone f needs a recompute slot as big as the slot it saves, and a lone s the
-                 * shared scratch: at worst that and one saved input more than none */
-                cr_assert_leq(bytes, none_bytes + (uint64_t)B * T * (1 + 5) * C * 4, "%s: activations", plan);
+                 * shared scratch: at worst that and one saved input more than none (the gpt's
+                 * scratch: 5 d-wide rows a token; the llama's exact costs: block_costs_...) */
+                if (!kind)
+                    cr_assert_leq(bytes, none_bytes + (uint64_t)B * T * (1 + 5) * C * 4, "%s: activations", plan);
                 smaller += bytes < none_bytes;
                 free(got);
             }
-            printf("%s, %d micro-step%s: 81 plans bitwise equal to none, %d of them keeping less\n",
-                   bb_precision_name(precision), steps, steps > 1 ? "s" : "", smaller);
+            printf("%s %s, %d micro-step%s: 81 plans bitwise equal to none, %d of them keeping less\n",
+                   kind_names[kind], bb_precision_name(precision), steps, steps > 1 ? "s" : "", smaller);
             cr_assert_gt(smaller, 60);
             free(want);
         }
@@ -169,14 +185,15 @@ Test(recompute, bad_plans_are_one_line_errors)
 
 /* bb_model_block_costs, the planner's view of a plan's memory, is the
  * allocator's count for every plan of 4 blocks, in fp32 and bf16, at two
- * micro-batches. */
+ * micro-batches, for the gpt and the llama. */
 Test(recompute, block_costs_predict_every_plans_activations_exactly)
 {
     static const char letters[] = BB_RECOMPUTE_LETTERS;
+    for (int kind = 0; kind < KINDS; kind++)
     for (int p = 0; p < 2; p++)
         for (int mb = 1; mb <= 3; mb += 2) {
             bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
-            bb_model_config none = gpt(4, "none", precision);
+            bb_model_config none = decoder(kind, 4, "none", precision);
             bb_block_costs k;
             cr_assert_eq(bb_model_block_costs(&none, mb, &k), BB_OK);
             bb_model_t *m = make_model(&none, mb, 1);
@@ -196,11 +213,11 @@ Test(recompute, block_costs_predict_every_plans_activations_exactly)
                     if (policy[l] == 2 && l < 3) want += k.after_full;
                 }
                 for (int x = 0; x < 3; x++) want += used[x] ? k.once[x] : 0;
-                bb_model_config c = gpt(4, plan, precision);
+                bb_model_config c = decoder(kind, 4, plan, precision);
                 m = make_model(&c, mb, 1);
-                cr_assert_eq(bb_model_activation_bytes(m), want, "%s %s micro-batch %d: %llu allocated, %llu predicted",
-                             plan, bb_precision_name(precision), mb, (unsigned long long)bb_model_activation_bytes(m),
-                             (unsigned long long)want);
+                cr_assert_eq(bb_model_activation_bytes(m), want, "%s %s %s micro-batch %d: %llu allocated, %llu "
+                             "predicted", kind_names[kind], plan, bb_precision_name(precision), mb,
+                             (unsigned long long)bb_model_activation_bytes(m), (unsigned long long)want);
                 bb_model_destroy(m);
             }
         }

@@ -246,27 +246,29 @@ void bb_cpu_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_ten
 }
 
 /* One row per head, on the calling thread: the work is one row's. */
-void bb_cpu_attention_decode(bb_backend_t *b, bb_tensor out_t, float *scores, bb_tensor qkv_t, int T, int NH, int KVH,
-                             int HS)
+void bb_cpu_attention_decode(bb_backend_t *b, bb_tensor out_t, float *scores, bb_tensor kv_t, bb_tensor qkv_t, int T,
+                             int NH, int KVH, int HS)
 {
     (void)b;
-    attn_args a = attention_args(1, T, NH, KVH, HS);
-    const float *qkv = qkv_t.data, *q = qkv + (size_t)(T - 1) * a.W;
+    size_t W = 2 * (size_t)KVH * HS, voff = (size_t)KVH * HS; /* a cache row: keys, then values */
+    const float *q = qkv_t.data;
+    float *kv = kv_t.data, scale = 1.0f / sqrtf((float)HS);
+    memcpy(kv + (size_t)(T - 1) * W, q + (size_t)NH * HS, W * sizeof(float));
     for (int h = 0; h < NH; h++) {
         int g = h / (NH / KVH);
         float *s = scores + (size_t)h * T, max = -INFINITY, sum = 0.0f;
         for (int t = 0; t < T; t++) {
-            const float *k = qkv + (size_t)t * a.W + a.koff + g * HS;
+            const float *k = kv + (size_t)t * W + g * HS;
             float dot = 0.0f;
             for (int d = 0; d < HS; d++) dot += q[h * HS + d] * k[d];
-            s[t] = dot * a.scale;
+            s[t] = dot * scale;
             max = s[t] > max ? s[t] : max;
         }
         for (int t = 0; t < T; t++) sum += s[t] = expf(s[t] - max);
         float *o = (float *)out_t.data + h * HS, inv = 1.0f / sum;
         for (int d = 0; d < HS; d++) o[d] = 0.0f;
         for (int t = 0; t < T; t++) {
-            const float *v = qkv + (size_t)t * a.W + a.voff + g * HS;
+            const float *v = kv + (size_t)t * W + voff + g * HS;
             float p = s[t] * inv;
             for (int d = 0; d < HS; d++) o[d] += p * v[d];
         }

@@ -10,7 +10,8 @@
 #include "model_flags.h"
 
 static const char usage[] =
-    "bigbatch plan [--model gpt|mlp ...] [--data DIR] [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
+    "bigbatch plan [--model gpt|llama|mlp ...] [--preset NAME] [--data DIR | --seq-len T [--vocab V]]\n"
+    "              [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
     "              [--precision fp32|bf16] [--calibrate] [--json]";
 static const char summary[] =
@@ -21,7 +22,10 @@ static const char summary[] =
     "e.g. plan:n*2,s*4,f*6) — and marks the one `train --micro-batch auto --checkpoint auto`\n"
     "would pick: the fastest that fits with a 5% margin. Fixing\n"
     "--micro-batch or --checkpoint restricts the table. The model's input and output sizes\n"
-    "come from --data.\n\n"
+    "come from --data, or for a gpt or a llama from --seq-len (and --vocab: default the\n"
+    "preset's, else GPT-2's 50257), no data needed:\n"
+    "  bigbatch plan --model llama --preset llama-3.1-8b --seq-len 4096 --devices cuda:0,1,2,3,4,5,6,7 \\\n"
+    "                --device-mem 80GiB --global-batch 256 --precision bf16 --zero 1\n\n"
     "The relative time weighs each candidate's work per op (counted, recomputation included)\n"
     "with what each op costs on this kind of device: --calibrate measures that (a few\n"
     "micro-steps of this model, about a second on a CPU) and caches it in\n"
@@ -133,13 +137,18 @@ int bb_cmd_plan(int argc, char **argv)
     mf.checkpoint = "auto";
     const char *data = "data/kjv", *devices = "cpu:1";
     bb_precision precision = BB_PRECISION_FP32;
-    bool json = false, data_given = false, calibrate = false;
+    bool json = false, data_given = false, calibrate = false, seq_given = false, vocab_given = false;
+    int64_t seq_len = 0, vocab = 0;
     bb_plan_request q = {.global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
         {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)",
          .given = &data_given},
+        {"--seq-len", BB_OPT_INT, &seq_len, "T", "gpt, llama: plan for this context length, no data read",
+         .min = 1, .max = 1 << 24, .given = &seq_given},
+        {"--vocab", BB_OPT_INT, &vocab, "V", "with --seq-len: the vocabulary (default: the preset's, else 50257)",
+         .min = 2, .max = 1 << 30, .given = &vocab_given},
         DEVICES_FLAG_OPT(devices, NULL),
         GLOBAL_BATCH_FLAG_OPT(q.global_batch, NULL),
         {"--micro-batch", BB_OPT_I32, &q.fixed_micro_batch, "B", "only this micro-batch (default: any)", .min = 0,
@@ -158,10 +167,20 @@ int bb_cmd_plan(int argc, char **argv)
     if (rc == BB_OK) rc = model_flags_config(&mf, &q.model);
     q.fixed_recompute = !any_checkpoint;
     q.model.precision = precision;
-    if (rc == BB_OK) rc = default_data_present(data, data_given);
-    if (rc == BB_OK) {
-        const char *train = resolve_split(data, "train");
-        rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);
+    if (rc == BB_OK && seq_given && data_given) rc = bb_fail(BB_ERR_ARG, "--seq-len plans without data: not with --data");
+    if (rc == BB_OK && vocab_given && !seq_given) rc = bb_fail(BB_ERR_ARG, "--vocab goes with --seq-len (--data gives "
+                                                               "its own vocabulary)");
+    if (rc == BB_OK && seq_given) { /* the records such data would have */
+        uint32_t V = (uint32_t)(vocab_given ? vocab : bb_model_outputs(&q.model) ? bb_model_outputs(&q.model) : 50257);
+        bb_record_format f = {.kind = V > 65536 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16, .rank = 1,
+                              .shape = {(uint32_t)seq_len + 1}, .classes_or_vocab = V};
+        f.record_size = f.shape[0] * (uint32_t)bb_record_token_bytes(f.kind);
+        q.record_size = f.record_size;
+        rc = bb_model_config_from_data(&q.model, &f, "--seq-len");
+    } else if (rc == BB_OK) {
+        rc = default_data_present(data, data_given);
+        const char *train = rc == BB_OK ? resolve_split(data, "train") : NULL;
+        if (rc == BB_OK) rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);
     }
     int ids[BB_DEVICES_MAX];
     if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.device, ids);

@@ -274,17 +274,17 @@ static void gpt_block_backward(bb_block_pass *p)
 #undef PW
 #undef D
 
-/* ---- decoding: a position caches its qkv row (3d floats) ------------------ */
-static size_t gpt_cache_width(const bb_model_config *c) { return 3 * (size_t)c->gpt.d_model; }
+/* ---- decoding: a position caches its keys and values (2d floats) ---------- */
+static size_t gpt_cache_width(const bb_model_config *c) { return 2 * (size_t)c->gpt.d_model; }
 
-/* One row each: LayerNorm output, attention output, residual, fc 4, GELU
- * 4, mean, 1/std, then the scores (heads × T); every part 64-float aligned.
- * at[D_PARTS] is the whole scratch. */
-enum { D_LN, D_ATT, D_RES2, D_FCH, D_GELU, D_MEAN, D_RSTD, D_SCORES, D_PARTS };
+/* One row each: LayerNorm output, q|k|v, attention output, residual, fc 4,
+ * GELU 4, mean, 1/std, then the scores (heads × T); every part 64-float
+ * aligned. at[D_PARTS] is the whole scratch. */
+enum { D_LN, D_QKV, D_ATT, D_RES2, D_FCH, D_GELU, D_MEAN, D_RSTD, D_SCORES, D_PARTS };
 static void decode_offsets(const bb_model_config *c, size_t at[D_PARTS + 1])
 {
     size_t C = (size_t)c->gpt.d_model;
-    size_t sizes[D_PARTS] = {C, C, C, 4 * C, 4 * C, 1, 1, (size_t)c->gpt.heads * c->gpt.seq_len};
+    size_t sizes[D_PARTS] = {C, 3 * C, C, C, 4 * C, 4 * C, 1, 1, (size_t)c->gpt.heads * c->gpt.seq_len};
     at[0] = 0;
     for (int i = 0; i < D_PARTS; i++) at[i + 1] = at[i] + (sizes[i] + 63) / 64 * 64;
 }
@@ -307,12 +307,11 @@ static void gpt_block_decode(bb_block_decode *d)
     float *part[D_PARTS];
     decode_offsets(mc, at);
     for (int i = 0; i < D_PARTS; i++) part[i] = d->scratch + at[i];
-    float *rows = d->rows; /* this block's rows 0..pos */
-    bb_tensor x = F(d->x), ln = F(part[D_LN]), att = F(part[D_ATT]), res2 = F(part[D_RES2]), fch = F(part[D_FCH]),
-              gelu = F(part[D_GELU]);
+    bb_tensor x = F(d->x), ln = F(part[D_LN]), qkv = F(part[D_QKV]), att = F(part[D_ATT]), res2 = F(part[D_RES2]),
+              fch = F(part[D_FCH]), gelu = F(part[D_GELU]);
     bb_op_layernorm_forward(be, ln, part[D_MEAN], part[D_RSTD], x, W(LN1_W), W(LN1_B), 1, C);
-    bb_op_linear_forward(be, F(rows + (size_t)pos * 3 * C), ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C, 3 * C);
-    bb_op_attention_decode(be, att, part[D_SCORES], F(rows), pos + 1, c->heads, c->heads, C / c->heads);
+    bb_op_linear_forward(be, qkv, ln, W(ATTN_W), W(ATTN_B), 1, C, 3 * C, 3 * C);
+    bb_op_attention_decode(be, att, part[D_SCORES], F(d->rows), qkv, pos + 1, c->heads, c->heads, C / c->heads);
     bb_op_linear_forward(be, res2, att, W(PROJ_W), W(PROJ_B), 1, C, C, C);
     bb_op_residual_layernorm_forward(be, res2, ln, part[D_MEAN], part[D_RSTD], res2, x, W(LN2_W), W(LN2_B), 1, C);
     bb_op_linear_forward(be, fch, ln, W(FC_W), W(FC_B), 1, C, 4 * C, 4 * C);

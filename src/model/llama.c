@@ -425,17 +425,21 @@ static void llama_block_backward(bb_block_pass *p)
 #undef D
 #undef CFG
 
-/* ---- decoding: a position caches its qkv row (k and v: kv_heads wide) ------ */
-static size_t llama_cache_width(const bb_model_config *c) { return (size_t)qkv_width(&c->llama); }
+/* ---- decoding: a position caches its keys and values (kv_heads wide) ------- */
+static size_t llama_cache_width(const bb_model_config *c)
+{
+    return 2 * (size_t)c->llama.kv_heads * head_size(&c->llama);
+}
 
-/* One row each: RMSNorm output, attention output, residual, gate|up,
- * SwiGLU output, 1/rms, then the scores (heads × T); 64-float aligned. */
-enum { D_N, D_ATT, D_RES2, D_GU, D_H, D_RSTD, D_SCORES, D_PARTS };
+/* One row each: RMSNorm output, q|k|v, attention output, residual,
+ * gate|up, SwiGLU output, 1/rms, then the scores (heads × T); 64-float
+ * aligned. */
+enum { D_N, D_QKV, D_ATT, D_RES2, D_GU, D_H, D_RSTD, D_SCORES, D_PARTS };
 static void decode_offsets(const bb_model_config *c, size_t at[D_PARTS + 1])
 {
     const bb_llama_config *g = &c->llama;
     size_t C = (size_t)g->d_model, Fw = (size_t)g->ffn;
-    size_t sizes[D_PARTS] = {C, C, C, 2 * Fw, Fw, 1, (size_t)g->heads * g->seq_len};
+    size_t sizes[D_PARTS] = {C, (size_t)qkv_width(g), C, C, 2 * Fw, Fw, 1, (size_t)g->heads * g->seq_len};
     at[0] = 0;
     for (int i = 0; i < D_PARTS; i++) at[i + 1] = at[i] + (sizes[i] + 63) / 64 * 64;
 }
@@ -458,11 +462,11 @@ static void llama_block_decode(bb_block_decode *d)
     float *part[D_PARTS];
     for (int i = 0; i < D_PARTS; i++) part[i] = d->scratch + at[i];
     bb_tensor x = F(d->x), n = F(part[D_N]), att = F(part[D_ATT]), res2 = F(part[D_RES2]), gu = F(part[D_GU]),
-              h = F(part[D_H]), row = F(d->rows + (size_t)pos * QKV);
+              h = F(part[D_H]), qkv = F(part[D_QKV]);
     bb_op_rmsnorm_forward(be, n, part[D_RSTD], x, W(N1_W), 1, C, (float)c->norm_eps);
-    bb_op_linear_forward(be, row, n, W(Q_W), bb_no_tensor(), 1, C, QKV, QKV);
-    bb_op_rope_forward(be, row, d->positions, 1, 1, c->heads, c->kv_heads, HS, pos);
-    bb_op_attention_decode(be, att, part[D_SCORES], F(d->rows), pos + 1, c->heads, c->kv_heads, HS);
+    bb_op_linear_forward(be, qkv, n, W(Q_W), bb_no_tensor(), 1, C, QKV, QKV);
+    bb_op_rope_forward(be, qkv, d->positions, 1, 1, c->heads, c->kv_heads, HS, pos);
+    bb_op_attention_decode(be, att, part[D_SCORES], F(d->rows), qkv, pos + 1, c->heads, c->kv_heads, HS);
     bb_op_linear_forward(be, res2, att, W(O_W), bb_no_tensor(), 1, C, C, C);
     bb_op_residual_rmsnorm_forward(be, res2, n, part[D_RSTD], res2, x, W(N2_W), 1, C, (float)c->norm_eps);
     bb_op_linear_forward(be, gu, n, W(GATE_W), bb_no_tensor(), 1, C, 2 * Fw, 2 * Fw);

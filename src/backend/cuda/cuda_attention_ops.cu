@@ -145,10 +145,11 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
                                         b->opt.precision == BB_PRECISION_BF16));
 }
 
-void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor qkv, int T, int NH, int KVH, int HS)
+void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor kv, bb_tensor qkv, int T, int NH,
+                           int KVH, int HS)
 {
     use(b);
-    BB_CUDA_OP(b, bbk_attention_decode(compute(b), f32(out), scores, f32(qkv), T, NH, KVH, HS));
+    BB_CUDA_OP(b, bbk_attention_decode(compute(b), f32(out), scores, f32(kv), f32(qkv), T, NH, KVH, HS));
 }
 
 void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t, bb_tensor qkv_t, bb_tensor out_t,

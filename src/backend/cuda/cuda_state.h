@@ -97,7 +97,7 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out, float *lse, bb_tenso
                             int HS);
 void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv, bb_tensor dout, bb_tensor qkv, bb_tensor out,
                              const float *lse, int B, int T, int NH, int KVH, int HS);
-void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor qkv, int T, int NH, int KVH,
+void cuda_attention_decode(bb_backend_t *b, bb_tensor out, float *scores, bb_tensor kv, bb_tensor qkv, int T, int NH, int KVH,
                            int HS);
 const char *cuda_attention_engine(bb_backend_t *b);
 // At backend creation: cuDNN opened (bf16, --attention auto|cudnn); fails only for --attention cudnn.
