@@ -65,31 +65,35 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
  * the staging buffer, for buckets the slices fill and those they do not;
  * whole tensors: all-reduce and a broadcast from each owner); the mlp;
  * bf16, also with a plan (within 2e-2: the GPU's products are bf16, the
- * CPU's fp32). */
+ * CPU's fp32); a grouped-query llama, with a plan and ZeRO-1, and in bf16. */
 Test(cuda_train, two_gpus_train_as_cpu_2)
 {
     need_gpus(2);
     char *tokens = make_tokens("tokens", 200), *images = make_images("images", 200, 3);
     struct {
         const char *name;
-        bool mlp, no_overlap;
+        int kind; /* 0 gpt, 1 mlp, 2 llama */
+        bool no_overlap;
         const char *checkpoint;
         bool bf16;
         int zero;
         bb_param_shard_rule shards;
-    } cases[] = {{"gpt", false, false, NULL, false, 0},
-                 {"gpt --no-overlap", false, true, NULL, false, 0},
-                 {"gpt --checkpoint blocks", false, false, "blocks", false, 0},
-                 {"gpt --checkpoint selective", false, false, "selective", false, 0},
-                 {"gpt --checkpoint plan:s,f", false, false, "plan:s,f", false, 0},
-                 {"gpt --zero 1", false, false, NULL, false, 1},
-                 {"gpt --zero 1 --zero-shards tensors", false, false, NULL, false, 1, BB_PARAM_SHARD_TENSORS},
-                 {"mlp --zero 1 --optimizer sgd", true, false, NULL, false, 1},
-                 {"mlp", true, false, NULL, false, 0},
-                 {"gpt --precision bf16", false, false, NULL, true, 0},
-                 {"gpt --precision bf16 --checkpoint plan:f,s", false, false, "plan:f,s", true, 0}};
+    } cases[] = {{"gpt", 0, false, NULL, false, 0},
+                 {"gpt --no-overlap", 0, true, NULL, false, 0},
+                 {"gpt --checkpoint blocks", 0, false, "blocks", false, 0},
+                 {"gpt --checkpoint selective", 0, false, "selective", false, 0},
+                 {"gpt --checkpoint plan:s,f", 0, false, "plan:s,f", false, 0},
+                 {"gpt --zero 1", 0, false, NULL, false, 1},
+                 {"gpt --zero 1 --zero-shards tensors", 0, false, NULL, false, 1, BB_PARAM_SHARD_TENSORS},
+                 {"mlp --zero 1 --optimizer sgd", 1, false, NULL, false, 1},
+                 {"mlp", 1, false, NULL, false, 0},
+                 {"gpt --precision bf16", 0, false, NULL, true, 0},
+                 {"gpt --precision bf16 --checkpoint plan:f,s", 0, false, "plan:f,s", true, 0},
+                 {"llama --checkpoint plan:s,f --zero 1", 2, false, "plan:s,f", false, 1},
+                 {"llama --precision bf16", 2, false, NULL, true, 0}};
+    bb_train_options (*const make[])(const char *, int, int, int) = {gpt_options, mlp_options, llama_options};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        bb_train_options o = cases[i].mlp ? mlp_options(images, 2, 4, 16) : gpt_options(tokens, 2, 4, 16);
+        bb_train_options o = make[cases[i].kind](cases[i].kind == 1 ? images : tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
         o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero, o.zero_shards = cases[i].shards;
         if (strstr(cases[i].name, "sgd")) o.opt.kind = BB_OPTIMIZER_SGD;
@@ -343,21 +347,28 @@ Test(cuda_train, bench_model_and_plan_run_on_gpus)
 /* `sample --devices cuda:0`: decoding with the key/value cache on a GPU
  * gives the CPU's greedy tokens (a model trained a few steps, so that the
  * path moves). */
+/* The gpt, and a llama whose 4 heads share 2 key/value heads (RoPE at each
+ * position, the cache kv-heads wide). */
 Test(cuda_train, greedy_sample_on_a_gpu_is_the_cpu_s)
 {
     need_gpus(1);
     char *data = make_tokens("tokens", 200), *ck = tu_path(tmp, "ck");
-    tu_run r = tu_bigbatch("train", "--data", data, "--layers", "2", "--d-model", "32", "--heads", "2", "--global-batch",
-                           "16", "--micro-batch", "8", "--steps", "20", "--lr", "1e-2", "--save", ck, "--quiet");
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
-    tu_run c = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids"),
-           g = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids", "--devices", "cuda:0");
-    cr_assert_eq(c.exit_code, 0, "%s", c.err);
-    cr_assert_eq(g.exit_code, 0, "%s", g.err);
-    cr_assert_str_eq(g.out, c.out, "cuda:0 %s, cpu %s", g.out, c.out);
-    cr_log_info("40 greedy tokens, the same on cuda:0 and the CPU: %.60s", g.out);
-    tu_run_free(&c), tu_run_free(&g);
+    for (int llama = 0; llama < 2; llama++) {
+        tu_run r = tu_bigbatch("train", "--data", data, "--model", llama ? "llama" : "gpt", "--layers", "2", "--d-model",
+                               "32", "--heads", llama ? "4" : "2", "--global-batch", "16", "--micro-batch", "8",
+                               "--steps", "20", "--lr", "1e-2", "--save", ck, "--quiet", "--force",
+                               llama ? "--kv-heads=2" : "--loss-chunk=0");
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        tu_run_free(&r);
+        tu_run c = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids"),
+               g = tu_bigbatch("sample", "--ckpt", ck, "--temperature", "0", "--tokens", "40", "--ids", "--devices",
+                               "cuda:0");
+        cr_assert_eq(c.exit_code, 0, "%s", c.err);
+        cr_assert_eq(g.exit_code, 0, "%s", g.err);
+        cr_assert_str_eq(g.out, c.out, "%s: cuda:0 %s, cpu %s", llama ? "llama" : "gpt", g.out, c.out);
+        cr_log_info("%s: 40 greedy tokens, the same on cuda:0 and the CPU: %.60s", llama ? "llama" : "gpt", g.out);
+        tu_run_free(&c), tu_run_free(&g);
+    }
     free(data), free(ck);
 }
 

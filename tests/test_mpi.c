@@ -75,6 +75,14 @@ Test(mpi, gpt_losses_match_one_process_and_ranks_agree_bitwise)
     free(data);
 }
 
+Test(mpi, llama_losses_match_one_process_and_ranks_agree_bitwise)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400);
+    check_splits(data, "--model llama --layers 2 --heads 4 --kv-heads 2 --d-model 32 --ffn 48 --zero 1");
+    free(data);
+}
+
 Test(mpi, mlp_losses_match_one_process_and_ranks_agree_bitwise)
 {
     need_mpi();

@@ -75,6 +75,33 @@ Test(tokenizer, encodes_token_for_token_like_the_tokenizers_package)
     free(kjv), free(head), free(utf8), free(rnd), free(ours), free(theirs), free(split);
 }
 
+/* A llama on SentencePiece-style tokens: pack, train (with a report),
+ * evaluate in bits per byte, sample text through the tokenizer. */
+static void llama_on_sentencepiece_tokens(const char *text, const char *tok)
+{
+    char *data = tu_path(tmp, "sp-data"), *ck = tu_path(tmp, "sp-ck"), *report = tu_path(tmp, "sp-report.html");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --val-fraction 0.1 --tokenizer '%s' --out '%s'",
+               tu_bigbatch_bin(), text, tok, data));
+    tu_run r = sh("'%s' train --data '%s' --model llama --layers 2 --heads 4 --kv-heads 2 --d-model 32 --global-batch 16 "
+                  "--micro-batch 8 --steps 6 --lr 3e-3 --save '%s' --report '%s' --log-every 0", tu_bigbatch_bin(), data,
+                  ck, report);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    double loss, bpb;
+    const char *ev = strstr(r.err, "val loss");
+    cr_assert(ev && sscanf(ev, "val loss %lf, %lf bits per byte", &loss, &bpb) == 2, "%s", r.err);
+    cr_assert(bpb > 0 && bpb < loss / log(2.0) * 0.6, "val loss %g nats per token, %g bits per byte", loss, bpb);
+    tu_run_free(&r);
+    size_t n;
+    char *page = (char *)tu_read_file(report, &n);
+    cr_assert(n > 1000 && strstr(page, "llama"), "the report does not name the llama");
+    char *sample = sh_ok("'%s' sample --ckpt '%s' --prompt 'And God said' --tokens 30 --seed 2", tu_bigbatch_bin(), ck);
+    cr_assert(!strncmp(sample, "And God said", 12) && strlen(sample) > 30 && !strstr(sample, "\xe2\x96\x81"),
+              "sample, with U+2581 as a space: %s", sample);
+    cr_log_info("llama on SentencePiece tokens: val loss %.4f nats per token = %.4f bits per byte; sampled: %.60s",
+                loss, bpb, sample);
+    free(page), free(sample), free(data), free(ck), free(report);
+}
+
 /* The tokenizers of the Llama family, built offline by `tokenizers` with
  * their structure (tests/hf_tokenizer.py --style): Llama 3's byte-level BPE
  * (a Split on its pattern, ignore_merges, 256 special tokens from 128000)
@@ -139,6 +166,7 @@ Test(tokenizer, llama_family_tokenizers_encode_token_for_token_like_the_tokenize
             cr_assert(at == n + 1 && back[0] == ' ' && !memcmp(back + 1, text, n), "the tokens' bytes are not ' ' + "
                       "the text");
             free(back), free(text), bb_tokens_free(&ids);
+            llama_on_sentencepiece_tokens(head, tok);
         }
         bb_tokenizer_destroy(t);
         if (k == 0) { /* Llama 3's 128256 ids: u32 records */

@@ -55,6 +55,14 @@ Test(train, gpt_partition_invariance_of_G_32)
     free(data);
 }
 
+Test(train, llama_partition_invariance_of_G_32)
+{
+    char *data = make_tokens("tokens", 170);
+    static const int splits[][2] = {{2, 8}, {4, 8}, {2, 4}}; /* 2x2x8, 4x1x8, 2x4x4 */
+    check_splits(llama_options, data, 32, splits, 3);
+    free(data);
+}
+
 /* ---- checkpointing and resume are exact -------------------------------- */
 static void assert_bitwise(const bb_train_result *a, const bb_train_result *b, const char *what)
 {
@@ -155,13 +163,17 @@ Test(train, bf16_follows_fp32_for_50_steps_of_the_demo_gpt)
 }
 
 /* fp32 and bf16 (whose weights' bf16 copy is remade from the loaded
- * master weights) alike. */
+ * master weights) alike; the gpt, and a llama under a per-block plan. */
 Test(train, resume_continues_bitwise)
 {
     char *data = make_tokens("tokens", 100); /* 3 steps per epoch: the resume crosses epochs */
+    for (int k = 0; k < 2; k++)
     for (int p = 0; p < 2; p++) {
-        char *ckpt = tu_path(tmp, p ? "ckpt-bf16" : "ckpt");
-        bb_train_options o = gpt_options(data, 2, 4, 32);
+        char name[32];
+        snprintf(name, sizeof name, "ckpt-%d-%d", k, p);
+        char *ckpt = tu_path(tmp, name);
+        bb_train_options o = (k ? llama_options : gpt_options)(data, 2, 4, 32);
+        if (k) cr_assert_eq(bb_model_parse_recompute("plan:s,f", &o.model), BB_OK);
         o.steps = 10;
         o.precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
         bb_train_result whole = train(&o);
@@ -175,7 +187,9 @@ Test(train, resume_continues_bitwise)
         o.set = BB_TRAIN_SET(BB_TRAIN_SAVE); /* chosen: no saving (else it goes on saving into ckpt) */
         bb_train_result second = train(&o);
         cr_assert_eq(second.first_step, 5);
-        assert_bitwise(&whole, &second, p ? "bf16: resume at step 5" : "resume at step 5");
+        char what[64];
+        snprintf(what, sizeof what, "%s%s: resume at step 5", k ? "llama" : "gpt", p ? " bf16" : "");
+        assert_bitwise(&whole, &second, what);
         cr_assert_eq(memcmp(whole.losses, first.losses, 5 * sizeof *first.losses), 0);
         bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
         free(ckpt);
@@ -722,6 +736,7 @@ Test(train, zero1_trains_what_zero0_trains_with_less_memory)
 {
     char *tokens = make_tokens("tokens", 170), *images = make_images("images", 1300, 1);
     const bb_optimizer_kind kinds[] = {BB_OPTIMIZER_ADAMW, BB_OPTIMIZER_SGD};
+    zero_case(llama_options, tokens, 32, 2, 8, BB_OPTIMIZER_ADAMW, BB_PARAM_SHARD_AUTO);
     for (int k = 0; k < 2; k++) {
         zero_case(gpt_options, tokens, 32, 2, 8, kinds[k], BB_PARAM_SHARD_AUTO);
         zero_case(gpt_options, tokens, 32, 4, 4, kinds[k], BB_PARAM_SHARD_AUTO);

@@ -102,6 +102,15 @@ static inline bb_train_options gpt_options(const char *data, int devices, int mi
     return o;
 }
 
+/* Grouped-query attention (4 heads over 2 key/value heads), untied. */
+static inline bb_train_options llama_options(const char *data, int devices, int micro_batch, int global_batch)
+{
+    bb_train_options o = gpt_options(data, devices, micro_batch, global_batch);
+    o.model = bb_model_llama_config(2, 4, 16, 0, 0);
+    o.model.llama.kv_heads = 2, o.model.llama.ffn = 32;
+    return o;
+}
+
 static inline bb_train_result train(const bb_train_options *o)
 {
     bb_train_result r;
