@@ -4,16 +4,17 @@
       a GPT2LMHeadModel with random weights (LayerNorms and biases too),
       save_pretrained(DIR) as safetensors
   hf_models.py make-llama --out DIR --layers L --heads H --kv-heads K --d D --ffn F --positions P --vocab V
-                  [--rope-theta X] [--tied] [--shard-bytes N]
+                  [--rope-theta X] [--tied] [--shard-bytes N] [--dtype float32|bfloat16|float16]
       a LlamaForCausalLM with random weights (RMSNorm weights too),
-      save_pretrained(DIR), in shards of at most N bytes when given
+      save_pretrained(DIR) in that dtype, in shards of at most N bytes when given
   hf_models.py loss --model DIR --tokenizer JSON --text FILE --seq-len T
       the mean cross-entropy of the windows `pack --format text --seq-len T`
       makes of FILE (records of T+1 tokens, stride T): 'loss X'
   hf_models.py train --model DIR --tokenizer JSON --text FILE --seq-len T --batch B --steps N --lr LR --out DIR2
       N steps of torch.optim.AdamW (betas 0.9, 0.95, eps 1e-8, weight decay
       0.1 on matrices, the gradients' norm clipped at 1) on the first B
-      windows, then save_pretrained(DIR2); prints each step's loss
+      windows (B 0: all), then save_pretrained(DIR2); prints 'windows W',
+      then each step's loss
   hf_models.py generate --model DIR --prompt-ids "1 2 3" --tokens N
       greedy generate() (its key/value cache on): the new ids, separated by
       spaces; on stderr, tokens/s
@@ -49,7 +50,7 @@ def make_llama(a):
         for n, p in m.named_parameters():
             p.add_((0.1 if p.dim() == 1 else 0.3) * torch.randn_like(p))
     kw = {"max_shard_size": a.shard_bytes} if a.shard_bytes else {}
-    m.save_pretrained(a.out, safe_serialization=True, **kw)
+    m.to(getattr(torch, a.dtype)).save_pretrained(a.out, safe_serialization=True, **kw)
 
 
 def load(path):
@@ -88,7 +89,8 @@ def generate(a):
 
 def train(a):
     m = load(a.model).train()
-    rec = windows(a)[:a.batch]
+    rec = windows(a)[:a.batch] if a.batch else windows(a)
+    print(f"windows {rec.size(0)}")
     decay = [p for n, p in m.named_parameters() if p.dim() == 2]
     rest = [p for n, p in m.named_parameters() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -114,6 +116,7 @@ def main():
                  ("--steps", 5), ("--shard-bytes", 0)):
         ap.add_argument(k, type=int, default=v)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--tied", action="store_true")
     a = ap.parse_args()

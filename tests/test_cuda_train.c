@@ -354,8 +354,8 @@ Test(cuda_train, greedy_sample_on_a_gpu_is_the_cpu_s)
     need_gpus(1);
     char *data = make_tokens("tokens", 200), *ck = tu_path(tmp, "ck");
     for (int llama = 0; llama < 2; llama++) {
-        tu_run r = tu_bigbatch("train", "--data", data, "--model", llama ? "llama" : "gpt", "--layers", "2", "--d-model",
-                               "32", "--heads", llama ? "4" : "2", "--global-batch", "16", "--micro-batch", "8",
+        tu_run r = tu_bigbatch("train", "--data", data, "--model", llama ? "llama" : "gpt", "--layers", "2",
+                               "--d-model", "32", "--heads", llama ? "4" : "2", "--global-batch", "16", "--micro-batch", "8",
                                "--steps", "20", "--lr", "1e-2", "--save", ck, "--quiet", "--force",
                                llama ? "--kv-heads=2" : "--loss-chunk=0");
         cr_assert_eq(r.exit_code, 0, "%s", r.err);

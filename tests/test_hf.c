@@ -183,6 +183,16 @@ Test(hf, a_transformers_llama_evaluates_trains_exports_and_samples_as_transforme
     double ours_sharded = bigbatch_loss("--init-from", sharded, s.data);
     cr_assert(fabs(ours - theirs) < 1e-5, "--init-from: bigbatch's loss %.7f, transformers' %.7f", ours, theirs);
     cr_assert(fabs(ours_sharded - ours) < 1e-6, "sharded: %.7f, one file: %.7f", ours_sharded, ours);
+    /* weights saved in bf16 and in f16: read as transformers reads them (widened to fp32) */
+    static const char *const dtypes[] = {"bfloat16", "float16"};
+    for (int d = 0; d < 2; d++) {
+        char extra[32];
+        snprintf(extra, sizeof extra, "--dtype %s", dtypes[d]);
+        char *half = make_llama(&s, dtypes[d], extra);
+        double t = torch_loss(&s, half), b = bigbatch_loss("--init-from", half, s.data);
+        cr_assert(fabs(b - t) < 1e-5, "%s weights: bigbatch's loss %.7f, transformers' %.7f", dtypes[d], b, t);
+        free(half);
+    }
     /* 5 steps, then an export (sharded past 30 KB) that transformers evaluates to bigbatch's loss */
     char *ck = tu_path(tmp, "ck"), *out = tu_path(tmp, "exported");
     free(sh_ok("'%s' train --data '%s' --init-from '%s' --devices cpu:2 --global-batch 16 --micro-batch 4 --steps 5 "
@@ -206,8 +216,34 @@ Test(hf, a_transformers_llama_evaluates_trains_exports_and_samples_as_transforme
     char *gen = sh_ok("%s tests/hf_models.py generate --model '%s' --prompt-ids '%s' --tokens 40 2>/dev/null",
                       HF_PYTHON, one, ids);
     cr_assert_str_eq(mine, gen, "greedy: bigbatch %s, transformers' generate %s", mine, gen);
+    /* 5 steps of AdamW on one whole batch (constant lr, the norm clipped at 1, decay on matrices) against
+     * PyTorch's on transformers' model */
+    char *small = kjv_head(5000, "small.txt"), *data2 = tu_path(tmp, "data2"), *metrics = tu_path(tmp, "m.jsonl");
+    char *reference = tu_path(tmp, "reference");
+    free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --tokenizer '%s' --out '%s'", tu_bigbatch_bin(), small,
+               s.tok, data2));
+    char *steps = sh_ok("%s tests/hf_models.py train --model '%s' --tokenizer '%s' --text '%s' --seq-len 32 --batch 0 "
+                        "--steps 5 --lr 3e-3 --out '%s' 2>/dev/null", HF_PYTHON, one, s.tok, small, reference);
+    int windows = 0;
+    cr_assert(sscanf(steps, "windows %d", &windows) == 1 && windows > 4, "%s", steps);
+    free(sh_ok("'%s' train --data '%s' --init-from '%s' --devices cpu:1 --global-batch %d --micro-batch %d --steps 5 "
+               "--lr 3e-3 --warmup 0 --lr-schedule constant --weight-decay 0.1 --beta2 0.95 --metrics '%s' --quiet",
+               tu_bigbatch_bin(), data2, one, windows, windows, metrics));
+    double got[8], worst = 0;
+    cr_assert_eq(metric_values(metrics, "loss", 1, got, 8), 5);
+    const char *line = steps;
+    for (int k = 0; k < 5; k++) {
+        double want;
+        line = strstr(line, "\nstep ");
+        cr_assert(line && sscanf(line, "\nstep %*d loss %lf", &want) == 1, "%s", steps);
+        line++;
+        worst = fmax(worst, fabs(got[k] - want) / want);
+        cr_assert(fabs(got[k] - want) <= 1e-4 * want, "step %d: bigbatch %.7f, PyTorch %.7f", k + 1, got[k], want);
+    }
     cr_log_info("llama: transformers %.7f, bigbatch %.7f (sharded %.7f); after 5 steps %.7f, transformers on the "
-                "export %.7f; 40 greedy tokens as generate()", theirs, ours, ours_sharded, trained, exported);
+                "export %.7f; 40 greedy tokens as generate(); 5 AdamW steps on %d windows as PyTorch's within %.1e",
+                theirs, ours, ours_sharded, trained, exported, windows, worst);
+    free(small), free(data2), free(metrics), free(reference), free(steps);
     free(prompt), free(ids), free(mine), free(gen);
     free(ck), free(out), free(one), free(sharded);
     free_setup(&s);

@@ -39,9 +39,10 @@ static const char summary[] =
 /* The bench's flags. */
 typedef struct bench_flags {
     const char *kind, *checkpoint, *device, *roofline;
-    int layers, heads, d_model, seq_len, vocab, micro_batch, threads, inputs, classes, steps, loss_chunk;
+    bb_model_flags shape; /* --layers, --heads, --d-model, the llama's */
+    int seq_len, vocab, micro_batch, threads, inputs, classes, steps, loss_chunk;
     bb_str_list hidden;
-    bool json, micro_given, loss_chunk_given;
+    bool json, micro_given, loss_chunk_given, vocab_given;
     bb_backend_options bo; /* precision, attention; threads and device from the flags */
 } bench_flags;
 
@@ -67,9 +68,10 @@ typedef struct bench_figures {
  * data would). */
 static bb_status bench_config(bench_flags *f, bench_run *r)
 {
-    bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
-                            .hidden = (const char *const *)f->hidden.items, .hidden_count = f->hidden.count};
+    bb_model_flags shape = f->shape;
+    shape.hidden = (const char *const *)f->hidden.items, shape.hidden_count = f->hidden.count;
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, &r->c));
+    if (!f->vocab_given && bb_model_outputs(&r->c)) f->vocab = bb_model_outputs(&r->c); /* a preset's */
     /* what a dataset would say: token records of T+1 tokens, or images of `inputs` pixels */
     bool gpt = bb_model_targets_are_tokens(&r->c);
     uint32_t width = f->vocab > 65536 ? 4 : 2, tokens = (uint32_t)f->seq_len + 1;
@@ -258,16 +260,15 @@ static bb_status bench_roofline(bench_flags *f, bench_run *r)
 
 int bb_bench_model(int argc, char **argv)
 {
-    bench_flags f = {.kind = "gpt", .checkpoint = "none", .device = "cpu", .layers = BB_GPT_DEFAULT_LAYERS,
-                     .heads = BB_GPT_DEFAULT_HEADS, .d_model = BB_GPT_DEFAULT_D_MODEL, .seq_len = 256, .vocab = 256,
+    bench_flags f = {.kind = "gpt", .checkpoint = "none", .device = "cpu", .shape = MODEL_SHAPE_DEFAULT,
+                     .seq_len = 256, .vocab = 256,
                      .micro_batch = 8, .threads = 2, .inputs = 784, .classes = 10, .steps = 10}; /* train's */
     const bb_opt opts[] = {
         {"--model", BB_OPT_CHOICE, &f.kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices()},
-        {"--layers", BB_OPT_I32, &f.layers, "L", "gpt: transformer blocks", .min = 1, .max = 1024},
-        {"--heads", BB_OPT_I32, &f.heads, "H", "gpt: attention heads", .min = 1, .max = 1024},
-        {"--d-model", BB_OPT_I32, &f.d_model, "D", "gpt: width", .min = 1, .max = 1 << 16},
-        {"--seq-len", BB_OPT_I32, &f.seq_len, "T", "gpt: tokens per sequence", .min = 1, .max = 1 << 16},
-        {"--vocab", BB_OPT_I32, &f.vocab, "V", "gpt: vocabulary", .min = 2, .max = 1 << 24},
+        MODEL_SHAPE_OPTS(f.shape),
+        {"--seq-len", BB_OPT_I32, &f.seq_len, "T", "gpt, llama: tokens per sequence", .min = 1, .max = 1 << 16},
+        {"--vocab", BB_OPT_I32, &f.vocab, "V", "gpt, llama: vocabulary (default 256; a preset's own)", .min = 2,
+         .max = 1 << 24, .given = &f.vocab_given},
         {"--hidden", BB_OPT_LIST, &f.hidden, "N,N...", "mlp: hidden sizes (default 1024,1024)"},
         {"--inputs", BB_OPT_I32, &f.inputs, "N", "mlp: inputs", .min = 1, .max = 1 << 24},
         {"--classes", BB_OPT_I32, &f.classes, "N", "mlp: classes", .min = 2, .max = 1 << 24},

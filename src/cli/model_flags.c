@@ -25,15 +25,8 @@ bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c)
 
 bb_status model_flags_config(const model_flags *f, bb_model_config *out)
 {
-    bb_model_flags shape = {.layers = f->layers, .heads = f->heads, .d_model = f->d_model,
-                            .layers_given = f->layers_given, .heads_given = f->heads_given,
-                            .d_model_given = f->d_model_given, .hidden = (const char *const *)f->hidden.items,
-                            .hidden_count = f->hidden.count, .preset = f->preset, .tie = f->tie,
-                            .kv_heads = f->kv_heads, .ffn = f->ffn, .rope_theta = f->rope_theta,
-                            .norm_eps = f->norm_eps, .preset_given = f->preset_given,
-                            .kv_heads_given = f->kv_heads_given, .ffn_given = f->ffn_given,
-                            .rope_theta_given = f->rope_theta_given, .norm_eps_given = f->norm_eps_given,
-                            .tie_given = f->tie_given};
+    bb_model_flags shape = f->shape;
+    shape.hidden = (const char *const *)f->hidden.items, shape.hidden_count = f->hidden.count;
     BB_TRY(bb_model_config_from_flags(f->kind, &shape, out));
     BB_TRY(bb_model_parse_recompute(f->checkpoint, out));
     BB_TRY(loss_chunk_flag(f, out));

@@ -7,51 +7,51 @@
 
 typedef struct model_flags {
     const char *kind, *checkpoint;
-    int64_t layers, heads, d_model, loss_chunk;
+    bb_model_flags shape;               /* --layers, --heads, --d-model and the llama flags */
     bb_str_list hidden;
-    bool shape_given, checkpoint_given; /* a shape flag (--model ... --hidden), --checkpoint appeared */
-    bool layers_given, heads_given, d_model_given, loss_chunk_given;
-    /* llama: --preset, --kv-heads, --ffn, --rope-theta, --norm-eps, --tie-embeddings */
-    const char *preset, *tie;
-    int64_t kv_heads, ffn;
-    double rope_theta, norm_eps;
-    bool preset_given, kv_heads_given, ffn_given, rope_theta_given, norm_eps_given, tie_given;
+    int64_t loss_chunk;
+    bool shape_given, checkpoint_given; /* --model or --hidden, --checkpoint appeared */
+    bool loss_chunk_given;
 } model_flags;
 
-#define MODEL_FLAGS_DEFAULT                                                                                \
-    {.kind = "gpt", .checkpoint = "none", .layers = BB_GPT_DEFAULT_LAYERS, .heads = BB_GPT_DEFAULT_HEADS,      \
-     .d_model = BB_GPT_DEFAULT_D_MODEL, .tie = "no"}
+#define MODEL_SHAPE_DEFAULT                                                                                    \
+    {.layers = BB_GPT_DEFAULT_LAYERS, .heads = BB_GPT_DEFAULT_HEADS, .d_model = BB_GPT_DEFAULT_D_MODEL, .tie = "no"}
+#define MODEL_FLAGS_DEFAULT {.kind = "gpt", .checkpoint = "none", .shape = MODEL_SHAPE_DEFAULT}
 
 /* --init-from DIR, a transformers directory: its config.json's shape into
  * c (the recompute policy and the loss chunk stay the flags'); fails with
  * BB_ERR_ARG when a shape flag was given too, as bb_model_hf_config. */
 bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_config *c);
 
+/* The shape rows of a decoder (a bb_model_flags s): --layers, --heads, --d-model and the llama's. */
+#define MODEL_SHAPE_OPTS(s)                                                                                    \
+    {"--layers", BB_OPT_INT, &(s).layers, "L", "gpt, llama: transformer blocks", .min = 1, .max = 1024,        \
+     .given = &(s).layers_given},                                                                              \
+    {"--heads", BB_OPT_INT, &(s).heads, "H", "gpt, llama: attention heads (divide --d-model)", .min = 1,       \
+     .max = 1024, .given = &(s).heads_given},                                                                  \
+    {"--d-model", BB_OPT_INT, &(s).d_model, "D", "gpt, llama: width", .min = 1, .max = 1 << 16,                \
+     .given = &(s).d_model_given},                                                                             \
+    {"--preset", BB_OPT_CHOICE, &(s).preset, "NAME", "llama: a published shape (the flags above change it; T " \
+     "comes from the data, or plan's and bench model's --seq-len)", .choices = bb_llama_preset_choices(),      \
+     .given = &(s).preset_given},                                                                              \
+    {"--kv-heads", BB_OPT_INT, &(s).kv_heads, "H", "llama: key/value heads, dividing --heads (1: multi-query; " \
+     "default: --heads)", .min = 1, .max = 1024, .given = &(s).kv_heads_given},                                \
+    {"--ffn", BB_OPT_INT, &(s).ffn, "N", "llama: SwiGLU width (default: 2/3 of 4 x --d-model, rounded up to " \
+     "256)", .min = 1, .max = 1 << 20, .given = &(s).ffn_given},                                               \
+    {"--rope-theta", BB_OPT_DOUBLE, &(s).rope_theta, "THETA", "llama: RoPE base (default 10000)", .min = 1.0001, \
+     .max = 1e12, .given = &(s).rope_theta_given},                                                             \
+    {"--norm-eps", BB_OPT_DOUBLE, &(s).norm_eps, "EPS", "llama: RMSNorm epsilon (default 1e-6)", .min = 1e-12, \
+     .max = 1, .given = &(s).norm_eps_given},                                                                  \
+    {"--tie-embeddings", BB_OPT_CHOICE, &(s).tie, "yes|no", "llama: the LM head is the token table (default no)", \
+     .choices = "yes|no", .given = &(s).tie_given}
 /* The option-table rows for model_flags: --model, the shape flags, --checkpoint and its alias --recompute,
  * --loss-chunk. */
 #define MODEL_FLAG_OPTS(f)                                                                                     \
     {"--model", BB_OPT_CHOICE, &(f).kind, "KIND", bb_model_kind_help(), .choices = bb_model_kind_choices(),   \
      .given = &(f).shape_given},                                                                               \
-    {"--layers", BB_OPT_INT, &(f).layers, "L", "gpt, llama: transformer blocks", .min = 1, .max = 1024,              \
-     .given = &(f).layers_given},                                                                              \
-    {"--heads", BB_OPT_INT, &(f).heads, "H", "gpt, llama: attention heads (divide --d-model)", .min = 1, .max = 1024, \
-     .given = &(f).heads_given},                                                                               \
-    {"--d-model", BB_OPT_INT, &(f).d_model, "D", "gpt, llama: width", .min = 1, .max = 1 << 16,                      \
-     .given = &(f).d_model_given},                                                                             \
+    MODEL_SHAPE_OPTS((f).shape),                                                                               \
     {"--hidden", BB_OPT_LIST, &(f).hidden, "N,N...", "mlp: hidden layer sizes (default: 1024,1024)",           \
      .given = &(f).shape_given},                                                                               \
-    {"--preset", BB_OPT_CHOICE, &(f).preset, "NAME", "llama: a published shape (the flags above change it; T " \
-     "comes from the data or plan's --seq-len)", .choices = bb_llama_preset_choices(), .given = &(f).preset_given}, \
-    {"--kv-heads", BB_OPT_INT, &(f).kv_heads, "H", "llama: key/value heads, dividing --heads (1: multi-query; " \
-     "default: --heads)", .min = 1, .max = 1024, .given = &(f).kv_heads_given},                                \
-    {"--ffn", BB_OPT_INT, &(f).ffn, "N", "llama: SwiGLU width (default: 2/3 of 4 x --d-model, rounded up to " \
-     "256)", .min = 1, .max = 1 << 20, .given = &(f).ffn_given},                                               \
-    {"--rope-theta", BB_OPT_DOUBLE, &(f).rope_theta, "THETA", "llama: RoPE base (default 10000)", .min = 1.0001, \
-     .max = 1e12, .given = &(f).rope_theta_given},                                                             \
-    {"--norm-eps", BB_OPT_DOUBLE, &(f).norm_eps, "EPS", "llama: RMSNorm epsilon (default 1e-6)", .min = 1e-12, \
-     .max = 1, .given = &(f).norm_eps_given},                                                                  \
-    {"--tie-embeddings", BB_OPT_CHOICE, &(f).tie, "yes|no", "llama: the LM head is the token table (default no)", \
-     .choices = "yes|no", .given = &(f).tie_given},                                                            \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing (recompute): none, selective (recompute each block's LayerNorm and GELU "       \
      "outputs), blocks (save one block's input per block), every:K, plan:P (per block n|s|f, e.g. "            \
@@ -119,8 +119,9 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
 /* Any shape flag appeared (--model, a gpt's or an mlp's). */
 static inline bool model_flags_shape_given(const model_flags *f)
 {
-    return f->shape_given || f->layers_given || f->heads_given || f->d_model_given || f->preset_given ||
-           f->kv_heads_given || f->ffn_given || f->rope_theta_given || f->norm_eps_given || f->tie_given;
+    const bb_model_flags *s = &f->shape;
+    return f->shape_given || s->layers_given || s->heads_given || s->d_model_given || s->preset_given ||
+           s->kv_heads_given || s->ffn_given || s->rope_theta_given || s->norm_eps_given || s->tie_given;
 }
 /* The model configuration the flags describe; the data fills seq_len and
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG (also for
