@@ -11,7 +11,7 @@
 #include "model_flags.h"
 
 static const char usage[] =
-    "bigbatch bench model [--model gpt|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
+    "bigbatch bench model [--model gpt|llama|mlp] [--layers L --heads H --d-model D --seq-len T --vocab V]\n"
     "                     [--hidden 1024,1024 --inputs 784 --classes 10] [--micro-batch B]\n"
     "                     [--checkpoint none|blocks|every:K] [--loss-chunk TOKENS] [--devices cpu|cuda:N]\n"
     "                     [--precision fp32|bf16] [--attention auto|cudnn|kernels] [--threads N] [--steps S]\n"

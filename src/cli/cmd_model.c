@@ -110,7 +110,7 @@ int bb_cmd_eval(int argc, char **argv)
     const bb_opt opts[] = {
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save"},
         {"--init-from", BB_OPT_STRING, &init_from, "PATH", "a .safetensors file (with the model flags), or a "
-         "transformers GPT2LMHeadModel directory"},
+         "transformers GPT2LMHeadModel or LlamaForCausalLM directory"},
         {"--data", BB_OPT_STRING, &data, "DIR", "the dataset to evaluate on (--ckpt: default the run's validation "
          "data, else its training data)"},
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per forward pass", .min = 1, .max = 1 << 20},
@@ -344,20 +344,22 @@ int bb_cmd_sample(int argc, char **argv)
     static const char usage[] = "bigbatch sample (--ckpt DIR | --init-from HF_DIR) [--prompt TEXT] [--tokens N] "
                                 "[--temperature T] [--seed S] [--tokenizer FILE] [--ids] [--devices D]";
     static const char summary[] =
-        "Generates text with a gpt checkpoint or a transformers GPT-2 directory: the prompt,\n"
-        "then N sampled tokens, written to stdout. Tokens are decoded with the tokenizer.json\n"
-        "beside the weights (a checkpoint keeps its training data's) or --tokenizer; without\n"
-        "one the model's tokens are bytes (vocabulary 256). Each token costs one position: every\n"
-        "layer's keys and values are cached; when the context of T tokens is full, its last T/2\n"
-        "start the cache again. BB_LOG=info prints tokens/s.";
+        "Generates text with a gpt or llama checkpoint or a transformers GPT-2 or Llama\n"
+        "directory: the prompt, then N sampled tokens, written to stdout. Tokens are decoded\n"
+        "with the tokenizer.json beside the weights (a checkpoint keeps its training data's) or\n"
+        "--tokenizer; without one the model's tokens are bytes (vocabulary 256). Each token\n"
+        "costs one position: every layer's keys and values are cached (a llama's kv-heads);\n"
+        "when the context of T tokens is full, its last T/2 start the cache again.\n"
+        "BB_LOG=info prints tokens/s.";
     const char *ckpt = NULL, *init_from = NULL, *prompt = "\n", *tokenizer = NULL;
     int64_t tokens = 200, seed = 1;
     double temperature = 0.8;
     bool ids = false, recompute = false;
     const char *device = "cpu";
     const bb_opt opts[] = {
-        {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a gpt checkpoint directory"},
-        {"--init-from", BB_OPT_STRING, &init_from, "DIR", "a transformers GPT2LMHeadModel directory"},
+        {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a gpt or llama checkpoint directory"},
+        {"--init-from", BB_OPT_STRING, &init_from, "DIR", "a transformers GPT2LMHeadModel or LlamaForCausalLM "
+         "directory"},
         {"--prompt", BB_OPT_STRING, &prompt, "TEXT", "text to continue"},
         {"--tokens", BB_OPT_INT, &tokens, "N", "tokens to generate", .min = 1, .max = 1 << 20},
         {"--temperature", BB_OPT_DOUBLE, &temperature, "T", "softmax temperature; 0: always the likeliest",
@@ -384,7 +386,7 @@ int bb_cmd_sample(int argc, char **argv)
     if (rc == BB_OK) rc = load_model(ckpt, init_from, NULL, NULL, device, 1, &be, &m);
     const bb_model_config *c = m ? bb_model_get_config(m) : NULL;
     if (rc == BB_OK && !bb_model_targets_are_tokens(c))
-        rc = bb_fail(BB_ERR_ARG, "%s: sample needs a gpt (a model of tokens)", ckpt ? ckpt : init_from);
+        rc = bb_fail(BB_ERR_ARG, "%s: sample needs a model of tokens (a gpt or a llama)", ckpt ? ckpt : init_from);
     if (rc == BB_OK) rc = sample_tokenizer(tokenizer, ckpt, init_from, c, ids, &tok);
     int T = c ? bb_model_targets_per_example(c) : 0, V = c ? bb_model_outputs(c) : 0, len = 0;
     if (rc == BB_OK) {

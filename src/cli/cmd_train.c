@@ -11,7 +11,7 @@
 #include "model_flags.h"
 
 static const char usage[] =
-    "bigbatch train [--model gpt|mlp ...] [--data DIR] [--devices cpu:N] [--global-batch G --micro-batch B]\n"
+    "bigbatch train [--model gpt|llama|mlp ...] [--data DIR] [--devices cpu:N] [--global-batch G --micro-batch B]\n"
     "               [--checkpoint none|blocks|every:K] [--steps N | --epochs E] [--save DIR] [--resume DIR] ...";
 static const char summary[] =
     "Trains a model with data parallelism over N devices (one worker thread and one full\n"
@@ -142,7 +142,8 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "and it goes on saving into DIR with the run's --keep and --save-every unless --save is given",
          GIVEN(RESUME)},
         {"--init-from", BB_OPT_STRING, &o->init_from, "PATH", "start from these weights: a .safetensors file "
-         "(PyTorch names), or a transformers GPT2LMHeadModel directory (config.json + model.safetensors), whose "
+         "(PyTorch names), or a transformers GPT2LMHeadModel or LlamaForCausalLM directory (config.json and "
+         "model.safetensors or its shards), whose "
          "config.json gives the shape", GIVEN(INIT_FROM)},
         {"--metrics", BB_OPT_STRING, &o->metrics_path, "FILE", "one JSON object per step (JSON Lines), after a "
          "first line with the run's configuration", GIVEN(METRICS)},

@@ -43,7 +43,7 @@ static const struct command {
     {"train", bb_cmd_train, "train a model: data parallel, accumulation, checkpointing, save/resume"},
     {"plan", bb_cmd_plan, "which micro-batch and checkpointing fit a device's memory for a global batch"},
     {"eval", bb_cmd_eval, "loss (and accuracy) of a checkpoint or safetensors file on a dataset"},
-    {"sample", bb_cmd_sample, "generate text from a gpt checkpoint"},
+    {"sample", bb_cmd_sample, "generate text from a gpt or llama checkpoint"},
     {"report", bb_cmd_report, "one HTML page of plots from a run's --metrics (and --trace, plan --json)"},
     {"export", bb_cmd_export, "write a checkpoint's weights as one .safetensors file"},
     {"pack", bb_cmd_pack, "turn Fashion-MNIST, text or llm.c token files into .bbs shards"},

@@ -329,14 +329,17 @@ void bb_cli_help(FILE *out, const char *usage, const char *summary, const bb_opt
     fprintf(out, "\noptions:\n");
     for (const bb_opt *o = opts; o->name; o++) {
         char left[64], def[64];
+        bool choices = o->kind == BB_OPT_CHOICE || o->kind == BB_OPT_ENUM;
+        bool long_choices = choices && strlen(o->name) + 1 + strlen(o->choices) > 26; /* said after the help */
         if (o->kind == BB_OPT_FLAG)
             snprintf(left, sizeof left, "%s", o->name);
-        else if (o->kind == BB_OPT_CHOICE || o->kind == BB_OPT_ENUM)
+        else if (choices && !long_choices)
             snprintf(left, sizeof left, "%s %s", o->name, o->choices);
         else
-            snprintf(left, sizeof left, "%s %s", o->name, o->metavar);
+            snprintf(left, sizeof left, "%s %s", o->name, o->metavar ? o->metavar : "VALUE");
         format_default(o, def, sizeof def);
         fprintf(out, "  %-26s %s", left, o->help);
+        if (long_choices) fprintf(out, " (one of %s)", o->choices);
         if (o->required)
             fprintf(out, " (required)");
         else if (def[0] && !strstr(o->help, "(default")) /* the help may say it in words */
