@@ -514,21 +514,27 @@ Test(cpu_ops, attention_backward_matches_finite_differences)
     }
 }
 
-/* Decoding: the last row of the forward, alone, from the same cached rows. */
+/* Decoding: the last row of the forward, alone, from a cache of the
+ * earlier rows' keys and values, to which it appends the last row's. */
 Test(cpu_ops, attention_decode_is_the_forward_s_last_row)
 {
     for (size_t s = 0; s < sizeof attention_shapes / sizeof *attention_shapes; s++) {
         const int *d = attention_shapes[s];
         attention_ctx c = attention_make(1, d[1], d[2], d[3], d[4], 50 + s);
-        int C = c.NH * c.HS;
-        float *row = malloc((size_t)C * sizeof *row), *scores = malloc((size_t)c.NH * c.T * sizeof *scores);
+        size_t C = (size_t)c.NH * c.HS, KV = 2 * (size_t)c.KVH * c.HS; /* a row: q (C), then its keys and values */
+        float *row = malloc(C * sizeof *row), *scores = malloc((size_t)c.NH * c.T * sizeof *scores);
+        float *kv = calloc((size_t)c.T * KV, sizeof *kv);
+        for (int t = 0; t < c.T - 1; t++) memcpy(kv + t * KV, c.qkv + (size_t)t * c.W + C, KV * sizeof *kv);
+        const float *last = c.qkv + (size_t)(c.T - 1) * c.W;
         attention_loss(&c);
-        bb_op_attention_decode(be, F(row), scores, F(c.qkv), c.T, c.NH, c.KVH, c.HS);
+        bb_op_attention_decode(be, F(row), scores, F(kv), F((float *)last), c.T, c.NH, c.KVH, c.HS);
         double diff = 0;
-        for (int i = 0; i < C; i++) diff = fmax(diff, fabs(row[i] - c.out[(size_t)(c.T - 1) * C + i]));
+        for (size_t i = 0; i < C; i++) diff = fmax(diff, fabs(row[i] - c.out[(size_t)(c.T - 1) * C + i]));
         cr_assert_lt(diff, 1e-5, "T %d NH %d KVH %d: decode differs from the forward's last row by %.3e", c.T, c.NH,
                      c.KVH, diff);
-        free(row), free(scores);
+        cr_assert_eq(memcmp(kv + (size_t)(c.T - 1) * KV, last + C, KV * sizeof *kv), 0,
+                     "T %d: the new row's keys and values are not the cache's last row", c.T);
+        free(row), free(scores), free(kv);
         attention_free(&c);
     }
 }

@@ -75,6 +75,19 @@ Test(tokenizer, encodes_token_for_token_like_the_tokenizers_package)
     free(kjv), free(head), free(utf8), free(rnd), free(ours), free(theirs), free(split);
 }
 
+/* The last evaluation a train run printed: its validation loss (nats per
+ * token) into *loss; returns it in bits per byte, which a token of more
+ * than one byte of KJV makes fewer than nats per token / ln 2. */
+static double bits_per_byte(const tu_run *r, double *loss)
+{
+    cr_assert_eq(r->exit_code, 0, "%s", r->err);
+    double bpb;
+    const char *ev = strstr(r->err, "val loss");
+    cr_assert(ev && sscanf(ev, "val loss %lf, %lf bits per byte", loss, &bpb) == 2, "%s", r->err);
+    cr_assert(bpb > 0 && bpb < *loss / log(2.0) * 0.6, "val loss %g nats per token, %g bits per byte", *loss, bpb);
+    return bpb;
+}
+
 /* A llama on SentencePiece-style tokens: pack, train (with a report),
  * evaluate in bits per byte, sample text through the tokenizer. */
 static void llama_on_sentencepiece_tokens(const char *text, const char *tok)
@@ -85,11 +98,7 @@ static void llama_on_sentencepiece_tokens(const char *text, const char *tok)
     tu_run r = sh("'%s' train --data '%s' --model llama --layers 2 --heads 4 --kv-heads 2 --d-model 32 --global-batch 16 "
                   "--micro-batch 8 --steps 6 --lr 3e-3 --save '%s' --report '%s' --log-every 0", tu_bigbatch_bin(), data,
                   ck, report);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    double loss, bpb;
-    const char *ev = strstr(r.err, "val loss");
-    cr_assert(ev && sscanf(ev, "val loss %lf, %lf bits per byte", &loss, &bpb) == 2, "%s", r.err);
-    cr_assert(bpb > 0 && bpb < loss / log(2.0) * 0.6, "val loss %g nats per token, %g bits per byte", loss, bpb);
+    double loss, bpb = bits_per_byte(&r, &loss);
     tu_run_free(&r);
     size_t n;
     char *page = (char *)tu_read_file(report, &n);
@@ -389,12 +398,7 @@ Test(tokenizer, a_bpe_model_samples_text_and_reports_bits_per_byte)
                bytes));
     tu_run r = sh("'%s' train --data '%s' --layers 2 --heads 2 --d-model 32 --global-batch 16 --micro-batch 8 --steps 6 "
                   "--lr 3e-3 --save '%s' --log-every 0", tu_bigbatch_bin(), data, ck);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    double loss, bpb;
-    const char *ev = strstr(r.err, "val loss");
-    cr_assert(ev && sscanf(ev, "val loss %lf, %lf bits per byte", &loss, &bpb) == 2, "%s", r.err);
-    /* a token stands for more than one byte of KJV: fewer bits per byte than nats per token / ln 2 */
-    cr_assert(bpb > 0 && bpb < loss / log(2.0) * 0.6, "val loss %g nats per token, %g bits per byte", loss, bpb);
+    double loss, bpb = bits_per_byte(&r, &loss);
     tu_run_free(&r);
     char latest[8400];
     snprintf(latest, sizeof latest, "%s/latest/tokenizer.json", ck);

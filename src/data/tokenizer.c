@@ -334,8 +334,10 @@ static bb_status read_unk(bb_tokenizer_t *t, const json_t *model, const json_t *
     if (!unk) return BB_OK;
     const json_t *id = json_object_get(json_object_get(model, "vocab"), unk), *v;
     size_t i;
-    json_array_foreach(added, i, v) if (!id && !strcmp(json_string_value(json_object_get(v, "content")), unk))
-        id = json_object_get(v, "id");
+    json_array_foreach(added, i, v) {
+        const char *content = json_string_value(json_object_get(v, "content"));
+        if (!id && content && !strcmp(content, unk)) id = json_object_get(v, "id");
+    }
     if (!json_is_integer(id)) return bb_fail(BB_ERR_FORMAT, "%s: model.unk_token \"%s\" is not a token", path, unk);
     t->sp.unk = (uint32_t)json_integer_value(id);
     return BB_OK;

@@ -30,30 +30,6 @@ static bool is_conv1d(const char *name)
     return false;
 }
 
-/* obj[key] as an integer, or `dflt` when absent (-1: required). */
-static bb_status config_int(const json_t *cfg, const char *path, const char *key, int dflt, int *out)
-{
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) {
-        if (dflt < 0) return bb_fail(BB_ERR_FORMAT, "%s: %s is missing", path, key);
-        *out = dflt;
-        return BB_OK;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 24)
-        return bb_fail(BB_ERR_FORMAT, "%s: %s is not a positive integer", path, key);
-    *out = (int)json_integer_value(v);
-    return BB_OK;
-}
-
-/* A boolean key that must be `want` (absent: the default, which is want). */
-static bb_status config_bool(const json_t *cfg, const char *path, const char *key, bool want)
-{
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == want)) return BB_OK;
-    return bb_fail(BB_ERR_FORMAT, "%s: %s is %s: bigbatch's gpt cannot represent it (it needs %s)", path, key,
-                   json_is_true(v) ? "true" : json_is_false(v) ? "false" : "not a boolean", want ? "true" : "false");
-}
-
 static bb_status gpt2_read_config(const json_t *cfg, const char *path, bb_model_config *c, int *positions)
 {
     bb_status rc = BB_OK;
@@ -62,12 +38,12 @@ static bb_status gpt2_read_config(const json_t *cfg, const char *path, bb_model_
     if (act && strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh"))
         rc = bb_fail(BB_ERR_FORMAT, "%s: activation_function %s: bigbatch's gpt has GPT-2's tanh GELU (gelu_new)",
                      path, act);
-    if (rc == BB_OK) rc = config_int(cfg, path, "n_layer", -1, &layers);
-    if (rc == BB_OK) rc = config_int(cfg, path, "n_head", -1, &heads);
-    if (rc == BB_OK) rc = config_int(cfg, path, "n_embd", -1, &d);
-    if (rc == BB_OK) rc = config_int(cfg, path, "vocab_size", -1, &vocab);
-    if (rc == BB_OK) rc = config_int(cfg, path, "n_positions", -1, positions);
-    if (rc == BB_OK) rc = config_int(cfg, path, "n_inner", 4 * d, &inner);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "n_layer", -1, &layers);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "n_head", -1, &heads);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "n_embd", -1, &d);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "vocab_size", -1, &vocab);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "n_positions", -1, positions);
+    if (rc == BB_OK) rc = bb_hf_config_int(cfg, path, "n_inner", 4 * d, &inner);
     if (rc == BB_OK && d % heads)
         rc = bb_fail(BB_ERR_FORMAT, "%s: n_head %d does not divide n_embd %d (the heads split the width)", path, heads,
                      d);
@@ -77,10 +53,10 @@ static bb_status gpt2_read_config(const json_t *cfg, const char *path, bb_model_
     double eps = bb_json_number_or_nan(cfg, "layer_norm_epsilon");
     if (rc == BB_OK && !isnan(eps) && fabs(eps - 1e-5) > 1e-12)
         rc = bb_fail(BB_ERR_FORMAT, "%s: layer_norm_epsilon is %g: bigbatch's LayerNorm has 1e-05", path, eps);
-    if (rc == BB_OK) rc = config_bool(cfg, path, "tie_word_embeddings", true);
-    if (rc == BB_OK) rc = config_bool(cfg, path, "scale_attn_weights", true);
-    if (rc == BB_OK) rc = config_bool(cfg, path, "scale_attn_by_inverse_layer_idx", false);
-    if (rc == BB_OK) rc = config_bool(cfg, path, "add_cross_attention", false);
+    if (rc == BB_OK) rc = bb_hf_config_bool(cfg, path, "tie_word_embeddings", true, "gpt");
+    if (rc == BB_OK) rc = bb_hf_config_bool(cfg, path, "scale_attn_weights", true, "gpt");
+    if (rc == BB_OK) rc = bb_hf_config_bool(cfg, path, "scale_attn_by_inverse_layer_idx", false, "gpt");
+    if (rc == BB_OK) rc = bb_hf_config_bool(cfg, path, "add_cross_attention", false, "gpt");
     if (rc == BB_OK) *c = bb_model_gpt_config(layers, heads, d, *positions, vocab);
     return rc;
 }

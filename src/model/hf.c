@@ -18,6 +18,29 @@
 #define INDEX_FILE "model.safetensors.index.json"
 
 /* ---- the configuration ------------------------------------------------------ */
+bb_status bb_hf_config_int(const json_t *cfg, const char *path, const char *key, int dflt, int *out)
+{
+    const json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) {
+        if (dflt < 0) return bb_fail(BB_ERR_FORMAT, "%s: %s is missing", path, key);
+        *out = dflt;
+        return BB_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 24)
+        return bb_fail(BB_ERR_FORMAT, "%s: %s is not a positive integer", path, key);
+    *out = (int)json_integer_value(v);
+    return BB_OK;
+}
+
+bb_status bb_hf_config_bool(const json_t *cfg, const char *path, const char *key, bool want, const char *kind)
+{
+    const json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == want)) return BB_OK;
+    return bb_fail(BB_ERR_FORMAT, "%s: %s is %s: bigbatch's %s cannot represent it (it needs %s)", path, key,
+                   json_is_true(v) ? "true" : json_is_false(v) ? "false" : "not a boolean", kind,
+                   want ? "true" : "false");
+}
+
 bb_status bb_model_hf_config(const char *dir, bb_model_config *c, int *positions)
 {
     char path[4200];

@@ -10,21 +10,6 @@
 
 #include "model_internal.h"
 
-/* obj[key]: a positive integer, or `dflt` when absent or null (-1: required). */
-static bb_status get_int(const json_t *cfg, const char *path, const char *key, int dflt, int *out)
-{
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) {
-        if (dflt < 0) return bb_fail(BB_ERR_FORMAT, "%s: %s is missing", path, key);
-        *out = dflt;
-        return BB_OK;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 24)
-        return bb_fail(BB_ERR_FORMAT, "%s: %s is not a positive integer", path, key);
-    *out = (int)json_integer_value(v);
-    return BB_OK;
-}
-
 /* obj[key]: a positive number, or `dflt`. */
 static bb_status get_number(const json_t *cfg, const char *path, const char *key, double dflt, double *out)
 {
@@ -37,15 +22,6 @@ static bb_status get_number(const json_t *cfg, const char *path, const char *key
         return bb_fail(BB_ERR_FORMAT, "%s: %s is not a positive number", path, key);
     *out = json_number_value(v);
     return BB_OK;
-}
-
-/* A boolean key that must be `want` when present. */
-static bb_status need_bool(const json_t *cfg, const char *path, const char *key, bool want)
-{
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == want)) return BB_OK;
-    return bb_fail(BB_ERR_FORMAT, "%s: %s is %s: bigbatch's llama cannot represent it (it needs %s)", path, key,
-                   json_is_true(v) ? "true" : json_is_false(v) ? "false" : "not a boolean", want ? "true" : "false");
 }
 
 /* rope_scaling: null, or Llama 3's {"rope_type": "llama3", ...}. */
@@ -61,7 +37,7 @@ static bb_status rope_scaling(const json_t *cfg, const char *path, bb_llama_conf
     BB_TRY(get_number(rs, path, "factor", -1, &g->rope_factor));
     BB_TRY(get_number(rs, path, "low_freq_factor", 1, &g->rope_low_freq_factor));
     BB_TRY(get_number(rs, path, "high_freq_factor", 4, &g->rope_high_freq_factor));
-    BB_TRY(get_int(rs, path, "original_max_position_embeddings", 8192, &g->rope_original_positions));
+    BB_TRY(bb_hf_config_int(rs, path, "original_max_position_embeddings", 8192, &g->rope_original_positions));
     if (!(g->rope_factor > 0) || !(g->rope_high_freq_factor > g->rope_low_freq_factor))
         return bb_fail(BB_ERR_FORMAT, "%s: rope_scaling needs a positive factor and high_freq_factor above "
                        "low_freq_factor", path);
@@ -74,13 +50,13 @@ static bb_status llama_read_config(const json_t *cfg, const char *path, bb_model
     const char *act = json_string_value(json_object_get(cfg, "hidden_act"));
     if (act && strcmp(act, "silu"))
         return bb_fail(BB_ERR_FORMAT, "%s: hidden_act %s: bigbatch's llama has SwiGLU (silu)", path, act);
-    BB_TRY(get_int(cfg, path, "num_hidden_layers", -1, &g.layers));
-    BB_TRY(get_int(cfg, path, "num_attention_heads", -1, &g.heads));
-    BB_TRY(get_int(cfg, path, "num_key_value_heads", g.heads, &g.kv_heads));
-    BB_TRY(get_int(cfg, path, "hidden_size", -1, &g.d_model));
-    BB_TRY(get_int(cfg, path, "intermediate_size", -1, &g.ffn));
-    BB_TRY(get_int(cfg, path, "vocab_size", -1, &g.vocab));
-    BB_TRY(get_int(cfg, path, "max_position_embeddings", 2048, positions));
+    BB_TRY(bb_hf_config_int(cfg, path, "num_hidden_layers", -1, &g.layers));
+    BB_TRY(bb_hf_config_int(cfg, path, "num_attention_heads", -1, &g.heads));
+    BB_TRY(bb_hf_config_int(cfg, path, "num_key_value_heads", g.heads, &g.kv_heads));
+    BB_TRY(bb_hf_config_int(cfg, path, "hidden_size", -1, &g.d_model));
+    BB_TRY(bb_hf_config_int(cfg, path, "intermediate_size", -1, &g.ffn));
+    BB_TRY(bb_hf_config_int(cfg, path, "vocab_size", -1, &g.vocab));
+    BB_TRY(bb_hf_config_int(cfg, path, "max_position_embeddings", 2048, positions));
     BB_TRY(get_number(cfg, path, "rope_theta", 10000, &g.rope_theta));
     BB_TRY(get_number(cfg, path, "rms_norm_eps", 1e-6, &g.norm_eps));
     if (g.d_model % g.heads)
@@ -90,7 +66,7 @@ static bb_status llama_read_config(const json_t *cfg, const char *path, bb_model
         return bb_fail(BB_ERR_FORMAT, "%s: num_key_value_heads %d does not divide num_attention_heads %d", path,
                        g.kv_heads, g.heads);
     int head_dim;
-    BB_TRY(get_int(cfg, path, "head_dim", g.d_model / g.heads, &head_dim));
+    BB_TRY(bb_hf_config_int(cfg, path, "head_dim", g.d_model / g.heads, &head_dim));
     if (head_dim != g.d_model / g.heads)
         return bb_fail(BB_ERR_FORMAT, "%s: head_dim is %d: bigbatch's llama has hidden_size / num_attention_heads "
                        "(%d)", path, head_dim, g.d_model / g.heads);
@@ -98,8 +74,8 @@ static bb_status llama_read_config(const json_t *cfg, const char *path, bb_model
     if (tie && !json_is_null(tie) && !json_is_boolean(tie))
         return bb_fail(BB_ERR_FORMAT, "%s: tie_word_embeddings is not a boolean", path);
     g.tied = json_is_true(tie);
-    BB_TRY(need_bool(cfg, path, "attention_bias", false));
-    BB_TRY(need_bool(cfg, path, "mlp_bias", false));
+    BB_TRY(bb_hf_config_bool(cfg, path, "attention_bias", false, "llama"));
+    BB_TRY(bb_hf_config_bool(cfg, path, "mlp_bias", false, "llama"));
     BB_TRY(rope_scaling(cfg, path, &g));
     *c = (bb_model_config){.kind = &bb_model_kind_llama, .llama = g};
     c->llama.seq_len = *positions;

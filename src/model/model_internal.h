@@ -81,6 +81,13 @@ typedef struct bb_hf_layout {
     const char *positions_tensor;
 } bb_hf_layout;
 extern const bb_hf_layout bb_hf_gpt2, bb_hf_llama;
+/* config.json's `key` in *out: an integer in 1 .. 2^24, or `dflt` when
+ * absent or null (dflt -1: required). Fails with BB_ERR_FORMAT naming path
+ * and key. */
+bb_status bb_hf_config_int(const json_t *cfg, const char *path, const char *key, int dflt, int *out);
+/* config.json's boolean `key`, which must be `want` when present. Fails
+ * with BB_ERR_FORMAT naming path, key and what bigbatch's `kind` needs. */
+bb_status bb_hf_config_bool(const json_t *cfg, const char *path, const char *key, bool want, const char *kind);
 /* The kind whose layout has this model_type; NULL: none. */
 const bb_model_kind *bb_model_kind_of_hf(const char *model_type);
 /* "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM)" for messages. */
