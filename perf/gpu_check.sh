@@ -241,6 +241,24 @@ step torch_bf16 120 $PY perf/torch_gpu_bench.py --vocab 50257 --steps "$STEPS" -
 tbf16=$(result torch_bf16)
 bench_row "PyTorch eager bf16 autocast" "$tbf16" 989e12
 
+# ---- a llama, bf16: grouped-query attention (9 heads over 3) on cuDNN's SDPA --------------
+row ""
+row "| SmolLM2-135M's shape (30 layers, 9 heads / 3 kv, d 576), bf16, micro-batch 8, T 2048 | tokens/s | step ms | attention |"
+row "|---|---|---|---|"
+llama="--model llama --preset smollm2-135m --seq-len 2048 --micro-batch 8 --devices cuda:0 --precision bf16"
+step llama_bf16 120 "${bb[@]}" "$BIN" bench model $llama --steps "$STEPS" --json
+lb=$(result llama_bf16)
+lengine=$(field "$lb" attention_engine %s)
+row "| bigbatch | $(field "$lb" tokens_per_s %.0f) | $(field "$lb" step_ms %.1f) | $lengine |"
+step llama_bf16_kernels 120 "${bb[@]}" "$BIN" bench model $llama --steps "$STEPS" --json --attention kernels
+lbk=$(result llama_bf16_kernels)
+row "| bigbatch --attention kernels | $(field "$lbk" tokens_per_s %.0f) | $(field "$lbk" step_ms %.1f) | $(field "$lbk" attention_engine %s) |"
+case $lengine in # cuDNN 9 takes K and V with fewer heads; one that does not is a warning in log.txt
+cuDNN*) ;;
+*) row "| attention engine, bf16 grouped-query llama | FAILED: $lengine, not cuDNN (see log.txt) |"
+   fail "bf16 grouped-query attention ran on $lengine, not cuDNN" ;;
+esac
+
 # ---- one bf16 step, op by op ----------------------------------------------------------------
 step profile 120 "${bb[@]}" BB_PROFILE_OPS=1 "$BIN" bench model $gpt2 --steps 5 --json --precision bf16
 prof=$(result profile)

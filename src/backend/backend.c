@@ -61,13 +61,12 @@ static inline void scratch_need(bb_backend_t *b, size_t rows, size_t width)
     if (width > b->scratch_width) b->scratch_width = width;
 }
 
-/* And bf16 attention's, where the device kind has some (cuDNN's, which
- * takes multi-head attention only). */
+/* And bf16 attention's, where the device kind has some (cuDNN's). */
 static inline void attention_need(bb_backend_t *b, int B, int T, int NH, int KVH, int HS)
 {
     const bb_device_desc *d = bb_device_desc_of(b->kind);
-    if (b->opt.precision != BB_PRECISION_BF16 || !d || !d->attention_bytes || KVH != NH) return;
-    uint64_t need = d->attention_bytes(B, T, NH * HS, NH);
+    if (b->opt.precision != BB_PRECISION_BF16 || !d || !d->attention_bytes) return;
+    uint64_t need = d->attention_bytes(B, T, NH, KVH, HS);
     if (need > b->scratch_attention) b->scratch_attention = need;
 }
 

@@ -123,7 +123,7 @@ typedef struct bb_device_desc {
     uint64_t transient_max;
     /* device bytes its bf16 attention of this shape takes besides (cuDNN's
      * operands and workspace, bounded); NULL: none */
-    uint64_t (*attention_bytes)(int B, int T, int C, int NH);
+    uint64_t (*attention_bytes)(int B, int T, int NH, int KVH, int HS);
 } bb_device_desc;
 const bb_device_desc *bb_device_desc_of(bb_device_kind k);
 
@@ -132,6 +132,6 @@ const bb_device_desc *bb_device_desc_of(bb_device_kind k);
  * partials, the embedding's sort and cuBLAS's default workspace. */
 uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width);
 /* And what its bf16 attention of this shape takes through cuDNN, bounded. */
-uint64_t bb_cuda_attention_bytes(int B, int T, int C, int NH);
+uint64_t bb_cuda_attention_bytes(int B, int T, int NH, int KVH, int HS);
 
 #endif

@@ -57,19 +57,20 @@ bb_status cudnn_start(bb_backend_t *b)
     return BB_OK;
 }
 
-// cuDNN, its operands' scratch and workspace for this shape; NULL: our kernels.
-// Multi-head attention only (KVH = NH): grouped-query runs on our kernels.
+// cuDNN, its operands' scratch and workspace for this shape; NULL: our
+// kernels. Grouped-query attention too (K and V KVH heads wide), where the
+// cuDNN loaded supports it; where not, one warning and our kernels.
 bb_cudnn *cudnn_for(bb_backend_t *b, bool bf16_tensors, int B, int T, int NH, int KVH, int HS, uint16_t **ops,
                     void **ws, size_t *ws_bytes)
 {
     cuda_state *s = state(b);
-    int C = NH * HS;
     if ((b->opt.precision != BB_PRECISION_BF16 && !bf16_tensors) || b->opt.attention == BB_ATTENTION_KERNELS ||
-        s->cudnn_off || KVH != NH)
+        s->cudnn_off)
         return nullptr;
-    size_t fwd = 0, bwd = 0, halves = bf16_tensors ? 0 : 8 * (size_t)B * T * C;
+    size_t n = (size_t)B * T * NH * HS, nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+    size_t fwd = 0, bwd = 0, halves = bf16_tensors ? 0 : 2 * nqkv + 2 * n; /* qkv, out, dout, dqkv */
     if ((!s->cudnn && bb_cudnn_open(compute(b), &s->cudnn) != BB_OK) ||
-        bb_cudnn_attention_workspace(s->cudnn, B, T, NH, C / NH, &fwd, &bwd) != BB_OK) {
+        bb_cudnn_attention_workspace(s->cudnn, B, T, NH, KVH, HS, &fwd, &bwd) != BB_OK) {
         if (b->opt.attention == BB_ATTENTION_CUDNN) /* asked for: its failure is the op's */
             bb_backend_note_error(b, BB_ERR_UNSUPPORTED, "%s: --attention cudnn: %s", b->name, bb_error_message());
         else
@@ -81,7 +82,7 @@ bb_cudnn *cudnn_for(bb_backend_t *b, bool bf16_tensors, int B, int T, int NH, in
                          "cuDNN attention's bf16 operands")) ||
         !grow(b, &s->cudnn_ws, &s->cudnn_ws_bytes, fwd > bwd ? fwd : bwd, "cuDNN attention's workspace"))
         return nullptr;
-    uint64_t counted = bb_cuda_attention_bytes(B, T, C, NH), real = s->attn16_bytes + s->cudnn_ws_bytes;
+    uint64_t counted = bb_cuda_attention_bytes(B, T, NH, KVH, HS), real = s->attn16_bytes + s->cudnn_ws_bytes;
     static std::atomic<bool> warned{false};
     if (real > counted && !warned.exchange(true)) {
         char a[24], c[24];
@@ -120,7 +121,8 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
     if (c && bf16 &&
         cudnn_ran(b,
                   bb_cudnn_attention_forward(c, static_cast<const uint16_t *>(qkv_t.data),
-                                             static_cast<uint16_t *>(out_t.data), lse, B, T, NH, HS, ws, ws_bytes),
+                                             static_cast<uint16_t *>(out_t.data), lse, B, T, NH, KVH, HS, ws,
+                                             ws_bytes),
                   "attention_forward"))
         return;
     if (bf16) {
@@ -133,9 +135,9 @@ void cuda_attention_forward(bb_backend_t *b, bb_tensor out_t, float *lse, bb_ten
         return;
     }
     if (c && !bf16) {
-        uint16_t *qkv16 = ops, *out16 = ops + 3 * n;
-        BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, 3 * n));
-        if (cudnn_ran(b, bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, HS, ws, ws_bytes),
+        uint16_t *qkv16 = ops, *out16 = ops + nqkv;
+        BB_CUDA_OP(b, bbk_bf16_pack(compute(b), qkv16, qkv, nqkv));
+        if (cudnn_ran(b, bb_cudnn_attention_forward(c, qkv16, out16, lse, B, T, NH, KVH, HS, ws, ws_bytes),
                       "attention_forward")) {
             BB_CUDA_OP(b, bbk_bf16_unpack(compute(b), out, out16, n));
             return;
@@ -167,7 +169,8 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
                   bb_cudnn_attention_backward(c, static_cast<const uint16_t *>(qkv_t.data),
                                               static_cast<const uint16_t *>(out_t.data),
                                               static_cast<const uint16_t *>(dout_t.data), lse,
-                                              static_cast<uint16_t *>(dqkv_t.data), B, T, NH, HS, ws, ws_bytes),
+                                              static_cast<uint16_t *>(dqkv_t.data), B, T, NH, KVH, HS, ws,
+                                              ws_bytes),
                   "attention_backward"))
         return;
     if (bf16) {
@@ -183,14 +186,16 @@ void cuda_attention_backward(bb_backend_t *b, bb_tensor dqkv_t, bb_tensor dout_t
         return;
     }
     if (c && !bf16) {
-        uint16_t *qkv16 = ops, *out16 = ops + 3 * n, *dout16 = ops + 4 * n, *dqkv16 = ops + 5 * n;
+        uint16_t *qkv16 = ops, *out16 = ops + nqkv, *dout16 = out16 + n, *dqkv16 = dout16 + n;
         cudaStream_t st = compute(b);
-        BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, 3 * n));
+        BB_CUDA_OP(b, bbk_bf16_pack(st, qkv16, qkv, nqkv));
         BB_CUDA_OP(b, bbk_bf16_pack(st, out16, out, n));
         BB_CUDA_OP(b, bbk_bf16_pack(st, dout16, dout, n));
-        if (cudnn_ran(b, bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, HS, ws, ws_bytes),
+        if (cudnn_ran(b,
+                      bb_cudnn_attention_backward(c, qkv16, out16, dout16, lse, dqkv16, B, T, NH, KVH, HS, ws,
+                                                  ws_bytes),
                       "attention_backward")) {
-            BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, 3 * n));
+            BB_CUDA_OP(b, bbk_bf16_unpack(st, dqkv, dqkv16, nqkv));
             return;
         }
     }

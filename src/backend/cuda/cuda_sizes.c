@@ -20,10 +20,11 @@ uint64_t bb_cuda_workspace_bytes(size_t rows, size_t width)
            + ((uint64_t)32 << 20);     /* cuBLAS's workspace, which cuBLASLt shares (one stream) */
 }
 
-uint64_t bb_cuda_attention_bytes(int B, int T, int C, int NH)
+uint64_t bb_cuda_attention_bytes(int B, int T, int NH, int KVH, int HS)
 {
-    uint64_t n = (uint64_t)B * T * C, t64 = ((uint64_t)T + 63) / 64 * 64;
-    return 16 * n                              /* bf16 copies of qkv, out, dout and dqkv: 8 halves an element of out */
+    uint64_t n = (uint64_t)B * T * NH * HS, nqkv = (uint64_t)B * T * (NH + 2 * KVH) * HS;
+    uint64_t t64 = ((uint64_t)T + 63) / 64 * 64;
+    return 4 * (nqkv + n)                      /* bf16 copies of qkv, out, dout and dqkv */
            + 2 * (uint64_t)B * NH * t64 * t64 /* the deterministic backward's dP: bf16, T² a head */
            + 4 * n + ((uint64_t)16 << 20);    /* dQ's fp32 accumulator, and the rest, bounded */
 }

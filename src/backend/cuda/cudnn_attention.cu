@@ -167,7 +167,7 @@ namespace {
 enum : int64_t { UID_Q = 1, UID_K, UID_V, UID_SCALE, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV };
 
 struct cached_graph {
-    int B = 0, T = 0, NH = 0, hs = 0;
+    int B = 0, T = 0, NH = 0, KVH = 0, hs = 0;
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
     uint64_t used = 0; // least recently used goes first
@@ -176,10 +176,11 @@ struct cached_graph {
 struct graph_cache {
     cached_graph slot[4];
     uint64_t clock = 0;
-    cached_graph *find(int B, int T, int NH, int hs)
+    cached_graph *find(int B, int T, int NH, int KVH, int hs)
     {
         for (auto &g : slot)
-            if (g.graph && g.B == B && g.T == T && g.NH == NH && g.hs == hs) return g.used = ++clock, &g;
+            if (g.graph && g.B == B && g.T == T && g.NH == NH && g.KVH == KVH && g.hs == hs)
+                return g.used = ++clock, &g;
         return nullptr;
     }
     cached_graph *victim()
@@ -214,9 +215,10 @@ struct bb_cudnn {
 namespace {
 
 // What cuDNN's SDPA takes (checked here so that the reason is ours and plain).
-bb_status check_shape(const bb_cudnn *c, int B, int T, int NH, int hs, bool backward)
+bb_status check_shape(const bb_cudnn *c, int B, int T, int NH, int KVH, int hs, bool backward)
 {
-    if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return bb_fail(BB_ERR_ARG, "cuDNN SDPA: shape B %d T %d NH %d hs %d", B, T, NH, hs);
+    if (B <= 0 || T <= 0 || NH <= 0 || KVH <= 0 || NH % KVH || hs <= 0)
+        return bb_fail(BB_ERR_ARG, "cuDNN SDPA: shape B %d T %d NH %d KVH %d hs %d", B, T, NH, KVH, hs);
     if (hs % 8) return bb_fail(BB_ERR_UNSUPPORTED, "cuDNN SDPA: a head size of %d is not a multiple of 8", hs);
     int widest = !backward || c->sm / 10 == 9 ? 256 : 128;
     if (hs > widest)
@@ -226,8 +228,8 @@ bb_status check_shape(const bb_cudnn *c, int B, int T, int NH, int hs, bool back
     return BB_OK;
 }
 
-std::vector<int64_t> qkv_strides(int64_t T, int64_t C, int64_t hs) { return {T * 3 * C, hs, 3 * C, 1}; }
-std::vector<int64_t> row_strides(int64_t T, int64_t C, int64_t hs) { return {T * C, hs, C, 1}; }
+// A (B, heads, T, hs) view of rows `W` wide (qkv's (NH+2·KVH)·hs, out's NH·hs).
+std::vector<int64_t> row_strides(int64_t T, int64_t W, int64_t hs) { return {T * W, hs, W, 1}; }
 
 std::shared_ptr<fe::graph::Tensor_attributes> tensor(fe::graph::Graph &g, const char *name, int64_t uid,
                                                      std::vector<int64_t> dim, std::vector<int64_t> stride)
@@ -235,13 +237,15 @@ std::shared_ptr<fe::graph::Tensor_attributes> tensor(fe::graph::Graph &g, const 
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
 }
 
-// The graph's shared part: bf16 in and out, fp32 inside; Q, K, V in qkv's layout; the scale by value.
+// The graph's shared part: bf16 in and out, fp32 inside; Q (NH heads), K
+// and V (KVH heads each: grouped-query when fewer) in qkv's layout; the
+// scale by value.
 struct sdpa_inputs {
     std::shared_ptr<fe::graph::Graph> g;
     std::shared_ptr<fe::graph::Tensor_attributes> q, k, v, scale;
 };
 
-sdpa_inputs begin_graph(const bb_cudnn *c, int64_t B, int64_t T, int64_t NH, int64_t hs)
+sdpa_inputs begin_graph(const bb_cudnn *c, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hs)
 {
     sdpa_inputs in;
     in.g = std::make_shared<fe::graph::Graph>();
@@ -249,10 +253,10 @@ sdpa_inputs begin_graph(const bb_cudnn *c, int64_t B, int64_t T, int64_t NH, int
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     in.g->set_sm_version(c->sm);
-    int64_t C = NH * hs;
-    in.q = tensor(*in.g, "Q", UID_Q, {B, NH, T, hs}, qkv_strides(T, C, hs));
-    in.k = tensor(*in.g, "K", UID_K, {B, NH, T, hs}, qkv_strides(T, C, hs));
-    in.v = tensor(*in.g, "V", UID_V, {B, NH, T, hs}, qkv_strides(T, C, hs));
+    int64_t W = (NH + 2 * KVH) * hs;
+    in.q = tensor(*in.g, "Q", UID_Q, {B, NH, T, hs}, row_strides(T, W, hs));
+    in.k = tensor(*in.g, "K", UID_K, {B, KVH, T, hs}, row_strides(T, W, hs));
+    in.v = tensor(*in.g, "V", UID_V, {B, KVH, T, hs}, row_strides(T, W, hs));
     in.scale = in.g->tensor(fe::graph::Tensor_attributes()
                                 .set_name("attn_scale")
                                 .set_uid(UID_SCALE)
@@ -290,21 +294,21 @@ bb_status build(bb_cudnn *c, fe::graph::Graph &g, int64_t *workspace)
 
 // Builds g and caches it for this shape in place of the least recently used.
 bb_status build_into(bb_cudnn *c, graph_cache *cache, std::shared_ptr<fe::graph::Graph> g, int B, int T, int NH,
-                     int hs, cached_graph **out)
+                     int KVH, int hs, cached_graph **out)
 {
     int64_t workspace = 0;
     BB_TRY(build(c, *g, &workspace));
     cached_graph *slot = cache->victim();
-    *slot = cached_graph{B, T, NH, hs, g, workspace, ++cache->clock};
+    *slot = cached_graph{B, T, NH, KVH, hs, g, workspace, ++cache->clock};
     *out = slot;
     return BB_OK;
 }
 
-bb_status forward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph **out)
+bb_status forward_graph(bb_cudnn *c, int B, int T, int NH, int KVH, int hs, cached_graph **out)
 {
-    if ((*out = c->fwd.find(B, T, NH, hs))) return BB_OK;
-    BB_TRY(check_shape(c, B, T, NH, hs, false));
-    sdpa_inputs in = begin_graph(c, B, T, NH, hs);
+    if ((*out = c->fwd.find(B, T, NH, KVH, hs))) return BB_OK;
+    BB_TRY(check_shape(c, B, T, NH, KVH, hs, false));
+    sdpa_inputs in = begin_graph(c, B, T, NH, KVH, hs);
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("bigbatch_sdpa")
                     .set_generate_stats(true)
@@ -315,14 +319,14 @@ bb_status forward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph 
     int64_t C = (int64_t)NH * hs;
     outs[0]->set_output(true).set_uid(UID_O).set_dim({B, NH, T, hs}).set_stride(row_strides(T, C, hs));
     as_stats(outs[1]->set_output(true), B, T, NH);
-    return build_into(c, &c->fwd, in.g, B, T, NH, hs, out);
+    return build_into(c, &c->fwd, in.g, B, T, NH, KVH, hs, out);
 }
 
-bb_status backward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph **out)
+bb_status backward_graph(bb_cudnn *c, int B, int T, int NH, int KVH, int hs, cached_graph **out)
 {
-    if ((*out = c->bwd.find(B, T, NH, hs))) return BB_OK;
-    BB_TRY(check_shape(c, B, T, NH, hs, true));
-    sdpa_inputs in = begin_graph(c, B, T, NH, hs);
+    if ((*out = c->bwd.find(B, T, NH, KVH, hs))) return BB_OK;
+    BB_TRY(check_shape(c, B, T, NH, KVH, hs, true));
+    sdpa_inputs in = begin_graph(c, B, T, NH, KVH, hs);
     int64_t C = (int64_t)NH * hs;
     auto o = tensor(*in.g, "O", UID_O, {B, NH, T, hs}, row_strides(T, C, hs));
     auto dout = tensor(*in.g, "dO", UID_DO, {B, NH, T, hs}, row_strides(T, C, hs));
@@ -336,9 +340,11 @@ bb_status backward_graph(bb_cudnn *c, int B, int T, int NH, int hs, cached_graph
                     .set_diagonal_band_right_bound(0)
                     .set_deterministic_algorithm(c->deterministic);
     auto grads = in.g->sdpa_backward(in.q, in.k, in.v, o, dout, stats, opts);
+    int64_t W = (NH + 2 * KVH) * hs; /* dQ, dK, dV in dqkv's layout, as Q, K and V */
     for (int i = 0; i < 3; i++)
-        grads[i]->set_output(true).set_uid(UID_DQ + i).set_dim({B, NH, T, hs}).set_stride(qkv_strides(T, C, hs));
-    return build_into(c, &c->bwd, in.g, B, T, NH, hs, out);
+        grads[i]->set_output(true).set_uid(UID_DQ + i).set_dim({B, i ? KVH : NH, T, hs}).set_stride(
+            row_strides(T, W, hs));
+    return build_into(c, &c->bwd, in.g, B, T, NH, KVH, hs, out);
 }
 
 bb_status execute(bb_cudnn *c, cached_graph *g, std::unordered_map<int64_t, void *> &pack, void *workspace,
@@ -397,13 +403,13 @@ extern "C" bb_status bb_cudnn_open(void *stream, bb_cudnn **out)
     });
 }
 
-extern "C" bb_status bb_cudnn_attention_workspace(bb_cudnn *c, int B, int T, int NH, int hs, size_t *fwd_bytes,
-                                                  size_t *bwd_bytes)
+extern "C" bb_status bb_cudnn_attention_workspace(bb_cudnn *c, int B, int T, int NH, int KVH, int hs,
+                                                  size_t *fwd_bytes, size_t *bwd_bytes)
 {
     return guarded([&]() -> bb_status {
         cached_graph *f, *b;
-        BB_TRY(forward_graph(c, B, T, NH, hs, &f));
-        BB_TRY(backward_graph(c, B, T, NH, hs, &b));
+        BB_TRY(forward_graph(c, B, T, NH, KVH, hs, &f));
+        BB_TRY(backward_graph(c, B, T, NH, KVH, hs, &b));
         if (fwd_bytes) *fwd_bytes = (size_t)f->workspace;
         if (bwd_bytes) *bwd_bytes = (size_t)b->workspace;
         return BB_OK;
@@ -411,15 +417,15 @@ extern "C" bb_status bb_cudnn_attention_workspace(bb_cudnn *c, int B, int T, int
 }
 
 extern "C" bb_status bb_cudnn_attention_forward(bb_cudnn *c, const uint16_t *qkv, uint16_t *out, float *lse, int B,
-                                                int T, int NH, int hs, void *workspace, size_t workspace_bytes)
+                                                int T, int NH, int KVH, int hs, void *workspace, size_t workspace_bytes)
 {
     return guarded([&]() -> bb_status {
         cached_graph *g;
-        BB_TRY(forward_graph(c, B, T, NH, hs, &g));
+        BB_TRY(forward_graph(c, B, T, NH, KVH, hs, &g));
         uint16_t *in = const_cast<uint16_t *>(qkv);
-        size_t C = (size_t)NH * hs;
+        size_t C = (size_t)NH * hs, KV = (size_t)KVH * hs;
         float scale = 1.0f / sqrtf((float)hs);
-        std::unordered_map<int64_t, void *> pack = {{UID_Q, in}, {UID_K, in + C}, {UID_V, in + 2 * C},
+        std::unordered_map<int64_t, void *> pack = {{UID_Q, in}, {UID_K, in + C}, {UID_V, in + C + KV},
                                                     {UID_SCALE, &scale}, {UID_O, out}, {UID_STATS, lse}};
         return execute(c, g, pack, workspace, workspace_bytes, "forward");
     });
@@ -427,19 +433,19 @@ extern "C" bb_status bb_cudnn_attention_forward(bb_cudnn *c, const uint16_t *qkv
 
 extern "C" bb_status bb_cudnn_attention_backward(bb_cudnn *c, const uint16_t *qkv, const uint16_t *out,
                                                  const uint16_t *dout, const float *lse, uint16_t *dqkv, int B, int T,
-                                                 int NH, int hs, void *workspace, size_t workspace_bytes)
+                                                 int NH, int KVH, int hs, void *workspace, size_t workspace_bytes)
 {
     return guarded([&]() -> bb_status {
         cached_graph *g;
-        BB_TRY(backward_graph(c, B, T, NH, hs, &g));
+        BB_TRY(backward_graph(c, B, T, NH, KVH, hs, &g));
         uint16_t *in = const_cast<uint16_t *>(qkv);
-        size_t C = (size_t)NH * hs;
+        size_t C = (size_t)NH * hs, KV = (size_t)KVH * hs;
         float scale = 1.0f / sqrtf((float)hs);
         std::unordered_map<int64_t, void *> pack = {
-            {UID_Q, in},         {UID_K, in + C},      {UID_V, in + 2 * C},
+            {UID_Q, in},         {UID_K, in + C},      {UID_V, in + C + KV},
             {UID_O, const_cast<uint16_t *>(out)},      {UID_DO, const_cast<uint16_t *>(dout)},
             {UID_STATS, const_cast<float *>(lse)},     {UID_SCALE, &scale},
-            {UID_DQ, dqkv},      {UID_DK, dqkv + C},   {UID_DV, dqkv + 2 * C}};
+            {UID_DQ, dqkv},      {UID_DK, dqkv + C},   {UID_DV, dqkv + C + KV}};
         return execute(c, g, pack, workspace, workspace_bytes, "backward");
     });
 }
@@ -469,19 +475,19 @@ extern "C" bb_status bb_cudnn_open(void *stream, bb_cudnn **out)
     return bb_fail(lib.status, "%s", lib.why);
 }
 
-extern "C" bb_status bb_cudnn_attention_workspace(bb_cudnn *, int, int, int, int, size_t *, size_t *)
+extern "C" bb_status bb_cudnn_attention_workspace(bb_cudnn *, int, int, int, int, int, size_t *, size_t *)
 {
     return bb_fail(BB_ERR_UNSUPPORTED, "cuDNN: no graph code in this build");
 }
 
 extern "C" bb_status bb_cudnn_attention_forward(bb_cudnn *, const uint16_t *, uint16_t *, float *, int, int, int,
-                                                int, void *, size_t)
+                                                int, int, void *, size_t)
 {
     return bb_fail(BB_ERR_UNSUPPORTED, "cuDNN: no graph code in this build");
 }
 
 extern "C" bb_status bb_cudnn_attention_backward(bb_cudnn *, const uint16_t *, const uint16_t *, const uint16_t *,
-                                                 const float *, uint16_t *, int, int, int, int, void *, size_t)
+                                                 const float *, uint16_t *, int, int, int, int, int, void *, size_t)
 {
     return bb_fail(BB_ERR_UNSUPPORTED, "cuDNN: no graph code in this build");
 }
