@@ -113,18 +113,43 @@ Test(hf, greedy_sample_is_transformers_generate)
     free_setup(&s);
 }
 
+/* What a config.json may say that bigbatch cannot represent: the edit (Python on `c`) and the refusal's words. */
+typedef struct config_case {
+    const char *edit, *needle;
+} config_case;
+
+/* Trains one step of `model_flags` on s's data, saves into tmp/ck, exports to
+ * tmp/exported (whose loss must be the checkpoint's); then each case's edit
+ * of a copy's config.json (tmp/bad) is refused by train with one line
+ * naming it. Returns the export's directory; *ck the checkpoint's. */
+static char *refuse_edited_configs(const setup *s, const char *model_flags, const config_case *cases, size_t n,
+                                   char **ck)
+{
+    char *dir = tu_path(tmp, "exported"), *bad = tu_path(tmp, "bad");
+    *ck = tu_path(tmp, "ck");
+    free(sh_ok("'%s' train --data '%s' %s --global-batch 8 --micro-batch 8 --steps 1 --save '%s' --quiet && "
+               "'%s' export --ckpt '%s' --format hf --out '%s' >/dev/null", tu_bigbatch_bin(), s->data, model_flags,
+               *ck, tu_bigbatch_bin(), *ck, dir));
+    double direct = bigbatch_loss("--ckpt", *ck, s->data), again = bigbatch_loss("--init-from", dir, s->data);
+    cr_assert(fabs(direct - again) < 1e-6, "the checkpoint's loss %.7f, its export's %.7f", direct, again);
+    for (size_t i = 0; i < n; i++) {
+        free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "
+                   "c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\"", bad, dir, bad, bad, cases[i].edit));
+        tu_run r = tu_bigbatch("train", "--data", s->data, "--init-from", bad, "--steps", "1", "--global-batch", "8",
+                               "--micro-batch", "8", "--quiet");
+        tu_assert_error(&r, cases[i].needle);
+        tu_run_free(&r);
+    }
+    free(bad);
+    return dir;
+}
+
 /* A directory bigbatch exported (no Python needed), then its config.json
  * edited: each key bigbatch cannot represent is one line naming it. */
 Test(hf, configurations_it_cannot_represent_are_one_line)
 {
     setup s = make_setup(false);
-    char *ck = tu_path(tmp, "ck"), *dir = tu_path(tmp, "exported"), *bad = tu_path(tmp, "bad");
-    free(sh_ok("'%s' train --data '%s' --layers 1 --heads 2 --d-model 16 --global-batch 8 --micro-batch 8 --steps 1 "
-               "--save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s'", tu_bigbatch_bin(), s.data, ck,
-               tu_bigbatch_bin(), ck, dir));
-    double direct = bigbatch_loss("--ckpt", ck, s.data), again = bigbatch_loss("--init-from", dir, s.data);
-    cr_assert(fabs(direct - again) < 1e-6, "the checkpoint's loss %.7f, its export's %.7f", direct, again);
-    struct { const char *edit, *needle; } cases[] = {
+    static const config_case cases[] = {
         {"c['activation_function'] = 'relu'", "activation_function relu"},
         {"c['n_inner'] = 20", "n_inner is 20"},
         {"c['tie_word_embeddings'] = False", "tie_word_embeddings"},
@@ -137,14 +162,8 @@ Test(hf, configurations_it_cannot_represent_are_one_line)
         {"c['n_head'] = 3", "n_head 3 does not divide n_embd 16"},
         {"c['vocab_size'] = 600", "transformer.wte.weight has 512 rows, config.json's vocab_size is 600"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "
-                   "c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\"", bad, dir, bad, bad, cases[i].edit));
-        tu_run r = tu_bigbatch("train", "--data", s.data, "--init-from", bad, "--steps", "1", "--global-batch", "8",
-                               "--micro-batch", "8", "--quiet");
-        tu_assert_error(&r, cases[i].needle);
-        tu_run_free(&r);
-    }
+    char *ck, *dir = refuse_edited_configs(&s, "--layers 1 --heads 2 --d-model 16", cases,
+                                           sizeof cases / sizeof *cases, &ck);
     /* data of another vocabulary, and shape flags beside a config.json */
     char *bytes = tu_path(tmp, "bytes");
     free(sh_ok("'%s' pack --format text --in '%s' --seq-len 32 --out '%s'", tu_bigbatch_bin(), s.text, bytes));
@@ -154,7 +173,7 @@ Test(hf, configurations_it_cannot_represent_are_one_line)
     r = tu_bigbatch("train", "--data", s.data, "--init-from", dir, "--layers", "3", "--steps", "1");
     tu_assert_error(&r, "config.json gives the shape");
     tu_run_free(&r);
-    free(ck), free(dir), free(bad), free(bytes);
+    free(ck), free(dir), free(bytes);
     free_setup(&s);
 }
 
@@ -254,13 +273,7 @@ Test(hf, a_transformers_llama_evaluates_trains_exports_and_samples_as_transforme
 Test(hf, llama_configurations_it_cannot_represent_are_one_line)
 {
     setup s = make_setup(false);
-    char *ck = tu_path(tmp, "ck"), *dir = tu_path(tmp, "exported"), *bad = tu_path(tmp, "bad");
-    free(sh_ok("'%s' train --data '%s' --model llama --layers 1 --heads 4 --kv-heads 2 --d-model 16 --global-batch 8 "
-               "--micro-batch 8 --steps 1 --save '%s' --quiet && '%s' export --ckpt '%s' --format hf --out '%s' "
-               ">/dev/null", tu_bigbatch_bin(), s.data, ck, tu_bigbatch_bin(), ck, dir));
-    double direct = bigbatch_loss("--ckpt", ck, s.data), again = bigbatch_loss("--init-from", dir, s.data);
-    cr_assert(fabs(direct - again) < 1e-6, "the checkpoint's loss %.7f, its export's %.7f", direct, again);
-    struct { const char *edit, *needle; } cases[] = {
+    static const config_case cases[] = {
         {"c['hidden_act'] = 'gelu'", "hidden_act gelu"},
         {"c['rope_scaling'] = {'type': 'linear', 'factor': 2.0}", "rope_scaling of type linear"},
         {"c['attention_bias'] = True", "attention_bias is true"},
@@ -272,14 +285,8 @@ Test(hf, llama_configurations_it_cannot_represent_are_one_line)
         {"c['num_hidden_layers'] = 2", "no tensor model.layers.1."},
         {"c['model_type'] = 'mistral'", "model_type mistral is not supported"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        free(sh_ok("rm -rf '%s' && cp -r '%s' '%s' && python3 -c \"import json; p = '%s/config.json'; "
-                   "c = json.load(open(p)); %s; json.dump(c, open(p, 'w'))\"", bad, dir, bad, bad, cases[i].edit));
-        tu_run r = tu_bigbatch("train", "--data", s.data, "--init-from", bad, "--steps", "1", "--global-batch", "8",
-                               "--micro-batch", "8", "--quiet");
-        tu_assert_error(&r, cases[i].needle);
-        tu_run_free(&r);
-    }
+    char *ck, *dir = refuse_edited_configs(&s, "--model llama --layers 1 --heads 4 --kv-heads 2 --d-model 16", cases,
+                                           sizeof cases / sizeof *cases, &ck), *bad = tu_path(tmp, "bad");
     /* a shard the index names is missing */
     free(sh_ok("rm -rf '%s' && '%s' export --ckpt '%s' --format hf --shard-size 4000 --out '%s' >/dev/null && "
                "rm '%s'/model-00002-of-*.safetensors", bad, tu_bigbatch_bin(), ck, bad, bad));
