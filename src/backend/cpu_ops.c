@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cpu_dnnl.h"
+#include "cpu_ew.h"
 #include "cpu_math.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
@@ -155,25 +156,6 @@ static void bf16_gemm(bb_backend_t *b, const bb_cpu_bf16_gemm *g, const char *op
     if (atomic_load(&a.failed)) bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for a bf16 product", op);
 }
 
-/* ---- element-wise and row-wise ops over the pool ----------------------------
- * An op's loop runs over fixed slices (EW_GRAIN elements, or whole rows
- * near that), so a sum made of per-slice parts is the same for any thread
- * count; an op smaller than one slice runs in the caller's thread. */
-enum { EW_GRAIN = 1 << 15 };
-
-typedef struct ew_args {
-    void (*range)(const struct ew_args *a, size_t lo, size_t hi, int slice);
-    float *x, *y, *z;      /* outputs (or in-place operands) */
-    const float *a, *c;    /* inputs */
-    uint16_t *h;           /* bf16 out */
-    const uint16_t *hc;    /* bf16 in */
-    float f[7];            /* scalars */
-    double *parts;         /* a sum's part per slice */
-    size_t n, grain;
-    int C;                 /* row-wise ops: the row width; n counts rows */
-    int rows;              /* column-wise ops (the bias gradient): n counts columns of `rows` rows */
-} ew_args;
-
 static void ew_task(void *ctx, int slice, int thread)
 {
     (void)thread;
@@ -182,16 +164,11 @@ static void ew_task(void *ctx, int slice, int thread)
     a->range(a, lo, hi, slice);
 }
 
-static int ew_slices(const ew_args *a) { return (int)((a->n + a->grain - 1) / a->grain); }
-
-static void ew_run(bb_backend_t *b, ew_args *a)
+void bb_cpu_ew_run(bb_backend_t *b, ew_args *a)
 {
     if (!a->grain) a->grain = a->C ? (EW_GRAIN / (size_t)a->C > 0 ? EW_GRAIN / (size_t)a->C : 1) : EW_GRAIN;
-    bb_cpu_parallel(b, ew_slices(a), ew_task, a);
+    bb_cpu_parallel(b, bb_cpu_ew_slices(a), ew_task, a);
 }
-
-/* The fp32 (bf16) data of a tensor (ops.def's dtypes are checked before the call). */
-
 
 /* An element-wise op whose output x and inputs a, c (c may be NULL) are
  * all of `dtype`: bf16 runs the fp32 range on widened blocks of
@@ -222,13 +199,13 @@ static void bf16_ew_range(const ew_args *ea, size_t lo, size_t hi, int slice)
 static void ew_run_act(bb_backend_t *b, ew_args *a, bb_dtype dtype)
 {
     if (dtype != BB_DTYPE_BF16) {
-        ew_run(b, a);
+        bb_cpu_ew_run(b, a);
         return;
     }
     bf16_ew w = {.e = *a, .fp32 = a->range, .x = (uint16_t *)a->x, .a = (const uint16_t *)a->a,
                  .c = (const uint16_t *)a->c};
     w.e.range = bf16_ew_range;
-    ew_run(b, &w.e);
+    bb_cpu_ew_run(b, &w.e);
 }
 
 void bb_cpu_linear_forward(bb_backend_t *b, bb_tensor out, bb_tensor in, bb_tensor w, bb_tensor bias, int N, int IC,
@@ -278,7 +255,7 @@ void bb_cpu_linear_backward(bb_backend_t *b, bb_tensor din_t, bb_tensor dw_t, bb
     if (dbias) { /* packed rows (ops.def) */
         if (!accumulate) memset(dbias, 0, (size_t)OC * sizeof *dbias);
         size_t columns = EW_GRAIN / (size_t)N; /* about EW_GRAIN elements a slice, whole 16s of columns */
-        ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = bf16 ? NULL : dout,
+        bb_cpu_ew_run(b, &(ew_args){.range = bias_grad_range, .x = dbias, .a = bf16 ? NULL : dout,
                              .hc = bf16 ? H16(dout_t) : NULL, .n = (size_t)OC, .rows = N,
                              .grain = columns < 16 ? 16 : columns / 16 * 16});
     }
@@ -437,13 +414,13 @@ static void swiglu_backward_range(const ew_args *a, size_t lo, size_t hi, int sl
 
 void bb_cpu_swiglu_forward(bb_backend_t *b, bb_tensor out, bb_tensor gu, int N, int F)
 {
-    ew_run(b, &(ew_args){.range = swiglu_forward_range, .x = out.data, .a = gu.data, .f = {IS_BF16(gu)},
+    bb_cpu_ew_run(b, &(ew_args){.range = swiglu_forward_range, .x = out.data, .a = gu.data, .f = {IS_BF16(gu)},
                          .n = (size_t)N, .C = F});
 }
 
 void bb_cpu_swiglu_backward(bb_backend_t *b, bb_tensor dgu, bb_tensor dout, bb_tensor gu, int N, int F)
 {
-    ew_run(b, &(ew_args){.range = swiglu_backward_range, .x = dgu.data, .a = gu.data, .c = dout.data,
+    bb_cpu_ew_run(b, &(ew_args){.range = swiglu_backward_range, .x = dgu.data, .a = gu.data, .c = dout.data,
                          .f = {IS_BF16(gu)}, .n = (size_t)N, .C = F});
 }
 
@@ -472,7 +449,7 @@ static void rope_range(const ew_args *a, size_t lo, size_t hi, int slice)
 static void rope(bb_backend_t *b, bb_tensor qkv, const float *table, int B, int T, int NH, int KVH, int HS, int pos0,
                  float sign)
 {
-    ew_run(b, &(ew_args){.range = rope_range, .x = qkv.data, .a = table,
+    bb_cpu_ew_run(b, &(ew_args){.range = rope_range, .x = qkv.data, .a = table,
                          .f = {IS_BF16(qkv), sign, (float)(NH + KVH), (float)HS, (float)T, (float)pos0},
                          .n = (size_t)B * T, .C = (NH + 2 * KVH) * HS});
 }
@@ -487,201 +464,6 @@ void bb_cpu_rope_backward(bb_backend_t *b, bb_tensor dqkv, const float *table, i
                           int pos0)
 {
     rope(b, dqkv, table, B, T, NH, KVH, HS, pos0, -1.0f);
-}
-
-#define LN_EPS 1e-5f
-
-/* LayerNorm's rows: x = out, y = mean, z = rstd, a = in, c = w, and: */
-typedef struct ln_args {
-    ew_args e;
-    const float *bias, *mean, *rstd, *dout;
-    const float *y; /* forward fused with the residual: res = in + y, then the LayerNorm of res */
-    float *res;
-    float *din, *dw, *dbias, *parts; /* backward: per slice, C floats of dw then C of dbias */
-    bool bf16;                       /* in, out (din, dout) are bf16: rows widened into scratch */
-    bool rms;                        /* RMSNorm: no mean (nor its statistic), no bias, eps its own */
-    float eps;
-    atomic_bool *no_memory;          /* bf16: a range found no scratch (the op notes it) */
-} ln_args;
-
-/* bf16 rows: k rows of C floats of scratch for one range; NULL (flagged) when out of memory. */
-static float *row_scratch(const ln_args *a, int k, int C)
-{
-    float *rows = malloc((size_t)k * C * sizeof(float));
-    if (!rows) atomic_store(a->no_memory, true);
-    return rows;
-}
-
-static void ln_run(bb_backend_t *b, ln_args *a, const char *op)
-{
-    atomic_bool no_memory;
-    atomic_init(&no_memory, false);
-    a->no_memory = &no_memory;
-    ew_run(b, &a->e);
-    if (atomic_load(&no_memory)) bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for its rows", op);
-}
-
-static void layernorm_forward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    const ln_args *a = (const ln_args *)ea;
-    int C = ea->C;
-    const float *in = ea->a, *w = ea->c, *bias = a->bias;
-    float *out = ea->x, *mean = ea->y, *rstd = ea->z, *rows = a->bf16 ? row_scratch(a, 3, C) : NULL;
-    if (a->bf16 && !rows) return;
-    for (size_t n = lo; n < hi; n++) {
-        size_t at = (size_t)n * C;
-        const float *x = in + at;
-        float *y = out + at;
-        if (a->bf16) {
-            bb_bf16_widen(rows, (const uint16_t *)ea->a + at, (size_t)C);
-            x = rows, y = rows + C;
-        }
-        if (a->res && a->bf16) { /* res rounded to bf16 as add writes it; the LayerNorm reads that */
-            float *r = rows + 2 * C;
-            bb_bf16_widen(r, (const uint16_t *)a->y + at, (size_t)C);
-            for (int i = 0; i < C; i++) r[i] += rows[i];
-            bb_bf16_narrow((uint16_t *)a->res + at, r, (size_t)C);
-            bb_bf16_widen(rows, (const uint16_t *)a->res + at, (size_t)C);
-        } else if (a->res) {
-            for (int i = 0; i < C; i++) a->res[at + i] = x[i] + a->y[at + i];
-            x = a->res + at;
-        }
-        float m = 0.0f, var = 0.0f;
-        if (a->rms) {
-            for (int i = 0; i < C; i++) var += x[i] * x[i];
-            float s = 1.0f / sqrtf(var / C + a->eps);
-            for (int i = 0; i < C; i++) y[i] = x[i] * s * w[i];
-            rstd[n] = s;
-        } else {
-            for (int i = 0; i < C; i++) m += x[i];
-            m /= C;
-            for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
-            float s = 1.0f / sqrtf(var / C + LN_EPS);
-            for (int i = 0; i < C; i++) y[i] = (x[i] - m) * s * w[i] + bias[i];
-            mean[n] = m;
-            rstd[n] = s;
-        }
-        if (a->bf16) bb_bf16_narrow((uint16_t *)ea->x + (size_t)n * C, y, (size_t)C);
-    }
-    free(rows);
-}
-
-void bb_cpu_layernorm_forward(bb_backend_t *b, bb_tensor out, float *mean, float *rstd, bb_tensor in, bb_tensor w,
-                              bb_tensor bias, int N, int C)
-{
-    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(in),
-                       .c = F32(w), .n = (size_t)N, .C = C},
-                 .bias = F32(bias), .bf16 = IS_BF16(in)};
-    ln_run(b, &a, "layernorm_forward");
-}
-
-void bb_cpu_residual_layernorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *mean, float *rstd,
-                                       bb_tensor x, bb_tensor y, bb_tensor w, bb_tensor bias, int N, int C)
-{
-    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .y = mean, .z = rstd, .a = F32(x),
-                       .c = F32(w), .n = (size_t)N, .C = C},
-                 .bias = F32(bias), .y = F32(y), .res = F32(res), .bf16 = IS_BF16(x)};
-    ln_run(b, &a, "residual_layernorm_forward");
-}
-
-void bb_cpu_rmsnorm_forward(bb_backend_t *b, bb_tensor out, float *rstd, bb_tensor in, bb_tensor w, int N, int C,
-                            float eps)
-{
-    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .z = rstd, .a = F32(in), .c = F32(w),
-                       .n = (size_t)N, .C = C},
-                 .bf16 = IS_BF16(in), .rms = true, .eps = eps};
-    ln_run(b, &a, "rmsnorm_forward");
-}
-
-void bb_cpu_residual_rmsnorm_forward(bb_backend_t *b, bb_tensor res, bb_tensor out, float *rstd, bb_tensor x,
-                                     bb_tensor y, bb_tensor w, int N, int C, float eps)
-{
-    ln_args a = {.e = {.range = layernorm_forward_range, .x = F32(out), .z = rstd, .a = F32(x), .c = F32(w),
-                       .n = (size_t)N, .C = C},
-                 .y = F32(y), .res = F32(res), .bf16 = IS_BF16(x), .rms = true, .eps = eps};
-    ln_run(b, &a, "residual_rmsnorm_forward");
-}
-
-/* din for rows [lo, hi), and this slice's parts of dw and dbias (summed
- * in slice order afterwards: the same for any thread count). */
-static void layernorm_backward_range(const ew_args *ea, size_t lo, size_t hi, int slice)
-{
-    const ln_args *a = (const ln_args *)ea;
-    int C = ea->C;
-    const float *in = ea->a, *w = ea->c, *dout = a->dout, *mean = a->mean, *rstd = a->rstd;
-    float *din = a->din, *dw = a->parts + (size_t)slice * 2 * C, *dbias = dw + C;
-    float *rows = a->bf16 ? row_scratch(a, 3, C) : NULL;
-    memset(dw, 0, 2 * (size_t)C * sizeof *dw);
-    if (a->bf16 && !rows) return;
-    for (size_t n = lo; n < hi; n++) {
-        const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = din + (size_t)n * C;
-        if (a->bf16) {
-            bb_bf16_widen(rows, (const uint16_t *)ea->a + (size_t)n * C, (size_t)C);
-            bb_bf16_widen(rows + C, (const uint16_t *)a->dout + (size_t)n * C, (size_t)C);
-            bb_bf16_widen(rows + 2 * C, (const uint16_t *)a->din + (size_t)n * C, (size_t)C);
-            x = rows, dy = rows + C, dx = rows + 2 * C;
-        }
-        float m = a->rms ? 0.0f : mean[n], s = rstd[n];
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int i = 0; i < C; i++) {
-            float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * norm;
-        }
-        dnorm_mean = a->rms ? 0.0f : dnorm_mean / C; /* RMSNorm subtracts no mean */
-        dnorm_norm_mean /= C;
-        for (int i = 0; i < C; i++) {
-            float norm = (x[i] - m) * s, dnorm = w[i] * dy[i];
-            dbias[i] += dy[i];
-            dw[i] += norm * dy[i];
-            dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-        }
-        if (a->bf16) bb_bf16_narrow((uint16_t *)a->din + (size_t)n * C, dx, (size_t)C);
-    }
-    free(rows);
-}
-
-/* LayerNorm's backward, or RMSNorm's (mean and dbias NULL). */
-static void norm_backward(bb_backend_t *b, const char *op, bb_tensor din_t, float *dw, float *dbias, bb_tensor dout,
-                          bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
-                          bool accumulate)
-{
-    float *din = F32(din_t);
-    ln_args a = {.e = {.range = layernorm_backward_range, .a = F32(in), .c = F32(w), .n = (size_t)N, .C = C},
-                 .mean = mean, .rstd = rstd, .dout = F32(dout), .din = din, .bf16 = IS_BF16(in), .rms = !mean};
-    a.e.grain = EW_GRAIN / (size_t)C > 0 ? EW_GRAIN / (size_t)C : 1;
-    int slices = ew_slices(&a.e);
-    a.parts = malloc((size_t)slices * 2 * C * sizeof *a.parts);
-    if (!a.parts) {
-        bb_backend_note_error(b, BB_ERR_NOMEM, "%s: out of host memory for %d slices", op, slices);
-        return;
-    }
-    ln_run(b, &a, op);
-    if (!accumulate) {
-        memset(dw, 0, (size_t)C * sizeof *dw);
-        if (dbias) memset(dbias, 0, (size_t)C * sizeof *dbias);
-    }
-    for (int k = 0; k < slices; k++) {
-        const float *pw = a.parts + (size_t)k * 2 * C, *pb = pw + C;
-        for (int i = 0; i < C; i++) dw[i] += pw[i];
-        for (int i = 0; dbias && i < C; i++) dbias[i] += pb[i];
-    }
-    free(a.parts);
-}
-
-void bb_cpu_layernorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dbias, bb_tensor dout,
-                               bb_tensor in, bb_tensor w, const float *mean, const float *rstd, int N, int C,
-                               bool accumulate)
-{
-    norm_backward(b, "layernorm_backward", din, F32(dw), F32(dbias), dout, in, w, mean, rstd, N, C, accumulate);
-}
-
-void bb_cpu_rmsnorm_backward(bb_backend_t *b, bb_tensor din, bb_tensor dw, bb_tensor dout, bb_tensor in, bb_tensor w,
-                             const float *rstd, int N, int C, bool accumulate)
-{
-    norm_backward(b, "rmsnorm_backward", din, F32(dw), NULL, dout, in, w, NULL, rstd, N, C, accumulate);
 }
 
 void bb_cpu_embedding_forward(bb_backend_t *b, bb_tensor out, const int32_t *tokens, bb_tensor wte, bb_tensor wpe,
@@ -766,7 +548,7 @@ void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, 
      * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step = lr / bc1, decay = 1.0f - lr * weight_decay;
-    ew_run(b, &(ew_args){.range = adamw_range, .x = params, .y = m, .z = v, .a = grads, .n = n,
+    bb_cpu_ew_run(b, &(ew_args){.range = adamw_range, .x = params, .y = m, .z = v, .a = grads, .n = n,
                          .f = {beta1, beta2, eps, step, decay, bc2_sqrt, grad_scale}});
 }
 
@@ -786,7 +568,7 @@ static void sgd_range(const ew_args *a, size_t lo, size_t hi, int slice)
 void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
              float momentum, float weight_decay, float grad_scale)
 {
-    ew_run(b, &(ew_args){.range = sgd_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
+    bb_cpu_ew_run(b, &(ew_args){.range = sgd_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
                          .f = {lr, momentum, weight_decay, grad_scale}});
 }
 
@@ -801,15 +583,15 @@ static void sum_squares_range(const ew_args *a, size_t lo, size_t hi, int slice)
 static double sum_squares_one(bb_backend_t *b, const float *x, size_t n)
 {
     ew_args a = {.range = sum_squares_range, .a = x, .n = n, .grain = EW_GRAIN};
-    double one, *parts = ew_slices(&a) > 1 ? malloc((size_t)ew_slices(&a) * sizeof *parts) : &one;
+    double one, *parts = bb_cpu_ew_slices(&a) > 1 ? malloc((size_t)bb_cpu_ew_slices(&a) * sizeof *parts) : &one;
     if (!parts) {
         bb_backend_note_error(b, BB_ERR_NOMEM, "sum_squares: out of host memory");
         return NAN;
     }
     a.parts = parts;
-    ew_run(b, &a);
+    bb_cpu_ew_run(b, &a);
     double s = 0.0;
-    for (int k = 0; k < ew_slices(&a); k++) s += parts[k];
+    for (int k = 0; k < bb_cpu_ew_slices(&a); k++) s += parts[k];
     if (parts != &one) free(parts);
     return s;
 }
@@ -836,7 +618,7 @@ void bb_cpu_convert(bb_backend_t *b, bb_tensor out, bb_tensor in, size_t n)
         return;
     }
     bool to16 = IS_BF16(out);
-    ew_run(b, &(ew_args){.range = convert_range, .x = to16 ? NULL : F32(out), .a = to16 ? F32(in) : NULL,
+    bb_cpu_ew_run(b, &(ew_args){.range = convert_range, .x = to16 ? NULL : F32(out), .a = to16 ? F32(in) : NULL,
                          .h = to16 ? H16(out) : NULL, .hc = to16 ? NULL : H16(in), .n = n});
 }
 

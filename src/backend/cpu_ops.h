@@ -1,4 +1,4 @@
-/* cpu_ops.h — private: the CPU backend's op implementations (cpu_ops.c,
+/* cpu_ops.h — private: the CPU backend's op implementations (cpu_ops.c, cpu_norm.c,
  * cpu_loss.c, cpu_attention.c), gathered into its vtable in cpu_backend.c. */
 #ifndef BIGBATCH_CPU_OPS_H
 #define BIGBATCH_CPU_OPS_H
