@@ -74,10 +74,7 @@ static bb_status bench_config(bench_flags *f, bench_run *r)
     if (!f->vocab_given && bb_model_outputs(&r->c)) f->vocab = bb_model_outputs(&r->c); /* a preset's */
     /* what a dataset would say: token records of T+1 tokens, or images of `inputs` pixels */
     bool gpt = bb_model_targets_are_tokens(&r->c);
-    uint32_t width = f->vocab > 65536 ? 4 : 2, tokens = (uint32_t)f->seq_len + 1;
-    bb_record_format data = gpt ? (bb_record_format){.kind = width == 4 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16,
-                                                     .rank = 1, .shape = {tokens}, .record_size = tokens * width,
-                                                     .classes_or_vocab = (uint32_t)f->vocab}
+    bb_record_format data = gpt ? token_records(f->seq_len, (uint32_t)f->vocab)
                                 : (bb_record_format){.kind = BB_RECORD_IMAGE_U8, .rank = 1,
                                                      .shape = {(uint32_t)f->inputs},
                                                      .record_size = (uint32_t)f->inputs + 1,

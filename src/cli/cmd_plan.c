@@ -172,9 +172,7 @@ int bb_cmd_plan(int argc, char **argv)
                                                                "its own vocabulary)");
     if (rc == BB_OK && seq_given) { /* the records such data would have */
         uint32_t V = (uint32_t)(vocab_given ? vocab : bb_model_outputs(&q.model) ? bb_model_outputs(&q.model) : 50257);
-        bb_record_format f = {.kind = V > 65536 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16, .rank = 1,
-                              .shape = {(uint32_t)seq_len + 1}, .classes_or_vocab = V};
-        f.record_size = f.shape[0] * (uint32_t)bb_record_token_bytes(f.kind);
+        bb_record_format f = token_records((int)seq_len, V);
         q.record_size = f.record_size;
         rc = bb_model_config_from_data(&q.model, &f, "--seq-len");
     } else if (rc == BB_OK) {

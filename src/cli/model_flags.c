@@ -50,6 +50,13 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     return BB_OK;
 }
 
+bb_record_format token_records(int T, uint32_t V)
+{
+    uint32_t width = V > 65536 ? 4 : 2, tokens = (uint32_t)T + 1;
+    return (bb_record_format){.kind = width == 4 ? BB_RECORD_TOKENS_U32 : BB_RECORD_TOKENS_U16, .rank = 1,
+                              .shape = {tokens}, .record_size = tokens * width, .classes_or_vocab = V};
+}
+
 bb_status model_config_from_data(const char *path, bb_model_config *c, uint32_t *record_size)
 {
     bb_dataset_t *ds;

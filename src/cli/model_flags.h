@@ -127,6 +127,10 @@ static inline bool model_flags_shape_given(const model_flags *f)
  * vocab (gpt) or inputs and classes (mlp). Fails with BB_ERR_ARG (also for
  * --loss-chunk on a kind whose loss does not run in chunks). */
 bb_status model_flags_config(const model_flags *f, bb_model_config *out);
+/* The records a dataset of sequences of T tokens (T+1 a record) and a
+ * vocabulary of V would have: what plan --seq-len and bench model give a
+ * model in place of data. */
+bb_record_format token_records(int T, uint32_t V);
 /* Sets c->loss_chunk from --loss-chunk; fails with BB_ERR_ARG when it was
  * given for a kind that does not chunk its loss. */
 bb_status loss_chunk_flag(const model_flags *f, bb_model_config *c);

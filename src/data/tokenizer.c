@@ -141,12 +141,6 @@ static bb_status require_unset(const json_t *obj, const char *path, const char *
     return rc;
 }
 
-static const char *type_of(const json_t *obj)
-{
-    const char *t = json_string_value(json_object_get(obj, "type"));
-    return t ? t : "(none)";
-}
-
 /* The pre-tokenizer's pattern: ByteLevel with use_regex (GPT-2's), or a
  * Sequence of Split (isolated, not inverted) and ByteLevel without one. */
 static bb_status read_pretokenizer(const json_t *root, const char *path, const char **pattern)
@@ -154,15 +148,15 @@ static bb_status read_pretokenizer(const json_t *root, const char *path, const c
     const json_t *pt = json_object_get(root, "pre_tokenizer"), *bl = pt, *split = NULL;
     if (!json_is_object(pt))
         return bb_fail(BB_ERR_FORMAT, "%s: pre_tokenizer is missing: byte-level BPE needs ByteLevel", path);
-    if (!strcmp(type_of(pt), "Sequence")) {
+    if (!strcmp(bb_tok_type(pt), "Sequence")) {
         const json_t *list = json_object_get(pt, "pretokenizers");
-        if (json_array_size(list) != 2 || strcmp(type_of(json_array_get(list, 0)), "Split") ||
-            strcmp(type_of(json_array_get(list, 1)), "ByteLevel"))
+        if (json_array_size(list) != 2 || strcmp(bb_tok_type(json_array_get(list, 0)), "Split") ||
+            strcmp(bb_tok_type(json_array_get(list, 1)), "ByteLevel"))
             return bb_fail(BB_ERR_FORMAT, "%s: pre_tokenizer Sequence must be [Split, ByteLevel] to be read", path);
         split = json_array_get(list, 0), bl = json_array_get(list, 1);
-    } else if (strcmp(type_of(pt), "ByteLevel")) {
+    } else if (strcmp(bb_tok_type(pt), "ByteLevel")) {
         return bb_fail(BB_ERR_FORMAT, "%s: pre_tokenizer type %s is not supported (ByteLevel, or Sequence of Split "
-                       "and ByteLevel)", path, type_of(pt));
+                       "and ByteLevel)", path, bb_tok_type(pt));
     }
     BB_TRY(require_unset(bl, path, "pre_tokenizer", "add_prefix_space"));
     const json_t *use_regex = json_object_get(bl, "use_regex");
@@ -347,12 +341,12 @@ static bb_status parse(bb_tokenizer_t *t, const json_t *root, const char *path)
 {
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return bb_fail(BB_ERR_FORMAT, "%s: no \"model\" object: not a tokenizer.json", path);
-    if (strcmp(type_of(model), "BPE"))
-        return bb_fail(BB_ERR_FORMAT, "%s: model type %s is not supported (BPE only)", path, type_of(model));
+    if (strcmp(bb_tok_type(model), "BPE"))
+        return bb_fail(BB_ERR_FORMAT, "%s: model type %s is not supported (BPE only)", path, bb_tok_type(model));
     BB_TRY(bb_sp_read(root, model, path, &t->sp));
     static const char *const unset[] = {"dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"};
     for (int i = 0; i < (t->sp.on ? 3 : 4); i++) BB_TRY(require_unset(model, path, "model", unset[i]));
-    const char *decoder = type_of(json_object_get(root, "decoder"));
+    const char *decoder = bb_tok_type(json_object_get(root, "decoder"));
     if (!t->sp.on && json_is_object(json_object_get(root, "decoder")) && strcmp(decoder, "ByteLevel"))
         return bb_fail(BB_ERR_FORMAT, "%s: decoder %s is not supported (ByteLevel)", path, decoder);
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));

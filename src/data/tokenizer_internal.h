@@ -86,6 +86,13 @@ uint64_t *bb_str_find(const bb_str_map *m, const uint8_t *s, size_t n);
 uint64_t *bb_str_get(bb_str_map *m, const uint8_t *s, size_t n, uint64_t init);
 void bb_str_free(bb_str_map *m);
 
+/* A tokenizer.json object's "type" ("(none)" when it has none), for messages and choices. */
+static inline const char *bb_tok_type(const json_t *obj)
+{
+    const char *t = json_string_value(json_object_get(obj, "type"));
+    return t ? t : "(none)";
+}
+
 /* ---- the SentencePiece style (tokenizer_sp.c) ----------------------------- */
 /* Llama 2's, Mistral's and TinyLlama's tokenizer.json: a BPE over
  * characters as the vocabulary writes them (a space as U+2581, written by a

@@ -5,12 +5,6 @@
  * <0xNN> tokens, else <unk>), each rule as `tokenizers` 0.19 applies it. */
 #include "tokenizer_internal.h"
 
-static const char *type_of(const json_t *obj)
-{
-    const char *t = json_string_value(json_object_get(obj, "type"));
-    return t ? t : "(none)";
-}
-
 /* A Replace's pattern: {"String": s} only (a Regex pattern is refused). */
 static const char *replace_pattern(const json_t *r)
 {
@@ -30,11 +24,11 @@ static bb_status add_edit(bb_sp_style *sp, const char *from, const char *to, con
 static bb_status read_normalizer(const json_t *n, const char *path, bb_sp_style *sp)
 {
     const json_t *steps = n;
-    bool sequence = !strcmp(type_of(n), "Sequence");
+    bool sequence = !strcmp(bb_tok_type(n), "Sequence");
     if (sequence) steps = json_object_get(n, "normalizers");
     for (size_t i = 0; i < (sequence ? json_array_size(steps) : 1); i++) {
         const json_t *s = sequence ? json_array_get(steps, i) : n;
-        const char *type = type_of(s), *from = replace_pattern(s);
+        const char *type = bb_tok_type(s), *from = replace_pattern(s);
         const char *to = json_string_value(json_object_get(s, !strcmp(type, "Prepend") ? "prepend" : "content"));
         if (!strcmp(type, "Prepend") && to && *to) BB_TRY(add_edit(sp, NULL, to, path));
         else if (!strcmp(type, "Replace") && from && *from && to) BB_TRY(add_edit(sp, from, to, path));
@@ -72,7 +66,7 @@ static bb_status read_metaspace(const json_t *m, const char *path, bb_sp_style *
 static bb_status read_decoder(const json_t *d, const char *path, bb_sp_style *sp)
 {
     if (!json_is_object(d)) return BB_OK;
-    const char *type = type_of(d);
+    const char *type = bb_tok_type(d);
     if (!strcmp(type, "Metaspace")) {
         const char *r = json_string_value(json_object_get(d, "replacement"));
         sp->dec_from = strdup(r ? r : "\u2581"), sp->dec_to = strdup(" ");
@@ -84,7 +78,7 @@ static bb_status read_decoder(const json_t *d, const char *path, bb_sp_style *sp
                        "ByteFallback, Fuse and Strip)", path, type);
     for (size_t i = 0; i < json_array_size(list); i++) {
         const json_t *s = json_array_get(list, i);
-        const char *t = type_of(s), *from = replace_pattern(s), *to = json_string_value(json_object_get(s, "content"));
+        const char *t = bb_tok_type(s), *from = replace_pattern(s), *to = json_string_value(json_object_get(s, "content"));
         if (!strcmp(t, "Replace") && !sp->dec_from && from && *from && to) {
             sp->dec_from = strdup(from), sp->dec_to = strdup(to);
             if (!sp->dec_from || !sp->dec_to) return bb_fail(BB_ERR_NOMEM, "out of memory");
@@ -105,7 +99,7 @@ bb_status bb_sp_read(const json_t *root, const json_t *model, const char *path, 
     memset(sp->fallback, 0xFF, sizeof sp->fallback);
     sp->unk = UINT32_MAX;
     const json_t *norm = json_object_get(root, "normalizer"), *pt = json_object_get(root, "pre_tokenizer");
-    bool has_norm = json_is_object(norm), metaspace = json_is_object(pt) && !strcmp(type_of(pt), "Metaspace");
+    bool has_norm = json_is_object(norm), metaspace = json_is_object(pt) && !strcmp(bb_tok_type(pt), "Metaspace");
     if (!has_norm && !metaspace && json_is_object(pt) && !json_is_true(json_object_get(model, "byte_fallback")))
         return BB_OK; /* byte-level */
     sp->on = true;
@@ -113,7 +107,7 @@ bb_status bb_sp_read(const json_t *root, const json_t *model, const char *path, 
     if (metaspace) BB_TRY(read_metaspace(pt, path, sp));
     else if (json_is_object(pt))
         return bb_fail(BB_ERR_FORMAT, "%s: pre_tokenizer %s is not supported with a normalizer or byte_fallback "
-                       "(SentencePiece-style BPE has none or Metaspace)", path, type_of(pt));
+                       "(SentencePiece-style BPE has none or Metaspace)", path, bb_tok_type(pt));
     BB_TRY(read_decoder(json_object_get(root, "decoder"), path, sp));
     sp->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
     sp->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));

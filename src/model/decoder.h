@@ -71,8 +71,9 @@ typedef struct bb_block_pass {
 } bb_block_pass;
 
 /* One position of incremental decoding through a block: x (C) in and out,
- * `rows` the block's cache (T rows of cache_width floats; this position's
- * row is written here), `scratch` decode_scratch floats of the device's. */
+ * `rows` the block's cache (T rows of its positions' keys then values,
+ * 2 × kv_width floats: bb_op_attention_decode's layout, which writes this
+ * position's row), `scratch` decode_scratch floats of the device's. */
 typedef struct bb_block_decode {
     bb_model_t *m;
     bb_backend_t *be;
@@ -88,14 +89,14 @@ typedef struct bb_decoder_block {
     bb_status (*add_tensors)(bb_model_t *m, int l);
     void (*forward)(bb_block_pass *p);
     void (*backward)(bb_block_pass *p);
-    /* decoding: floats a position caches, floats of scratch, one position */
-    size_t (*cache_width)(const bb_model_config *c);
+    /* decoding: floats of scratch, one position */
     size_t (*decode_scratch)(const bb_model_config *c);
     void (*decode)(bb_block_decode *d);
 } bb_decoder_block;
 
 typedef struct bb_decoder_dims {
     int layers, seq_len, d_model, vocab;
+    int kv_width; /* a position's keys (as many floats as its values): key/value heads × head size */
 } bb_decoder_dims;
 
 /* A decoder kind: its block, and the embedding, final norm and head around it. */

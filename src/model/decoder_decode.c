@@ -33,7 +33,7 @@ static bb_status cache_alloc(bb_model_t *m, decoder_state *g, struct decoder_cac
     const bb_model_config *c = &m->cfg;
     const bb_decoder_block *blk = g->k->block;
     size_t C = (size_t)g->d.d_model;
-    d->width = blk->cache_width(c);
+    d->width = 2 * (size_t)g->d.kv_width; /* keys, then values */
     BB_TRY(bb_backend_alloc(m->be, (size_t)g->L * g->d.seq_len * d->width * sizeof(float), "decode cache",
                             (void **)&d->rows));
     float **rows[] = {&d->x, &d->normed, &d->scratch, &d->logits};

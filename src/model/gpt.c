@@ -76,7 +76,7 @@ static bb_status gpt_from_json(const json_t *obj, const char *file, bb_model_con
 static void gpt_dims(const bb_model_config *c, bb_decoder_dims *out)
 {
     *out = (bb_decoder_dims){.layers = c->gpt.layers, .seq_len = c->gpt.seq_len, .d_model = c->gpt.d_model,
-                             .vocab = c->gpt.vocab};
+                             .vocab = c->gpt.vocab, .kv_width = c->gpt.d_model};
 }
 
 static bb_status gpt_check(const bb_model_config *c)
@@ -275,8 +275,6 @@ static void gpt_block_backward(bb_block_pass *p)
 #undef D
 
 /* ---- decoding: a position caches its keys and values (2d floats) ---------- */
-static size_t gpt_cache_width(const bb_model_config *c) { return 2 * (size_t)c->gpt.d_model; }
-
 /* One row each: LayerNorm output, q|k|v, attention output, residual, fc 4,
  * GELU 4, mean, 1/std, then the scores (heads × T); every part 64-float
  * aligned. at[D_PARTS] is the whole scratch. */
@@ -332,7 +330,6 @@ static const bb_decoder_block gpt_block = {
     .add_tensors = add_block_tensors,
     .forward = gpt_block_forward,
     .backward = gpt_block_backward,
-    .cache_width = gpt_cache_width,
     .decode_scratch = gpt_decode_scratch,
     .decode = gpt_block_decode,
 };

@@ -182,10 +182,13 @@ static bb_status llama_from_json(const json_t *obj, const char *file, bb_model_c
     return bb_json_req_int(rs, file, "original_max_position_embeddings", &g->rope_original_positions);
 }
 
+static int head_size(const bb_llama_config *g) { return g->heads ? g->d_model / g->heads : 0; }
+static int qkv_width(const bb_llama_config *g) { return (g->heads + 2 * g->kv_heads) * head_size(g); }
+
 static void llama_dims(const bb_model_config *c, bb_decoder_dims *out)
 {
     *out = (bb_decoder_dims){.layers = c->llama.layers, .seq_len = c->llama.seq_len, .d_model = c->llama.d_model,
-                             .vocab = c->llama.vocab};
+                             .vocab = c->llama.vocab, .kv_width = c->llama.kv_heads * head_size(&c->llama)};
 }
 
 static bb_status llama_check(const bb_model_config *c)
@@ -211,9 +214,6 @@ static bb_status llama_check(const bb_model_config *c)
                        "original_max_position_embeddings >= 1");
     return BB_OK;
 }
-
-static int head_size(const bb_llama_config *g) { return g->d_model / g->heads; }
-static int qkv_width(const bb_llama_config *g) { return (g->heads + 2 * g->kv_heads) * head_size(g); }
 
 /* ---- tensors, positions and initialisation --------------------------------- */
 static bb_status add_stem_tensors(bb_model_t *m)
@@ -426,11 +426,6 @@ static void llama_block_backward(bb_block_pass *p)
 #undef CFG
 
 /* ---- decoding: a position caches its keys and values (kv_heads wide) ------- */
-static size_t llama_cache_width(const bb_model_config *c)
-{
-    return 2 * (size_t)c->llama.kv_heads * head_size(&c->llama);
-}
-
 /* One row each: RMSNorm output, q|k|v, attention output, residual,
  * gate|up, SwiGLU output, 1/rms, then the scores (heads × T); 64-float
  * aligned. */
@@ -481,7 +476,6 @@ static const bb_decoder_block llama_block = {
     .add_tensors = add_block_tensors,
     .forward = llama_block_forward,
     .backward = llama_block_backward,
-    .cache_width = llama_cache_width,
     .decode_scratch = llama_decode_scratch,
     .decode = llama_block_decode,
 };
