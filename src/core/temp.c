@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -62,17 +63,28 @@ static void remove_entries(int fd, int depth)
 }
 
 /* A directory with its entries (and their directories, one level down),
- * or the file. */
+ * or the file. A directory is first renamed to PATH.removing: the handler
+ * may run on another thread than the one writing into it, which could
+ * otherwise create a file between the scan and the rmdir; past the rename
+ * its writes by path fail. (The name keeps the prefix the next save's
+ * clean-up removes, should anything be left.) */
 static void remove_path(const char *path)
 {
+    static char doomed[sizeof slots[0].path + 16]; /* the handler's own: it runs once, then the process exits */
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         unlink(path);
         return;
     }
-    remove_entries(fd, 1);
+    size_t n = strlen(path);
+    memcpy(doomed, path, n), memcpy(doomed + n, ".removing", sizeof ".removing");
+    const char *at = rename(path, doomed) == 0 ? doomed : path;
+    for (int tries = 0; tries < 3; tries++) { /* an entry made during the scan: scan again, from the start */
+        lseek(fd, 0, SEEK_SET);
+        remove_entries(fd, 1);
+        if (rmdir(at) == 0) break;
+    }
     close(fd);
-    rmdir(path);
 }
 
 bool bb_temp_remove(int slot)
