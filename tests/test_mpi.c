@@ -359,6 +359,56 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
     free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
 }
 
+/* --zero 2 over 2 processes x cpu:2: with one micro-step a step the
+ * checkpoint's weights and optimizer.bin are --zero 0's byte for byte (the
+ * same sums in the same order: each bucket summed over the processes, then
+ * each process's owners' slices kept); over accumulated micro-steps the
+ * losses of --zero 0; and its checkpoint resumes in one process. */
+Test(mpi, zero2_over_processes_trains_the_same_and_saves_one_state)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), extra[4200];
+    char *m0 = tu_path(tmp, "m0.jsonl"), *m2 = tu_path(tmp, "m2.jsonl"), *ma = tu_path(tmp, "ma.jsonl"),
+         *mr = tu_path(tmp, "mr.jsonl"), *c0 = tu_path(tmp, "c0"), *c2 = tu_path(tmp, "c2");
+    const char *files[] = {"latest/optimizer.bin", "latest/model.safetensors"};
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --micro-batch 4 --zero 0 --save %s", c0);
+    tu_run r = train_job(2, 2, data, m0, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --micro-batch 4 --zero 2 --save %s", c2);
+    r = train_job(2, 2, data, m2, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    expect_metrics_losses(m0, m2, 1, "--zero 2 over 2 processes");
+    for (int i = 0; i < 2; i++) {
+        char *f0 = tu_path(c0, files[i]), *f2 = tu_path(c2, files[i]);
+        size_t n0, n2;
+        uint8_t *b0 = tu_read_file(f0, &n0), *b2 = tu_read_file(f2, &n2);
+        cr_assert(n0 == n2 && !memcmp(b0, b2, n0), "%s differs between --zero 0 and --zero 2", files[i]);
+        free(b0), free(b2), free(f0), free(f2);
+    }
+    /* two micro-steps a step: each reduced over the processes into the shards */
+    r = train_job(2, 2, data, ma, "--bucket-mib 0.004 --zero 2");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "the 2 processes' parameters are identical"), "%s", r.err);
+    tu_run_free(&r);
+    r = train_job(0, 4, data, mr, "--bucket-mib 0.004 --zero 0");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    expect_metrics_losses(mr, ma, 1, "--zero 2 over 2 processes, 2 micro-steps a step");
+    /* the checkpoint of --zero 2, resumed in one process on 4 devices without --zero */
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", c2);
+    r = train_job(0, 4, data, mr, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    double last[16];
+    cr_assert_eq(metric_values(mr, "loss", 5, last, 16), 1, "the resumed run's step 5");
+    cr_assert(isfinite(last[0]));
+    cr_log_info("--zero 2 over 2 processes x cpu:2: --zero 0's weights and optimizer.bin byte for byte (one micro-step "
+                "a step), its losses over two; resumed on cpu:4");
+    free(m0), free(m2), free(ma), free(mr), free(c0), free(c2), free(data);
+}
+
 /* Ranks started with other options than rank 0's (a job script that gives
  * rank 1 other flags) end the job at once, the differing rank naming what
  * differs, before anything depends on the options (issue 29, item 1). */

@@ -142,8 +142,8 @@ Test(plan, zero1_predicted_peaks_equal_the_allocator_s)
             cr_assert_eq(bb_train_run(&o, &r), BB_OK, "%s", bb_error_message());
             bb_model_config c = shaped(&o);
             bb_memory_breakdown m;
-            cr_assert_eq(bb_plan_memory_sharded(&c, 4, o.opt.kind, BB_DEVICE_CPU, devices,
-                                                (size_t)(o.bucket_mib * 1048576.0), o.zero_shards, &m), BB_OK);
+            bb_plan_zero z = {1, devices, (size_t)(o.bucket_mib * 1048576.0), o.zero_shards};
+            cr_assert_eq(bb_plan_memory_sharded(&c, 4, o.opt.kind, BB_DEVICE_CPU, &z, &m), BB_OK);
             uint64_t most = 0;
             for (int d = 0; d < devices; d++) most = r.peak_bytes[d] > most ? r.peak_bytes[d] : most;
             const char *what = k == 0 ? "gpt" : k == 1 ? "mlp" : k == 2 ? "gpt (whole tensors)" : "llama";

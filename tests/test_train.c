@@ -682,10 +682,9 @@ static uint64_t state_saved(const bb_train_options *o, const char *data, int dev
     bb_dataset_close(ds);
     bb_memory_breakdown whole, shard;
     size_t bucket = (size_t)(o->bucket_mib * 1048576.0);
-    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, 1, bucket, o->zero_shards,
-                                        &whole), BB_OK);
-    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, devices, bucket,
-                                        o->zero_shards, &shard), BB_OK);
+    bb_plan_zero z = {1, devices, bucket, o->zero_shards};
+    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, NULL, &whole), BB_OK);
+    cr_assert_eq(bb_plan_memory_sharded(&c, o->micro_batch, o->opt.kind, BB_DEVICE_CPU, &z, &shard), BB_OK);
     return whole.optimizer - shard.optimizer;
 }
 

@@ -118,6 +118,10 @@ typedef struct bb_model_config {
      * 0: chosen by bb_model_loss_chunk. Not part of the shape (nor of
      * state.json): any value trains the same model. */
     int loss_chunk;
+    /* ZeRO-2 (train --zero 2): > 0 keeps the gradients in a window of
+     * buckets of these bytes (the reducer's), not a whole buffer; see
+     * "the gradient window" below. Not part of the shape either. */
+    size_t grad_window_bytes;
 } bb_model_config;
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
@@ -245,6 +249,8 @@ typedef struct bb_tensor_info {
     int rank;
     int shape[2];
     bool decay;      /* weight decay applies (matrices), not biases and norms */
+    bool joined;     /* one product writes it with the tensor before (the llama's q, k, v; gate, up):
+                        no gradient bucket is cut between them */
 } bb_tensor_info;
 
 size_t bb_model_param_count(const bb_model_t *m);
@@ -259,7 +265,52 @@ float *bb_model_params(bb_model_t *m);
 void bb_model_weights_changed(bb_model_t *m);
 /* The parameters' device bytes: fp32, plus their bf16 copy under bf16. */
 uint64_t bb_model_parameter_bytes(const bb_model_t *m);
-float *bb_model_grads(bb_model_t *m);  /* device memory */
+float *bb_model_grads(bb_model_t *m);  /* device memory; NULL under a gradient window (ZeRO-2) */
+/* The gradients' device bytes: the whole buffer, or the window's slots. */
+uint64_t bb_model_gradient_bytes(const bb_model_t *m);
+
+/* ---- gradient buckets ------------------------------------------------------
+ * The parameter buffer cut into buckets from its end (the gradients the
+ * backward finishes first): the first holds about 1 MiB (or bucket_bytes
+ * when smaller), the rest about bucket_bytes each, never splitting a tensor
+ * (as PyTorch DDP) nor a run of joined ones (bb_tensor_info.joined). Bucket b covers floats [lo[b], hi[b]); lo falls with b. */
+#define BB_BUCKET_MIB_DEFAULT 25.0 /* --bucket-mib: PyTorch DDP's */
+/* MiB to bytes (--bucket-mib; 0: the default). */
+static inline size_t bb_bucket_bytes(double mib)
+{
+    return (size_t)((mib > 0 ? mib : BB_BUCKET_MIB_DEFAULT) * 1048576.0);
+}
+typedef struct bb_buckets {
+    int count;
+    size_t *lo, *hi;
+} bb_buckets;
+
+/* Fails with BB_ERR_NOMEM. */
+bb_status bb_buckets_make(const bb_model_t *m, size_t bucket_bytes, bb_buckets *out);
+void bb_buckets_free(bb_buckets *b);
+
+/* ---- the gradient window (ZeRO-2) ------------------------------------------
+ * With cfg.grad_window_bytes > 0 the model keeps no whole gradient buffer:
+ * bucket b of bb_buckets_make(m, grad_window_bytes) has a slot of its own
+ * only while it is written and reduced. The last bucket (the token
+ * table's, which a tied head writes first) keeps a slot; the others cycle
+ * through BB_GRAD_WINDOW_RING slots (bucket b in slot b mod the ring).
+ * The backward writes each micro-step's gradients afresh (accumulate is
+ * ignored) and, before it first writes bucket b (b below the last), calls
+ * the window's hook: everything from hi[b - 1] on is then final (one bucket
+ * of slack: one op may write two adjacent buckets, in either order), and
+ * the hook returns once slot b mod the ring is free again (the trainer's:
+ * once the reducer has taken bucket b - ring out of it). The gradients of
+ * a micro-step leave the model through the reducer alone: bb_model_grads
+ * is NULL. */
+#define BB_GRAD_WINDOW_RING 3
+typedef void (*bb_grad_window_fn)(void *ctx, int bucket, size_t final_from);
+/* Before each backward's first write of a bucket (window only); NULL: none. */
+void bb_model_set_grad_window_hook(bb_model_t *m, bb_grad_window_fn fn, void *ctx);
+/* Bucket b's slot (its hi - lo floats: the layout's [lo[b], hi[b]) of the
+ * buckets of `bucket_bytes`). NULL without a window, or when
+ * `bucket_bytes` is not the window's. Never fails. */
+float *bb_model_grad_bucket(bb_model_t *m, size_t bucket_bytes, int bucket);
 
 /* ---- a micro-step ------------------------------------------------------ */
 /* Copies a batch of `micro_batch` examples (host arrays) to the device.

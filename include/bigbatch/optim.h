@@ -120,26 +120,6 @@ bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out);
 /* The learning rate of step `step` (0-based) of a `total`-step run. */
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total);
 
-/* ---- gradient buckets ------------------------------------------------------
- * The parameter buffer cut into buckets from its end (the gradients the
- * backward finishes first): the first holds about 1 MiB (or bucket_bytes
- * when smaller), the rest about bucket_bytes each, never splitting a tensor
- * (as PyTorch DDP). Bucket b covers floats [lo[b], hi[b]); lo falls with b. */
-#define BB_BUCKET_MIB_DEFAULT 25.0 /* --bucket-mib: PyTorch DDP's */
-/* MiB to bytes (--bucket-mib; 0: the default). */
-static inline size_t bb_bucket_bytes(double mib)
-{
-    return (size_t)((mib > 0 ? mib : BB_BUCKET_MIB_DEFAULT) * 1048576.0);
-}
-typedef struct bb_buckets {
-    int count;
-    size_t *lo, *hi;
-} bb_buckets;
-
-/* Fails with BB_ERR_NOMEM. */
-bb_status bb_buckets_make(const bb_model_t *m, size_t bucket_bytes, bb_buckets *out);
-void bb_buckets_free(bb_buckets *b);
-
 /* ---- ZeRO: the parameters cut among owners -----------------------------------
  * With ZeRO (--zero 1) the job's devices own the optimizer state in parts:
  * in every gradient bucket, owner k a run of floats of its own, which its
@@ -179,6 +159,7 @@ typedef struct bb_param_shard {
     int ranges;
     size_t *lo, *hi, *at;
     size_t floats; /* the state's length: the sum of hi - lo */
+    bool gradients; /* ZeRO-2: the optimizer keeps the shard's gradients too (bb_optimizer.grads) */
 } bb_param_shard;
 
 /* Owner `owner`'s part of `all`. Fails with BB_ERR_NOMEM. */
@@ -194,10 +175,15 @@ typedef struct bb_optimizer {
     float *state[BB_OPTIMIZER_MAX_STATE]; /* device memory, `count` floats each */
     size_t count;  /* param_count, or the shard's floats */
     bb_param_shard shard;
+    /* ZeRO-2 (shard.gradients): the shard's averaged gradients, laid out
+     * as the state (`count` floats), which the reducer fills micro-step by
+     * micro-step and the step reads instead of the model's; else NULL */
+    float *grads;
 } bb_optimizer;
 
 /* State for `m`'s parameters, or with `shard` (may be NULL; taken over by
- * the optimizer, also when it fails) for that shard, zeroed. Fails with
+ * the optimizer, also when it fails) for that shard, zeroed (and with
+ * shard->gradients the shard's gradient buffer). Fails with
  * BB_ERR_ARG for an unknown optimizer, BB_ERR_OOM, BB_ERR_DEVICE (the
  * zeroing); what it made is freed then (destroy is harmless). */
 bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,

@@ -64,12 +64,20 @@ typedef struct bb_memory_breakdown {
  * model cannot be built (its message), BB_ERR_NOMEM. */
 bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out);
-/* The same with ZeRO-1 over `shards` devices (1: none): the optimizer
- * state of the largest shard, cut under `rule` (--zero-shards) on buckets
- * of `bucket_bytes` as the trainer cuts them (--bucket-mib). */
+/* How a job shards its state (train --zero, --zero-shards, --bucket-mib):
+ * ZeRO stage 0 (none), 1 (the optimizer state) or 2 (and the gradients:
+ * a window of buckets in the model, the largest shard's gradients in the
+ * optimizer) over `devices`, cut under `rule` on buckets of `bucket_bytes`
+ * as the trainer cuts them. */
+typedef struct bb_plan_zero {
+    int stage, devices;
+    size_t bucket_bytes;
+    bb_param_shard_rule rule;
+} bb_plan_zero;
+/* The same under `zero` (NULL, stage 0 or one device: no sharding): the
+ * device holding the largest shard. */
 bb_status bb_plan_memory_sharded(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt,
-                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_param_shard_rule rule,
-                                 bb_memory_breakdown *out);
+                                 bb_device_kind device, const bb_plan_zero *zero, bb_memory_breakdown *out);
 
 /* The work per op of one micro-step (forward and backward, recomputation
  * included) and of the optimizer's step, as the counting backend counted
@@ -96,7 +104,7 @@ typedef struct bb_plan_request {
     int fixed_micro_batch;     /* > 0: only this micro-batch */
     bool fixed_recompute;     /* only model's checkpoint policy (recompute_every, recompute_plan); else any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
-    int zero;                  /* 1: ZeRO-1 (train --zero 1): the optimizer state sharded over the devices */
+    int zero;                  /* train --zero: 1 the optimizer state sharded over the devices, 2 the gradients too */
     bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */

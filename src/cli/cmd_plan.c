@@ -65,11 +65,13 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     char a[24], b[24], c[24], d[24], e[24];
     printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->recompute,
            r->accumulation);
-    char shard[48] = "";
-    if (q->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero 1)", q->devices);
-    printf("  its peak: parameters %s, gradients %s, %s state %s%s, batches %s, activations %s",
+    char shard[48] = "", window[80] = "";
+    if (q->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero %d)", q->devices, q->zero);
+    if (q->zero == 2 && q->devices > 1) snprintf(window, sizeof window, " (its shard's and %d buckets' window)",
+                                                 BB_GRAD_WINDOW_RING + 1);
+    printf("  its peak: parameters %s, gradients %s%s, %s state %s%s, batches %s, activations %s",
            bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
-           bb_optimizer_desc_of(q->optimizer)->title, bb_format_bytes(r->memory.optimizer, c, sizeof c),
+           window, bb_optimizer_desc_of(q->optimizer)->title, bb_format_bytes(r->memory.optimizer, c, sizeof c),
            shard, bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));
     uint64_t chunk_bytes = (uint64_t)r->loss_chunk * bb_model_outputs(&q->model) * sizeof(float);

@@ -282,8 +282,12 @@ bb_status bb_model_alloc_parameters(bb_model_t *m)
         BB_TRY(bb_backend_alloc(m->be, m->param_count * sizeof(uint16_t), "parameters (bf16 copy)",
                                 (void **)&m->params16));
     m->weights_stale = true;
-    BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
-    BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
+    if (m->cfg.grad_window_bytes) {
+        BB_TRY(bb_grad_window_alloc(m));
+    } else {
+        BB_TRY(bb_backend_alloc(m->be, bytes, "gradients", (void **)&m->grads));
+        BB_TRY(bb_backend_memset(m->be, m->grads, 0, bytes));
+    }
     return bb_model_alloc_batches(m);
 }
 
@@ -331,6 +335,7 @@ void bb_model_destroy(bb_model_t *m)
     bb_backend_free(m->be, m->params);
     bb_backend_free(m->be, m->params16);
     bb_backend_free(m->be, m->grads);
+    bb_grad_window_free(m);
     bb_model_free_batches(m);
     free(m->tensors);
     free(m);
@@ -388,7 +393,12 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
     return m->cfg.kind->family->forward(m, normalizer, loss, correct);
 }
 
-bb_status bb_model_backward(bb_model_t *m, bool accumulate) { return m->cfg.kind->family->backward(m, accumulate); }
+bb_status bb_model_backward(bb_model_t *m, bool accumulate)
+{
+    if (m->window) bb_grad_window_start(m), accumulate = false; /* each micro-step's own: the reducer adds them */
+    BB_TRY(m->cfg.kind->family->backward(m, accumulate));
+    return bb_grad_window_check(m);
+}
 
 bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
 {

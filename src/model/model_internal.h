@@ -114,6 +114,7 @@ struct bb_model {
     int selective_recomputes; /* selective blocks whose dropped tensors it recomputed */
     bb_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
+    struct grad_window *window; /* ZeRO-2 (cfg.grad_window_bytes): the gradients' slots; NULL: grads is whole */
     void *impl;
 };
 
@@ -187,7 +188,21 @@ static inline void model_grads_ready(bb_model_t *m, int tensor)
 {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, m->tensors[tensor].offset);
 }
-static inline float *model_grad(bb_model_t *m, int tensor) { return m->grads + m->tensors[tensor].offset; }
+/* grad_window.c: the window's slots (at bb_model_alloc_parameters), their
+ * release, a backward's start (every bucket unwritten again) and check, and a
+ * tensor's gradients in its bucket's slot (the hook first, for a bucket
+ * not yet written this backward). Alloc fails like bb_backend_alloc. */
+bb_status bb_grad_window_alloc(bb_model_t *m);
+void bb_grad_window_free(bb_model_t *m);
+void bb_grad_window_start(bb_model_t *m);
+/* After a backward: BB_ERR_INTERNAL when a bucket was first written after
+ * the window had posted it (a model whose writes break the order). */
+bb_status bb_grad_window_check(const bb_model_t *m);
+float *bb_grad_window_tensor(bb_model_t *m, int tensor);
+static inline float *model_grad(bb_model_t *m, int tensor)
+{
+    return m->window ? bb_grad_window_tensor(m, tensor) : m->grads + m->tensors[tensor].offset;
+}
 
 /* Deterministic streams for initialisation. */
 typedef struct init_rng {

@@ -102,35 +102,6 @@ double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
     return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
 }
 
-bb_status bb_buckets_make(const bb_model_t *m, size_t bucket_bytes, bb_buckets *out)
-{
-    int tensors = bb_model_tensor_count(m);
-    *out = (bb_buckets){.lo = calloc((size_t)tensors, sizeof *out->lo), .hi = calloc((size_t)tensors, sizeof *out->hi)};
-    if (!out->lo || !out->hi) {
-        bb_buckets_free(out);
-        return bb_fail(BB_ERR_NOMEM, "out of memory");
-    }
-    /* Tensors from the last to the first; a bucket closes once it holds
-     * its share (1 MiB for the first, so that reducing starts early). */
-    size_t hi = bb_model_param_count(m), cap = bucket_bytes < (1u << 20) ? bucket_bytes : (size_t)1 << 20;
-    for (int t = tensors - 1; t >= 0; t--) {
-        size_t lo = bb_model_tensor(m, t)->offset;
-        if ((hi - lo) * sizeof(float) >= cap || t == 0) {
-            out->lo[out->count] = lo;
-            out->hi[out->count++] = hi;
-            hi = lo;
-            cap = bucket_bytes;
-        }
-    }
-    return BB_OK;
-}
-
-void bb_buckets_free(bb_buckets *b)
-{
-    free(b->lo), free(b->hi);
-    *b = (bb_buckets){0};
-}
-
 /* ---- ZeRO's cut ------------------------------------------------------------ */
 bb_param_shard_rule bb_param_shard_rule_for(bb_optimizer_kind k, bb_param_shard_rule asked)
 {
@@ -246,6 +217,8 @@ bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, co
     for (int k = 0; rc == BB_OK && k < o->desc->state_buffers; k++)
         if ((rc = bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->state[k])) == BB_OK)
             rc = bb_backend_memset(be, o->state[k], 0, bytes);
+    if (rc == BB_OK && o->shard.gradients && (rc = bb_backend_alloc(be, bytes, "gradients", (void **)&o->grads)) == BB_OK)
+        rc = bb_backend_memset(be, o->grads, 0, bytes);
     if (rc != BB_OK) bb_optimizer_destroy(be, o);
     return rc;
 }
@@ -256,12 +229,15 @@ void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
         bb_backend_free(be, o->state[k]);
         o->state[k] = NULL;
     }
+    bb_backend_free(be, o->grads);
+    o->grads = NULL;
     bb_param_shard_free(&o->shard);
 }
 
 double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o)
 {
     size_t whole_lo = 0, whole_hi = o->count;
+    if (o->grads) return bb_op_sum_squares_ranges(be, o->grads, &whole_lo, &whole_hi, 1);
     if (!o->shard.ranges) return bb_op_sum_squares_ranges(be, bb_model_grads(m), &whole_lo, &whole_hi, 1);
     return bb_op_sum_squares_ranges(be, bb_model_grads(m), o->shard.lo, o->shard.hi, o->shard.ranges);
 }
@@ -285,7 +261,8 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
             size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
             if (a >= b) continue;
             size_t at = range_at(o, r) + (a - lo);
-            bb_optimizer_piece p = {.params = params + a, .grads = grads + a, .n = b - a, .decay = t->decay};
+            bb_optimizer_piece p = {.params = params + a, .grads = o->grads ? o->grads + at : grads + a, .n = b - a,
+                                    .decay = t->decay};
             for (int k = 0; k < o->desc->state_buffers; k++) p.state[k] = o->state[k] + at;
             o->desc->step(be, c, &p, lr, step, scale);
         }

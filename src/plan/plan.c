@@ -21,7 +21,7 @@ static uint64_t loader_slots(const bb_model_config *c, int micro_batch, int devi
 bb_status bb_plan_memory(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out)
 {
-    return bb_plan_memory_sharded(c, micro_batch, opt, device, 1, 0, BB_PARAM_SHARD_AUTO, out);
+    return bb_plan_memory_sharded(c, micro_batch, opt, device, NULL, out);
 }
 
 /* The largest of `owners` shards under `rule` (AUTO: the optimizer's;
@@ -46,8 +46,7 @@ static bb_status largest_shard(const bb_model_t *m, int owners, size_t bucket_by
 
 /* bb_plan_memory_sharded, and the work of the step (work may be NULL). */
 static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
-                         int shards, size_t bucket_bytes, bb_param_shard_rule rule, bb_memory_breakdown *out,
-                         bb_step_work *work)
+                         const bb_plan_zero *zero, bb_memory_breakdown *out, bb_step_work *work)
 {
     memset(out, 0, sizeof *out);
     bb_backend_t *be = NULL;
@@ -55,19 +54,24 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     bb_optimizer o = {0};
     double loss;
     bb_status rc;
+    bool sharded = zero && zero->stage > 0 && zero->devices > 1;
+    bb_model_config mc = *c;
+    if (sharded && zero->stage == 2) mc.grad_window_bytes = zero->bucket_bytes;
     BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
-    BB_TRY_GOTO(bb_model_create(be, c, micro_batch, &m), rc, done);
-    uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_param_count(m) * sizeof(float),
+    BB_TRY_GOTO(bb_model_create(be, &mc, micro_batch, &m), rc, done);
+    uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_gradient_bytes(m),
              weights = bb_model_parameter_bytes(m);
     bb_param_shard shard = {0};
-    if (shards > 1) BB_TRY_GOTO(largest_shard(m, shards, bucket_bytes, opt, rule, &shard), rc, done);
-    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, shards > 1 ? &shard : NULL, &o), rc,
+    if (sharded) BB_TRY_GOTO(largest_shard(m, zero->devices, zero->bucket_bytes, opt, zero->rule, &shard), rc, done);
+    shard.gradients = sharded && zero->stage == 2;
+    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, sharded ? &shard : NULL, &o), rc,
                 done);
-    out->optimizer = bb_backend_bytes_in_use(be) - model_bytes;
+    uint64_t shard_grads = o.grads ? o.count * sizeof(float) : 0; /* ZeRO-2's, in the optimizer */
+    out->optimizer = bb_backend_bytes_in_use(be) - model_bytes - shard_grads;
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
     BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
     out->parameters = weights; /* bf16: and their bf16 copy */
-    out->gradients = P;
+    out->gradients = P + shard_grads;
     out->activations = bb_model_activation_bytes(m);
     out->batches = model_bytes - weights - P - out->activations;
     out->workspace = bb_backend_workspace_bytes(be);
@@ -94,14 +98,13 @@ bb_status bb_plan_step_work(const bb_model_config *c, int micro_batch, bb_optimi
                             bb_step_work *out)
 {
     bb_memory_breakdown mem;
-    return measure(c, micro_batch, opt, device, 1, 0, BB_PARAM_SHARD_AUTO, &mem, out);
+    return measure(c, micro_batch, opt, device, NULL, &mem, out);
 }
 
 bb_status bb_plan_memory_sharded(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt,
-                                 bb_device_kind device, int shards, size_t bucket_bytes, bb_param_shard_rule rule,
-                                 bb_memory_breakdown *out)
+                                 bb_device_kind device, const bb_plan_zero *zero, bb_memory_breakdown *out)
 {
-    return measure(c, micro_batch, opt, device, shards, bucket_bytes, rule, out, NULL);
+    return measure(c, micro_batch, opt, device, zero, out, NULL);
 }
 
 /* ---- candidates -------------------------------------------------------- */
@@ -152,7 +155,7 @@ static double step_ms(const bb_calibration *cal, const bb_step_work *w, int micr
 
 /* Calibrated: the predicted time of relative time 1.0, the per-device batch
  * in one micro-step without checkpointing. */
-static bb_status reference_step(const bb_plan_request *q, int per_device, size_t bucket_bytes, double *ms)
+static bb_status reference_step(const bb_plan_request *q, int per_device, double *ms)
 {
     bb_model_config c = q->model;
     BB_TRY(bb_model_parse_recompute("none", &c));
@@ -160,7 +163,7 @@ static bb_status reference_step(const bb_plan_request *q, int per_device, size_t
     bb_memory_breakdown mem;
     bb_step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = measure(&c, per_device, q->optimizer, q->device, 1, bucket_bytes, q->zero_shards, &mem, w);
+    bb_status rc = measure(&c, per_device, q->optimizer, q->device, NULL, &mem, w);
     if (rc == BB_OK) *ms = step_ms(q->calibration, w, per_device, 1);
     free(w);
     BB_TRY(rc);
@@ -184,11 +187,11 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     bb_model_recompute_name(&c, r->recompute, sizeof r->recompute);
     bb_step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_status rc = measure(&c, b, q->optimizer, q->device, q->zero ? q->devices : 1, bucket_bytes, q->zero_shards,
-                           &r->memory, w);
+    bb_plan_zero zero = {.stage = q->zero, .devices = q->devices, .bucket_bytes = bucket_bytes, .rule = q->zero_shards};
+    bb_status rc = measure(&c, b, q->optimizer, q->device, &zero, &r->memory, w);
     if (rc == BB_OK && q->calibration) {
         r->step_ms = step_ms(q->calibration, w, b, r->accumulation);
-        if (!(*reference_ms > 0)) rc = reference_step(q, per_device, bucket_bytes, reference_ms);
+        if (!(*reference_ms > 0)) rc = reference_step(q, per_device, reference_ms);
     }
     free(w);
     BB_TRY(rc);
@@ -245,6 +248,12 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
     if (!bb_optimizer_desc_of(q->optimizer))
         return bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)q->optimizer, bb_optimizer_choices());
+    if (q->zero == 2 && q->devices < 2)
+        return bb_fail(BB_ERR_ARG, "--zero 2 shards the gradients among the devices, and there is one: it saves "
+                       "nothing (plan with --zero 0, or on more devices)");
+    if (q->zero == 2 && q->device != BB_DEVICE_CPU)
+        return bb_fail(BB_ERR_UNSUPPORTED, "--zero 2 runs on CPU devices so far; on %s devices plan with --zero 1",
+                       bb_device_kind_name(q->device));
     int per_device = q->global_batch / q->devices;
     size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
     bb_model_config *policies = calloc(16, sizeof *policies);

@@ -51,11 +51,14 @@ bb_status bb_reducer_create(const reducer_args *a, reducer_t **out)
 
 typedef struct cpu_reducer {
     reducer_t base;
-    float **grads, **params;
+    float **slots, **params;      /* slots: (devices × buckets) each bucket's first gradient */
+    float **shard_grads;          /* ZeRO-2: per device, its optimizer's shard gradients; NULL: none */
+    size_t *shard_at;             /* ZeRO-2: (buckets × devices) where the owner's slice starts there */
+    int accumulation;             /* rounds a step: ZeRO-2's micro-steps, else 1 */
     _Atomic uint32_t *posted;     /* per bucket: posts so far (grows by devices per step) */
     _Atomic uint32_t reduced;     /* buckets averaged so far (grows by buckets per step) */
-    int *next_bucket;             /* per device: the next bucket it will post this step */
-    uint32_t *rounds;             /* per device: steps it has waited for */
+    int *next_bucket;             /* per device: the next bucket it will post this round */
+    uint32_t *rounds;             /* per device: rounds it has posted in full (a round: a step, ZeRO-2 a micro-step) */
     uint64_t *span_start, *span_end; /* per bucket, the last step */
     double *squares;              /* per bucket: sum of squares of its average, the last step */
     float *acc;                   /* CHUNK floats; a whole bucket with several processes */
@@ -87,36 +90,67 @@ static void fail_reducer(cpu_reducer *c)
     r->ops->abort(r);
 }
 
+/* Device d's gradient at float k of bucket b (k in [lo[b], hi[b])). */
+static float *grad_at(const cpu_reducer *c, int d, int b, size_t k)
+{
+    return c->slots[(size_t)d * c->base.buckets + b] + (k - c->base.lo[b]);
+}
+
 /* acc, the average of the bucket's floats [k, k + n), into every device's
- * buffer; with ZeRO-1 only into each device's own slice. */
+ * buffer; with ZeRO-1 only into each device's own slice; with ZeRO-2 into
+ * its slice of its shard's gradients. */
 static void store_average(const cpu_reducer *c, int bucket, size_t k, size_t n, const float *acc)
 {
     for (int d = 0; d < c->base.devices; d++) {
-        size_t a = k, b = k + n;
+        size_t a = k, b = k + n, slo = 0, shi;
         if (c->base.shards) {
-            size_t slo, shi;
             bb_param_shards_slice(c->base.shards, bucket, c->base.first_owner + d, &slo, &shi);
             a = slo > a ? slo : a, b = shi < b ? shi : b;
         }
-        if (a < b) memcpy(c->grads[d] + a, acc + (a - k), (b - a) * sizeof *acc);
+        float *to = c->shard_grads ? c->shard_grads[d] + c->shard_at[(size_t)bucket * c->base.devices + d] + (a - slo)
+                                   : grad_at(c, d, bucket, a);
+        if (a < b) memcpy(to, acc + (a - k), (b - a) * sizeof *acc);
+    }
+}
+
+/* ZeRO-2: acc, the sum over the devices of micro-step `micro`'s floats
+ * [k, k + n) of the bucket, added to the step's earlier micro-steps in
+ * each owner's shard gradients (this process's owners), and on the last
+ * micro-step times 1/devices: the result there and back in acc. */
+static void accumulate_shards(const cpu_reducer *c, int bucket, size_t k, size_t n, float *acc, int micro, float inv)
+{
+    bool add = micro > 0, last = micro == c->accumulation - 1;
+    for (int d = 0; d < c->base.devices; d++) {
+        size_t slo, shi;
+        bb_param_shards_slice(c->base.shards, bucket, c->base.first_owner + d, &slo, &shi);
+        size_t a = slo > k ? slo : k, b = shi < k + n ? shi : k + n;
+        float *to = c->shard_grads[d] + c->shard_at[(size_t)bucket * c->base.devices + d];
+        for (size_t i = a; i < b; i++) {
+            float v = add ? to[i - slo] + acc[i - k] : acc[i - k];
+            to[i - slo] = acc[i - k] = last ? v * inv : v;
+        }
     }
 }
 
 /* Several processes: this process's devices summed in device order, the
  * sums summed over the processes (MPI, one call per bucket), then the
  * average over all the job's devices stored (store_average). */
-static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi, double *squares)
+static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi, int micro, double *squares)
 {
     int devices = c->base.devices;
     size_t n = hi - lo;
     float *acc = c->acc;
-    memcpy(acc, c->grads[0] + lo, n * sizeof *acc);
+    memcpy(acc, grad_at(c, 0, bucket, lo), n * sizeof *acc);
     for (int d = 1; d < devices; d++) {
-        const float *g = c->grads[d] + lo;
+        const float *g = grad_at(c, d, bucket, lo);
         for (size_t i = 0; i < n; i++) acc[i] += g[i];
     }
     BB_TRY(bb_world_sum_floats(acc, n));
     float inv = 1.0f / (float)(devices * c->world);
+    if (c->accumulation > 1) { /* ZeRO-2 over micro-steps: each process holds only its owners' sums (no norm here) */
+        accumulate_shards(c, bucket, lo, n, acc, micro, inv);
+        return BB_OK;
+    }
     for (size_t i = 0; i < n; i++) acc[i] *= inv;
     store_average(c, bucket, lo, n, acc);
     for (size_t k = 0; k < n; k += CHUNK) *squares += bb_host_sum_squares(acc + k, n - k < CHUNK ? n - k : CHUNK);
@@ -127,12 +161,12 @@ static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi,
  * slice), and the average's sum of squares into c->squares[bucket], added
  * chunk by chunk (the same chunks with one process or several) while the
  * chunk is in cache: the gradient norm costs no pass of its own. */
-static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
+static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi, int micro)
 {
     double *squares = &c->squares[bucket];
     *squares = 0.0;
     if (c->world > 1) {
-        if (average_world(c, bucket, lo, hi, squares) != BB_OK) fail_reducer(c);
+        if (average_world(c, bucket, lo, hi, micro, squares) != BB_OK) fail_reducer(c);
         return;
     }
     int devices = c->base.devices;
@@ -140,10 +174,15 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi)
     for (size_t k = lo; k < hi; k += CHUNK) {
         size_t n = hi - k < CHUNK ? hi - k : CHUNK;
         float *acc = c->acc;
-        memcpy(acc, c->grads[0] + k, n * sizeof *acc);
+        memcpy(acc, grad_at(c, 0, bucket, k), n * sizeof *acc);
         for (int d = 1; d < devices; d++) { /* fixed order: the same sum every run */
-            const float *g = c->grads[d] + k;
+            const float *g = grad_at(c, d, bucket, k);
             for (size_t i = 0; i < n; i++) acc[i] += g[i];
+        }
+        if (c->shard_grads) { /* ZeRO-2: every owner is here, so acc ends as the whole average */
+            accumulate_shards(c, bucket, k, n, acc, micro, inv);
+            if (micro == c->accumulation - 1) *squares += bb_host_sum_squares(acc, n);
+            continue;
         }
         for (size_t i = 0; i < n; i++) acc[i] *= inv;
         *squares += bb_host_sum_squares(acc, n);
@@ -158,19 +197,21 @@ static void *reducer_main(void *arg)
 {
     cpu_reducer *c = arg;
     reducer_t *r = &c->base;
-    for (uint64_t step = 1;; step++) {
+    for (uint64_t round = 1;; round++) {
+        int micro = (int)((round - 1) % (uint64_t)c->accumulation);
+        int64_t step = (int64_t)(c->first_step + (round - 1) / (uint64_t)c->accumulation + 1);
         for (int b = 0; b < r->buckets; b++) {
-            uint32_t target = (uint32_t)(r->devices * step), v;
+            uint32_t target = (uint32_t)(r->devices * round), v;
             while (below(v = atomic_load_explicit(&c->posted[b], memory_order_acquire), target)) {
                 if (stopping(c)) return NULL;
                 bb_futex_wait(&c->posted[b], v);
             }
             if (stopping(c)) return NULL;
             uint64_t t0 = bb_clock_ns();
-            average(c, b, r->lo[b], r->hi[b]);
+            average(c, b, r->lo[b], r->hi[b], micro);
             c->span_start[b] = t0;
             c->span_end[b] = bb_clock_ns();
-            bb_trace_add(c->trace, c->track, "reduce", t0, c->span_end[b], (int64_t)(c->first_step + step), b);
+            bb_trace_add(c->trace, c->track, "reduce", t0, c->span_end[b], step, b);
             atomic_fetch_add_explicit(&c->reduced, 1, memory_order_release);
             bb_futex_wake(&c->reduced, INT_MAX);
         }
@@ -190,7 +231,7 @@ static void cpu_destroy(reducer_t *r)
         pthread_join(c->thread, NULL);
     }
     bb_reducer_free_buckets(r);
-    free(c->grads), free(c->params), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
+    free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
     free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->part_lo),
         free(c->part_hi);
     pthread_mutex_destroy(&c->lock);
@@ -206,17 +247,35 @@ static void cpu_post(reducer_t *r, int device, size_t ready_from)
         atomic_fetch_add_explicit(&c->posted[*next], 1, memory_order_release);
         bb_futex_wake(&c->posted[*next], 1);
     }
+    if (*next == r->buckets) *next = 0, c->rounds[device]++;
+}
+
+/* Until `reduced` reaches target (modulo 2^32) or the reducer stops. */
+static void wait_reduced(cpu_reducer *c, uint32_t target)
+{
+    uint32_t v;
+    while (below(v = atomic_load_explicit(&c->reduced, memory_order_acquire), target) && !stopping(c))
+        bb_futex_wait_timeout(&c->reduced, v, 100000000); /* re-checks stop at least every 100 ms */
+}
+
+/* ZeRO-2: bucket b of this round goes into the slot that bucket
+ * b - BB_GRAD_WINDOW_RING used (the last bucket: its own slot), and the
+ * first buckets into those the last round used, so it waits for that
+ * bucket's reduction (reductions run in round and bucket order). */
+static void cpu_window_write(reducer_t *r, int device, int bucket, size_t final_from)
+{
+    cpu_reducer *c = (cpu_reducer *)r;
+    cpu_post(r, device, final_from);
+    uint32_t target = c->rounds[device] * (uint32_t)r->buckets;
+    if (bucket < r->buckets - 1 && bucket >= BB_GRAD_WINDOW_RING) target += (uint32_t)(bucket - BB_GRAD_WINDOW_RING + 1);
+    wait_reduced(c, target);
 }
 
 static uint64_t cpu_wait(reducer_t *r, int device)
 {
     cpu_reducer *c = (cpu_reducer *)r;
     uint64_t t0 = bb_clock_ns();
-    uint32_t target = (c->rounds[device] + 1) * (uint32_t)r->buckets, v;
-    while (below(v = atomic_load_explicit(&c->reduced, memory_order_acquire), target) && !stopping(c))
-        bb_futex_wait_timeout(&c->reduced, v, 100000000); /* re-checks stop at least every 100 ms */
-    c->rounds[device]++;
-    c->next_bucket[device] = 0;
+    wait_reduced(c, c->rounds[device] * (uint32_t)r->buckets); /* every round it posted */
     return bb_clock_ns() - t0;
 }
 
@@ -336,10 +395,12 @@ static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_
     }
 }
 
-/* After cpu_wait: the buckets' sums in bucket order. */
+/* After cpu_wait: the buckets' sums in bucket order (not kept by ZeRO-2
+ * over processes with accumulation: a process holds its owners' sums only). */
 static bool cpu_sum_squares(const reducer_t *r, double *out)
 {
     const cpu_reducer *c = (const cpu_reducer *)r;
+    if (c->world > 1 && c->accumulation > 1) return false;
     double s = 0.0;
     for (int b = 0; b < r->buckets; b++) s += c->squares[b];
     *out = s;
@@ -354,7 +415,8 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .allreduce_scalar = cpu_allreduce_scalar,
                                     .broadcast_stop = cpu_broadcast_stop,
                                     .allgather = cpu_allgather,
-                                    .sum_squares = cpu_sum_squares};
+                                    .sum_squares = cpu_sum_squares,
+                                    .window_write = cpu_window_write};
 
 static bb_status start_thread(cpu_reducer *c)
 {
@@ -378,8 +440,9 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     bb_status rc = bb_reducer_init_shared(r, a);
+    c->accumulation = a->window_models && a->accumulation > 1 ? a->accumulation : 1;
     c->values = calloc((size_t)devices, sizeof *c->values);
-    c->grads = calloc((size_t)devices, sizeof *c->grads);
+    c->slots = calloc((size_t)devices * (size_t)(r->buckets + 1), sizeof *c->slots);
     c->params = calloc((size_t)devices, sizeof *c->params);
     c->posted = calloc((size_t)r->buckets + 1, sizeof *c->posted);
     c->next_bucket = calloc((size_t)devices, sizeof *c->next_bucket);
@@ -394,10 +457,30 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
         (!(c->part_lo = calloc((size_t)c->world, sizeof *c->part_lo)) ||
          !(c->part_hi = calloc((size_t)c->world, sizeof *c->part_hi))))
         rc = rc == BB_OK ? bb_fail(BB_ERR_NOMEM, "out of memory") : rc;
-    if (rc == BB_OK && (!c->grads || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
+    if (rc == BB_OK && a->window_models &&
+        (!(c->shard_grads = calloc((size_t)devices, sizeof *c->shard_grads)) ||
+         !(c->shard_at = calloc((size_t)devices * (size_t)r->buckets, sizeof *c->shard_at))))
+        rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (rc == BB_OK && (!c->slots || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int d = 0; rc == BB_OK && d < devices; d++) c->grads[d] = a->grads[d], c->params[d] = a->params ? a->params[d] : NULL;
+    for (int d = 0; rc == BB_OK && d < devices; d++) {
+        c->params[d] = a->params ? a->params[d] : NULL;
+        if (a->window_models) c->shard_grads[d] = a->shard_grads[d];
+        for (int b = 0; b < r->buckets; b++) {
+            float **slot = &c->slots[(size_t)d * r->buckets + b];
+            *slot = a->window_models ? bb_model_grad_bucket(a->window_models[d], a->bucket_bytes, b)
+                                     : a->grads[d] + r->lo[b];
+            if (!*slot) rc = bb_fail(BB_ERR_INTERNAL, "the gradient window was cut on other buckets than the reducer's");
+            size_t prior = 0; /* ZeRO-2: the owner's slices of the buckets before b */
+            for (int e = 0; a->window_models && e < b; e++) {
+                size_t lo, hi;
+                bb_param_shards_slice(a->shards, e, r->first_owner + d, &lo, &hi);
+                prior += hi - lo;
+            }
+            if (a->window_models) c->shard_at[(size_t)b * devices + d] = prior;
+        }
+    }
     if (rc == BB_OK) rc = start_thread(c);
     if (rc != BB_OK) {
         cpu_destroy(r);

@@ -63,6 +63,7 @@ typedef struct reducer_ops {
     bool (*broadcast_stop)(reducer_t *r, int device, bool stop);
     bool (*allgather)(reducer_t *r, int device);
     bool (*sum_squares)(const reducer_t *r, double *out); /* NULL: not kept */
+    void (*window_write)(reducer_t *r, int device, int bucket, size_t final_from); /* NULL: no ZeRO-2 */
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -88,6 +89,13 @@ typedef struct reducer_args {
     float *const *grads, *const *params; /* params: what bb_reducer_allgather fills (ZeRO-1) */
     size_t bucket_bytes;
     const bb_param_shards *shards;       /* ZeRO-1 (see above), on the same buckets; NULL: none */
+    /* ZeRO-2 (with shards): the replicas' models keep a gradient window
+     * (model.h) on the same buckets, every micro-step of `accumulation` is
+     * reduced, and the owners' sums go to their optimizers' shard
+     * gradients (bb_optimizer.grads, shard_grads[d]); else NULL */
+    bb_model_t *const *window_models;
+    float *const *shard_grads;
+    int accumulation;
     uint64_t first_step;
     bb_trace_t *trace;
     int track;
@@ -158,6 +166,14 @@ static inline bool bb_reducer_allgather(reducer_t *r, int device) { return r->op
 static inline bool bb_reducer_sum_squares(const reducer_t *r, double *out)
 {
     return r->ops->sum_squares && r->ops->sum_squares(r, out);
+}
+/* ZeRO-2, from the model's window hook (model.h): device `device`'s
+ * gradients from final_from on are final (posted), and it may write
+ * bucket `bucket` once its slot is free (the reducer has taken out the
+ * bucket that used it before); returns at once when aborted. */
+static inline void bb_reducer_window_write(reducer_t *r, int device, int bucket, size_t final_from)
+{
+    r->ops->window_write(r, device, bucket, final_from);
 }
 /* ZeRO's optimizer state is saved whole: a sum over the processes of a
  * host buffer that is zero where the process holds none (bb_optimizer_save's

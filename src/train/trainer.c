@@ -257,7 +257,9 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
         bb_backend_options bo = {.device = t->spec.ids[d], .device_mem = o->device_mem, .threads = threads,
                                  .precision = o->precision, .attention = o->attention};
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
-        BB_TRY(bb_model_create(r->be, &t->cfg, t->micro_batch, &r->model));
+        bb_model_config mc = t->cfg;
+        if (o->zero == 2) mc.grad_window_bytes = bucket_bytes(o); /* the gradients bucket by bucket (model.h) */
+        BB_TRY(bb_model_create(r->be, &mc, t->micro_batch, &r->model));
         BB_TRY(bb_model_init(r->model, t->seed));
         if (o->init_from) BB_TRY(bb_model_load_weights(r->model, o->init_from));
         size_t params = bb_model_param_count(r->model);
@@ -267,6 +269,7 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
             BB_TRY(bb_param_shards_make(r->model, bucket_bytes(o), trainer_world_devices(t), rule, &t->shards));
         }
         if (o->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
+        shard.gradients = o->zero == 2;
         BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, o->zero ? &shard : NULL, &r->opt));
         if (resume) {
             BB_TRY(bb_checkpoint_load_weights(resume, r->model));
@@ -355,8 +358,12 @@ static bb_status check_options(const bb_train_options *o)
         return bb_fail(BB_ERR_ARG, "%s and %s must be >= 1", NAME(GLOBAL_BATCH), NAME(MICRO_BATCH));
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "%s must be >= 1", NAME(LOADER_THREADS));
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "%s must be positive", NAME(BUCKET_MIB));
-    if (o->zero != 0 && o->zero != 1)
-        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none) or 1 (shard the optimizer state)", NAME(ZERO), o->zero);
+    if (o->zero < 0 || o->zero > 2)
+        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none), 1 (shard the optimizer state) or 2 (and the gradients)",
+                       NAME(ZERO), o->zero);
+    if (o->zero == 2 && o->no_overlap)
+        return bb_fail(BB_ERR_ARG, "%s 2 frees each gradient bucket once it is reduced, during the backward: it cannot "
+                       "run with %s", NAME(ZERO), NAME(NO_OVERLAP));
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give %s N or %s E", NAME(STEPS), NAME(EPOCHS));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "%s must be at least 1", NAME(KEEP));
     /* Bounds outside which the optimizer cannot work (it would divide by zero, or diverge). */
@@ -379,6 +386,12 @@ static bb_status setup_devices(trainer *t)
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
     t->saves = o->save_dir != NULL;
+    if (o->zero == 2 && o->devices * w->size < 2)
+        return bb_fail(BB_ERR_ARG, "%s 2 shards the gradients among the job's devices, and this job has one: there is "
+                       "nothing to shard (train with %s 0, or on more devices)", NAME(ZERO), NAME(ZERO));
+    if (o->zero == 2 && o->device != BB_DEVICE_CPU)
+        return bb_fail(BB_ERR_UNSUPPORTED, "%s 2 runs on CPU devices (threads and processes) so far; on %s devices use "
+                       "%s 1", NAME(ZERO), bb_device_kind_name(o->device), NAME(ZERO));
     if (w->size < 2) return BB_OK;
     BB_TRY(bb_world_broadcast_bytes(&t->saves, sizeof t->saves, 0)); /* rank 0 writes (options_of_rank) */
     bool same; /* before any collective that counts on it (NCCL's ranks) */
@@ -486,14 +499,19 @@ static bb_status setup(trainer *t)
         bb_trace_name_track(t->trace, D, name);
     }
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
-    float *grads[BB_TRAIN_MAX_DEVICES], *params[BB_TRAIN_MAX_DEVICES];
+    float *grads[BB_TRAIN_MAX_DEVICES], *params[BB_TRAIN_MAX_DEVICES], *shard_grads[BB_TRAIN_MAX_DEVICES];
+    bb_model_t *models[BB_TRAIN_MAX_DEVICES];
     for (int d = 0; d < D; d++) {
         be[d] = t->replicas[d].be;
+        models[d] = t->replicas[d].model;
         grads[d] = bb_model_grads(t->replicas[d].model);
         params[d] = bb_model_params(t->replicas[d].model);
+        shard_grads[d] = t->replicas[d].opt.grads;
     }
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
                        .bucket_bytes = bucket_bytes(o), .shards = o->zero ? &t->shards : NULL,
+                       .window_models = o->zero == 2 ? models : NULL, .shard_grads = shard_grads,
+                       .accumulation = t->accumulation,
                        .first_step = t->first_step,
                        .trace = t->trace, .track = D, .watchdog = t->watchdog, .timeout_s = o->timeout_s};
     BB_TRY(bb_reducer_create(&ra, &t->reducer));

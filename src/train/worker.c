@@ -52,6 +52,13 @@ static void post_ready(void *ctx, size_t ready_from)
     bb_reducer_post(p->reducer, p->device, ready_from);
 }
 
+/* ZeRO-2: before the backward writes a bucket of its gradient window. */
+static void window_write(void *ctx, int bucket, size_t final_from)
+{
+    post_ctx *p = ctx;
+    bb_reducer_window_write(p->reducer, p->device, bucket, final_from);
+}
+
 /* Tells the watchdog (watchdog.h) which phase of which step this worker
  * enters (what a timeout names). */
 static void watch_phase(const replica *r, uint64_t step, const char *phase)
@@ -113,7 +120,8 @@ static bb_status stage(replica *r, uint64_t step, int k, held_batches *h)
 }
 
 /* Micro-steps of step `step`: the first overwrites the gradients, the
- * others add to them; on the last one the backward posts buckets. The next
+ * others add to them; on the last one the backward posts buckets (ZeRO-2:
+ * on every one, each micro-step reduced into the shards' gradients). The next
  * micro-batch is staged before this one's forward, so on a GPU its upload
  * overlaps this compute (double buffering, batch.c). */
 static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_batches *h)
@@ -139,11 +147,14 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
         BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 1));
         uint64_t t3 = bb_clock_ns();
-        if (last && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
+        bool window = t->o->zero == 2;
+        if ((last || window) && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
+        if (window) bb_model_set_grad_window_hook(m, window_write, &post);
         bb_trace_range_push("backward");
         rc = bb_model_backward(m, k > 0);
         bb_trace_range_pop();
         bb_model_set_grad_ready(m, NULL, NULL);
+        bb_model_set_grad_window_hook(m, NULL, NULL);
         BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 2));
         uint64_t t4 = bb_clock_ns();
