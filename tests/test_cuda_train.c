@@ -63,7 +63,9 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
  * with --checkpoint blocks, selective and a mixed plan, and with --zero 1
  * (equal slices: NCCL's reduce-scatter and all-gather, in place and through
  * the staging buffer, for buckets the slices fill and those they do not;
- * whole tensors: all-reduce and a broadcast from each owner); the mlp;
+ * whole tensors: all-reduce and a broadcast from each owner) and --zero 2
+ * (the gradient window's slots reused across buckets and micro-steps,
+ * each micro-step's slices kept in the shards: copied, then added); the mlp;
  * bf16, also with a plan (within 2e-2: the GPU's products are bf16, the
  * CPU's fp32); a grouped-query llama, with a plan and ZeRO-1, and in bf16. */
 Test(cuda_train, two_gpus_train_as_cpu_2)
@@ -86,6 +88,11 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"gpt --zero 1", 0, false, NULL, false, 1},
                  {"gpt --zero 1 --zero-shards tensors", 0, false, NULL, false, 1, BB_PARAM_SHARD_TENSORS},
                  {"mlp --zero 1 --optimizer sgd", 1, false, NULL, false, 1},
+                 {"gpt --zero 2", 0, false, NULL, false, 2},
+                 {"gpt --zero 2 --zero-shards tensors --checkpoint selective", 0, false, "selective", false, 2,
+                  BB_PARAM_SHARD_TENSORS},
+                 {"mlp --zero 2", 1, false, NULL, false, 2},
+                 {"llama --precision bf16 --zero 2", 2, false, NULL, true, 2},
                  {"mlp", 1, false, NULL, false, 0},
                  {"gpt --precision bf16", 0, false, NULL, true, 0},
                  {"gpt --precision bf16 --checkpoint plan:f,s", 0, false, "plan:f,s", true, 0},
@@ -128,6 +135,29 @@ Test(cuda_train, two_gpus_train_as_cpu_2_with_the_timing_shaken)
     on_gpus(&o, 2);
     bb_train_result g = train(&o);
     expect_same_losses("gpt, timing shaken", &c, &g, 1e-5);
+    bb_train_result_free(&c), bb_train_result_free(&g);
+    free(tokens);
+}
+
+/* --zero 2 with the communication stream lagging the whole step (only it
+ * waits before each operation): the backward would overwrite a window slot
+ * before its reduce-scatter read it, were it not for the wait on the slot's
+ * event (n_window_write). */
+Test(cuda_train, zero2_on_two_gpus_waits_for_each_window_slot)
+{
+    need_gpus(2);
+    need_emulator("delaying the communication stream alone");
+    setenv("BB_CUDA_EMU_DELAY_US", "20000", 1); /* 0-20 ms: slower than the emulated backward's kernels */
+    setenv("BB_CUDA_EMU_DELAY_ONLY", "2", 1); /* the backend's streams: compute, copy, communication */
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 2, 4, 16);
+    o.steps = 3, o.bucket_mib = 0.001, o.zero = 2;
+    bb_train_result c = train(&o);
+    on_gpus(&o, 2);
+    bb_train_result g = train(&o);
+    expect_same_losses("gpt --zero 2, communication lagging", &c, &g, 1e-5);
+    cr_assert(relative_distance(c.params, g.params, c.param_count) <= 1e-5, "--zero 2, communication lagging: the "
+              "weights differ by %.2e", relative_distance(c.params, g.params, c.param_count));
     bb_train_result_free(&c), bb_train_result_free(&g);
     free(tokens);
 }

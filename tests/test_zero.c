@@ -209,3 +209,69 @@ Test(zero, zero2_refusals_are_clear)
     cr_assert(strstr(bb_error_message(), "saves nothing"), "%s", bb_error_message());
     free(data);
 }
+
+/* ---- the formulas ---------------------------------------------------------
+ * Per device, weights w (4 bytes a parameter; bf16: and their 2-byte copy),
+ * gradients 4 and AdamW's state 8 bytes a parameter: --zero 0 keeps
+ * w + 12Ψ, --zero 1 w + 4Ψ + 8Ψ/N, --zero 2 w + 12Ψ/N + its window (the
+ * last bucket's slot, the token table's, and three of the others'; counted
+ * here from the buckets themselves). The planner's parameters, gradients
+ * and state on the counting backend equal these to the padding of the
+ * largest shard (under a float per bucket per device). The ZeRO paper's
+ * (mixed precision: 2-byte weights and gradients, 12 bytes of fp32 master
+ * weights and moments) are logged beside them. */
+static uint64_t window_bytes(const bb_model_config *c, size_t bucket_bytes)
+{
+    bb_backend_t *be;
+    bb_model_t *m;
+    cr_assert_eq(bb_backend_create_counting(BB_DEVICE_CPU, NULL, &be), BB_OK);
+    cr_assert_eq(bb_model_create(be, c, 1, &m), BB_OK, "%s", bb_error_message());
+    bb_buckets b;
+    cr_assert_eq(bb_buckets_make(m, bucket_bytes, &b), BB_OK);
+    size_t width[BB_GRAD_WINDOW_RING] = {0}, floats = b.hi[b.count - 1] - b.lo[b.count - 1];
+    for (int k = 0; k < b.count - 1; k++)
+        if (b.hi[k] - b.lo[k] > width[k % BB_GRAD_WINDOW_RING]) width[k % BB_GRAD_WINDOW_RING] = b.hi[k] - b.lo[k];
+    for (int j = 0; j < BB_GRAD_WINDOW_RING; j++) floats += width[j];
+    bb_buckets_free(&b);
+    bb_model_destroy(m);
+    bb_backend_destroy(be);
+    return floats * sizeof(float);
+}
+
+Test(zero, the_planner_s_peaks_follow_the_zero_formulas_for_gpt2_and_a_1b_llama)
+{
+    bb_model_config gpt2 = bb_model_gpt_config(12, 12, 768, 1024, 50257), gpt2_bf16 = gpt2, llama = {0};
+    gpt2_bf16.precision = BB_PRECISION_BF16;
+    llama = bb_model_llama_config(1, 1, 1, 1024, 128256);
+    cr_assert(bb_llama_preset("llama-3.2-1b", &llama.llama));
+    llama.llama.seq_len = 1024, llama.precision = BB_PRECISION_BF16;
+    const struct {
+        const char *name;
+        bb_model_config *c;
+    } models[] = {{"GPT-2 124M", &gpt2}, {"GPT-2 124M bf16", &gpt2_bf16}, {"Llama-3.2-1B bf16", &llama}};
+    const int N = 8;
+    size_t bucket = bb_bucket_bytes(0);
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        bb_model_config c = *models[i].c;
+        cr_assert_eq(bb_model_parse_recompute("blocks", &c), BB_OK);
+        uint64_t window = window_bytes(&c, bucket);
+        double psi = 0, w = 0;
+        for (int stage = 0; stage <= 2; stage++) {
+            bb_plan_zero z = {stage, N, bucket, BB_PARAM_SHARD_AUTO};
+            bb_memory_breakdown m;
+            cr_assert_eq(bb_plan_memory_sharded(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &z, &m), BB_OK, "%s",
+                         bb_error_message());
+            if (stage == 0) psi = m.gradients / 4.0, w = (double)m.parameters;
+            double states = (double)(m.parameters + m.gradients + m.optimizer);
+            double want = stage == 0 ? w + 12 * psi : stage == 1 ? w + 4 * psi + 8 * psi / N : w + 12 * psi / N + window;
+            double zero_paper = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / N : 2 * psi + 14 * psi / N;
+            cr_assert(states >= want && states - want <= 64.0 * 12 * 4 * N, "%s, --zero %d: %.0f bytes, the formula "
+                      "%.0f", models[i].name, stage, states, want);
+            cr_log_info("%s on %d devices, --zero %d: weights, gradients and state %.2f GiB per device = %.2f "
+                        "bytes a parameter (the formula's%s; the ZeRO paper's mixed precision: %.2f GiB); peak with "
+                        "micro-batch 1 and --checkpoint blocks %.2f GiB", models[i].name, N, stage, states / 1073741824.0,
+                        states / psi, stage == 2 ? ", window included" : "", zero_paper / 1073741824.0,
+                        m.total / 1073741824.0);
+        }
+    }
+}

@@ -251,9 +251,6 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     if (q->zero == 2 && q->devices < 2)
         return bb_fail(BB_ERR_ARG, "--zero 2 shards the gradients among the devices, and there is one: it saves "
                        "nothing (plan with --zero 0, or on more devices)");
-    if (q->zero == 2 && q->device != BB_DEVICE_CPU)
-        return bb_fail(BB_ERR_UNSUPPORTED, "--zero 2 runs on CPU devices so far; on %s devices plan with --zero 1",
-                       bb_device_kind_name(q->device));
     int per_device = q->global_batch / q->devices;
     size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
     bb_model_config *policies = calloc(16, sizeof *policies);

@@ -11,6 +11,13 @@
 // slices (in place or staged the same way), or an ncclBroadcast from each
 // owner of whole-tensor slices, whose lengths differ.
 //
+// ZeRO-2 (reducer_args.window_models): every micro-step posts, each
+// bucket is reduced as above in its window slot, and the device's averaged
+// slice is copied (the step's first micro-step) or added (the others: a
+// kernel on the communication stream) into its shard gradients; an event
+// per bucket then says its slot is free, which the compute stream waits
+// for before the backward writes the slot's next bucket (window_write).
+//
 // Threads. Each worker thread drives only its own communicator, in the same
 // bucket order (NCCL's one-thread-per-GPU model), and no lock is held
 // across an NCCL call: NCCL connects peers lazily inside the first
@@ -51,6 +58,7 @@ extern "C" {
 #include "reducer.h"
 #include "watchdog.h"
 }
+#include "cuda_device.cuh" // BB_LAUNCH; after the C headers, which it includes again (guarded)
 
 namespace {
 
@@ -133,7 +141,12 @@ struct device_side {
     int state;                  // comm_state, __atomic builtins
     pthread_mutex_t abort_lock; // orders an abort with the watchdog's poll of the error (never across a wait)
     cudaStream_t compute, comm_stream;
-    float *grads, *params;
+    float *params;
+    float **bucket;             // each bucket's gradients: in the whole buffer, or its window slot (ZeRO-2)
+    float *shard_grads;         // ZeRO-2: the optimizer's shard gradients, and where each bucket's slice starts there
+    size_t *shard_at;
+    cudaEvent_t *freed;         // ZeRO-2: per bucket, recorded once its slot has been read out
+    unsigned round;             // rounds posted in full (ZeRO-2: micro-steps, else steps)
     float *stage;               // ZeRO-1's equal slices of a bucket they do not divide: owners × count floats
     int rank, cuda_device, next_bucket; // rank: in the communicator (the job's device number)
     cudaEvent_t ready, done;
@@ -148,6 +161,7 @@ struct nccl_reducer {
     // end of the backward, on the GPU clock
     cudaEvent_t *start, *end, backward_end;
     bool timed;
+    int accumulation;           // ZeRO-2: micro-steps a step (each reduced); 0: not ZeRO-2
     bb_watchdog *watchdog;      // polls every communicator's asynchronous error (watchdog_poll)
 };
 
@@ -286,7 +300,7 @@ ncclResult_t bucket_call(void *ctx)
 }
 
 // Bucket b's equal slices (ZeRO-1, BB_PARAM_SHARD_ELEMENTS): reduce-scatters the
-// gradients or all-gathers the weights `x`. When the slices fill the bucket
+// gradients or all-gathers the weights at `x` (the bucket's first float). When the slices fill the bucket
 // exactly, in place; else the bucket goes through the staging buffer,
 // padded with zeros: copied in (the gather: only this owner's slice), the
 // collective, and the result copied back (the reduce-scatter: only the
@@ -300,32 +314,66 @@ bool equal_slices(nccl_reducer *n, device_side *s, int b, collective kind, float
     bb_param_shards_slice(sh, b, s->rank, &slo, &shi);
     const char *what = kind == REDUCE_SCATTER ? "ncclReduceScatter" : "ncclAllGather";
     if (len == count * (size_t)sh->owners) {
-        bucket_args a = {s, kind, x + lo, count};
+        bucket_args a = {s, kind, x, count};
         return nccl_step(n, s, bucket_call, &a, what);
     }
     cudaStream_t st = s->comm_stream;
     size_t padded = count * (size_t)sh->owners, mine = (size_t)s->rank * count;
     bucket_args a = {s, kind, s->stage, count};
     if (kind == REDUCE_SCATTER)
-        return BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage, x + lo, len * sizeof(float), cudaMemcpyDeviceToDevice, st)) &&
+        return BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage, x, len * sizeof(float), cudaMemcpyDeviceToDevice, st)) &&
                BB_CUDA_REDUCER(n, cudaMemsetAsync(s->stage + len, 0, (padded - len) * sizeof(float), st)) &&
                nccl_step(n, s, bucket_call, &a, what) &&
-               (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(x + slo, s->stage + mine, (shi - slo) * sizeof(float),
+               (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(x + (slo - lo), s->stage + mine, (shi - slo) * sizeof(float),
                                                                  cudaMemcpyDeviceToDevice, st)));
     return BB_CUDA_REDUCER(n, cudaMemsetAsync(s->stage + mine, 0, count * sizeof(float), st)) &&
-           (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage + mine, x + slo, (shi - slo) * sizeof(float),
+           (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->stage + mine, x + (slo - lo), (shi - slo) * sizeof(float),
                                                              cudaMemcpyDeviceToDevice, st))) &&
            nccl_step(n, s, bucket_call, &a, what) &&
-           BB_CUDA_REDUCER(n, cudaMemcpyAsync(x + lo, s->stage, len * sizeof(float), cudaMemcpyDeviceToDevice, st));
+           BB_CUDA_REDUCER(n, cudaMemcpyAsync(x, s->stage, len * sizeof(float), cudaMemcpyDeviceToDevice, st));
+}
+
+__global__ void add_into(float *to, const float *from, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        to[i] += from[i];
+}
+
+// ZeRO-2, after bucket b's reduction: the device's averaged slice of it,
+// copied (a step's first micro-step) or added into its shard gradients;
+// then the slot is free (freed[b]).
+bool keep_slice(nccl_reducer *n, device_side *s, int b)
+{
+    reducer_t *r = &n->base;
+    size_t slo, shi;
+    bb_param_shards_slice(r->shards, b, s->rank, &slo, &shi);
+    const float *from = s->bucket[b] + (slo - r->lo[b]);
+    float *to = s->shard_grads + s->shard_at[b];
+    size_t len = shi - slo;
+    cudaStream_t st = s->comm_stream;
+    bool ok = true;
+    if (len && s->round % (unsigned)n->accumulation == 0)
+        ok = BB_CUDA_REDUCER(n, cudaMemcpyAsync(to, from, len * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    else if (len) {
+        unsigned blocks = (unsigned)((len + 255) / 256 < 1024 ? (len + 255) / 256 : 1024);
+        BB_LAUNCH(add_into, blocks, 256, 0, st)(to, from, len);
+        ok = BB_CUDA_REDUCER(n, cudaGetLastError());
+    }
+    return ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->freed[b], st));
 }
 
 // The reduction of bucket b: equal slices reduce-scattered, else an all-reduce.
 bool reduce_bucket(nccl_reducer *n, device_side *s, int b)
 {
     reducer_t *r = &n->base;
-    if (r->shards && r->shards->rule == BB_PARAM_SHARD_ELEMENTS) return equal_slices(n, s, b, REDUCE_SCATTER, s->grads);
-    bucket_args a = {s, ALL_REDUCE, s->grads + r->lo[b], r->hi[b] - r->lo[b]};
-    return nccl_step(n, s, bucket_call, &a, "ncclAllReduce");
+    bool ok;
+    if (r->shards && r->shards->rule == BB_PARAM_SHARD_ELEMENTS) {
+        ok = equal_slices(n, s, b, REDUCE_SCATTER, s->bucket[b]);
+    } else {
+        bucket_args a = {s, ALL_REDUCE, s->bucket[b], r->hi[b] - r->lo[b]};
+        ok = nccl_step(n, s, bucket_call, &a, "ncclAllReduce");
+    }
+    return ok && (!n->accumulation || keep_slice(n, s, b));
 }
 
 ncclResult_t async_error(void *ctx)
@@ -409,6 +457,9 @@ void n_destroy(reducer_t *r)
         if (s->scalar) cudaFree(s->scalar);
         if (s->host_scalar) cudaFreeHost(s->host_scalar);
         if (s->stage) cudaFree(s->stage);
+        for (int b = 0; s->freed && b < r->buckets; b++)
+            if (s->freed[b]) cudaEventDestroy(s->freed[b]);
+        free(s->freed), free(s->bucket), free(s->shard_at);
         pthread_mutex_destroy(&s->abort_lock); // zeroed (never initialized) is the default mutex
     }
     if (n->dev) cudaSetDevice(n->dev[0].cuda_device);
@@ -438,6 +489,23 @@ void n_post(reducer_t *r, int device, size_t ready_from)
              reduce_bucket(n, s, b) &&
              (device != 0 || BB_CUDA_REDUCER(n, cudaEventRecord(n->end[b], s->comm_stream)));
     }
+    if (s->next_bucket == r->buckets) s->next_bucket = 0, s->round++;
+}
+
+// ZeRO-2: what is final goes out, and the compute stream waits until the
+// slot's previous tenant has been read out: bucket b - ring of this round,
+// or for the first buckets (and the last, which has a slot of its own) the
+// previous round's (an event never recorded is no wait).
+void n_window_write(reducer_t *r, int device, int bucket, size_t final_from)
+{
+    nccl_reducer *n = of(r);
+    device_side *s = &n->dev[device];
+    n_post(r, device, final_from);
+    int last = r->buckets - 1, tenant = bucket;
+    if (bucket < last && bucket >= BB_GRAD_WINDOW_RING) tenant = bucket - BB_GRAD_WINDOW_RING;
+    else if (bucket < last)
+        while (tenant + BB_GRAD_WINDOW_RING < last) tenant += BB_GRAD_WINDOW_RING;
+    if (!stopping(r)) BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->freed[tenant], 0));
 }
 
 uint64_t n_wait(reducer_t *r, int device)
@@ -448,7 +516,6 @@ uint64_t n_wait(reducer_t *r, int device)
     bool ok = nccl_step(n, s, async_error, s, "an all-reduce") &&
               BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
               BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
-    s->next_bucket = 0;
     if (ok && device == 0) n->timed = true;
     return 0;
 }
@@ -565,17 +632,16 @@ bool n_allgather(reducer_t *r, int device)
     bool ok = !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
               BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0));
     if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS)
-        for (int b = 0; ok && b < r->buckets; b++) ok = equal_slices(n, s, b, ALL_GATHER, s->params);
+        for (int b = 0; ok && b < r->buckets; b++) ok = equal_slices(n, s, b, ALL_GATHER, s->params + r->lo[b]);
     else
         ok = ok && nccl_step(n, s, broadcast_slices, &a, "ncclBroadcast (the ZeRO-1 gather)");
     return ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
            BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
 }
 
-// No sum_squares: the gradients' norm is a pass of the optimizer's own. No
-// window_write: ZeRO-2 runs on CPU devices so far (the trainer says so).
-const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort, n_last_step, n_allreduce_scalar,
-                              n_broadcast_stop, n_allgather, NULL,   NULL};
+// No sum_squares: the gradients' norm is a pass of the optimizer's own.
+const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort,       n_last_step, n_allreduce_scalar,
+                              n_broadcast_stop, n_allgather, NULL,   n_window_write};
 
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this
@@ -643,6 +709,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     r->ops = &nccl_ops;
     pthread_mutex_init(&n->fail_lock, NULL);
     bb_status rc = bb_reducer_init_shared(r, a);
+    n->accumulation = a->window_models ? (a->accumulation > 1 ? a->accumulation : 1) : 0;
     n->dev = static_cast<device_side *>(calloc((size_t)devices, sizeof *n->dev));
     n->start = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->start));
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
@@ -660,15 +727,25 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
         s->cuda_device = bb_backend_device(a->be[d]);
         s->compute = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMPUTE));
         s->comm_stream = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMM));
-        s->grads = a->grads[d];
         s->params = a->params ? a->params[d] : NULL;
+        s->shard_grads = a->window_models ? a->shard_grads[d] : NULL;
+        s->bucket = static_cast<float **>(calloc((size_t)r->buckets, sizeof *s->bucket));
+        s->shard_at = static_cast<size_t *>(calloc((size_t)r->buckets, sizeof *s->shard_at));
+        s->freed = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets, sizeof *s->freed));
+        if (!s->bucket || !s->shard_at || !s->freed) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+        if (rc == BB_OK) rc = bb_reducer_device_buckets(r, a, d, s->bucket, s->shard_at);
+        if (rc != BB_OK) break;
         cudaSetDevice(s->cuda_device);
+        for (int b = 0; a->window_models && b < r->buckets; b++)
+            if (cudaEventCreateWithFlags(&s->freed[b], cudaEventDisableTiming) != cudaSuccess) s->freed[b] = NULL;
         if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||
             cudaMalloc(&s->scalar, sizeof(double)) != cudaSuccess ||
             cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess ||
             (stage && cudaMalloc(&s->stage, stage * sizeof(float)) != cudaSuccess))
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
+        for (int b = 0; rc == BB_OK && a->window_models && b < r->buckets; b++)
+            if (!s->freed[b]) rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create the gradient window's events", s->cuda_device);
     }
     if (rc == BB_OK) rc = init_comms(n, a->spec, a->timeout_s);
     if (rc == BB_OK) {

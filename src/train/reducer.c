@@ -31,6 +31,22 @@ void bb_reducer_free_buckets(reducer_t *r)
     r->lo = r->hi = NULL;
 }
 
+bb_status bb_reducer_device_buckets(const reducer_t *r, const reducer_args *a, int d, float **slots, size_t *shard_at)
+{
+    size_t prior = 0; /* ZeRO-2: the device's slices of the buckets before b */
+    for (int b = 0; b < r->buckets; b++) {
+        slots[b] = a->window_models ? bb_model_grad_bucket(a->window_models[d], a->bucket_bytes, b)
+                                    : a->grads[d] + r->lo[b];
+        if (!slots[b]) return bb_fail(BB_ERR_INTERNAL, "the gradient window was cut on other buckets than the reducer's");
+        if (!a->window_models || !shard_at) continue;
+        size_t lo, hi;
+        bb_param_shards_slice(a->shards, b, r->first_owner + d, &lo, &hi);
+        shard_at[b] = prior;
+        prior += hi - lo;
+    }
+    return BB_OK;
+}
+
 static bb_status sum_over_processes(void *ctx, float *host, size_t n)
 {
     (void)ctx;
@@ -53,7 +69,7 @@ typedef struct cpu_reducer {
     reducer_t base;
     float **slots, **params;      /* slots: (devices × buckets) each bucket's first gradient */
     float **shard_grads;          /* ZeRO-2: per device, its optimizer's shard gradients; NULL: none */
-    size_t *shard_at;             /* ZeRO-2: (buckets × devices) where the owner's slice starts there */
+    size_t *shard_at;             /* ZeRO-2: (devices × buckets) where the owner's slice starts there */
     int accumulation;             /* rounds a step: ZeRO-2's micro-steps, else 1 */
     _Atomic uint32_t *posted;     /* per bucket: posts so far (grows by devices per step) */
     _Atomic uint32_t reduced;     /* buckets averaged so far (grows by buckets per step) */
@@ -107,7 +123,7 @@ static void store_average(const cpu_reducer *c, int bucket, size_t k, size_t n, 
             bb_param_shards_slice(c->base.shards, bucket, c->base.first_owner + d, &slo, &shi);
             a = slo > a ? slo : a, b = shi < b ? shi : b;
         }
-        float *to = c->shard_grads ? c->shard_grads[d] + c->shard_at[(size_t)bucket * c->base.devices + d] + (a - slo)
+        float *to = c->shard_grads ? c->shard_grads[d] + c->shard_at[(size_t)d * c->base.buckets + bucket] + (a - slo)
                                    : grad_at(c, d, bucket, a);
         if (a < b) memcpy(to, acc + (a - k), (b - a) * sizeof *acc);
     }
@@ -124,7 +140,7 @@ static void accumulate_shards(const cpu_reducer *c, int bucket, size_t k, size_t
         size_t slo, shi;
         bb_param_shards_slice(c->base.shards, bucket, c->base.first_owner + d, &slo, &shi);
         size_t a = slo > k ? slo : k, b = shi < k + n ? shi : k + n;
-        float *to = c->shard_grads[d] + c->shard_at[(size_t)bucket * c->base.devices + d];
+        float *to = c->shard_grads[d] + c->shard_at[(size_t)d * c->base.buckets + bucket];
         for (size_t i = a; i < b; i++) {
             float v = add ? to[i - slo] + acc[i - k] : acc[i - k];
             to[i - slo] = acc[i - k] = last ? v * inv : v;
@@ -467,19 +483,8 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         c->params[d] = a->params ? a->params[d] : NULL;
         if (a->window_models) c->shard_grads[d] = a->shard_grads[d];
-        for (int b = 0; b < r->buckets; b++) {
-            float **slot = &c->slots[(size_t)d * r->buckets + b];
-            *slot = a->window_models ? bb_model_grad_bucket(a->window_models[d], a->bucket_bytes, b)
-                                     : a->grads[d] + r->lo[b];
-            if (!*slot) rc = bb_fail(BB_ERR_INTERNAL, "the gradient window was cut on other buckets than the reducer's");
-            size_t prior = 0; /* ZeRO-2: the owner's slices of the buckets before b */
-            for (int e = 0; a->window_models && e < b; e++) {
-                size_t lo, hi;
-                bb_param_shards_slice(a->shards, e, r->first_owner + d, &lo, &hi);
-                prior += hi - lo;
-            }
-            if (a->window_models) c->shard_at[(size_t)b * devices + d] = prior;
-        }
+        rc = bb_reducer_device_buckets(r, a, d, c->slots + (size_t)d * r->buckets,
+                                       c->shard_at ? c->shard_at + (size_t)d * r->buckets : NULL);
     }
     if (rc == BB_OK) rc = start_thread(c);
     if (rc != BB_OK) {

@@ -109,6 +109,13 @@ typedef struct reducer_args {
  * with BB_ERR_NOMEM, BB_ERR_ARG when the shards were cut on other buckets. */
 bb_status bb_reducer_init_shared(reducer_t *r, const reducer_args *a);
 void bb_reducer_free_buckets(reducer_t *r);
+/* Local device d's gradients of every bucket as a reducer reads them
+ * (slots: r->buckets pointers to each bucket's first float: its window
+ * slot under ZeRO-2, else into the whole buffer) and, under ZeRO-2, where
+ * its slice of each bucket starts in its shard gradients (shard_at; may be
+ * NULL otherwise). Fails with BB_ERR_INTERNAL when the window was cut on
+ * other buckets than the reducer's. */
+bb_status bb_reducer_device_buckets(const reducer_t *r, const reducer_args *a, int d, float **slots, size_t *shard_at);
 
 /* The reducer for a->spec: *out NULL when there is nothing to reduce (one
  * device, one process), else the CPU or the NCCL reducer (over processes

@@ -389,9 +389,6 @@ static bb_status setup_devices(trainer *t)
     if (o->zero == 2 && o->devices * w->size < 2)
         return bb_fail(BB_ERR_ARG, "%s 2 shards the gradients among the job's devices, and this job has one: there is "
                        "nothing to shard (train with %s 0, or on more devices)", NAME(ZERO), NAME(ZERO));
-    if (o->zero == 2 && o->device != BB_DEVICE_CPU)
-        return bb_fail(BB_ERR_UNSUPPORTED, "%s 2 runs on CPU devices (threads and processes) so far; on %s devices use "
-                       "%s 1", NAME(ZERO), bb_device_kind_name(o->device), NAME(ZERO));
     if (w->size < 2) return BB_OK;
     BB_TRY(bb_world_broadcast_bytes(&t->saves, sizeof t->saves, 0)); /* rank 0 writes (options_of_rank) */
     bool same; /* before any collective that counts on it (NCCL's ranks) */

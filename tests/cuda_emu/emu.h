@@ -93,6 +93,7 @@ struct config {
     uint64_t seed = 1;
     int driver = CUDART_VERSION; // BB_CUDA_EMU_DRIVER: the driver's CUDA version (older than the runtime: no device)
     unsigned delay_us = 0;
+    int delay_only = -1;    // BB_CUDA_EMU_DELAY_ONLY: only each device's stream of this creation index waits; -1: all
     bool launch_blocking = false;
     std::string stats_file;
     kernel_trigger fault; // BB_CUDA_EMU_FAULT: that launch faults
@@ -126,6 +127,7 @@ struct device_state {
     std::mutex streams_m;
     std::vector<stream_state *> streams;
     std::vector<stream_state *> destroyed; // kept: a late wait on one returns at once
+    int created = 0;                       // streams made on it (not the legacy one), under streams_m
     stream_state *legacy = nullptr;
     std::atomic<uint64_t> fault_launches{0}, hang_launches{0};
 };
@@ -152,7 +154,7 @@ struct item {
 struct stream_state {
     device_state *dev;
     bool blocking, legacy;
-    int id;
+    int id, index; // index: the device's count of streams before it (-1: the legacy stream)
     std::mutex m;
     std::condition_variable cv;
     std::deque<item> q;

@@ -110,6 +110,8 @@ void init_runtime()
     if ((v = getenv("BB_CUDA_EMU_SEED")) && *v) c.seed = (uint64_t)parse_int("BB_CUDA_EMU_SEED", v, 0, LONG_MAX);
     if ((v = getenv("BB_CUDA_EMU_DELAY_US")) && *v)
         c.delay_us = (unsigned)parse_int("BB_CUDA_EMU_DELAY_US", v, 0, 1000000);
+    if ((v = getenv("BB_CUDA_EMU_DELAY_ONLY")) && *v)
+        c.delay_only = (int)parse_int("BB_CUDA_EMU_DELAY_ONLY", v, 0, 1000);
     if ((v = getenv("BB_CUDA_EMU_STATS")) && *v) c.stats_file = v;
     if ((v = getenv("CUDA_LAUNCH_BLOCKING")) && !strcmp(v, "1")) c.launch_blocking = true;
     read_trigger("BB_CUDA_EMU_FAULT", &c.fault);

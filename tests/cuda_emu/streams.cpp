@@ -96,7 +96,8 @@ void stream_main(stream_state *s)
             if (s->q.empty()) break;
             it = &s->q.front(); // references into a deque stay valid while it grows at the back
         }
-        if (rt->cfg.delay_us) usleep(s->delay_rng.below(rt->cfg.delay_us + 1));
+        if (rt->cfg.delay_us && (rt->cfg.delay_only < 0 || s->index == rt->cfg.delay_only))
+            usleep(s->delay_rng.below(rt->cfg.delay_us + 1));
         execute(s, *it);
         std::lock_guard<std::mutex> l(s->m);
         s->q.pop_front();
@@ -149,6 +150,10 @@ stream_state *new_stream(device_state *d, bool blocking, bool legacy)
     s->dev = d, s->blocking = blocking, s->legacy = legacy;
     s->id = rt->next_stream_id++;
     s->delay_rng.s = mix(rt->cfg.seed * 7919 + (uint64_t)s->id);
+    {
+        std::lock_guard<std::mutex> l(d->streams_m);
+        s->index = legacy ? -1 : d->created++;
+    }
     std::thread(stream_main, s).detach();
     std::lock_guard<std::mutex> l(d->streams_m);
     d->streams.push_back(s);
