@@ -194,7 +194,7 @@ Test(zero, zero2_refusals_are_clear)
         bool no_overlap;
         int zero;
         const char *says;
-    } cases[] = {{1, false, 2, "nothing to shard"}, {2, true, 2, "cannot run with"}, {2, false, 3, "0 (none), 1"}};
+    } cases[] = {{1, false, 2, "nothing to shard"}, {2, true, 2, "cannot run with"}, {2, false, 4, "0 (none), 1"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = staged(gpt_options(data, cases[i].devices, 8, 32), cases[i].zero);
         o.no_overlap = cases[i].no_overlap;
@@ -274,4 +274,101 @@ Test(zero, the_planner_s_peaks_follow_the_zero_formulas_for_gpt2_and_a_1b_llama)
                         m.total / 1073741824.0);
         }
     }
+}
+
+/* --zero auto: the planner's lowest stage at which a candidate fits, and
+ * why each stage below did not; train runs at that stage. */
+Test(zero, zero_auto_picks_the_lowest_stage_that_fits_and_says_why)
+{
+    char *data = make_tokens("tokens", 100);
+    bb_train_options base = gpt_options(data, 4, 8, 64);
+    base.model = bb_model_gpt_config(4, 4, 128, 0, 0);
+    bb_model_config c = shaped(&base);
+    c.gpt.seq_len = 256, c.gpt.vocab = 256; /* the default gpt's shape, too large for ZeRO-2's window to cost more than it saves */
+    const struct {
+        uint64_t mib;
+        int devices, stage;
+    } cases[] = {{64, 4, 0}, {12, 4, 1}, {11, 4, 2}, {11, 1, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bb_plan_request q = {.model = c, .devices = cases[i].devices, .global_batch = 64,
+                             .device_mem = cases[i].mib << 20, .zero = BB_ZERO_AUTO, .bucket_mib = 0.1};
+        bb_plan p;
+        cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+        bool fits = cases[i].devices > 1;
+        cr_assert_eq(p.chosen >= 0, fits, "%llu MiB on %d devices", (unsigned long long)cases[i].mib, cases[i].devices);
+        cr_assert_eq(p.zero, cases[i].stage, "%llu MiB on %d devices: --zero %d, not %d", (unsigned long long)cases[i].mib,
+                     cases[i].devices, p.zero, cases[i].stage);
+        for (int below = 0; fits && below < cases[i].stage; below++) {
+            char said[32];
+            snprintf(said, sizeof said, "--zero %d: ", below);
+            cr_assert(strstr(p.why_zero, said), "%llu MiB: no word on %s in '%s'", (unsigned long long)cases[i].mib,
+                      said, p.why_zero);
+        }
+        if (!fits) /* one device: no stage to suggest */
+            cr_assert(!strstr(p.why_nothing_fits, "--zero"), "one device: %s", p.why_nothing_fits);
+        cr_log_info("%llu MiB on %d device(s): --zero %d%s%s", (unsigned long long)cases[i].mib, cases[i].devices, p.zero,
+                    p.why_zero[0] ? ": " : "", p.why_zero);
+        bb_plan_free(&p);
+    }
+    /* train: the tiny gpt, 20 MiB less what --zero 1 saves: the planner's stage 1, and its peak */
+    bb_train_options o = staged(gpt_options(data, 2, 16, 32), BB_ZERO_AUTO);
+    o.model.loss_chunk = 64; /* else the chunk follows --device-mem */
+    bb_model_config tiny = shaped(&o);
+    bb_plan_zero z0 = {0, 2, bb_bucket_bytes(o.bucket_mib), o.zero_shards}, z1 = z0;
+    z1.stage = 1;
+    bb_memory_breakdown m0, m1;
+    cr_assert_eq(bb_plan_memory_sharded(&tiny, 16, o.opt.kind, BB_DEVICE_CPU, &z0, &m0), BB_OK);
+    cr_assert_eq(bb_plan_memory_sharded(&tiny, 16, o.opt.kind, BB_DEVICE_CPU, &z1, &m1), BB_OK);
+    o.device_mem = (uint64_t)((double)(m0.total + m1.total) / 2 / 0.95); /* stage 0 does not fit, stage 1 does */
+    char *said = NULL;
+    size_t len = 0;
+    o.progress = open_memstream(&said, &len);
+    bb_train_result r = train(&o);
+    fclose(o.progress);
+    cr_assert(strstr(said, "--zero 1 (the lowest stage that fits: --zero 0: nothing fits"), "%s", said);
+    cr_assert_eq(largest_peak(&r), m1.total, "--zero auto's peak %llu, --zero 1's planned %llu",
+                 (unsigned long long)largest_peak(&r), (unsigned long long)m1.total);
+    bb_train_result_free(&r);
+    free(said), free(data);
+}
+
+/* plan --largest: a model's shape family gives the model itself at its own
+ * member; the largest member that fits has a plan and the next does not. */
+Test(zero, largest_finds_the_widest_member_that_fits)
+{
+    bb_model_config gpt2 = bb_model_gpt_config(12, 12, 768, 1024, 50257), llama = bb_model_llama_config(1, 1, 1, 1024, 0),
+                    m;
+    cr_assert(bb_llama_preset("llama-3.2-1b", &llama.llama));
+    llama.llama.seq_len = 1024;
+    cr_assert_eq(bb_model_scaled(&gpt2, 12, &m), BB_OK);
+    cr_assert(bb_model_same_shape(&m, &gpt2), "GPT-2's member 12 is GPT-2");
+    cr_assert_eq(bb_model_scaled(&llama, 8, &m), BB_OK);
+    cr_assert(bb_model_same_shape(&m, &llama), "Llama-3.2-1B's member 8 (key/value heads) is Llama-3.2-1B");
+    cr_assert_eq(bb_model_scaled(&gpt2, 16, &m), BB_OK);
+    cr_assert(m.gpt.d_model == 1024 && m.gpt.heads == 16 && m.gpt.layers == 16, "member 16: %d layers, d %d",
+              m.gpt.layers, m.gpt.d_model);
+    int hidden[] = {32};
+    bb_model_config mlp = bb_model_mlp_config(8, hidden, 1, 4);
+    cr_assert_eq(bb_model_scaled(&mlp, 2, &m), BB_ERR_UNSUPPORTED);
+    for (int zero = 0; zero <= BB_ZERO_AUTO; zero += BB_ZERO_AUTO) {
+        bb_plan_request q = {.model = bb_model_gpt_config(4, 4, 128, 256, 256), .devices = 4, .global_batch = 64,
+                             .device_mem = 64 << 20, .zero = zero};
+        bb_largest l;
+        cr_assert_eq(bb_plan_largest(&q, &l), BB_OK, "%s", bb_error_message());
+        cr_assert(l.plan.chosen >= 0 && l.member >= 1 && l.next_parameters > l.parameters);
+        bb_plan_request next = q;
+        cr_assert_eq(bb_model_scaled(&q.model, l.member + 1, &next.model), BB_OK);
+        bb_plan p;
+        cr_assert_eq(bb_plan_make(&next, &p), BB_OK);
+        cr_assert(p.chosen < 0, "member %d fits too", l.member + 1);
+        bb_plan_free(&p);
+        char model[160];
+        bb_model_describe(&l.model, model, sizeof model);
+        cr_log_info("--zero %s, 4 devices of 64 MiB: %s (%.2fM parameters; --zero %d), the next does not: %s",
+                    zero ? "auto" : "0", model, l.parameters / 1e6, l.plan.zero, l.why_next);
+        bb_largest_free(&l);
+    }
+    bb_plan_request none = {.model = gpt2, .devices = 1, .global_batch = 8};
+    bb_largest l;
+    cr_assert_eq(bb_plan_largest(&none, &l), BB_ERR_ARG, "without --device-mem everything fits");
 }

@@ -71,6 +71,7 @@ const char *bb_model_kind_name(const bb_model_kind *k);
 const char *bb_model_kind_choices(void);
 const char *bb_model_kind_help(void);
 
+
 /* The gpt's shape when none is given (train, plan, bench, eval). */
 #define BB_GPT_DEFAULT_LAYERS 4
 #define BB_GPT_DEFAULT_HEADS 4
@@ -199,6 +200,14 @@ bb_status bb_model_config_from_data(bb_model_config *c, const bb_record_format *
 void bb_model_config_take_shape(bb_model_config *c, const bb_model_config *from);
 /* Same kind and shape (recompute and precision aside). */
 bool bb_model_same_shape(const bb_model_config *a, const bb_model_config *b);
+/* Member k (>= 1) of c's shape family (plan --largest): the same kind,
+ * head size, blocks per width (c's layers over its d_model) and, for a
+ * llama, heads per key/value head and SwiGLU width per d_model (rounded to
+ * 64); k counts heads (gpt) or key/value heads (llama), so c's own k gives
+ * c again where its layers divide evenly. Sequence length, vocabulary,
+ * tying and the rest stay c's. Fails with BB_ERR_UNSUPPORTED for kinds
+ * without one (mlp), BB_ERR_ARG for k < 1. */
+bb_status bb_model_scaled(const bb_model_config *c, int k, bb_model_config *out);
 /* What the trainer and the planner count per kind: recomputable layers
  * (decoder blocks, mlp linear layers); targets per example (the loss's
  * normaliser: T tokens or 1 label); logits per target (vocab or classes). */

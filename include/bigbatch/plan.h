@@ -64,6 +64,8 @@ typedef struct bb_memory_breakdown {
  * model cannot be built (its message), BB_ERR_NOMEM. */
 bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out);
+/* --zero auto (after 0, 1 and 2 in --zero's choices): the planner's pick. */
+#define BB_ZERO_AUTO 3
 /* How a job shards its state (train --zero, --zero-shards, --bucket-mib):
  * ZeRO stage 0 (none), 1 (the optimizer state) or 2 (and the gradients:
  * a window of buckets in the model, the largest shard's gradients in the
@@ -104,7 +106,8 @@ typedef struct bb_plan_request {
     int fixed_micro_batch;     /* > 0: only this micro-batch */
     bool fixed_recompute;     /* only model's checkpoint policy (recompute_every, recompute_plan); else any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
-    int zero;                  /* train --zero: 1 the optimizer state sharded over the devices, 2 the gradients too */
+    int zero;                  /* train --zero: 1 the optimizer state sharded over the devices, 2 the gradients
+                                  too; BB_ZERO_AUTO: the lowest stage at which a candidate fits */
     bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */
@@ -126,15 +129,36 @@ typedef struct bb_plan {
     int count;
     int chosen;                /* index of the chosen row, -1 when nothing fits */
     uint64_t budget;           /* device_mem minus the margin */
+    int zero;                  /* the ZeRO stage of the rows: the request's, or --zero auto's pick */
     char why_nothing_fits[512];
+    char why_zero[1100];       /* --zero auto: why each stage below the pick did not fit ("" at stage 0) */
 } bb_plan;
 
 /* Every (micro-batch dividing G/devices, checkpoint policy) candidate,
- * the fastest that fits chosen (ties: the larger micro-batch). Fails with
+ * the fastest that fits chosen (ties: the larger micro-batch); under
+ * --zero auto, those of the lowest stage at which one fits (out->zero). Fails with
  * BB_ERR_ARG when G is not a multiple of devices or the model cannot be
  * built, BB_ERR_NOMEM. */
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out);
 void bb_plan_free(bb_plan *p);
+
+/* plan --largest: the widest member of q->model's shape family
+ * (bb_model_scaled: the same head size, blocks per width and, for a llama,
+ * grouping and SwiGLU share) for which bb_plan_make finds a plan under q
+ * (its devices, --device-mem, global batch, ZeRO stage or auto), found by
+ * doubling the member then halving the gap; its plan, and the next member,
+ * which does not fit, with the planner's reason. Fails with BB_ERR_ARG
+ * without q->device_mem, BB_ERR_UNSUPPORTED for kinds without a family,
+ * BB_ERR_OOM when not even member 1 fits (the reason), as bb_plan_make. */
+typedef struct bb_largest {
+    int member;                   /* k of bb_model_scaled */
+    bb_model_config model, next;  /* the largest that fits; the next member, which does not */
+    size_t parameters, next_parameters;
+    bb_plan plan;                 /* the largest's */
+    char why_next[512];
+} bb_largest;
+bb_status bb_plan_largest(const bb_plan_request *q, bb_largest *out);
+void bb_largest_free(bb_largest *l);
 
 /* The per-block plan of an L-block model (kinds with bb_model_block_costs)
  * that recomputes least while its activations exceed keeping everything by

@@ -96,7 +96,9 @@ typedef struct bb_train_options {
     double timeout_s;          /* the job ends (one line, exit 1) when no device of a process has moved
                                   for this long: a peer stopped, stalled or died (watchdog.h); 0: never */
     int zero;                  /* 1: ZeRO-1, each device keeps and updates the optimizer state of its
-                                  shard of every bucket, and the updated weights are gathered; 0: none */
+                                  shard of every bucket, and the updated weights are gathered; 2: ZeRO-2,
+                                  the gradients too (each micro-step reduced into the shards); 0: none;
+                                  BB_ZERO_AUTO (plan.h): the lowest stage at which the planner fits */
     bb_param_shard_rule zero_shards; /* how ZeRO cuts the buckets (optim.h): the optimizer's rule, or one given */
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;

@@ -13,7 +13,7 @@ static const char usage[] =
     "bigbatch plan [--model gpt|llama|mlp ...] [--preset NAME] [--data DIR | --seq-len T [--vocab V]]\n"
     "              [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
-    "              [--precision fp32|bf16] [--calibrate] [--json]";
+    "              [--precision fp32|bf16] [--zero 0|1|2|auto] [--largest] [--calibrate] [--json]";
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
@@ -26,6 +26,13 @@ static const char summary[] =
     "preset's, else GPT-2's 50257), no data needed:\n"
     "  bigbatch plan --model llama --preset llama-3.1-8b --seq-len 4096 --devices cuda:0,1,2,3,4,5,6,7 \\\n"
     "                --device-mem 80GiB --global-batch 256 --precision bf16 --zero 1\n\n"
+    "--largest answers \"what is the largest model of this shape that trains here?\": the\n"
+    "widest member of the model's shape family (its head size and blocks per width kept; a\n"
+    "llama's grouping and SwiGLU share too) for which a plan exists, with that plan and why\n"
+    "the next size does not fit; with --zero auto each size takes the lowest ZeRO stage\n"
+    "that fits it:\n"
+    "  bigbatch plan --largest --model llama --preset llama-3.2-1b --seq-len 4096 --precision bf16 \\\n"
+    "                --devices cuda:0,1,2,3,4,5,6,7 --device-mem 80GiB --global-batch 256 --zero auto\n\n"
     "The relative time weighs each candidate's work per op (counted, recomputation included)\n"
     "with what each op costs on this kind of device: --calibrate measures that (a few\n"
     "micro-steps of this model, about a second on a CPU) and caches it in\n"
@@ -65,9 +72,14 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     char a[24], b[24], c[24], d[24], e[24];
     printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->recompute,
            r->accumulation);
+    if (q->zero == BB_ZERO_AUTO) {
+        printf("  --zero %d: the lowest stage that fits", p->zero);
+        if (p->why_zero[0]) printf(" (%s)", p->why_zero);
+        printf("\n");
+    }
     char shard[48] = "", window[80] = "";
-    if (q->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero %d)", q->devices, q->zero);
-    if (q->zero == 2 && q->devices > 1) snprintf(window, sizeof window, " (its shard's and %d buckets' window)",
+    if (p->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero %d)", q->devices, p->zero);
+    if (p->zero == 2 && q->devices > 1) snprintf(window, sizeof window, " (its shard's and %d buckets' window)",
                                                  BB_GRAD_WINDOW_RING + 1);
     printf("  its peak: parameters %s, gradients %s%s, %s state %s%s, batches %s, activations %s",
            bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
@@ -89,6 +101,21 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
            bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
 }
 
+/* --largest's answer, then its plan's table. */
+static void print_largest(const bb_largest *l, const bb_plan_request *q)
+{
+    char model[160], next[160], mem[24];
+    bb_model_describe(&l->model, model, sizeof model);
+    bb_model_describe(&l->next, next, sizeof next);
+    printf("largest: %s, %.1fM parameters, trains on %d device%s of %s at global batch %d\n", model,
+           (double)l->parameters / 1e6, q->devices, q->devices > 1 ? "s" : "",
+           bb_format_bytes(q->device_mem, mem, sizeof mem), q->global_batch);
+    printf("the next size, %s (%.1fM parameters), does not: %s\n\n", next, (double)l->next_parameters / 1e6,
+           l->why_next);
+    if (q->model.precision == BB_PRECISION_BF16) snprintf(model + strlen(model), sizeof model - strlen(model), " in bf16");
+    print_table(&l->plan, q, model);
+}
+
 /* A JSON array, one row per line. */
 static bb_status print_json(const bb_plan *p)
 {
@@ -96,7 +123,7 @@ static bb_status print_json(const bb_plan *p)
     for (int i = 0; rc == BB_OK && i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
         const bb_memory_breakdown *m = &r->memory;
-        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I}",
+        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:i}",
                                 "micro_batch", r->micro_batch, "accumulation", r->accumulation, "checkpoint",
                                 r->recompute, "peak_bytes", (json_int_t)m->total, "relative_time",
                                 bb_json_fixed(r->relative_time, 4), "step_ms",
@@ -105,7 +132,7 @@ static bb_status print_json(const bb_plan *p)
                                 (json_int_t)m->parameters, "gradients_bytes", (json_int_t)m->gradients,
                                 "optimizer_bytes", (json_int_t)m->optimizer, "batches_bytes", (json_int_t)m->batches,
                                 "activations_bytes", (json_int_t)m->activations, "workspace_bytes",
-                                (json_int_t)m->workspace);
+                                (json_int_t)m->workspace, "zero", p->zero);
         printf("%s\n  ", i ? "," : "");
         rc = bb_json_write(stdout, row);
         json_decref(row);
@@ -139,7 +166,7 @@ int bb_cmd_plan(int argc, char **argv)
     mf.checkpoint = "auto";
     const char *data = "data/kjv", *devices = "cpu:1";
     bb_precision precision = BB_PRECISION_FP32;
-    bool json = false, data_given = false, calibrate = false, seq_given = false, vocab_given = false;
+    bool json = false, data_given = false, calibrate = false, seq_given = false, vocab_given = false, largest = false;
     int64_t seq_len = 0, vocab = 0;
     bb_plan_request q = {.global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
@@ -161,6 +188,8 @@ int bb_cmd_plan(int argc, char **argv)
         {"--calibrate", BB_OPT_FLAG, &calibrate, NULL,
          "measure what each op costs on this device kind (this model, a few micro-steps), cache it, then plan"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},
+        {"--largest", BB_OPT_FLAG, &largest, NULL, "the largest model of this shape family that fits (needs "
+         "--device-mem), with its plan"},
         {0}};
     bb_plan p = {0};
     bb_status rc = bb_cli_parse("plan", opts, argc, argv, NULL);
@@ -186,10 +215,21 @@ int bb_cmd_plan(int argc, char **argv)
     if (rc == BB_OK) rc = devices_flag_parse(devices, false, &q.devices, &q.device, ids);
     bb_calibration cal;
     if (rc == BB_OK) rc = plan_calibration(&q, calibrate, ids[0], &cal);
-    if (rc == BB_OK) rc = bb_plan_make(&q, &p);
+    if (rc == BB_OK && largest && json) rc = bb_fail(BB_ERR_ARG, "--largest prints its answer as text: not with --json");
+    if (rc == BB_OK && largest) {
+        bb_largest l;
+        rc = bb_plan_largest(&q, &l);
+        if (rc == BB_OK) {
+            print_largest(&l, &q);
+            p = l.plan; /* printed; freed below */
+            q.model = l.model;
+        }
+    } else if (rc == BB_OK) {
+        rc = bb_plan_make(&q, &p);
+    }
     if (rc == BB_OK && json) {
         rc = print_json(&p);
-    } else if (rc == BB_OK) {
+    } else if (rc == BB_OK && !largest) {
         char model[160];
         bb_model_describe(&q.model, model, sizeof model);
         if (q.model.precision == BB_PRECISION_BF16) snprintf(model + strlen(model), sizeof model - strlen(model), " in bf16");

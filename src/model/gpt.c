@@ -349,6 +349,16 @@ static const bb_decoder_kind gpt_decoder = {
     .init = gpt_init,
 };
 
+static void gpt_scaled(const bb_model_config *c, int k, bb_model_config *out)
+{
+    const bb_gpt_config *g = &c->gpt;
+    int head = g->d_model / g->heads, d = k * head;
+    double per_block = (double)g->d_model / g->layers;
+    *out = *c;
+    out->gpt.heads = k, out->gpt.d_model = d;
+    out->gpt.layers = (int)(d / per_block + 0.5) > 0 ? (int)(d / per_block + 0.5) : 1;
+}
+
 const bb_model_kind bb_model_kind_gpt = {
     .name = "gpt",
     .takes = "tokens",
@@ -358,6 +368,7 @@ const bb_model_kind bb_model_kind_gpt = {
     .same_shape = gpt_same_shape,
     .to_json = gpt_to_json,
     .from_json = gpt_from_json,
+    .scaled = gpt_scaled,
     .family = &bb_decoder_family,
     .decoder = &gpt_decoder,
     .hf = &bb_hf_gpt2,

@@ -498,6 +498,17 @@ static const bb_decoder_kind llama_decoder = {
     .init = llama_init,
 };
 
+static void llama_scaled(const bb_model_config *c, int k, bb_model_config *out)
+{
+    const bb_llama_config *g = &c->llama;
+    int head = g->d_model / g->heads, group = g->heads / g->kv_heads, d = k * group * head;
+    double per_block = (double)g->d_model / g->layers, ffn = (double)g->ffn / g->d_model * d;
+    *out = *c;
+    out->llama.kv_heads = k, out->llama.heads = k * group, out->llama.d_model = d;
+    out->llama.ffn = 64 * (int)((ffn + 63) / 64);
+    out->llama.layers = (int)(d / per_block + 0.5) > 0 ? (int)(d / per_block + 0.5) : 1;
+}
+
 const bb_model_kind bb_model_kind_llama = {
     .name = "llama",
     .takes = "tokens",
@@ -507,6 +518,7 @@ const bb_model_kind bb_model_kind_llama = {
     .same_shape = llama_same_shape,
     .to_json = llama_to_json,
     .from_json = llama_from_json,
+    .scaled = llama_scaled,
     .family = &bb_decoder_family,
     .decoder = &llama_decoder,
     .hf = &bb_hf_llama,

@@ -341,6 +341,16 @@ void bb_model_destroy(bb_model_t *m)
     free(m);
 }
 
+bb_status bb_model_scaled(const bb_model_config *c, int k, bb_model_config *out)
+{
+    if (!c->kind || !c->kind->scaled)
+        return bb_fail(BB_ERR_UNSUPPORTED, "a %s has no shape family to scale (a gpt or a llama has)",
+                       c->kind ? c->kind->name : "model of no kind");
+    if (k < 1) return bb_fail(BB_ERR_ARG, "member %d of a shape family: members count from 1", k);
+    c->kind->scaled(c, k, out);
+    return BB_OK;
+}
+
 const bb_model_config *bb_model_get_config(const bb_model_t *m) { return &m->cfg; }
 int bb_model_micro_batch(const bb_model_t *m) { return m->B; }
 size_t bb_model_param_count(const bb_model_t *m) { return m->param_count; }

@@ -56,6 +56,8 @@ struct bb_model_kind {
     bool (*same_shape)(const bb_model_config *a, const bb_model_config *b);
     int (*to_json)(json_t *obj, const bb_model_config *c); /* 0, or -1 out of memory */
     bb_status (*from_json)(const json_t *obj, const char *file, bb_model_config *c);
+    /* optional: member k >= 1 of c's shape family (bb_model_scaled) */
+    void (*scaled)(const bb_model_config *c, int k, bb_model_config *out);
     const bb_model_family *family;
     const struct bb_decoder_kind *decoder; /* decoder kinds (decoder.h); NULL otherwise */
     const struct bb_hf_layout *hf; /* its transformers layout (hf.c); NULL: none */

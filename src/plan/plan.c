@@ -240,9 +240,11 @@ static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from
     return add_row(q, out, &c, b, per_device, bucket_bytes, reference_ms);
 }
 
-bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
+/* bb_plan_make at one ZeRO stage. */
+static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
 {
     memset(out, 0, sizeof *out);
+    out->zero = q->zero;
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
@@ -301,8 +303,9 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     if (state > out->budget)
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
-                 "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed",
-                 bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin);
+                 "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed%s",
+                 bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin,
+                 q->devices > 1 && q->zero < 2 ? ", or a higher --zero (auto picks the lowest that fits)" : "");
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "
@@ -316,4 +319,30 @@ void bb_plan_free(bb_plan *p)
     free(p->rows);
     p->rows = NULL;
     p->count = 0;
+}
+
+/* --zero auto: the lowest stage at which a candidate fits (its fastest),
+ * with what did not fit below it; none: the highest stage's table. */
+bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
+{
+    if (q->zero != BB_ZERO_AUTO) return make_stage(q, out);
+    int top = q->devices > 1 ? 2 : 0; /* one device: sharding saves nothing */
+    char why[sizeof out->why_zero] = "";
+    size_t len = 0;
+    for (int stage = 0;; stage++) {
+        bb_plan_request one = *q;
+        one.zero = stage;
+        BB_TRY(make_stage(&one, out));
+        if (out->chosen >= 0 || stage == top) break;
+        len += (size_t)snprintf(why + len, len < sizeof why ? sizeof why - len : 0, "%s--zero %d: %s", len ? "; " : "",
+                                stage, out->why_nothing_fits);
+        bb_plan_free(out);
+    }
+    snprintf(out->why_zero, sizeof out->why_zero, "%s", why);
+    if (out->chosen < 0 && top > 0) {
+        char last[sizeof out->why_nothing_fits];
+        snprintf(last, sizeof last, "%s", out->why_nothing_fits);
+        snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "not even with --zero %d: %.480s", top, last);
+    }
+    return BB_OK;
 }

@@ -150,7 +150,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
      * (over processes: every process's, the others contributing theirs) */
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
     const bb_optimizer *opt[BB_TRAIN_MAX_DEVICES];
-    int n = t->o->zero ? t->spec.count : 1;
+    int n = t->zero ? t->spec.count : 1;
     for (int d = 0; d < n; d++) be[d] = t->replicas[d].be, opt[d] = &t->replicas[d].opt;
     bb_state_gather gather = bb_reducer_state_gather();
     st.gather = t->gather_saves ? &gather : NULL;

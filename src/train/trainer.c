@@ -190,7 +190,7 @@ static bb_status write_run_line(const trainer *t)
                             t->accumulation, "micro_batch", t->micro_batch, "tokens_per_example",
                             bb_model_targets_are_tokens(&t->cfg) ? bb_model_targets_per_example(&t->cfg) : 1,
                             "checkpoint", checkpoint, "precision", bb_precision_name(t->cfg.precision), "zero",
-                            o->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(o->opt.lr, 7),
+                            t->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(o->opt.lr, 7),
                             "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
                             o->data, "version", BB_VERSION, "commit", bb_commit());
     json_t *line = run ? json_pack("{s:o}", "run", run) : NULL;
@@ -258,19 +258,19 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
                                  .precision = o->precision, .attention = o->attention};
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
         bb_model_config mc = t->cfg;
-        if (o->zero == 2) mc.grad_window_bytes = bucket_bytes(o); /* the gradients bucket by bucket (model.h) */
+        if (t->zero == 2) mc.grad_window_bytes = bucket_bytes(o); /* the gradients bucket by bucket (model.h) */
         BB_TRY(bb_model_create(r->be, &mc, t->micro_batch, &r->model));
         BB_TRY(bb_model_init(r->model, t->seed));
         if (o->init_from) BB_TRY(bb_model_load_weights(r->model, o->init_from));
         size_t params = bb_model_param_count(r->model);
         bb_param_shard shard = {0};
-        if (o->zero && d == 0) { /* the cut of every bucket among all the job's devices */
+        if (t->zero && d == 0) { /* the cut of every bucket among all the job's devices */
             bb_param_shard_rule rule = bb_param_shard_rule_for(o->opt.kind, o->zero_shards);
             BB_TRY(bb_param_shards_make(r->model, bucket_bytes(o), trainer_world_devices(t), rule, &t->shards));
         }
-        if (o->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
-        shard.gradients = o->zero == 2;
-        BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, o->zero ? &shard : NULL, &r->opt));
+        if (t->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
+        shard.gradients = t->zero == 2;
+        BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, t->zero ? &shard : NULL, &r->opt));
         if (resume) {
             BB_TRY(bb_checkpoint_load_weights(resume, r->model));
             BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
@@ -321,6 +321,7 @@ static bb_status apply_plan(trainer *t)
         return rc;
     }
     const bb_plan_row *r = &p.rows[p.chosen];
+    t->zero = p.zero;
     t->micro_batch = r->micro_batch;
     t->cfg.recompute_every = r->recompute_every;
     memcpy(t->cfg.recompute_plan, r->recompute_plan, sizeof t->cfg.recompute_plan);
@@ -330,6 +331,9 @@ static bb_status apply_plan(trainer *t)
                 r->accumulation, r->recompute, bb_format_bytes(r->memory.total, peak, sizeof peak));
         if (o->device_mem) fprintf(o->progress, " of %s", bb_format_bytes(o->device_mem, mem, sizeof mem));
         else fprintf(o->progress, " (no --device-mem: the fastest)");
+        if (o->zero == BB_ZERO_AUTO)
+            fprintf(o->progress, ", --zero %d (the lowest stage that fits%s%s)", p.zero, p.why_zero[0] ? ": " : "",
+                    p.why_zero);
         fprintf(o->progress, "\n");
     }
     bb_plan_free(&p);
@@ -358,8 +362,8 @@ static bb_status check_options(const bb_train_options *o)
         return bb_fail(BB_ERR_ARG, "%s and %s must be >= 1", NAME(GLOBAL_BATCH), NAME(MICRO_BATCH));
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "%s must be >= 1", NAME(LOADER_THREADS));
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "%s must be positive", NAME(BUCKET_MIB));
-    if (o->zero < 0 || o->zero > 2)
-        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none), 1 (shard the optimizer state) or 2 (and the gradients)",
+    if (o->zero < 0 || o->zero > BB_ZERO_AUTO)
+        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none), 1 (shard the optimizer state), 2 (and the gradients) or auto",
                        NAME(ZERO), o->zero);
     if (o->zero == 2 && o->no_overlap)
         return bb_fail(BB_ERR_ARG, "%s 2 frees each gradient bucket once it is reduced, during the backward: it cannot "
@@ -377,7 +381,6 @@ static bb_status setup_devices(trainer *t)
 {
     const bb_train_options *o = t->o;
     const bb_world *w = bb_world_get();
-    t->gather_saves = o->zero && w->size > 1;
     t->spec = (bb_device_spec){.kind = o->device, .count = o->devices, .rank = w->rank, .world = w->size};
     for (int d = 0; d < o->devices; d++) t->spec.ids[d] = o->device == BB_DEVICE_CPU ? d : o->device_ids[d];
     bool listed = o->device != BB_DEVICE_CPU;
@@ -431,7 +434,9 @@ static bb_status setup_data(trainer *t)
     t->cfg = o->model;
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_format(t->data), o->data));
     t->cfg.precision = o->precision;
-    if (o->auto_micro_batch || o->auto_recompute) BB_TRY(apply_plan(t));
+    t->zero = o->zero;
+    if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO) BB_TRY(apply_plan(t));
+    t->gather_saves = t->zero && t->spec.world > 1;
     BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
@@ -506,8 +511,8 @@ static bb_status setup(trainer *t)
         shard_grads[d] = t->replicas[d].opt.grads;
     }
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
-                       .bucket_bytes = bucket_bytes(o), .shards = o->zero ? &t->shards : NULL,
-                       .window_models = o->zero == 2 ? models : NULL, .shard_grads = shard_grads,
+                       .bucket_bytes = bucket_bytes(o), .shards = t->zero ? &t->shards : NULL,
+                       .window_models = t->zero == 2 ? models : NULL, .shard_grads = shard_grads,
                        .accumulation = t->accumulation,
                        .first_step = t->first_step,
                        .trace = t->trace, .track = D, .watchdog = t->watchdog, .timeout_s = o->timeout_s};

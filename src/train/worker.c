@@ -147,7 +147,7 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
         BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 1));
         uint64_t t3 = bb_clock_ns();
-        bool window = t->o->zero == 2;
+        bool window = t->zero == 2;
         if ((last || window) && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
         if (window) bb_model_set_grad_window_hook(m, window_write, &post);
         bb_trace_range_push("backward");
@@ -214,11 +214,11 @@ static bb_status optimizer_step(replica *r, uint64_t step)
     double sum;
     if (!red || !bb_reducer_sum_squares(red, &sum)) {
         sum = bb_optimizer_sum_squares(r->be, r->model, &r->opt);
-        if (red && t->o->zero) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
+        if (red && t->zero) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
     }
     st->grad_norm = sqrt(sum);
     bb_optimizer_apply(r->be, r->model, &r->opt, step, t->total_steps, st->grad_norm, &st->lr);
-    if (red && t->o->zero && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
+    if (red && t->zero && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
     bb_model_weights_changed(r->model);
     return BB_OK;
 }
