@@ -242,28 +242,38 @@ Test(cuda_train, a_device_fault_in_the_last_step_fails_the_run_with_one_line)
  * run ends at once with one line naming NCCL. The streams are slowed so
  * that the host has queued the next collectives before the failure shows
  * (the order in which a reducer that only watched its streams hung). */
-Test(cuda_train, an_nccl_failure_ends_every_gpu_thread)
+static void nccl_fault_ends_the_run(const char *tokens, const char *fault, const char *zero)
 {
-    need_gpus(2);
-    need_emulator("injecting an NCCL fault");
-    char *tokens = make_tokens("tokens", 200);
     char *out = tu_path(tmp, "out"), *err = tu_path(tmp, "err");
-    setenv("BB_CUDA_EMU_NCCL_FAULT", "AllReduce:4@1", 1);
+    setenv("BB_CUDA_EMU_NCCL_FAULT", fault, 1);
     setenv("BB_CUDA_EMU_DELAY_US", "300", 1);
-    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", tokens, "--devices", "cuda:0,1", "--layers", "2",
-                    "--heads", "2", "--d-model", "16", "--global-batch", "16", "--micro-batch", "4", "--steps", "6",
-                    "--quiet", NULL};
+    char *argv[] = {(char *)tu_bigbatch_bin(), "train", "--data", (char *)tokens, "--devices", "cuda:0,1", "--layers",
+                    "2", "--heads", "2", "--d-model", "16", "--global-batch", "16", "--micro-batch", "4", "--steps", "6",
+                    "--bucket-mib", "0.001", "--zero", (char *)zero, "--quiet", NULL};
     double t0 = now_s();
     pid_t pid = start_logged(argv, out, err);
     int code = exit_within(pid, 60);
     unsetenv("BB_CUDA_EMU_NCCL_FAULT");
     unsetenv("BB_CUDA_EMU_DELAY_US");
     char *e = (char *)tu_read_file(err, NULL), *own = bigbatch_lines(e);
-    cr_log_info("exit %d after %.1f s: %s", code, now_s() - t0, e);
-    cr_assert_neq(code, -1, "the run hung: a worker waited for ever (stderr: %s)", e);
+    cr_log_info("%s, --zero %s: exit %d after %.1f s: %s", fault, zero, code, now_s() - t0, e);
+    cr_assert_neq(code, -1, "%s, --zero %s: the run hung: a worker waited for ever (stderr: %s)", fault, zero, e);
     tu_run shown = {.exit_code = code, .err = own};
     tu_assert_error(&shown, "NCCL");
-    free(e), free(own), free(out), free(err), free(tokens);
+    free(e), free(own), free(out), free(err);
+}
+
+/* The same under --zero 2, the 3rd reduce-scatter of cuda:1 (a micro-step's
+ * bucket) lost: the backward's stream waits on its window slot's event
+ * behind it, and the abort frees it too. */
+Test(cuda_train, an_nccl_failure_ends_every_gpu_thread)
+{
+    need_gpus(2);
+    need_emulator("injecting an NCCL fault");
+    char *tokens = make_tokens("tokens", 200);
+    nccl_fault_ends_the_run(tokens, "AllReduce:4@1", "0");
+    nccl_fault_ends_the_run(tokens, "ReduceScatter:3@1", "2");
+    free(tokens);
 }
 
 /* cuda:1's stream stops for good inside a kernel (as a GPU spinning on a
