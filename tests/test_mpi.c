@@ -312,6 +312,40 @@ Test(mpi, each_rank_writes_its_own_trace)
     tu_run_free(&r);
 }
 
+/* 2 processes x cpu:2, buckets of 4 KiB, `flags`, saving into `save`. */
+static void zero_job(const char *data, const char *metrics, const char *flags, const char *save)
+{
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 %s --save %s", flags, save);
+    tu_run r = train_job(2, 2, data, metrics, extra);
+    cr_assert_eq(r.exit_code, 0, "%s: %s", flags, r.err);
+    tu_run_free(&r);
+}
+
+/* File `name` of checkpoints a and b, byte for byte. */
+static void same_file(const char *a, const char *b, const char *name, const char *what)
+{
+    char *fa = tu_path(a, name), *fb = tu_path(b, name);
+    size_t na, nb;
+    uint8_t *ba = tu_read_file(fa, &na), *bb = tu_read_file(fb, &nb);
+    cr_assert(na == nb && !memcmp(ba, bb, na), "%s differs: %s", name, what);
+    free(ba), free(bb), free(fa), free(fb);
+}
+
+/* The sharded checkpoint in `save`, resumed in one process on 4 devices
+ * without --zero: one more step, finite. */
+static void resume_unsharded(const char *data, const char *save, const char *metrics)
+{
+    char extra[4200];
+    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", save);
+    tu_run r = train_job(0, 4, data, metrics, extra);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    double last[16];
+    cr_assert_eq(metric_values(metrics, "loss", 5, last, 16), 1, "the resumed run's step 5");
+    cr_assert(isfinite(last[0]));
+}
+
 /* --zero 1 over 2 processes x cpu:2 (4 shards, equal slices and whole
  * tensors): the losses of --zero 0, the same optimizer.bin (gathered from
  * every process), and that checkpoint resumes in one process without
@@ -319,44 +353,23 @@ Test(mpi, each_rank_writes_its_own_trace)
 Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
 {
     need_mpi();
-    char *data = make_tokens("tokens", 400), extra[4200];
+    char *data = make_tokens("tokens", 400);
     char *m0 = tu_path(tmp, "m0.jsonl"), *m1 = tu_path(tmp, "m1.jsonl"), *mr = tu_path(tmp, "mr.jsonl");
     char *c0 = tu_path(tmp, "c0"), *c1 = tu_path(tmp, "c1");
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 0 --save %s", c0);
-    tu_run r = train_job(2, 2, data, m0, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 1 --save %s", c1);
-    r = train_job(2, 2, data, m1, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
+    zero_job(data, m0, "--zero 0", c0);
+    zero_job(data, m1, "--zero 1", c1);
     expect_metrics_losses(m0, m1, 1, "--zero 1 over 2 processes");
-    char *f0 = tu_path(c0, "latest/optimizer.bin"), *f1 = tu_path(c1, "latest/optimizer.bin");
-    size_t n0, n1;
-    uint8_t *b0 = tu_read_file(f0, &n0), *b1 = tu_read_file(f1, &n1);
-    cr_assert(n0 == n1 && !memcmp(b0, b1, n0), "optimizer.bin differs between --zero 0 and --zero 1 (gathered)");
+    same_file(c0, c1, "latest/optimizer.bin", "--zero 0 and --zero 1 (gathered)");
     /* whole tensors: parts of unequal sizes in the all-gather, the same training and state */
-    char *mt = tu_path(tmp, "mt.jsonl"), *ct = tu_path(tmp, "ct"), *ft = tu_path(ct, "latest/optimizer.bin");
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --zero 1 --zero-shards tensors --save %s", ct);
-    r = train_job(2, 2, data, mt, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
+    char *mt = tu_path(tmp, "mt.jsonl"), *ct = tu_path(tmp, "ct");
+    zero_job(data, mt, "--zero 1 --zero-shards tensors", ct);
     expect_metrics_losses(m0, mt, 1, "--zero 1 --zero-shards tensors over 2 processes");
-    size_t nt;
-    uint8_t *bt = tu_read_file(ft, &nt);
-    cr_assert(n0 == nt && !memcmp(b0, bt, n0), "optimizer.bin differs between --zero 0 and --zero-shards tensors");
-    free(bt), free(ft), free(ct), free(mt);
-    /* the sharded checkpoint, resumed in one process on 4 devices without --zero: one more step */
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", c1);
-    r = train_job(0, 4, data, mr, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
-    double last[16];
-    cr_assert_eq(metric_values(mr, "loss", 5, last, 16), 1, "the resumed run's step 5");
-    cr_assert(isfinite(last[0]));
+    same_file(c0, ct, "latest/optimizer.bin", "--zero 0 and --zero-shards tensors");
+    free(ct), free(mt);
+    resume_unsharded(data, c1, mr);
     cr_log_info("--zero 1 over 2 processes x cpu:2 (equal slices, whole tensors): --zero 0's losses, optimizer.bin "
                 "byte for byte; resumed on cpu:4");
-    free(b0), free(b1), free(f0), free(f1), free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
+    free(m0), free(m1), free(mr), free(c0), free(c1), free(data);
 }
 
 /* --zero 2 over 2 processes x cpu:2: with one micro-step a step the
@@ -367,28 +380,16 @@ Test(mpi, zero1_over_processes_trains_the_same_and_saves_one_state)
 Test(mpi, zero2_over_processes_trains_the_same_and_saves_one_state)
 {
     need_mpi();
-    char *data = make_tokens("tokens", 400), extra[4200];
+    char *data = make_tokens("tokens", 400);
     char *m0 = tu_path(tmp, "m0.jsonl"), *m2 = tu_path(tmp, "m2.jsonl"), *ma = tu_path(tmp, "ma.jsonl"),
          *mr = tu_path(tmp, "mr.jsonl"), *c0 = tu_path(tmp, "c0"), *c2 = tu_path(tmp, "c2");
-    const char *files[] = {"latest/optimizer.bin", "latest/model.safetensors"};
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --micro-batch 4 --zero 0 --save %s", c0);
-    tu_run r = train_job(2, 2, data, m0, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --micro-batch 4 --zero 2 --save %s", c2);
-    r = train_job(2, 2, data, m2, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
+    zero_job(data, m0, "--micro-batch 4 --zero 0", c0);
+    zero_job(data, m2, "--micro-batch 4 --zero 2", c2);
     expect_metrics_losses(m0, m2, 1, "--zero 2 over 2 processes");
-    for (int i = 0; i < 2; i++) {
-        char *f0 = tu_path(c0, files[i]), *f2 = tu_path(c2, files[i]);
-        size_t n0, n2;
-        uint8_t *b0 = tu_read_file(f0, &n0), *b2 = tu_read_file(f2, &n2);
-        cr_assert(n0 == n2 && !memcmp(b0, b2, n0), "%s differs between --zero 0 and --zero 2", files[i]);
-        free(b0), free(b2), free(f0), free(f2);
-    }
+    same_file(c0, c2, "latest/optimizer.bin", "--zero 0 and --zero 2, one micro-step a step");
+    same_file(c0, c2, "latest/model.safetensors", "--zero 0 and --zero 2, one micro-step a step");
     /* two micro-steps a step: each reduced over the processes into the shards */
-    r = train_job(2, 2, data, ma, "--bucket-mib 0.004 --zero 2");
+    tu_run r = train_job(2, 2, data, ma, "--bucket-mib 0.004 --zero 2");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_not_null(strstr(r.err, "the 2 processes' parameters are identical"), "%s", r.err);
     tu_run_free(&r);
@@ -396,14 +397,7 @@ Test(mpi, zero2_over_processes_trains_the_same_and_saves_one_state)
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
     expect_metrics_losses(mr, ma, 1, "--zero 2 over 2 processes, 2 micro-steps a step");
-    /* the checkpoint of --zero 2, resumed in one process on 4 devices without --zero */
-    snprintf(extra, sizeof extra, "--bucket-mib 0.004 --resume %s --steps 5", c2);
-    r = train_job(0, 4, data, mr, extra);
-    cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    tu_run_free(&r);
-    double last[16];
-    cr_assert_eq(metric_values(mr, "loss", 5, last, 16), 1, "the resumed run's step 5");
-    cr_assert(isfinite(last[0]));
+    resume_unsharded(data, c2, mr);
     cr_log_info("--zero 2 over 2 processes x cpu:2: --zero 0's weights and optimizer.bin byte for byte (one micro-step "
                 "a step), its losses over two; resumed on cpu:4");
     free(m0), free(m2), free(ma), free(mr), free(c0), free(c2), free(data);

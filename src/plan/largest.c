@@ -4,13 +4,17 @@
 
 #include "bigbatch/plan.h"
 
-/* Whether member k fits: its plan in *p (freed by the caller) when it does. */
-static bb_status try_member(const bb_plan_request *q, int k, bb_plan *p, bool *fits)
+/* Member k: the largest that fits so far (*fit), or the smallest that
+ * does not (*miss, and the planner's reason). */
+static bb_status try_member(const bb_plan_request *q, int k, int *fit, int *miss, bb_largest *out)
 {
     bb_plan_request one = *q;
     BB_TRY(bb_model_scaled(&q->model, k, &one.model));
-    BB_TRY(bb_plan_make(&one, p));
-    *fits = p->chosen >= 0;
+    bb_plan p;
+    BB_TRY(bb_plan_make(&one, &p));
+    if (p.chosen >= 0) *fit = k;
+    else *miss = k, snprintf(out->why_next, sizeof out->why_next, "%s", p.why_nothing_fits);
+    bb_plan_free(&p);
     return BB_OK;
 }
 
@@ -36,25 +40,12 @@ bb_status bb_plan_largest(const bb_plan_request *q, bb_largest *out)
      * grows with the width (and the blocks, which follow it). */
     int fit = 0, miss = 0;
     for (int k = 1; !miss; k *= 2) {
-        bb_plan p;
-        bool fits = false;
-        BB_TRY(try_member(q, k, &p, &fits));
-        if (fits) fit = k;
-        else miss = k, snprintf(out->why_next, sizeof out->why_next, "%s", p.why_nothing_fits);
-        bb_plan_free(&p);
+        BB_TRY(try_member(q, k, &fit, &miss, out));
         if (k >= 1 << 14 && !miss) return bb_fail(BB_ERR_ARG, "--largest: member %d of the family still fits", k);
     }
     if (!fit)
         return bb_fail(BB_ERR_OOM, "plan --largest: not even the smallest of the family fits: %s", out->why_next);
-    while (miss - fit > 1) {
-        int k = fit + (miss - fit) / 2;
-        bb_plan p;
-        bool fits = false;
-        BB_TRY(try_member(q, k, &p, &fits));
-        if (fits) fit = k;
-        else miss = k, snprintf(out->why_next, sizeof out->why_next, "%s", p.why_nothing_fits);
-        bb_plan_free(&p);
-    }
+    while (miss - fit > 1) BB_TRY(try_member(q, fit + (miss - fit) / 2, &fit, &miss, out));
     out->member = fit;
     BB_TRY(bb_model_scaled(&q->model, fit, &out->model));
     BB_TRY(bb_model_scaled(&q->model, miss, &out->next));
