@@ -51,6 +51,11 @@ bb_status bb_world_max_int(int *x);                    /* in place: x = the larg
  * all-gather). Fails with BB_ERR_ARG when the parts span 2^31 floats or
  * more, BB_ERR_NOMEM, and as the other collectives when MPI does. */
 bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi);
+/* In place in x: the sum over the processes of each process's own part
+ * [lo[rank], hi[rank]) (parts as above) into that part (a reduce-scatter:
+ * half an all-reduce's traffic; the rest of x is left undefined). Fails
+ * as bb_world_allgather_floats. */
+bb_status bb_world_reduce_scatter_floats(float *x, const size_t *lo, const size_t *hi);
 /* *out (on every process): whether every process passed the same `value`. */
 bb_status bb_world_all_equal(uint64_t value, bool *out);
 

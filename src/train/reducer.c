@@ -148,9 +148,24 @@ static void accumulate_shards(const cpu_reducer *c, int bucket, size_t k, size_t
     }
 }
 
+/* ZeRO over processes: each process's part of bucket b (its owners'
+ * slices, contiguous, in rank order) into c->part_lo/part_hi, less `base`. */
+static void process_parts(cpu_reducer *c, int b, size_t base)
+{
+    const bb_param_shards *sh = c->base.shards;
+    int per = c->base.devices;
+    for (int p = 0; p < c->world; p++) {
+        size_t lo, hi;
+        bb_param_shards_slice(sh, b, p * per, &lo, &hi), c->part_lo[p] = lo - base;
+        bb_param_shards_slice(sh, b, p * per + per - 1, &lo, &hi), c->part_hi[p] = hi - base;
+    }
+}
+
 /* Several processes: this process's devices summed in device order, the
- * sums summed over the processes (MPI, one call per bucket), then the
- * average over all the job's devices stored (store_average). */
+ * sums summed over the processes (MPI, one call per bucket: an all-reduce,
+ * or under ZeRO-2 with accumulation a reduce-scatter of the processes'
+ * parts), then the average over all the job's devices stored
+ * (store_average) or added into the shards (accumulate_shards). */
 static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi, int micro, double *squares)
 {
     int devices = c->base.devices;
@@ -161,12 +176,14 @@ static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi,
         const float *g = grad_at(c, d, bucket, lo);
         for (size_t i = 0; i < n; i++) acc[i] += g[i];
     }
-    BB_TRY(bb_world_sum_floats(acc, n));
     float inv = 1.0f / (float)(devices * c->world);
-    if (c->accumulation > 1) { /* ZeRO-2 over micro-steps: each process holds only its owners' sums (no norm here) */
+    if (c->accumulation > 1) { /* ZeRO-2 over micro-steps: each process sums and keeps its owners' part only */
+        process_parts(c, bucket, lo);
+        BB_TRY(bb_world_reduce_scatter_floats(acc, c->part_lo, c->part_hi));
         accumulate_shards(c, bucket, lo, n, acc, micro, inv);
         return BB_OK;
     }
+    BB_TRY(bb_world_sum_floats(acc, n));
     for (size_t i = 0; i < n; i++) acc[i] *= inv;
     store_average(c, bucket, lo, n, acc);
     for (size_t k = 0; k < n; k += CHUNK) *squares += bb_host_sum_squares(acc + k, n - k < CHUNK ? n - k : CHUNK);
@@ -368,14 +385,8 @@ static bool cpu_broadcast_stop(reducer_t *r, int device, bool stop)
 static bb_status gather_world(cpu_reducer *c)
 {
     reducer_t *r = &c->base;
-    const bb_param_shards *sh = r->shards;
-    int per = r->devices, processes = c->world;
     for (int b = 0; b < r->buckets; b++) {
-        for (int p = 0; p < processes; p++) {
-            size_t lo, hi;
-            bb_param_shards_slice(sh, b, p * per, &lo, &hi), c->part_lo[p] = lo;
-            bb_param_shards_slice(sh, b, p * per + per - 1, &lo, &hi), c->part_hi[p] = hi;
-        }
+        process_parts(c, b, 0);
         BB_TRY(bb_world_allgather_floats(c->params[0], c->part_lo, c->part_hi));
         for (int d = 1; d < r->devices; d++)
             memcpy(c->params[d] + r->lo[b], c->params[0] + r->lo[b], (r->hi[b] - r->lo[b]) * sizeof(float));

@@ -540,6 +540,8 @@ static void print_start(const trainer *t)
     if (t->reducer)
         fprintf(p, "; %d gradient bucket%s%s", bb_reducer_bucket_count(t->reducer), bb_reducer_bucket_count(t->reducer) > 1 ? "s" : "",
                 t->o->no_overlap ? ", no overlap" : "");
+    static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and the gradients"};
+    if (t->zero) fprintf(p, "; ZeRO-%d: %s sharded over %d devices", t->zero, sharded[t->zero], trainer_world_devices(t));
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),

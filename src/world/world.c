@@ -99,20 +99,42 @@ bb_status bb_world_sum_floats(float *x, size_t n)
     return BB_OK;
 }
 
+/* Each process's part in floats (counts) and where it starts (displs, from lo[0]). */
+static bb_status parts(const size_t *lo, const size_t *hi, const char *what, int **counts, int **displs)
+{
+    *counts = malloc((size_t)world.size * sizeof **counts), *displs = malloc((size_t)world.size * sizeof **displs);
+    bb_status rc = *counts && *displs ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int p = 0; rc == BB_OK && p < world.size; p++) {
+        if (hi[p] - lo[0] >= (size_t)INT32_MAX)
+            rc = bb_fail(BB_ERR_ARG, "%s over %zu floats is more than MPI counts take", what, hi[p] - lo[0]);
+        else (*counts)[p] = (int)(hi[p] - lo[p]), (*displs)[p] = (int)(lo[p] - lo[0]);
+    }
+    return rc;
+}
+
 bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
 {
     if (world.size < 2) return BB_OK;
-    int *counts = malloc((size_t)world.size * sizeof *counts), *displs = malloc((size_t)world.size * sizeof *displs);
-    bb_status rc = counts && displs ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int p = 0; rc == BB_OK && p < world.size; p++) {
-        if (hi[p] - lo[0] >= (size_t)INT32_MAX)
-            rc = bb_fail(BB_ERR_ARG, "an all-gather over %zu floats is more than MPI counts take", hi[p] - lo[0]);
-        else counts[p] = (int)(hi[p] - lo[p]), displs[p] = (int)(lo[p] - lo[0]);
-    }
+    int *counts, *displs;
+    bb_status rc = parts(lo, hi, "an all-gather", &counts, &displs);
     if (rc == BB_OK) {
         int e = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + lo[0], counts, displs, MPI_FLOAT,
                                MPI_COMM_WORLD);
         if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Allgatherv", e);
+    }
+    free(counts), free(displs);
+    return rc;
+}
+
+bb_status bb_world_reduce_scatter_floats(float *x, const size_t *lo, const size_t *hi)
+{
+    if (world.size < 2) return BB_OK;
+    int *counts, *displs;
+    bb_status rc = parts(lo, hi, "a reduce-scatter", &counts, &displs);
+    if (rc == BB_OK) { /* in place, MPI leaves this process's sum at the start of the buffer */
+        int e = MPI_Reduce_scatter(MPI_IN_PLACE, x + lo[0], counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Reduce_scatter", e);
+        else memmove(x + lo[world.rank], x + lo[0], (size_t)counts[world.rank] * sizeof *x);
     }
     free(counts), free(displs);
     return rc;
@@ -173,6 +195,10 @@ bb_status bb_world_broadcast_doubles(double *x, size_t n, int root) { return (vo
 bb_status bb_world_broadcast_bytes(void *x, size_t n, int root) { return (void)x, (void)n, (void)root, BB_OK; }
 bb_status bb_world_max_int(int *x) { return (void)x, BB_OK; }
 bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
+{
+    return (void)x, (void)lo, (void)hi, BB_OK;
+}
+bb_status bb_world_reduce_scatter_floats(float *x, const size_t *lo, const size_t *hi)
 {
     return (void)x, (void)lo, (void)hi, BB_OK;
 }
