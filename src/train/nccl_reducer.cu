@@ -493,18 +493,16 @@ void n_post(reducer_t *r, int device, size_t ready_from)
 }
 
 // ZeRO-2: what is final goes out, and the compute stream waits until the
-// slot's previous tenant has been read out: bucket b - ring of this round,
-// or for the first buckets (and the last, which has a slot of its own) the
-// previous round's (an event never recorded is no wait).
+// slot's previous tenant (bb_reducer_window_tenant) has been read out: its
+// event's last record, this round's or the previous round's (an event
+// never recorded is no wait).
 void n_window_write(reducer_t *r, int device, int bucket, size_t final_from)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
     n_post(r, device, final_from);
-    int last = r->buckets - 1, tenant = bucket;
-    if (bucket < last && bucket >= BB_GRAD_WINDOW_RING) tenant = bucket - BB_GRAD_WINDOW_RING;
-    else if (bucket < last)
-        while (tenant + BB_GRAD_WINDOW_RING < last) tenant += BB_GRAD_WINDOW_RING;
+    bool this_round;
+    int tenant = bb_reducer_window_tenant(r, bucket, &this_round);
     if (!stopping(r)) BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->freed[tenant], 0));
 }
 

@@ -291,17 +291,16 @@ static void wait_reduced(cpu_reducer *c, uint32_t target)
         bb_futex_wait_timeout(&c->reduced, v, 100000000); /* re-checks stop at least every 100 ms */
 }
 
-/* ZeRO-2: bucket b of this round goes into the slot that bucket
- * b - BB_GRAD_WINDOW_RING used (the last bucket: its own slot), and the
- * first buckets into those the last round used, so it waits for that
- * bucket's reduction (reductions run in round and bucket order). */
+/* ZeRO-2: waits for the reduction of the slot's previous tenant
+ * (reductions run in round and bucket order: one counter says it). */
 static void cpu_window_write(reducer_t *r, int device, int bucket, size_t final_from)
 {
     cpu_reducer *c = (cpu_reducer *)r;
     cpu_post(r, device, final_from);
-    uint32_t target = c->rounds[device] * (uint32_t)r->buckets;
-    if (bucket < r->buckets - 1 && bucket >= BB_GRAD_WINDOW_RING) target += (uint32_t)(bucket - BB_GRAD_WINDOW_RING + 1);
-    wait_reduced(c, target);
+    bool this_round;
+    int tenant = bb_reducer_window_tenant(r, bucket, &this_round);
+    uint32_t target = c->rounds[device] * (uint32_t)r->buckets; /* the previous round's, all of them */
+    wait_reduced(c, this_round ? target + (uint32_t)tenant + 1 : target);
 }
 
 static uint64_t cpu_wait(reducer_t *r, int device)

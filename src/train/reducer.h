@@ -182,6 +182,18 @@ static inline void bb_reducer_window_write(reducer_t *r, int device, int bucket,
 {
     r->ops->window_write(r, device, bucket, final_from);
 }
+/* ZeRO-2: the bucket whose window slot bucket `bucket` takes over (model.h:
+ * bucket - BB_GRAD_WINDOW_RING of the same round; for the first buckets the
+ * last one of the previous round with the same slot; the last bucket its
+ * own of the previous round), and whether that tenant was this round's. */
+static inline int bb_reducer_window_tenant(const reducer_t *r, int bucket, bool *this_round)
+{
+    int last = r->buckets - 1, tenant = bucket;
+    *this_round = bucket < last && bucket >= BB_GRAD_WINDOW_RING;
+    if (*this_round) return bucket - BB_GRAD_WINDOW_RING;
+    while (bucket < last && tenant + BB_GRAD_WINDOW_RING < last) tenant += BB_GRAD_WINDOW_RING;
+    return tenant;
+}
 /* ZeRO's optimizer state is saved whole: a sum over the processes of a
  * host buffer that is zero where the process holds none (bb_optimizer_save's
  * gather; every process joins). */
