@@ -1,6 +1,7 @@
-/* test_zero.c — ZeRO-2 (--zero 2) on CPU devices: it trains what --zero 0
- * and --zero 1 train (bitwise with one micro-step a step, within 1e-6 over
- * accumulated micro-steps, whose sums it adds in another order), each
+/* test_zero.c — ZeRO-2 and ZeRO-3 (--zero 2, 3) on CPU devices: ZeRO-2
+ * trains what --zero 0 and --zero 1 train (bitwise with one micro-step a step, within 1e-6 over
+ * accumulated micro-steps, whose sums it adds in another order), ZeRO-3
+ * what ZeRO-2 trains (bitwise: it gathers the very weights), each
  * device's peak is the planner's to the byte and holds the shard's
  * gradients and a few buckets instead of all, checkpoints resume across
  * stages and device counts, and the stages that cannot run say so.
@@ -65,8 +66,8 @@ static uint64_t largest_peak(const bb_train_result *r)
  * GPT-2 and a 1B shape). */
 static void stages_case(const char *what, bb_train_options o)
 {
-    bb_train_result r[3];
-    for (int z = 0; z < 3; z++) {
+    bb_train_result r[4];
+    for (int z = 0; z < 4; z++) {
         bb_train_options oz = staged(o, z);
         r[z] = train(&oz);
     }
@@ -87,15 +88,20 @@ static void stages_case(const char *what, bb_train_options o)
         double d = relative_distance(r[0].params, r[2].params, r[0].param_count);
         cr_assert(d <= 1e-6, "%s: --zero 2's parameters differ by %.2e", what, d);
     }
-    bb_train_options z2 = staged(o, 2);
-    uint64_t planned = planned_peak(&z2, 2), peak = largest_peak(&r[2]);
-    cr_assert_eq(peak, planned, "%s: --zero 2's largest peak %llu, planned %llu", what, (unsigned long long)peak,
-                 (unsigned long long)planned);
+    /* ZeRO-3 reduces as ZeRO-2 does and gathers the very weights: its bits */
+    cr_assert(same_bits(&r[2], &r[3]), "%s: --zero 3 differs from --zero 2", what);
+    for (int z = 2; z < 4; z++) {
+        bb_train_options oz = staged(o, z);
+        uint64_t planned = planned_peak(&oz, z), peak = largest_peak(&r[z]);
+        cr_assert_eq(peak, planned, "%s: --zero %d's largest peak %llu, planned %llu", what, z,
+                     (unsigned long long)peak, (unsigned long long)planned);
+    }
     uint64_t whole = r[1].param_count * sizeof(float);
-    cr_log_info("%s: %s; peak %llu bytes (--zero 1: %llu; gradients %llu), the planner's", what,
-                one_micro ? "the three stages bitwise" : "--zero 2 within 1e-6", (unsigned long long)peak,
+    cr_log_info("%s: %s, --zero 3 bitwise --zero 2; peaks %llu and %llu bytes (--zero 1: %llu; weights %llu), the "
+                "planner's", what, one_micro ? "stages 0-2 bitwise" : "--zero 2 within 1e-6",
+                (unsigned long long)largest_peak(&r[2]), (unsigned long long)largest_peak(&r[3]),
                 (unsigned long long)largest_peak(&r[1]), (unsigned long long)whole);
-    for (int z = 0; z < 3; z++) bb_train_result_free(&r[z]);
+    for (int z = 0; z < 4; z++) bb_train_result_free(&r[z]);
 }
 
 Test(zero, zero2_trains_what_zero0_and_zero1_train_with_the_planned_peak)
@@ -147,8 +153,8 @@ Test(zero, zero2_checkpoints_resume_across_stages_and_device_counts)
     o.steps = 10;
     bb_train_result whole = train(&o);
     /* saved: zero, devices; resumed: zero, devices */
-    const int cases[][4] = {{2, 2, 0, 4}, {0, 4, 2, 2}, {2, 4, 2, 2}, {2, 2, 1, 2}};
-    for (int i = 0; i < 4; i++) {
+    const int cases[][4] = {{2, 2, 0, 4}, {0, 4, 2, 2}, {2, 4, 2, 2}, {2, 2, 1, 2}, {3, 2, 0, 4}, {0, 4, 3, 2}, {3, 2, 2, 2}};
+    for (int i = 0; i < (int)(sizeof cases / sizeof *cases); i++) {
         char name[32];
         snprintf(name, sizeof name, "ckpt%d", i);
         char *ckpt = tu_path(tmp, name);
@@ -194,7 +200,8 @@ Test(zero, zero2_refusals_are_clear)
         bool no_overlap;
         int zero;
         const char *says;
-    } cases[] = {{1, false, 2, "nothing to shard"}, {2, true, 2, "cannot run with"}, {2, false, 4, "0 (none), 1"}};
+    } cases[] = {{1, false, 2, "nothing to shard"}, {2, true, 2, "cannot run with"}, {1, false, 3, "nothing to shard"},
+                 {2, true, 3, "cannot run with"}, {2, false, 5, "0 (none), 1"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = staged(gpt_options(data, cases[i].devices, 8, 32), cases[i].zero);
         o.no_overlap = cases[i].no_overlap;
@@ -205,8 +212,10 @@ Test(zero, zero2_refusals_are_clear)
     bb_plan_request q = {.model = gpt_options(data, 1, 8, 32).model, .devices = 1, .global_batch = 32, .zero = 2};
     q.model = shaped(&(bb_train_options){.model = q.model, .data = data});
     bb_plan p;
-    cr_assert_eq(bb_plan_make(&q, &p), BB_ERR_ARG);
-    cr_assert(strstr(bb_error_message(), "saves nothing"), "%s", bb_error_message());
+    for (q.zero = 2; q.zero <= 3; q.zero++) {
+        cr_assert_eq(bb_plan_make(&q, &p), BB_ERR_ARG);
+        cr_assert(strstr(bb_error_message(), "saves nothing"), "%s", bb_error_message());
+    }
     free(data);
 }
 
@@ -215,27 +224,43 @@ Test(zero, zero2_refusals_are_clear)
  * gradients 4 and AdamW's state 8 bytes a parameter: --zero 0 keeps
  * w + 12Ψ, --zero 1 w + 4Ψ + 8Ψ/N, --zero 2 w + 12Ψ/N + its window (the
  * last bucket's slot, the token table's, and three of the others'; counted
- * here from the buckets themselves). The planner's parameters, gradients
+ * here from the buckets themselves), --zero 3 16Ψ/N (fp32 master weights,
+ * gradients and state of the shard) + the gradient window + the weight
+ * window (its ring's slots, fp32 and bf16's copy). The planner's parameters, gradients
  * and state on the counting backend equal these to the padding of the
  * largest shard (under a float per bucket per device). The ZeRO paper's
  * (mixed precision: 2-byte weights and gradients, 12 bytes of fp32 master
  * weights and moments) are logged beside them. */
-static uint64_t window_bytes(const bb_model_config *c, size_t bucket_bytes)
+/* The floats of a window of `ring` slots (slot j as wide as the widest
+ * bucket b = j mod ring) and the last bucket's slot. */
+static uint64_t window_floats(const bb_model_t *m, size_t bucket_bytes, int ring)
+{
+    bb_buckets b;
+    cr_assert_eq(bb_buckets_make(m, bucket_bytes, &b), BB_OK);
+    size_t width[64] = {0}, floats = b.hi[b.count - 1] - b.lo[b.count - 1];
+    cr_assert(ring <= 64);
+    for (int k = 0; k < b.count - 1; k++)
+        if (b.hi[k] - b.lo[k] > width[k % ring]) width[k % ring] = b.hi[k] - b.lo[k];
+    for (int j = 0; j < ring; j++) floats += width[j];
+    bb_buckets_free(&b);
+    return floats;
+}
+
+/* ZeRO-2's gradient window in bytes, and ZeRO-3's weight window (its ring
+ * as the model says; fp32, and bf16's copy beside it). */
+static void window_bytes(const bb_model_config *c, size_t bucket_bytes, uint64_t *grads, uint64_t *weights)
 {
     bb_backend_t *be;
     bb_model_t *m;
+    bb_model_config z3 = *c;
+    z3.param_window_bytes = bucket_bytes;
     cr_assert_eq(bb_backend_create_counting(BB_DEVICE_CPU, NULL, &be), BB_OK);
-    cr_assert_eq(bb_model_create(be, c, 1, &m), BB_OK, "%s", bb_error_message());
-    bb_buckets b;
-    cr_assert_eq(bb_buckets_make(m, bucket_bytes, &b), BB_OK);
-    size_t width[BB_GRAD_WINDOW_RING] = {0}, floats = b.hi[b.count - 1] - b.lo[b.count - 1];
-    for (int k = 0; k < b.count - 1; k++)
-        if (b.hi[k] - b.lo[k] > width[k % BB_GRAD_WINDOW_RING]) width[k % BB_GRAD_WINDOW_RING] = b.hi[k] - b.lo[k];
-    for (int j = 0; j < BB_GRAD_WINDOW_RING; j++) floats += width[j];
-    bb_buckets_free(&b);
+    cr_assert_eq(bb_model_create(be, &z3, 1, &m), BB_OK, "%s", bb_error_message());
+    *grads = window_floats(m, bucket_bytes, BB_GRAD_WINDOW_RING) * sizeof(float);
+    *weights = window_floats(m, bucket_bytes, bb_model_param_window_ring(m)) *
+               (sizeof(float) + (c->precision == BB_PRECISION_BF16 ? 2 : 0));
     bb_model_destroy(m);
     bb_backend_destroy(be);
-    return floats * sizeof(float);
 }
 
 Test(zero, the_planner_s_peaks_follow_the_zero_formulas_for_gpt2_and_a_1b_llama)
@@ -254,23 +279,30 @@ Test(zero, the_planner_s_peaks_follow_the_zero_formulas_for_gpt2_and_a_1b_llama)
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         bb_model_config c = *models[i].c;
         cr_assert_eq(bb_model_parse_recompute("blocks", &c), BB_OK);
-        uint64_t window = window_bytes(&c, bucket);
+        uint64_t window, pwindow;
+        window_bytes(&c, bucket, &window, &pwindow);
         double psi = 0, w = 0;
-        for (int stage = 0; stage <= 2; stage++) {
+        for (int stage = 0; stage <= 3; stage++) {
             bb_plan_zero z = {stage, N, bucket, BB_PARAM_SHARD_AUTO};
             bb_memory_breakdown m;
             cr_assert_eq(bb_plan_memory_sharded(&c, 1, BB_OPTIMIZER_ADAMW, BB_DEVICE_CPU, &z, &m), BB_OK, "%s",
                          bb_error_message());
             if (stage == 0) psi = m.gradients / 4.0, w = (double)m.parameters;
             double states = (double)(m.parameters + m.gradients + m.optimizer);
-            double want = stage == 0 ? w + 12 * psi : stage == 1 ? w + 4 * psi + 8 * psi / N : w + 12 * psi / N + window;
-            double zero_paper = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / N : 2 * psi + 14 * psi / N;
-            cr_assert(states >= want && states - want <= 64.0 * 12 * 4 * N, "%s, --zero %d: %.0f bytes, the formula "
+            double want = stage == 0   ? w + 12 * psi
+                          : stage == 1 ? w + 4 * psi + 8 * psi / N
+                          : stage == 2 ? w + 12 * psi / N + window
+                                       : 16 * psi / N + window + pwindow;
+            double zero_paper = stage == 0   ? 16 * psi
+                                : stage == 1 ? 4 * psi + 12 * psi / N
+                                : stage == 2 ? 2 * psi + 14 * psi / N
+                                             : 16 * psi / N;
+            cr_assert(states >= want && states - want <= 64.0 * 16 * 4 * N, "%s, --zero %d: %.0f bytes, the formula "
                       "%.0f", models[i].name, stage, states, want);
             cr_log_info("%s on %d devices, --zero %d: weights, gradients and state %.2f GiB per device = %.2f "
                         "bytes a parameter (the formula's%s; the ZeRO paper's mixed precision: %.2f GiB); peak with "
                         "micro-batch 1 and --checkpoint blocks %.2f GiB", models[i].name, N, stage, states / 1073741824.0,
-                        states / psi, stage == 2 ? ", window included" : "", zero_paper / 1073741824.0,
+                        states / psi, stage == 2 ? ", window included" : stage == 3 ? ", both windows included" : "", zero_paper / 1073741824.0,
                         m.total / 1073741824.0);
         }
     }

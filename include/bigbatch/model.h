@@ -123,6 +123,10 @@ typedef struct bb_model_config {
      * buckets of these bytes (the reducer's), not a whole buffer; see
      * "the gradient window" below. Not part of the shape either. */
     size_t grad_window_bytes;
+    /* ZeRO-3 (train --zero 3): > 0 keeps the weights in a window of buckets
+     * of these bytes, not a whole buffer; see "the parameter window" below.
+     * Not part of the shape. */
+    size_t param_window_bytes;
 } bb_model_config;
 
 bb_model_config bb_model_mlp_config(int inputs, const int *hidden, int hidden_count, int classes);
@@ -265,14 +269,16 @@ typedef struct bb_tensor_info {
 size_t bb_model_param_count(const bb_model_t *m);
 int bb_model_tensor_count(const bb_model_t *m);
 const bb_tensor_info *bb_model_tensor(const bb_model_t *m, int index);
-/* Device memory. Taking the parameters marks them changed (the caller may
- * write them): a bf16 model remakes its bf16 copy of them, the products'
- * weights, at its next forward. */
+/* Device memory; NULL under a parameter window (ZeRO-3). Taking the
+ * parameters marks them changed (the caller may write them): a bf16 model
+ * remakes its bf16 copy of them, the products' weights, at its next
+ * forward. */
 float *bb_model_params(bb_model_t *m);
 /* Says the parameters changed through a pointer taken earlier (an
  * optimizer step, an all-gather): the same remaking. Never fails. */
 void bb_model_weights_changed(bb_model_t *m);
-/* The parameters' device bytes: fp32, plus their bf16 copy under bf16. */
+/* The parameters' device bytes: fp32, plus their bf16 copy under bf16 (a
+ * parameter window: its slots). */
 uint64_t bb_model_parameter_bytes(const bb_model_t *m);
 float *bb_model_grads(bb_model_t *m);  /* device memory; NULL under a gradient window (ZeRO-2) */
 /* The gradients' device bytes: the whole buffer, or the window's slots. */
@@ -320,6 +326,33 @@ void bb_model_set_grad_window_hook(bb_model_t *m, bb_grad_window_fn fn, void *ct
  * buckets of `bucket_bytes`). NULL without a window, or when
  * `bucket_bytes` is not the window's. Never fails. */
 float *bb_model_grad_bucket(bb_model_t *m, size_t bucket_bytes, int bucket);
+
+/* ---- the parameter window (ZeRO-3) -----------------------------------------
+ * With cfg.param_window_bytes > 0 the model keeps no whole weights: bucket b
+ * of bb_buckets_make(m, param_window_bytes) is on the device only while a
+ * pass uses it, in a slot (and under bf16 its bf16 copy beside it). The
+ * last bucket (the token table's, which the embedding and a tied head both
+ * read) keeps a slot; the others cycle through a ring of slots (bucket b in
+ * slot b mod the ring), one more than the most buckets a layer spans and
+ * at least BB_PARAM_WINDOW_RING, so that a layer's buckets are all there
+ * while it runs. The first use of a bucket its slot does not hold calls
+ * the window's hook, which fills the slot with the bucket's `n` floats from
+ * float `lo` on (the trainer's: gathered from the owners' shards); a
+ * failure of the hook fails the pass that called it. The slots hold their
+ * buckets until the weights change (bb_model_weights_changed) or the hook
+ * does. Init, load and save, which take the whole weights, use a host
+ * buffer the caller lends: */
+#define BB_PARAM_WINDOW_RING 3
+typedef bb_status (*bb_param_window_fn)(void *ctx, int bucket, size_t lo, size_t n, float *slot);
+/* The hook of every pass from now on (window only); NULL: none (a pass then fails). */
+void bb_model_set_param_window_hook(bb_model_t *m, bb_param_window_fn fn, void *ctx);
+/* The ring's slots; 0 without a window. Never fails. */
+int bb_model_param_window_ring(const bb_model_t *m);
+/* Under a window: bb_model_init, bb_model_load_weights, bb_model_load_safetensors
+ * and the savers read and write `host` (param_count floats, the caller's)
+ * until lent NULL. Without a lent buffer they fail with BB_ERR_UNSUPPORTED.
+ * Without a window: ignored. Never fails. */
+void bb_model_lend_host_weights(bb_model_t *m, float *host);
 
 /* ---- a micro-step ------------------------------------------------------ */
 /* Copies a batch of `micro_batch` examples (host arrays) to the device.

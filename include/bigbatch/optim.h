@@ -160,6 +160,7 @@ typedef struct bb_param_shard {
     size_t *lo, *hi, *at;
     size_t floats; /* the state's length: the sum of hi - lo */
     bool gradients; /* ZeRO-2: the optimizer keeps the shard's gradients too (bb_optimizer.grads) */
+    bool parameters; /* ZeRO-3: and the shard's fp32 weights, the master copy (bb_optimizer.params) */
 } bb_param_shard;
 
 /* Owner `owner`'s part of `all`. Fails with BB_ERR_NOMEM. */
@@ -179,16 +180,27 @@ typedef struct bb_optimizer {
      * as the state (`count` floats), which the reducer fills micro-step by
      * micro-step and the step reads instead of the model's; else NULL */
     float *grads;
+    /* ZeRO-3 (shard.parameters): the shard's fp32 weights, laid out as the
+     * state, which the step updates instead of the model's (the model keeps
+     * a window of gathered weights, model.h); else NULL */
+    float *params;
 } bb_optimizer;
 
 /* State for `m`'s parameters, or with `shard` (may be NULL; taken over by
  * the optimizer, also when it fails) for that shard, zeroed (and with
- * shard->gradients the shard's gradient buffer). Fails with
+ * shard->gradients the shard's gradient buffer, with shard->parameters its
+ * weights, unset until bb_optimizer_put_params). Fails with
  * BB_ERR_ARG for an unknown optimizer, BB_ERR_OOM, BB_ERR_DEVICE (the
  * zeroing); what it made is freed then (destroy is harmless). */
 bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
                               bb_param_shard *shard, bb_optimizer *o);
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
+/* ZeRO-3: the shard's weights from the whole weights on the host
+ * (param_count floats), and back into their place there (the rest of
+ * `host` untouched). Fail with BB_ERR_ARG for an optimizer that keeps no
+ * weights, else like bb_backend_copy. */
+bb_status bb_optimizer_put_params(bb_backend_t *be, bb_optimizer *o, const float *host);
+bb_status bb_optimizer_get_params(bb_backend_t *be, const bb_optimizer *o, float *host);
 /* A step is two passes over the gradients at most: their sum of squares
  * (this optimizer's part: all of them, or its shard's), which a caller
  * skips when it has the norm already (the CPU reducer adds it up as it

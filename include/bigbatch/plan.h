@@ -64,13 +64,14 @@ typedef struct bb_memory_breakdown {
  * model cannot be built (its message), BB_ERR_NOMEM. */
 bb_status bb_plan_memory(const bb_model_config *cfg, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          bb_memory_breakdown *out);
-/* --zero auto (after 0, 1 and 2 in --zero's choices): the planner's pick. */
-#define BB_ZERO_AUTO 3
+/* --zero auto (after 0, 1, 2 and 3 in --zero's choices): the planner's pick. */
+#define BB_ZERO_AUTO 4
 /* How a job shards its state (train --zero, --zero-shards, --bucket-mib):
- * ZeRO stage 0 (none), 1 (the optimizer state) or 2 (and the gradients:
+ * ZeRO stage 0 (none), 1 (the optimizer state), 2 (and the gradients:
  * a window of buckets in the model, the largest shard's gradients in the
- * optimizer) over `devices`, cut under `rule` on buckets of `bucket_bytes`
- * as the trainer cuts them. */
+ * optimizer) or 3 (and the weights: a window of them in the model, the
+ * shard's fp32 master weights in the optimizer) over `devices`, cut under
+ * `rule` on buckets of `bucket_bytes` as the trainer cuts them. */
 typedef struct bb_plan_zero {
     int stage, devices;
     size_t bucket_bytes;
@@ -107,7 +108,8 @@ typedef struct bb_plan_request {
     bool fixed_recompute;     /* only model's checkpoint policy (recompute_every, recompute_plan); else any */
     double margin;             /* kept free, a fraction of device_mem (default 0.05 when 0) */
     int zero;                  /* train --zero: 1 the optimizer state sharded over the devices, 2 the gradients
-                                  too; BB_ZERO_AUTO: the lowest stage at which a candidate fits */
+                                  too, 3 the weights too; BB_ZERO_AUTO: the lowest stage at which a candidate fits */
+    int zero_top;              /* the highest stage --zero auto may pick (the trainer's reach); 0: 3 */
     bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */

@@ -13,7 +13,7 @@ static const char usage[] =
     "bigbatch plan [--model gpt|llama|mlp ...] [--preset NAME] [--data DIR | --seq-len T [--vocab V]]\n"
     "              [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
-    "              [--precision fp32|bf16] [--zero 0|1|2|auto] [--largest] [--calibrate] [--json]";
+    "              [--precision fp32|bf16] [--zero 0|1|2|3|auto] [--largest] [--calibrate] [--json]";
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
@@ -77,12 +77,13 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
         if (p->why_zero[0]) printf(" (%s)", p->why_zero);
         printf("\n");
     }
-    char shard[48] = "", window[80] = "";
+    char shard[48] = "", window[80] = "", pwindow[80] = "";
     if (p->zero && q->devices > 1) snprintf(shard, sizeof shard, " (its shard of %d, --zero %d)", q->devices, p->zero);
-    if (p->zero == 2 && q->devices > 1) snprintf(window, sizeof window, " (its shard's and %d buckets' window)",
+    if (p->zero >= 2 && q->devices > 1) snprintf(window, sizeof window, " (its shard's and %d buckets' window)",
                                                  BB_GRAD_WINDOW_RING + 1);
-    printf("  its peak: parameters %s, gradients %s%s, %s state %s%s, batches %s, activations %s",
-           bb_format_bytes(r->memory.parameters, a, sizeof a), bb_format_bytes(r->memory.gradients, b, sizeof b),
+    if (p->zero == 3 && q->devices > 1) snprintf(pwindow, sizeof pwindow, " (its shard's fp32 and a window of buckets)");
+    printf("  its peak: parameters %s%s, gradients %s%s, %s state %s%s, batches %s, activations %s",
+           bb_format_bytes(r->memory.parameters, a, sizeof a), pwindow, bb_format_bytes(r->memory.gradients, b, sizeof b),
            window, bb_optimizer_desc_of(q->optimizer)->title, bb_format_bytes(r->memory.optimizer, c, sizeof c),
            shard, bb_format_bytes(r->memory.batches, d, sizeof d), bb_format_bytes(r->memory.activations, e, sizeof e));
     if (r->memory.workspace) printf(", workspace %s", bb_format_bytes(r->memory.workspace, a, sizeof a));

@@ -196,6 +196,7 @@ static bb_decoder_dims dims_of(const bb_model_config *c)
 }
 
 static int decoder_layers(const bb_model_config *c) { return dims_of(c).layers; }
+static int decoder_layer_tensor(const bb_model_t *m, int l) { return ((const decoder_state *)m->impl)->block_tensor[l]; }
 static int decoder_tokens(const bb_model_config *c) { return dims_of(c).seq_len; }
 static int decoder_outputs(const bb_model_config *c) { return dims_of(c).vocab; }
 /* the widest records it takes: T + 1 u32 tokens */
@@ -259,6 +260,7 @@ static void decoder_convert(bb_model_t *m, void *inputs, int32_t *targets, const
 
 const bb_model_family bb_decoder_family = {
     .layers = decoder_layers,
+    .layer_tensor = decoder_layer_tensor,
     .targets_per_example = decoder_tokens,
     .outputs = decoder_outputs,
     .targets_are_tokens = true,

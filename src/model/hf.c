@@ -310,8 +310,7 @@ bb_status bb_model_load_hf(bb_model_t *m, const char *dir)
     for (int k = 0; rc == BB_OK && k < h.count; k++)
         for (int j = 0; rc == BB_OK && j < h.f[k].count; j++)
             rc = leftover(m, lay, &h, h.path[k], &h.f[k].entries[j], host);
-    if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
-    m->weights_stale = true;
+    if (rc == BB_OK) rc = bb_model_weights_in(m, 0, host, m->param_count);
     free(host);
     files_close(&h);
     return rc;
@@ -407,7 +406,7 @@ bb_status bb_model_save_hf(bb_model_t *m, const char *dir, int eos, uint64_t sha
     float *host = malloc(m->param_count * sizeof *host), *conv = malloc(m->param_count * sizeof *conv);
     bb_st_tensor *ts = calloc((size_t)m->tensor_count, sizeof *ts);
     bb_status rc = host && conv && ts ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
-    if (rc == BB_OK) rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
+    if (rc == BB_OK) rc = bb_model_weights_out(m, host, 0, m->param_count);
     for (int i = 0; rc == BB_OK && i < m->tensor_count; i++) {
         const bb_tensor_info *t = &m->tensors[i];
         ts[i] = (bb_st_tensor){t->name, t->rank, {t->shape[0], t->shape[1]}, host + t->offset, t->count};

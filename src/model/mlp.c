@@ -251,6 +251,7 @@ static bool mlp_same_shape(const bb_model_config *a, const bb_model_config *b)
 }
 
 static int mlp_layers(const bb_model_config *c) { return c->mlp.hidden_count + 1; }
+static int mlp_layer_tensor(const bb_model_t *m, int l) { return (void)m, 2 * l; } /* weight, bias */
 static int mlp_one(const bb_model_config *c) { return (void)c, 1; }
 static int mlp_outputs(const bb_model_config *c) { return c->mlp.classes; }
 static int mlp_inputs(const bb_model_config *c) { return c->mlp.inputs; }
@@ -308,6 +309,7 @@ static void mlp_convert(bb_model_t *m, void *inputs, int32_t *targets, const uin
 
 static const bb_model_family mlp_family = {
     .layers = mlp_layers,
+    .layer_tensor = mlp_layer_tensor,
     .targets_per_example = mlp_one,
     .outputs = mlp_outputs,
     .counts_correct = true,

@@ -277,10 +277,14 @@ bb_status bb_model_add_tensor(bb_model_t *m, const char *name, int rows, int col
 bb_status bb_model_alloc_parameters(bb_model_t *m)
 {
     size_t bytes = m->param_count * sizeof(float);
-    BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
-    if (m->cfg.precision == BB_PRECISION_BF16)
-        BB_TRY(bb_backend_alloc(m->be, m->param_count * sizeof(uint16_t), "parameters (bf16 copy)",
-                                (void **)&m->params16));
+    if (m->cfg.param_window_bytes) {
+        BB_TRY(bb_param_window_alloc(m));
+    } else {
+        BB_TRY(bb_backend_alloc(m->be, bytes, "parameters", (void **)&m->params));
+        if (m->cfg.precision == BB_PRECISION_BF16)
+            BB_TRY(bb_backend_alloc(m->be, m->param_count * sizeof(uint16_t), "parameters (bf16 copy)",
+                                    (void **)&m->params16));
+    }
     m->weights_stale = true;
     if (m->cfg.grad_window_bytes) {
         BB_TRY(bb_grad_window_alloc(m));
@@ -336,6 +340,7 @@ void bb_model_destroy(bb_model_t *m)
     bb_backend_free(m->be, m->params16);
     bb_backend_free(m->be, m->grads);
     bb_grad_window_free(m);
+    bb_param_window_free(m);
     bb_model_free_batches(m);
     free(m->tensors);
     free(m);
@@ -361,10 +366,44 @@ float *bb_model_params(bb_model_t *m)
     m->weights_stale = true; /* the caller may write them */
     return m->params;
 }
-void bb_model_weights_changed(bb_model_t *m) { m->weights_stale = true; }
+void bb_model_weights_changed(bb_model_t *m)
+{
+    m->weights_stale = true;
+    bb_param_window_invalidate(m);
+}
 uint64_t bb_model_parameter_bytes(const bb_model_t *m)
 {
+    if (m->pwindow) return bb_param_window_bytes(m);
     return (uint64_t)m->param_count * (sizeof(float) + (m->params16 ? sizeof(uint16_t) : 0));
+}
+
+void bb_model_lend_host_weights(bb_model_t *m, float *host)
+{
+    if (m->pwindow) m->host_weights = host;
+}
+
+static bb_status no_whole_weights(const bb_model_t *m)
+{
+    return bb_fail(BB_ERR_UNSUPPORTED, "the %s's weights are sharded (ZeRO-3): it has no whole copy to read or write "
+                   "(lend one: bb_model_lend_host_weights)", m->cfg.kind->name);
+}
+
+bb_status bb_model_weights_in(bb_model_t *m, size_t offset, const void *host, size_t n)
+{
+    m->weights_stale = true;
+    bb_param_window_invalidate(m);
+    if (!m->pwindow) return bb_backend_copy(m->be, m->params + offset, host, n * sizeof(float), BB_COPY_H2D);
+    if (!m->host_weights) return no_whole_weights(m);
+    memcpy(m->host_weights + offset, host, n * sizeof(float));
+    return BB_OK;
+}
+
+bb_status bb_model_weights_out(bb_model_t *m, float *host, size_t offset, size_t n)
+{
+    if (!m->pwindow) return bb_backend_copy(m->be, host, m->params + offset, n * sizeof *host, BB_COPY_D2H);
+    if (!m->host_weights) return no_whole_weights(m);
+    memcpy(host, m->host_weights + offset, n * sizeof *host);
+    return BB_OK;
 }
 float *bb_model_grads(bb_model_t *m) { return m->grads; }
 int bb_model_batch_targets(const bb_model_t *m) { return m->targets_valid; }
@@ -380,8 +419,7 @@ bb_status bb_model_init(bb_model_t *m, uint64_t seed)
     float *host = malloc(m->param_count * sizeof *host);
     if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for %zu parameters", m->param_count);
     bb_status rc = m->cfg.kind->family->init(m, seed, host);
-    if (rc == BB_OK) rc = bb_backend_copy(m->be, m->params, host, m->param_count * sizeof *host, BB_COPY_H2D);
-    m->weights_stale = true;
+    if (rc == BB_OK) rc = bb_model_weights_in(m, 0, host, m->param_count);
     free(host);
     return rc;
 }
@@ -400,13 +438,17 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
     if (correct) *correct = -1;
     m->recomputed_layers = m->selective_recomputes = 0;
     refresh_weights(m);
-    return m->cfg.kind->family->forward(m, normalizer, loss, correct);
+    bb_param_window_start(m);
+    bb_status rc = m->cfg.kind->family->forward(m, normalizer, loss, correct);
+    return rc != BB_OK ? rc : bb_param_window_check(m);
 }
 
 bb_status bb_model_backward(bb_model_t *m, bool accumulate)
 {
     if (m->window) bb_grad_window_start(m), accumulate = false; /* each micro-step's own: the reducer adds them */
+    bb_param_window_start(m);
     BB_TRY(m->cfg.kind->family->backward(m, accumulate));
+    BB_TRY(bb_param_window_check(m));
     return bb_grad_window_check(m);
 }
 
@@ -417,7 +459,9 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
         return bb_fail(BB_ERR_ARG, "logits at position %d: this %s has positions 0 to %d", position,
                        m->cfg.kind->name, positions - 1);
     refresh_weights(m);
+    bb_param_window_start(m);
     BB_TRY(m->cfg.kind->family->forward(m, 1.0f, NULL, NULL));
+    BB_TRY(bb_param_window_check(m));
     return m->cfg.kind->family->logits(m, position, host_logits);
 }
 
@@ -431,7 +475,9 @@ bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *hos
                        m->cfg.kind->name, positions - 1);
     if (token < 0 || token >= vocab)
         return bb_fail(BB_ERR_ARG, "decode: token %d is outside the vocabulary of %d", (int)token, vocab);
-    return m->cfg.kind->family->decode(m, token, position, host_logits);
+    bb_param_window_start(m);
+    BB_TRY(m->cfg.kind->family->decode(m, token, position, host_logits));
+    return bb_param_window_check(m);
 }
 
 int bb_model_loss_chunk(const bb_model_config *c, int micro_batch, uint64_t budget)

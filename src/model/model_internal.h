@@ -42,6 +42,10 @@ typedef struct bb_model_family {
     bb_status (*decode)(bb_model_t *m, int32_t token, int position, float *host_logits);
     bb_status (*backward)(bb_model_t *m, bool accumulate);
     void (*destroy)(bb_model_t *m);
+    /* the first tensor of layer l (0 <= l <= layers: layers gives the first
+     * after the last layer's), once created: which tensors a pass uses
+     * together (ZeRO-3's window keeps a layer's buckets in slots of their own) */
+    int (*layer_tensor)(const bb_model_t *m, int l);
 } bb_model_family;
 
 /* A model kind: one per file (gpt.c, mlp.c), listed in model.c's table —
@@ -99,7 +103,7 @@ struct bb_model {
     bb_backend_t *be;
     bb_model_config cfg;
     int B;                   /* micro-batch */
-    float *params, *grads;   /* device, param_count floats each */
+    float *params, *grads;   /* device, param_count floats each; params NULL under a parameter window */
     uint16_t *params16;      /* bf16 precision: the parameters' bf16 copy, the products' weights; else NULL */
     bool weights_stale;      /* params changed since params16 was made: the next forward remakes it */
     size_t param_count;
@@ -117,6 +121,8 @@ struct bb_model {
     bb_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
     struct grad_window *window; /* ZeRO-2 (cfg.grad_window_bytes): the gradients' slots; NULL: grads is whole */
+    struct param_window *pwindow; /* ZeRO-3 (cfg.param_window_bytes): the weights' slots; NULL: params is whole */
+    float *host_weights;     /* under a parameter window: the whole weights lent for init, load and save; else NULL */
     void *impl;
 };
 
@@ -174,12 +180,36 @@ void bb_model_free_batches(bb_model_t *m);
 int bb_model_batch_rows(const bb_model_t *m);
 /* Allocates `bytes` of activations (counted in activation_bytes). */
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out);
-static inline float *model_param(bb_model_t *m, int tensor) { return m->params + m->tensors[tensor].offset; }
+/* param_window.c: the window's slots (at bb_model_alloc_parameters), their
+ * release, every slot emptied (the weights changed), a pass's start and its
+ * check (BB_OK, or the first failure of the hook since the start), and a
+ * tensor's weights in its bucket's slot, gathered first when the slot holds
+ * another bucket (fp32, or for a product the bf16 copy under bf16). A
+ * pointer stays valid while the pass uses only its layer's tensors. */
+bb_status bb_param_window_alloc(bb_model_t *m);
+void bb_param_window_free(bb_model_t *m);
+void bb_param_window_invalidate(bb_model_t *m);
+void bb_param_window_start(bb_model_t *m);
+bb_status bb_param_window_check(const bb_model_t *m);
+float *bb_param_window_tensor(bb_model_t *m, int tensor);
+bb_tensor bb_param_window_weight(bb_model_t *m, int tensor);
+uint64_t bb_param_window_bytes(const bb_model_t *m); /* the slots' device bytes */
+static inline float *model_param(bb_model_t *m, int tensor)
+{
+    return m->pwindow ? bb_param_window_tensor(m, tensor) : m->params + m->tensors[tensor].offset;
+}
 /* A product's weight: the bf16 copy under bf16 precision, else the fp32 parameter. */
 static inline bb_tensor model_weight(bb_model_t *m, int tensor)
 {
+    if (m->pwindow) return bb_param_window_weight(m, tensor);
     return m->params16 ? bb_bf16(m->params16 + m->tensors[tensor].offset) : bb_f32(model_param(m, tensor));
 }
+/* The whole weights' copies in and out (init, load, save): the device
+ * buffer, or under a parameter window the lent host buffer
+ * (bb_model_lend_host_weights). Fail like bb_backend_copy, with
+ * BB_ERR_UNSUPPORTED under a window with nothing lent. */
+bb_status bb_model_weights_in(bb_model_t *m, size_t offset, const void *host, size_t n);
+bb_status bb_model_weights_out(bb_model_t *m, float *host, size_t offset, size_t n);
 /* The activations' dtype: bf16 under bf16 precision. */
 static inline bb_dtype model_act_dtype(const bb_model_t *m)
 {

@@ -84,7 +84,7 @@ bb_status bb_model_save_safetensors(bb_model_t *m, const char *path)
         free(host), free(ts);
         return bb_fail(BB_ERR_NOMEM, "out of memory for %s", path);
     }
-    bb_status rc = bb_backend_copy(m->be, host, m->params, m->param_count * sizeof *host, BB_COPY_D2H);
+    bb_status rc = bb_model_weights_out(m, host, 0, m->param_count);
     int n = 0;
     for (int i = 0; i <= m->tensor_count; i++) {
         if (i == m->tensor_count && !head) break;
@@ -291,10 +291,8 @@ bb_status bb_model_load_safetensors(bb_model_t *m, const char *path)
                              path, t->name, f.count);
             else
                 rc = pass == 0 ? check_tensor(path, e, t, f.data_size)
-                               : bb_backend_copy(m->be, m->params + t->offset, f.data + e->begin,
-                                                 t->count * sizeof(float), BB_COPY_H2D);
+                               : bb_model_weights_in(m, t->offset, f.data + e->begin, t->count);
         }
-    m->weights_stale = true;
     bb_st_unmap(&f);
     return rc;
 }

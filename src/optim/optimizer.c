@@ -219,6 +219,8 @@ bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, co
             rc = bb_backend_memset(be, o->state[k], 0, bytes);
     if (rc == BB_OK && o->shard.gradients && (rc = bb_backend_alloc(be, bytes, "gradients", (void **)&o->grads)) == BB_OK)
         rc = bb_backend_memset(be, o->grads, 0, bytes);
+    if (rc == BB_OK && o->shard.parameters)
+        rc = bb_backend_alloc(be, bytes, "parameters (ZeRO-3 master shard)", (void **)&o->params);
     if (rc != BB_OK) bb_optimizer_destroy(be, o);
     return rc;
 }
@@ -230,8 +232,31 @@ void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
         o->state[k] = NULL;
     }
     bb_backend_free(be, o->grads);
-    o->grads = NULL;
+    bb_backend_free(be, o->params);
+    o->grads = o->params = NULL;
     bb_param_shard_free(&o->shard);
+}
+
+/* Between the whole weights on the host and o's master shard. */
+static bb_status copy_params(bb_backend_t *be, const bb_optimizer *o, float *host, bool to_host)
+{
+    if (!o->params) return bb_fail(BB_ERR_ARG, "this optimizer keeps no weights (only ZeRO-3's does)");
+    for (int r = 0; r < ranges_of(o); r++) {
+        float *h = host + range_lo(o, r), *d = o->params + range_at(o, r);
+        size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
+        BB_TRY(to_host ? bb_backend_copy(be, h, d, bytes, BB_COPY_D2H) : bb_backend_copy(be, d, h, bytes, BB_COPY_H2D));
+    }
+    return BB_OK;
+}
+
+bb_status bb_optimizer_put_params(bb_backend_t *be, bb_optimizer *o, const float *host)
+{
+    return copy_params(be, o, (float *)host, false);
+}
+
+bb_status bb_optimizer_get_params(bb_backend_t *be, const bb_optimizer *o, float *host)
+{
+    return copy_params(be, o, host, true);
 }
 
 double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimizer *o)
@@ -261,7 +286,7 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
             size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
             if (a >= b) continue;
             size_t at = range_at(o, r) + (a - lo);
-            bb_optimizer_piece p = {.params = params + a, .grads = o->grads ? o->grads + at : grads + a, .n = b - a,
+            bb_optimizer_piece p = {.params = o->params ? o->params + at : params + a, .grads = o->grads ? o->grads + at : grads + a, .n = b - a,
                                     .decay = t->decay};
             for (int k = 0; k < o->desc->state_buffers; k++) p.state[k] = o->state[k] + at;
             o->desc->step(be, c, &p, lr, step, scale);

@@ -44,6 +44,13 @@ static bb_status largest_shard(const bb_model_t *m, int owners, size_t bucket_by
     return rc;
 }
 
+/* ZeRO-3's window on the counting backend: a gather moves nothing there
+ * (its bytes are the slots, allocated with the model). */
+static bb_status no_gather(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+{
+    return (void)ctx, (void)bucket, (void)lo, (void)n, (void)slot, BB_OK;
+}
+
 /* bb_plan_memory_sharded, and the work of the step (work may be NULL). */
 static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer_kind opt, bb_device_kind device,
                          const bb_plan_zero *zero, bb_memory_breakdown *out, bb_step_work *work)
@@ -56,21 +63,25 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     bb_status rc;
     bool sharded = zero && zero->stage > 0 && zero->devices > 1;
     bb_model_config mc = *c;
-    if (sharded && zero->stage == 2) mc.grad_window_bytes = zero->bucket_bytes;
+    if (sharded && zero->stage >= 2) mc.grad_window_bytes = zero->bucket_bytes;
+    if (sharded && zero->stage == 3) mc.param_window_bytes = zero->bucket_bytes;
     BB_TRY_GOTO(bb_backend_create_counting(device, NULL, &be), rc, done);
     BB_TRY_GOTO(bb_model_create(be, &mc, micro_batch, &m), rc, done);
     uint64_t model_bytes = bb_backend_bytes_in_use(be), P = bb_model_gradient_bytes(m),
              weights = bb_model_parameter_bytes(m);
     bb_param_shard shard = {0};
     if (sharded) BB_TRY_GOTO(largest_shard(m, zero->devices, zero->bucket_bytes, opt, zero->rule, &shard), rc, done);
-    shard.gradients = sharded && zero->stage == 2;
+    shard.gradients = sharded && zero->stage >= 2;
+    shard.parameters = sharded && zero->stage == 3;
     BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, sharded ? &shard : NULL, &o), rc,
                 done);
-    uint64_t shard_grads = o.grads ? o.count * sizeof(float) : 0; /* ZeRO-2's, in the optimizer */
-    out->optimizer = bb_backend_bytes_in_use(be) - model_bytes - shard_grads;
+    /* ZeRO-2's shard gradients and ZeRO-3's master weights, in the optimizer */
+    uint64_t shard_grads = o.grads ? o.count * sizeof(float) : 0, shard_params = o.params ? o.count * sizeof(float) : 0;
+    out->optimizer = bb_backend_bytes_in_use(be) - model_bytes - shard_grads - shard_params;
+    bb_model_set_param_window_hook(m, no_gather, NULL);
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
     BB_TRY_GOTO(bb_model_backward(m, false), rc, done);
-    out->parameters = weights; /* bf16: and their bf16 copy */
+    out->parameters = weights + shard_params; /* bf16: and their bf16 copy; ZeRO-3: the window's slots */
     out->gradients = P + shard_grads;
     out->activations = bb_model_activation_bytes(m);
     out->batches = model_bytes - weights - P - out->activations;
@@ -250,9 +261,10 @@ static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
     if (!bb_optimizer_desc_of(q->optimizer))
         return bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)q->optimizer, bb_optimizer_choices());
-    if (q->zero == 2 && q->devices < 2)
-        return bb_fail(BB_ERR_ARG, "--zero 2 shards the gradients among the devices, and there is one: it saves "
-                       "nothing (plan with --zero 0, or on more devices)");
+    if ((q->zero == 2 || q->zero == 3) && q->devices < 2)
+        return bb_fail(BB_ERR_ARG, "--zero %d shards the %s among the devices, and there is one: it saves "
+                       "nothing (plan with --zero 0, or on more devices)", q->zero,
+                       q->zero == 2 ? "gradients" : "weights and gradients");
     int per_device = q->global_batch / q->devices;
     size_t bucket_bytes = bb_bucket_bytes(q->bucket_mib);
     bb_model_config *policies = calloc(16, sizeof *policies);
@@ -305,7 +317,7 @@ static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
                  "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed%s",
                  bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin,
-                 q->devices > 1 && q->zero < 2 ? ", or a higher --zero (auto picks the lowest that fits)" : "");
+                 q->devices > 1 && q->zero < 3 ? ", or a higher --zero (auto picks the lowest that fits)" : "");
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "
@@ -326,7 +338,7 @@ void bb_plan_free(bb_plan *p)
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
 {
     if (q->zero != BB_ZERO_AUTO) return make_stage(q, out);
-    int top = q->devices > 1 ? 2 : 0; /* one device: sharding saves nothing */
+    int top = q->devices < 2 ? 0 : q->zero_top > 0 && q->zero_top < 3 ? q->zero_top : 3; /* one device: sharding saves nothing */
     char why[sizeof out->why_zero] = "";
     size_t len = 0;
     for (int stage = 0;; stage++) {

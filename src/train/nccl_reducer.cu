@@ -637,9 +637,10 @@ bool n_allgather(reducer_t *r, int device)
            BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
 }
 
-// No sum_squares: the gradients' norm is a pass of the optimizer's own.
+// No sum_squares: the gradients' norm is a pass of the optimizer's own. No
+// gather: ZeRO-3 on GPUs is refused before a reducer is made (trainer.c).
 const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort,       n_last_step, n_allreduce_scalar,
-                              n_broadcast_stop, n_allgather, NULL,   n_window_write};
+                              n_broadcast_stop, n_allgather, NULL,   n_window_write, NULL};
 
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this

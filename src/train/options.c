@@ -219,7 +219,7 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(GRAD_CLIP, "%.17g", c->grad_clip);
     FIELD(SEED, "%llu", (unsigned long long)o->seed);
     FIELD(SHUFFLE_FRAMES, "%u", bb_shuffle_frames_or_default(o->shuffle_frames));
-    FIELD(ZERO, "%s", o->zero == BB_ZERO_AUTO ? "auto" : o->zero == 0 ? "0" : o->zero == 1 ? "1" : "2");
+    FIELD(ZERO, "%s", o->zero == BB_ZERO_AUTO ? "auto" : (const char *[]){"0", "1", "2", "3"}[o->zero & 3]);
     FIELD(ZERO_SHARDS, "%s", bb_param_shard_rule_name(o->zero_shards));
     FIELD(BUCKET_MIB, "%.17g", o->bucket_mib);
     FIELD(NO_OVERLAP, "%s", o->no_overlap ? "yes" : "no");

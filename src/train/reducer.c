@@ -69,6 +69,7 @@ typedef struct cpu_reducer {
     reducer_t base;
     float **slots, **params;      /* slots: (devices × buckets) each bucket's first gradient */
     float **shard_grads;          /* ZeRO-2: per device, its optimizer's shard gradients; NULL: none */
+    float **shard_params;         /* ZeRO-3: per device, its optimizer's master weights; NULL: none */
     size_t *shard_at;             /* ZeRO-2: (devices × buckets) where the owner's slice starts there */
     int accumulation;             /* rounds a step: ZeRO-2's micro-steps, else 1 */
     _Atomic uint32_t *posted;     /* per bucket: posts so far (grows by devices per step) */
@@ -264,7 +265,7 @@ static void cpu_destroy(reducer_t *r)
         pthread_join(c->thread, NULL);
     }
     bb_reducer_free_buckets(r);
-    free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
+    free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_params), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
     free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->part_lo),
         free(c->part_hi);
     pthread_mutex_destroy(&c->lock);
@@ -403,11 +404,33 @@ static bool cpu_allgather(reducer_t *r, int device)
     for (int b = 0; b < r->buckets; b++) {
         size_t lo, hi;
         bb_param_shards_slice(r->shards, b, r->first_owner + device, &lo, &hi);
-        for (int e = 0; e < (c->world > 1 ? 1 : r->devices); e++)
+        for (int e = 0; c->params[device] && e < (c->world > 1 ? 1 : r->devices); e++)
             if (e != device && hi > lo) memcpy(c->params[e] + lo, c->params[device] + lo, (hi - lo) * sizeof(float));
     }
     double v;
     return exchange(c, device, 0, false, &v, c->world > 1 ? gather_world : NULL);
+}
+
+/* ZeRO-3: every owner's slice straight from its master weights (this
+ * process's devices are every owner: over processes it is refused). The
+ * owners wrote them in the last optimizer step, before the allgather's
+ * meeting; they write them again only after every device posted all of
+ * this step's buckets, after its last gather. */
+static bb_status cpu_gather(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot)
+{
+    cpu_reducer *c = (cpu_reducer *)r;
+    (void)device;
+    if (!c->shard_params || c->world > 1 || lo != r->lo[bucket] || n != r->hi[bucket] - r->lo[bucket])
+        return bb_fail(BB_ERR_INTERNAL, "the parameter window was cut on other buckets than the reducer's, or the "
+                       "reducer keeps no master weights");
+    for (int k = 0; k < r->devices; k++) {
+        size_t a, b;
+        bb_param_shards_slice(r->shards, bucket, r->first_owner + k, &a, &b);
+        if (b > a)
+            memcpy(slot + (a - lo), c->shard_params[k] + c->shard_at[(size_t)k * r->buckets + bucket],
+                   (b - a) * sizeof *slot);
+    }
+    return BB_OK;
 }
 
 static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
@@ -442,7 +465,8 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .broadcast_stop = cpu_broadcast_stop,
                                     .allgather = cpu_allgather,
                                     .sum_squares = cpu_sum_squares,
-                                    .window_write = cpu_window_write};
+                                    .window_write = cpu_window_write,
+                                    .gather = cpu_gather};
 
 static bb_status start_thread(cpu_reducer *c)
 {
@@ -485,7 +509,8 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
         rc = rc == BB_OK ? bb_fail(BB_ERR_NOMEM, "out of memory") : rc;
     if (rc == BB_OK && a->window_models &&
         (!(c->shard_grads = calloc((size_t)devices, sizeof *c->shard_grads)) ||
-         !(c->shard_at = calloc((size_t)devices * (size_t)r->buckets, sizeof *c->shard_at))))
+         !(c->shard_at = calloc((size_t)devices * (size_t)r->buckets, sizeof *c->shard_at)) ||
+         (a->shard_params && !(c->shard_params = calloc((size_t)devices, sizeof *c->shard_params)))))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     if (rc == BB_OK && (!c->slots || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
                         !c->acc || !c->values))
@@ -493,6 +518,7 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     for (int d = 0; rc == BB_OK && d < devices; d++) {
         c->params[d] = a->params ? a->params[d] : NULL;
         if (a->window_models) c->shard_grads[d] = a->shard_grads[d];
+        if (c->shard_params) c->shard_params[d] = a->shard_params[d];
         rc = bb_reducer_device_buckets(r, a, d, c->slots + (size_t)d * r->buckets,
                                        c->shard_at ? c->shard_at + (size_t)d * r->buckets : NULL);
     }

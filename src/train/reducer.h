@@ -64,6 +64,7 @@ typedef struct reducer_ops {
     bool (*allgather)(reducer_t *r, int device);
     bool (*sum_squares)(const reducer_t *r, double *out); /* NULL: not kept */
     void (*window_write)(reducer_t *r, int device, int bucket, size_t final_from); /* NULL: no ZeRO-2 */
+    bb_status (*gather)(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot); /* NULL: no ZeRO-3 */
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -95,6 +96,9 @@ typedef struct reducer_args {
      * gradients (bb_optimizer.grads, shard_grads[d]); else NULL */
     bb_model_t *const *window_models;
     float *const *shard_grads;
+    /* ZeRO-3 (with window_models): the optimizers' master weights
+     * (bb_optimizer.params), which bb_reducer_gather reads; else NULL */
+    float *const *shard_params;
     int accumulation;
     uint64_t first_step;
     bb_trace_t *trace;
@@ -193,6 +197,16 @@ static inline int bb_reducer_window_tenant(const reducer_t *r, int bucket, bool 
     if (*this_round) return bucket - BB_GRAD_WINDOW_RING;
     while (bucket < last && tenant + BB_GRAD_WINDOW_RING < last) tenant += BB_GRAD_WINDOW_RING;
     return tenant;
+}
+/* ZeRO-3, from the model's parameter window hook (model.h): bucket
+ * `bucket`'s weights (its n floats from lo on) into device `device`'s
+ * `slot`, from every owner's master weights. Fails with BB_ERR_UNSUPPORTED
+ * where the reducer does not gather (a reducer without it), BB_ERR_INTERNAL
+ * when the window's buckets are not the reducer's. */
+static inline bb_status bb_reducer_gather(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot)
+{
+    if (!r->ops->gather) return bb_fail(BB_ERR_UNSUPPORTED, "this reducer does not gather sharded weights (ZeRO-3)");
+    return r->ops->gather(r, device, bucket, lo, n, slot);
 }
 /* ZeRO's optimizer state is saved whole: a sum over the processes of a
  * host buffer that is zero where the process holds none (bb_optimizer_save's

@@ -127,6 +127,52 @@ static bb_status agree_stop(trainer *t, int *request)
 
 /* Whether the end of step `step` (1-based) saves: a saving run's last
  * step, one asked to stop, and every save_every; the same on every rank. */
+bb_status bb_trainer_whole_weights(trainer *t, float **out)
+{
+    size_t n = bb_model_param_count(t->replicas[0].model);
+    float *host = *out = calloc(n, sizeof *host); /* zero where another process holds the shard */
+    if (!host) return bb_fail(BB_ERR_NOMEM, "out of memory for the %zu weights (ZeRO-3 gathers them to save)", n);
+    bb_status rc = BB_OK;
+    for (int d = 0; rc == BB_OK && d < t->spec.count; d++)
+        rc = bb_optimizer_get_params(t->replicas[d].be, &t->replicas[d].opt, host);
+    if (rc == BB_OK && t->spec.world > 1) rc = bb_world_sum_floats(host, n);
+    if (rc != BB_OK) {
+        free(host);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* ZeRO-3's evaluation: a bucket of weights from the whole weights on the host. */
+typedef struct host_source {
+    bb_backend_t *be;
+    const float *weights;
+} host_source;
+
+static bb_status from_host(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+{
+    const host_source *h = ctx;
+    (void)bucket;
+    return bb_backend_copy(h->be, slot, h->weights + lo, n * sizeof *slot, BB_COPY_H2D);
+}
+
+/* bb_evaluate on replica 0; under ZeRO-3 its window reads the whole weights
+ * gathered on the host (the other replicas wait at the barrier: no
+ * collective can run), then the shards again. */
+static bb_status evaluate(trainer *t, const bb_eval_options *eo, bb_eval_result *ev)
+{
+    replica *r = &t->replicas[0];
+    if (t->zero != 3) return bb_evaluate(r->model, t->val, eo, ev);
+    float *host;
+    BB_TRY(bb_trainer_whole_weights(t, &host));
+    host_source src = {r->be, host};
+    bb_model_set_param_window_hook(r->model, from_host, &src);
+    bb_status rc = bb_evaluate(r->model, t->val, eo, ev);
+    bb_trainer_window_from_shards(r);
+    free(host);
+    return rc;
+}
+
 static bool saves_at(const trainer *t, uint64_t step, int request)
 {
     const bb_train_options *o = t->o;
@@ -155,11 +201,17 @@ static bb_status save(trainer *t, uint64_t step, double loss)
     bb_state_gather gather = bb_reducer_state_gather();
     st.gather = t->gather_saves ? &gather : NULL;
     /* rank 0 writes; the other ranks contribute their shards (ZeRO-1) or nothing */
+    /* ZeRO-3: the model's weights from the shards (every rank joins) */
+    float *weights = NULL;
+    if (t->zero == 3) BB_TRY(bb_trainer_whole_weights(t, &weights));
+    bb_model_lend_host_weights(t->replicas[0].model, weights);
     bb_status rc = t->o->save_dir ? bb_checkpoint_save(t->o->save_dir, &st, t->replicas[0].model, be, opt, n,
                                                        t->o->keep, name, sizeof name)
                    : t->gather_saves ? bb_optimizer_save(be, opt, n, bb_model_param_count(t->replicas[0].model),
                                                          &gather, NULL)
                                      : BB_OK;
+    bb_model_lend_host_weights(t->replicas[0].model, NULL);
+    free(weights);
     BB_TRY(rc);
     t->saved = t->result->saved = true;
     if (!t->o->save_dir) return BB_OK;
@@ -223,7 +275,7 @@ static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, double los
         snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
         bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted,
                               .token_bytes = t->val_token_bytes};
-        bb_status rc = bb_evaluate(t->replicas[0].model, t->val, &eo, ev);
+        bb_status rc = evaluate(t, &eo, ev);
         if (rc != BB_ERR_INTERRUPTED) BB_TRY(rc);
         else if (o->progress) /* the step was saved before it, if it saves */
             fprintf(o->progress, "%s%s: stopped (%s)\n", t->tty ? "\r\033[K" : "", label, bb_error_message());

@@ -243,8 +243,21 @@ static bb_status open_metrics(trainer *t)
 
 static size_t bucket_bytes(const bb_train_options *o) { return bb_bucket_bytes(o->bucket_mib); }
 
-/* One replica per device: backend, model (initialised, or loaded), optimizer. */
-static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
+/* Replica d's weights: initialised, or --init-from's, or the checkpoint's.
+ * Under ZeRO-3 only replica 0 reads them, into the lent host buffer, from
+ * which every replica's optimizer takes its shard. */
+static bb_status load_weights(trainer *t, replica *r, const bb_checkpoint_info *resume)
+{
+    if (t->zero == 3 && r->index > 0) return BB_OK;
+    BB_TRY(bb_model_init(r->model, t->seed));
+    if (t->o->init_from) BB_TRY(bb_model_load_weights(r->model, t->o->init_from));
+    return resume ? bb_checkpoint_load_weights(resume, r->model) : BB_OK;
+}
+
+/* One replica per device: backend, model (initialised, or loaded), optimizer.
+ * ZeRO-3: *host, the whole weights on the host for the optimizers to take
+ * their shards from (the caller frees it). */
+static bb_status build_each(trainer *t, const bb_checkpoint_info *resume, float **host)
 {
     const bb_train_options *o = t->o;
     /* Each CPU device's threads (its pool): the cores divided among the
@@ -258,25 +271,38 @@ static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
                                  .precision = o->precision, .attention = o->attention};
         BB_TRY(bb_backend_create(t->spec.kind, &bo, &r->be));
         bb_model_config mc = t->cfg;
-        if (t->zero == 2) mc.grad_window_bytes = bucket_bytes(o); /* the gradients bucket by bucket (model.h) */
+        /* the gradients (ZeRO-2) and the weights (ZeRO-3) bucket by bucket (model.h) */
+        if (t->zero >= 2) mc.grad_window_bytes = bucket_bytes(o);
+        if (t->zero == 3) mc.param_window_bytes = bucket_bytes(o);
         BB_TRY(bb_model_create(r->be, &mc, t->micro_batch, &r->model));
-        BB_TRY(bb_model_init(r->model, t->seed));
-        if (o->init_from) BB_TRY(bb_model_load_weights(r->model, o->init_from));
         size_t params = bb_model_param_count(r->model);
+        if (t->zero == 3 && d == 0 && !(*host = malloc(params * sizeof **host)))
+            return bb_fail(BB_ERR_NOMEM, "out of memory for the %zu weights to shard (ZeRO-3)", params);
+        bb_model_lend_host_weights(r->model, *host);
+        bb_status rc = load_weights(t, r, resume);
+        bb_model_lend_host_weights(r->model, NULL);
+        BB_TRY(rc);
         bb_param_shard shard = {0};
         if (t->zero && d == 0) { /* the cut of every bucket among all the job's devices */
             bb_param_shard_rule rule = bb_param_shard_rule_for(o->opt.kind, o->zero_shards);
             BB_TRY(bb_param_shards_make(r->model, bucket_bytes(o), trainer_world_devices(t), rule, &t->shards));
         }
         if (t->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
-        shard.gradients = t->zero == 2;
+        shard.gradients = t->zero >= 2;
+        shard.parameters = t->zero == 3;
         BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, t->zero ? &shard : NULL, &r->opt));
-        if (resume) {
-            BB_TRY(bb_checkpoint_load_weights(resume, r->model));
-            BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
-        }
+        if (t->zero == 3) BB_TRY(bb_optimizer_put_params(r->be, &r->opt, *host));
+        if (resume) BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
     }
     return BB_OK;
+}
+
+static bb_status build_replicas(trainer *t, const bb_checkpoint_info *resume)
+{
+    float *host = NULL;
+    bb_status rc = build_each(t, resume, &host);
+    free(host);
+    return rc;
 }
 
 static bb_status start_loader(trainer *t)
@@ -310,7 +336,8 @@ static bb_status apply_plan(trainer *t)
                          .loader_threads = o->loader_threads, .record_size = bb_dataset_meta(t->data)->record_size,
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_recompute = !o->auto_recompute,
-                         .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib};
+                         .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib,
+                         .zero_top = o->device == BB_DEVICE_CPU && t->spec.world < 2 ? 3 : 2}; /* ZeRO-3's reach */
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
     if (bb_calibration_cached(o->device, &cal)) q.calibration = &cal;
     bb_plan p;
@@ -363,11 +390,11 @@ static bb_status check_options(const bb_train_options *o)
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "%s must be >= 1", NAME(LOADER_THREADS));
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "%s must be positive", NAME(BUCKET_MIB));
     if (o->zero < 0 || o->zero > BB_ZERO_AUTO)
-        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none), 1 (shard the optimizer state), 2 (and the gradients) or auto",
-                       NAME(ZERO), o->zero);
-    if (o->zero == 2 && o->no_overlap)
-        return bb_fail(BB_ERR_ARG, "%s 2 frees each gradient bucket once it is reduced, during the backward: it cannot "
-                       "run with %s", NAME(ZERO), NAME(NO_OVERLAP));
+        return bb_fail(BB_ERR_ARG, "%s %d: 0 (none), 1 (shard the optimizer state), 2 (and the gradients), 3 (and the "
+                       "weights) or auto", NAME(ZERO), o->zero);
+    if ((o->zero == 2 || o->zero == 3) && o->no_overlap)
+        return bb_fail(BB_ERR_ARG, "%s %d frees each gradient bucket once it is reduced, during the backward: it cannot "
+                       "run with %s", NAME(ZERO), o->zero, NAME(NO_OVERLAP));
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give %s N or %s E", NAME(STEPS), NAME(EPOCHS));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "%s must be at least 1", NAME(KEEP));
     /* Bounds outside which the optimizer cannot work (it would divide by zero, or diverge). */
@@ -389,9 +416,10 @@ static bb_status setup_devices(trainer *t)
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
     t->saves = o->save_dir != NULL;
-    if (o->zero == 2 && o->devices * w->size < 2)
-        return bb_fail(BB_ERR_ARG, "%s 2 shards the gradients among the job's devices, and this job has one: there is "
-                       "nothing to shard (train with %s 0, or on more devices)", NAME(ZERO), NAME(ZERO));
+    if ((o->zero == 2 || o->zero == 3) && o->devices * w->size < 2)
+        return bb_fail(BB_ERR_ARG, "%s %d shards the %s among the job's devices, and this job has one: there is "
+                       "nothing to shard (train with %s 0, or on more devices)", NAME(ZERO), o->zero,
+                       o->zero == 2 ? "gradients" : "weights and gradients", NAME(ZERO));
     if (w->size < 2) return BB_OK;
     BB_TRY(bb_world_broadcast_bytes(&t->saves, sizeof t->saves, 0)); /* rank 0 writes (options_of_rank) */
     bool same; /* before any collective that counts on it (NCCL's ranks) */
@@ -436,6 +464,10 @@ static bb_status setup_data(trainer *t)
     t->cfg.precision = o->precision;
     t->zero = o->zero;
     if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO) BB_TRY(apply_plan(t));
+    if (t->zero == 3 && (t->spec.kind != BB_DEVICE_CPU || t->spec.world > 1))
+        return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 runs on CPU devices in one process so far; on GPUs and over "
+                       "processes use %s 2 (which shards the gradients and the optimizer state)", NAME(ZERO),
+                       NAME(ZERO));
     t->gather_saves = t->zero && t->spec.world > 1;
     BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
@@ -501,7 +533,8 @@ static bb_status setup(trainer *t)
         bb_trace_name_track(t->trace, D, name);
     }
     bb_backend_t *be[BB_TRAIN_MAX_DEVICES];
-    float *grads[BB_TRAIN_MAX_DEVICES], *params[BB_TRAIN_MAX_DEVICES], *shard_grads[BB_TRAIN_MAX_DEVICES];
+    float *grads[BB_TRAIN_MAX_DEVICES], *params[BB_TRAIN_MAX_DEVICES], *shard_grads[BB_TRAIN_MAX_DEVICES],
+        *shard_params[BB_TRAIN_MAX_DEVICES];
     bb_model_t *models[BB_TRAIN_MAX_DEVICES];
     for (int d = 0; d < D; d++) {
         be[d] = t->replicas[d].be;
@@ -509,10 +542,12 @@ static bb_status setup(trainer *t)
         grads[d] = bb_model_grads(t->replicas[d].model);
         params[d] = bb_model_params(t->replicas[d].model);
         shard_grads[d] = t->replicas[d].opt.grads;
+        shard_params[d] = t->replicas[d].opt.params;
     }
     reducer_args ra = {.spec = &t->spec, .model = t->replicas[0].model, .be = be, .grads = grads, .params = params,
                        .bucket_bytes = bucket_bytes(o), .shards = t->zero ? &t->shards : NULL,
-                       .window_models = t->zero == 2 ? models : NULL, .shard_grads = shard_grads,
+                       .window_models = t->zero >= 2 ? models : NULL, .shard_grads = shard_grads,
+                       .shard_params = t->zero == 3 ? shard_params : NULL,
                        .accumulation = t->accumulation,
                        .first_step = t->first_step,
                        .trace = t->trace, .track = D, .watchdog = t->watchdog, .timeout_s = o->timeout_s};
@@ -540,7 +575,8 @@ static void print_start(const trainer *t)
     if (t->reducer)
         fprintf(p, "; %d gradient bucket%s%s", bb_reducer_bucket_count(t->reducer), bb_reducer_bucket_count(t->reducer) > 1 ? "s" : "",
                 t->o->no_overlap ? ", no overlap" : "");
-    static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and the gradients"};
+    static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and the gradients",
+                                          "the optimizer state, the gradients and the weights"};
     if (t->zero) fprintf(p, "; ZeRO-%d: %s sharded over %d devices", t->zero, sharded[t->zero], trainer_world_devices(t));
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
@@ -712,10 +748,15 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     /* A failed run returns no weights rather than possibly wrong ones (an
      * interrupted run's are those of its last step). */
     if (rc == BB_OK || rc == BB_ERR_INTERRUPTED) {
-        r->params = malloc(r->param_count * sizeof *r->params);
-        bb_status copied = !r->params ? bb_fail(BB_ERR_NOMEM, "out of memory")
-                                      : bb_backend_copy(t->replicas[0].be, r->params, bb_model_params(t->replicas[0].model),
-                                                        r->param_count * sizeof *r->params, BB_COPY_D2H);
+        bb_status copied;
+        if (t->zero == 3) {
+            copied = bb_trainer_whole_weights(t, &r->params);
+        } else {
+            r->params = malloc(r->param_count * sizeof *r->params);
+            copied = !r->params ? bb_fail(BB_ERR_NOMEM, "out of memory")
+                                : bb_backend_copy(t->replicas[0].be, r->params, bb_model_params(t->replicas[0].model),
+                                                  r->param_count * sizeof *r->params, BB_COPY_D2H);
+        }
         if (copied != BB_OK) {
             free(r->params);
             r->params = NULL;

@@ -126,5 +126,13 @@ void *bb_trainer_worker_main(void *replica);
  * BB_ERR_NONFINITE (a non-finite step, unless skip_nonfinite), a save's,
  * an evaluation's or the metrics file's error. */
 bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);
+/* ZeRO-3 (worker.c): replica r's parameter window gathers from the owners'
+ * shards through the reducer (what training passes read). Never fails. */
+void bb_trainer_window_from_shards(replica *r);
+/* ZeRO-3 (step_end.c): the whole weights on the host (*out, the caller
+ * frees it), from every local optimizer's master shard and, over processes,
+ * every process's (every rank joins). Fails with BB_ERR_NOMEM, a copy's or
+ * a collective's error. */
+bb_status bb_trainer_whole_weights(trainer *t, float **out);
 
 #endif

@@ -59,6 +59,18 @@ static void window_write(void *ctx, int bucket, size_t final_from)
     bb_reducer_window_write(p->reducer, p->device, bucket, final_from);
 }
 
+/* ZeRO-3: a bucket of weights, gathered from the owners' shards. */
+static bb_status gather_weights(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+{
+    replica *r = ctx;
+    return bb_reducer_gather(r->t->reducer, r->index, bucket, lo, n, slot);
+}
+
+void bb_trainer_window_from_shards(replica *r)
+{
+    if (r->t->reducer) bb_model_set_param_window_hook(r->model, gather_weights, r);
+}
+
 /* Tells the watchdog (watchdog.h) which phase of which step this worker
  * enters (what a timeout names). */
 static void watch_phase(const replica *r, uint64_t step, const char *phase)
@@ -147,7 +159,7 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
         BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 1));
         uint64_t t3 = bb_clock_ns();
-        bool window = t->zero == 2;
+        bool window = t->zero >= 2;
         if ((last || window) && t->reducer && !t->o->no_overlap) bb_model_set_grad_ready(m, post_ready, &post);
         if (window) bb_model_set_grad_window_hook(m, window_write, &post);
         bb_trace_range_push("backward");
@@ -284,6 +296,7 @@ void *bb_trainer_worker_main(void *arg)
     device_clock clk = {0};
     held_batches held = {0};
     bb_status rc = t->trace ? bb_device_clock_init(&clk, r->be, t->accumulation) : BB_OK;
+    bb_trainer_window_from_shards(r);
     if (rc == BB_OK) rc = worker_loop(r, &clk, &held);
     if (rc != BB_OK) bb_trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
     bb_backend_synchronize(r->be);          /* no upload still reads a held slot (it waits even after a failure) */

@@ -1,0 +1,167 @@
+/* param_window.c — ZeRO-3's parameter window (model.h): the weights of a
+ * bucket exist on the device only while a pass uses them, gathered into a
+ * slot by the window's hook (the trainer's: from the owners' shards). */
+#include <stdlib.h>
+
+#include "model_internal.h"
+
+struct param_window {
+    bb_buckets buckets;
+    int ring;             /* slots the buckets below the last cycle through */
+    float *memory;        /* one allocation: the ring's slots, then the last bucket's */
+    uint16_t *memory16;   /* bf16: the same slots' bf16 copies; else NULL */
+    size_t floats;        /* of every slot together */
+    float **slot;         /* per bucket: its slot */
+    uint16_t **slot16;    /* per bucket: its bf16 slot; NULL without bf16 */
+    int *bucket_of;       /* per tensor */
+    int *tenant;          /* per slot (the ring's, then the last bucket's): the bucket it holds; -1: none */
+    int *slot_of;         /* per bucket */
+    bb_status failed;     /* the first fill that failed since the pass began */
+    bb_param_window_fn hook;
+    void *hook_ctx;
+};
+
+/* The most buckets one layer's tensors (or the stem's, or the final
+ * ones') span: a pass uses them together, so they must not share a slot. */
+static int widest_group(const bb_model_t *m, const int *bucket_of)
+{
+    const bb_model_family *f = m->cfg.kind->family;
+    int layers = f->layers(&m->cfg), widest = 1;
+    for (int l = -1; l <= layers; l++) {
+        int first = l < 0 ? 0 : f->layer_tensor(m, l), end = l < 0 ? f->layer_tensor(m, 0)
+                                                      : l == layers ? m->tensor_count
+                                                                    : f->layer_tensor(m, l + 1);
+        if (end <= first) continue;
+        int span = bucket_of[first] - bucket_of[end - 1] + 1;
+        if (span > widest) widest = span;
+    }
+    return widest;
+}
+
+bb_status bb_param_window_alloc(bb_model_t *m)
+{
+    struct param_window *w = calloc(1, sizeof *w);
+    if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    m->pwindow = w;
+    BB_TRY(bb_buckets_make(m, m->cfg.param_window_bytes, &w->buckets));
+    int n = w->buckets.count, last = n - 1;
+    w->slot = calloc((size_t)n, sizeof *w->slot);
+    w->slot16 = calloc((size_t)n, sizeof *w->slot16);
+    w->slot_of = calloc((size_t)n, sizeof *w->slot_of);
+    w->bucket_of = calloc((size_t)m->tensor_count, sizeof *w->bucket_of);
+    if (!w->slot || !w->slot16 || !w->slot_of || !w->bucket_of) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int t = 0, b = last; t < m->tensor_count; t++) {
+        while (b > 0 && m->tensors[t].offset >= w->buckets.hi[b]) b--;
+        w->bucket_of[t] = b;
+    }
+    /* the ring: one slot more than the widest group (the last bucket has
+     * its own), at least BB_PARAM_WINDOW_RING, at most a slot a bucket */
+    int widest = widest_group(m, w->bucket_of) + 1;
+    w->ring = widest > BB_PARAM_WINDOW_RING ? widest : BB_PARAM_WINDOW_RING;
+    if (w->ring > last) w->ring = last > 0 ? last : 1;
+    w->tenant = malloc((size_t)(w->ring + 1) * sizeof *w->tenant);
+    size_t *at = calloc((size_t)w->ring + 2, sizeof *at);
+    if (!w->tenant || !at) {
+        free(at);
+        return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; b < last; b++) {
+        size_t k = (size_t)(b % w->ring) + 1, floats = w->buckets.hi[b] - w->buckets.lo[b];
+        if (floats > at[k]) at[k] = floats;
+    }
+    at[w->ring + 1] = w->buckets.hi[last] - w->buckets.lo[last];
+    for (int j = 1; j <= w->ring + 1; j++) at[j] += at[j - 1];
+    w->floats = at[w->ring + 1];
+    for (int b = 0; b < n; b++) w->slot_of[b] = b < last ? b % w->ring : w->ring;
+    bb_status rc = bb_backend_alloc(m->be, w->floats * sizeof(float), "parameters (ZeRO-3 window)", (void **)&w->memory);
+    if (rc == BB_OK && m->cfg.precision == BB_PRECISION_BF16)
+        rc = bb_backend_alloc(m->be, w->floats * sizeof(uint16_t), "parameters (ZeRO-3 window, bf16 copy)",
+                              (void **)&w->memory16);
+    for (int b = 0; rc == BB_OK && b < n; b++) {
+        w->slot[b] = w->memory + at[w->slot_of[b]];
+        w->slot16[b] = w->memory16 ? w->memory16 + at[w->slot_of[b]] : NULL;
+    }
+    free(at);
+    bb_param_window_invalidate(m);
+    return rc;
+}
+
+void bb_param_window_free(bb_model_t *m)
+{
+    struct param_window *w = m->pwindow;
+    if (!w) return;
+    bb_backend_free(m->be, w->memory);
+    bb_backend_free(m->be, w->memory16);
+    bb_buckets_free(&w->buckets);
+    free(w->slot), free(w->slot16), free(w->slot_of), free(w->bucket_of), free(w->tenant);
+    free(w);
+    m->pwindow = NULL;
+}
+
+void bb_param_window_invalidate(bb_model_t *m)
+{
+    struct param_window *w = m->pwindow;
+    if (!w) return;
+    for (int j = 0; j <= w->ring; j++) w->tenant[j] = -1;
+}
+
+void bb_param_window_start(bb_model_t *m)
+{
+    if (m->pwindow) m->pwindow->failed = BB_OK;
+}
+
+bb_status bb_param_window_check(const bb_model_t *m)
+{
+    return m->pwindow ? m->pwindow->failed : BB_OK;
+}
+
+/* Bucket b into its slot (and its bf16 copy), unless the slot holds it. */
+static void fill(bb_model_t *m, struct param_window *w, int b)
+{
+    int s = w->slot_of[b];
+    if (w->tenant[s] == b) return;
+    w->tenant[s] = -1;
+    bb_status rc = w->hook ? w->hook(w->hook_ctx, b, w->buckets.lo[b], w->buckets.hi[b] - w->buckets.lo[b], w->slot[b])
+                           : bb_fail(BB_ERR_INTERNAL, "the %s's weights are sharded (ZeRO-3) and nothing gathers "
+                                     "them: set the window's hook (model.h) before a pass", m->cfg.kind->name);
+    if (rc != BB_OK) {
+        if (w->failed == BB_OK) w->failed = rc;
+        return;
+    }
+    if (w->memory16)
+        bb_op_convert(m->be, bb_bf16(w->slot16[b]), bb_f32(w->slot[b]), w->buckets.hi[b] - w->buckets.lo[b]);
+    w->tenant[s] = b;
+}
+
+float *bb_param_window_tensor(bb_model_t *m, int tensor)
+{
+    struct param_window *w = m->pwindow;
+    int b = w->bucket_of[tensor];
+    fill(m, w, b);
+    return w->slot[b] + (m->tensors[tensor].offset - w->buckets.lo[b]);
+}
+
+bb_tensor bb_param_window_weight(bb_model_t *m, int tensor)
+{
+    struct param_window *w = m->pwindow;
+    int b = w->bucket_of[tensor];
+    fill(m, w, b);
+    size_t at = m->tensors[tensor].offset - w->buckets.lo[b];
+    return w->slot16[b] ? bb_bf16(w->slot16[b] + at) : bb_f32(w->slot[b] + at);
+}
+
+void bb_model_set_param_window_hook(bb_model_t *m, bb_param_window_fn fn, void *ctx)
+{
+    if (!m->pwindow) return;
+    m->pwindow->hook = fn;
+    m->pwindow->hook_ctx = ctx;
+    bb_param_window_invalidate(m); /* another source: what the slots hold may differ */
+}
+
+uint64_t bb_param_window_bytes(const bb_model_t *m)
+{
+    const struct param_window *w = m->pwindow;
+    return w->floats * (sizeof(float) + (w->memory16 ? sizeof(uint16_t) : 0));
+}
+
+int bb_model_param_window_ring(const bb_model_t *m) { return m->pwindow ? m->pwindow->ring : 0; }
