@@ -404,3 +404,111 @@ Test(zero, largest_finds_the_widest_member_that_fits)
     bb_largest l;
     cr_assert_eq(bb_plan_largest(&none, &l), BB_ERR_ARG, "without --device-mem everything fits");
 }
+
+/* ---- the parameter window, on its own --------------------------------------
+ * A model under a window (ZeRO-3's) whose hook copies from the whole
+ * weights on the host computes the loss and gradients of the same model
+ * with whole weights, bitwise, under every checkpoint policy, and gathers
+ * ahead: a bucket's gather is issued before the pass waits for the bucket
+ * it uses before (its first use in a pass direction aside). */
+typedef struct window_log {
+    const float *host;
+    int buckets;
+    uint64_t clock, *issued, *waited;
+    int previous;          /* the bucket waited for before; -1: none */
+    int direction;         /* of the run of neighbouring buckets it ends: -1, 1; 0: none */
+    int late;              /* waits whose gather was issued after the previous wait */
+    int runs;              /* runs of waits for neighbouring buckets in one direction */
+} window_log;
+
+static bb_status from_host(void *ctx, bb_gather_phase phase, int bucket, size_t lo, size_t n, float *slot)
+{
+    window_log *l = ctx;
+    cr_assert(bucket >= 0 && bucket < l->buckets);
+    if (phase == BB_GATHER_ISSUE) {
+        memcpy(slot, l->host + lo, n * sizeof *slot);
+        l->issued[bucket] = ++l->clock;
+        return BB_OK;
+    }
+    if (l->previous >= 0 && l->issued[bucket] > l->waited[l->previous]) l->late++;
+    int step = l->previous >= 0 && abs(bucket - l->previous) == 1 ? bucket - l->previous : 0;
+    if (!step || step != l->direction) l->runs += !(step && !l->direction);
+    l->direction = step;
+    l->waited[bucket] = ++l->clock;
+    l->previous = bucket;
+    return BB_OK;
+}
+
+static void window_case(const char *what, bb_model_config c, int B)
+{
+    bb_backend_options bo = {.threads = 1};
+    bb_backend_t *be;
+    cr_assert_eq(bb_backend_create_cpu(&bo, &be), BB_OK);
+    bb_model_t *whole, *windowed;
+    cr_assert_eq(bb_model_create(be, &c, B, &whole), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_init(whole, 7), BB_OK);
+    size_t n = bb_model_param_count(whole);
+    float *host = malloc(n * sizeof *host), *g = malloc(n * sizeof *g);
+    memcpy(host, bb_model_params(whole), n * sizeof *host);
+    bb_model_config w = c;
+    w.param_window_bytes = 4096; /* buckets smaller than a block: a layer spans several */
+    cr_assert_eq(bb_model_create(be, &w, B, &windowed), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(bb_model_init(windowed, 7), BB_ERR_UNSUPPORTED, "%s: init with nothing lent", what);
+    bb_buckets buckets;
+    cr_assert_eq(bb_buckets_make(windowed, w.param_window_bytes, &buckets), BB_OK);
+    window_log log = {.host = host, .buckets = buckets.count, .previous = -1,
+                      .issued = calloc((size_t)buckets.count, sizeof(uint64_t)),
+                      .waited = calloc((size_t)buckets.count, sizeof(uint64_t))};
+    double loss[2];
+    cr_assert_eq(bb_model_forward(windowed, 1.0f, &loss[1], NULL), BB_ERR_INTERNAL, "%s: a pass without a hook", what);
+    bb_model_set_param_window_hook(windowed, from_host, &log);
+    for (int k = 0; k < 2; k++) {
+        bb_model_t *m = k ? windowed : whole;
+        cr_assert_eq(bb_model_set_synthetic_batch(m), BB_OK);
+        log.previous = -1, log.direction = 0;
+        cr_assert_eq(bb_model_forward(m, 1.0f, &loss[k], NULL), BB_OK, "%s", bb_error_message());
+        log.previous = -1, log.direction = 0;
+        cr_assert_eq(bb_model_backward(m, false), BB_OK, "%s", bb_error_message());
+    }
+    memcpy(g, bb_model_grads(whole), n * sizeof *g);
+    cr_assert_eq(memcmp(&loss[0], &loss[1], sizeof loss[0]), 0, "%s: loss %.9g, windowed %.9g", what, loss[0], loss[1]);
+    cr_assert_eq(memcmp(g, bb_model_grads(windowed), n * sizeof *g), 0, "%s: the gradients differ", what);
+    uint64_t gathers, ahead;
+    bb_model_param_window_gathers(windowed, &gathers, &ahead);
+    /* A pass starts gathering ahead in its direction: with no recompute
+     * every gather is issued ahead (the token table's, in a slot of its
+     * own, aside). A recomputed segment turns the direction within the
+     * backward: the first two buckets of such a run may be gathered at
+     * their use. */
+    int turns = log.runs > 2 ? log.runs - 2 : 0;
+    cr_assert(log.late <= 2 * turns, "%s: %d of %llu gathers were not issued a bucket ahead (%d runs)", what,
+              log.late, (unsigned long long)gathers, log.runs);
+    cr_assert(gathers - ahead <= 1 + 2 * (uint64_t)turns, "%s: %llu of %llu gathers at their use", what,
+              (unsigned long long)(gathers - ahead), (unsigned long long)gathers);
+    cr_log_info("%s: %d buckets, a ring of %d slots; %llu gathers in a forward and backward, %llu issued ahead; %d "
+                "waits in %d runs not a bucket ahead", what, buckets.count, bb_model_param_window_ring(windowed),
+                (unsigned long long)gathers, (unsigned long long)ahead, log.late, log.runs);
+    bb_buckets_free(&buckets);
+    free(log.issued), free(log.waited), free(host), free(g);
+    bb_model_destroy(whole), bb_model_destroy(windowed);
+    bb_backend_destroy(be);
+}
+
+Test(zero, the_parameter_window_computes_what_whole_weights_do_and_gathers_ahead)
+{
+    const char *policies[] = {"none", "blocks", "every:2", "selective", "plan:f,s,n"};
+    for (int i = 0; i < 5; i++) {
+        bb_model_config c = bb_model_gpt_config(3, 2, 32, 16, 64);
+        cr_assert_eq(bb_model_parse_recompute(policies[i], &c), BB_OK);
+        char what[64];
+        snprintf(what, sizeof what, "gpt --checkpoint %s", policies[i]);
+        window_case(what, c, 2);
+        c.precision = BB_PRECISION_BF16;
+        snprintf(what, sizeof what, "gpt bf16 --checkpoint %s", policies[i]);
+        window_case(what, c, 2);
+    }
+    bb_model_config llama = bb_model_llama_config(2, 2, 32, 16, 64);
+    window_case("llama", llama, 2);
+    int hidden[] = {64, 48};
+    window_case("mlp", bb_model_mlp_config(40, hidden, 2, 10), 4);
+}

@@ -333,21 +333,29 @@ float *bb_model_grad_bucket(bb_model_t *m, size_t bucket_bytes, int bucket);
  * pass uses it, in a slot (and under bf16 its bf16 copy beside it). The
  * last bucket (the token table's, which the embedding and a tied head both
  * read) keeps a slot; the others cycle through a ring of slots (bucket b in
- * slot b mod the ring), one more than the most buckets a layer spans and
- * at least BB_PARAM_WINDOW_RING, so that a layer's buckets are all there
- * while it runs. The first use of a bucket its slot does not hold calls
- * the window's hook, which fills the slot with the bucket's `n` floats from
- * float `lo` on (the trainer's: gathered from the owners' shards); a
- * failure of the hook fails the pass that called it. The slots hold their
- * buckets until the weights change (bb_model_weights_changed) or the hook
- * does. Init, load and save, which take the whole weights, use a host
- * buffer the caller lends: */
+ * slot b mod the ring): twice the most buckets a layer spans, at least
+ * BB_PARAM_WINDOW_RING, so that a layer's buckets are all there while it
+ * runs and the next layer's are gathered meanwhile. The window calls its
+ * hook to gather: BB_GATHER_ISSUE starts filling the slot with the bucket's
+ * `n` floats from float `lo` on (the trainer's: from the owners' shards),
+ * BB_GATHER_WAIT orders the pass's next work after that fill. A pass's
+ * first use of a bucket its slot does not hold issues and waits; a use next
+ * to the bucket used before (the forward descends the buckets, the
+ * backward ascends them) also issues the next layer's worth in the same
+ * direction ahead of their use. A failure of the hook fails the pass. The
+ * slots keep their buckets until the weights change
+ * (bb_model_weights_changed) or the hook does. Init, load and save, which
+ * take the whole weights, use a host buffer the caller lends: */
 #define BB_PARAM_WINDOW_RING 3
-typedef bb_status (*bb_param_window_fn)(void *ctx, int bucket, size_t lo, size_t n, float *slot);
+typedef enum bb_gather_phase { BB_GATHER_ISSUE, BB_GATHER_WAIT } bb_gather_phase;
+typedef bb_status (*bb_param_window_fn)(void *ctx, bb_gather_phase phase, int bucket, size_t lo, size_t n, float *slot);
 /* The hook of every pass from now on (window only); NULL: none (a pass then fails). */
 void bb_model_set_param_window_hook(bb_model_t *m, bb_param_window_fn fn, void *ctx);
 /* The ring's slots; 0 without a window. Never fails. */
 int bb_model_param_window_ring(const bb_model_t *m);
+/* Gathers issued so far, and those of them issued ahead of their first use
+ * (prefetched); 0 without a window. Never fails. */
+void bb_model_param_window_gathers(const bb_model_t *m, uint64_t *gathers, uint64_t *prefetched);
 /* Under a window: bb_model_init, bb_model_load_weights, bb_model_load_safetensors
  * and the savers read and write `host` (param_count floats, the caller's)
  * until lent NULL. Without a lent buffer they fail with BB_ERR_UNSUPPORTED.

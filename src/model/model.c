@@ -438,7 +438,7 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
     if (correct) *correct = -1;
     m->recomputed_layers = m->selective_recomputes = 0;
     refresh_weights(m);
-    bb_param_window_start(m);
+    bb_param_window_start(m, -1);
     bb_status rc = m->cfg.kind->family->forward(m, normalizer, loss, correct);
     return rc != BB_OK ? rc : bb_param_window_check(m);
 }
@@ -446,7 +446,7 @@ bb_status bb_model_forward(bb_model_t *m, float normalizer, double *loss, int *c
 bb_status bb_model_backward(bb_model_t *m, bool accumulate)
 {
     if (m->window) bb_grad_window_start(m), accumulate = false; /* each micro-step's own: the reducer adds them */
-    bb_param_window_start(m);
+    bb_param_window_start(m, 1);
     BB_TRY(m->cfg.kind->family->backward(m, accumulate));
     BB_TRY(bb_param_window_check(m));
     return bb_grad_window_check(m);
@@ -459,7 +459,7 @@ bb_status bb_model_logits(bb_model_t *m, int position, float *host_logits)
         return bb_fail(BB_ERR_ARG, "logits at position %d: this %s has positions 0 to %d", position,
                        m->cfg.kind->name, positions - 1);
     refresh_weights(m);
-    bb_param_window_start(m);
+    bb_param_window_start(m, -1);
     BB_TRY(m->cfg.kind->family->forward(m, 1.0f, NULL, NULL));
     BB_TRY(bb_param_window_check(m));
     return m->cfg.kind->family->logits(m, position, host_logits);
@@ -475,7 +475,7 @@ bb_status bb_model_decode(bb_model_t *m, int32_t token, int position, float *hos
                        m->cfg.kind->name, positions - 1);
     if (token < 0 || token >= vocab)
         return bb_fail(BB_ERR_ARG, "decode: token %d is outside the vocabulary of %d", (int)token, vocab);
-    bb_param_window_start(m);
+    bb_param_window_start(m, -1);
     BB_TRY(m->cfg.kind->family->decode(m, token, position, host_logits));
     return bb_param_window_check(m);
 }

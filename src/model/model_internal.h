@@ -181,15 +181,15 @@ int bb_model_batch_rows(const bb_model_t *m);
 /* Allocates `bytes` of activations (counted in activation_bytes). */
 bb_status bb_model_alloc_activation(bb_model_t *m, size_t bytes, const char *what, void **out);
 /* param_window.c: the window's slots (at bb_model_alloc_parameters), their
- * release, every slot emptied (the weights changed), a pass's start and its
- * check (BB_OK, or the first failure of the hook since the start), and a
+ * release, every slot emptied (the weights changed), a pass's start (its
+ * first buckets gathered ahead) and its check (BB_OK, or the first failure of the hook since the start), and a
  * tensor's weights in its bucket's slot, gathered first when the slot holds
  * another bucket (fp32, or for a product the bf16 copy under bf16). A
  * pointer stays valid while the pass uses only its layer's tensors. */
 bb_status bb_param_window_alloc(bb_model_t *m);
 void bb_param_window_free(bb_model_t *m);
 void bb_param_window_invalidate(bb_model_t *m);
-void bb_param_window_start(bb_model_t *m);
+void bb_param_window_start(bb_model_t *m, int direction); /* -1: a forward (buckets descend), 1: a backward */
 bb_status bb_param_window_check(const bb_model_t *m);
 float *bb_param_window_tensor(bb_model_t *m, int tensor);
 bb_tensor bb_param_window_weight(bb_model_t *m, int tensor);

@@ -15,8 +15,12 @@ struct param_window {
     uint16_t **slot16;    /* per bucket: its bf16 slot; NULL without bf16 */
     int *bucket_of;       /* per tensor */
     int *tenant;          /* per slot (the ring's, then the last bucket's): the bucket it holds; -1: none */
+    bool *ready;          /* per slot: its tenant waited for (and converted to bf16) */
     int *slot_of;         /* per bucket */
+    int ahead;            /* buckets gathered ahead: the widest layer's */
+    int previous;         /* the last bucket below the last one a pass used; -1: none yet */
     bb_status failed;     /* the first fill that failed since the pass began */
+    uint64_t gathers, prefetched; /* gathers issued, and those issued ahead of their first use */
     bb_param_window_fn hook;
     void *hook_ctx;
 };
@@ -54,14 +58,16 @@ bb_status bb_param_window_alloc(bb_model_t *m)
         while (b > 0 && m->tensors[t].offset >= w->buckets.hi[b]) b--;
         w->bucket_of[t] = b;
     }
-    /* the ring: one slot more than the widest group (the last bucket has
-     * its own), at least BB_PARAM_WINDOW_RING, at most a slot a bucket */
-    int widest = widest_group(m, w->bucket_of) + 1;
-    w->ring = widest > BB_PARAM_WINDOW_RING ? widest : BB_PARAM_WINDOW_RING;
+    /* the ring: the widest group's buckets (the last bucket has its own)
+     * and as many gathered ahead, at least BB_PARAM_WINDOW_RING, at most a
+     * slot a bucket */
+    w->ahead = widest_group(m, w->bucket_of);
+    w->ring = 2 * w->ahead > BB_PARAM_WINDOW_RING ? 2 * w->ahead : BB_PARAM_WINDOW_RING;
     if (w->ring > last) w->ring = last > 0 ? last : 1;
     w->tenant = malloc((size_t)(w->ring + 1) * sizeof *w->tenant);
+    w->ready = calloc((size_t)w->ring + 1, sizeof *w->ready);
     size_t *at = calloc((size_t)w->ring + 2, sizeof *at);
-    if (!w->tenant || !at) {
+    if (!w->tenant || !w->ready || !at) {
         free(at);
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     }
@@ -93,7 +99,7 @@ void bb_param_window_free(bb_model_t *m)
     bb_backend_free(m->be, w->memory);
     bb_backend_free(m->be, w->memory16);
     bb_buckets_free(&w->buckets);
-    free(w->slot), free(w->slot16), free(w->slot_of), free(w->bucket_of), free(w->tenant);
+    free(w->slot), free(w->slot16), free(w->slot_of), free(w->bucket_of), free(w->tenant), free(w->ready);
     free(w);
     m->pwindow = NULL;
 }
@@ -105,9 +111,16 @@ void bb_param_window_invalidate(bb_model_t *m)
     for (int j = 0; j <= w->ring; j++) w->tenant[j] = -1;
 }
 
-void bb_param_window_start(bb_model_t *m)
+static void issue(bb_model_t *m, struct param_window *w, int b, bool ahead);
+
+void bb_param_window_start(bb_model_t *m, int direction)
 {
-    if (m->pwindow) m->pwindow->failed = BB_OK;
+    struct param_window *w = m->pwindow;
+    if (!w) return;
+    int last = w->buckets.count - 1;
+    w->failed = BB_OK;
+    w->previous = direction < 0 ? last : -1; /* as if it came from there */
+    for (int k = 0; k < w->ahead && k < last; k++) issue(m, w, direction < 0 ? last - 1 - k : k, true);
 }
 
 bb_status bb_param_window_check(const bb_model_t *m)
@@ -115,22 +128,57 @@ bb_status bb_param_window_check(const bb_model_t *m)
     return m->pwindow ? m->pwindow->failed : BB_OK;
 }
 
-/* Bucket b into its slot (and its bf16 copy), unless the slot holds it. */
-static void fill(bb_model_t *m, struct param_window *w, int b)
+static void note_failure(struct param_window *w, bb_status rc)
+{
+    if (rc != BB_OK && w->failed == BB_OK) w->failed = rc;
+}
+
+static bb_status no_hook(const bb_model_t *m)
+{
+    return bb_fail(BB_ERR_INTERNAL, "the %s's weights are sharded (ZeRO-3) and nothing gathers them: set the "
+                   "window's hook (model.h) before a pass", m->cfg.kind->name);
+}
+
+/* Bucket b's gather into its slot, unless the slot holds or awaits it. */
+static void issue(bb_model_t *m, struct param_window *w, int b, bool ahead)
 {
     int s = w->slot_of[b];
     if (w->tenant[s] == b) return;
     w->tenant[s] = -1;
-    bb_status rc = w->hook ? w->hook(w->hook_ctx, b, w->buckets.lo[b], w->buckets.hi[b] - w->buckets.lo[b], w->slot[b])
-                           : bb_fail(BB_ERR_INTERNAL, "the %s's weights are sharded (ZeRO-3) and nothing gathers "
-                                     "them: set the window's hook (model.h) before a pass", m->cfg.kind->name);
-    if (rc != BB_OK) {
-        if (w->failed == BB_OK) w->failed = rc;
-        return;
-    }
-    if (w->memory16)
-        bb_op_convert(m->be, bb_bf16(w->slot16[b]), bb_f32(w->slot[b]), w->buckets.hi[b] - w->buckets.lo[b]);
+    size_t n = w->buckets.hi[b] - w->buckets.lo[b];
+    bb_status rc = w->hook ? w->hook(w->hook_ctx, BB_GATHER_ISSUE, b, w->buckets.lo[b], n, w->slot[b]) : no_hook(m);
+    note_failure(w, rc);
+    if (rc != BB_OK) return;
     w->tenant[s] = b;
+    w->ready[s] = false;
+    w->gathers++;
+    w->prefetched += ahead;
+}
+
+/* Bucket b, for use now: gathered (issued now unless it was ahead), waited
+ * for, and its bf16 copy made. A bucket below the last one, used next to
+ * the one before in a pass, has the next `ahead` in the same direction
+ * issued: the next layer's buckets, while this one's run. */
+static void fill(bb_model_t *m, struct param_window *w, int b)
+{
+    int s = w->slot_of[b], last = w->buckets.count - 1;
+    if (w->tenant[s] != b || !w->ready[s]) {
+        issue(m, w, b, false);
+        if (w->tenant[s] != b) return;
+        note_failure(w, w->hook(w->hook_ctx, BB_GATHER_WAIT, b, w->buckets.lo[b], w->buckets.hi[b] - w->buckets.lo[b],
+                                w->slot[b]));
+        if (w->memory16)
+            bb_op_convert(m->be, bb_bf16(w->slot16[b]), bb_f32(w->slot[b]), w->buckets.hi[b] - w->buckets.lo[b]);
+        w->ready[s] = true;
+    }
+    if (b == last || b == w->previous) return;
+    int step = w->previous == b + 1 ? -1 : w->previous == b - 1 ? 1 : 0;
+    w->previous = b;
+    for (int k = 1; step && k <= w->ahead; k++) {
+        int next = b + step * k;
+        if (next < 0 || next >= last) break;
+        issue(m, w, next, true);
+    }
 }
 
 float *bb_param_window_tensor(bb_model_t *m, int tensor)
@@ -165,3 +213,9 @@ uint64_t bb_param_window_bytes(const bb_model_t *m)
 }
 
 int bb_model_param_window_ring(const bb_model_t *m) { return m->pwindow ? m->pwindow->ring : 0; }
+
+void bb_model_param_window_gathers(const bb_model_t *m, uint64_t *gathers, uint64_t *prefetched)
+{
+    *gathers = m->pwindow ? m->pwindow->gathers : 0;
+    *prefetched = m->pwindow ? m->pwindow->prefetched : 0;
+}

@@ -46,9 +46,9 @@ static bb_status largest_shard(const bb_model_t *m, int owners, size_t bucket_by
 
 /* ZeRO-3's window on the counting backend: a gather moves nothing there
  * (its bytes are the slots, allocated with the model). */
-static bb_status no_gather(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+static bb_status no_gather(void *ctx, bb_gather_phase phase, int bucket, size_t lo, size_t n, float *slot)
 {
-    return (void)ctx, (void)bucket, (void)lo, (void)n, (void)slot, BB_OK;
+    return (void)ctx, (void)phase, (void)bucket, (void)lo, (void)n, (void)slot, BB_OK;
 }
 
 /* bb_plan_memory_sharded, and the work of the step (work may be NULL). */

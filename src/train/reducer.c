@@ -416,10 +416,12 @@ static bool cpu_allgather(reducer_t *r, int device)
  * owners wrote them in the last optimizer step, before the allgather's
  * meeting; they write them again only after every device posted all of
  * this step's buckets, after its last gather. */
-static bb_status cpu_gather(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot)
+static bb_status cpu_gather(reducer_t *r, int device, bb_gather_phase phase, int bucket, size_t lo, size_t n,
+                            float *slot)
 {
     cpu_reducer *c = (cpu_reducer *)r;
     (void)device;
+    if (phase == BB_GATHER_WAIT) return BB_OK; /* the copies are done */
     if (!c->shard_params || c->world > 1 || lo != r->lo[bucket] || n != r->hi[bucket] - r->lo[bucket])
         return bb_fail(BB_ERR_INTERNAL, "the parameter window was cut on other buckets than the reducer's, or the "
                        "reducer keeps no master weights");

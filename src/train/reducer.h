@@ -64,7 +64,8 @@ typedef struct reducer_ops {
     bool (*allgather)(reducer_t *r, int device);
     bool (*sum_squares)(const reducer_t *r, double *out); /* NULL: not kept */
     void (*window_write)(reducer_t *r, int device, int bucket, size_t final_from); /* NULL: no ZeRO-2 */
-    bb_status (*gather)(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot); /* NULL: no ZeRO-3 */
+    bb_status (*gather)(reducer_t *r, int device, bb_gather_phase phase, int bucket, size_t lo, size_t n,
+                        float *slot); /* NULL: no ZeRO-3 */
 } reducer_ops;
 
 /* The first member of every reducer. */
@@ -200,13 +201,18 @@ static inline int bb_reducer_window_tenant(const reducer_t *r, int bucket, bool 
 }
 /* ZeRO-3, from the model's parameter window hook (model.h): bucket
  * `bucket`'s weights (its n floats from lo on) into device `device`'s
- * `slot`, from every owner's master weights. Fails with BB_ERR_UNSUPPORTED
- * where the reducer does not gather (a reducer without it), BB_ERR_INTERNAL
- * when the window's buckets are not the reducer's. */
-static inline bb_status bb_reducer_gather(reducer_t *r, int device, int bucket, size_t lo, size_t n, float *slot)
+ * `slot`, from every owner's master weights: BB_GATHER_ISSUE starts it
+ * (CPU: copies; NCCL: an all-gather on the communication stream, after the
+ * compute stream's work so far, which may still read the slot's previous
+ * bucket), BB_GATHER_WAIT orders the device's next compute after it.
+ * Fails with BB_ERR_UNSUPPORTED where the reducer does not gather,
+ * BB_ERR_INTERNAL when the window's buckets are not the reducer's,
+ * BB_ERR_DEVICE when the collective fails. */
+static inline bb_status bb_reducer_gather(reducer_t *r, int device, bb_gather_phase phase, int bucket, size_t lo,
+                                          size_t n, float *slot)
 {
     if (!r->ops->gather) return bb_fail(BB_ERR_UNSUPPORTED, "this reducer does not gather sharded weights (ZeRO-3)");
-    return r->ops->gather(r, device, bucket, lo, n, slot);
+    return r->ops->gather(r, device, phase, bucket, lo, n, slot);
 }
 /* ZeRO's optimizer state is saved whole: a sum over the processes of a
  * host buffer that is zero where the process holds none (bb_optimizer_save's

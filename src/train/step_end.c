@@ -149,11 +149,11 @@ typedef struct host_source {
     const float *weights;
 } host_source;
 
-static bb_status from_host(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+static bb_status from_host(void *ctx, bb_gather_phase phase, int bucket, size_t lo, size_t n, float *slot)
 {
     const host_source *h = ctx;
     (void)bucket;
-    return bb_backend_copy(h->be, slot, h->weights + lo, n * sizeof *slot, BB_COPY_H2D);
+    return phase == BB_GATHER_WAIT ? BB_OK : bb_backend_copy(h->be, slot, h->weights + lo, n * sizeof *slot, BB_COPY_H2D);
 }
 
 /* bb_evaluate on replica 0; under ZeRO-3 its window reads the whole weights

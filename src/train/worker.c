@@ -60,10 +60,10 @@ static void window_write(void *ctx, int bucket, size_t final_from)
 }
 
 /* ZeRO-3: a bucket of weights, gathered from the owners' shards. */
-static bb_status gather_weights(void *ctx, int bucket, size_t lo, size_t n, float *slot)
+static bb_status gather_weights(void *ctx, bb_gather_phase phase, int bucket, size_t lo, size_t n, float *slot)
 {
     replica *r = ctx;
-    return bb_reducer_gather(r->t->reducer, r->index, bucket, lo, n, slot);
+    return bb_reducer_gather(r->t->reducer, r->index, phase, bucket, lo, n, slot);
 }
 
 void bb_trainer_window_from_shards(replica *r)
