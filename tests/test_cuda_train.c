@@ -65,7 +65,9 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
  * the staging buffer, for buckets the slices fill and those they do not;
  * whole tensors: all-reduce and a broadcast from each owner) and --zero 2
  * (the gradient window's slots reused across buckets and micro-steps,
- * each micro-step's slices kept in the shards: copied, then added); the mlp;
+ * each micro-step's slices kept in the shards: copied, then added) and
+ * --zero 3 (each bucket of weights all-gathered, or broadcast from its
+ * owners, into the parameter window's slots ahead of its use); the mlp;
  * bf16, also with a plan (within 2e-2: the GPU's products are bf16, the
  * CPU's fp32); a grouped-query llama, with a plan and ZeRO-1, and in bf16. */
 Test(cuda_train, two_gpus_train_as_cpu_2)
@@ -93,6 +95,11 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                   BB_PARAM_SHARD_TENSORS},
                  {"mlp --zero 2", 1, false, NULL, false, 2},
                  {"llama --precision bf16 --zero 2", 2, false, NULL, true, 2},
+                 {"gpt --zero 3", 0, false, NULL, false, 3},
+                 {"gpt --zero 3 --zero-shards tensors --checkpoint plan:s,f", 0, false, "plan:s,f", false, 3,
+                  BB_PARAM_SHARD_TENSORS},
+                 {"mlp --zero 3", 1, false, NULL, false, 3},
+                 {"llama --precision bf16 --zero 3", 2, false, NULL, true, 3},
                  {"mlp", 1, false, NULL, false, 0},
                  {"gpt --precision bf16", 0, false, NULL, true, 0},
                  {"gpt --precision bf16 --checkpoint plan:f,s", 0, false, "plan:f,s", true, 0},
@@ -160,6 +167,45 @@ Test(cuda_train, zero2_on_two_gpus_waits_for_each_window_slot)
               "weights differ by %.2e", relative_distance(c.params, g.params, c.param_count));
     bb_train_result_free(&c), bb_train_result_free(&g);
     free(tokens);
+}
+
+/* --zero 3 with one stream lagging (the emulator reads its settings once
+ * a process, so one test each): the compute stream (a gather would
+ * overwrite a slot the compute stream still reads, were it not issued after
+ * the compute stream's work so far) or the communication stream (a layer
+ * would read its slot before its gather filled it, were it not for the wait
+ * on the bucket's event). */
+static void zero3_lagging(const char *stream, const char *what)
+{
+    need_gpus(2);
+    need_emulator("delaying one stream alone");
+    setenv("BB_CUDA_EMU_DELAY_US", "20000", 1);
+    setenv("BB_CUDA_EMU_DELAY_ONLY", stream, 1); /* the backend's streams: compute 0, copy 1, communication 2 */
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 2, 4, 16);
+    o.model.gpt.layers = 6; /* the window's ring wraps several times a pass */
+    o.steps = 2, o.bucket_mib = 0.001, o.zero = 3;
+    o.val_data = tokens; /* evaluated at the end, from the weights gathered on the host */
+    bb_train_result c = train(&o);
+    on_gpus(&o, 2);
+    bb_train_result g = train(&o);
+    expect_same_losses(what, &c, &g, 1e-5);
+    cr_assert(fabs(c.val_loss - g.val_loss) <= 1e-5 * c.val_loss, "%s: val loss %.9g on the CPU, %.9g on GPUs", what,
+              c.val_loss, g.val_loss);
+    cr_assert(relative_distance(c.params, g.params, c.param_count) <= 1e-5, "%s: the weights differ by %.2e", what,
+              relative_distance(c.params, g.params, c.param_count));
+    bb_train_result_free(&c), bb_train_result_free(&g);
+    free(tokens);
+}
+
+Test(cuda_train, zero3_gathers_wait_for_a_lagging_compute_stream)
+{
+    zero3_lagging("0", "gpt --zero 3, compute lagging");
+}
+
+Test(cuda_train, zero3_passes_wait_for_a_lagging_gather)
+{
+    zero3_lagging("2", "gpt --zero 3, communication lagging");
 }
 
 /* Saved on two GPUs: resumed there, the losses and weights of the whole
@@ -273,6 +319,7 @@ Test(cuda_train, an_nccl_failure_ends_every_gpu_thread)
     char *tokens = make_tokens("tokens", 200);
     nccl_fault_ends_the_run(tokens, "AllReduce:4@1", "0");
     nccl_fault_ends_the_run(tokens, "ReduceScatter:3@1", "2");
+    nccl_fault_ends_the_run(tokens, "AllGather:5@1", "3");
     free(tokens);
 }
 

@@ -16,6 +16,7 @@ TestSuite(zero, .init = fixture_setup, .fini = fixture_teardown);
 static bb_train_options staged(bb_train_options o, int zero)
 {
     o.steps = 8;
+    o.val_data = o.data; /* an evaluation at the end */
     o.opt.grad_clip = 0.5; /* the norm matters: clipping on */
     o.bucket_mib = BUCKET_MIB;
     o.zero = zero;
@@ -88,8 +89,11 @@ static void stages_case(const char *what, bb_train_options o)
         double d = relative_distance(r[0].params, r[2].params, r[0].param_count);
         cr_assert(d <= 1e-6, "%s: --zero 2's parameters differ by %.2e", what, d);
     }
-    /* ZeRO-3 reduces as ZeRO-2 does and gathers the very weights: its bits */
+    /* ZeRO-3 reduces as ZeRO-2 does and gathers the very weights: its bits,
+     * also in the evaluation at the end (from the weights gathered on the host) */
     cr_assert(same_bits(&r[2], &r[3]), "%s: --zero 3 differs from --zero 2", what);
+    cr_assert(r[2].val_loss == r[3].val_loss, "%s: --zero 3 evaluates to %.9g, --zero 2 to %.9g", what,
+              r[3].val_loss, r[2].val_loss);
     for (int z = 2; z < 4; z++) {
         bb_train_options oz = staged(o, z);
         uint64_t planned = planned_peak(&oz, z), peak = largest_peak(&r[z]);

@@ -97,8 +97,8 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      "only (saves (N-1)/N of it on N devices) and the updated weights are gathered; 2: ZeRO-2, the gradients " \
      "too: each micro-step's are reduced bucket by bucket into the shards during the backward, and a device " \
      "keeps a few buckets of them instead of all; 3: ZeRO-3, the weights too: each device keeps its shard's "   \
-     "fp32 weights and gathers a layer's buckets of them just before a pass uses them (train: CPU devices in " \
-     "one process so far); auto: the lowest stage at which the planner fits the batch in --device-mem",        \
+     "fp32 weights and gathers a layer's buckets of them ahead of a pass's use (train: in one process so far)" \
+     "; auto: the lowest stage at which the planner fits the batch in --device-mem",        \
      .choices = "0|1|2|3|auto", .given = (zero_given)},                                                          \
     {"--zero-shards", BB_OPT_ENUM, &(zero_shards), "RULE", "how --zero cuts each gradient bucket among the "  \
      "devices: auto (the optimizer's rule), elements (equal slices: NCCL reduce-scatters and all-gathers them) " \

@@ -18,6 +18,10 @@
 // per bucket then says its slot is free, which the compute stream waits
 // for before the backward writes the slot's next bucket (window_write).
 //
+// ZeRO-3 (reducer_args.shard_params): besides, the model's parameter window
+// gathers each bucket of weights from the owners' master shards into a
+// slot, on the communication stream, ahead of its use (n_gather).
+//
 // Threads. Each worker thread drives only its own communicator, in the same
 // bucket order (NCCL's one-thread-per-GPU model), and no lock is held
 // across an NCCL call: NCCL connects peers lazily inside the first
@@ -145,7 +149,9 @@ struct device_side {
     float **bucket;             // each bucket's gradients: in the whole buffer, or its window slot (ZeRO-2)
     float *shard_grads;         // ZeRO-2: the optimizer's shard gradients, and where each bucket's slice starts there
     size_t *shard_at;
+    float *shard_params;        // ZeRO-3: the optimizer's master weights (laid out as shard_grads)
     cudaEvent_t *freed;         // ZeRO-2: per bucket, recorded once its slot has been read out
+    cudaEvent_t *gathered;      // ZeRO-3: per bucket, recorded once its weights are in its window slot
     unsigned round;             // rounds posted in full (ZeRO-2: micro-steps, else steps)
     float *stage;               // ZeRO-1's equal slices of a bucket they do not divide: owners × count floats
     int rank, cuda_device, next_bucket; // rank: in the communicator (the job's device number)
@@ -457,9 +463,11 @@ void n_destroy(reducer_t *r)
         if (s->scalar) cudaFree(s->scalar);
         if (s->host_scalar) cudaFreeHost(s->host_scalar);
         if (s->stage) cudaFree(s->stage);
-        for (int b = 0; s->freed && b < r->buckets; b++)
-            if (s->freed[b]) cudaEventDestroy(s->freed[b]);
-        free(s->freed), free(s->bucket), free(s->shard_at);
+        for (int b = 0; b < r->buckets; b++) {
+            if (s->freed && s->freed[b]) cudaEventDestroy(s->freed[b]);
+            if (s->gathered && s->gathered[b]) cudaEventDestroy(s->gathered[b]);
+        }
+        free(s->freed), free(s->gathered), free(s->bucket), free(s->shard_at);
         pthread_mutex_destroy(&s->abort_lock); // zeroed (never initialized) is the default mutex
     }
     if (n->dev) cudaSetDevice(n->dev[0].cuda_device);
@@ -625,6 +633,7 @@ bool n_allgather(reducer_t *r, int device)
 {
     nccl_reducer *n = of(r);
     device_side *s = &n->dev[device];
+    if (!s->params) return !stopping(r); // ZeRO-3: no replica to fill; each gather follows the update (n_gather)
     cudaSetDevice(s->cuda_device);
     gather_args a = {r, s};
     bool ok = !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
@@ -637,10 +646,68 @@ bool n_allgather(reducer_t *r, int device)
            BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
 }
 
-// No sum_squares: the gradients' norm is a pass of the optimizer's own. No
-// gather: ZeRO-3 on GPUs is refused before a reducer is made (trainer.c).
+// ZeRO-3: bucket b's weights into a window slot. The issue, on the
+// communication stream after the compute stream's work so far (which may
+// still read the slot's previous bucket): this owner's slice from its
+// master weights into its place in the slot, then equal slices
+// all-gathered (in place, or staged as above) or whole-tensor slices
+// broadcast from each owner in one group; gathered[b] is recorded after.
+// The wait makes the compute stream wait for that record: a prefetched
+// bucket's gather runs while the compute stream works on the buckets
+// before it. Every device issues its gathers in the order of its model's
+// passes, the same everywhere, as NCCL needs.
+struct slot_args {
+    reducer_t *r;
+    device_side *s;
+    int b;
+    float *slot;
+};
+
+ncclResult_t broadcast_bucket(void *ctx)
+{
+    slot_args *a = static_cast<slot_args *>(ctx);
+    reducer_t *r = a->r;
+    ncclResult_t rc = nccl.GroupStart();
+    for (int k = 0; rc == ncclSuccess && k < r->shards->owners; k++) {
+        size_t lo, hi;
+        bb_param_shards_slice(r->shards, a->b, k, &lo, &hi);
+        float *p = a->slot + (lo - r->lo[a->b]);
+        if (hi > lo) rc = nccl.Broadcast(p, p, hi - lo, ncclFloat, k, a->s->comm, a->s->comm_stream);
+    }
+    ncclResult_t end = nccl.GroupEnd();
+    return rc != ncclSuccess ? rc : end;
+}
+
+bb_status n_gather(reducer_t *r, int device, bb_gather_phase phase, int b, size_t lo, size_t len, float *slot)
+{
+    nccl_reducer *n = of(r);
+    device_side *s = &n->dev[device];
+    if (!s->shard_params || lo != r->lo[b] || len != r->hi[b] - r->lo[b])
+        return bb_fail(BB_ERR_INTERNAL, "the parameter window was cut on other buckets than the reducer's, or the "
+                       "reducer keeps no master weights");
+    cudaSetDevice(s->cuda_device);
+    bool ok = !stopping(r);
+    if (phase == BB_GATHER_WAIT) {
+        ok = ok && BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->gathered[b], 0));
+        return ok ? BB_OK : bb_reducer_failure(r);
+    }
+    size_t slo, shi;
+    bb_param_shards_slice(r->shards, b, s->rank, &slo, &shi);
+    cudaStream_t st = s->comm_stream;
+    ok = ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
+         BB_CUDA_REDUCER(n, cudaStreamWaitEvent(st, s->ready, 0)) &&
+         (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(slot + (slo - lo), s->shard_params + s->shard_at[b],
+                                                           (shi - slo) * sizeof(float), cudaMemcpyDeviceToDevice, st)));
+    slot_args a = {r, s, b, slot};
+    if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS) ok = ok && equal_slices(n, s, b, ALL_GATHER, slot);
+    else ok = ok && nccl_step(n, s, broadcast_bucket, &a, "ncclBroadcast (the ZeRO-3 gather)");
+    ok = ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->gathered[b], st));
+    return ok ? BB_OK : bb_reducer_failure(r);
+}
+
+// No sum_squares: the gradients' norm is a pass of the optimizer's own.
 const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort,       n_last_step, n_allreduce_scalar,
-                              n_broadcast_stop, n_allgather, NULL,   n_window_write, NULL};
+                              n_broadcast_stop, n_allgather, NULL,   n_window_write, n_gather};
 
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this
@@ -728,15 +795,19 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
         s->comm_stream = static_cast<cudaStream_t>(bb_backend_native_stream(a->be[d], BB_STREAM_COMM));
         s->params = a->params ? a->params[d] : NULL;
         s->shard_grads = a->window_models ? a->shard_grads[d] : NULL;
+        s->shard_params = a->shard_params ? a->shard_params[d] : NULL;
         s->bucket = static_cast<float **>(calloc((size_t)r->buckets, sizeof *s->bucket));
         s->shard_at = static_cast<size_t *>(calloc((size_t)r->buckets, sizeof *s->shard_at));
         s->freed = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets, sizeof *s->freed));
-        if (!s->bucket || !s->shard_at || !s->freed) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+        s->gathered = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets, sizeof *s->gathered));
+        if (!s->bucket || !s->shard_at || !s->freed || !s->gathered) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
         if (rc == BB_OK) rc = bb_reducer_device_buckets(r, a, d, s->bucket, s->shard_at);
         if (rc != BB_OK) break;
         cudaSetDevice(s->cuda_device);
         for (int b = 0; a->window_models && b < r->buckets; b++)
             if (cudaEventCreateWithFlags(&s->freed[b], cudaEventDisableTiming) != cudaSuccess) s->freed[b] = NULL;
+        for (int b = 0; s->shard_params && b < r->buckets; b++)
+            if (cudaEventCreateWithFlags(&s->gathered[b], cudaEventDisableTiming) != cudaSuccess) s->gathered[b] = NULL;
         if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||
             cudaMalloc(&s->scalar, sizeof(double)) != cudaSuccess ||
@@ -744,7 +815,8 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
             (stage && cudaMalloc(&s->stage, stage * sizeof(float)) != cudaSuccess))
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
         for (int b = 0; rc == BB_OK && a->window_models && b < r->buckets; b++)
-            if (!s->freed[b]) rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create the gradient window's events", s->cuda_device);
+            if (!s->freed[b] || (s->shard_params && !s->gathered[b]))
+                rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create the windows' events", s->cuda_device);
     }
     if (rc == BB_OK) rc = init_comms(n, a->spec, a->timeout_s);
     if (rc == BB_OK) {

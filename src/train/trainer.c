@@ -337,7 +337,7 @@ static bb_status apply_plan(trainer *t)
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_recompute = !o->auto_recompute,
                          .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib,
-                         .zero_top = o->device == BB_DEVICE_CPU && t->spec.world < 2 ? 3 : 2}; /* ZeRO-3's reach */
+                         .zero_top = t->spec.world < 2 ? 3 : 2}; /* ZeRO-3's reach: one process */
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
     if (bb_calibration_cached(o->device, &cal)) q.calibration = &cal;
     bb_plan p;
@@ -464,10 +464,10 @@ static bb_status setup_data(trainer *t)
     t->cfg.precision = o->precision;
     t->zero = o->zero;
     if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO) BB_TRY(apply_plan(t));
-    if (t->zero == 3 && (t->spec.kind != BB_DEVICE_CPU || t->spec.world > 1))
-        return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 runs on CPU devices in one process so far; on GPUs and over "
+    if (t->zero == 3 && t->spec.world > 1)
+        return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 runs in one process so far (its devices CPUs or GPUs); over %d "
                        "processes use %s 2 (which shards the gradients and the optimizer state)", NAME(ZERO),
-                       NAME(ZERO));
+                       t->spec.world, NAME(ZERO));
     t->gather_saves = t->zero && t->spec.world > 1;
     BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
