@@ -403,6 +403,47 @@ Test(mpi, zero2_over_processes_trains_the_same_and_saves_one_state)
     free(m0), free(m2), free(ma), free(mr), free(c0), free(c2), free(data);
 }
 
+/* --zero 3 over 2 processes x cpu:2: each device gathers its weights on a
+ * channel of its own (one MPI communicator a local device, the process's
+ * own owners' slices copied). With one micro-step a step the checkpoint's
+ * weights, optimizer.bin and the evaluation are --zero 0's byte for byte
+ * (the evaluation reads the weights gathered from every process); over
+ * accumulated micro-steps the losses of --zero 2 (which reduces the same);
+ * its checkpoint resumes in one process. */
+Test(mpi, zero3_over_processes_trains_the_same_and_saves_one_state)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400);
+    char *m0 = tu_path(tmp, "m0.jsonl"), *m3 = tu_path(tmp, "m3.jsonl"), *ma = tu_path(tmp, "ma.jsonl"),
+         *mb = tu_path(tmp, "mb.jsonl"), *mr = tu_path(tmp, "mr.jsonl"), *c0 = tu_path(tmp, "c0"),
+         *c3 = tu_path(tmp, "c3");
+    char flags[4400];
+    for (int z = 0; z <= 3; z += 3) {
+        snprintf(flags, sizeof flags, "--micro-batch 4 --zero %d --val-data %s --eval-every 2", z, data);
+        zero_job(data, z ? m3 : m0, flags, z ? c3 : c0);
+    }
+    expect_metrics_losses(m0, m3, 1, "--zero 3 over 2 processes");
+    same_file(c0, c3, "latest/optimizer.bin", "--zero 0 and --zero 3, one micro-step a step");
+    same_file(c0, c3, "latest/model.safetensors", "--zero 0 and --zero 3, one micro-step a step");
+    double v0[4], v3[4];
+    int n0 = metric_values(m0, "val_loss", 1, v0, 4), n3 = metric_values(m3, "val_loss", 1, v3, 4);
+    cr_assert(n0 == 2 && n3 == 2 && v0[0] == v3[0] && v0[1] == v3[1], "--zero 3's evaluations (%d) are not --zero "
+              "0's (%d)", n3, n0);
+    /* two micro-steps a step */
+    const char *stage[] = {"--bucket-mib 0.004 --zero 2", "--bucket-mib 0.004 --zero 3"};
+    for (int i = 0; i < 2; i++) {
+        tu_run r = train_job(2, 2, data, i ? mb : ma, stage[i]);
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        cr_assert_not_null(strstr(r.err, "the 2 processes' parameters are identical"), "%s", r.err);
+        tu_run_free(&r);
+    }
+    expect_metrics_losses(ma, mb, 1, "--zero 3 against --zero 2 over 2 processes, 2 micro-steps a step");
+    resume_unsharded(data, c3, mr);
+    cr_log_info("--zero 3 over 2 processes x cpu:2: --zero 0's weights, optimizer.bin and evaluations byte for byte "
+                "(one micro-step a step), --zero 2's losses over two; resumed on cpu:4");
+    free(m0), free(m3), free(ma), free(mb), free(mr), free(c0), free(c3), free(data);
+}
+
 /* Ranks started with other options than rank 0's (a job script that gives
  * rank 1 other flags) end the job at once, the differing rank naming what
  * differs, before anything depends on the options (issue 29, item 1). */

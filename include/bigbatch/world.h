@@ -25,6 +25,7 @@ typedef struct bb_world {
     int rank, size;             /* this process among `size` (0 and 1 alone) */
     int local_rank, local_size; /* among the processes of this machine */
     bool mpi;                   /* MPI is initialised */
+    bool thread_multiple;       /* with MPI_THREAD_MULTIPLE: threads may call collectives at once (on channels) */
 } bb_world;
 
 /* Fails with BB_ERR_UNSUPPORTED when several processes were launched and
@@ -51,6 +52,16 @@ bb_status bb_world_max_int(int *x);                    /* in place: x = the larg
  * all-gather). Fails with BB_ERR_ARG when the parts span 2^31 floats or
  * more, BB_ERR_NOMEM, and as the other collectives when MPI does. */
 bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi);
+/* Channels: n copies of the world's communicator (MPI_Comm_dup; every
+ * process calls it), one for each thread that runs collectives of its own
+ * while other threads run theirs (ZeRO-3's gathers: one a local device).
+ * Opened once for the process (a larger n adds), freed at finalize. Fails
+ * with BB_ERR_UNSUPPORTED without MPI_THREAD_MULTIPLE, as the collectives
+ * when MPI does. */
+bb_status bb_world_open_channels(int n);
+/* bb_world_allgather_floats on channel `channel` (one thread's own). Fails
+ * as it, with BB_ERR_INTERNAL for a channel not opened. */
+bb_status bb_world_allgather_floats_on(int channel, float *x, const size_t *lo, const size_t *hi);
 /* In place in x: the sum over the processes of each process's own part
  * [lo[rank], hi[rank]) (parts as above) into that part (a reduce-scatter:
  * half an all-reduce's traffic; the rest of x is left undefined). Fails

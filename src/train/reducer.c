@@ -70,6 +70,7 @@ typedef struct cpu_reducer {
     float **slots, **params;      /* slots: (devices × buckets) each bucket's first gradient */
     float **shard_grads;          /* ZeRO-2: per device, its optimizer's shard gradients; NULL: none */
     float **shard_params;         /* ZeRO-3: per device, its optimizer's master weights; NULL: none */
+    size_t *gather_parts;         /* ZeRO-3 over processes: per device, 2 × world: its gather's process parts */
     size_t *shard_at;             /* ZeRO-2: (devices × buckets) where the owner's slice starts there */
     int accumulation;             /* rounds a step: ZeRO-2's micro-steps, else 1 */
     _Atomic uint32_t *posted;     /* per bucket: posts so far (grows by devices per step) */
@@ -150,15 +151,15 @@ static void accumulate_shards(const cpu_reducer *c, int bucket, size_t k, size_t
 }
 
 /* ZeRO over processes: each process's part of bucket b (its owners'
- * slices, contiguous, in rank order) into c->part_lo/part_hi, less `base`. */
-static void process_parts(cpu_reducer *c, int b, size_t base)
+ * slices, contiguous, in rank order) into part_lo/part_hi, less `base`. */
+static void process_parts(const cpu_reducer *c, int b, size_t base, size_t *part_lo, size_t *part_hi)
 {
     const bb_param_shards *sh = c->base.shards;
     int per = c->base.devices;
     for (int p = 0; p < c->world; p++) {
         size_t lo, hi;
-        bb_param_shards_slice(sh, b, p * per, &lo, &hi), c->part_lo[p] = lo - base;
-        bb_param_shards_slice(sh, b, p * per + per - 1, &lo, &hi), c->part_hi[p] = hi - base;
+        bb_param_shards_slice(sh, b, p * per, &lo, &hi), part_lo[p] = lo - base;
+        bb_param_shards_slice(sh, b, p * per + per - 1, &lo, &hi), part_hi[p] = hi - base;
     }
 }
 
@@ -179,7 +180,7 @@ static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi,
     }
     float inv = 1.0f / (float)(devices * c->world);
     if (c->accumulation > 1) { /* ZeRO-2 over micro-steps: each process sums and keeps its owners' part only */
-        process_parts(c, bucket, lo);
+        process_parts(c, bucket, lo, c->part_lo, c->part_hi);
         BB_TRY(bb_world_reduce_scatter_floats(acc, c->part_lo, c->part_hi));
         accumulate_shards(c, bucket, lo, n, acc, micro, inv);
         return BB_OK;
@@ -265,7 +266,7 @@ static void cpu_destroy(reducer_t *r)
         pthread_join(c->thread, NULL);
     }
     bb_reducer_free_buckets(r);
-    free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_params), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
+    free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_params), free(c->gather_parts), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
     free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->part_lo),
         free(c->part_hi);
     pthread_mutex_destroy(&c->lock);
@@ -386,7 +387,7 @@ static bb_status gather_world(cpu_reducer *c)
 {
     reducer_t *r = &c->base;
     for (int b = 0; b < r->buckets; b++) {
-        process_parts(c, b, 0);
+        process_parts(c, b, 0, c->part_lo, c->part_hi);
         BB_TRY(bb_world_allgather_floats(c->params[0], c->part_lo, c->part_hi));
         for (int d = 1; d < r->devices; d++)
             memcpy(c->params[d] + r->lo[b], c->params[0] + r->lo[b], (r->hi[b] - r->lo[b]) * sizeof(float));
@@ -407,22 +408,23 @@ static bool cpu_allgather(reducer_t *r, int device)
         for (int e = 0; c->params[device] && e < (c->world > 1 ? 1 : r->devices); e++)
             if (e != device && hi > lo) memcpy(c->params[e] + lo, c->params[device] + lo, (hi - lo) * sizeof(float));
     }
-    double v;
-    return exchange(c, device, 0, false, &v, c->world > 1 ? gather_world : NULL);
+    double v; /* ZeRO-3 (no replicas' weights): a meeting alone, the gathers come with each use */
+    return exchange(c, device, 0, false, &v, c->world > 1 && c->params[0] ? gather_world : NULL);
 }
 
-/* ZeRO-3: every owner's slice straight from its master weights (this
- * process's devices are every owner: over processes it is refused). The
- * owners wrote them in the last optimizer step, before the allgather's
- * meeting; they write them again only after every device posted all of
- * this step's buckets, after its last gather. */
+/* ZeRO-3: this process's owners' slices straight from their master
+ * weights (the process's part of the bucket) and, over processes, the
+ * other processes' parts by an all-gather on the device's own channel
+ * (every process's device d gathers the same buckets in the same order).
+ * The owners wrote their weights in the last optimizer step, before the
+ * allgather's meeting; they write them again only after every device
+ * posted all of this step's buckets, after its last gather. */
 static bb_status cpu_gather(reducer_t *r, int device, bb_gather_phase phase, int bucket, size_t lo, size_t n,
                             float *slot)
 {
     cpu_reducer *c = (cpu_reducer *)r;
-    (void)device;
     if (phase == BB_GATHER_WAIT) return BB_OK; /* the copies are done */
-    if (!c->shard_params || c->world > 1 || lo != r->lo[bucket] || n != r->hi[bucket] - r->lo[bucket])
+    if (!c->shard_params || lo != r->lo[bucket] || n != r->hi[bucket] - r->lo[bucket])
         return bb_fail(BB_ERR_INTERNAL, "the parameter window was cut on other buckets than the reducer's, or the "
                        "reducer keeps no master weights");
     for (int k = 0; k < r->devices; k++) {
@@ -432,7 +434,10 @@ static bb_status cpu_gather(reducer_t *r, int device, bb_gather_phase phase, int
             memcpy(slot + (a - lo), c->shard_params[k] + c->shard_at[(size_t)k * r->buckets + bucket],
                    (b - a) * sizeof *slot);
     }
-    return BB_OK;
+    if (c->world < 2) return BB_OK;
+    size_t *part_lo = c->gather_parts + (size_t)device * 2 * c->world, *part_hi = part_lo + c->world;
+    process_parts(c, bucket, lo, part_lo, part_hi);
+    return bb_world_allgather_floats_on(device, slot, part_lo, part_hi);
 }
 
 static void cpu_last_step(const reducer_t *r, uint64_t until_ns, uint64_t *busy_ns, uint64_t *overlapped_ns)
@@ -512,8 +517,11 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     if (rc == BB_OK && a->window_models &&
         (!(c->shard_grads = calloc((size_t)devices, sizeof *c->shard_grads)) ||
          !(c->shard_at = calloc((size_t)devices * (size_t)r->buckets, sizeof *c->shard_at)) ||
-         (a->shard_params && !(c->shard_params = calloc((size_t)devices, sizeof *c->shard_params)))))
+         (a->shard_params && !(c->shard_params = calloc((size_t)devices, sizeof *c->shard_params))) ||
+         (a->shard_params && c->world > 1 &&
+          !(c->gather_parts = calloc((size_t)devices * 2 * (size_t)c->world, sizeof *c->gather_parts)))))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    if (rc == BB_OK && a->shard_params) rc = bb_world_open_channels(devices); /* one a device's gathers */
     if (rc == BB_OK && (!c->slots || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");

@@ -156,20 +156,17 @@ static bb_status from_host(void *ctx, bb_gather_phase phase, int bucket, size_t 
     return phase == BB_GATHER_WAIT ? BB_OK : bb_backend_copy(h->be, slot, h->weights + lo, n * sizeof *slot, BB_COPY_H2D);
 }
 
-/* bb_evaluate on replica 0; under ZeRO-3 its window reads the whole weights
- * gathered on the host (the other replicas wait at the barrier: no
- * collective can run), then the shards again. */
-static bb_status evaluate(trainer *t, const bb_eval_options *eo, bb_eval_result *ev)
+/* bb_evaluate on replica 0; under ZeRO-3 its window reads `weights`, the
+ * whole weights gathered on the host (the other replicas wait at the
+ * barrier: no gather can run), then the shards again. */
+static bb_status evaluate(trainer *t, const float *weights, const bb_eval_options *eo, bb_eval_result *ev)
 {
     replica *r = &t->replicas[0];
-    if (t->zero != 3) return bb_evaluate(r->model, t->val, eo, ev);
-    float *host;
-    BB_TRY(bb_trainer_whole_weights(t, &host));
-    host_source src = {r->be, host};
+    if (!weights) return bb_evaluate(r->model, t->val, eo, ev);
+    host_source src = {r->be, weights};
     bb_model_set_param_window_hook(r->model, from_host, &src);
     bb_status rc = bb_evaluate(r->model, t->val, eo, ev);
     bb_trainer_window_from_shards(r);
-    free(host);
     return rc;
 }
 
@@ -270,12 +267,15 @@ static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, double los
     const bb_train_options *o = t->o;
     *ran = false;
     if (*request || !(last || (o->eval_every && step % o->eval_every == 0))) return BB_OK;
+    float *weights = NULL; /* ZeRO-3: gathered from every process's shards, every rank joining */
+    if (t->zero == 3 && t->evaluates) BB_TRY(bb_trainer_whole_weights(t, &weights));
     if (t->val) { /* rank 0's: the others wait in the agreement below */
         char label[48];
         snprintf(label, sizeof label, "eval step %llu", (unsigned long long)step);
         bb_eval_options eo = {.progress = o->progress, .label = label, .interrupted = o->interrupted,
                               .token_bytes = t->val_token_bytes};
-        bb_status rc = evaluate(t, &eo, ev);
+        bb_status rc = evaluate(t, weights, &eo, ev);
+        free(weights), weights = NULL;
         if (rc != BB_ERR_INTERRUPTED) BB_TRY(rc);
         else if (o->progress) /* the step was saved before it, if it saves */
             fprintf(o->progress, "%s%s: stopped (%s)\n", t->tty ? "\r\033[K" : "", label, bb_error_message());
@@ -284,6 +284,7 @@ static bb_status maybe_evaluate(trainer *t, uint64_t step, bool last, double los
             t->result->val_accuracy = ev->accuracy;
         }
     }
+    free(weights);
     BB_TRY(agree_stop(t, request));
     if (*request && !*saved && saves_at(t, step, *request)) {
         BB_TRY(save(t, step, loss));

@@ -337,7 +337,8 @@ static bb_status apply_plan(trainer *t)
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_recompute = !o->auto_recompute,
                          .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib,
-                         .zero_top = t->spec.world < 2 ? 3 : 2}; /* ZeRO-3's reach: one process */
+                         .zero_top = t->spec.world < 2 || o->device != BB_DEVICE_CPU || bb_world_get()->thread_multiple
+                                         ? 3 : 2}; /* ZeRO-3's reach (train's refusal below) */
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
     if (bb_calibration_cached(o->device, &cal)) q.calibration = &cal;
     bb_plan p;
@@ -416,12 +417,14 @@ static bb_status setup_devices(trainer *t)
     for (int d = 0; listed && d < o->devices && n < (int)sizeof t->devices_text - 12; d++)
         n += snprintf(t->devices_text + n, sizeof t->devices_text - (size_t)n, "%s%d", d ? "," : "", t->spec.ids[d]);
     t->saves = o->save_dir != NULL;
+    t->evaluates = o->val_data != NULL;
     if ((o->zero == 2 || o->zero == 3) && o->devices * w->size < 2)
         return bb_fail(BB_ERR_ARG, "%s %d shards the %s among the job's devices, and this job has one: there is "
                        "nothing to shard (train with %s 0, or on more devices)", NAME(ZERO), o->zero,
                        o->zero == 2 ? "gradients" : "weights and gradients", NAME(ZERO));
     if (w->size < 2) return BB_OK;
     BB_TRY(bb_world_broadcast_bytes(&t->saves, sizeof t->saves, 0)); /* rank 0 writes (options_of_rank) */
+    BB_TRY(bb_world_broadcast_bytes(&t->evaluates, sizeof t->evaluates, 0)); /* and evaluates */
     bool same; /* before any collective that counts on it (NCCL's ranks) */
     BB_TRY(bb_world_all_equal((uint64_t)o->devices, &same));
     if (!same)
@@ -464,10 +467,10 @@ static bb_status setup_data(trainer *t)
     t->cfg.precision = o->precision;
     t->zero = o->zero;
     if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO) BB_TRY(apply_plan(t));
-    if (t->zero == 3 && t->spec.world > 1)
-        return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 runs in one process so far (its devices CPUs or GPUs); over %d "
-                       "processes use %s 2 (which shards the gradients and the optimizer state)", NAME(ZERO),
-                       t->spec.world, NAME(ZERO));
+    if (t->zero == 3 && t->spec.world > 1 && t->spec.kind == BB_DEVICE_CPU && !bb_world_get()->thread_multiple)
+        return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 over processes on CPU devices gathers on each device's thread, and "
+                       "this MPI library gives no MPI_THREAD_MULTIPLE: use %s 2 (which shards the gradients and the "
+                       "optimizer state), or an MPI built with thread support", NAME(ZERO), NAME(ZERO));
     t->gather_saves = t->zero && t->spec.world > 1;
     BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);

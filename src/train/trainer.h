@@ -79,6 +79,7 @@ typedef struct trainer {
     bool stop;
     bool gather_saves;       /* ZeRO-1 over processes: every rank joins a save (its shards) */
     bool saves;              /* the run saves (rank 0 has a save_dir): known on every rank */
+    bool evaluates;          /* the run evaluates (rank 0 has val data): known on every rank */
     bool saved;              /* a checkpoint was written (on every rank: rank 0 wrote it) */
     uint64_t skipped;        /* non-finite steps skipped */
     bool finished;           /* --resume of a run already at its last step */

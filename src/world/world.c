@@ -5,11 +5,13 @@
 
 #include "bigbatch/world.h"
 
+static bb_world world = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1};
+
 #ifdef BB_MPI
 #include <mpi.h>
+static MPI_Comm *channels; /* bb_world_open_channels' copies of MPI_COMM_WORLD */
+static int channel_count;
 #endif
-
-static bb_world world = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1};
 
 const bb_world *bb_world_get(void) { return &world; }
 
@@ -45,13 +47,15 @@ bb_status bb_world_init(int *argc, char ***argv)
 {
     if (!launched_size() || world.mpi) return BB_OK;
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return bb_fail(BB_ERR_INTERNAL, "MPI_Init_thread failed");
     world.mpi = true;
+    world.thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     if (provided < MPI_THREAD_SERIALIZED) {
         bb_world_finalize();
         return bb_fail(BB_ERR_UNSUPPORTED, "the MPI library gives thread level %d; bigbatch needs "
-                       "MPI_THREAD_SERIALIZED (its reducer thread and workers call MPI, never at once)", provided);
+                       "MPI_THREAD_SERIALIZED (its reducer thread and workers call MPI, never at once; ZeRO-3's "
+                       "gathers over processes need MPI_THREAD_MULTIPLE)", provided);
     }
     /* Errors come back as return codes, to be reported as bb_status. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -69,7 +73,26 @@ void bb_world_finalize(void)
 {
     if (!world.mpi) return;
     world.mpi = false;
+    for (int i = 0; i < channel_count; i++) MPI_Comm_free(&channels[i]);
+    free(channels);
+    channels = NULL, channel_count = 0;
     MPI_Finalize();
+}
+
+bb_status bb_world_open_channels(int n)
+{
+    if (world.size < 2 || n <= channel_count) return BB_OK;
+    if (!world.thread_multiple)
+        return bb_fail(BB_ERR_UNSUPPORTED, "the MPI library gives no MPI_THREAD_MULTIPLE: several threads of a process "
+                       "cannot each run collectives of their own");
+    MPI_Comm *grown = realloc(channels, (size_t)n * sizeof *grown);
+    if (!grown) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    channels = grown;
+    for (; channel_count < n; channel_count++) {
+        MPI_OK(MPI_Comm_dup(MPI_COMM_WORLD, &channels[channel_count]));
+        MPI_Comm_set_errhandler(channels[channel_count], MPI_ERRORS_RETURN);
+    }
+    return BB_OK;
 }
 
 void bb_world_abort(int code)
@@ -112,18 +135,30 @@ static bb_status parts(const size_t *lo, const size_t *hi, const char *what, int
     return rc;
 }
 
-bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
+static bb_status allgather_on(MPI_Comm comm, float *x, const size_t *lo, const size_t *hi)
 {
     if (world.size < 2) return BB_OK;
     int *counts, *displs;
     bb_status rc = parts(lo, hi, "an all-gather", &counts, &displs);
     if (rc == BB_OK) {
-        int e = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + lo[0], counts, displs, MPI_FLOAT,
-                               MPI_COMM_WORLD);
+        int e = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x + lo[0], counts, displs, MPI_FLOAT, comm);
         if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Allgatherv", e);
     }
     free(counts), free(displs);
     return rc;
+}
+
+bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
+{
+    return allgather_on(MPI_COMM_WORLD, x, lo, hi);
+}
+
+bb_status bb_world_allgather_floats_on(int channel, float *x, const size_t *lo, const size_t *hi)
+{
+    if (world.size < 2) return BB_OK;
+    if (channel < 0 || channel >= channel_count)
+        return bb_fail(BB_ERR_INTERNAL, "MPI channel %d of %d opened", channel, channel_count);
+    return allgather_on(channels[channel], x, lo, hi);
 }
 
 bb_status bb_world_reduce_scatter_floats(float *x, const size_t *lo, const size_t *hi)
@@ -197,6 +232,11 @@ bb_status bb_world_max_int(int *x) { return (void)x, BB_OK; }
 bb_status bb_world_allgather_floats(float *x, const size_t *lo, const size_t *hi)
 {
     return (void)x, (void)lo, (void)hi, BB_OK;
+}
+bb_status bb_world_open_channels(int n) { return (void)n, BB_OK; }
+bb_status bb_world_allgather_floats_on(int channel, float *x, const size_t *lo, const size_t *hi)
+{
+    return (void)channel, (void)x, (void)lo, (void)hi, BB_OK;
 }
 bb_status bb_world_reduce_scatter_floats(float *x, const size_t *lo, const size_t *hi)
 {
