@@ -12,9 +12,10 @@
 #      overlapping the backward vs --no-overlap: step time, overlap % and
 #      data-wait %; and the Fashion-MNIST mlp on 2 devices with G 64 = 2 x 1
 #      x 32, where the all-reduce is a larger part of the step.
-#   4. ZeRO-1 and ZeRO-2: the same gpt on cpu:2 (G 64 = 2 x 4 x 8) and cpu:4
-#      (4 x 2 x 8) with --zero 1 and --zero 2 against --zero 0, buckets of
-#      1 MiB (so that ZeRO-2's window cycles): step time (goal: <= 1.05x).
+#   4. ZeRO-1, ZeRO-2 and ZeRO-3: the same gpt on cpu:2 (G 64 = 2 x 4 x 8)
+#      and cpu:4 (4 x 2 x 8) with --zero 1, 2 and 3 against --zero 0,
+#      buckets of 1 MiB (so that the windows cycle): step time (goals:
+#      ZeRO-2 <= 1.05x, ZeRO-3 <= 1.25x).
 #   5. CPU speed against PyTorch on the same work, every side with 2
 #      threads and clipping the gradient norm to 1: a gpt of 4 layers, 4
 #      heads, d 256, T 256, G 32 (8192 tokens a step; AdamW) as 8 x 4 on
@@ -47,7 +48,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 gpt_args="--data data/kjv/train --global-batch 64 --micro-batch 8 --steps $STEPS --lr 1e-3 --quiet"
 mlp_args="--model mlp --data data/fmnist/train --devices cpu:2 --global-batch 64 --micro-batch 32 --steps 40 --quiet"
-declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct z0_2 z1_2 z2_2 z0_4 z1_4 z2_4
+declare -a bb_tok torch_tok ov_ms ov_pct ov_wait no_ms no_wait mov_ms mno_ms mov_red mov_pct z0_2 z1_2 z2_2 z3_2 z0_4 z1_4 z2_4 z3_4
 step_ms() { $PY -c 'print(64 / float(__import__("sys").argv[1]) * 1000)' "$(steady "$1" samples_per_s)"; }
 # section 5: a case's name -> its bigbatch arguments; S: name -> its runs' throughputs
 declare -A speed_args S
@@ -95,7 +96,7 @@ for ((i = 0; i < RUNS; i++)); do
     fi
     if on 4; then
         for n in 2 4; do
-            for z in 0 1 2; do
+            for z in 0 1 2 3; do
                 "$BB" train $gpt_args --devices cpu:$n --micro-batch 8 --bucket-mib 1 --zero $z --metrics "$tmp/z$z.jsonl"
                 eval "z${z}_$n+=(\"\$(step_ms \"\$tmp/z$z.jsonl\")\")"
             done
@@ -164,12 +165,12 @@ if on 3; then
 fi
 if on 4; then
     echo
-    echo "| gpt, ZeRO (G 64, 1 MiB buckets) | --zero 0 step ms | --zero 1 step ms | --zero 2 step ms | zero 1 / zero 0 | zero 2 / zero 0 |"
-    echo "|---|---|---|---|---|---|"
+    echo "| gpt, ZeRO (G 64, 1 MiB buckets) | --zero 0 step ms | --zero 1 step ms | --zero 2 step ms | --zero 3 step ms | zero 1 / zero 0 | zero 2 / zero 0 | zero 3 / zero 0 |"
+    echo "|---|---|---|---|---|---|---|---|"
     for n in 2 4; do
-        eval "a=\$(median \"\${z0_$n[@]}\") b=\$(median \"\${z1_$n[@]}\") c=\$(median \"\${z2_$n[@]}\")"
-        printf '| cpu:%d (%d x %d x 8) | %.0f | %.0f | %.0f | **%s** | **%s** |\n' "$n" "$n" $((8 / n)) "$a" "$b" "$c" \
-            "$(r2 "$b" "$a")" "$(r2 "$c" "$a")"
+        eval "a=\$(median \"\${z0_$n[@]}\") b=\$(median \"\${z1_$n[@]}\") c=\$(median \"\${z2_$n[@]}\") d=\$(median \"\${z3_$n[@]}\")"
+        printf '| cpu:%d (%d x %d x 8) | %.0f | %.0f | %.0f | %.0f | **%s** | **%s** | **%s** |\n' "$n" "$n" $((8 / n)) \
+            "$a" "$b" "$c" "$d" "$(r2 "$b" "$a")" "$(r2 "$c" "$a")" "$(r2 "$d" "$a")"
     done
 fi
 if on 5; then

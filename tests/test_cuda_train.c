@@ -67,7 +67,9 @@ static void expect_same_losses(const char *what, const bb_train_result *a, const
  * (the gradient window's slots reused across buckets and micro-steps,
  * each micro-step's slices kept in the shards: copied, then added) and
  * --zero 3 (each bucket of weights all-gathered, or broadcast from its
- * owners, into the parameter window's slots ahead of its use); the mlp;
+ * owners, into the parameter window's slots ahead of its use), each
+ * also with the optimizer offloaded (its gradients copied down and weights
+ * up in chunks around the host's step); the mlp;
  * bf16, also with a plan (within 2e-2: the GPU's products are bf16, the
  * CPU's fp32); a grouped-query llama, with a plan and ZeRO-1, and in bf16. */
 Test(cuda_train, two_gpus_train_as_cpu_2)
@@ -100,6 +102,10 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                   BB_PARAM_SHARD_TENSORS},
                  {"mlp --zero 3", 1, false, NULL, false, 3},
                  {"llama --precision bf16 --zero 3", 2, false, NULL, true, 3},
+                 {"gpt --offload optimizer", 0, false, NULL, false, 0},
+                 {"gpt --zero 2 --offload optimizer", 0, false, NULL, false, 2},
+                 {"gpt --zero 3 --zero-shards tensors --offload optimizer", 0, false, NULL, false, 3,
+                  BB_PARAM_SHARD_TENSORS},
                  {"mlp", 1, false, NULL, false, 0},
                  {"gpt --precision bf16", 0, false, NULL, true, 0},
                  {"gpt --precision bf16 --checkpoint plan:f,s", 0, false, "plan:f,s", true, 0},
@@ -111,6 +117,7 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
         o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero, o.zero_shards = cases[i].shards;
         if (strstr(cases[i].name, "sgd")) o.opt.kind = BB_OPTIMIZER_SGD;
+        if (strstr(cases[i].name, "--offload")) o.offload = BB_OFFLOAD_OPTIMIZER;
         if (cases[i].checkpoint)
             cr_assert_eq(bb_model_parse_recompute(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());
         if (cases[i].bf16) o.precision = BB_PRECISION_BF16;
@@ -175,7 +182,7 @@ Test(cuda_train, zero2_on_two_gpus_waits_for_each_window_slot)
  * the compute stream's work so far) or the communication stream (a layer
  * would read its slot before its gather filled it, were it not for the wait
  * on the bucket's event). */
-static void zero3_lagging(const char *stream, const char *what)
+static void lagging(const char *stream, const char *what, int zero, bb_offload offload)
 {
     need_gpus(2);
     need_emulator("delaying one stream alone");
@@ -184,7 +191,7 @@ static void zero3_lagging(const char *stream, const char *what)
     char *tokens = make_tokens("tokens", 200);
     bb_train_options o = gpt_options(tokens, 2, 4, 16);
     o.model.gpt.layers = 6; /* the window's ring wraps several times a pass */
-    o.steps = 2, o.bucket_mib = 0.001, o.zero = 3;
+    o.steps = 2, o.bucket_mib = 0.001, o.zero = zero, o.offload = offload;
     o.val_data = tokens; /* evaluated at the end, from the weights gathered on the host */
     bb_train_result c = train(&o);
     on_gpus(&o, 2);
@@ -200,12 +207,20 @@ static void zero3_lagging(const char *stream, const char *what)
 
 Test(cuda_train, zero3_gathers_wait_for_a_lagging_compute_stream)
 {
-    zero3_lagging("0", "gpt --zero 3, compute lagging");
+    lagging("0", "gpt --zero 3, compute lagging", 3, BB_OFFLOAD_NONE);
 }
 
 Test(cuda_train, zero3_passes_wait_for_a_lagging_gather)
 {
-    zero3_lagging("2", "gpt --zero 3, communication lagging");
+    lagging("2", "gpt --zero 3, communication lagging", 3, BB_OFFLOAD_NONE);
+}
+
+/* --offload optimizer with the compute stream lagging: the host steps a
+ * chunk only once its gradients are down (its event), and the next forward
+ * reads the weights only once they are up (the compute stream's order). */
+Test(cuda_train, offloaded_steps_wait_for_their_gradients)
+{
+    lagging("0", "gpt --offload optimizer, compute lagging", 0, BB_OFFLOAD_OPTIMIZER);
 }
 
 /* Saved on two GPUs: resumed there, the losses and weights of the whole

@@ -409,6 +409,92 @@ Test(zero, largest_finds_the_widest_member_that_fits)
     cr_assert_eq(bb_plan_largest(&none, &l), BB_ERR_ARG, "without --device-mem everything fits");
 }
 
+/* --offload optimizer at every stage: the same bits as on the device (the
+ * same element-wise step, on the host's backend), a peak without the state
+ * that the planner predicts to the byte, its host bytes the state, master
+ * weights and gradients' staging; a checkpoint resumes with or without it;
+ * too little --host-mem is one line naming what was needed. */
+Test(zero, offload_trains_the_same_bits_without_the_state_on_the_device)
+{
+    char *tokens = make_tokens("tokens", 170);
+    for (int z = 0; z <= 3; z++) {
+        bb_train_options o = staged(gpt_options(tokens, 2, 8, 32), z); /* 2 micro-steps a step */
+        bb_train_result on_device = train(&o);
+        o.offload = BB_OFFLOAD_OPTIMIZER;
+        bb_train_result offloaded = train(&o);
+        cr_assert(same_bits(&on_device, &offloaded), "--zero %d --offload optimizer differs from --zero %d", z, z);
+        uint64_t planned, peak = largest_peak(&offloaded);
+        bb_model_config c = shaped(&o);
+        bb_plan_zero pz = {z, o.devices, bb_bucket_bytes(o.bucket_mib), o.zero_shards, true};
+        bb_memory_breakdown m;
+        cr_assert_eq(bb_plan_memory_sharded(&c, o.micro_batch, o.opt.kind, BB_DEVICE_CPU, &pz, &m), BB_OK, "%s",
+                     bb_error_message());
+        planned = m.total;
+        cr_assert_eq(peak, planned, "--zero %d --offload optimizer: peak %llu, planned %llu", z,
+                     (unsigned long long)peak, (unsigned long long)planned);
+        cr_assert(peak < largest_peak(&on_device), "--zero %d: offloading saved nothing", z);
+        cr_assert_eq(m.optimizer, 0, "--zero %d: state left on the device", z);
+        cr_log_info("--zero %d --offload optimizer: bitwise; peak %llu bytes (on the device: %llu), the planner's; "
+                    "%llu bytes of host memory", z, (unsigned long long)peak,
+                    (unsigned long long)largest_peak(&on_device), (unsigned long long)m.offloaded);
+        bb_train_result_free(&on_device), bb_train_result_free(&offloaded);
+    }
+    /* saved offloaded, resumed on the device (and back): the run that never stopped */
+    char *ckpt = tu_path(tmp, "ckpt");
+    bb_train_options o = staged(gpt_options(tokens, 2, 16, 32), 1);
+    bb_train_result whole = train(&o);
+    for (int k = 0; k < 2; k++) {
+        bb_train_options s = o;
+        s.save_dir = ckpt, s.stop_after = 4, s.offload = k ? BB_OFFLOAD_NONE : BB_OFFLOAD_OPTIMIZER, s.force = true;
+        bb_train_result first = train(&s);
+        bb_train_options r = o;
+        r.resume_dir = ckpt, r.offload = k ? BB_OFFLOAD_OPTIMIZER : BB_OFFLOAD_NONE;
+        bb_train_result second = train(&r);
+        cr_assert_eq(memcmp(second.params, whole.params, whole.param_count * sizeof(float)), 0,
+                     "saved %s, resumed %s: not the run that never stopped", k ? "on the device" : "offloaded",
+                     k ? "offloaded" : "on the device");
+        bb_train_result_free(&first), bb_train_result_free(&second);
+        tu_rm_tree(ckpt);
+    }
+    bb_train_result_free(&whole);
+    /* too little host memory */
+    o = staged(gpt_options(tokens, 2, 16, 32), 0);
+    o.offload = BB_OFFLOAD_OPTIMIZER, o.host_mem = 4096;
+    bb_train_result r;
+    cr_assert_eq(bb_train_run(&o, &r), BB_ERR_OOM);
+    cr_assert(strstr(bb_error_message(), "--offload optimizer needs") && strstr(bb_error_message(), "--host-mem allows"),
+              "%s", bb_error_message());
+    cr_assert(!strchr(bb_error_message(), '\n'), "one line: %s", bb_error_message());
+    free(ckpt), free(tokens);
+}
+
+/* --offload auto: the planner offloads only when no stage fits without. */
+Test(zero, offload_auto_offloads_only_when_nothing_fits_without)
+{
+    char *data = make_tokens("tokens", 100);
+    bb_train_options base = gpt_options(data, 1, 8, 64);
+    base.model = bb_model_gpt_config(4, 4, 128, 0, 0);
+    bb_model_config c = shaped(&base);
+    c.gpt.seq_len = 256, c.gpt.vocab = 256;
+    const struct {
+        uint64_t mib;
+        bool offload;
+    } cases[] = {{64, false}, {12, true}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bb_plan_request q = {.model = c, .devices = 1, .global_batch = 64, .device_mem = cases[i].mib << 20,
+                             .offload = BB_OFFLOAD_AUTO, .bucket_mib = 0.1};
+        bb_plan p;
+        cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+        cr_assert(p.chosen >= 0, "%llu MiB: nothing fits (%s)", (unsigned long long)cases[i].mib, p.why_nothing_fits);
+        cr_assert_eq(p.offload, cases[i].offload, "%llu MiB: offload %d", (unsigned long long)cases[i].mib, p.offload);
+        if (p.offload) cr_assert(strstr(p.why_zero, "--zero 0: "), "no word on the device's table: %s", p.why_zero);
+        cr_log_info("%llu MiB on 1 device: %s%s%s", (unsigned long long)cases[i].mib,
+                    p.offload ? "--offload optimizer" : "on the device", p.why_zero[0] ? ": " : "", p.why_zero);
+        bb_plan_free(&p);
+    }
+    free(data);
+}
+
 /* ---- the parameter window, on its own --------------------------------------
  * A model under a window (ZeRO-3's) whose hook copies from the whole
  * weights on the host computes the loss and gradients of the same model

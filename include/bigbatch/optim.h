@@ -33,6 +33,9 @@ extern "C" {
 /* The optimizers, in the order of optimizer.c's table (--optimizer's names). */
 typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD, BB_OPTIMIZER_COUNT } bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
+/* --offload none|optimizer|auto (in this order): where the optimizer's state
+ * lives (auto: the planner's pick, the device's when it fits). */
+typedef enum bb_offload { BB_OFFLOAD_NONE = 0, BB_OFFLOAD_OPTIMIZER, BB_OFFLOAD_AUTO } bb_offload;
 
 typedef struct bb_optimizer_config {
     bb_optimizer_kind kind;
@@ -182,8 +185,15 @@ typedef struct bb_optimizer {
     float *grads;
     /* ZeRO-3 (shard.parameters): the shard's fp32 weights, laid out as the
      * state, which the step updates instead of the model's (the model keeps
-     * a window of gathered weights, model.h); else NULL */
+     * a window of gathered weights, model.h); offloaded: the fp32 master
+     * weights of its ranges in pinned host memory; else NULL */
     float *params;
+    /* Offloaded (bb_optimizer_offload): the host backend the step runs on,
+     * the state and params above in pinned host memory, and the gradients'
+     * staging there; else NULL */
+    bb_backend_t *host;
+    float *host_grads;
+    struct offload_plan *offload;
 } bb_optimizer;
 
 /* State for `m`'s parameters, or with `shard` (may be NULL; taken over by
@@ -195,6 +205,26 @@ typedef struct bb_optimizer {
 bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
                               bb_param_shard *shard, bb_optimizer *o);
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o);
+/* --offload optimizer: the same optimizer with its state (and the master
+ * weights of its ranges: a copy of `m`'s, or under ZeRO-3 its shard, put
+ * later) in pinned host memory (bb_backend_host_alloc of `be`), and `host`
+ * (a CPU backend, kept by the caller) running its steps:
+ * bb_optimizer_apply then copies the (reduced) gradients down in chunks,
+ * steps each on the host as soon as it is there, and copies its updated
+ * weights back up (not under ZeRO-3: the window gathers from the host
+ * shard), the copies queued on the compute stream so that they overlap the
+ * host's work. ZeRO-2's shard gradients stay on the device. host NULL: as
+ * bb_optimizer_create. Needs bb_optimizer_offload_bytes of host memory
+ * within `host_cap` (0: no cap). Fails as bb_optimizer_create, and with
+ * BB_ERR_OOM naming the bytes needed when they exceed host_cap or cannot be
+ * pinned. */
+bb_status bb_optimizer_create_offloaded(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap,
+                                        const bb_optimizer_config *c, bb_model_t *m, bb_param_shard *shard,
+                                        bb_optimizer *o);
+/* The pinned host bytes an offloaded o takes (or o would take): its state,
+ * master weights and gradients' staging. Never fails. */
+uint64_t bb_optimizer_offload_bytes(const bb_optimizer *o);
+
 /* ZeRO-3: the shard's weights from the whole weights on the host
  * (param_count floats), and back into their place there (the rest of
  * `host` untouched). Fail with BB_ERR_ARG for an optimizer that keeps no

@@ -53,6 +53,8 @@ typedef struct bb_memory_breakdown {
     uint64_t total;           /* device memory: the sum of the above */
     uint64_t loader_slots;    /* host memory (pinned on GPUs), not in total: the loader's
                                  batch slots for this device with its defaults */
+    uint64_t offloaded;       /* host memory (pinned), not in total: --offload optimizer's state,
+                                 master weights and gradients' staging for this device */
     int recomputed_layers, selective_recomputes; /* not memory: what the micro-step recomputed
                                                     (bb_model_recompute_counts), for the time model */
 } bb_memory_breakdown;
@@ -76,6 +78,7 @@ typedef struct bb_plan_zero {
     int stage, devices;
     size_t bucket_bytes;
     bb_param_shard_rule rule;
+    bool offload;              /* --offload optimizer: the state (and master weights) in host memory */
 } bb_plan_zero;
 /* The same under `zero` (NULL, stage 0 or one device: no sharding): the
  * device holding the largest shard. */
@@ -110,6 +113,9 @@ typedef struct bb_plan_request {
     int zero;                  /* train --zero: 1 the optimizer state sharded over the devices, 2 the gradients
                                   too, 3 the weights too; BB_ZERO_AUTO: the lowest stage at which a candidate fits */
     int zero_top;              /* the highest stage --zero auto may pick (the trainer's reach); 0: 3 */
+    bb_offload offload;        /* train --offload: BB_OFFLOAD_OPTIMIZER the optimizer on the host; AUTO: only
+                                  when no stage fits without it */
+    uint64_t host_mem;         /* train --host-mem: the host bytes offload may pin per device; 0: no cap */
     bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */
@@ -132,6 +138,7 @@ typedef struct bb_plan {
     int chosen;                /* index of the chosen row, -1 when nothing fits */
     uint64_t budget;           /* device_mem minus the margin */
     int zero;                  /* the ZeRO stage of the rows: the request's, or --zero auto's pick */
+    bool offload;              /* the rows offload the optimizer: the request's, or --offload auto's pick */
     char why_nothing_fits[512];
     char why_zero[1100];       /* --zero auto: why each stage below the pick did not fit ("" at stage 0) */
 } bb_plan;

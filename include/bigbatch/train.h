@@ -62,7 +62,7 @@ typedef enum bb_train_field {
     BB_TRAIN_RESUME, BB_TRAIN_STOP_AFTER, BB_TRAIN_FORCE, BB_TRAIN_SKIP_NONFINITE,
     BB_TRAIN_METRICS, BB_TRAIN_TRACE,
     BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO, BB_TRAIN_ZERO_SHARDS, BB_TRAIN_ATTENTION,
-    BB_TRAIN_DEVICE_MEM, BB_TRAIN_NO_OVERLAP,
+    BB_TRAIN_DEVICE_MEM, BB_TRAIN_NO_OVERLAP, BB_TRAIN_OFFLOAD, BB_TRAIN_HOST_MEM,
     BB_TRAIN_FIELDS
 } bb_train_field;
 #define BB_TRAIN_SET(f) (UINT64_C(1) << (f))
@@ -97,9 +97,13 @@ typedef struct bb_train_options {
                                   for this long: a peer stopped, stalled or died (watchdog.h); 0: never */
     int zero;                  /* 1: ZeRO-1, each device keeps and updates the optimizer state of its
                                   shard of every bucket, and the updated weights are gathered; 2: ZeRO-2,
-                                  the gradients too (each micro-step reduced into the shards); 0: none;
+                                  the gradients too (each micro-step reduced into the shards); 3: ZeRO-3,
+                                  the weights too (gathered bucket by bucket ahead of use); 0: none;
                                   BB_ZERO_AUTO (plan.h): the lowest stage at which the planner fits */
     bb_param_shard_rule zero_shards; /* how ZeRO cuts the buckets (optim.h): the optimizer's rule, or one given */
+    bb_offload offload;        /* BB_OFFLOAD_OPTIMIZER: the optimizer state and master weights in pinned host
+                                  memory, the step on the host (optim.h: bb_optimizer_create_offloaded) */
+    uint64_t host_mem;         /* per device: the host bytes offload may pin; 0: no cap */
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;
     int keep;                  /* step directories kept in save_dir, the newest (default 2) */

@@ -185,7 +185,7 @@ int bb_cmd_plan(int argc, char **argv)
          .max = 1 << 24},
         OPTIMIZER_FLAG_OPT(q.optimizer, NULL),
         PRECISION_FLAG_OPT(precision, NULL),
-        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.zero_shards, q.bucket_mib, NULL, NULL, NULL),
+        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.zero_shards, q.bucket_mib, q.offload, q.host_mem, NULL, NULL, NULL),
         {"--calibrate", BB_OPT_FLAG, &calibrate, NULL,
          "measure what each op costs on this device kind (this model, a few micro-steps), cache it, then plan"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},

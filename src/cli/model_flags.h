@@ -88,9 +88,11 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
     {"--optimizer", BB_OPT_ENUM, &(dest), "NAME", bb_optimizer_help(), .choices = bb_optimizer_choices(),       \
      .given = (given_)}
 /* The memory rows of train and plan: --device-mem (a uint64_t), --zero (an
- * int), --zero-shards (a bb_param_shard_rule), --bucket-mib (a double);
- * the given flags may be NULL. */
-#define MEMORY_FLAG_OPTS(device_mem, zero, zero_shards, bucket_mib, zero_given, shards_given, bucket_given)      \
+ * int), --zero-shards (a bb_param_shard_rule), --bucket-mib (a double),
+ * --offload (a bb_offload), --host-mem (a uint64_t); the given flags may be
+ * NULL. */
+#define MEMORY_FLAG_OPTS(device_mem, zero, zero_shards, bucket_mib, offload, host_mem, zero_given, shards_given,   \
+                         bucket_given)                                                                          \
     {"--device-mem", BB_OPT_BYTES, &(device_mem), "BYTES", "each device's memory, a cap (e.g. 512MiB, 16GiB); " \
      "0: none"},                                                                                                \
     {"--zero", BB_OPT_ENUM, &(zero), "STAGE", "1: ZeRO-1, each device keeps the optimizer state of its shard "  \
@@ -106,7 +108,13 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      .given = (shards_given)},                                                                                  \
     {"--bucket-mib", BB_OPT_DOUBLE, &(bucket_mib), "MIB", "gradient bucket size for the reducer, which ZeRO-1's " \
      "shards follow (the first bucket is 1 MiB, as in PyTorch DDP)", .min = 0.001, .max = 65536,               \
-     .given = (bucket_given)}
+     .given = (bucket_given)},                                                                                  \
+    {"--offload", BB_OPT_ENUM, &(offload), "WHAT", "optimizer: each device's optimizer state and fp32 master "  \
+     "weights in pinned host memory and its step on the host CPUs (the gradients copied down, the updated "    \
+     "weights up, chunk by chunk while the host steps); auto: only when the planner cannot fit the batch "      \
+     "without it", .choices = "none|optimizer|auto"},                                                         \
+    {"--host-mem", BB_OPT_BYTES, &(host_mem), "BYTES", "per device, the host memory --offload may pin (e.g. "    \
+     "64GiB); 0: no cap"}
 
 /* The loader's rows, the same in train and bench loader: --loader-threads
  * (an int), --io (a bb_io_mode), --direct, --shuffle-frames (a uint32_t);

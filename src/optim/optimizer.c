@@ -203,8 +203,11 @@ static size_t range_lo(const bb_optimizer *o, int r) { return o->shard.ranges ? 
 static size_t range_hi(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.hi[r] : o->count; }
 static size_t range_at(const bb_optimizer *o, int r) { return o->shard.ranges ? o->shard.at[r] : 0; }
 
-bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
-                              bb_param_shard *shard, bb_optimizer *o)
+static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap, bb_model_t *m, bb_optimizer *o);
+
+bb_status bb_optimizer_create_offloaded(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap,
+                                        const bb_optimizer_config *c, bb_model_t *m, bb_param_shard *shard,
+                                        bb_optimizer *o)
 {
     *o = (bb_optimizer){.cfg = *c, .desc = bb_optimizer_desc_of(c->kind), .count = bb_model_param_count(m)};
     if (shard) {
@@ -214,27 +217,48 @@ bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, co
     bb_status rc = o->desc ? BB_OK
                            : bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)c->kind, bb_optimizer_choices());
     size_t bytes = o->count * sizeof(float);
-    for (int k = 0; rc == BB_OK && k < o->desc->state_buffers; k++)
+    if (rc == BB_OK && host) rc = offload_state(be, host, host_cap, m, o);
+    for (int k = 0; rc == BB_OK && !host && k < o->desc->state_buffers; k++)
         if ((rc = bb_backend_alloc(be, bytes, "optimizer state", (void **)&o->state[k])) == BB_OK)
             rc = bb_backend_memset(be, o->state[k], 0, bytes);
     if (rc == BB_OK && o->shard.gradients && (rc = bb_backend_alloc(be, bytes, "gradients", (void **)&o->grads)) == BB_OK)
         rc = bb_backend_memset(be, o->grads, 0, bytes);
-    if (rc == BB_OK && o->shard.parameters)
+    if (rc == BB_OK && !host && o->shard.parameters)
         rc = bb_backend_alloc(be, bytes, "parameters (ZeRO-3 master shard)", (void **)&o->params);
     if (rc != BB_OK) bb_optimizer_destroy(be, o);
     return rc;
 }
 
+bb_status bb_optimizer_create(bb_backend_t *be, const bb_optimizer_config *c, const bb_model_t *m,
+                              bb_param_shard *shard, bb_optimizer *o)
+{
+    return bb_optimizer_create_offloaded(be, NULL, 0, c, (bb_model_t *)m, shard, o);
+}
+
+static void free_offload(bb_backend_t *be, bb_optimizer *o);
+
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
 {
-    for (int k = 0; k < BB_OPTIMIZER_MAX_STATE; k++) {
-        bb_backend_free(be, o->state[k]);
-        o->state[k] = NULL;
+    if (o->host) {
+        free_offload(be, o);
+    } else {
+        for (int k = 0; k < BB_OPTIMIZER_MAX_STATE; k++) bb_backend_free(be, o->state[k]);
+        bb_backend_free(be, o->params);
     }
+    for (int k = 0; k < BB_OPTIMIZER_MAX_STATE; k++) o->state[k] = NULL;
     bb_backend_free(be, o->grads);
-    bb_backend_free(be, o->params);
     o->grads = o->params = NULL;
     bb_param_shard_free(&o->shard);
+}
+
+/* A copy between the host and o's buffers: memcpy when they are in host
+ * memory (offloaded), else the device's copy. */
+static bb_status copy_mine(bb_backend_t *be, const bb_optimizer *o, void *dst, const void *src, size_t bytes,
+                           bb_copy_kind kind)
+{
+    if (!o->host) return bb_backend_copy(be, dst, src, bytes, kind);
+    memcpy(dst, src, bytes);
+    return BB_OK;
 }
 
 /* Between the whole weights on the host and o's master shard. */
@@ -244,7 +268,7 @@ static bb_status copy_params(bb_backend_t *be, const bb_optimizer *o, float *hos
     for (int r = 0; r < ranges_of(o); r++) {
         float *h = host + range_lo(o, r), *d = o->params + range_at(o, r);
         size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
-        BB_TRY(to_host ? bb_backend_copy(be, h, d, bytes, BB_COPY_D2H) : bb_backend_copy(be, d, h, bytes, BB_COPY_H2D));
+        BB_TRY(to_host ? copy_mine(be, o, h, d, bytes, BB_COPY_D2H) : copy_mine(be, o, d, h, bytes, BB_COPY_H2D));
     }
     return BB_OK;
 }
@@ -267,6 +291,144 @@ double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimi
     return bb_op_sum_squares_ranges(be, bb_model_grads(m), o->shard.lo, o->shard.hi, o->shard.ranges);
 }
 
+/* ---- offload ------------------------------------------------------------------
+ * The offloaded step works in pieces (a range's run of one tensor, cut to
+ * OFFLOAD_CHUNK floats where the optimizer updates elements) grouped into
+ * chunks of about OFFLOAD_CHUNK floats: every chunk's gradients are queued
+ * down on the compute stream (after the backward and the reduction) with an
+ * event after each chunk; the host steps chunk c once its event happened
+ * and queues its weights back up, while later chunks still come down. */
+#define OFFLOAD_CHUNK ((size_t)1 << 22) /* floats: 16 MiB */
+
+typedef struct offload_piece {
+    size_t lo, at, n; /* the parameters [lo, lo + n), at `at` of the state */
+    bool decay;
+} offload_piece;
+
+struct offload_plan {
+    offload_piece *piece;
+    int pieces, chunks;
+    int *chunk_end;    /* per chunk: the end of its pieces */
+    bb_event_t **down; /* per chunk: its gradients are on the host */
+};
+
+static bb_status plan_pieces(const bb_model_t *m, const bb_optimizer *o, struct offload_plan *p)
+{
+    size_t cut = o->desc->shard == BB_PARAM_SHARD_TENSORS ? SIZE_MAX : OFFLOAD_CHUNK;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        int n = 0, chunks = 0;
+        size_t in_chunk = 0;
+        for (int r = 0; r < ranges_of(o); r++) {
+            size_t lo = range_lo(o, r), hi = range_hi(o, r);
+            for (int i = 0; i < bb_model_tensor_count(m); i++) {
+                const bb_tensor_info *t = bb_model_tensor(m, i);
+                size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
+                for (; a < b; n++) {
+                    size_t len = b - a < cut ? b - a : cut;
+                    if (pass) p->piece[n] = (offload_piece){a, range_at(o, r) + (a - lo), len, t->decay};
+                    a += len, in_chunk += len;
+                    if (in_chunk >= OFFLOAD_CHUNK) {
+                        if (pass) p->chunk_end[chunks] = n + 1;
+                        chunks++, in_chunk = 0;
+                    }
+                }
+            }
+        }
+        if (in_chunk) {
+            if (pass) p->chunk_end[chunks] = n;
+            chunks++;
+        }
+        if (pass) break;
+        p->pieces = n, p->chunks = chunks;
+        p->piece = calloc((size_t)n + 1, sizeof *p->piece);
+        p->chunk_end = calloc((size_t)chunks + 1, sizeof *p->chunk_end);
+        p->down = calloc((size_t)chunks + 1, sizeof *p->down);
+        if (!p->piece || !p->chunk_end || !p->down) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    }
+    return BB_OK;
+}
+
+uint64_t bb_optimizer_offload_bytes(const bb_optimizer *o)
+{
+    return (uint64_t)o->count * sizeof(float) * (uint64_t)(o->desc->state_buffers + 2);
+}
+
+static void free_offload(bb_backend_t *be, bb_optimizer *o)
+{
+    size_t bytes = o->count * sizeof(float);
+    for (int k = 0; k < BB_OPTIMIZER_MAX_STATE; k++)
+        if (o->state[k]) bb_backend_host_free(be, o->state[k], bytes);
+    if (o->params) bb_backend_host_free(be, o->params, bytes);
+    if (o->host_grads) bb_backend_host_free(be, o->host_grads, bytes);
+    struct offload_plan *p = o->offload;
+    for (int c = 0; p && p->down && c < p->chunks; c++) bb_backend_event_destroy(be, p->down[c]);
+    if (p) free(p->piece), free(p->chunk_end), free(p->down);
+    free(p);
+    o->offload = NULL, o->host_grads = NULL, o->host = NULL;
+}
+
+/* o's state, master weights and gradients' staging in pinned host memory
+ * (o->count, o->desc and o->shard set; nothing on the device yet). */
+static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap, bb_model_t *m, bb_optimizer *o)
+{
+    uint64_t need = bb_optimizer_offload_bytes(o);
+    char needed[24], cap[24];
+    if (host_cap && need > host_cap)
+        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
+                       "master weights and gradients; --host-mem allows %s", bb_format_bytes(need, needed, sizeof needed),
+                       o->desc->title, bb_format_bytes(host_cap, cap, sizeof cap));
+    o->host = host;
+    size_t bytes = o->count * sizeof(float);
+    bb_status rc = (o->offload = calloc(1, sizeof *o->offload)) ? plan_pieces(m, o, o->offload)
+                                                                : bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int c = 0; rc == BB_OK && c < o->offload->chunks; c++) rc = bb_backend_event_create(be, &o->offload->down[c]);
+    for (int k = 0; rc == BB_OK && k < o->desc->state_buffers; k++)
+        if ((rc = bb_backend_host_alloc(be, bytes, (void **)&o->state[k])) == BB_OK) memset(o->state[k], 0, bytes);
+    if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, (void **)&o->params);
+    if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, (void **)&o->host_grads);
+    if (rc == BB_ERR_NOMEM)
+        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
+                       "master weights and gradients, and cannot have it (%s)",
+                       bb_format_bytes(need, needed, sizeof needed), o->desc->title, bb_error_message());
+    /* the master weights: the model's of o's ranges (ZeRO-3's shard is put later, bb_optimizer_put_params) */
+    float *weights = o->shard.parameters ? NULL : bb_model_params(m);
+    for (int r = 0; rc == BB_OK && weights && r < ranges_of(o); r++)
+        rc = bb_backend_copy(be, o->params + range_at(o, r), weights + range_lo(o, r),
+                             (range_hi(o, r) - range_lo(o, r)) * sizeof(float), BB_COPY_D2H);
+    return rc;
+}
+
+/* The offloaded step: see above. A copy or event that fails leaves the
+ * backend's error pending, which the step's synchronization reports. */
+static void apply_offloaded(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, float lr, uint64_t step, float scale)
+{
+    const struct offload_plan *p = o->offload;
+    const float *grads = o->grads ? o->grads : bb_model_grads(m);
+    float *weights = o->shard.parameters ? NULL : bb_model_params(m); /* ZeRO-3: the window gathers from the host */
+    bb_status rc = BB_OK;
+    for (int c = 0, i = 0; rc == BB_OK && c < p->chunks; c++) {
+        for (; rc == BB_OK && i < p->chunk_end[c]; i++) {
+            const offload_piece *q = &p->piece[i];
+            rc = bb_backend_copy_async(be, o->host_grads + q->at, grads + (o->grads ? q->at : q->lo),
+                                       q->n * sizeof(float), BB_COPY_D2H, BB_STREAM_COMPUTE);
+        }
+        if (rc == BB_OK) rc = bb_backend_event_record(be, p->down[c], BB_STREAM_COMPUTE);
+    }
+    for (int c = 0, i = 0; rc == BB_OK && c < p->chunks; c++) {
+        rc = bb_backend_event_synchronize(be, p->down[c]);
+        for (; rc == BB_OK && i < p->chunk_end[c]; i++) {
+            const offload_piece *q = &p->piece[i];
+            bb_optimizer_piece piece = {.params = o->params + q->at, .grads = o->host_grads + q->at, .n = q->n,
+                                        .decay = q->decay};
+            for (int k = 0; k < o->desc->state_buffers; k++) piece.state[k] = o->state[k] + q->at;
+            o->desc->step(o->host, &o->cfg, &piece, lr, step, scale);
+            if (weights)
+                rc = bb_backend_copy_async(be, weights + q->lo, o->params + q->at, q->n * sizeof(float), BB_COPY_H2D,
+                                           BB_STREAM_COMPUTE);
+        }
+    }
+}
+
 void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64_t step, uint64_t total, double norm,
                         double *lr_out)
 {
@@ -279,6 +441,10 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
     if (!isfinite(norm)) return;
     /* A clip scales the gradients as the update reads them: one pass. */
     float scale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
+    if (o->host) {
+        apply_offloaded(be, m, o, lr, step, scale);
+        return;
+    }
     for (int r = 0; r < ranges_of(o); r++) {
         size_t lo = range_lo(o, r), hi = range_hi(o, r);
         for (int i = 0; i < bb_model_tensor_count(m); i++) { /* the range's pieces, tensor by tensor */
@@ -322,7 +488,7 @@ static bb_status copy_state(bb_backend_t *be, const bb_optimizer *o, float *host
         for (int r = 0; r < ranges_of(o); r++) {
             float *h = host + k * param_count + range_lo(o, r), *d = o->state[k] + range_at(o, r);
             size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
-            BB_TRY(to_host ? bb_backend_copy(be, h, d, bytes, BB_COPY_D2H) : bb_backend_copy(be, d, h, bytes, BB_COPY_H2D));
+            BB_TRY(to_host ? copy_mine(be, o, h, d, bytes, BB_COPY_D2H) : copy_mine(be, o, d, h, bytes, BB_COPY_H2D));
         }
     return BB_OK;
 }

@@ -56,7 +56,7 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
                          const bb_plan_zero *zero, bb_memory_breakdown *out, bb_step_work *work)
 {
     memset(out, 0, sizeof *out);
-    bb_backend_t *be = NULL;
+    bb_backend_t *be = NULL, *host = NULL;
     bb_model_t *m = NULL;
     bb_optimizer o = {0};
     double loss;
@@ -73,10 +73,20 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     if (sharded) BB_TRY_GOTO(largest_shard(m, zero->devices, zero->bucket_bytes, opt, zero->rule, &shard), rc, done);
     shard.gradients = sharded && zero->stage >= 2;
     shard.parameters = sharded && zero->stage == 3;
-    BB_TRY_GOTO(bb_optimizer_create(be, &(bb_optimizer_config){.kind = opt}, m, sharded ? &shard : NULL, &o), rc,
-                done);
+    /* offloaded: the state and master weights on a host of their own (counted, not allocated), ZeRO-2's
+     * shard gradients still on the device */
+    bool offload = zero && zero->offload;
+    if (offload) BB_TRY_GOTO(bb_backend_create_counting(BB_DEVICE_CPU, NULL, &host), rc, done);
+    BB_TRY_GOTO(bb_optimizer_create(offload ? host : be, &(bb_optimizer_config){.kind = opt}, m,
+                                    sharded ? &shard : NULL, &o), rc, done);
     /* ZeRO-2's shard gradients and ZeRO-3's master weights, in the optimizer */
     uint64_t shard_grads = o.grads ? o.count * sizeof(float) : 0, shard_params = o.params ? o.count * sizeof(float) : 0;
+    if (offload) {
+        out->offloaded = bb_optimizer_offload_bytes(&o);
+        void *grads;
+        if (shard_grads) BB_TRY_GOTO(bb_backend_alloc(be, shard_grads, "gradients", &grads), rc, done);
+        shard_params = 0;
+    }
     out->optimizer = bb_backend_bytes_in_use(be) - model_bytes - shard_grads - shard_params;
     bb_model_set_param_window_hook(m, no_gather, NULL);
     BB_TRY_GOTO(bb_model_forward(m, 1.0f, &loss, NULL), rc, done);
@@ -95,12 +105,13 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
         bb_backend_op_profile_reset(be);
         double lr;
         bb_optimizer_sum_squares(be, m, &o);
-        bb_optimizer_apply(be, m, &o, 0, 1, 1.0, &lr);
+        bb_optimizer_apply(host ? host : be, m, &o, 0, 1, 1.0, &lr); /* offloaded: no device work */
         work->nopt = bb_backend_op_profile(be, work->opt, BB_STEP_WORK_CAP);
     }
 done:
-    if (be) bb_optimizer_destroy(be, &o);
+    if (be) bb_optimizer_destroy(host ? host : be, &o);
     bb_model_destroy(m);
+    bb_backend_destroy(host);
     bb_backend_destroy(be);
     return rc;
 }
@@ -198,7 +209,8 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     bb_model_recompute_name(&c, r->recompute, sizeof r->recompute);
     bb_step_work *w = malloc(sizeof *w);
     if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_plan_zero zero = {.stage = q->zero, .devices = q->devices, .bucket_bytes = bucket_bytes, .rule = q->zero_shards};
+    bb_plan_zero zero = {.stage = q->zero, .devices = q->devices, .bucket_bytes = bucket_bytes, .rule = q->zero_shards,
+                         .offload = q->offload == BB_OFFLOAD_OPTIMIZER};
     bb_status rc = measure(&c, b, q->optimizer, q->device, &zero, &r->memory, w);
     if (rc == BB_OK && q->calibration) {
         r->step_ms = step_ms(q->calibration, w, b, r->accumulation);
@@ -208,7 +220,7 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     BB_TRY(rc);
     r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
     r->relative_time = q->calibration ? r->step_ms / *reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
-    r->fits = r->memory.total <= out->budget;
+    r->fits = r->memory.total <= out->budget && (!q->host_mem || r->memory.offloaded <= q->host_mem);
     if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
         out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
     return BB_OK;
@@ -256,6 +268,7 @@ static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
 {
     memset(out, 0, sizeof *out);
     out->zero = q->zero;
+    out->offload = q->offload == BB_OFFLOAD_OPTIMIZER;
     out->chosen = -1;
     if (q->devices < 1 || q->global_batch < 1 || q->global_batch % q->devices)
         return bb_fail(BB_ERR_ARG, "--global-batch %d does not split over %d devices", q->global_batch, q->devices);
@@ -315,9 +328,10 @@ static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
     if (state > out->budget)
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
-                 "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed%s",
+                 "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed%s%s",
                  bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin,
-                 q->devices > 1 && q->zero < 3 ? ", or a higher --zero (auto picks the lowest that fits)" : "");
+                 q->devices > 1 && q->zero < 3 ? ", or a higher --zero (auto picks the lowest that fits)" : "",
+                 q->offload == BB_OFFLOAD_NONE ? ", or --offload optimizer (the state in host memory)" : "");
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "
@@ -333,28 +347,40 @@ void bb_plan_free(bb_plan *p)
     p->count = 0;
 }
 
-/* --zero auto: the lowest stage at which a candidate fits (its fastest),
- * with what did not fit below it; none: the highest stage's table. */
+/* --zero auto and --offload auto: the lowest stage at which a candidate
+ * fits (its fastest), first without offload, then with it; with what did
+ * not fit before; none: the last table tried. */
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
 {
-    if (q->zero != BB_ZERO_AUTO) return make_stage(q, out);
+    if (q->zero != BB_ZERO_AUTO && q->offload != BB_OFFLOAD_AUTO) return make_stage(q, out);
     int top = q->devices < 2 ? 0 : q->zero_top > 0 && q->zero_top < 3 ? q->zero_top : 3; /* one device: sharding saves nothing */
+    int first = q->zero == BB_ZERO_AUTO ? 0 : q->zero, last = q->zero == BB_ZERO_AUTO ? top : q->zero;
+    bb_offload from = q->offload == BB_OFFLOAD_AUTO ? BB_OFFLOAD_NONE : q->offload;
+    bb_offload to = q->offload == BB_OFFLOAD_AUTO ? BB_OFFLOAD_OPTIMIZER : q->offload;
     char why[sizeof out->why_zero] = "";
     size_t len = 0;
-    for (int stage = 0;; stage++) {
-        bb_plan_request one = *q;
-        one.zero = stage;
-        BB_TRY(make_stage(&one, out));
-        if (out->chosen >= 0 || stage == top) break;
+    for (bb_offload off = from;; off++) {
+        for (int stage = first;; stage++) {
+            bb_plan_request one = *q;
+            one.zero = stage, one.offload = off;
+            BB_TRY(make_stage(&one, out));
+            if (out->chosen >= 0 || (stage == last && off == to)) goto done;
+            if (stage == last) break;
+            len += (size_t)snprintf(why + len, len < sizeof why ? sizeof why - len : 0, "%s--zero %d%s: %s",
+                                    len ? "; " : "", stage, off ? " --offload optimizer" : "", out->why_nothing_fits);
+            bb_plan_free(out);
+        }
         len += (size_t)snprintf(why + len, len < sizeof why ? sizeof why - len : 0, "%s--zero %d: %s", len ? "; " : "",
-                                stage, out->why_nothing_fits);
+                                last, out->why_nothing_fits);
         bb_plan_free(out);
     }
+done:
     snprintf(out->why_zero, sizeof out->why_zero, "%s", why);
-    if (out->chosen < 0 && top > 0) {
-        char last[sizeof out->why_nothing_fits];
-        snprintf(last, sizeof last, "%s", out->why_nothing_fits);
-        snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "not even with --zero %d: %.480s", top, last);
+    if (out->chosen < 0 && (last > 0 || to)) {
+        char tail[sizeof out->why_nothing_fits];
+        snprintf(tail, sizeof tail, "%s", out->why_nothing_fits);
+        snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "not even with --zero %d%s: %.450s", last,
+                 to ? " --offload optimizer" : "", tail);
     }
     return BB_OK;
 }

@@ -649,7 +649,8 @@ bool n_allgather(reducer_t *r, int device)
 // ZeRO-3: bucket b's weights into a window slot. The issue, on the
 // communication stream after the compute stream's work so far (which may
 // still read the slot's previous bucket): this owner's slice from its
-// master weights into its place in the slot, then equal slices
+// master weights (on the device, or offloaded: pinned host memory, hence
+// cudaMemcpyDefault) into its place in the slot, then equal slices
 // all-gathered (in place, or staged as above) or whole-tensor slices
 // broadcast from each owner in one group; gathered[b] is recorded after.
 // The wait makes the compute stream wait for that record: a prefetched
@@ -697,7 +698,7 @@ bb_status n_gather(reducer_t *r, int device, bb_gather_phase phase, int b, size_
     ok = ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
          BB_CUDA_REDUCER(n, cudaStreamWaitEvent(st, s->ready, 0)) &&
          (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(slot + (slo - lo), s->shard_params + s->shard_at[b],
-                                                           (shi - slo) * sizeof(float), cudaMemcpyDeviceToDevice, st)));
+                                                           (shi - slo) * sizeof(float), cudaMemcpyDefault, st)));
     slot_args a = {r, s, b, slot};
     if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS) ok = ok && equal_slices(n, s, b, ALL_GATHER, slot);
     else ok = ok && nccl_step(n, s, broadcast_bucket, &a, "ncclBroadcast (the ZeRO-3 gather)");

@@ -290,7 +290,10 @@ static bb_status build_each(trainer *t, const bb_checkpoint_info *resume, float 
         if (t->zero) BB_TRY(bb_param_shard_of(&t->shards, t->spec.rank * t->spec.count + d, &shard));
         shard.gradients = t->zero >= 2;
         shard.parameters = t->zero == 3;
-        BB_TRY(bb_optimizer_create(r->be, &o->opt, r->model, t->zero ? &shard : NULL, &r->opt));
+        if (t->offload) /* the step on the host's cores, as the device's share of them */
+            BB_TRY(bb_backend_create_cpu(&(bb_backend_options){.threads = threads}, &r->host));
+        BB_TRY(bb_optimizer_create_offloaded(r->be, r->host, o->host_mem, &o->opt, r->model, t->zero ? &shard : NULL,
+                                             &r->opt));
         if (t->zero == 3) BB_TRY(bb_optimizer_put_params(r->be, &r->opt, *host));
         if (resume) BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));
     }
@@ -337,6 +340,7 @@ static bb_status apply_plan(trainer *t)
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_recompute = !o->auto_recompute,
                          .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib,
+                         .offload = o->offload, .host_mem = o->host_mem,
                          .zero_top = t->spec.world < 2 || o->device != BB_DEVICE_CPU || bb_world_get()->thread_multiple
                                          ? 3 : 2}; /* ZeRO-3's reach (train's refusal below) */
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */
@@ -350,6 +354,7 @@ static bb_status apply_plan(trainer *t)
     }
     const bb_plan_row *r = &p.rows[p.chosen];
     t->zero = p.zero;
+    t->offload = p.offload;
     t->micro_batch = r->micro_batch;
     t->cfg.recompute_every = r->recompute_every;
     memcpy(t->cfg.recompute_plan, r->recompute_plan, sizeof t->cfg.recompute_plan);
@@ -359,9 +364,9 @@ static bb_status apply_plan(trainer *t)
                 r->accumulation, r->recompute, bb_format_bytes(r->memory.total, peak, sizeof peak));
         if (o->device_mem) fprintf(o->progress, " of %s", bb_format_bytes(o->device_mem, mem, sizeof mem));
         else fprintf(o->progress, " (no --device-mem: the fastest)");
-        if (o->zero == BB_ZERO_AUTO)
-            fprintf(o->progress, ", --zero %d (the lowest stage that fits%s%s)", p.zero, p.why_zero[0] ? ": " : "",
-                    p.why_zero);
+        if (o->zero == BB_ZERO_AUTO || o->offload == BB_OFFLOAD_AUTO)
+            fprintf(o->progress, ", --zero %d%s (the lowest stage that fits%s%s)", p.zero,
+                    p.offload ? " --offload optimizer" : "", p.why_zero[0] ? ": " : "", p.why_zero);
         fprintf(o->progress, "\n");
     }
     bb_plan_free(&p);
@@ -466,7 +471,9 @@ static bb_status setup_data(trainer *t)
     BB_TRY(bb_model_config_from_data(&t->cfg, bb_dataset_format(t->data), o->data));
     t->cfg.precision = o->precision;
     t->zero = o->zero;
-    if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO) BB_TRY(apply_plan(t));
+    t->offload = o->offload == BB_OFFLOAD_OPTIMIZER;
+    if (o->auto_micro_batch || o->auto_recompute || o->zero == BB_ZERO_AUTO || o->offload == BB_OFFLOAD_AUTO)
+        BB_TRY(apply_plan(t));
     if (t->zero == 3 && t->spec.world > 1 && t->spec.kind == BB_DEVICE_CPU && !bb_world_get()->thread_multiple)
         return bb_fail(BB_ERR_UNSUPPORTED, "%s 3 over processes on CPU devices gathers on each device's thread, and "
                        "this MPI library gives no MPI_THREAD_MULTIPLE: use %s 2 (which shards the gradients and the "
@@ -581,6 +588,11 @@ static void print_start(const trainer *t)
     static const char *const sharded[] = {"", "the optimizer state", "the optimizer state and the gradients",
                                           "the optimizer state, the gradients and the weights"};
     if (t->zero) fprintf(p, "; ZeRO-%d: %s sharded over %d devices", t->zero, sharded[t->zero], trainer_world_devices(t));
+    if (t->offload) {
+        char bytes[24];
+        fprintf(p, "; optimizer offloaded: %s of host memory a device, its step on the host",
+                bb_format_bytes(bb_optimizer_offload_bytes(&t->replicas[0].opt), bytes, sizeof bytes));
+    }
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
@@ -636,6 +648,7 @@ static void teardown(trainer *t)
         if (r->be) bb_optimizer_destroy(r->be, &r->opt);
         bb_model_destroy(r->model);
         bb_backend_destroy(r->be);
+        bb_backend_destroy(r->host);
     }
     bb_param_shards_free(&t->shards);
     bb_trace_destroy(t->trace);

@@ -45,6 +45,7 @@ typedef struct replica {
     bb_backend_t *be;
     bb_model_t *model;
     bb_optimizer opt;
+    bb_backend_t *host;      /* --offload optimizer: the CPU backend its optimizer steps on; else NULL */
     worker_stats stats;
 } replica;
 
@@ -55,6 +56,7 @@ typedef struct trainer {
     bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
     int accumulation, micro_batch, global_batch;
     int zero;                /* the ZeRO stage in use: the options', or the planner's under --zero auto */
+    bool offload;            /* the optimizer offloaded: the options', or the planner's under --offload auto */
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
     uint64_t data_identity;  /* bb_dataset_identity of the training data, once: ranks, resume, saves */
