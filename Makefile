@@ -318,12 +318,14 @@ tsan-run: $(TSAN_BIN) $(BIN)
 	@echo "== $(BIN) bench model --threads 3 (the CPU pool: products, attention, loss)"; \
 	  $(TSAN_ENV) $(BIN) bench model --layers 1 --d-model 32 --heads 2 --seq-len 130 --micro-batch 2 --threads 3 \
 	    --loss-chunk 100 --steps 2 >/dev/null
-	@echo "== $(BIN) train --devices cpu:3, save, resume with --zero 1, then with --zero 2"; tmp=$$(mktemp -d); \
+	@echo "== $(BIN) train --devices cpu:3, save, resume with --zero 1, --zero 2, then --zero 3 --offload optimizer"; \
+	  tmp=$$(mktemp -d); \
 	  args="--data data/kjv --layers 1 --d-model 32 --heads 2 --devices cpu:3 --global-batch 24 --micro-batch 4 \
-	    --steps 4 --bucket-mib 0.01 --quiet --save $$tmp/ck"; \
+	    --steps 5 --bucket-mib 0.01 --quiet --save $$tmp/ck"; \
 	  $(TSAN_ENV) $(BIN) train $$args --stop-after 2 --trace $$tmp/t.json && \
 	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 1 --stop-after 3 && \
-	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 2; rc=$$?; rm -rf $$tmp; \
+	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 2 --stop-after 4 && \
+	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 3 --offload optimizer; rc=$$?; rm -rf $$tmp; \
 	  [ $$rc -eq 0 ] || { echo "FAILED: tsan train"; exit 1; }
 	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \

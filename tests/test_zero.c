@@ -263,6 +263,13 @@ static void window_bytes(const bb_model_config *c, size_t bucket_bytes, uint64_t
     *grads = window_floats(m, bucket_bytes, BB_GRAD_WINDOW_RING) * sizeof(float);
     *weights = window_floats(m, bucket_bytes, bb_model_param_window_ring(m)) *
                (sizeof(float) + (c->precision == BB_PRECISION_BF16 ? 2 : 0));
+    bb_buckets b;
+    char what[160];
+    bb_model_describe(c, what, sizeof what);
+    cr_assert_eq(bb_buckets_make(m, bucket_bytes, &b), BB_OK);
+    cr_log_info("%s: %d buckets; ZeRO-3's ring of %d slots and the token table's, %.0f MiB", what, b.count,
+                bb_model_param_window_ring(m), (double)*weights / 1048576.0);
+    bb_buckets_free(&b);
     bb_model_destroy(m);
     bb_backend_destroy(be);
 }

@@ -134,6 +134,10 @@ const char *bb_format_bytes(uint64_t bytes, char *buf, size_t cap);
 void bb_list_add(char *buf, size_t cap, int i, int n, const char *name, const char *detail);
 /* Number of online CPUs, at least 1. */
 int bb_cpu_count(void);
+/* The host memory the kernel could give now without swapping
+ * (/proc/meminfo's MemAvailable; else the free pages); UINT64_MAX when
+ * neither can be read. Never fails. */
+uint64_t bb_host_available_bytes(void);
 /* splitmix64: advances *state and returns the next of its 64-bit outputs.
  * Every deterministic stream in bigbatch (epoch order, initialisation)
  * comes from it, so the same seed gives the same run everywhere. */

@@ -13,7 +13,8 @@ static const char usage[] =
     "bigbatch plan [--model gpt|llama|mlp ...] [--preset NAME] [--data DIR | --seq-len T [--vocab V]]\n"
     "              [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
     "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
-    "              [--precision fp32|bf16] [--zero 0|1|2|3|auto] [--largest] [--calibrate] [--json]";
+    "              [--precision fp32|bf16] [--zero 0|1|2|3|auto] [--offload none|optimizer|auto]\n"
+    "              [--host-mem BYTES] [--largest] [--calibrate] [--json]";
 static const char summary[] =
     "Answers \"my device has M bytes and I want global batch G: what do I run?\". Lists every\n"
     "(micro-batch, accumulation, checkpoint policy) with its predicted peak memory per device\n"
@@ -30,7 +31,8 @@ static const char summary[] =
     "widest member of the model's shape family (its head size and blocks per width kept; a\n"
     "llama's grouping and SwiGLU share too) for which a plan exists, with that plan and why\n"
     "the next size does not fit; with --zero auto each size takes the lowest ZeRO stage\n"
-    "that fits it:\n"
+    "that fits it (and with --offload auto the optimizer goes to host memory only when no\n"
+    "stage fits without):\n"
     "  bigbatch plan --largest --model llama --preset llama-3.2-1b --seq-len 4096 --precision bf16 \\\n"
     "                --devices cuda:0,1,2,3,4,5,6,7 --device-mem 80GiB --global-batch 256 --zero auto\n\n"
     "The relative time weighs each candidate's work per op (counted, recomputation included)\n"
@@ -72,8 +74,8 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
     char a[24], b[24], c[24], d[24], e[24];
     printf("\n* chosen: --micro-batch %d --checkpoint %s (accumulation %d)\n", r->micro_batch, r->recompute,
            r->accumulation);
-    if (q->zero == BB_ZERO_AUTO) {
-        printf("  --zero %d: the lowest stage that fits", p->zero);
+    if (q->zero == BB_ZERO_AUTO || q->offload == BB_OFFLOAD_AUTO) {
+        printf("  --zero %d%s: the lowest stage that fits", p->zero, p->offload ? " --offload optimizer" : "");
         if (p->why_zero[0]) printf(" (%s)", p->why_zero);
         printf("\n");
     }
@@ -98,8 +100,12 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
                : q->device != BB_DEVICE_CPU     ? "a 16th of --device-mem"
                : q->device_mem                  ? "32 MiB at most, a 64th of --device-mem"
                                                 : "32 MiB at most");
-    printf("\n  host memory: about %s of loader slots per device%s\n",
-           bb_format_bytes(r->memory.loader_slots, a, sizeof a), q->device != BB_DEVICE_CPU ? " (pinned)" : "");
+    printf("\n  host memory: about %s of loader slots per device%s", bb_format_bytes(r->memory.loader_slots, a, sizeof a),
+           q->device != BB_DEVICE_CPU ? " (pinned)" : "");
+    if (p->offload)
+        printf(", and %s of offloaded optimizer state, master weights and gradients (--offload optimizer)",
+               bb_format_bytes(r->memory.offloaded, a, sizeof a));
+    printf("\n");
 }
 
 /* --largest's answer, then its plan's table. */
@@ -124,7 +130,7 @@ static bb_status print_json(const bb_plan *p)
     for (int i = 0; rc == BB_OK && i < p->count; i++) {
         const bb_plan_row *r = &p->rows[i];
         const bb_memory_breakdown *m = &r->memory;
-        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:i}",
+        json_t *row = json_pack("{s:i, s:i, s:s, s:I, s:o, s:o, s:i, s:b, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I}",
                                 "micro_batch", r->micro_batch, "accumulation", r->accumulation, "checkpoint",
                                 r->recompute, "peak_bytes", (json_int_t)m->total, "relative_time",
                                 bb_json_fixed(r->relative_time, 4), "step_ms",
@@ -133,7 +139,8 @@ static bb_status print_json(const bb_plan *p)
                                 (json_int_t)m->parameters, "gradients_bytes", (json_int_t)m->gradients,
                                 "optimizer_bytes", (json_int_t)m->optimizer, "batches_bytes", (json_int_t)m->batches,
                                 "activations_bytes", (json_int_t)m->activations, "workspace_bytes",
-                                (json_int_t)m->workspace, "zero", p->zero);
+                                (json_int_t)m->workspace, "zero", p->zero, "offloaded_bytes",
+                                (json_int_t)m->offloaded);
         printf("%s\n  ", i ? "," : "");
         rc = bb_json_write(stdout, row);
         json_decref(row);

@@ -34,6 +34,22 @@ void bb_buckets_free(bb_buckets *b)
     *b = (bb_buckets){0};
 }
 
+void bb_window_layout(const bb_model_t *m, const bb_buckets *b, int ring, int *bucket_of, size_t *at)
+{
+    int last = b->count - 1;
+    for (int t = 0, k = last; t < m->tensor_count; t++) {
+        while (k > 0 && m->tensors[t].offset >= b->hi[k]) k--;
+        bucket_of[t] = k;
+    }
+    /* slot j: as wide as the widest bucket k = j mod the ring (a bucket
+     * holds at least a tensor: a large head widens one slot only) */
+    for (int j = 0; j <= ring + 1; j++) at[j] = 0;
+    for (int k = 0; k < last; k++)
+        if (b->hi[k] - b->lo[k] > at[k % ring + 1]) at[k % ring + 1] = b->hi[k] - b->lo[k];
+    at[ring + 1] = b->hi[last] - b->lo[last];
+    for (int j = 1; j <= ring + 1; j++) at[j] += at[j - 1];
+}
+
 struct grad_window {
     bb_buckets buckets;
     float *memory;        /* one allocation: the ring's slots, then the last bucket's */
@@ -58,23 +74,13 @@ bb_status bb_grad_window_alloc(bb_model_t *m)
     w->written = calloc((size_t)n, sizeof *w->written);
     w->bucket_of = calloc((size_t)m->tensor_count, sizeof *w->bucket_of);
     if (!w->slot || !w->written || !w->bucket_of) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    /* slot j: as wide as the widest bucket b = j mod the ring (a bucket
-     * holds at least a tensor: a large head widens one slot only) */
-    size_t width[BB_GRAD_WINDOW_RING] = {0}, at[BB_GRAD_WINDOW_RING + 1] = {0};
-    for (int b = 0; b < last; b++) {
-        size_t n = w->buckets.hi[b] - w->buckets.lo[b];
-        if (n > width[b % BB_GRAD_WINDOW_RING]) width[b % BB_GRAD_WINDOW_RING] = n;
-    }
-    for (int j = 0; j < BB_GRAD_WINDOW_RING; j++) at[j + 1] = at[j] + width[j];
-    w->bytes = (at[BB_GRAD_WINDOW_RING] + w->buckets.hi[last] - w->buckets.lo[last]) * sizeof(float);
+    size_t at[BB_GRAD_WINDOW_RING + 2];
+    bb_window_layout(m, &w->buckets, BB_GRAD_WINDOW_RING, w->bucket_of, at);
+    w->bytes = at[BB_GRAD_WINDOW_RING + 1] * sizeof(float);
     BB_TRY(bb_backend_alloc(m->be, w->bytes, "gradients", (void **)&w->memory));
     BB_TRY(bb_backend_memset(m->be, w->memory, 0, w->bytes));
     for (int b = 0; b < last; b++) w->slot[b] = w->memory + at[b % BB_GRAD_WINDOW_RING];
     w->slot[last] = w->memory + at[BB_GRAD_WINDOW_RING];
-    for (int t = 0, b = last; t < m->tensor_count; t++) {
-        while (b > 0 && m->tensors[t].offset >= w->buckets.hi[b]) b--;
-        w->bucket_of[t] = b;
-    }
     return BB_OK;
 }
 

@@ -25,9 +25,10 @@ struct param_window {
     void *hook_ctx;
 };
 
-/* The most buckets one layer's tensors (or the stem's, or the final
- * ones') span: a pass uses them together, so they must not share a slot. */
-static int widest_group(const bb_model_t *m, const int *bucket_of)
+/* The most buckets below the last one (which has its own slot) that one
+ * layer's tensors (or the stem's, or the final ones') span: a pass uses
+ * them together, so they must not share a slot. */
+static int widest_group(const bb_model_t *m, const int *bucket_of, int last)
 {
     const bb_model_family *f = m->cfg.kind->family;
     int layers = f->layers(&m->cfg), widest = 1;
@@ -35,8 +36,8 @@ static int widest_group(const bb_model_t *m, const int *bucket_of)
         int first = l < 0 ? 0 : f->layer_tensor(m, l), end = l < 0 ? f->layer_tensor(m, 0)
                                                       : l == layers ? m->tensor_count
                                                                     : f->layer_tensor(m, l + 1);
-        if (end <= first) continue;
-        int span = bucket_of[first] - bucket_of[end - 1] + 1;
+        int top = end > first && bucket_of[first] < last ? bucket_of[first] : last - 1;
+        int span = end > first ? top - bucket_of[end - 1] + 1 : 0;
         if (span > widest) widest = span;
     }
     return widest;
@@ -54,14 +55,11 @@ bb_status bb_param_window_alloc(bb_model_t *m)
     w->slot_of = calloc((size_t)n, sizeof *w->slot_of);
     w->bucket_of = calloc((size_t)m->tensor_count, sizeof *w->bucket_of);
     if (!w->slot || !w->slot16 || !w->slot_of || !w->bucket_of) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    for (int t = 0, b = last; t < m->tensor_count; t++) {
-        while (b > 0 && m->tensors[t].offset >= w->buckets.hi[b]) b--;
-        w->bucket_of[t] = b;
-    }
+    bb_window_layout(m, &w->buckets, 1, w->bucket_of, (size_t[3]){0}); /* each tensor's bucket */
     /* the ring: the widest group's buckets (the last bucket has its own)
      * and as many gathered ahead, at least BB_PARAM_WINDOW_RING, at most a
      * slot a bucket */
-    w->ahead = widest_group(m, w->bucket_of);
+    w->ahead = widest_group(m, w->bucket_of, last);
     w->ring = 2 * w->ahead > BB_PARAM_WINDOW_RING ? 2 * w->ahead : BB_PARAM_WINDOW_RING;
     if (w->ring > last) w->ring = last > 0 ? last : 1;
     w->tenant = malloc((size_t)(w->ring + 1) * sizeof *w->tenant);
@@ -71,12 +69,7 @@ bb_status bb_param_window_alloc(bb_model_t *m)
         free(at);
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     }
-    for (int b = 0; b < last; b++) {
-        size_t k = (size_t)(b % w->ring) + 1, floats = w->buckets.hi[b] - w->buckets.lo[b];
-        if (floats > at[k]) at[k] = floats;
-    }
-    at[w->ring + 1] = w->buckets.hi[last] - w->buckets.lo[last];
-    for (int j = 1; j <= w->ring + 1; j++) at[j] += at[j - 1];
+    bb_window_layout(m, &w->buckets, w->ring, w->bucket_of, at);
     w->floats = at[w->ring + 1];
     for (int b = 0; b < n; b++) w->slot_of[b] = b < last ? b % w->ring : w->ring;
     bb_status rc = bb_backend_alloc(m->be, w->floats * sizeof(float), "parameters (ZeRO-3 window)", (void **)&w->memory);

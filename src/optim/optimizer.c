@@ -377,6 +377,12 @@ static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t ho
         return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
                        "master weights and gradients; --host-mem allows %s", bb_format_bytes(need, needed, sizeof needed),
                        o->desc->title, bb_format_bytes(host_cap, cap, sizeof cap));
+    /* before the kernel's OOM killer would answer (each device's taken before the next asks) */
+    uint64_t available = bb_host_available_bytes();
+    if (need > available)
+        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
+                       "master weights and gradients; the host has %s available", bb_format_bytes(need, needed, sizeof needed),
+                       o->desc->title, bb_format_bytes(available, cap, sizeof cap));
     o->host = host;
     size_t bytes = o->count * sizeof(float);
     bb_status rc = (o->offload = calloc(1, sizeof *o->offload)) ? plan_pieces(m, o, o->offload)
