@@ -264,7 +264,7 @@ static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from
 }
 
 /* bb_plan_make at one ZeRO stage. */
-static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
+static bb_status make_stage(const bb_plan_request *q, bool suggest, bb_plan *out)
 {
     memset(out, 0, sizeof *out);
     out->zero = q->zero;
@@ -330,8 +330,8 @@ static bb_status make_stage(const bb_plan_request *q, bb_plan *out)
                  "nothing fits: the parameters, gradients and %s state alone take %s, more than the %s usable "
                  "(--device-mem less a %.0f%% margin); a smaller model or more memory is needed%s%s",
                  bb_optimizer_desc_of(q->optimizer)->title, fixed, have, 100 * margin,
-                 q->devices > 1 && q->zero < 3 ? ", or a higher --zero (auto picks the lowest that fits)" : "",
-                 q->offload == BB_OFFLOAD_NONE ? ", or --offload optimizer (the state in host memory)" : "");
+                 suggest && q->devices > 1 && q->zero < 3 ? ", or a higher --zero (auto picks the lowest that fits)" : "",
+                 suggest && q->offload == BB_OFFLOAD_NONE ? ", or --offload optimizer (the state in host memory)" : "");
     else
         snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits,
                  "nothing fits: even the smallest candidate (micro-batch 1, the most checkpointing) needs %s, "
@@ -352,7 +352,7 @@ void bb_plan_free(bb_plan *p)
  * not fit before; none: the last table tried. */
 bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
 {
-    if (q->zero != BB_ZERO_AUTO && q->offload != BB_OFFLOAD_AUTO) return make_stage(q, out);
+    if (q->zero != BB_ZERO_AUTO && q->offload != BB_OFFLOAD_AUTO) return make_stage(q, true, out);
     int top = q->devices < 2 ? 0 : q->zero_top > 0 && q->zero_top < 3 ? q->zero_top : 3; /* one device: sharding saves nothing */
     int first = q->zero == BB_ZERO_AUTO ? 0 : q->zero, last = q->zero == BB_ZERO_AUTO ? top : q->zero;
     bb_offload from = q->offload == BB_OFFLOAD_AUTO ? BB_OFFLOAD_NONE : q->offload;
@@ -363,7 +363,7 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
         for (int stage = first;; stage++) {
             bb_plan_request one = *q;
             one.zero = stage, one.offload = off;
-            BB_TRY(make_stage(&one, out));
+            BB_TRY(make_stage(&one, false, out)); /* the search itself tries the higher stages */
             if (out->chosen >= 0 || (stage == last && off == to)) goto done;
             if (stage == last) break;
             len += (size_t)snprintf(why + len, len < sizeof why ? sizeof why - len : 0, "%s--zero %d%s: %s",
@@ -376,11 +376,15 @@ bb_status bb_plan_make(const bb_plan_request *q, bb_plan *out)
     }
 done:
     snprintf(out->why_zero, sizeof out->why_zero, "%s", why);
-    if (out->chosen < 0 && (last > 0 || to)) {
+    if (out->chosen < 0) {
         char tail[sizeof out->why_nothing_fits];
         snprintf(tail, sizeof tail, "%s", out->why_nothing_fits);
-        snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "not even with --zero %d%s: %.450s", last,
-                 to ? " --offload optimizer" : "", tail);
+        const char *offload = to ? "" : ", or --offload optimizer (the state in host memory)";
+        if (last > 0 || to)
+            snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "not even with --zero %d%s: %.400s%s", last,
+                     to ? " --offload optimizer" : "", tail, offload);
+        else
+            snprintf(out->why_nothing_fits, sizeof out->why_nothing_fits, "%.450s%s", tail, offload);
     }
     return BB_OK;
 }
