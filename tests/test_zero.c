@@ -59,12 +59,14 @@ static uint64_t largest_peak(const bb_train_result *r)
     return most;
 }
 
-/* One case: --zero 0, 1 and 2 on the same options. One micro-step a step:
- * the three bitwise the same. Accumulated: ZeRO-2 adds the devices' sums
- * of each micro-step, the others each device's micro-steps first, so
- * within 1e-6. ZeRO-2's largest peak: the planner's to the byte (these
- * models are too small for its window to save much; test_plan weighs
- * GPT-2 and a 1B shape). */
+/* One case: --zero 0, 1, 2 and 3 on the same options. One micro-step a
+ * step: all four bitwise the same. Accumulated: ZeRO-2 and -3 add the
+ * devices' sums of each micro-step, the others each device's micro-steps
+ * first, so within 1e-6; ZeRO-3 is ZeRO-2 bitwise either way (it gathers
+ * the very weights), the evaluation at the end included. ZeRO-2's and
+ * ZeRO-3's largest peaks: the planner's to the byte (these models are too
+ * small for the windows to save much; the formula test weighs GPT-2 and a
+ * 1B shape). */
 static void stages_case(const char *what, bb_train_options o)
 {
     bb_train_result r[4];
@@ -108,7 +110,7 @@ static void stages_case(const char *what, bb_train_options o)
     for (int z = 0; z < 4; z++) bb_train_result_free(&r[z]);
 }
 
-Test(zero, zero2_trains_what_zero0_and_zero1_train_with_the_planned_peak)
+Test(zero, zero2_and_3_train_what_zero0_and_zero1_train_with_the_planned_peak)
 {
     char *tokens = make_tokens("tokens", 170), *images = make_images("images", 1300, 1);
     stages_case("gpt, 2 devices", gpt_options(tokens, 2, 16, 32));
@@ -133,7 +135,7 @@ Test(zero, zero2_trains_what_zero0_and_zero1_train_with_the_planned_peak)
 
 /* Every recompute plan writes the gradients in the order the window
  * follows: bitwise the same as --zero 0. */
-Test(zero, zero2_under_every_checkpoint_policy)
+Test(zero, zero2_and_3_under_every_checkpoint_policy)
 {
     char *tokens = make_tokens("tokens", 170);
     const char *policies[] = {"blocks", "selective", "plan:f,s"};
@@ -147,10 +149,11 @@ Test(zero, zero2_under_every_checkpoint_policy)
     free(tokens);
 }
 
-/* optimizer.bin is one format: saved under --zero 2 it resumes under
- * --zero 0 on another device count, and the other way round, as a run
- * that never stopped. */
-Test(zero, zero2_checkpoints_resume_across_stages_and_device_counts)
+/* optimizer.bin and model.safetensors are one format: saved under --zero 2
+ * or 3 they resume under --zero 0 on another device count, and the other
+ * way round, as a run that never stopped; --init-from works under --zero 3
+ * as under --zero 0. */
+Test(zero, checkpoints_resume_across_stages_and_device_counts)
 {
     char *data = make_tokens("tokens", 100);
     bb_train_options o = staged(gpt_options(data, 2, 16, 32), 0);
@@ -191,12 +194,21 @@ Test(zero, zero2_checkpoints_resume_across_stages_and_device_counts)
         bb_train_result_free(&first), bb_train_result_free(&second);
         free(ckpt);
     }
+    /* --init-from under ZeRO-3 (read into the host buffer the optimizers take their shards from) */
+    char *weights = tu_path(tmp, "ckpt0/latest/model.safetensors");
+    bb_train_options a = staged(gpt_options(data, 2, 16, 32), 0), b = staged(gpt_options(data, 2, 16, 32), 3);
+    a.init_from = b.init_from = weights;
+    a.steps = b.steps = 3;
+    bb_train_result ra = train(&a), rb = train(&b);
+    cr_assert(same_bits(&ra, &rb), "--init-from: --zero 3 differs from --zero 0");
+    bb_train_result_free(&ra), bb_train_result_free(&rb);
+    free(weights);
     bb_train_result_free(&whole);
     free(data);
 }
 
 /* What cannot help or cannot run says so, before anything trains. */
-Test(zero, zero2_refusals_are_clear)
+Test(zero, stages_that_cannot_help_or_run_say_so)
 {
     char *data = make_tokens("tokens", 100);
     struct {

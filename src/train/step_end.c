@@ -125,8 +125,6 @@ static bb_status agree_stop(trainer *t, int *request)
     return t->spec.world > 1 ? bb_world_max_int(request) : BB_OK;
 }
 
-/* Whether the end of step `step` (1-based) saves: a saving run's last
- * step, one asked to stop, and every save_every; the same on every rank. */
 bb_status bb_trainer_whole_weights(trainer *t, float **out)
 {
     size_t n = bb_model_param_count(t->replicas[0].model);
@@ -170,6 +168,8 @@ static bb_status evaluate(trainer *t, const float *weights, const bb_eval_option
     return rc;
 }
 
+/* Whether the end of step `step` (1-based) saves: a saving run's last
+ * step, one asked to stop, and every save_every; the same on every rank. */
 static bool saves_at(const trainer *t, uint64_t step, int request)
 {
     const bb_train_options *o = t->o;
