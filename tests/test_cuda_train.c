@@ -103,6 +103,8 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"mlp --zero 3", 1, false, NULL, false, 3},
                  {"llama --precision bf16 --zero 3", 2, false, NULL, true, 3},
                  {"gpt --offload optimizer", 0, false, NULL, false, 0},
+                 {"gpt --checkpoint offload", 0, false, "offload", false, 0},
+                 {"gpt --precision bf16 --checkpoint plan:o,s", 0, false, "plan:o,s", true, 0},
                  {"gpt --zero 2 --offload optimizer", 0, false, NULL, false, 2},
                  {"gpt --zero 3 --zero-shards tensors --offload optimizer", 0, false, NULL, false, 3,
                   BB_PARAM_SHARD_TENSORS},
@@ -182,16 +184,20 @@ Test(cuda_train, zero2_on_two_gpus_waits_for_each_window_slot)
  * the compute stream's work so far) or the communication stream (a layer
  * would read its slot before its gather filled it, were it not for the wait
  * on the bucket's event). */
-static void lagging(const char *stream, const char *what, int zero, bb_offload offload)
+static void lagging(const char *stream, const char *what, int zero, bb_offload offload, const char *checkpoint)
 {
+    /* before this process's first CUDA call, which reads them: each
+     * operation of the lagging stream waits 0-2 ms (compute: hundreds of
+     * kernels a step) or 0-5 ms (copies, collectives) */
+    setenv("BB_CUDA_EMU_DELAY_US", strcmp(stream, "0") ? "5000" : "2000", 1);
+    setenv("BB_CUDA_EMU_DELAY_ONLY", stream, 1); /* the backend's streams: compute 0, copy 1, communication 2 */
     need_gpus(2);
     need_emulator("delaying one stream alone");
-    setenv("BB_CUDA_EMU_DELAY_US", "20000", 1);
-    setenv("BB_CUDA_EMU_DELAY_ONLY", stream, 1); /* the backend's streams: compute 0, copy 1, communication 2 */
     char *tokens = make_tokens("tokens", 200);
     bb_train_options o = gpt_options(tokens, 2, 4, 16);
     o.model.gpt.layers = 6; /* the window's ring wraps several times a pass */
     o.steps = 2, o.bucket_mib = 0.001, o.zero = zero, o.offload = offload;
+    if (checkpoint) cr_assert_eq(bb_model_parse_recompute(checkpoint, &o.model), BB_OK);
     o.val_data = tokens; /* evaluated at the end, from the weights gathered on the host */
     bb_train_result c = train(&o);
     on_gpus(&o, 2);
@@ -207,12 +213,12 @@ static void lagging(const char *stream, const char *what, int zero, bb_offload o
 
 Test(cuda_train, zero3_gathers_wait_for_a_lagging_compute_stream)
 {
-    lagging("0", "gpt --zero 3, compute lagging", 3, BB_OFFLOAD_NONE);
+    lagging("0", "gpt --zero 3, compute lagging", 3, BB_OFFLOAD_NONE, NULL);
 }
 
 Test(cuda_train, zero3_passes_wait_for_a_lagging_gather)
 {
-    lagging("2", "gpt --zero 3, communication lagging", 3, BB_OFFLOAD_NONE);
+    lagging("2", "gpt --zero 3, communication lagging", 3, BB_OFFLOAD_NONE, NULL);
 }
 
 /* --offload optimizer with the compute stream lagging: the host steps a
@@ -220,7 +226,23 @@ Test(cuda_train, zero3_passes_wait_for_a_lagging_gather)
  * reads the weights only once they are up (the compute stream's order). */
 Test(cuda_train, offloaded_steps_wait_for_their_gradients)
 {
-    lagging("0", "gpt --offload optimizer, compute lagging", 0, BB_OFFLOAD_OPTIMIZER);
+    lagging("0", "gpt --offload optimizer, compute lagging", 0, BB_OFFLOAD_OPTIMIZER, NULL);
+}
+
+/* Offloaded blocks (--checkpoint offload) with one stream lagging: the
+ * copy stream (a backward would read a slot before its block came back,
+ * were it not for the wait on the slot's event) or the compute stream (a
+ * block's copy to the host would read its slot before the forward wrote
+ * it, or a fetch overwrite a slot a backward still reads, were the copy
+ * stream not ordered after the compute stream's work so far). */
+Test(cuda_train, offloaded_blocks_wait_for_a_lagging_copy_stream)
+{
+    lagging("1", "gpt --checkpoint offload, copies lagging", 0, BB_OFFLOAD_NONE, "offload");
+}
+
+Test(cuda_train, offloaded_blocks_wait_for_a_lagging_compute_stream)
+{
+    lagging("0", "gpt --checkpoint offload, compute lagging", 0, BB_OFFLOAD_NONE, "offload");
 }
 
 /* Saved on two GPUs: resumed there, the losses and weights of the whole

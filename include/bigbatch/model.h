@@ -52,8 +52,11 @@
 
 /* A block's recompute policy (bb_model_config.recompute_plan): saves
  * everything its backward reads, all but what selective recompute drops,
- * or only its input (a full recompute). */
-enum { BB_RECOMPUTE_NONE = 'n', BB_RECOMPUTE_SELECTIVE = 's', BB_RECOMPUTE_FULL = 'f' };
+ * only its input (a full recompute), or everything in pinned host memory
+ * (offload: copied there on the copy stream after its forward, back into
+ * one of two device slots the offloaded blocks share one block ahead of
+ * its backward). */
+enum { BB_RECOMPUTE_NONE = 'n', BB_RECOMPUTE_SELECTIVE = 's', BB_RECOMPUTE_FULL = 'f', BB_RECOMPUTE_OFFLOAD = 'o' };
 
 /* ---- model kinds --------------------------------------------------------
  * A kind (gpt, mlp) is one descriptor, defined in its own file (gpt.c,
@@ -138,9 +141,10 @@ bb_model_config bb_model_llama_config(int layers, int heads, int d_model, int se
 /* Llama's FFN width rule: 2/3 of 4·d_model, rounded up to a multiple of 256. */
 int bb_llama_ffn(int d_model);
 /* Parses --checkpoint into c's recompute_every and recompute_plan: none,
- * blocks (every:1), every:K, selective (every block 's'), or plan:P, P a
- * comma-separated list of one policy per block — n|none, s|selective,
- * f|full — each optionally repeated (`s*6`): plan:n,s,f,f or plan:s*6,f*6.
+ * blocks (every:1), every:K, selective (every block 's'), offload (every
+ * block 'o'), or plan:P, P a comma-separated list of one policy per block
+ * — n|none, s|selective, f|full, o|offload — each optionally repeated
+ * (`s*6`): plan:n,s,f,f or plan:s*6,f*6.
  * Fails with BB_ERR_ARG naming the bad item. A plan's length is checked
  * against the model's blocks when the model is made (bb_model_check_recompute). */
 bb_status bb_model_parse_recompute(const char *s, bb_model_config *c);
@@ -167,7 +171,8 @@ typedef struct bb_block_costs {
     bool last_full_spared;
 } bb_block_costs;
 bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
-/* The policy letters in bb_block_costs order: "nsf". */
+/* The policy letters in bb_block_costs order: "nsf" (the planner's per-block
+ * plans; offload is taken when a plan names it). */
 #define BB_RECOMPUTE_LETTERS "nsf"
 /* Block l's policy (0 .. bb_model_layers - 1): BB_RECOMPUTE_NONE,
  * _SELECTIVE or _FULL (every:K's blocks recompute, in segments of K). */
@@ -448,6 +453,9 @@ int bb_model_logits_stride(int vocab);
  * one chunk of logits, backward scratch), all allocated when the model is
  * created: what the recompute policy and the micro-batch size change. */
 uint64_t bb_model_activation_bytes(const bb_model_t *m);
+/* The pinned host bytes of the offloaded blocks' activations (policy 'o');
+ * 0 without. Never fails. */
+uint64_t bb_model_host_activation_bytes(const bb_model_t *m);
 /* What the last forward and backward recomputed: layers (blocks) whose
  * forward the backward re-ran, and selective blocks whose dropped tensors
  * it recomputed (the planner's time model counts them). */

@@ -54,7 +54,9 @@ typedef struct bb_memory_breakdown {
     uint64_t loader_slots;    /* host memory (pinned on GPUs), not in total: the loader's
                                  batch slots for this device with its defaults */
     uint64_t offloaded;       /* host memory (pinned), not in total: --offload optimizer's state,
-                                 master weights and gradients' staging for this device */
+                                 master weights and gradients' staging for this device, and the
+                                 offloaded blocks' activations (policy 'o'), which are */
+    uint64_t offloaded_activations;
     int recomputed_layers, selective_recomputes; /* not memory: what the micro-step recomputed
                                                     (bb_model_recompute_counts), for the time model */
 } bb_memory_breakdown;

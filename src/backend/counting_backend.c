@@ -23,6 +23,10 @@ static bb_status counting_alloc(bb_backend_t *b, size_t bytes, void **out)
 
 static void counting_free(bb_backend_t *b, void *ptr) { (void)b, (void)ptr; }
 
+/* Host memory (offloaded activations) too: an address, nothing allocated. */
+static bb_status counting_host_alloc(bb_backend_t *b, size_t bytes, void **out) { return counting_alloc(b, bytes, out); }
+static void counting_host_free(bb_backend_t *b, void *ptr, size_t bytes) { (void)b, (void)ptr, (void)bytes; }
+
 static bb_status counting_copy(bb_backend_t *b, void *dst, const void *src, size_t bytes, bb_copy_kind kind)
 {
     (void)b, (void)dst, (void)src, (void)bytes, (void)kind;
@@ -46,7 +50,8 @@ static void counting_destroy(bb_backend_t *b) { free(b->impl); }
 
 /* The ops are never called (backend.c skips them when counts_only). */
 #define COUNTING_VTABLE(host)                                                                               \
-    {.alloc = counting_alloc, .free = counting_free, .copy = counting_copy, .memset = counting_memset,     \
+    {.alloc = counting_alloc, .free = counting_free, .host_alloc = counting_host_alloc,                   \
+     .host_free = counting_host_free, .copy = counting_copy, .memset = counting_memset,                   \
      .destroy = counting_destroy, .workspace_bytes = counting_workspace, .host_is_device = (host),         \
      .counts_only = true}
 static const bb_backend_vtable counting_host = COUNTING_VTABLE(true), counting_device = COUNTING_VTABLE(false);

@@ -102,9 +102,12 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
                                                 : "32 MiB at most");
     printf("\n  host memory: about %s of loader slots per device%s", bb_format_bytes(r->memory.loader_slots, a, sizeof a),
            q->device != BB_DEVICE_CPU ? " (pinned)" : "");
-    if (p->offload)
-        printf(", and %s of offloaded optimizer state, master weights and gradients (--offload optimizer)",
-               bb_format_bytes(r->memory.offloaded, a, sizeof a));
+    uint64_t activations = r->memory.offloaded_activations, state = r->memory.offloaded - activations;
+    if (state)
+        printf(", %s of offloaded optimizer state, master weights and gradients (--offload optimizer)",
+               bb_format_bytes(state, a, sizeof a));
+    if (activations)
+        printf(", %s of offloaded blocks' activations (--checkpoint's o)", bb_format_bytes(activations, a, sizeof a));
     printf("\n");
 }
 

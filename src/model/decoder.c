@@ -82,13 +82,52 @@ static bb_block_pass pass_of(bb_model_t *m, int l)
                            .dln = g->dln, .positions = g->positions};
 }
 
+/* ---- offloaded blocks ('o') ----------------------------------------------
+ * Block l's slot j: its forward first waits for the copy of the slot's
+ * previous block to the host, then its saved tensors go to the host on the
+ * copy stream. Its backward needs them back in the slot: fetched there on
+ * the copy stream one offloaded block ahead (while the blocks above run
+ * their backward; the slot's previous block is done), and the compute
+ * stream waits for them. On the CPU every copy is done when it returns. */
+static bb_status offload_copy(bb_model_t *m, int l, bool to_host)
+{
+    decoder_state *g = m->impl;
+    int j = g->oslot[l];
+    BB_TRY(bb_backend_event_record(m->be, g->oev_compute[j], BB_STREAM_COMPUTE)); /* what came before is done */
+    BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COPY, g->oev_compute[j]));
+    BB_TRY(bb_decoder_offload_copy(m, l, to_host));
+    BB_TRY(bb_backend_event_record(m->be, to_host ? g->oev_out[j] : g->oev_in[j], BB_STREAM_COPY));
+    g->otenant[j] = l, g->ofetched[j] = !to_host;
+    return BB_OK;
+}
+
+/* Before block l's backward: its tensors in its slot, and the next
+ * offloaded block below it on its way into the other slot. */
+static bb_status offload_fetch(bb_model_t *m, int l)
+{
+    decoder_state *g = m->impl;
+    int j = g->oslot[l], below = l - 1;
+    if (j >= 0) {
+        if (g->otenant[j] != l) BB_TRY(offload_copy(m, l, false));
+        if (g->ofetched[j]) BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COMPUTE, g->oev_in[j]));
+        g->ofetched[j] = false;
+    }
+    while (below >= 0 && g->oslot[below] < 0) below--;
+    if (below >= 0 && g->oslot[below] != j && g->otenant[g->oslot[below]] != below)
+        BB_TRY(offload_copy(m, below, false));
+    return BB_OK;
+}
+
 /* Runs segment s's blocks; saves its output where the next segment's
- * input is kept (a copy after a recomputed segment). */
+ * input is kept (a copy after a recomputed or an offloaded block). */
 static bb_status segment_forward(bb_model_t *m, int s)
 {
     decoder_state *g = m->impl;
     const segment *seg = &g->segs[s];
     for (int l = seg->first; l < seg->end; l++) {
+        int j = g->oslot[l];
+        if (j >= 0 && g->otenant[j] >= 0) /* the slot's previous block is on the host */
+            BB_TRY(bb_backend_stream_wait(m->be, BB_STREAM_COMPUTE, g->oev_out[j]));
         bb_block_pass p = pass_of(m, l);
         g->k->block->forward(&p);
         g->last_block = l;
@@ -97,6 +136,7 @@ static bb_status segment_forward(bb_model_t *m, int s)
     if (s + 1 < g->S && g->seg_in[s + 1].data)
         BB_TRY(bb_backend_copy(m->be, g->seg_in[s + 1].data, g->act[seg->end - 1]->t[g->lay.saved - 1].data,
                                bb_decoder_saved_count(m, g->lay.saved - 1) * bb_dtype_size(g->dtype), BB_COPY_D2D));
+    if (g->oslot[seg->first] >= 0) BB_TRY(offload_copy(m, seg->first, true)); /* an offloaded block: one a segment */
     return BB_OK;
 }
 
@@ -136,6 +176,7 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
                               model_weight(m, g->head), n, C, V, bb_model_logits_stride(V), acc || k < g->chunks - 1);
     }
     if (g->head != 0) model_grads_ready(m, g->head); /* a head of its own is the last tensor */
+    BB_TRY(offload_fetch(m, g->L - 1)); /* the final norm reads the last block's output */
     BB_TRY(g->k->norm_backward(m, g->dres, g->dln, final_output(g), g->norm_stat, BT, acc));
     model_grads_ready(m, g->block_tensor[g->L]);
     for (int s = g->S - 1; s >= 0; s--) {
@@ -145,6 +186,7 @@ static bb_status decoder_backward(bb_model_t *m, bool acc)
             m->recomputed_layers += seg->end - seg->first;
         }
         for (int l = seg->end - 1; l >= seg->first; l--) {
+            BB_TRY(offload_fetch(m, l));
             bb_block_pass p = pass_of(m, l);
             p.selective = g->policy[l] == BB_RECOMPUTE_SELECTIVE;
             p.fresh = g->last_block == l;

@@ -8,7 +8,10 @@
  * 'n' saves them all; 's' saves all but the dropped ones, whose fp32
  * scratch every selective block shares; 'f' saves its input (or nothing
  * more when the previous block's output is saved anyway), and the
- * recomputed blocks run in slots shared by every 'f' segment. Tensors are
+ * recomputed blocks run in slots shared by every 'f' segment; 'o' saves
+ * them all in pinned host memory and runs in one of two slots the
+ * offloaded blocks take in turn, the next block keeping its input on the
+ * device (a saved input, as after an 'f' segment). Tensors are
  * of the activation dtype (2 bytes an element under bf16, 4 under fp32),
  * statistics fp32. */
 #include <stdlib.h>
@@ -87,37 +90,94 @@ static int make_segments(bb_model_t *m, decoder_state *g)
     return longest;
 }
 
+/* An offloaded block's copy in pinned host memory: one allocation, its
+ * tensors then its statistics. */
+static bb_status alloc_host_slot(bb_model_t *m, bb_block_acts *a)
+{
+    decoder_state *g = m->impl;
+    size_t BT = (size_t)m->B * g->d.seq_len, bytes = 0, es = bb_dtype_size(g->dtype);
+    for (int k = 0; k < g->lay.saved; k++) bytes += bb_decoder_saved_count(m, k) * es;
+    for (int s = 0; s < g->lay.stats; s++) bytes += BT * (size_t)g->lay.stat_width[s] * sizeof(float);
+    if (g->host_count == g->L) return bb_fail(BB_ERR_INTERNAL, "more offloaded blocks than blocks");
+    uint8_t *p;
+    BB_TRY(bb_backend_host_alloc(m->be, bytes, (void **)&p));
+    g->host_owned[g->host_count] = p, g->host_owned_bytes[g->host_count++] = bytes;
+    g->host_bytes += bytes;
+    for (int k = 0; k < g->lay.saved; k++) {
+        a->t[k] = (bb_tensor){p, g->dtype};
+        p += bb_decoder_saved_count(m, k) * es;
+    }
+    for (int s = 0; s < g->lay.stats; s++) {
+        a->stat[s] = (float *)(void *)p;
+        p += BT * (size_t)g->lay.stat_width[s] * sizeof(float);
+    }
+    return BB_OK;
+}
+
+bb_status bb_decoder_offload_copy(bb_model_t *m, int l, bool to_host)
+{
+    decoder_state *g = m->impl;
+    const bb_block_acts *dev = g->act[l], *host = &g->host_acts[l];
+    size_t BT = (size_t)m->B * g->d.seq_len, es = bb_dtype_size(g->dtype);
+    for (int k = 0; k < g->lay.saved; k++) {
+        size_t bytes = bb_decoder_saved_count(m, k) * es;
+        BB_TRY(to_host ? bb_backend_copy_async(m->be, host->t[k].data, dev->t[k].data, bytes, BB_COPY_D2H, BB_STREAM_COPY)
+                       : bb_backend_copy_async(m->be, dev->t[k].data, host->t[k].data, bytes, BB_COPY_H2D, BB_STREAM_COPY));
+    }
+    for (int s = 0; s < g->lay.stats; s++) {
+        size_t bytes = BT * (size_t)g->lay.stat_width[s] * sizeof(float);
+        BB_TRY(to_host ? bb_backend_copy_async(m->be, host->stat[s], dev->stat[s], bytes, BB_COPY_D2H, BB_STREAM_COPY)
+                       : bb_backend_copy_async(m->be, dev->stat[s], host->stat[s], bytes, BB_COPY_H2D, BB_STREAM_COPY));
+    }
+    return BB_OK;
+}
+
 /* Each block's activations: saving blocks a slot of their own, recomputed
- * ones the recompute slot of their place in the segment. */
+ * ones the recompute slot of their place in the segment, offloaded ones
+ * one of two shared slots in turn (and a copy on the host). */
 static bb_status alloc_blocks(bb_model_t *m, decoder_state *g, int pool)
 {
     const bb_block_layout *lay = &g->lay;
     bb_block_acts sel = {0}; /* selective blocks' scratch */
-    int saving = 0;
-    for (int l = 0; l < g->L; l++) saving += g->policy[l] != BB_RECOMPUTE_FULL;
+    int saving = 0, offloaded = 0;
+    for (int l = 0; l < g->L; l++) {
+        saving += g->policy[l] == BB_RECOMPUTE_NONE || g->policy[l] == BB_RECOMPUTE_SELECTIVE;
+        offloaded += g->policy[l] == BB_RECOMPUTE_OFFLOAD;
+    }
     if (memchr(g->policy, BB_RECOMPUTE_SELECTIVE, (size_t)g->L))
         for (int k = 0; k < lay->saved; k++) {
             if (!(lay->dropped >> k & 1)) continue;
             if (lay->reuse[k] >= 0) sel.t[k] = sel.t[lay->reuse[k]]; /* dead before this one is recomputed */
             else BB_TRY(alloc_tensor(m, &sel.t[k], bb_decoder_saved_count(m, k), "activations (selective recompute)"));
         }
-    g->slot_count = saving + pool;
+    int oslots = offloaded < 2 ? offloaded : 2;
+    g->slot_count = saving + pool + oslots;
     bool *made = calloc((size_t)g->slot_count + 1, sizeof *made);
-    if (!made || !(g->slots = calloc((size_t)g->slot_count, sizeof *g->slots))) {
+    if (!made || !(g->slots = calloc((size_t)g->slot_count + 1, sizeof *g->slots))) {
         free(made);
         return bb_fail(BB_ERR_NOMEM, "out of memory");
     }
     bb_status rc = BB_OK;
-    for (int l = 0, next = 0; l < g->L && rc == BB_OK; l++) {
+    for (int l = 0, next = 0, o = 0; l < g->L && rc == BB_OK; l++) {
         const segment *s = &g->segs[g->seg_of[l]];
-        int at = s->recompute ? saving + (l - s->first) : next++;
+        bool off = g->policy[l] == BB_RECOMPUTE_OFFLOAD;
+        if (off) g->oslot[l] = o % 2;
+        int at = off ? saving + pool + o++ % 2 : s->recompute ? saving + (l - s->first) : next++;
         g->act[l] = &g->slots[at];
-        if (made[at]) continue; /* a recompute slot already made */
+        if (off) rc = alloc_host_slot(m, &g->host_acts[l]);
+        if (rc != BB_OK || made[at]) continue; /* a shared slot already made */
         made[at] = true;
         unsigned shared = g->policy[l] == BB_RECOMPUTE_SELECTIVE ? lay->dropped : 0;
         rc = alloc_slot(m, g->act[l], &sel, shared);
     }
     free(made);
+    for (int j = 0; rc == BB_OK && j < oslots; j++) {
+        g->otenant[j] = -1;
+        if ((rc = bb_backend_event_create(m->be, &g->oev_compute[j])) == BB_OK &&
+            (rc = bb_backend_event_create(m->be, &g->oev_out[j])) == BB_OK)
+            rc = bb_backend_event_create(m->be, &g->oev_in[j]);
+    }
+    m->host_activation_bytes = g->host_bytes;
     return rc;
 }
 
@@ -171,8 +231,14 @@ bb_status bb_decoder_create(bb_model_t *m)
     g->block_tensor = calloc((size_t)g->L + 1, sizeof *g->block_tensor);
     g->act = calloc((size_t)g->L, sizeof *g->act);
     g->seg_in = calloc((size_t)g->L, sizeof *g->seg_in);
-    if (!g->segs || !g->seg_of || !g->policy || !g->block_tensor || !g->act || !g->seg_in)
+    g->host_acts = calloc((size_t)g->L, sizeof *g->host_acts);
+    g->oslot = malloc((size_t)g->L * sizeof *g->oslot);
+    g->host_owned = calloc((size_t)g->L, sizeof *g->host_owned);
+    g->host_owned_bytes = calloc((size_t)g->L, sizeof *g->host_owned_bytes);
+    if (!g->segs || !g->seg_of || !g->policy || !g->block_tensor || !g->act || !g->seg_in || !g->host_acts ||
+        !g->oslot || !g->host_owned || !g->host_owned_bytes)
         return bb_fail(BB_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < g->L; l++) g->oslot[l] = -1;
     BB_TRY(add_tensors(m, g));
     BB_TRY(position_table(m, g));
     int pool = make_segments(m, g);
@@ -180,7 +246,8 @@ bb_status bb_decoder_create(bb_model_t *m)
     g->chunk = bb_model_loss_chunk(c, m->B, bb_backend_transient_budget(m->be));
     g->chunks = (int)((BT + (size_t)g->chunk - 1) / (size_t)g->chunk);
     for (int s = 0; s < g->S; s++) {
-        if (s > 0 && !g->segs[s - 1].recompute) continue; /* the previous block's output is saved */
+        /* the previous block's output is saved, and stays on the device */
+        if (s > 0 && !g->segs[s - 1].recompute && g->policy[g->segs[s - 1].first] != BB_RECOMPUTE_OFFLOAD) continue;
         BB_TRY(alloc_tensor(m, &g->seg_in[s], BT * C, "saved block inputs"));
     }
     BB_TRY(alloc_blocks(m, g, pool));
@@ -202,7 +269,13 @@ void bb_decoder_destroy(bb_model_t *m)
     /* The buffers belong to the backend's accounting: free them there. */
     bb_decoder_cache_destroy(m);
     for (int i = 0; i < g->owned_count; i++) bb_backend_free(m->be, g->owned[i]);
-    free(g->owned);
+    for (int i = 0; i < g->host_count; i++) bb_backend_host_free(m->be, g->host_owned[i], g->host_owned_bytes[i]);
+    for (int j = 0; j < 2; j++) {
+        bb_backend_event_destroy(m->be, g->oev_compute[j]);
+        bb_backend_event_destroy(m->be, g->oev_out[j]);
+        bb_backend_event_destroy(m->be, g->oev_in[j]);
+    }
+    free(g->owned), free(g->host_owned), free(g->host_owned_bytes), free(g->host_acts), free(g->oslot);
     free(g->segs), free(g->seg_of), free(g->policy), free(g->block_tensor), free(g->act), free(g->slots);
     free(g->seg_in);
     free(g);

@@ -41,10 +41,26 @@ typedef struct decoder_state {
     int last_block;           /* the block whose forward ran last and whose buffers are intact; -1: none */
     bool forward_done;        /* a forward with loss ran: a backward may follow */
     struct decoder_cache *cache; /* incremental decoding's (decoder_decode.c); NULL until used */
+    /* offloaded blocks ('o'): each one's copy in pinned host memory, the
+     * two device slots they take in turn, which block each slot holds and
+     * whether it came back on the copy stream, and the slots' events */
+    bb_block_acts *host_acts; /* (L): an offloaded block's tensors and statistics on the host */
+    int *oslot;               /* (L): an offloaded block's slot, 0 or 1; -1 for the others */
+    int otenant[2];
+    bool ofetched[2];
+    bb_event_t *oev_compute[2], *oev_out[2], *oev_in[2];
+    void **host_owned;        /* the host copies, freed by the destroy */
+    size_t *host_owned_bytes;
+    int host_count;
+    uint64_t host_bytes;
     void **owned;             /* every activation buffer, freed by the destroy */
     int owned_count, owned_cap;
 } decoder_state;
 
+/* decoder_layout.c: an offloaded block's bytes of tensors and statistics,
+ * and the copies of block l's between its slot and the host (on the copy
+ * stream; fail like bb_backend_copy_async). */
+bb_status bb_decoder_offload_copy(bb_model_t *m, int l, bool to_host);
 /* decoder_layout.c: the state and every activation buffer, once, when the
  * model is made (fails with BB_ERR_ARG: the kind's check, BB_ERR_NOMEM,
  * BB_ERR_OOM; what it made is freed by the destroy, which takes a

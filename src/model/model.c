@@ -79,7 +79,10 @@ void bb_model_recompute_name(const bb_model_config *c, char *buf, size_t cap)
     for (size_t i = 1; i < n; i++) uniform = uniform && c->recompute_plan[i] == c->recompute_plan[0];
     if (uniform) { /* one policy for every block: its own name */
         char p = c->recompute_plan[0];
-        snprintf(buf, cap, "%s", p == BB_RECOMPUTE_NONE ? "none" : p == BB_RECOMPUTE_SELECTIVE ? "selective" : "blocks");
+        snprintf(buf, cap, "%s", p == BB_RECOMPUTE_NONE        ? "none"
+                                 : p == BB_RECOMPUTE_SELECTIVE ? "selective"
+                                 : p == BB_RECOMPUTE_OFFLOAD   ? "offload"
+                                                               : "blocks");
         return;
     }
     if (n) {
@@ -151,7 +154,7 @@ bb_status bb_model_config_from_json(const json_t *obj, const char *file, bb_mode
 /* One item of plan:P, "s" or "selective*3": its letter and count. */
 static bb_status parse_plan_item(const char *item, size_t len, char *letter, long *count)
 {
-    static const char *const names[][2] = {{"n", "none"}, {"s", "selective"}, {"f", "full"}};
+    static const char *const names[][2] = {{"n", "none"}, {"s", "selective"}, {"f", "full"}, {"o", "offload"}};
     const char *star = memchr(item, '*', len);
     size_t name_len = star ? (size_t)(star - item) : len;
     *letter = 0;
@@ -166,8 +169,8 @@ static bb_status parse_plan_item(const char *item, size_t len, char *letter, lon
         else memcpy(digits, star + 1, n), *count = strtol(digits, &end, 10), *count = *end ? 0 : *count;
     }
     if (!*letter || *count < 1 || *count > BB_RECOMPUTE_MAX_BLOCKS)
-        return bb_fail(BB_ERR_ARG, "--checkpoint plan: '%.*s' is not a block policy: n|none, s|selective or "
-                       "f|full, optionally repeated (s*6)", (int)len, item);
+        return bb_fail(BB_ERR_ARG, "--checkpoint plan: '%.*s' is not a block policy: n|none, s|selective, "
+                       "f|full or o|offload, optionally repeated (s*6)", (int)len, item);
     return BB_OK;
 }
 
@@ -178,8 +181,8 @@ bb_status bb_model_parse_recompute(const char *s, bb_model_config *c)
     if (!strcmp(s, "none")) return BB_OK;
     if (!strcmp(s, "blocks")) {
         c->recompute_every = 1;
-    } else if (!strcmp(s, "selective")) {
-        snprintf(c->recompute_plan, sizeof c->recompute_plan, "%c", BB_RECOMPUTE_SELECTIVE);
+    } else if (!strcmp(s, "selective") || !strcmp(s, "offload")) {
+        snprintf(c->recompute_plan, sizeof c->recompute_plan, "%c", s[0] == 's' ? BB_RECOMPUTE_SELECTIVE : BB_RECOMPUTE_OFFLOAD);
     } else if (!strncmp(s, "every:", 6)) {
         char *end;
         long k = strtol(s + 6, &end, 10);
@@ -202,8 +205,8 @@ bb_status bb_model_parse_recompute(const char *s, bb_model_config *c)
         }
         c->recompute_plan[n] = 0;
     } else {
-        return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, selective, blocks, every:K, plan:P "
-                       "(e.g. plan:n,s,f,f)", s);
+        return bb_fail(BB_ERR_ARG, "--checkpoint: '%s' is not one of none, selective, offload, blocks, every:K, "
+                       "plan:P (e.g. plan:n,s,f,o)", s);
     }
     return BB_OK;
 }
@@ -218,8 +221,8 @@ bb_status bb_model_check_recompute(const bb_model_config *c)
     if (!c->kind->family->recompute_plans)
         return bb_fail(BB_ERR_ARG, "--checkpoint %s: a %s takes none, blocks or every:K", name, c->kind->name);
     for (size_t i = 0; i < n; i++)
-        if (!strchr("nsf", c->recompute_plan[i]))
-            return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s or f", i,
+        if (!strchr("nsfo", c->recompute_plan[i]))
+            return bb_fail(BB_ERR_ARG, "--checkpoint: block %zu has policy '%c', not n, s, f or o", i,
                            c->recompute_plan[i]);
     int layers = bb_model_layers(c);
     if (n > 1 && n != (size_t)layers)
@@ -408,6 +411,7 @@ bb_status bb_model_weights_out(bb_model_t *m, float *host, size_t offset, size_t
 float *bb_model_grads(bb_model_t *m) { return m->grads; }
 int bb_model_batch_targets(const bb_model_t *m) { return m->targets_valid; }
 uint64_t bb_model_activation_bytes(const bb_model_t *m) { return m->activation_bytes; }
+uint64_t bb_model_host_activation_bytes(const bb_model_t *m) { return m->host_activation_bytes; }
 void bb_model_recompute_counts(const bb_model_t *m, int *layers, int *selective)
 {
     *layers = m->recomputed_layers;

@@ -116,6 +116,7 @@ struct bb_model {
     struct batch_set *batch_sets; /* (2): the current one and the one being staged (batch.c) */
     int current;
     uint64_t activation_bytes;
+    uint64_t host_activation_bytes; /* offloaded blocks' copies in pinned host memory */
     int recomputed_layers;    /* layers (blocks) the last backward re-ran, and */
     int selective_recomputes; /* selective blocks whose dropped tensors it recomputed */
     bb_grad_ready_fn grad_ready;

@@ -94,6 +94,8 @@ static bb_status measure(const bb_model_config *c, int micro_batch, bb_optimizer
     out->parameters = weights + shard_params; /* bf16: and their bf16 copy; ZeRO-3: the window's slots */
     out->gradients = P + shard_grads;
     out->activations = bb_model_activation_bytes(m);
+    out->offloaded_activations = bb_model_host_activation_bytes(m);
+    out->offloaded += out->offloaded_activations;
     out->batches = model_bytes - weights - P - out->activations;
     out->workspace = bb_backend_workspace_bytes(be);
     out->total = bb_backend_peak_bytes(be) + out->workspace;
