@@ -271,7 +271,7 @@ int bb_bench_model(int argc, char **argv)
         {"--classes", BB_OPT_I32, &f.classes, "N", "mlp: classes", .min = 2, .max = 1 << 24},
         {"--micro-batch", BB_OPT_I32, &f.micro_batch, "B", "examples per step (gpt default 8, mlp 256)", .min = 1,
          .max = 1 << 20, .given = &f.micro_given},
-        {"--checkpoint", BB_OPT_STRING, &f.checkpoint, "POLICY", "none, selective, blocks, every:K or plan:P (as train's)"},
+        {"--checkpoint", BB_OPT_STRING, &f.checkpoint, "POLICY", "none, selective, offload, blocks, every:K or plan:P (as train's)"},
         {"--loss-chunk", BB_OPT_I32, &f.loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,
          .given = &f.loss_chunk_given},
         {"--threads", BB_OPT_I32, &f.threads, "N", "CPU threads (matrix products, attention, loss)", .min = 1,

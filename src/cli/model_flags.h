@@ -54,8 +54,10 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      .given = &(f).shape_given},                                                                               \
     {"--checkpoint", BB_OPT_STRING, &(f).checkpoint, "POLICY",                                                \
      "activation checkpointing (recompute): none, selective (recompute each block's LayerNorm and GELU "       \
-     "outputs), blocks (save one block's input per block), every:K, plan:P (per block n|s|f, e.g. "            \
-     "plan:s*6,f*6; one entry: every block; train: also auto)", .given = &(f).checkpoint_given},               \
+     "outputs), blocks (save one block's input per block), offload (every block's saved tensors in pinned "    \
+     "host memory, copied out after its forward and back one block ahead of its backward), every:K, plan:P "  \
+     "(per block n|s|f|o, e.g. plan:s*6,f*6 or plan:o*4,n*8; one entry: every block; train: also auto)",       \
+     .given = &(f).checkpoint_given},                                                                          \
     {"--recompute", BB_OPT_STRING, &(f).checkpoint, "POLICY", "the same as --checkpoint",                     \
      .given = &(f).checkpoint_given},                                                                          \
     {"--loss-chunk", BB_OPT_INT, &(f).loss_chunk, "TOKENS", LOSS_CHUNK_HELP, .min = 0, .max = 1 << 30,         \
