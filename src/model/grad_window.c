@@ -41,6 +41,7 @@ void bb_window_layout(const bb_model_t *m, const bb_buckets *b, int ring, int *b
         while (k > 0 && m->tensors[t].offset >= b->hi[k]) k--;
         bucket_of[t] = k;
     }
+    if (!at) return;
     /* slot j: as wide as the widest bucket k = j mod the ring (a bucket
      * holds at least a tensor: a large head widens one slot only) */
     for (int j = 0; j <= ring + 1; j++) at[j] = 0;

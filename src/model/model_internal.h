@@ -225,7 +225,7 @@ static inline void model_grads_ready(bb_model_t *m, int tensor)
  * (bucket_of: tensor_count ints) and where its slots start (at: ring + 2
  * offsets in floats: slot j < ring as wide as the widest bucket k = j mod
  * ring below the last, slot `ring` the last bucket's; at[ring + 1] their
- * total). Never fails. */
+ * total; at NULL: the buckets only). Never fails. */
 void bb_window_layout(const bb_model_t *m, const bb_buckets *b, int ring, int *bucket_of, size_t *at);
 /* grad_window.c: the window's slots (at bb_model_alloc_parameters), their
  * release, a backward's start (every bucket unwritten again) and check, and a

@@ -55,7 +55,7 @@ bb_status bb_param_window_alloc(bb_model_t *m)
     w->slot_of = calloc((size_t)n, sizeof *w->slot_of);
     w->bucket_of = calloc((size_t)m->tensor_count, sizeof *w->bucket_of);
     if (!w->slot || !w->slot16 || !w->slot_of || !w->bucket_of) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    bb_window_layout(m, &w->buckets, 1, w->bucket_of, (size_t[3]){0}); /* each tensor's bucket */
+    bb_window_layout(m, &w->buckets, 0, w->bucket_of, NULL); /* each tensor's bucket, for the ring's width */
     /* the ring: the widest group's buckets (the last bucket has its own)
      * and as many gathered ahead, at least BB_PARAM_WINDOW_RING, at most a
      * slot a bucket */

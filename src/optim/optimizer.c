@@ -262,15 +262,22 @@ static bb_status copy_mine(bb_backend_t *be, const bb_optimizer *o, void *dst, c
 }
 
 /* Between the whole weights on the host and o's master shard. */
-static bb_status copy_params(bb_backend_t *be, const bb_optimizer *o, float *host, bool to_host)
+/* Between a whole buffer on the host (parameter order) and one of o's
+ * buffers laid out as its state (`mine`), range by range. */
+static bb_status copy_ranges(bb_backend_t *be, const bb_optimizer *o, float *host, float *mine, bool to_host)
 {
-    if (!o->params) return bb_fail(BB_ERR_ARG, "this optimizer keeps no weights (only ZeRO-3's does)");
     for (int r = 0; r < ranges_of(o); r++) {
-        float *h = host + range_lo(o, r), *d = o->params + range_at(o, r);
+        float *h = host + range_lo(o, r), *d = mine + range_at(o, r);
         size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
         BB_TRY(to_host ? copy_mine(be, o, h, d, bytes, BB_COPY_D2H) : copy_mine(be, o, d, h, bytes, BB_COPY_H2D));
     }
     return BB_OK;
+}
+
+static bb_status copy_params(bb_backend_t *be, const bb_optimizer *o, float *host, bool to_host)
+{
+    if (!o->params) return bb_fail(BB_ERR_ARG, "this optimizer keeps no weights (only ZeRO-3's does)");
+    return copy_ranges(be, o, host, o->params, to_host);
 }
 
 bb_status bb_optimizer_put_params(bb_backend_t *be, bb_optimizer *o, const float *host)
@@ -367,22 +374,29 @@ static void free_offload(bb_backend_t *be, bb_optimizer *o)
     o->offload = NULL, o->host_grads = NULL, o->host = NULL;
 }
 
+/* The one line --offload fails with: the bytes it needs, and why not. */
+static bb_status offload_refused(const bb_optimizer *o, const char *why)
+{
+    char needed[24];
+    return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, master "
+                   "weights and gradients; %s", bb_format_bytes(bb_optimizer_offload_bytes(o), needed, sizeof needed),
+                   o->desc->title, why);
+}
+
 /* o's state, master weights and gradients' staging in pinned host memory
  * (o->count, o->desc and o->shard set; nothing on the device yet). */
 static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap, bb_model_t *m, bb_optimizer *o)
 {
-    uint64_t need = bb_optimizer_offload_bytes(o);
-    char needed[24], cap[24];
-    if (host_cap && need > host_cap)
-        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
-                       "master weights and gradients; --host-mem allows %s", bb_format_bytes(need, needed, sizeof needed),
-                       o->desc->title, bb_format_bytes(host_cap, cap, sizeof cap));
-    /* before the kernel's OOM killer would answer (each device's taken before the next asks) */
-    uint64_t available = bb_host_available_bytes();
-    if (need > available)
-        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
-                       "master weights and gradients; the host has %s available", bb_format_bytes(need, needed, sizeof needed),
-                       o->desc->title, bb_format_bytes(available, cap, sizeof cap));
+    uint64_t need = bb_optimizer_offload_bytes(o), available = bb_host_available_bytes();
+    char why[256], bytes_text[24];
+    if (host_cap && need > host_cap) {
+        snprintf(why, sizeof why, "--host-mem allows %s", bb_format_bytes(host_cap, bytes_text, sizeof bytes_text));
+        return offload_refused(o, why);
+    }
+    if (need > available) { /* before the kernel's OOM killer would answer (each device's taken before the next asks) */
+        snprintf(why, sizeof why, "the host has %s available", bb_format_bytes(available, bytes_text, sizeof bytes_text));
+        return offload_refused(o, why);
+    }
     o->host = host;
     size_t bytes = o->count * sizeof(float);
     bb_status rc = (o->offload = calloc(1, sizeof *o->offload)) ? plan_pieces(m, o, o->offload)
@@ -392,10 +406,10 @@ static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t ho
         if ((rc = bb_backend_host_alloc(be, bytes, (void **)&o->state[k])) == BB_OK) memset(o->state[k], 0, bytes);
     if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, (void **)&o->params);
     if (rc == BB_OK) rc = bb_backend_host_alloc(be, bytes, (void **)&o->host_grads);
-    if (rc == BB_ERR_NOMEM)
-        return bb_fail(BB_ERR_OOM, "--offload optimizer needs %s of pinned host memory for this device's %s state, "
-                       "master weights and gradients, and cannot have it (%s)",
-                       bb_format_bytes(need, needed, sizeof needed), o->desc->title, bb_error_message());
+    if (rc == BB_ERR_NOMEM) {
+        snprintf(why, sizeof why, "it cannot be had (%s)", bb_error_message());
+        return offload_refused(o, why);
+    }
     /* the master weights: the model's of o's ranges (ZeRO-3's shard is put later, bb_optimizer_put_params) */
     float *weights = o->shard.parameters ? NULL : bb_model_params(m);
     for (int r = 0; rc == BB_OK && weights && r < ranges_of(o); r++)
@@ -490,12 +504,7 @@ typedef struct file_header_v1 {
  * buffer) and o's part of it on the device. */
 static bb_status copy_state(bb_backend_t *be, const bb_optimizer *o, float *host, size_t param_count, bool to_host)
 {
-    for (int k = 0; k < o->desc->state_buffers; k++)
-        for (int r = 0; r < ranges_of(o); r++) {
-            float *h = host + k * param_count + range_lo(o, r), *d = o->state[k] + range_at(o, r);
-            size_t bytes = (range_hi(o, r) - range_lo(o, r)) * sizeof *h;
-            BB_TRY(to_host ? copy_mine(be, o, h, d, bytes, BB_COPY_D2H) : copy_mine(be, o, d, h, bytes, BB_COPY_H2D));
-        }
+    for (int k = 0; k < o->desc->state_buffers; k++) BB_TRY(copy_ranges(be, o, host + k * param_count, o->state[k], to_host));
     return BB_OK;
 }
 

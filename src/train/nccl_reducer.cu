@@ -9,7 +9,8 @@
 // reduction: the optimizer is ordered after it on the GPU and the host does
 // not block. The gather after the update is ncclAllGather of the equal
 // slices (in place or staged the same way), or an ncclBroadcast from each
-// owner of whole-tensor slices, whose lengths differ.
+// owner of whole-tensor slices, whose lengths differ (nccl_gather.cu, with
+// ZeRO-3's gathers; nccl_reducer.h is what the two files share).
 //
 // ZeRO-2 (reducer_args.window_models): every micro-step posts, each
 // bucket is reduced as above in its window slot, and the device's averaged
@@ -59,33 +60,13 @@
 
 extern "C" {
 #include "bigbatch/world.h"
-#include "reducer.h"
-#include "watchdog.h"
 }
+#include "nccl_reducer.h"
 #include "cuda_device.cuh" // BB_LAUNCH; after the C headers, which it includes again (guarded)
 
-namespace {
+namespace bb_nccl {
 
 // ---- NCCL through dlopen ------------------------------------------------------
-struct nccl_api {
-    ncclResult_t (*GetVersion)(int *);
-    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
-    ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
-    ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
-    ncclResult_t (*CommFinalize)(ncclComm_t);
-    ncclResult_t (*CommDestroy)(ncclComm_t);
-    ncclResult_t (*CommAbort)(ncclComm_t);
-    ncclResult_t (*GroupStart)(void);
-    ncclResult_t (*GroupEnd)(void);
-    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
-    ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-    ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                  cudaStream_t);
-    ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-    const char *(*GetErrorString)(ncclResult_t);
-    const char *(*GetLastError)(ncclComm_t); // NCCL 2.13 on; NULL before
-};
-
 nccl_api nccl;
 pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
 char nccl_error[512]; // empty once loaded
@@ -138,43 +119,6 @@ bb_status need_nccl()
 }
 
 // ---- the reducer ------------------------------------------------------------------
-enum comm_state { COMM_IDLE, COMM_BUSY, COMM_GONE };
-
-struct device_side {
-    ncclComm_t comm;
-    int state;                  // comm_state, __atomic builtins
-    pthread_mutex_t abort_lock; // orders an abort with the watchdog's poll of the error (never across a wait)
-    cudaStream_t compute, comm_stream;
-    float *params;
-    float **bucket;             // each bucket's gradients: in the whole buffer, or its window slot (ZeRO-2)
-    float *shard_grads;         // ZeRO-2: the optimizer's shard gradients, and where each bucket's slice starts there
-    size_t *shard_at;
-    float *shard_params;        // ZeRO-3: the optimizer's master weights (laid out as shard_grads)
-    cudaEvent_t *freed;         // ZeRO-2: per bucket, recorded once its slot has been read out
-    cudaEvent_t *gathered;      // ZeRO-3: per bucket, recorded once its weights are in its window slot
-    unsigned round;             // rounds posted in full (ZeRO-2: micro-steps, else steps)
-    float *stage;               // ZeRO-1's equal slices of a bucket they do not divide: owners × count floats
-    int rank, cuda_device, next_bucket; // rank: in the communicator (the job's device number)
-    cudaEvent_t ready, done;
-    double *scalar, *host_scalar; // the scalar collectives' value: device, pinned host
-};
-
-struct nccl_reducer {
-    reducer_t base;
-    pthread_mutex_t fail_lock;  // the first failure's message; never held across NCCL or CUDA
-    device_side *dev;
-    // device 0's timing of the last step: each bucket's reduction and the
-    // end of the backward, on the GPU clock
-    cudaEvent_t *start, *end, backward_end;
-    bool timed;
-    int accumulation;           // ZeRO-2: micro-steps a step (each reduced); 0: not ZeRO-2
-    bb_watchdog *watchdog;      // polls every communicator's asynchronous error (watchdog_poll)
-};
-
-nccl_reducer *of(reducer_t *r) { return reinterpret_cast<nccl_reducer *>(r); }
-
-bool stopping(const reducer_t *r) { return __atomic_load_n(&r->stop, __ATOMIC_SEQ_CST); }
-
 // Ends `s`'s communicator if nobody is inside an NCCL call on it; its
 // owner does this itself on leaving such a call otherwise.
 void take_down(device_side *s)
@@ -232,7 +176,6 @@ bool cuda_call_ok(nccl_reducer *n, cudaError_t e, const char *call)
     fail(n, call, cudaGetErrorString(e));
     return false;
 }
-#define BB_CUDA_REDUCER(n, expr) cuda_call_ok((n), (expr), #expr)
 
 // In functions returning bb_status (NCCL's calls outside the step machinery).
 #define BB_NCCL(expr)                                                                             \
@@ -283,9 +226,8 @@ bool nccl_step(nccl_reducer *n, device_side *s, ncclResult_t (*call)(void *ctx),
     return false;
 }
 
-// One bucket's collective: the all-reduce, the reduce-scatter or the
-// all-gather of `buf` (owners × count floats for the last two; in place).
-enum collective { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER };
+// One bucket's collective (collective, nccl_reducer.h) of `buf` (owners ×
+// count floats for the reduce-scatter and the all-gather; in place).
 struct bucket_args {
     device_side *s;
     collective kind;
@@ -604,108 +546,6 @@ bool n_broadcast_stop(reducer_t *r, int device, bool stop)
     return !scalar_collective(of(r), device, true, &v) || v != 0;
 }
 
-// ZeRO-1's gather of the weights, on the communication stream after the
-// compute stream's update, which the next compute waits for: equal slices
-// all-gathered bucket by bucket; whole-tensor slices (of differing
-// lengths) broadcast from each owner, in one group.
-struct gather_args {
-    reducer_t *r;
-    device_side *s;
-};
-
-ncclResult_t broadcast_slices(void *ctx)
-{
-    gather_args *a = static_cast<gather_args *>(ctx);
-    reducer_t *r = a->r;
-    ncclResult_t rc = nccl.GroupStart();
-    for (int b = 0; rc == ncclSuccess && b < r->buckets; b++)
-        for (int k = 0; rc == ncclSuccess && k < r->shards->owners; k++) { // k: the owner's rank in the communicator
-            size_t lo, hi;
-            bb_param_shards_slice(r->shards, b, k, &lo, &hi);
-            float *p = a->s->params + lo;
-            if (hi > lo) rc = nccl.Broadcast(p, p, hi - lo, ncclFloat, k, a->s->comm, a->s->comm_stream);
-        }
-    ncclResult_t end = nccl.GroupEnd();
-    return rc != ncclSuccess ? rc : end;
-}
-
-bool n_allgather(reducer_t *r, int device)
-{
-    nccl_reducer *n = of(r);
-    device_side *s = &n->dev[device];
-    if (!s->params) return !stopping(r); // ZeRO-3: no replica to fill; each gather follows the update (n_gather)
-    cudaSetDevice(s->cuda_device);
-    gather_args a = {r, s};
-    bool ok = !stopping(r) && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
-              BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->comm_stream, s->ready, 0));
-    if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS)
-        for (int b = 0; ok && b < r->buckets; b++) ok = equal_slices(n, s, b, ALL_GATHER, s->params + r->lo[b]);
-    else
-        ok = ok && nccl_step(n, s, broadcast_slices, &a, "ncclBroadcast (the ZeRO-1 gather)");
-    return ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->done, s->comm_stream)) &&
-           BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->done, 0));
-}
-
-// ZeRO-3: bucket b's weights into a window slot. The issue, on the
-// communication stream after the compute stream's work so far (which may
-// still read the slot's previous bucket): this owner's slice from its
-// master weights (on the device, or offloaded: pinned host memory, hence
-// cudaMemcpyDefault) into its place in the slot, then equal slices
-// all-gathered (in place, or staged as above) or whole-tensor slices
-// broadcast from each owner in one group; gathered[b] is recorded after.
-// The wait makes the compute stream wait for that record: a prefetched
-// bucket's gather runs while the compute stream works on the buckets
-// before it. Every device issues its gathers in the order of its model's
-// passes, the same everywhere, as NCCL needs.
-struct slot_args {
-    reducer_t *r;
-    device_side *s;
-    int b;
-    float *slot;
-};
-
-ncclResult_t broadcast_bucket(void *ctx)
-{
-    slot_args *a = static_cast<slot_args *>(ctx);
-    reducer_t *r = a->r;
-    ncclResult_t rc = nccl.GroupStart();
-    for (int k = 0; rc == ncclSuccess && k < r->shards->owners; k++) {
-        size_t lo, hi;
-        bb_param_shards_slice(r->shards, a->b, k, &lo, &hi);
-        float *p = a->slot + (lo - r->lo[a->b]);
-        if (hi > lo) rc = nccl.Broadcast(p, p, hi - lo, ncclFloat, k, a->s->comm, a->s->comm_stream);
-    }
-    ncclResult_t end = nccl.GroupEnd();
-    return rc != ncclSuccess ? rc : end;
-}
-
-bb_status n_gather(reducer_t *r, int device, bb_gather_phase phase, int b, size_t lo, size_t len, float *slot)
-{
-    nccl_reducer *n = of(r);
-    device_side *s = &n->dev[device];
-    if (!s->shard_params || lo != r->lo[b] || len != r->hi[b] - r->lo[b])
-        return bb_fail(BB_ERR_INTERNAL, "the parameter window was cut on other buckets than the reducer's, or the "
-                       "reducer keeps no master weights");
-    cudaSetDevice(s->cuda_device);
-    bool ok = !stopping(r);
-    if (phase == BB_GATHER_WAIT) {
-        ok = ok && BB_CUDA_REDUCER(n, cudaStreamWaitEvent(s->compute, s->gathered[b], 0));
-        return ok ? BB_OK : bb_reducer_failure(r);
-    }
-    size_t slo, shi;
-    bb_param_shards_slice(r->shards, b, s->rank, &slo, &shi);
-    cudaStream_t st = s->comm_stream;
-    ok = ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->ready, s->compute)) &&
-         BB_CUDA_REDUCER(n, cudaStreamWaitEvent(st, s->ready, 0)) &&
-         (shi == slo || BB_CUDA_REDUCER(n, cudaMemcpyAsync(slot + (slo - lo), s->shard_params + s->shard_at[b],
-                                                           (shi - slo) * sizeof(float), cudaMemcpyDefault, st)));
-    slot_args a = {r, s, b, slot};
-    if (r->shards->rule == BB_PARAM_SHARD_ELEMENTS) ok = ok && equal_slices(n, s, b, ALL_GATHER, slot);
-    else ok = ok && nccl_step(n, s, broadcast_bucket, &a, "ncclBroadcast (the ZeRO-3 gather)");
-    ok = ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->gathered[b], st));
-    return ok ? BB_OK : bb_reducer_failure(r);
-}
-
 // No sum_squares: the gradients' norm is a pass of the optimizer's own.
 const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort,       n_last_step, n_allreduce_scalar,
                               n_broadcast_stop, n_allgather, NULL,   n_window_write, n_gather};
@@ -751,7 +591,9 @@ bb_status init_comms(nccl_reducer *n, const bb_device_spec *spec, double timeout
     return BB_OK;
 }
 
-} // namespace
+} // namespace bb_nccl
+
+using namespace bb_nccl;
 
 extern "C" bb_status bb_reducer_load_nccl(int *version)
 {

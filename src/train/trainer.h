@@ -129,6 +129,13 @@ void *bb_trainer_worker_main(void *replica);
  * BB_ERR_NONFINITE (a non-finite step, unless skip_nonfinite), a save's,
  * an evaluation's or the metrics file's error. */
 bb_status bb_trainer_end_of_step(trainer *t, uint64_t step);
+/* replicas.c: one replica per local device (trainer.h's replica), each
+ * model initialised or loaded (init_from, then `resume`'s weights; under
+ * ZeRO-3 into the host, from which each optimizer takes its shard) and
+ * each optimizer made (resume: its state loaded). Fails like the backend's,
+ * the model's and the optimizer's creation and loads; what it made is
+ * freed by the trainer's teardown. */
+bb_status bb_trainer_build_replicas(trainer *t, const bb_checkpoint_info *resume);
 /* ZeRO-3 (worker.c): replica r's parameter window gathers from the owners'
  * shards through the reducer (what training passes read). Never fails. */
 void bb_trainer_window_from_shards(replica *r);
