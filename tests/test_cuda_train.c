@@ -465,7 +465,22 @@ Test(cuda_train, bench_model_and_plan_run_on_gpus)
     cr_assert(strlen(p.out) > 0);
     cr_log_info("%s%s", b.out, p.out);
     tu_run_free(&b), tu_run_free(&p);
-    free(tokens);
+    /* --calibrate on a GPU also measures its link to pinned host memory, which then prices offloaded blocks */
+    char *cache = tu_path(tmp, "gpu-cache"), *made = tu_path(cache, "calibration-cuda.json");
+    setenv("BB_CACHE_DIR", cache, 1);
+    p = tu_bigbatch("plan", "--data", tokens, "--devices", "cuda:0", "--layers", "2", "--heads", "2", "--d-model", "16",
+                    "--global-batch", "8", "--device-mem", "1GiB", "--calibrate");
+    unsetenv("BB_CACHE_DIR");
+    cr_assert_eq(p.exit_code, 0, "%s", p.err);
+    json_t *cal = json_load_file(made, 0, NULL);
+    cr_assert_not_null(cal, "%s: no calibration", made);
+    double link = json_number_value(json_object_get(cal, "link_gb_per_s"));
+    cr_assert_gt(link, 0, "the link was not measured");
+    cr_assert(strstr(p.out, "offloaded blocks (o): their copies priced at") && strstr(p.out, "measured by plan"),
+              "%s", p.out);
+    cr_log_info("the emulated GPU's link: %.2f GB/s", link);
+    json_decref(cal), tu_run_free(&p);
+    free(cache), free(made), free(tokens);
 }
 
 /* `sample --devices cuda:0`: decoding with the key/value cache on a GPU
@@ -721,3 +736,74 @@ Test(cuda_train, a_bf16_step_runs_bias_gelu_and_bias_gradients_in_the_products_e
     free(tokens);
 #endif
 }
+
+#ifdef BB_CUDA_EMU
+/* --zero 3 on two GPUs: every layer's all-gather is queued at least a
+ * block's work ahead of its use. The emulator logs each wait of the compute
+ * stream for a collective with where the collective and the wait stand in
+ * the device's program order (operations queued on its streams); the lead
+ * of a gather is the work queued between. A block's work is measured in
+ * the first forward, where the buckets (a block's size) are waited for a
+ * block apart. Every gather leads by at least that, but the two of a step's
+ * first pass gathered at its start (its first layer and the token table:
+ * nothing runs before them to hide under); a bucket still in its slot from
+ * the pass before is not gathered again. */
+static int by_value(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool is_gather(const bbemu_collective_wait *w)
+{
+    return !strcmp(w->kind, "AllGather") || !strcmp(w->kind, "Broadcast");
+}
+
+Test(cuda_train, zero3_gathers_are_queued_a_block_ahead_of_their_use)
+{
+    need_gpus(2);
+    enum { LAYERS = 6 };
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 2, 4, 16); /* 2 micro-steps a step on each GPU */
+    o.model.gpt.layers = LAYERS;
+    o.steps = 3, o.zero = 3;
+    o.bucket_mib = 12.0 * 16 * 16 * 4 / (1 << 20); /* about a block of d_model 16 */
+    on_gpus(&o, 2);
+    bbemu_collective_waits_clear();
+    bb_train_result g = train(&o);
+    size_t n = bbemu_collective_waits(NULL, 0);
+    bbemu_collective_wait *w = calloc(n ? n : 1, sizeof *w);
+    cr_assert_not_null(w);
+    bbemu_collective_waits(w, n);
+    for (int d = 0; d < 2; d++) {
+        /* a block's work: the median distance between the first forward's waits for its layers */
+        uint64_t apart[LAYERS], at = 0;
+        int k = 0, seen = 0;
+        for (size_t i = 0; i < n && seen < LAYERS + 1; i++) {
+            if (w[i].device != d || !is_gather(&w[i])) continue;
+            if (++seen > 2) apart[k++] = w[i].waited_at - at; /* after the token table's and the first layer's */
+            at = w[i].waited_at;
+        }
+        cr_assert_eq(k, LAYERS - 1, "cuda:%d: the first forward waited for %d gathers", d, seen);
+        qsort(apart, (size_t)k, sizeof *apart, by_value);
+        uint64_t block = apart[k / 2], least = UINT64_MAX;
+        int gathers = 0, short_lead = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (w[i].device != d || !is_gather(&w[i])) continue;
+            uint64_t lead = w[i].waited_at - w[i].issued_at;
+            gathers++;
+            if (lead < block) short_lead++;
+            else least = lead < least ? lead : least;
+        }
+        cr_log_info("cuda:%d: %d gathers waited for in %llu steps; a block's work %llu operations; all but %d led by "
+                    "at least %llu", d, gathers, (unsigned long long)o.steps, (unsigned long long)block, short_lead,
+                    (unsigned long long)least);
+        cr_assert_gt(gathers, (int)o.steps * LAYERS, "cuda:%d: %d gathers", d, gathers);
+        cr_assert_leq(short_lead, 2 * (int)o.steps, "cuda:%d: %d gathers queued less than a block's work (%llu "
+                      "operations) before their use", d, short_lead, (unsigned long long)block);
+    }
+    free(w);
+    bb_train_result_free(&g);
+    free(tokens);
+}
+#endif

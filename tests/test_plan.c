@@ -348,7 +348,8 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
                {"next(iter(c['ops'].values()))['ms_per_unit'][0] = -1", "a rate in [0, 1000)"},
                {"next(iter(c['ops'].values()))['ms_per_unit'][0] = 1e308", "a rate in [0, 1000)"},
                {"[o.__setitem__('ms_per_unit', [0] * len(o['ms_per_unit'])) for o in c['ops'].values()]",
-                "every op's rate is 0"}};
+                "every op's rate is 0"},
+               {"c['link_gb_per_s'] = -3", "\"link_gb_per_s\" must be a number >= 0"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         if (!bad[i].edit) tu_write_file(made, "garbage", 7);
         else tu_write_file(made, good, *bad[i].edit ? size : size / 2);
@@ -368,6 +369,112 @@ Test(plan, calibration_is_measured_cached_and_weighs_the_candidates)
     free(good), free(made);
     unsetenv("BB_CACHE_DIR");
     free(cache), free(data);
+}
+
+/* A calibration of a GPU kind that costs what it says: a TFLOP/s for the
+ * products, 0.1 ns an element for the rest, and a link of `gbps`. */
+static bb_calibration stated_gpu(double gbps)
+{
+    bb_calibration cal = {.device = "cuda", .model = "stated", .precision = "fp32", .points = 2,
+                          .micro_batch = {1, 8}, .ops = 2, .link_gbps = gbps};
+    cal.op[0] = (bb_calibration_op){.op = "linear_forward", .per_flop = true, .ms_per_unit = {1e-9, 1e-9}};
+    cal.op[1] = (bb_calibration_op){.op = "add", .ms_per_unit = {1e-7, 1e-7}};
+    return cal;
+}
+
+static const bb_plan_row *row_named(const bb_plan *p, const char *name)
+{
+    for (int i = 0; i < p->count; i++)
+        if (!strcmp(p->rows[i].recompute, name)) return &p->rows[i];
+    return NULL;
+}
+
+/* Offloading a block's activations (policy o) is priced by the link: on a
+ * GPU with a calibration, an offloaded block costs the copies its forward
+ * and the backward above it do not hide, max(0, copy - forward) + max(0,
+ * copy - 2 forwards), a row of `--checkpoint offload` exactly that over
+ * none's work; the planner offloads only to fit, takes o where the link
+ * hides the copies and never where recomputing is cheaper; stated
+ * (--link-gbps) over measured; not offered on CPU devices, without a link
+ * or without a calibration. */
+Test(plan, offloaded_blocks_are_priced_by_the_link_and_taken_only_to_fit)
+{
+    enum { L = 8 };
+    bb_model_config c = bb_model_gpt_config(L, 4, 256, 128, 512);
+    bb_block_costs k;
+    cr_assert_eq(bb_model_block_costs(&c, 8, &k), BB_OK);
+    bb_calibration fast = stated_gpu(1e4), slow = stated_gpu(0.05), none_measured = stated_gpu(0);
+    bb_plan_request q = {.model = c, .devices = 1, .global_batch = 8, .fixed_micro_batch = 8,
+                         .device = BB_DEVICE_CUDA, .calibration = &slow, .fixed_recompute = true};
+    /* the rows' times: none, blocks, and every block offloaded over the slow link */
+    const char *policies[] = {"none", "blocks", "offload"};
+    double ms[3];
+    int recomputed = 0;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(bb_model_parse_recompute(policies[i], &q.model), BB_OK);
+        bb_plan p;
+        cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+        ms[i] = p.rows[0].step_ms;
+        if (i == 1) recomputed = p.rows[0].memory.recomputed_layers;
+        if (i == 2) cr_assert_eq(p.rows[0].memory.offloaded_activations, L * k.host);
+        bb_plan_free(&p);
+    }
+    double forward = (ms[1] - ms[0]) / recomputed, copy = (double)k.host / (slow.link_gbps * 1e6);
+    double expose = fmax(0, copy - forward) + fmax(0, copy - 2 * forward);
+    cr_assert_gt(expose, 0, "the slow link shows: a copy %g ms, a block's forward %g ms", copy, forward);
+    double want = ms[0] + L * (expose + 1e-6 * ms[0]); /* the millionth of the step that makes o a last resort */
+    cr_assert(fabs(ms[2] / want - 1) < 1e-9, "--checkpoint offload: %g ms, none's %g plus the copies' %g", ms[2],
+              ms[0], want);
+    /* the planner's choice, in a budget that needs about 3 blocks' activations back */
+    q.model = c, q.fixed_recompute = false, q.calibration = &fast;
+    bb_plan p;
+    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+    cr_assert_eq(p.chosen >= 0 && !strcmp(p.rows[p.chosen].recompute, "none"), true,
+                 "no limit: nothing recomputed nor offloaded");
+    uint64_t full = row_named(&p, "none")->memory.total;
+    bb_plan_free(&p);
+    q.device_mem = (uint64_t)((double)(full - 3 * k.own[0]) / 0.95);
+    struct {
+        const char *what;
+        bb_device_kind device;
+        const bb_calibration *cal;
+        double stated;
+        bool offloads;
+    } cases[] = {{"a fast link", BB_DEVICE_CUDA, &fast, 0, true},
+                 {"a slow link", BB_DEVICE_CUDA, &slow, 0, false},
+                 {"a slow link measured, a fast one stated", BB_DEVICE_CUDA, &slow, 1e4, true},
+                 {"no link measured", BB_DEVICE_CUDA, &none_measured, 0, false},
+                 {"no calibration, a link stated", BB_DEVICE_CUDA, NULL, 1e4, false},
+                 {"CPU devices", BB_DEVICE_CPU, &fast, 1e4, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q.device = cases[i].device, q.calibration = cases[i].cal, q.link_gbps = cases[i].stated;
+        cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+        cr_assert_geq(p.chosen, 0, "%s: nothing fits", cases[i].what);
+        const bb_plan_row *r = &p.rows[p.chosen];
+        bool offloads = strchr(r->recompute_plan, BB_RECOMPUTE_OFFLOAD) != NULL;
+        cr_log_info("%s: %s, %.1f ms predicted, %s on the host", cases[i].what, r->recompute, r->step_ms,
+                    offloads ? "activations" : "nothing");
+        cr_assert_eq(offloads, cases[i].offloads, "%s: chose %s", cases[i].what, r->recompute);
+        cr_assert_eq(p.link_gbps > 0, cases[i].cal && cases[i].device == BB_DEVICE_CUDA &&
+                                          (cases[i].stated > 0 || cases[i].cal->link_gbps > 0), "%s", cases[i].what);
+        if (offloads) /* it fits what recomputing every block would not beat */
+            cr_assert(r->memory.total <= p.budget && !strchr(r->recompute_plan, BB_RECOMPUTE_FULL), "%s: %s",
+                      cases[i].what, r->recompute);
+        bb_plan_free(&p);
+    }
+    /* --host-mem holds 4 offloaded blocks: the per-block plan offloads at most 4, and fits */
+    q.device = BB_DEVICE_CUDA, q.calibration = &fast, q.link_gbps = 0, q.host_mem = 4 * k.host + k.host / 2;
+    cr_assert_eq(bb_plan_make(&q, &p), BB_OK, "%s", bb_error_message());
+    cr_assert_geq(p.chosen, 0);
+    for (int i = 0; i < p.count; i++) {
+        if (strncmp(p.rows[i].recompute, "plan:", 5)) continue;
+        int offloaded = 0;
+        for (const char *plan = p.rows[i].recompute_plan; *plan; plan++) offloaded += *plan == BB_RECOMPUTE_OFFLOAD;
+        cr_log_info("--host-mem for 4 blocks: %s, %s", p.rows[i].recompute, p.rows[i].fits ? "fits" : "does not fit");
+        cr_assert(offloaded <= 4 && p.rows[i].memory.offloaded <= q.host_mem, "%s over --host-mem",
+                  p.rows[i].recompute);
+    }
+    bb_plan_free(&p);
 }
 
 /* The roofline account (roofline.h) counts each op's FLOPs and bytes at

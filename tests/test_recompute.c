@@ -187,8 +187,9 @@ Test(recompute, bad_plans_are_one_line_errors)
 }
 
 /* bb_model_block_costs, the planner's view of a plan's memory, is the
- * allocator's count for every plan of 4 blocks, in fp32 and bf16, at two
- * micro-batches, for the gpt and the llama. */
+ * allocator's count, on the device and on the host, for every plan of 4
+ * blocks (n, s, f, o), in fp32 and bf16, at two micro-batches, for the gpt
+ * and the llama. */
 Test(recompute, block_costs_predict_every_plans_activations_exactly)
 {
     static const char letters[] = BB_RECOMPUTE_LETTERS;
@@ -202,18 +203,19 @@ Test(recompute, block_costs_predict_every_plans_activations_exactly)
             bb_model_t *m = make_model(&none, mb, 1);
             uint64_t base = bb_model_activation_bytes(m);
             bb_model_destroy(m);
-            for (int code = 0; code < 81; code++) {
+            for (int code = 0; code < 256; code++) {
                 char plan[32] = "plan:";
-                int policy[4];
-                for (int l = 0; l < 4; l++) policy[l] = code / (l == 0 ? 1 : l == 1 ? 3 : l == 2 ? 9 : 27) % 3;
+                int policy[4], offloaded = 0;
+                for (int l = 0; l < 4; l++) policy[l] = code >> 2 * l & 3;
                 for (int l = 0; l < 4; l++) snprintf(plan + strlen(plan), 3, "%s%c", l ? "," : "", letters[policy[l]]);
                 uint64_t want = base;
-                bool used[3] = {false};
+                bool used[4] = {false};
                 for (int l = 0; l < 4; l++) {
                     const uint64_t *own = l == 3 ? k.own_last : k.own;
                     want += own[policy[l]] - own[0];
                     used[policy[l]] = true;
-                    if (policy[l] == 2 && l < 3) want += k.after_full;
+                    if (policy[l] >= 2 && l < 3) want += k.after_full;
+                    if (policy[l] == 3 && offloaded++ < 2) want += k.once[3]; /* two slots at most */
                 }
                 for (int x = 0; x < 3; x++) want += used[x] ? k.once[x] : 0;
                 bb_model_config c = decoder(kind, 4, plan, precision);
@@ -221,6 +223,8 @@ Test(recompute, block_costs_predict_every_plans_activations_exactly)
                 cr_assert_eq(bb_model_activation_bytes(m), want, "%s %s %s micro-batch %d: %llu allocated, %llu "
                              "predicted", kind_names[kind], plan, bb_precision_name(precision), mb,
                              (unsigned long long)bb_model_activation_bytes(m), (unsigned long long)want);
+                cr_assert_eq(bb_model_host_activation_bytes(m), offloaded * k.host, "%s %s: %llu host bytes",
+                             kind_names[kind], plan, (unsigned long long)bb_model_host_activation_bytes(m));
                 bb_model_destroy(m);
             }
         }
@@ -231,14 +235,18 @@ Test(recompute, block_costs_predict_every_plans_activations_exactly)
 }
 
 /* The planner's dynamic program over blocks picks, for every budget, a
- * plan that fits and recomputes least, as an exhaustive search over all
- * 81 plans of 4 blocks does with the allocator's bytes and the
- * recomputations the model counts itself (fp32 and bf16, two weightings
- * of selective against full recomputation). */
+ * plan that fits and costs least, as an exhaustive search over all 256
+ * plans of 4 blocks does with the allocator's bytes and the recomputations
+ * the model counts itself (fp32 and bf16; weightings of selective against
+ * full recomputation against an offloaded block's copies, offload not
+ * offered, cheap, dearer than recomputing, capped at three or two blocks). */
 Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
 {
     static const char letters[] = BB_RECOMPUTE_LETTERS;
-    const double weights[][2] = {{0.1, 1.0}, {0.45, 0.5}};
+    const bb_block_times weights[] = {{0.1, 1.0, -1, 0},  {0.45, 0.5, -1, 0},   {0.1, 1.0, 0.3, 0},
+                                      {0.45, 0.5, 1e-6, 0}, {0.2, 1.0, 1.5, 0}, {0.45, 0.5, 1e-6, 3},
+                                      {0.1, 1.0, 0.3, 2}};
+    enum { WEIGHTS = sizeof weights / sizeof *weights };
     for (int p = 0; p < 2; p++) {
         bb_precision precision = p ? BB_PRECISION_BF16 : BB_PRECISION_FP32;
         bb_model_config none = gpt(4, "none", precision);
@@ -247,12 +255,15 @@ Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
         bb_model_t *m = make_model(&none, B, 1);
         int64_t base = (int64_t)bb_model_activation_bytes(m);
         bb_model_destroy(m);
-        int64_t bytes[81];
-        int recomputed[81], selective[81];
-        for (int code = 0; code < 81; code++) {
+        int64_t bytes[256];
+        int recomputed[256], selective[256], offloaded[256];
+        for (int code = 0; code < 256; code++) {
             char plan[32] = "plan:";
-            for (int l = 0, d = 1; l < 4; l++, d *= 3)
-                snprintf(plan + strlen(plan), 3, "%s%c", l ? "," : "", letters[code / d % 3]);
+            offloaded[code] = 0;
+            for (int l = 0; l < 4; l++) {
+                snprintf(plan + strlen(plan), 3, "%s%c", l ? "," : "", letters[code >> 2 * l & 3]);
+                offloaded[code] += (code >> 2 * l & 3) == 3;
+            }
             bb_model_config c = gpt(4, plan, precision);
             m = make_model(&c, B, 1);
             host_batch h = make_batch(&c, B, 3);
@@ -266,30 +277,47 @@ Test(recompute, the_planners_program_over_blocks_equals_exhaustive_search)
             bb_model_destroy(m);
         }
         int64_t least = 0;
-        for (int code = 0; code < 81; code++) least = bytes[code] < least ? bytes[code] : least;
-        for (int w = 0; w < 2; w++)
+        for (int code = 0; code < 256; code++) least = bytes[code] < least ? bytes[code] : least;
+        for (int w = 0; w < WEIGHTS; w++) {
+            const bb_block_times *t = &weights[w];
+            int picked_o = 0; /* rooms at which the program offloads some block */
             for (int step = 0; step <= 20; step++) {
                 int64_t room = least * step / 20;
                 double best = -1;
-                for (int code = 0; code < 81; code++) {
-                    double t = weights[w][0] * selective[code] + weights[w][1] * recomputed[code];
-                    if (bytes[code] <= room && (best < 0 || t < best)) best = t;
+                for (int code = 0; code < 256; code++) {
+                    if (offloaded[code] && (t->offload < 0 || (t->max_offloaded && offloaded[code] > t->max_offloaded)))
+                        continue;
+                    double cost = t->selective * selective[code] + t->full * recomputed[code] +
+                                  t->offload * offloaded[code];
+                    if (bytes[code] <= room && (best < 0 || cost < best)) best = cost;
                 }
                 char plan[8];
                 int64_t got_bytes;
                 double got_time;
-                cr_assert(bb_plan_best_blocks(4, &k, room, weights[w][0], weights[w][1], plan, &got_bytes, &got_time),
-                          "room %lld: nothing found", (long long)room);
+                bool found = bb_plan_best_blocks(4, &k, room, t, plan, &got_bytes, &got_time);
+                cr_assert_eq(found, best >= 0, "room %lld, weights %d: found %d, the search %g", (long long)room, w,
+                             found, best);
+                if (!found) continue; /* without 'o' the least bytes are out of reach */
                 int code = 0;
-                for (int l = 3; l >= 0; l--) code = code * 3 + (int)(strchr(letters, plan[l]) - letters);
-                double t = weights[w][0] * selective[code] + weights[w][1] * recomputed[code];
+                for (int l = 3; l >= 0; l--) code = code * 4 + (int)(strchr(letters, plan[l]) - letters);
+                cr_assert(t->offload >= 0 || !offloaded[code], "%s: 'o' was not offered", plan);
+                cr_assert(!t->max_offloaded || offloaded[code] <= t->max_offloaded, "%s: over the cap", plan);
+                picked_o += offloaded[code] > 0;
+                double cost = t->selective * selective[code] + t->full * recomputed[code] + t->offload * offloaded[code];
                 cr_assert_eq(got_bytes, bytes[code], "%s: the program's bytes are the allocator's", plan);
                 cr_assert(bytes[code] <= room, "%s does not fit %lld", plan, (long long)room);
-                cr_assert(fabs(t - best) < 1e-9 && fabs(got_time - t) < 1e-9,
-                          "%s %s room %lld: the program's %s costs %g (it says %g), the best %g",
-                          bb_precision_name(precision), w ? "even" : "cheap selective", (long long)room, plan, t,
-                          got_time, best);
+                cr_assert(fabs(cost - best) < 1e-9 && fabs(got_time - cost) < 1e-9,
+                          "%s weights %d room %lld: the program's %s costs %g (it says %g), the best %g",
+                          bb_precision_name(precision), w, (long long)room, plan, cost, got_time, best);
             }
+            /* offloaded blocks save what full ones do but a second device slot (so fewer than three
+             * save nothing): cheaper than recomputing, the tighter rooms take them; dearer, never */
+            if (t->offload >= 0 && t->offload < t->full && (!t->max_offloaded || t->max_offloaded >= 3))
+                cr_assert(picked_o > 0, "weights %d: no room made the program offload", w);
+            else
+                cr_assert_eq(picked_o, 0, "weights %d: offloading costs more and saves less than recomputing", w);
+            cr_log_info("%s, weights %d: %d of 21 rooms offload some block", bb_precision_name(precision), w, picked_o);
+        }
     }
 }
 

@@ -106,6 +106,9 @@ const char *bb_device_kind_name(bb_device_kind k);
  * bound). */
 #define BB_CPU_TRANSIENT_BYTES (32u << 20)
 uint64_t bb_device_transient_budget(bb_device_kind k, uint64_t device_mem);
+/* Whether kind k's memory is the host's (CPU devices: offloading to the
+ * host saves nothing there). Never fails (false for an unknown kind). */
+bool bb_device_host_is_device(bb_device_kind k);
 /* The devices one process trains on: their kind, their local ids (GPU
  * ordinals; 0..count-1 for CPU devices), and the process's rank among
  * `world` processes (0 and 1 when it runs alone). */

@@ -17,7 +17,9 @@
  * candidate's work per op on its counting backend and weighs it with these
  * rates (interpolated between the measured micro-batches on a log scale), so
  * recomputation, small matrices and element-wise ops cost what they cost
- * on that device. The rates belong to the device kind and, loosely, to the
+ * on that device. On a device kind whose memory is not the host's it also
+ * measures the link to pinned host memory (what an offloaded block's
+ * copies cost, plan.h). The rates belong to the device kind and, loosely, to the
  * model's width: recalibrate after a change of machine or model size.
  */
 #ifndef BIGBATCH_CALIBRATE_H
@@ -43,12 +45,16 @@ typedef struct bb_calibration {
     int micro_batch[BB_CALIBRATION_POINTS];
     int ops;
     bb_calibration_op op[BB_CALIBRATION_OPS];
+    double link_gbps;       /* GB/s between the device and pinned host memory, the slower way; 0: not
+                               measured (a CPU device, or a calibration from before) */
 } bb_calibration;
 
 /* Measures c (its shape; checkpointing is chosen here) on a backend of
  * kind `device` made with `bo`: micro-batches 1, 2, 4 and 8, two warm-up
  * micro-steps each, then as many timed as make the work of three at 8
- * (24 at 1). Fails as bb_backend_create and
+ * (24 at 1); then, where the host is not the device, five copies of 64 MiB
+ * each way between device and pinned host memory on the copy stream (the
+ * fastest of each way, the slower way kept). Fails as bb_backend_create and
  * bb_model_create do. */
 bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo,
                        bb_calibration *out);

@@ -154,16 +154,20 @@ bb_status bb_model_parse_recompute(const char *s, bb_model_config *c);
 bb_status bb_model_check_recompute(const bb_model_config *c);
 /* What one block's policy costs in activation bytes, for planners of
  * per-block plans (kinds that take them: decoders), indexed by policy: 0
- * 'n', 1 's', 2 'f'. The activations of a plan are those of saving
- * everything plus, for every block, own[p] - own[n] (own_last for the last
- * block), once[p] for each policy some block takes, and after_full for
- * every 'f' block but the last (the saved input of the block after it).
+ * 'n', 1 's', 2 'f', 3 'o'. The device's activations of a plan are those
+ * of saving everything plus, for every block, own[p] - own[n] (own_last
+ * for the last block), once[p] for each policy some block takes (for 'o'
+ * once for each of the first two offloaded blocks: the two device slots
+ * they take in turn), and after_full for every 'f' or 'o' block but the
+ * model's last (the saved input of the block after it); the host's (pinned),
+ * `host` for every 'o' block.
  * Exact: tests/test_recompute.c checks it against the allocator for every
  * plan of 4 blocks. Fails with BB_ERR_UNSUPPORTED for kinds without plans. */
 typedef struct bb_block_costs {
-    uint64_t own[3], own_last[3];
-    uint64_t once[3];
+    uint64_t own[4], own_last[4];
+    uint64_t once[4];
     uint64_t after_full;
+    uint64_t host;
     /* The backward re-runs every 'f' block but the last 'f' of the plan
      * (true), or every 'f' block but one that is the model's last block
      * (false: bf16, whose work buffers the later blocks overwrite); a
@@ -171,11 +175,10 @@ typedef struct bb_block_costs {
     bool last_full_spared;
 } bb_block_costs;
 bb_status bb_model_block_costs(const bb_model_config *c, int micro_batch, bb_block_costs *out);
-/* The policy letters in bb_block_costs order: "nsf" (the planner's per-block
- * plans; offload is taken when a plan names it). */
-#define BB_RECOMPUTE_LETTERS "nsf"
+/* The policy letters in bb_block_costs order: "nsfo" (the planner's per-block plans). */
+#define BB_RECOMPUTE_LETTERS "nsfo"
 /* Block l's policy (0 .. bb_model_layers - 1): BB_RECOMPUTE_NONE,
- * _SELECTIVE or _FULL (every:K's blocks recompute, in segments of K). */
+ * _SELECTIVE, _FULL or _OFFLOAD (every:K's blocks recompute, in segments of K). */
 char bb_model_block_recompute(const bb_model_config *c, int l);
 
 /* The shape flags as the command line gave them; each kind takes its own

@@ -118,6 +118,9 @@ typedef struct bb_plan_request {
     bb_offload offload;        /* train --offload: BB_OFFLOAD_OPTIMIZER the optimizer on the host; AUTO: only
                                   when no stage fits without it */
     uint64_t host_mem;         /* train --host-mem: the host bytes offload may pin per device; 0: no cap */
+    double link_gbps;          /* --link-gbps: the host link's GB/s, which prices activation offload (policy
+                                  'o'); 0: the calibration's measure. With neither, or on a kind whose memory
+                                  is the host's, or without a calibration, the planner does not offer 'o' */
     bb_param_shard_rule zero_shards; /* how (train --zero-shards); 0: the optimizer's rule */
     double bucket_mib;         /* the reducer's buckets, which the shards follow; 0: train's default */
     const bb_calibration *calibration; /* the device kind's op costs; NULL: the FLOP rule */
@@ -141,6 +144,7 @@ typedef struct bb_plan {
     uint64_t budget;           /* device_mem minus the margin */
     int zero;                  /* the ZeRO stage of the rows: the request's, or --zero auto's pick */
     bool offload;              /* the rows offload the optimizer: the request's, or --offload auto's pick */
+    double link_gbps;          /* the link that priced offloaded blocks (policy 'o'); 0: 'o' not offered */
     char why_nothing_fits[512];
     char why_zero[1100];       /* --zero auto: why each stage below the pick did not fit ("" at stage 0) */
 } bb_plan;
@@ -172,15 +176,21 @@ bb_status bb_plan_largest(const bb_plan_request *q, bb_largest *out);
 void bb_largest_free(bb_largest *l);
 
 /* The per-block plan of an L-block model (kinds with bb_model_block_costs)
- * that recomputes least while its activations exceed keeping everything by
- * at most `room` bytes (negative: must save that much): t_selective and
- * t_full are the time one selective block's and one full block's
- * recomputation cost (any unit). A dynamic program over the blocks
- * (block_plan.c), O(L³) at worst. Writes the plan's letters (BB_RECOMPUTE_*, L
- * of them and a NUL) into `plan`, its extra bytes and time; returns false
- * when no plan fits (or out of memory). The planner checks its pick on
- * the counting backend like every candidate. */
-bool bb_plan_best_blocks(int L, const bb_block_costs *k, int64_t room, double t_selective, double t_full, char *plan,
+ * that costs least while its device activations exceed keeping everything
+ * by at most `room` bytes (negative: must save that much). `t` weighs one
+ * block's policy (any unit): a selective block's and a full block's
+ * recomputation, an offloaded block's copies that compute does not hide
+ * (offload < 0: 'o' is not offered); max_offloaded > 0 caps the 'o' blocks
+ * (their host memory). A dynamic program over the blocks
+ * (block_plan.c). Writes the plan's letters (BB_RECOMPUTE_*, L of them and
+ * a NUL) into `plan`, its extra bytes and time; returns false when no plan
+ * fits (or out of memory). The planner checks its pick on the counting
+ * backend like every candidate. */
+typedef struct bb_block_times {
+    double selective, full, offload;
+    int max_offloaded; /* 0: no cap */
+} bb_block_times;
+bool bb_plan_best_blocks(int L, const bb_block_costs *k, int64_t room, const bb_block_times *t, char *plan,
                          int64_t *bytes, double *time);
 
 #endif /* BIGBATCH_PLAN_H */

@@ -63,6 +63,7 @@ typedef enum bb_train_field {
     BB_TRAIN_METRICS, BB_TRAIN_TRACE,
     BB_TRAIN_LOADER_THREADS, BB_TRAIN_BUCKET_MIB, BB_TRAIN_ZERO, BB_TRAIN_ZERO_SHARDS, BB_TRAIN_ATTENTION,
     BB_TRAIN_DEVICE_MEM, BB_TRAIN_NO_OVERLAP, BB_TRAIN_OFFLOAD, BB_TRAIN_HOST_MEM,
+    BB_TRAIN_LINK_GBPS,
     BB_TRAIN_FIELDS
 } bb_train_field;
 #define BB_TRAIN_SET(f) (UINT64_C(1) << (f))
@@ -104,6 +105,8 @@ typedef struct bb_train_options {
     bb_offload offload;        /* BB_OFFLOAD_OPTIMIZER: the optimizer state and master weights in pinned host
                                   memory, the step on the host (optim.h: bb_optimizer_create_offloaded) */
     uint64_t host_mem;         /* per device: the host bytes offload may pin; 0: no cap */
+    double link_gbps;          /* the host link's GB/s the planner prices activation offload with (--checkpoint
+                                  auto); 0: the calibration's measure (plan.h: bb_plan_request.link_gbps) */
     uint64_t eval_every, save_every, log_every;
     const char *save_dir, *resume_dir, *init_from, *metrics_path, *trace_path;
     int keep;                  /* step directories kept in save_dir, the newest (default 2) */

@@ -155,6 +155,12 @@ uint64_t bb_device_transient_budget(bb_device_kind k, uint64_t device_mem)
     return d && d->transient_max && d->transient_max < budget ? d->transient_max : budget;
 }
 
+bool bb_device_host_is_device(bb_device_kind k)
+{
+    const bb_device_desc *d = bb_device_desc_of(k);
+    return d && d->host_is_device;
+}
+
 uint64_t bb_backend_transient_budget(bb_backend_t *b)
 {
     uint64_t mem = b->opt.device_mem, free_bytes = 0;

@@ -39,7 +39,12 @@ static const char summary[] =
     "with what each op costs on this kind of device: --calibrate measures that (a few\n"
     "micro-steps of this model, about a second on a CPU) and caches it in\n"
     "~/.cache/bigbatch/calibration-KIND.json ($BB_CACHE_DIR or $XDG_CACHE_HOME/bigbatch\n"
-    "first), which plan and train --micro-batch auto then use; without one, a FLOP rule.";
+    "first), which plan and train --micro-batch auto then use; without one, a FLOP rule.\n\n"
+    "On a GPU a per-block plan may also offload blocks (o: their activations copied to pinned\n"
+    "host memory during the forward and back during the backward, under the compute). The\n"
+    "planner offers o only with a calibration, which also measures the GPU's link to the host\n"
+    "(or with --link-gbps), and weighs each offloaded block by the copy time its compute does\n"
+    "not hide against recomputing it; it offloads only to fit.";
 
 static void print_table(const bb_plan *p, const bb_plan_request *q, const char *model)
 {
@@ -56,6 +61,12 @@ static void print_table(const bb_plan *p, const bb_plan_request *q, const char *
                q->calibration->precision);
     else
         printf("time: a FLOP rule (plan --calibrate measures this device's op costs)\n");
+    if (p->link_gbps > 0)
+        printf("offloaded blocks (o): their copies priced at %.1f GB/s (%s) against the blocks' compute\n",
+               p->link_gbps, q->link_gbps > 0 ? "--link-gbps" : "measured by plan --calibrate");
+    else if (q->device != BB_DEVICE_CPU && !q->fixed_recompute)
+        printf("offloaded blocks (o): not offered (%s)\n", q->calibration ? "plan --calibrate measured no link; "
+               "--link-gbps states one" : "they are priced with a calibration: plan --calibrate");
     printf("\n     micro-batch  accumulation  checkpoint     peak per device  relative time%s\n",
            q->calibration ? "  step (predicted)" : "");
     for (int i = 0; i < p->count; i++) {
@@ -195,7 +206,8 @@ int bb_cmd_plan(int argc, char **argv)
          .max = 1 << 24},
         OPTIMIZER_FLAG_OPT(q.optimizer, NULL),
         PRECISION_FLAG_OPT(precision, NULL),
-        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.zero_shards, q.bucket_mib, q.offload, q.host_mem, NULL, NULL, NULL),
+        MEMORY_FLAG_OPTS(q.device_mem, q.zero, q.zero_shards, q.bucket_mib, q.offload, q.host_mem, q.link_gbps, NULL, NULL,
+                         NULL),
         {"--calibrate", BB_OPT_FLAG, &calibrate, NULL,
          "measure what each op costs on this device kind (this model, a few micro-steps), cache it, then plan"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print the table as a JSON array"},

@@ -125,7 +125,7 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "longest step, evaluation or save); 0: never (default 600, as PyTorch's collective timeout)",
          .min = 0, .max = 1e9},
         MEMORY_FLAG_OPTS(o->device_mem, o->zero, o->zero_shards, o->bucket_mib, o->offload, o->host_mem,
-                         &f->given[BB_TRAIN_ZERO],
+                         o->link_gbps, &f->given[BB_TRAIN_ZERO],
                          &f->given[BB_TRAIN_ZERO_SHARDS], &f->given[BB_TRAIN_BUCKET_MIB]),
         {"--eval-every", BB_OPT_U64, &o->eval_every, "N", "evaluate on --val-data every N steps; 0: at the end only",
          .min = 0, .max = 1e15},

@@ -93,16 +93,16 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
  * int), --zero-shards (a bb_param_shard_rule), --bucket-mib (a double),
  * --offload (a bb_offload), --host-mem (a uint64_t); the given flags may be
  * NULL. */
-#define MEMORY_FLAG_OPTS(device_mem, zero, zero_shards, bucket_mib, offload, host_mem, zero_given, shards_given,   \
-                         bucket_given)                                                                          \
+#define MEMORY_FLAG_OPTS(device_mem, zero, zero_shards, bucket_mib, offload, host_mem, link_gbps, zero_given,    \
+                         shards_given, bucket_given)                                                            \
     {"--device-mem", BB_OPT_BYTES, &(device_mem), "BYTES", "each device's memory, a cap (e.g. 512MiB, 16GiB); " \
      "0: none"},                                                                                                \
     {"--zero", BB_OPT_ENUM, &(zero), "STAGE", "1: ZeRO-1, each device keeps the optimizer state of its shard "  \
      "only (saves (N-1)/N of it on N devices) and the updated weights are gathered; 2: ZeRO-2, the gradients " \
      "too: each micro-step's are reduced bucket by bucket into the shards during the backward, and a device " \
      "keeps a few buckets of them instead of all; 3: ZeRO-3, the weights too: each device keeps its shard's "   \
-     "fp32 weights and gathers a layer's buckets of them ahead of a pass's use (train: in one process so far)" \
-     "; auto: the lowest stage at which the planner fits the batch in --device-mem",        \
+     "fp32 weights and gathers a layer's buckets of them ahead of a pass's use; auto: the lowest stage at "   \
+     "which the planner fits the batch in --device-mem",                                                       \
      .choices = "0|1|2|3|auto", .given = (zero_given)},                                                          \
     {"--zero-shards", BB_OPT_ENUM, &(zero_shards), "RULE", "how --zero cuts each gradient bucket among the "  \
      "devices: auto (the optimizer's rule), elements (equal slices: NCCL reduce-scatters and all-gathers them) " \
@@ -116,7 +116,10 @@ bb_status model_flags_hf_shape(const model_flags *f, const char *dir, bb_model_c
      "weights up, chunk by chunk while the host steps); auto: only when the planner cannot fit the batch "      \
      "without it", .choices = "none|optimizer|auto"},                                                         \
     {"--host-mem", BB_OPT_BYTES, &(host_mem), "BYTES", "per device, the host memory --offload may pin (e.g. "    \
-     "64GiB); 0: no cap"}
+     "64GiB); 0: no cap"},                                                                                      \
+    {"--link-gbps", BB_OPT_DOUBLE, &(link_gbps), "GB/S", "the bandwidth between a GPU and pinned host memory "     \
+     "with which --checkpoint auto prices offloading a block's activations (policy o) against recomputing "   \
+     "them; 0: the one plan --calibrate measured (without either, o is not offered)", .min = 0, .max = 1e6}
 
 /* The loader's rows, the same in train and bench loader: --loader-threads
  * (an int), --io (a bb_io_mode), --direct, --shuffle-frames (a uint32_t);

@@ -301,13 +301,15 @@ void bb_decoder_block_costs(const bb_model_config *c, int micro_batch, bb_block_
     for (int s = 0; s < lay.stats; s++) stat_widths += (uint64_t)lay.stat_width[s];
     uint64_t stats = BT * stat_widths * 4, tensors = BT * widths, selective = BT * kept;
     uint64_t output = BT * (uint64_t)lay.width[lay.saved - 1];
-    enum { N, S, F };
+    enum { N, S, F, O };
     uint64_t es = c->precision == BB_PRECISION_BF16 ? 2 : 4; /* bytes of a tensor's element */
     memset(out, 0, sizeof *out);
     out->own[N] = out->own_last[N] = stats + es * tensors;
     out->own[S] = out->own_last[S] = stats + es * selective;
     out->once[S] = BT * scratch * es;                /* the dropped tensors' shared scratch */
     out->once[F] = stats + es * tensors;             /* the recompute slot */
+    out->once[O] = stats + es * tensors;             /* a device slot (of two) */
+    out->host = stats + es * tensors;                /* an offloaded block's pinned copy */
     out->after_full = output * es;                   /* the saved input of the next block */
     out->last_full_spared = true;                    /* no later 'f' overwrites the recompute slot */
 }

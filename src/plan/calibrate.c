@@ -67,6 +67,39 @@ done:
     return rc;
 }
 
+/* The link between the device and pinned host memory: each way the fastest
+ * of LINK_COPIES copies of LINK_BYTES on the copy stream, the slower way's
+ * GB/s (calibrate.h). */
+enum { LINK_COPIES = 5 };
+#define LINK_BYTES ((size_t)64 << 20)
+
+static bb_status measure_link(bb_device_kind device, const bb_backend_options *bo, double *gbps)
+{
+    bb_backend_t *be = NULL;
+    void *dev = NULL, *host = NULL;
+    double best[2] = {0, 0};
+    bb_status rc;
+    BB_TRY_GOTO(bb_backend_create(device, bo, &be), rc, done);
+    BB_TRY_GOTO(bb_backend_alloc(be, LINK_BYTES, "link calibration", &dev), rc, done);
+    BB_TRY_GOTO(bb_backend_host_alloc(be, LINK_BYTES, &host), rc, done);
+    memset(host, 1, LINK_BYTES);
+    for (int i = 0; i <= LINK_COPIES; i++) /* the first of each way warms up */
+        for (int way = 0; way < 2; way++) {
+            uint64_t t0 = bb_clock_ns();
+            BB_TRY_GOTO(way ? bb_backend_copy_async(be, host, dev, LINK_BYTES, BB_COPY_D2H, BB_STREAM_COPY)
+                            : bb_backend_copy_async(be, dev, host, LINK_BYTES, BB_COPY_H2D, BB_STREAM_COPY), rc, done);
+            BB_TRY_GOTO(bb_backend_synchronize(be), rc, done);
+            double s = (double)(bb_clock_ns() - t0) / 1e9, rate = s > 0 ? (double)LINK_BYTES / s / 1e9 : 0;
+            if (i && rate > best[way]) best[way] = rate;
+        }
+    *gbps = best[0] < best[1] ? best[0] : best[1];
+done:
+    if (host) bb_backend_host_free(be, host, LINK_BYTES);
+    if (dev) bb_backend_free(be, dev);
+    bb_backend_destroy(be);
+    return rc;
+}
+
 bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb_backend_options *bo,
                        bb_calibration *out)
 {
@@ -86,6 +119,7 @@ bb_status bb_calibrate(const bb_model_config *c, bb_device_kind device, const bb
         out->micro_batch[slot] = 1 << slot;
         BB_TRY(measure(&m, device, bo, out->micro_batch[slot], slot, out));
     }
+    if (!bb_device_host_is_device(device)) BB_TRY(measure_link(device, bo, &out->link_gbps));
     for (int k = 0; k < out->ops; k++) { /* an op missed at a micro-batch: its rate at the nearest one measured */
         bb_calibration_op *op = &out->op[k];
         for (int slot = 0; slot < out->points; slot++)
@@ -120,9 +154,9 @@ bb_status bb_calibration_save(const bb_calibration *cal, const char *path)
         const char *unit = cal->op[k].per_flop ? "flop" : "element";
         json_object_set_new(ops, cal->op[k].op, json_pack("{s:s, s:o}", "unit", unit, "ms_per_unit", rates));
     }
-    json_t *j = ops && sizes ? json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "device", cal->device, "model", cal->model,
-                                         "precision", cal->precision, "threads", cal->threads, "micro_batch", sizes,
-                                         "ops", ops)
+    json_t *j = ops && sizes ? json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:f}", "device", cal->device, "model",
+                                         cal->model, "precision", cal->precision, "threads", cal->threads,
+                                         "micro_batch", sizes, "ops", ops, "link_gb_per_s", cal->link_gbps)
                              : NULL;
     bb_status rc = j ? bb_make_parents(path, NULL) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);
@@ -180,6 +214,10 @@ bb_status bb_calibration_load(const char *path, bb_calibration *out)
         }
     }
     if (!any) rc = bb_fail(BB_ERR_FORMAT, "%s: every op's rate is 0: not a measurement", path);
+    json_t *link = json_object_get(j, "link_gb_per_s"); /* absent from calibrations made before it */
+    if (rc == BB_OK && link && (!json_is_number(link) || !(json_number_value(link) >= 0)))
+        rc = bb_fail(BB_ERR_FORMAT, "%s: \"link_gb_per_s\" must be a number >= 0", path);
+    else if (link) out->link_gbps = json_number_value(link);
 done:
     json_decref(j);
     return rc;

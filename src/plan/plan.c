@@ -1,5 +1,6 @@
 /* plan.c — memory measured on a counting backend, and the candidate
  * table (see plan.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,10 +196,74 @@ static bb_status reference_step(const bb_plan_request *q, int per_device, double
     return BB_OK;
 }
 
+/* What prices the candidates' time, found as the rows need it. */
+typedef struct timing {
+    double reference_ms; /* calibrated: relative time 1.0 */
+    int forward_b;       /* the micro-batch block_ms is of; 0: none yet */
+    double block_ms;     /* calibrated: one block's forward, ms a micro-step */
+} timing;
+
+/* The link's GB/s that prices policy 'o': the stated, else the
+ * calibration's; 0 when 'o' is not offered (the host is the device, no
+ * calibration to weigh it against, no link). */
+static double priced_link_gbps(const bb_plan_request *q)
+{
+    if (bb_device_host_is_device(q->device) || !q->calibration) return 0;
+    return q->link_gbps > 0 ? q->link_gbps : q->calibration->link_gbps;
+}
+
+/* Calibrated: one block's forward at micro-batch b, ms a micro-step: what
+ * recomputing every block adds over none, per block recomputed. */
+static bb_status block_forward_ms(const bb_plan_request *q, int b, timing *tm)
+{
+    if (tm->forward_b == b) return BB_OK;
+    double ms[2] = {0, 0};
+    int recomputed = 0;
+    bb_step_work *w = malloc(sizeof *w);
+    if (!w) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    bb_status rc = BB_OK;
+    for (int i = 0; i < 2 && rc == BB_OK; i++) {
+        bb_model_config c = q->model;
+        bb_memory_breakdown mem;
+        if ((rc = bb_model_parse_recompute(i ? "blocks" : "none", &c)) != BB_OK) break;
+        c.loss_chunk = bb_model_loss_chunk(&c, b, bb_device_transient_budget(q->device, q->device_mem));
+        if ((rc = measure(&c, b, q->optimizer, q->device, NULL, &mem, w)) != BB_OK) break;
+        ms[i] = bb_calibration_ms(q->calibration, w->micro, w->nmicro, b);
+        recomputed = mem.recomputed_layers;
+    }
+    free(w);
+    BB_TRY(rc);
+    tm->forward_b = b;
+    tm->block_ms = recomputed ? (ms[1] - ms[0]) / recomputed : 0;
+    return BB_OK;
+}
+
+/* One offloaded block's copies that compute does not hide, ms a micro-step
+ * at micro-batch b: its bytes go to the host while the next block's
+ * forward runs and come back while the backward of the block above runs
+ * (two forwards' work), on one copy stream; and a millionth of the step,
+ * so that a plan offloads only to fit (the copies still take host memory
+ * and the link). -1: not priced (priced_link_gbps). */
+static bb_status offload_ms(const bb_plan_request *q, int b, timing *tm, double *ms)
+{
+    *ms = -1;
+    double gbps = priced_link_gbps(q);
+    bb_block_costs k;
+    if (!(gbps > 0)) return BB_OK;
+    if (bb_model_block_costs(&q->model, b, &k) != BB_OK) {
+        bb_error_clear();
+        return BB_OK;
+    }
+    BB_TRY(block_forward_ms(q, b, tm));
+    double copy = (double)k.host / (gbps * 1e6), f = tm->block_ms;
+    *ms = fmax(0, copy - f) + fmax(0, copy - 2 * f) + 1e-6 * tm->reference_ms;
+    return BB_OK;
+}
+
 /* One candidate: its exact memory and work on the counting backend, and
  * its relative time; chosen when it is the fastest that fits so far. */
 static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_config *policy, int b, int per_device,
-                         size_t bucket_bytes, double *reference_ms)
+                         size_t bucket_bytes, timing *tm)
 {
     bb_plan_row *r = &out->rows[out->count++];
     bb_model_config c = *policy;
@@ -216,12 +281,17 @@ static bb_status add_row(const bb_plan_request *q, bb_plan *out, const bb_model_
     bb_status rc = measure(&c, b, q->optimizer, q->device, &zero, &r->memory, w);
     if (rc == BB_OK && q->calibration) {
         r->step_ms = step_ms(q->calibration, w, b, r->accumulation);
-        if (!(*reference_ms > 0)) rc = reference_step(q, per_device, reference_ms);
+        if (!(tm->reference_ms > 0)) rc = reference_step(q, per_device, &tm->reference_ms);
     }
     free(w);
     BB_TRY(rc);
+    int offloaded = 0;
+    for (int l = 0; l < bb_model_layers(&c); l++) offloaded += bb_model_block_recompute(&c, l) == BB_RECOMPUTE_OFFLOAD;
+    double copies = 0; /* calibrated and priced: the offloaded blocks' copies compute does not hide */
+    if (offloaded && q->calibration) BB_TRY(offload_ms(q, b, tm, &copies));
+    if (copies > 0) r->step_ms += r->accumulation * offloaded * copies;
     r->memory.loader_slots = loader_slots(&c, b, q->devices, q->loader_threads, q->record_size);
-    r->relative_time = q->calibration ? r->step_ms / *reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
+    r->relative_time = q->calibration ? r->step_ms / tm->reference_ms : relative_time(&c, &r->memory, b, r->accumulation);
     r->fits = r->memory.total <= out->budget && (!q->host_mem || r->memory.offloaded <= q->host_mem);
     if (r->fits && (out->chosen < 0 || r->relative_time < out->rows[out->chosen].relative_time - 1e-12))
         out->chosen = out->count - 1; /* ties keep the earlier, larger micro-batch */
@@ -239,7 +309,7 @@ static const bb_plan_row *row_named(const bb_plan *p, int from, const char *name
  * its costs per recomputed block taken from the uniform rows of b (from
  * rows[from] on), as a candidate of its own unless it is one of them. */
 static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from, int b, int per_device,
-                                size_t bucket_bytes, double *reference_ms)
+                                size_t bucket_bytes, timing *tm)
 {
     const bb_plan_row *none = row_named(out, from, "none"), *sel = row_named(out, from, "selective"),
                       *full = row_named(out, from, "blocks");
@@ -249,20 +319,28 @@ static bb_status add_block_plan(const bb_plan_request *q, bb_plan *out, int from
         return BB_OK;
     }
     int ns = sel->memory.selective_recomputes, nf = full->memory.recomputed_layers; /* per recomputed block: */
-    double ts = ns ? (sel->relative_time - none->relative_time) / ns : 0;
-    double tf = nf ? (full->relative_time - none->relative_time) / nf : 0;
+    bb_block_times t = {.selective = ns ? (sel->relative_time - none->relative_time) / ns : 0,
+                        .full = nf ? (full->relative_time - none->relative_time) / nf : 0};
+    double copies;
+    BB_TRY(offload_ms(q, b, tm, &copies)); /* ms a micro-step, per block; -1: not offered */
+    t.offload = copies >= 0 ? none->accumulation * copies / tm->reference_ms : -1;
+    if (t.offload >= 0 && q->host_mem) { /* --host-mem: as many offloaded blocks as it holds besides the optimizer's */
+        uint64_t held = none->memory.offloaded, fit = q->host_mem > held ? (q->host_mem - held) / k.host : 0;
+        t.max_offloaded = fit < (uint64_t)bb_model_layers(&q->model) ? (int)fit : 0;
+        if (!fit) t.offload = -1;
+    }
     char letters[BB_RECOMPUTE_MAX_BLOCKS + 1];
     int64_t bytes;
     double time;
     int64_t room = (int64_t)out->budget - (int64_t)none->memory.total;
-    if (!bb_plan_best_blocks(bb_model_layers(&q->model), &k, room, ts, tf, letters, &bytes, &time)) return BB_OK;
+    if (!bb_plan_best_blocks(bb_model_layers(&q->model), &k, room, &t, letters, &bytes, &time)) return BB_OK;
     bb_model_config c = q->model;
     c.recompute_every = 0;
     snprintf(c.recompute_plan, sizeof c.recompute_plan, "%s", letters);
     char name[BB_RECOMPUTE_NAME_MAX];
     bb_model_recompute_name(&c, name, sizeof name);
     if (row_named(out, from, name)) return BB_OK; /* a uniform policy: already a candidate */
-    return add_row(q, out, &c, b, per_device, bucket_bytes, reference_ms);
+    return add_row(q, out, &c, b, per_device, bucket_bytes, tm);
 }
 
 /* bb_plan_make at one ZeRO stage. */
@@ -294,15 +372,16 @@ static bb_status make_stage(const bb_plan_request *q, bool suggest, bb_plan *out
     }
     double margin = q->margin > 0 ? q->margin : 0.05;
     out->budget = q->device_mem ? (uint64_t)((double)q->device_mem * (1.0 - margin)) : UINT64_MAX;
-    double reference_ms = 0;
+    timing tm = {0};
+    out->link_gbps = priced_link_gbps(q);
     bb_status rc = BB_OK;
     for (int b = per_device; b >= 1 && rc == BB_OK; b--) {
         if (per_device % b || (q->fixed_micro_batch > 0 && b != q->fixed_micro_batch)) continue;
         int from = out->count;
         for (int i = 0; i < np && rc == BB_OK; i++)
-            rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &reference_ms);
+            rc = add_row(q, out, &policies[i], b, per_device, bucket_bytes, &tm);
         if (rc == BB_OK && !q->fixed_recompute)
-            rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &reference_ms);
+            rc = add_block_plan(q, out, from, b, per_device, bucket_bytes, &tm);
     }
     free(policies);
     if (rc != BB_OK) {

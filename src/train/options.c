@@ -50,6 +50,7 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_ATTENTION] = "attention",
     [BB_TRAIN_DEVICE_MEM] = "device_mem", [BB_TRAIN_NO_OVERLAP] = "no_overlap",
     [BB_TRAIN_OFFLOAD] = "offload",       [BB_TRAIN_HOST_MEM] = "host_mem",
+    [BB_TRAIN_LINK_GBPS] = "link_gbps",
 };
 
 const char *bb_train_option_name(const bb_train_options *o, bb_train_field f)
@@ -228,6 +229,7 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(DEVICE_MEM, "%llu", (unsigned long long)o->device_mem);
     FIELD(OFFLOAD, "%s", (const char *[]){"none", "optimizer", "auto"}[o->offload % 3]);
     FIELD(HOST_MEM, "%llu", (unsigned long long)o->host_mem);
+    FIELD(LINK_GBPS, "%.17g", o->link_gbps);
     FIELD(SAVE_EVERY, "%llu", (unsigned long long)o->save_every);
     FIELD(INIT_FROM, "%s", o->init_from ? o->init_from : "");
     FIELD(RESUME, "%s", o->resume_dir ? o->resume_dir : "");

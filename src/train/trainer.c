@@ -275,7 +275,7 @@ static bb_status apply_plan(trainer *t)
                          .fixed_micro_batch = o->auto_micro_batch ? 0 : o->micro_batch,
                          .fixed_recompute = !o->auto_recompute,
                          .zero = o->zero, .zero_shards = o->zero_shards, .bucket_mib = o->bucket_mib,
-                         .offload = o->offload, .host_mem = o->host_mem,
+                         .offload = o->offload, .host_mem = o->host_mem, .link_gbps = o->link_gbps,
                          .zero_top = t->spec.world < 2 || o->device != BB_DEVICE_CPU || bb_world_get()->thread_multiple
                                          ? 3 : 2}; /* ZeRO-3's reach (train's refusal below) */
     bb_calibration cal; /* the device kind's op costs, when plan --calibrate cached them */

@@ -130,6 +130,7 @@ struct device_state {
     int created = 0;                       // streams made on it (not the legacy one), under streams_m
     stream_state *legacy = nullptr;
     std::atomic<uint64_t> fault_launches{0}, hang_launches{0};
+    std::atomic<uint64_t> enqueued{0}; // operations queued on its streams so far: the host's program order
 };
 
 struct event_state {
@@ -137,6 +138,12 @@ struct event_state {
     bool timing;
     uint64_t recorded = 0, completed = 0; // generations, under the runtime's event lock
     int64_t time_ns = 0;
+    // Under the runtime's event lock: the stream of its last record and, when
+    // a collective was queued there since the stream's record before, its
+    // kind and the device's enqueued count when it was queued (the wait log).
+    const stream_state *recorded_on = nullptr;
+    std::string collective;
+    uint64_t collective_at = 0;
 };
 
 struct item {
@@ -166,6 +173,10 @@ struct stream_state {
     // queued; invalid once something that cannot be recorded was asked.
     std::shared_ptr<std::vector<item>> capture;
     bool capture_invalid = false;
+    // Under m: the last collective queued since the last event record (the
+    // NCCL stand-in's work is named "nccl<Kind>"), for the wait log.
+    std::string collective;
+    uint64_t collective_at = 0;
 };
 
 struct counters {
@@ -180,6 +191,8 @@ struct counters {
 
 struct runtime {
     config cfg;
+    std::mutex waits_m;
+    std::vector<bbemu_collective_wait> waits; // bbemu_collective_waits
     std::vector<device_state *> dev;
     std::mutex alloc_m;
     std::map<uintptr_t, allocation> allocs; // by base

@@ -581,11 +581,21 @@ EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
     item it;
     it.kind = item::WAIT_EVENT;
     it.event = reinterpret_cast<bbemu_event_handle *>(event)->s;
+    bbemu_collective_wait logged = {};
     {
         std::lock_guard<std::mutex> l(rt->ev_m);
         it.gen = it.event->recorded;
+        if (it.gen && !it.event->collective.empty() && it.event->recorded_on != s) {
+            logged.device = s->dev->index;
+            snprintf(logged.kind, sizeof logged.kind, "%s", it.event->collective.c_str());
+            logged.issued_at = it.event->collective_at, logged.waited_at = s->dev->enqueued;
+        }
     }
     if (!it.gen) return cudaSuccess; // never recorded: nothing to wait for
+    if (logged.kind[0]) {
+        std::lock_guard<std::mutex> l(rt->waits_m);
+        rt->waits.push_back(logged);
+    }
     it.what = "cudaStreamWaitEvent";
     enqueue(s, std::move(it));
     return cudaSuccess;
@@ -627,9 +637,16 @@ EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
         return fail_with(cudaErrorInvalidResourceHandle, true,
                          "cudaEventRecord: an event of cuda:%d recorded on a stream of cuda:%d", it.event->device,
                          s->dev->index);
+    std::string collective;
+    uint64_t collective_at = 0;
+    {
+        std::lock_guard<std::mutex> l(s->m);
+        collective.swap(s->collective), collective_at = s->collective_at;
+    }
     {
         std::lock_guard<std::mutex> l(rt->ev_m);
         it.gen = ++it.event->recorded;
+        it.event->recorded_on = s, it.event->collective = collective, it.event->collective_at = collective_at;
     }
     it.what = "cudaEventRecord";
     enqueue(s, std::move(it));
@@ -741,6 +758,21 @@ EXPORT void bbemu_count(const char *counter, uint64_t n)
     else if (!strcmp(counter, "cub_calls")) c.cub_calls += n;
     else if (!strcmp(counter, "nccl_calls")) c.nccl_calls += n;
     else if (!strcmp(counter, "lt_epilogues")) c.lt_epilogues += n;
+}
+
+EXPORT size_t bbemu_collective_waits(bbemu_collective_wait *out, size_t cap)
+{
+    runtime &r = R();
+    std::lock_guard<std::mutex> l(r.waits_m);
+    for (size_t i = 0; out && i < cap && i < r.waits.size(); i++) out[i] = r.waits[i];
+    return r.waits.size();
+}
+
+EXPORT void bbemu_collective_waits_clear(void)
+{
+    runtime &r = R();
+    std::lock_guard<std::mutex> l(r.waits_m);
+    r.waits.clear();
 }
 
 EXPORT uint64_t bbemu_kernel_launches(const char *prefix)

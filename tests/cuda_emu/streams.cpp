@@ -35,6 +35,8 @@ uint64_t push(stream_state *s, item &&it)
         else s->capture_invalid = true;
         return s->submitted;
     }
+    uint64_t at = ++s->dev->enqueued;
+    if (it.kind == item::WORK && it.what.compare(0, 4, "nccl") == 0) s->collective = it.what.substr(4), s->collective_at = at;
     s->q.push_back(std::move(it));
     s->cv.notify_all();
     return ++s->submitted;

@@ -23,6 +23,7 @@
 #ifndef BBEMU_CUDA_EMU_H
 #define BBEMU_CUDA_EMU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cuda_runtime.h"
@@ -49,6 +50,20 @@ void bbemu_counters_get(bbemu_counters *out);
 /* Launches so far of the kernels whose name starts with `prefix` (as the
  * launch names them: "activation_forward_k", "broadcast_rows_k<", ...). */
 uint64_t bbemu_kernel_launches(const char *prefix);
+/* Each wait of a stream for an event recorded on another stream after a
+ * collective was queued there (a compute stream waiting for an all-gather),
+ * in the order the waits were asked: the collective's kind ("AllGather",
+ * "Broadcast", ...) and where it and the wait stand in the device's program
+ * order (the operations queued on its streams so far). Copies the first
+ * `cap` into out (may be NULL) and returns how many there are; _clear
+ * forgets them (cannot fail). */
+typedef struct bbemu_collective_wait {
+    int device;
+    char kind[16];
+    uint64_t issued_at, waited_at;
+} bbemu_collective_wait;
+size_t bbemu_collective_waits(bbemu_collective_wait *out, size_t cap);
+void bbemu_collective_waits_clear(void);
 
 /* ---- hooks of the stand-ins ---------------------------------------------- */
 /* Queues fn(ctx) on `stream` (0: the legacy stream of the current device),
