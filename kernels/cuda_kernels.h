@@ -104,11 +104,21 @@ cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float 
                       float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale);
 cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
                     float weight_decay, float grad_scale);
-/* partial[b] = sum of squares of block b's share; returns the block count
- * used through *blocks (at most max_blocks). */
+/* bb_op_lamb and bb_op_lars on one tensor: the norms' block sums in
+ * partial (`partials` doubles), their totals in sums[0..1] (device
+ * memory), then the update reads them: no wait for the host. bias1 and
+ * bias2 are 1 - beta^t. */
+cudaError_t bbk_lamb(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, float bias1, float bias2, float grad_scale,
+                     double *partial, int partials, double *sums);
+cudaError_t bbk_lars(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
+                     float weight_decay, float trust_coefficient, float grad_scale, double *partial, int partials,
+                     double *sums);
 /* *hits += rows whose argmax is their target (see bb_op_count_correct);
  * one thread per row: for classifier heads. */
 cudaError_t bbk_count_correct(cudaStream_t s, int *hits, const float *logits, const int32_t *targets, int N, int V);
+/* partial[b] = sum of squares of block b's share; returns the block count
+ * used through *blocks (at most max_blocks). */
 cudaError_t bbk_sum_squares(cudaStream_t s, double *partial, int max_blocks, int *blocks, const float *x, size_t n);
 
 #ifdef __cplusplus

@@ -92,6 +92,8 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"gpt --zero 1", 0, false, NULL, false, 1},
                  {"gpt --zero 1 --zero-shards tensors", 0, false, NULL, false, 1, BB_PARAM_SHARD_TENSORS},
                  {"mlp --zero 1 --optimizer sgd", 1, false, NULL, false, 1},
+                 {"gpt --zero 1 --optimizer lamb", 0, false, NULL, false, 1},
+                 {"mlp --zero 3 --optimizer lars", 1, false, NULL, false, 3},
                  {"gpt --zero 2", 0, false, NULL, false, 2},
                  {"gpt --zero 2 --zero-shards tensors --checkpoint selective", 0, false, "selective", false, 2,
                   BB_PARAM_SHARD_TENSORS},
@@ -118,7 +120,11 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
         bb_train_options o = make[cases[i].kind](cases[i].kind == 1 ? images : tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
         o.no_overlap = cases[i].no_overlap, o.zero = cases[i].zero, o.zero_shards = cases[i].shards;
-        if (strstr(cases[i].name, "sgd")) o.opt.kind = BB_OPTIMIZER_SGD;
+        const char *opt = strstr(cases[i].name, "--optimizer ");
+        if (opt) { /* the last flag of the name */
+            cr_assert_eq(bb_optimizer_kind_parse(opt + strlen("--optimizer "), &o.opt.kind), BB_OK);
+            o.opt.eps = bb_optimizer_defaults_for(o.opt.kind).eps;
+        }
         if (strstr(cases[i].name, "--offload")) o.offload = BB_OFFLOAD_OPTIMIZER;
         if (cases[i].checkpoint)
             cr_assert_eq(bb_model_parse_recompute(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());

@@ -376,6 +376,32 @@ static void case_sgd(tc *t)
                   bb_op_sgd(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), n, 0.1f, D(1) ? 0.9f : 0.0f, 0.01f, 0.5f));
 }
 
+/* Three steps of one tensor (more elements than a slice, and than the
+ * GPU's partial sums cover at one a thread), with decay or without. */
+static void case_lamb(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
+    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "m", n, 0.1f), 1e-5);
+    buf v = tc_out(t, tc_floats(t, "v", n, 0.1f), 1e-5);
+    float *vh = t->bufs[v].init;
+    for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
+    TC_RUN(t, for (int step = 1; step <= 3; step++) bb_op_lamb(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), tc_p(t, v), n,
+                                                               1e-2f, 0.9f, 0.999f, 1e-6f, D(1) ? 0.1f : 0.0f, step,
+                                                               0.5f));
+}
+
+/* Two steps, adapted (trust coefficient 0.001) or not (0), with momentum or without. */
+static void case_lars(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
+    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "momentum", n, 0.1f), 1e-5);
+    TC_RUN(t, for (int step = 0; step < 2; step++)
+                  bb_op_lars(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), n, 0.5f, D(2) ? 0.9f : 0.0f, 0.01f,
+                             D(1) ? 1e-3f : 0.0f, 0.5f));
+}
+
 /* Ranges of a buffer (a shard's): every third 1000 floats, and one range. */
 static void case_sum_squares_ranges(tc *t)
 {
@@ -528,6 +554,10 @@ static const op_case cases[] = {
     {"adamw", case_adamw, 2, {{1}, {5003}}},
     /* n, momentum */
     {"sgd", case_sgd, 2, {{5003, 1}, {5003, 0}}},
+    /* n, weight decay */
+    {"lamb", case_lamb, 3, {{1, 1}, {5003, 0}, {300007, 1}}},
+    /* n, trust coefficient, momentum */
+    {"lars", case_lars, 3, {{1, 1, 1}, {5003, 0, 1}, {300007, 1, 0}}},
     /* n, ranges (0: one); more blocks than the GPU's partial sums hold */
     {"sum_squares_ranges", case_sum_squares_ranges, 3, {{10007, 0}, {600001, 0}, {100003, 1}}},
     /* n, packed */

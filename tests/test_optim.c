@@ -1,5 +1,6 @@
 /* test_optim.c — the optimizers' descriptors (names, choices, checks, a
- * step that is the op's), ZeRO's cut of the gradient buckets under both
+ * step that is the op's, ten steps of each against a PyTorch reference
+ * written from its paper, alone and as two ZeRO shards), ZeRO's cut of the gradient buckets under both
  * rules (every float owned once, equal slices equal, whole tensors never
  * cut), and optimizer.bin: it names its optimizer, another optimizer's
  * state is refused naming both, and files from before it did still load. */
@@ -33,7 +34,7 @@ static bb_model_t *tiny_gpt(void)
 
 Test(optim, every_optimizer_is_one_descriptor)
 {
-    cr_assert_str_eq(bb_optimizer_choices(), "adamw|sgd");
+    cr_assert_str_eq(bb_optimizer_choices(), "adamw|sgd|lamb|lars");
     cr_assert(strstr(bb_optimizer_help(), "adamw (two moments of state)"), "%s", bb_optimizer_help());
     for (int k = 0; k < BB_OPTIMIZER_COUNT; k++) {
         const bb_optimizer_desc *d = bb_optimizer_desc_of((bb_optimizer_kind)k);
@@ -42,13 +43,15 @@ Test(optim, every_optimizer_is_one_descriptor)
         cr_assert_eq(bb_optimizer_kind_parse(d->name, &back), BB_OK);
         cr_assert_eq(back, (bb_optimizer_kind)k);
         cr_assert(d->state_buffers >= 1 && d->state_buffers <= BB_OPTIMIZER_MAX_STATE && d->version >= 1);
-        bb_optimizer_config c = bb_optimizer_defaults();
-        c.kind = (bb_optimizer_kind)k;
+        bb_optimizer_config c = bb_optimizer_defaults_for((bb_optimizer_kind)k);
+        cr_assert_eq(c.kind, (bb_optimizer_kind)k);
         cr_assert_eq(bb_optimizer_check(&c, NULL), BB_OK, "%s: the defaults: %s", d->name, bb_error_message());
     }
     bb_optimizer_kind k;
-    cr_assert_eq(bb_optimizer_kind_parse("lamb", &k), BB_ERR_ARG);
-    cr_assert(strstr(bb_error_message(), "adamw|sgd"), "%s", bb_error_message());
+    cr_assert_eq(bb_optimizer_kind_parse("lion", &k), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "adamw|sgd|lamb|lars"), "%s", bb_error_message());
+    cr_assert_eq(bb_optimizer_defaults_for(BB_OPTIMIZER_LAMB).eps, 1e-6, "LAMB's paper's eps");
+    cr_assert_eq(bb_optimizer_defaults().eps, 1e-8, "AdamW's (PyTorch's) eps");
     cr_assert_null(bb_optimizer_desc_of(BB_OPTIMIZER_COUNT));
 }
 
@@ -73,6 +76,13 @@ Test(optim, hyperparameters_that_cannot_work_are_refused_by_name)
     c = bb_optimizer_defaults(), c.kind = BB_OPTIMIZER_SGD, c.momentum = 1.5;
     cr_assert_eq(bb_optimizer_check(&c, NULL), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "SGD's momentum 1.5"), "%s", bb_error_message());
+    c = bb_optimizer_defaults_for(BB_OPTIMIZER_LARS), c.trust_coefficient = 0;
+    cr_assert_eq(bb_optimizer_check(&c, NULL), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "LARS's trust_coefficient 0: must be in (0, 1]"), "%s", bb_error_message());
+    c = bb_optimizer_defaults_for(BB_OPTIMIZER_LAMB), c.beta1 = 1;
+    cr_assert_eq(bb_optimizer_check(&c, NULL), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "LAMB's beta1 1: must be in [0, 1) (1 makes LAMB's"), "%s",
+              bb_error_message());
     c = bb_optimizer_defaults(), c.lr = NAN;
     cr_assert_eq(bb_optimizer_check(&c, NULL), BB_ERR_ARG);
     cr_assert(strstr(bb_error_message(), "AdamW's lr nan"), "%s", bb_error_message());
@@ -156,6 +166,111 @@ Test(optim, the_step_is_the_optimizer_s_op)
     free(want), free(mm), free(vv);
     bb_model_destroy(m);
 }
+
+/* ---- against PyTorch -------------------------------------------------------
+ * Ten steps of optimizer `kind` on a tiny gpt's tensors (decayed matrices,
+ * undecayed biases and norms) with gradients that change every step and
+ * are clipped on some, by one optimizer and by two ZeRO shards of it (one
+ * model: each shard updates its own tensors) — the same bits — then
+ * tests/optim_reference.py redoes them in float64 from the paper. */
+static void write_floats(const char *dir, const char *name, const float *x, size_t n, const char *mode)
+{
+    char *path = tu_path(dir, name);
+    FILE *f = fopen(path, mode);
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(x, sizeof *x, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+    free(path);
+}
+
+enum { REFERENCE_STEPS = 10 };
+
+/* The steps on `owners` shards (1: one whole optimizer); the parameters after them into `after`. */
+static void reference_steps(bb_optimizer_config c, int owners, const float *init, float *after, const char *dir)
+{
+    bb_model_t *m = tiny_gpt();
+    size_t n = bb_model_param_count(m);
+    memcpy(bb_model_params(m), init, n * sizeof(float));
+    bb_optimizer o[2];
+    bb_param_shards all;
+    cr_assert_eq(bb_param_shards_make(m, 8192, owners, bb_param_shard_rule_for(c.kind, BB_PARAM_SHARD_AUTO), &all),
+                 BB_OK);
+    for (int k = 0; k < owners; k++) {
+        bb_param_shard one, *shard = NULL;
+        if (owners > 1) {
+            cr_assert_eq(bb_param_shard_of(&all, k, &one), BB_OK);
+            shard = &one;
+        }
+        cr_assert_eq(bb_optimizer_create(be, &c, m, shard, &o[k]), BB_OK, "%s", bb_error_message());
+    }
+    char *lrs_path = dir ? tu_path(dir, "lrs.txt") : NULL;
+    FILE *lrs = dir ? fopen(lrs_path, "w") : NULL;
+    float *g = bb_model_grads(m);
+    for (int step = 0; step < REFERENCE_STEPS; step++) {
+        for (size_t i = 0; i < n; i++) /* every third step's norm is past the clip */
+            g[i] = (float)(sin(0.37 * (double)i + step) * (step % 3 ? 0.002 : 0.05));
+        if (dir) write_floats(dir, "grads.bin", g, n, step ? "ab" : "wb");
+        double squares = 0, lr = 0;
+        for (int k = 0; k < owners; k++) squares += bb_optimizer_sum_squares(be, m, &o[k]);
+        for (int k = 0; k < owners; k++) bb_optimizer_apply(be, m, &o[k], (uint64_t)step, REFERENCE_STEPS,
+                                                            sqrt(squares), &lr);
+        if (lrs) fprintf(lrs, "%.17g\n", (double)(float)lr);
+    }
+    if (lrs) cr_assert_eq(fclose(lrs), 0);
+    free(lrs_path);
+    memcpy(after, bb_model_params(m), n * sizeof(float));
+    for (int k = 0; k < owners; k++) bb_optimizer_destroy(be, &o[k]);
+    bb_param_shards_free(&all);
+    bb_model_destroy(m);
+}
+
+static void matches_reference(bb_optimizer_kind kind)
+{
+    if (system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
+        cr_skip_test("skipped: /usr/bin/python3 cannot import torch (make deps installs python3-torch)");
+    bb_model_t *m = tiny_gpt();
+    size_t n = bb_model_param_count(m);
+    float *init = malloc(n * sizeof *init), *one = malloc(n * sizeof *one), *two = malloc(n * sizeof *two);
+    memcpy(init, bb_model_params(m), n * sizeof *init);
+    char *path = tu_path(tmp, "tensors.txt");
+    FILE *f = fopen(path, "w");
+    for (int t = 0; t < bb_model_tensor_count(m); t++) {
+        const bb_tensor_info *ti = bb_model_tensor(m, t);
+        fprintf(f, "%zu %zu %d\n", ti->offset, ti->count, ti->decay ? 1 : 0);
+    }
+    cr_assert_eq(fclose(f), 0);
+    free(path);
+    bb_model_destroy(m);
+    bb_optimizer_config c = bb_optimizer_defaults_for(kind);
+    c.lr = kind == BB_OPTIMIZER_LARS || kind == BB_OPTIMIZER_SGD ? 0.5 : 1e-2, c.weight_decay = 0.1;
+    c.beta2 = 0.99, c.trust_coefficient = 0.02;
+    path = tu_path(tmp, "hp.json");
+    f = fopen(path, "w");
+    fprintf(f, "{\"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, \"momentum\": %.17g, "
+               "\"trust_coefficient\": %.17g, \"grad_clip\": %.17g}\n", (double)(float)c.beta1,
+            (double)(float)c.beta2, (double)(float)c.eps,
+            (double)(float)c.weight_decay, (double)(float)c.momentum, (double)(float)c.trust_coefficient, c.grad_clip);
+    cr_assert_eq(fclose(f), 0);
+    free(path);
+    write_floats(tmp, "init.bin", init, n, "wb");
+    reference_steps(c, 1, init, one, tmp);
+    reference_steps(c, 2, init, two, NULL);
+    cr_assert_eq(memcmp(one, two, n * sizeof *one), 0, "%s: two ZeRO shards stepped other bits than one optimizer",
+                 bb_optimizer_kind_name(kind));
+    cr_assert_neq(memcmp(one, init, n * sizeof *one), 0, "the steps changed nothing");
+    write_floats(tmp, "after.bin", one, n, "wb");
+    tu_run r = tu_run_argv((char *const[]){"/usr/bin/python3", "tests/optim_reference.py", tmp,
+                                           (char *)bb_optimizer_kind_name(kind), NULL});
+    cr_log_info("%s", r.out);
+    cr_assert_eq(r.exit_code, 0, "%s against its reference:\n%s%s", bb_optimizer_kind_name(kind), r.out, r.err);
+    tu_run_free(&r);
+    free(init), free(one), free(two);
+}
+
+Test(optim, adamw_matches_torch_optim_adamw, .timeout = 60) { matches_reference(BB_OPTIMIZER_ADAMW); }
+Test(optim, sgd_matches_torch_optim_sgd, .timeout = 60) { matches_reference(BB_OPTIMIZER_SGD); }
+Test(optim, lamb_matches_a_reference_written_from_its_paper, .timeout = 60) { matches_reference(BB_OPTIMIZER_LAMB); }
+Test(optim, lars_matches_a_reference_written_from_its_paper, .timeout = 60) { matches_reference(BB_OPTIMIZER_LARS); }
 
 /* optimizer.bin names its optimizer: another's is refused naming both; a
  * file of version 1 (no name: its buffer count says which) still loads. */

@@ -133,6 +133,47 @@ Test(zero, zero2_and_3_train_what_zero0_and_zero1_train_with_the_planned_peak)
     free(tokens), free(images);
 }
 
+/* The layer-wise optimizers (whole-tensor shards: their trust ratios need
+ * whole tensors) at every stage, and a run saved under --zero 1 resumes
+ * under --zero 0 and --zero 3 as the run that never stopped, bitwise; a
+ * cut of tensors is refused. */
+Test(zero, lamb_and_lars_train_the_same_bits_at_every_stage_and_resume_bitwise)
+{
+    char *tokens = make_tokens("tokens", 170), *images = make_images("images", 1300, 1);
+    bb_train_options o = gpt_options(tokens, 2, 16, 32);
+    o.opt = bb_optimizer_defaults_for(BB_OPTIMIZER_LAMB), o.opt.weight_decay = 0.01;
+    stages_case("gpt lamb, 2 devices", o);
+    bb_train_options lars = mlp_options(images, 2, 16, 64);
+    lars.opt = bb_optimizer_defaults_for(BB_OPTIMIZER_LARS), lars.opt.lr = 0.5, lars.opt.weight_decay = 1e-4;
+    stages_case("mlp lars, 2 devices x 2 micro-steps", lars);
+    o = staged(o, 0);
+    o.steps = 10;
+    bb_train_result straight = train(&o);
+    for (int resumed = 0; resumed <= 3; resumed += 3) {
+        char name[32];
+        snprintf(name, sizeof name, "lamb%d", resumed);
+        char *ckpt = tu_path(tmp, name);
+        bb_train_options s = o;
+        s.zero = 1, s.save_dir = ckpt, s.stop_after = 5;
+        bb_train_result first = train(&s);
+        bb_train_options r = o;
+        r.zero = resumed, r.resume_dir = ckpt;
+        bb_train_result second = train(&r);
+        cr_assert_eq(second.first_step, 5);
+        cr_assert_eq(memcmp(straight.params, second.params, straight.param_count * sizeof(float)), 0,
+                     "lamb saved under --zero 1, resumed under --zero %d: not bitwise the run that never stopped",
+                     resumed);
+        bb_train_result_free(&first), bb_train_result_free(&second);
+        free(ckpt);
+    }
+    bb_train_result_free(&straight);
+    o.zero = 1, o.zero_shards = BB_PARAM_SHARD_ELEMENTS;
+    bb_train_result refused;
+    cr_assert_eq(bb_train_run(&o, &refused), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "and LAMB's step needs each whole"), "%s", bb_error_message());
+    free(tokens), free(images);
+}
+
 /* Every recompute plan writes the gradients in the order the window
  * follows: bitwise the same as --zero 0. */
 Test(zero, zero2_and_3_under_every_checkpoint_policy)

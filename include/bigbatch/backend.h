@@ -353,5 +353,19 @@ static inline BB_HOST_DEVICE float bb_bf16_to_float(uint16_t h)
     memcpy(&x, &u, sizeof x);
     return x;
 }
+/* The layer-wise optimizers' trust ratios from a tensor's norms (lamb:
+ * ||p|| / ||r||; lars: coefficient * ||p|| / (||g|| + weight_decay * ||p||)),
+ * 1 where either norm is 0 (and for lars where the coefficient is 0): the
+ * same float on both backends. */
+static inline BB_HOST_DEVICE float bb_lamb_trust(double p_norm, double r_norm)
+{
+    return p_norm > 0 && r_norm > 0 ? (float)(p_norm / r_norm) : 1.0f;
+}
+static inline BB_HOST_DEVICE float bb_lars_trust(double p_norm, double g_norm, float coefficient, float weight_decay)
+{
+    return coefficient != 0.0f && p_norm > 0 && g_norm > 0
+               ? (float)(coefficient * p_norm / (g_norm + weight_decay * p_norm))
+               : 1.0f;
+}
 
 #endif /* BIGBATCH_BACKEND_H */

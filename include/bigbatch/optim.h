@@ -31,7 +31,13 @@ extern "C" {
 #endif
 
 /* The optimizers, in the order of optimizer.c's table (--optimizer's names). */
-typedef enum bb_optimizer_kind { BB_OPTIMIZER_ADAMW = 0, BB_OPTIMIZER_SGD, BB_OPTIMIZER_COUNT } bb_optimizer_kind;
+typedef enum bb_optimizer_kind {
+    BB_OPTIMIZER_ADAMW = 0,
+    BB_OPTIMIZER_SGD,
+    BB_OPTIMIZER_LAMB,
+    BB_OPTIMIZER_LARS,
+    BB_OPTIMIZER_COUNT
+} bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
 /* --offload none|optimizer|auto (in this order): where the optimizer's state
  * lives (auto: the planner's pick, the device's when it fits). */
@@ -40,8 +46,9 @@ typedef enum bb_offload { BB_OFFLOAD_NONE = 0, BB_OFFLOAD_OPTIMIZER, BB_OFFLOAD_
 typedef struct bb_optimizer_config {
     bb_optimizer_kind kind;
     double lr;             /* peak learning rate */
-    double beta1, beta2, eps; /* AdamW */
-    double momentum;       /* SGD */
+    double beta1, beta2, eps; /* AdamW, LAMB */
+    double momentum;       /* SGD, LARS */
+    double trust_coefficient; /* LARS: the trust ratio's factor */
     double weight_decay;   /* on matrices only (bb_tensor_info.decay) */
     uint64_t warmup;       /* steps of linear warm-up from lr/warmup to lr */
     bb_lr_schedule schedule; /* cosine: from lr down to lr/10 at the last step */
@@ -49,8 +56,11 @@ typedef struct bb_optimizer_config {
 } bb_optimizer_config;
 
 /* The defaults: AdamW at lr 1e-3 (betas 0.9, 0.999, eps 1e-8), SGD's
- * momentum 0.9, no weight decay, cosine schedule, clip at norm 1. */
+ * momentum 0.9, LARS's trust coefficient 0.001, no weight decay, cosine
+ * schedule, clip at norm 1; and those of optimizer k (its eps: LAMB's
+ * 1e-6). Never fail. */
 bb_optimizer_config bb_optimizer_defaults(void);
+bb_optimizer_config bb_optimizer_defaults_for(bb_optimizer_kind k);
 
 /* ---- the optimizers' descriptors ----------------------------------------- */
 #define BB_OPTIMIZER_MAX_STATE 4
@@ -87,7 +97,8 @@ typedef struct bb_optimizer_desc {
     const char *state;    /* --help: "two moments of state" */
     uint32_t version;     /* of its state in optimizer.bin */
     int state_buffers;    /* fp32 state floats per parameter */
-    bb_param_shard_rule shard;
+    bb_param_shard_rule shard; /* TENSORS: its step needs whole tensors (pieces never cut one) */
+    double eps;           /* its default eps (bb_optimizer_defaults_for); 0: it has none */
     /* Its hyperparameters' bounds (a division by zero, a state that
      * diverges): BB_ERR_ARG naming the hyperparameter (names may be NULL). */
     bb_status (*check)(const bb_optimizer_config *c, const bb_optimizer_names *names);
@@ -101,13 +112,21 @@ typedef struct bb_optimizer_desc {
 } bb_optimizer_desc;
 
 /* The descriptors, one a kind (src/optim/<name>.c). */
-extern const bb_optimizer_desc bb_optimizer_adamw, bb_optimizer_sgd;
+extern const bb_optimizer_desc bb_optimizer_adamw, bb_optimizer_sgd, bb_optimizer_lamb, bb_optimizer_lars;
+/* What AdamW and LAMB share (adamw.c): the moments' bounds (betas in
+ * [0, 1), eps > 0; BB_ERR_ARG naming the one that is not, in d's words),
+ * and their words ("beta1 0.9, beta2 0.999, eps 1e-08"). */
+bb_status bb_optimizer_check_moments(const bb_optimizer_desc *d, const bb_optimizer_config *c,
+                                     const bb_optimizer_names *names);
+void bb_optimizer_describe_moments(const bb_optimizer_config *c, char *buf, size_t cap);
 /* The descriptor of kind k; NULL for none. */
 const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k);
-/* "adamw", "sgd" (--optimizer's names), and back: BB_ERR_ARG for another. */
+/* "adamw", "sgd", "lamb", "lars" (--optimizer's names), and back:
+ * BB_ERR_ARG for another. */
 const char *bb_optimizer_kind_name(bb_optimizer_kind k);
 bb_status bb_optimizer_kind_parse(const char *s, bb_optimizer_kind *out);
-/* "adamw|sgd" (--optimizer's choices) and "adamw (two moments of state) or sgd (momentum)". */
+/* "adamw|sgd|lamb|lars" (--optimizer's choices) and "adamw (two moments
+ * of state), sgd (momentum), ..." (its help). */
 const char *bb_optimizer_choices(void);
 const char *bb_optimizer_help(void);
 /* The configuration's hyperparameters fit its optimizer and the schedule

@@ -12,7 +12,7 @@
 static const char usage[] =
     "bigbatch plan [--model gpt|llama|mlp ...] [--preset NAME] [--data DIR | --seq-len T [--vocab V]]\n"
     "              [--devices cpu:N|cuda:all|cuda:0,1] --device-mem BYTES\n"
-    "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer adamw|sgd]\n"
+    "              --global-batch G [--micro-batch B] [--checkpoint POLICY] [--optimizer NAME]\n"
     "              [--precision fp32|bf16] [--zero 0|1|2|3|auto] [--offload none|optimizer|auto]\n"
     "              [--host-mem BYTES] [--largest] [--calibrate] [--json]";
 static const char summary[] =

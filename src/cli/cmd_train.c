@@ -107,9 +107,12 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          GIVEN(WARMUP)},
         {"--weight-decay", BB_OPT_DOUBLE, &o->opt.weight_decay, "WD", "decoupled weight decay on matrices (not "
          "biases, norms)", .min = 0, .max = 1e3, GIVEN(WEIGHT_DECAY)},
-        {"--momentum", BB_OPT_DOUBLE, &o->opt.momentum, "M", "sgd: momentum", .min = 0, .max = 1, GIVEN(MOMENTUM)},
-        {"--beta2", BB_OPT_DOUBLE, &o->opt.beta2, "B2", "adamw: second-moment decay", .min = 0, .max = 1,
+        {"--momentum", BB_OPT_DOUBLE, &o->opt.momentum, "M", "sgd, lars: momentum", .min = 0, .max = 1,
+         GIVEN(MOMENTUM)},
+        {"--beta2", BB_OPT_DOUBLE, &o->opt.beta2, "B2", "adamw, lamb: second-moment decay", .min = 0, .max = 1,
          GIVEN(BETA2)},
+        {"--trust-coefficient", BB_OPT_DOUBLE, &o->opt.trust_coefficient, "ETA", "lars: the trust ratio's factor "
+         "(default 0.001, the paper's)", .min = 0, .max = 1, GIVEN(TRUST_COEFFICIENT)},
         {"--grad-clip", BB_OPT_DOUBLE, &o->opt.grad_clip, "NORM", "clip the global gradient norm; 0: off", .min = 0,
          .max = 1e9, GIVEN(GRAD_CLIP)},
         {"--on-nonfinite", BB_OPT_ENUM, &f->on_nonfinite, "WHAT", "when a step's loss or gradient norm is NaN or "
@@ -198,6 +201,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
         f->given[BB_TRAIN_VAL_DATA] = f->given[BB_TRAIN_DATA];
     }
     if (f->given[BB_TRAIN_STEPS]) o->epochs = 0;
+    o->opt.eps = bb_optimizer_defaults_for(o->opt.kind).eps; /* no flag: the optimizer's (LAMB's 1e-6) */
     o->skip_nonfinite = f->on_nonfinite == 1;
     for (int i = 0; i < BB_TRAIN_FIELDS; i++)
         if (f->given[i]) o->set |= BB_TRAIN_SET(i);

@@ -1,5 +1,5 @@
 /* optimizer.c — the optimizers' table (each descriptor is in a file of its
- * own: adamw.c, sgd.c), their configuration and the learning-rate
+ * own: adamw.c, sgd.c, lamb.c, lars.c), their configuration and the learning-rate
  * schedule, gradient buckets and ZeRO's cut of them, a replica's state and
  * its step (the clip folded in), and the optimizer state file (optim.h). */
 #include <math.h>
@@ -10,16 +10,23 @@
 
 #include "bigbatch/optim.h"
 
-bb_optimizer_config bb_optimizer_defaults(void)
+bb_optimizer_config bb_optimizer_defaults(void) { return bb_optimizer_defaults_for(BB_OPTIMIZER_ADAMW); }
+
+bb_optimizer_config bb_optimizer_defaults_for(bb_optimizer_kind k)
 {
-    return (bb_optimizer_config){.kind = BB_OPTIMIZER_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                 .momentum = 0.9, .weight_decay = 0.0, .schedule = BB_LR_COSINE, .grad_clip = 1.0};
+    const bb_optimizer_desc *d = bb_optimizer_desc_of(k);
+    return (bb_optimizer_config){.kind = k, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,
+                                 .eps = d && d->eps > 0 ? d->eps : 1e-8, .momentum = 0.9,
+                                 .trust_coefficient = 0.001, .weight_decay = 0.0, .schedule = BB_LR_COSINE,
+                                 .grad_clip = 1.0};
 }
 
 /* ---- the optimizers ------------------------------------------------------ */
 static const bb_optimizer_desc *const optimizers[BB_OPTIMIZER_COUNT] = {
     [BB_OPTIMIZER_ADAMW] = &bb_optimizer_adamw,
     [BB_OPTIMIZER_SGD] = &bb_optimizer_sgd,
+    [BB_OPTIMIZER_LAMB] = &bb_optimizer_lamb,
+    [BB_OPTIMIZER_LARS] = &bb_optimizer_lars,
 };
 
 const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k)

@@ -114,12 +114,13 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                           "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
                           st->keep, "save_every", (json_int_t)st->save_every);
-    json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
+    json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
                             c->recompute_every, "checkpoint_plan", c->recompute_plan, "precision", bb_precision_name(c->precision), "optimizer",
                             bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
                             bb_lr_schedule_name(oc->schedule),
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
-                            "momentum", oc->momentum, "weight_decay", oc->weight_decay, "grad_clip", oc->grad_clip);
+                            "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
+                            oc->weight_decay, "grad_clip", oc->grad_clip);
     bb_status rc = j && opt ? bb_model_config_to_json(j, c) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK && json_object_update(j, opt)) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);
@@ -420,7 +421,7 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
         return bb_fail(BB_ERR_FORMAT, "%s: \"precision\" is \"%s\", not fp32 or bf16", path, precision);
     BB_TRY(bb_json_req_string(j, path, "optimizer", opt, sizeof opt));
     if (bb_optimizer_kind_parse(opt, &oc->kind) != BB_OK)
-        return bb_fail(BB_ERR_FORMAT, "%s: \"optimizer\" is \"%s\", not adamw or sgd", path, opt);
+        return bb_fail(BB_ERR_FORMAT, "%s: \"optimizer\" is \"%s\", not one of %s", path, opt, bb_optimizer_choices());
     BB_TRY(bb_json_req_string(j, path, "lr_schedule", schedule, sizeof schedule));
     if (bb_lr_schedule_parse(schedule, &oc->schedule) != BB_OK)
         return bb_fail(BB_ERR_FORMAT, "%s: \"lr_schedule\" is \"%s\", not cosine or constant", path, schedule);
@@ -430,6 +431,8 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     BB_TRY(bb_json_req_double(j, path, "beta2", &oc->beta2));
     BB_TRY(bb_json_req_double(j, path, "eps", &oc->eps));
     BB_TRY(bb_json_req_double(j, path, "momentum", &oc->momentum));
+    oc->trust_coefficient = bb_optimizer_defaults().trust_coefficient; /* before LARS, none was written */
+    BB_TRY(bb_json_opt_double(j, path, "trust_coefficient", &oc->trust_coefficient));
     BB_TRY(bb_json_req_double(j, path, "weight_decay", &oc->weight_decay));
     return bb_json_req_double(j, path, "grad_clip", &oc->grad_clip);
 }

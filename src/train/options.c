@@ -39,6 +39,7 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_LR] = "lr",                 [BB_TRAIN_LR_SCHEDULE] = "lr_schedule",
     [BB_TRAIN_WARMUP] = "warmup",         [BB_TRAIN_WEIGHT_DECAY] = "weight_decay",
     [BB_TRAIN_MOMENTUM] = "momentum",     [BB_TRAIN_BETA2] = "beta2",
+    [BB_TRAIN_TRUST_COEFFICIENT] = "trust_coefficient",
     [BB_TRAIN_GRAD_CLIP] = "grad_clip",   [BB_TRAIN_SEED] = "seed",
     [BB_TRAIN_SHUFFLE_FRAMES] = "shuffle_frames", [BB_TRAIN_INIT_FROM] = "init_from",
     [BB_TRAIN_RESUME] = "resume_dir",         [BB_TRAIN_STOP_AFTER] = "stop_after",
@@ -137,6 +138,7 @@ static void take_optimizer(const bb_checkpoint_info *ck, bb_train_options *out)
     if (!is_set(out, BB_TRAIN_WEIGHT_DECAY)) o->weight_decay = c->weight_decay;
     if (!is_set(out, BB_TRAIN_MOMENTUM)) o->momentum = c->momentum;
     if (!is_set(out, BB_TRAIN_BETA2)) o->beta2 = c->beta2;
+    if (!is_set(out, BB_TRAIN_TRUST_COEFFICIENT)) o->trust_coefficient = c->trust_coefficient;
     if (!is_set(out, BB_TRAIN_GRAD_CLIP)) o->grad_clip = c->grad_clip;
     o->beta1 = c->beta1, o->eps = c->eps;
 }
@@ -218,6 +220,7 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(WEIGHT_DECAY, "%.17g", c->weight_decay);
     FIELD(MOMENTUM, "%.17g", c->momentum);
     FIELD(BETA2, "%.17g", c->beta2);
+    FIELD(TRUST_COEFFICIENT, "%.17g", c->trust_coefficient);
     FIELD(GRAD_CLIP, "%.17g", c->grad_clip);
     FIELD(SEED, "%llu", (unsigned long long)o->seed);
     FIELD(SHUFFLE_FRAMES, "%u", bb_shuffle_frames_or_default(o->shuffle_frames));

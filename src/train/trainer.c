@@ -315,7 +315,8 @@ static const char *hyperparameter_name(void *ctx, const char *hp)
     static const struct {
         const char *hp;
         bb_train_field field;
-    } fields[] = {{"lr", BB_TRAIN_LR}, {"beta2", BB_TRAIN_BETA2}, {"momentum", BB_TRAIN_MOMENTUM}};
+    } fields[] = {{"lr", BB_TRAIN_LR}, {"beta2", BB_TRAIN_BETA2}, {"momentum", BB_TRAIN_MOMENTUM},
+                  {"trust_coefficient", BB_TRAIN_TRUST_COEFFICIENT}};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
         if (!strcmp(hp, fields[i].hp)) return bb_train_option_name(o, fields[i].field);
     return NULL;
@@ -336,6 +337,10 @@ static bb_status check_options(const bb_train_options *o)
     if ((o->zero == 2 || o->zero == 3) && o->no_overlap)
         return bb_fail(BB_ERR_ARG, "%s %d frees each gradient bucket once it is reduced, during the backward: it cannot "
                        "run with %s", NAME(ZERO), o->zero, NAME(NO_OVERLAP));
+    const bb_optimizer_desc *d = bb_optimizer_desc_of(o->opt.kind);
+    if (d && d->shard == BB_PARAM_SHARD_TENSORS && o->zero_shards == BB_PARAM_SHARD_ELEMENTS)
+        return bb_fail(BB_ERR_ARG, "%s elements cuts tensors, and %s's step needs each whole (its trust ratio is a "
+                       "tensor's): give %s tensors or auto", NAME(ZERO_SHARDS), d->title, NAME(ZERO_SHARDS));
     if (!o->steps && !o->epochs) return bb_fail(BB_ERR_ARG, "give %s N or %s E", NAME(STEPS), NAME(EPOCHS));
     if (o->keep < 1) return bb_fail(BB_ERR_ARG, "%s must be at least 1", NAME(KEEP));
     /* Bounds outside which the optimizer cannot work (it would divide by zero, or diverge). */

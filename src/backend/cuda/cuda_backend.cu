@@ -561,6 +561,27 @@ void cuda_sgd(bb_backend_t *b, float *params, const float *grads, float *momentu
     BB_CUDA_OP(b, bbk_sgd(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay, grad_scale));
 }
 
+// The norms' block sums and totals in the backend's reduction scratch
+// (partial, range_sums), in stream order like every op.
+void cuda_lamb(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1,
+               float beta2, float eps, float weight_decay, int t, float grad_scale)
+{
+    use(b);
+    cuda_state *s = state(b);
+    float bias1 = 1.0f - powf(beta1, (float)t), bias2 = 1.0f - powf(beta2, (float)t);
+    BB_CUDA_OP(b, bbk_lamb(compute(b), params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2,
+                           grad_scale, s->partial, kPartials, s->range_sums));
+}
+
+void cuda_lars(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+               float momentum, float weight_decay, float trust_coefficient, float grad_scale)
+{
+    use(b);
+    cuda_state *s = state(b);
+    BB_CUDA_OP(b, bbk_lars(compute(b), params, grads, momentum_buf, n, lr, momentum, weight_decay, trust_coefficient,
+                           grad_scale, s->partial, kPartials, s->range_sums));
+}
+
 int cuda_count_correct(bb_backend_t *b, bb_tensor logits_t, const int32_t *targets, int N, int V)
 {
     const float *logits = f32(logits_t);
