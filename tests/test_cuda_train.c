@@ -116,6 +116,7 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"llama --checkpoint plan:s,f --zero 1", 2, false, "plan:s,f", false, 1},
                  {"llama --precision bf16", 2, false, NULL, true, 0}};
     bb_train_options (*const make[])(const char *, int, int, int) = {gpt_options, mlp_options, llama_options};
+    int noise_measured = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bb_train_options o = make[cases[i].kind](cases[i].kind == 1 ? images : tokens, 2, 4, 16);
         o.steps = 4, o.bucket_mib = 0.001; /* accumulation 2; buckets of ~1 KiB */
@@ -133,12 +134,39 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
         on_gpus(&o, 2);
         bb_train_result g = train(&o);
         expect_same_losses(cases[i].name, &c, &g, cases[i].bf16 ? 2e-2 : 1e-5);
+        /* the noise scale: each GPU's own gradients' squares, taken on its communication stream */
+        double noise_tol = (cases[i].bf16 ? 2e-2 : 1e-4) * fabs(c.noise_scale);
+        cr_assert(isnan(c.noise_scale) ? isnan(g.noise_scale) : fabs(g.noise_scale - c.noise_scale) <= noise_tol,
+                  "%s: noise scale %.9g on the GPUs, %.9g on cpu:2", cases[i].name, g.noise_scale, c.noise_scale);
+        noise_measured += isfinite(g.noise_scale);
         if (!cases[i].bf16)
             cr_assert(relative_distance(c.params, g.params, c.param_count) <= 1e-5, "%s: the weights differ by %.2e",
                       cases[i].name, relative_distance(c.params, g.params, c.param_count));
         bb_train_result_free(&c), bb_train_result_free(&g);
     }
+    cr_assert_gt(noise_measured, (int)(sizeof cases / sizeof *cases) / 2, "the noise scale measured in %d cases only",
+                 noise_measured);
+    cr_log_info("the noise scale as cpu:2's in %d cases", noise_measured);
     free(tokens), free(images);
+}
+
+/* One GPU with micro-steps: the noise scale's small batch is the first
+ * micro-step's gradients, whose squares the GPU writes into pinned host
+ * memory without a wait: as cpu:1's. */
+Test(cuda_train, one_gpu_measures_the_noise_scale_as_the_cpu)
+{
+    need_gpus(1);
+    char *tokens = make_tokens("tokens", 200);
+    bb_train_options o = gpt_options(tokens, 1, 4, 16);
+    o.steps = 6;
+    bb_train_result c = train(&o);
+    on_gpus(&o, 1);
+    bb_train_result g = train(&o);
+    cr_assert(isfinite(c.noise_scale), "cpu:1 with 4 micro-steps measures it");
+    cr_assert(fabs(g.noise_scale - c.noise_scale) <= 1e-4 * fabs(c.noise_scale), "noise scale %.9g on the GPU, %.9g "
+              "on cpu:1", g.noise_scale, c.noise_scale);
+    bb_train_result_free(&c), bb_train_result_free(&g);
+    free(tokens);
 }
 
 /* The same with each stream of the emulator waiting up to 200 µs before

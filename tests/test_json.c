@@ -157,6 +157,9 @@ Test(json, checkpoints_of_the_previous_format_still_read)
     cr_assert_eq(info.opt.kind, BB_OPTIMIZER_ADAMW);
     cr_assert_float_eq(info.opt.beta1, 0.9, 0);
     cr_assert_float_eq(info.opt.eps, 1e-8, 0);
+    cr_assert_eq(info.opt.lr_scale, BB_LR_SCALE_NONE, "before --lr-scale: none");
+    cr_assert_eq(info.opt.base_batch, 0);
+    cr_assert_float_eq(info.opt.trust_coefficient, 1e-3, 0, "before LARS: its default");
     /* and one from before --precision and resume's remembered settings */
     char *dir = tu_path(tmp, "early");
     cr_assert_eq(mkdir(dir, 0755), 0);

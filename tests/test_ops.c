@@ -413,6 +413,21 @@ static void case_sum_squares_ranges(tc *t)
     TC_RUN(t, tc_value(t, "sum of squares", bb_op_sum_squares_ranges(BE, tc_p(t, x), lo, hi, ranges), 1e-9));
 }
 
+/* Into memory the device writes, read after the backend's synchronization. */
+static void case_sum_squares_into(tc *t)
+{
+    size_t n = (size_t)D(0);
+    buf x = tc_floats(t, "x", n, 1);
+    TC_RUN(t, {
+        double *out = NULL; /* each side's own pinned memory (the counting backend's is never touched) */
+        cr_assert_eq(bb_backend_host_alloc(BE, sizeof *out, (void **)&out), BB_OK);
+        bb_op_sum_squares_into(BE, tc_p(t, x), n, out);
+        cr_assert_eq(bb_backend_synchronize(BE), BB_OK);
+        tc_value(t, "sum of squares", t->counting ? 0 : *out, 1e-9);
+        bb_backend_host_free(BE, out, sizeof *out);
+    });
+}
+
 /* Random bit patterns (NaNs, infinities and subnormals among them; every
  * fourth an exact tie) and the edge cases, with and without packing. */
 static buf special_floats(tc *t, size_t n)
@@ -560,6 +575,7 @@ static const op_case cases[] = {
     {"lars", case_lars, 3, {{1, 1, 1}, {5003, 0, 1}, {300007, 1, 0}}},
     /* n, ranges (0: one); more blocks than the GPU's partial sums hold */
     {"sum_squares_ranges", case_sum_squares_ranges, 3, {{10007, 0}, {600001, 0}, {100003, 1}}},
+    {"sum_squares_into", case_sum_squares_into, 2, {{1}, {600001}}},
     /* n, packed */
     {"convert", case_convert, 3, {{100003, 0}, {100003, 1}, {1003, 2}}},
     /* B, T, count, width */

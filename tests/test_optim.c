@@ -88,6 +88,35 @@ Test(optim, hyperparameters_that_cannot_work_are_refused_by_name)
     cr_assert(strstr(bb_error_message(), "AdamW's lr nan"), "%s", bb_error_message());
 }
 
+/* --lr-scale: the peak rate from base_batch to batch, the warm-up and the
+ * schedule from it; unscaled without base_batch or batch; a rule without
+ * base_batch is refused by name. */
+Test(optim, the_peak_rate_scales_from_the_base_batch)
+{
+    bb_optimizer_config c = bb_optimizer_defaults();
+    c.lr = 1e-3, c.base_batch = 256, c.batch = 4096, c.warmup = 10, c.schedule = BB_LR_CONSTANT;
+    cr_assert_float_eq(bb_lr_peak(&c), 1e-3, 0, "none: as given");
+    c.lr_scale = BB_LR_SCALE_LINEAR;
+    cr_assert_float_eq(bb_lr_peak(&c), 16e-3, 1e-15);
+    cr_assert_float_eq(bb_lr_at(&c, 0, 100), 16e-3 / 10, 1e-15, "the warm-up climbs to the scaled peak");
+    cr_assert_float_eq(bb_lr_at(&c, 50, 100), 16e-3, 1e-15);
+    c.lr_scale = BB_LR_SCALE_SQRT;
+    cr_assert_float_eq(bb_lr_peak(&c), 4e-3, 1e-15);
+    c.schedule = BB_LR_COSINE;
+    cr_assert_float_eq(bb_lr_at(&c, 99, 100), 4e-4, 1e-15, "cosine ends at a tenth of the scaled peak");
+    c.batch = 0;
+    cr_assert_float_eq(bb_lr_peak(&c), 1e-3, 0, "no batch to scale to: as given");
+    bb_lr_scale s;
+    cr_assert_eq(bb_lr_scale_parse("sqrt", &s), BB_OK);
+    cr_assert_eq(s, BB_LR_SCALE_SQRT);
+    cr_assert_str_eq(bb_lr_scale_name(BB_LR_SCALE_LINEAR), "linear");
+    cr_assert_eq(bb_lr_scale_parse("cubic", &s), BB_ERR_ARG);
+    c.base_batch = 0;
+    cr_assert_eq(bb_optimizer_check(&c, NULL), BB_ERR_ARG);
+    cr_assert(strstr(bb_error_message(), "lr_scale sqrt scales the rate") && strstr(bb_error_message(), "base_batch"),
+              "%s", bb_error_message());
+}
+
 /* Every float of every bucket has one owner; equal slices are count[b]
  * long (the last ones cut to the bucket); whole-tensor slices start and end
  * at tensor boundaries; and a replica's shard is its slices in bucket order. */

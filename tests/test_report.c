@@ -117,6 +117,9 @@ Test(report, a_real_run_renders_in_headless_chromium, .timeout = 120)
     cr_assert_eq(polyline_points(page, "loss"), STEPS, "the loss plot should have one point per step");
     cr_assert_not_null(strstr(page, "G = 16 = 2 devices x 2 micro-steps x 4"), "the header lacks the batch split");
     cr_assert_not_null(strstr(page, "Step "), "no timeline");
+    cr_assert_not_null(strstr(page, "Gradient noise scale B_simple"), "no noise scale panel");
+    cr_assert_gt(polyline_points(page, "noise"), 0, "the noise scale panel has no point");
+    cr_assert_not_null(strstr(page, "the global batch"), "the noise scale panel lacks the batch in use");
     if (!have("chromium")) {
         free(page), free(data), free(metrics), free(trace), free(html), free(shot);
         fixture_skip("skipped: chromium is not installed (make deps installs it); the HTML checks passed");

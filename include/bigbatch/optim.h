@@ -39,13 +39,21 @@ typedef enum bb_optimizer_kind {
     BB_OPTIMIZER_COUNT
 } bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
+/* --lr-scale none|linear|sqrt (in this order): the peak rate given for
+ * global batch base_batch (B0), scaled to the batch trained: lr x G/B0
+ * (linear: Goyal et al.'s rule, arXiv 1706.02677) or lr x sqrt(G/B0)
+ * (sqrt: the square-root rule, e.g. for Adam-family optimizers). */
+typedef enum bb_lr_scale { BB_LR_SCALE_NONE = 0, BB_LR_SCALE_LINEAR, BB_LR_SCALE_SQRT } bb_lr_scale;
 /* --offload none|optimizer|auto (in this order): where the optimizer's state
  * lives (auto: the planner's pick, the device's when it fits). */
 typedef enum bb_offload { BB_OFFLOAD_NONE = 0, BB_OFFLOAD_OPTIMIZER, BB_OFFLOAD_AUTO } bb_offload;
 
 typedef struct bb_optimizer_config {
     bb_optimizer_kind kind;
-    double lr;             /* peak learning rate */
+    double lr;             /* peak learning rate (at base_batch when lr_scale is set) */
+    bb_lr_scale lr_scale;  /* none: lr as given */
+    int base_batch;        /* B0: the global batch lr was given for (lr_scale needs it) */
+    int batch;             /* the global batch trained, which lr_scale scales to (the trainer's); 0: unscaled */
     double beta1, beta2, eps; /* AdamW, LAMB */
     double momentum;       /* SGD, LARS */
     double trust_coefficient; /* LARS: the trust ratio's factor */
@@ -139,7 +147,14 @@ const char *bb_optimizer_param_name(const bb_optimizer_desc *d, const bb_optimiz
 /* "cosine", "constant" (--lr-schedule's names), and back: BB_ERR_ARG for another. */
 const char *bb_lr_schedule_name(bb_lr_schedule s);
 bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out);
-/* The learning rate of step `step` (0-based) of a `total`-step run. */
+/* "none", "linear", "sqrt" (--lr-scale's names), and back: BB_ERR_ARG for another. */
+const char *bb_lr_scale_name(bb_lr_scale s);
+bb_status bb_lr_scale_parse(const char *s, bb_lr_scale *out);
+/* The peak rate: lr scaled from base_batch to batch (lr as given without
+ * lr_scale, or while batch or base_batch is 0). Never fails. */
+double bb_lr_peak(const bb_optimizer_config *o);
+/* The learning rate of step `step` (0-based) of a `total`-step run: a
+ * linear warm-up to the peak (bb_lr_peak), then the schedule. */
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total);
 
 /* ---- ZeRO: the parameters cut among owners -----------------------------------

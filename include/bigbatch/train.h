@@ -55,7 +55,8 @@ typedef enum bb_train_field {
     BB_TRAIN_RECOMPUTE,     /* model.recompute_every (or auto_recompute) */
     BB_TRAIN_LOSS_CHUNK,     /* model.loss_chunk */
     BB_TRAIN_DATA, BB_TRAIN_VAL_DATA, BB_TRAIN_DEVICES, BB_TRAIN_PRECISION, BB_TRAIN_GLOBAL_BATCH,
-    BB_TRAIN_MICRO_BATCH, BB_TRAIN_STEPS, BB_TRAIN_EPOCHS, BB_TRAIN_OPTIMIZER, BB_TRAIN_LR, BB_TRAIN_LR_SCHEDULE,
+    BB_TRAIN_MICRO_BATCH, BB_TRAIN_STEPS, BB_TRAIN_EPOCHS, BB_TRAIN_OPTIMIZER, BB_TRAIN_LR, BB_TRAIN_LR_SCALE,
+    BB_TRAIN_BASE_BATCH, BB_TRAIN_LR_SCHEDULE,
     BB_TRAIN_WARMUP, BB_TRAIN_WEIGHT_DECAY, BB_TRAIN_MOMENTUM, BB_TRAIN_BETA2, BB_TRAIN_TRUST_COEFFICIENT, BB_TRAIN_GRAD_CLIP,
     BB_TRAIN_SEED,
     BB_TRAIN_SHUFFLE_FRAMES, BB_TRAIN_INIT_FROM, BB_TRAIN_SAVE, BB_TRAIN_KEEP, BB_TRAIN_SAVE_EVERY,
@@ -144,6 +145,32 @@ const char *bb_train_option_name(const bb_train_options *o, bb_train_field f);
 bb_status bb_devices_parse(const char *what, const char *s, bool must_exist, int *count, bb_device_kind *kind,
                            int *ids);
 
+/* ---- the gradient noise scale ----------------------------------------------
+ * B_simple = tr(Σ) / |G|² (McCandlish et al., arXiv 1812.06162): the batch
+ * past which a larger one stops paying, estimated for free from the squared
+ * norms of gradients at two batch sizes (their Appendix A.1): |G_small|²
+ * of a B_small-example gradient (each device's before the reduction; on
+ * one device, the first micro-step's) and |G_big|² of the step's reduced
+ * B_big-example one, since E|G_B|² = |G|² + tr(Σ)/B:
+ *   |G|²  ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
+ *   tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
+ * each a noisy estimate, averaged (exponential moving averages of decay
+ * BB_NOISE_EMA; the ratio of two averages started together needs no bias
+ * correction) before the ratio. */
+#define BB_NOISE_EMA 0.99
+typedef struct bb_noise_scale {
+    double g2, trace; /* the averages of |G|² and tr(Σ) */
+    uint64_t steps;   /* the steps added */
+} bb_noise_scale;
+/* Adds one step's norms (squared) at batch sizes b_small < b_big; a step
+ * whose norms are not finite, or whose sizes are not two, is left out
+ * (returns false). Never fails. */
+bool bb_noise_scale_add(bb_noise_scale *n, double small_sq, double b_small, double big_sq, double b_big);
+/* B_simple in examples; NaN until a step was added, or while either
+ * average is not positive (too few steps: a noise too large to see the
+ * gradient through, or too small to see). Never fails. */
+double bb_noise_scale_value(const bb_noise_scale *n);
+
 typedef struct bb_train_result {
     uint64_t first_step, steps_done; /* steps_done counts from 0, like --steps */
     double *losses;            /* (steps_done - first_step) per-step mean losses */
@@ -152,6 +179,7 @@ typedef struct bb_train_result {
     int devices;
     uint64_t peak_bytes[BB_TRAIN_MAX_DEVICES]; /* allocator peak per device */
     double val_loss, val_accuracy; /* last evaluation; NaN when none (accuracy: mlp) */
+    double noise_scale;        /* B_simple after the last step (bb_noise_scale_value); NaN when not measured */
     double seconds;            /* wall time of the training loop */
     uint64_t skipped_steps;    /* non-finite steps skipped (skip_nonfinite) */
     bool interrupted;          /* stopped as asked (o->interrupted, on any rank) */
@@ -221,6 +249,7 @@ typedef struct bb_checkpoint_info {
     uint32_t shuffle_frames;   /* 0 when not recorded (then the loader's default) */
     int keep;                  /* its keep; 0 when not recorded */
     uint64_t save_every;       /* its save_every (0: at the end only, or not recorded) */
+    bb_noise_scale noise;      /* the noise scale's averages (zero when not recorded) */
 } bb_checkpoint_info;
 
 /* Reads a checkpoint's state.json: `path` is a checkpoint directory (its

@@ -710,6 +710,8 @@ double bb_cpu_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *
     return s;
 }
 
+void bb_cpu_sum_squares_into(bb_backend_t *b, const float *x, size_t n, double *out) { *out = sum_squares_one(b, x, n); }
+
 static void convert_range(const ew_args *a, size_t lo, size_t hi, int slice)
 {
     (void)slice;

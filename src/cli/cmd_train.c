@@ -100,7 +100,13 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
         {"--epochs", BB_OPT_U64, &o->epochs, "E", "passes over the data when --steps is not given (default 1)",
          .min = 1, .max = 1e9, GIVEN(EPOCHS)},
         OPTIMIZER_FLAG_OPT(o->opt.kind, &f->given[BB_TRAIN_OPTIMIZER]),
-        {"--lr", BB_OPT_DOUBLE, &o->opt.lr, "LR", "peak learning rate", .min = 0, .max = 1e3, GIVEN(LR)},
+        {"--lr", BB_OPT_DOUBLE, &o->opt.lr, "LR", "peak learning rate (with --lr-scale: at --base-batch)", .min = 0,
+         .max = 1e3, GIVEN(LR)},
+        {"--lr-scale", BB_OPT_ENUM, &o->opt.lr_scale, "RULE", "scale --lr from --base-batch to --global-batch: "
+         "linear (lr x G/B0, Goyal et al.; pair it with --warmup) or sqrt (lr x sqrt(G/B0)); the banner prints the "
+         "rate it gives", .choices = "none|linear|sqrt", GIVEN(LR_SCALE)},
+        {"--base-batch", BB_OPT_I32, &o->opt.base_batch, "B0", "the global batch --lr was tuned for (--lr-scale)",
+         .min = 1, .max = 1 << 30, GIVEN(BASE_BATCH)},
         {"--lr-schedule", BB_OPT_ENUM, &o->opt.schedule, "KIND", "cosine (down to lr/10 at the last step) or "
          "constant", .choices = "cosine|constant", GIVEN(LR_SCHEDULE)},
         {"--warmup", BB_OPT_U64, &o->opt.warmup, "STEPS", "linear warm-up steps", .min = 0, .max = 1e15,

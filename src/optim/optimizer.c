@@ -82,10 +82,14 @@ bb_status bb_optimizer_check(const bb_optimizer_config *c, const bb_optimizer_na
 {
     const bb_optimizer_desc *d = bb_optimizer_desc_of(c->kind);
     if (!d) return bb_fail(BB_ERR_ARG, "optimizer %d is not one of %s", (int)c->kind, bb_optimizer_choices());
-    char lr[64];
+    char lr[64], b0[64];
     if (!isfinite(c->lr) || c->lr < 0)
         return bb_fail(BB_ERR_ARG, "%s %g: must be finite and >= 0", bb_optimizer_param_name(d, names, "lr", lr, sizeof lr),
                        c->lr);
+    if (c->lr_scale != BB_LR_SCALE_NONE && c->base_batch < 1)
+        return bb_fail(BB_ERR_ARG, "%s %s scales the rate from the global batch it was given for: set %s",
+                       bb_optimizer_param_name(d, names, "lr_scale", lr, sizeof lr), bb_lr_scale_name(c->lr_scale),
+                       bb_optimizer_param_name(d, names, "base_batch", b0, sizeof b0));
     return d->check(c, names);
 }
 
@@ -100,13 +104,35 @@ bb_status bb_lr_schedule_parse(const char *s, bb_lr_schedule *out)
     return BB_OK;
 }
 
+static const char *const scale_names[] = {[BB_LR_SCALE_NONE] = "none", [BB_LR_SCALE_LINEAR] = "linear",
+                                           [BB_LR_SCALE_SQRT] = "sqrt"};
+const char *bb_lr_scale_name(bb_lr_scale s)
+{
+    return s >= BB_LR_SCALE_NONE && s <= BB_LR_SCALE_SQRT ? scale_names[s] : "(no rule)";
+}
+
+bb_status bb_lr_scale_parse(const char *s, bb_lr_scale *out)
+{
+    for (int i = BB_LR_SCALE_NONE; i <= BB_LR_SCALE_SQRT; i++)
+        if (!strcmp(s, scale_names[i])) return *out = (bb_lr_scale)i, BB_OK;
+    return bb_fail(BB_ERR_ARG, "unknown learning-rate scaling '%s' (none, linear or sqrt)", s);
+}
+
+double bb_lr_peak(const bb_optimizer_config *o)
+{
+    if (o->lr_scale == BB_LR_SCALE_NONE || o->batch < 1 || o->base_batch < 1) return o->lr;
+    double ratio = (double)o->batch / (double)o->base_batch;
+    return o->lr * (o->lr_scale == BB_LR_SCALE_SQRT ? sqrt(ratio) : ratio);
+}
+
 double bb_lr_at(const bb_optimizer_config *o, uint64_t step, uint64_t total)
 {
-    if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
-    if (o->schedule == BB_LR_CONSTANT || total <= o->warmup + 1) return o->lr;
-    /* cosine from lr (first step after warm-up) to lr/10 (last step) */
-    double p = (double)(step - o->warmup) / (double)(total - o->warmup - 1), min = o->lr * 0.1;
-    return min + 0.5 * (o->lr - min) * (1.0 + cos(M_PI * p));
+    double peak = bb_lr_peak(o);
+    if (step < o->warmup) return peak * (double)(step + 1) / (double)o->warmup;
+    if (o->schedule == BB_LR_CONSTANT || total <= o->warmup + 1) return peak;
+    /* cosine from the peak (first step after warm-up) to a tenth of it (last step) */
+    double p = (double)(step - o->warmup) / (double)(total - o->warmup - 1), min = peak * 0.1;
+    return min + 0.5 * (peak - min) * (1.0 + cos(M_PI * p));
 }
 
 /* ---- ZeRO's cut ------------------------------------------------------------ */

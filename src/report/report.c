@@ -55,6 +55,7 @@ static double f_val(const bb_report_run *r, int i) { return r->rows[i].val_loss;
 static double f_acc(const bb_report_run *r, int i) { return 100 * r->rows[i].val_accuracy; }
 static double f_lr(const bb_report_run *r, int i) { return r->rows[i].lr; }
 static double f_norm(const bb_report_run *r, int i) { return r->rows[i].grad_norm; }
+static double f_noise(const bb_report_run *r, int i) { return r->rows[i].noise_scale; }
 static double f_overlap(const bb_report_run *r, int i) { return r->rows[i].overlap_pct; }
 static bool tokens(const bb_report_run *r) { return r->count && isfinite(r->rows[0].tokens_per_s); }
 static double f_speed(const bb_report_run *r, int i)
@@ -68,9 +69,16 @@ static double f_seen(const bb_report_run *r, int i)
     return r->rows[i].step * r->global_batch * (r->tokens_per_example > 0 ? r->tokens_per_example : 1);
 }
 
-/* One chart of field `y` against `x` for every run, series k for run k. */
-static void runs_chart(page *p, const char *title, const char *x_title, const char *y_title, field_fn x, field_fn y,
-                       const char *cls, field_fn points_y, bool log_y)
+/* A horizontal line across a chart (hline_at NAN: none). */
+typedef struct hline {
+    double at;
+    const char *label;
+} hline;
+
+/* One chart of field `y` against `x` for every run, series k for run k
+ * (and a line at mark.at, when it is a number). */
+static void runs_chart_marked(page *p, const char *title, const char *x_title, const char *y_title, field_fn x,
+                              field_fn y, const char *cls, field_fn points_y, bool log_y, hline mark)
 {
     double x0, x1, y0, y1, a, b;
     range_of(p, x, &x0, &x1);
@@ -79,6 +87,7 @@ static void runs_chart(page *p, const char *title, const char *x_title, const ch
         range_of(p, points_y, &a, &b);
         y0 = a < y0 ? a : y0, y1 = b > y1 ? b : y1;
     }
+    if (isfinite(mark.at) && isfinite(y0)) y0 = mark.at < y0 ? mark.at : y0, y1 = mark.at > y1 ? mark.at : y1;
     if (!isfinite(x0) || !isfinite(y0)) return;
     if (!log_y) y0 = y0 > 0 && y0 < 0.5 * y1 ? 0 : y0;
     bb_svg_chart c;
@@ -102,7 +111,14 @@ static void runs_chart(page *p, const char *title, const char *x_title, const ch
         if (k < shown) names[k] = run_label(r);
     }
     if (p->nruns > 1) bb_svg_legend(&c, names, shown, NULL);
+    if (isfinite(mark.at)) bb_svg_hline(&c, mark.at, "#D55E00", mark.label);
     bb_svg_chart_end(&c);
+}
+
+static void runs_chart(page *p, const char *title, const char *x_title, const char *y_title, field_fn x, field_fn y,
+                       const char *cls, field_fn points_y, bool log_y)
+{
+    runs_chart_marked(p, title, x_title, y_title, x, y, cls, points_y, log_y, (hline){NAN, NULL});
 }
 
 static void config_row(FILE *out, const char *key, const char *value)
@@ -275,6 +291,13 @@ static bb_status write_page(page *p, const bb_report_trace *trace, const bb_repo
                f_speed, "speed", NULL, false);
     runs_chart(p, "Learning rate", "step", "learning rate", f_step, f_lr, "lr", NULL, false);
     runs_chart(p, "Gradient norm (before clipping)", "step", "gradient norm", f_step, f_norm, "norm", NULL, true);
+    range_of(p, f_noise, &a, &b);
+    if (isfinite(a)) { /* the batch pays while it is below B_simple (McCandlish et al.) */
+        const bb_report_run *r = &p->runs[0];
+        hline batch = {r->has_config && r->global_batch > 0 ? r->global_batch : NAN, "the global batch"};
+        runs_chart_marked(p, "Gradient noise scale B_simple (examples) against the batch in use", "step",
+                          "B_simple (examples)", f_step, f_noise, "noise", NULL, true, batch);
+    }
     fprintf(out, "<h2>Time</h2>\n");
     time_chart(p);
     fprintf(out, "<h2>Memory</h2>\n");

@@ -13,7 +13,7 @@
 enum { BB_REPORT_MAX_DEVICES = 64 };
 
 typedef struct bb_report_row {
-    double step, loss, lr, grad_norm, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
+    double step, loss, lr, grad_norm, noise_scale, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
     double fwd_ms, bwd_ms, reduce_ms, opt_ms, val_loss, val_accuracy; /* NaN: absent or null */
     bool skipped;
 } bb_report_row;

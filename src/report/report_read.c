@@ -110,6 +110,7 @@ static bool read_row(const json_t *row, bb_report_row *w)
         return false;
     w->lr = bb_json_number_or_nan(row, "lr");
     w->grad_norm = bb_json_number_or_nan(row, "grad_norm");
+    w->noise_scale = bb_json_number_or_nan(row, "noise_scale"); /* absent before the noise scale: NaN */
     w->samples_per_s = bb_json_number_or_nan(row, "samples_per_s");
     w->tokens_per_s = bb_json_number_or_nan(row, "tokens_per_s");
     w->data_wait_pct = bb_json_number_or_nan(row, "data_wait_pct");

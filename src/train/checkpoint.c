@@ -104,7 +104,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
      * initialisation: (seed, step) is the whole RNG state. */
     char identity[24];
     snprintf(identity, sizeof identity, "%016llx", (unsigned long long)st->data_identity);
-    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:s, s:i, s:I, s:i, s:I}",
+    json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:s, s:s, s:s, s:s, s:i, s:I, s:i, s:I, "
+                          "s:o}",
                           "format",
                           "bigbatch-checkpoint", "version", 1, "producer", producer, "step", (json_int_t)st->step,
                           "epoch", (json_int_t)st->epoch, "step_in_epoch", (json_int_t)st->step_in_epoch,
@@ -113,10 +114,14 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                           "data_identity", identity,
                           "val_data", st->val_data ? st->val_data : "", "devices", st->devices ? st->devices : "",
                           "micro_batch", st->micro_batch, "shuffle_frames", (json_int_t)st->shuffle_frames, "keep",
-                          st->keep, "save_every", (json_int_t)st->save_every);
-    json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "checkpoint_every",
+                          st->keep, "save_every", (json_int_t)st->save_every, "noise_scale",
+                          json_pack("{s:o, s:o, s:I}", "g2", bb_json_real(st->noise.g2, 17), "trace",
+                                    bb_json_real(st->noise.trace, 17), "steps", (json_int_t)st->noise.steps));
+    json_t *opt = json_pack("{s:i, s:s, s:s, s:s, s:f, s:s, s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                            "checkpoint_every",
                             c->recompute_every, "checkpoint_plan", c->recompute_plan, "precision", bb_precision_name(c->precision), "optimizer",
-                            bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_schedule",
+                            bb_optimizer_kind_name(oc->kind), "lr", oc->lr, "lr_scale", bb_lr_scale_name(oc->lr_scale),
+                            "base_batch", oc->base_batch, "lr_schedule",
                             bb_lr_schedule_name(oc->schedule),
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
                             "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
@@ -410,6 +415,12 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     info->shuffle_frames = (uint32_t)frames;
     BB_TRY(bb_json_opt_int(j, path, "keep", &info->keep));
     BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
+    const json_t *noise = json_object_get(j, "noise_scale"); /* before the noise scale, none was written */
+    if (noise) {
+        BB_TRY(bb_json_req_double(noise, path, "g2", &info->noise.g2));
+        BB_TRY(bb_json_req_double(noise, path, "trace", &info->noise.trace));
+        BB_TRY(bb_json_req_u64(noise, path, "steps", &info->noise.steps));
+    }
     BB_TRY(bb_model_config_from_json(j, path, c));
     BB_TRY(bb_json_req_int(j, path, "checkpoint_every", &c->recompute_every));
     BB_TRY(bb_json_opt_string(j, path, "checkpoint_plan", c->recompute_plan, sizeof c->recompute_plan));
@@ -426,6 +437,11 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     if (bb_lr_schedule_parse(schedule, &oc->schedule) != BB_OK)
         return bb_fail(BB_ERR_FORMAT, "%s: \"lr_schedule\" is \"%s\", not cosine or constant", path, schedule);
     BB_TRY(bb_json_req_double(j, path, "lr", &oc->lr));
+    char scale[16] = "none"; /* before --lr-scale, none was written */
+    BB_TRY(bb_json_opt_string(j, path, "lr_scale", scale, sizeof scale));
+    if (bb_lr_scale_parse(scale, &oc->lr_scale) != BB_OK)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"lr_scale\" is \"%s\", not none, linear or sqrt", path, scale);
+    BB_TRY(bb_json_opt_int(j, path, "base_batch", &oc->base_batch));
     BB_TRY(bb_json_req_u64(j, path, "warmup", &oc->warmup));
     BB_TRY(bb_json_req_double(j, path, "beta1", &oc->beta1));
     BB_TRY(bb_json_req_double(j, path, "beta2", &oc->beta2));

@@ -23,6 +23,7 @@ typedef struct checkpoint_state {
     int keep;                     /* the run's keep and save_every: a resumed run saves as it did */
     uint64_t save_every;
     double loss;
+    bb_noise_scale noise;         /* the noise scale's averages: a resumed run goes on with them */
     const char *data, *val_data, *devices;
     const char *tokenizer;        /* the training data's tokenizer.json, copied into the checkpoint; NULL/"": none */
     const bb_state_gather *gather; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */

@@ -63,6 +63,7 @@ extern "C" {
 }
 #include "nccl_reducer.h"
 #include "cuda_device.cuh" // BB_LAUNCH; after the C headers, which it includes again (guarded)
+#include "cuda_kernels.h"  // bbk_sum_squares, bbk_sum_rows
 
 namespace bb_nccl {
 
@@ -310,11 +311,29 @@ bool keep_slice(nccl_reducer *n, device_side *s, int b)
     return ok && BB_CUDA_REDUCER(n, cudaEventRecord(s->freed[b], st));
 }
 
+constexpr int kOwnPartials = 1024; // block sums of a bucket's squares (bbk_sum_squares' most)
+
+unsigned rounds_of(const nccl_reducer *n) { return n->accumulation ? (unsigned)n->accumulation : 1u; }
+
+// This device's own gradients of bucket b before the reduction: their sum
+// of squares into this round's place, queued on the communication stream
+// ahead of the collective.
+bool own_squares(nccl_reducer *n, device_side *s, int b)
+{
+    reducer_t *r = &n->base;
+    int blocks = 0;
+    double *slot = s->own_squares + (size_t)(s->round % rounds_of(n)) * (size_t)r->buckets + b;
+    return BB_CUDA_REDUCER(n, bbk_sum_squares(s->comm_stream, s->own_partial, kOwnPartials, &blocks, s->bucket[b],
+                                              r->hi[b] - r->lo[b])) &&
+           BB_CUDA_REDUCER(n, bbk_sum_rows(s->comm_stream, slot, s->own_partial, blocks));
+}
+
 // The reduction of bucket b: equal slices reduce-scattered, else an all-reduce.
 bool reduce_bucket(nccl_reducer *n, device_side *s, int b)
 {
     reducer_t *r = &n->base;
-    bool ok;
+    bool ok = own_squares(n, s, b);
+    if (!ok) return false;
     if (r->shards && r->shards->rule == BB_PARAM_SHARD_ELEMENTS) {
         ok = equal_slices(n, s, b, REDUCE_SCATTER, s->bucket[b]);
     } else {
@@ -404,6 +423,9 @@ void n_destroy(reducer_t *r)
         if (s->done) cudaEventDestroy(s->done);
         if (s->scalar) cudaFree(s->scalar);
         if (s->host_scalar) cudaFreeHost(s->host_scalar);
+        if (s->own_squares) cudaFree(s->own_squares);
+        if (s->own_partial) cudaFree(s->own_partial);
+        if (s->host_own_squares) cudaFreeHost(s->host_own_squares);
         if (s->stage) cudaFree(s->stage);
         for (int b = 0; b < r->buckets; b++) {
             if (s->freed && s->freed[b]) cudaEventDestroy(s->freed[b]);
@@ -546,9 +568,28 @@ bool n_broadcast_stop(reducer_t *r, int device, bool stop)
     return !scalar_collective(of(r), device, true, &v) || v != 0;
 }
 
+// After n_wait: the step's sums of this device's own squares, read once
+// the communication stream is done, added in (round, bucket) order.
+bool n_device_squares(const reducer_t *cr, int device, double *out)
+{
+    nccl_reducer *n = of(const_cast<reducer_t *>(cr));
+    device_side *s = &n->dev[device];
+    size_t count = (size_t)rounds_of(n) * (size_t)cr->buckets;
+    cudaSetDevice(s->cuda_device);
+    bool ok = !stopping(cr) &&
+              BB_CUDA_REDUCER(n, cudaMemcpyAsync(s->host_own_squares, s->own_squares, count * sizeof(double),
+                                                 cudaMemcpyDeviceToHost, s->comm_stream)) &&
+              BB_CUDA_REDUCER(n, cudaStreamSynchronize(s->comm_stream));
+    double sum = 0.0;
+    for (size_t i = 0; ok && i < count; i++) sum += s->host_own_squares[i];
+    *out = sum;
+    return ok;
+}
+
 // No sum_squares: the gradients' norm is a pass of the optimizer's own.
-const reducer_ops nccl_ops = {n_destroy,        n_post,      n_wait, n_abort,       n_last_step, n_allreduce_scalar,
-                              n_broadcast_stop, n_allgather, NULL,   n_window_write, n_gather};
+const reducer_ops nccl_ops = {n_destroy,   n_post,         n_wait,       n_abort,        n_last_step,
+                              n_allreduce_scalar, n_broadcast_stop, n_allgather, NULL, n_device_squares,
+                              n_window_write, n_gather};
 
 // The communicators, one per device, non-blocking, over every GPU of every
 // process of the job (rank 0's unique id is broadcast over MPI; this
@@ -624,7 +665,7 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
     n->end = static_cast<cudaEvent_t *>(calloc((size_t)r->buckets + 1, sizeof *n->end));
     if (rc == BB_OK && (!n->dev || !n->start || !n->end)) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     /* the staging buffer: the largest bucket its equal slices do not fill exactly */
-    size_t stage = 0;
+    size_t stage = 0, own = (size_t)rounds_of(n) * (size_t)r->buckets;
     for (int b = 0; rc == BB_OK && a->shards && a->shards->rule == BB_PARAM_SHARD_ELEMENTS && b < r->buckets; b++) {
         size_t padded = a->shards->count[b] * (size_t)a->shards->owners;
         if (padded != r->hi[b] - r->lo[b] && padded > stage) stage = padded;
@@ -655,6 +696,9 @@ extern "C" bb_status bb_reducer_create_nccl(const reducer_args *a, reducer_t **o
             cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess ||
             cudaMalloc(&s->scalar, sizeof(double)) != cudaSuccess ||
             cudaHostAlloc(&s->host_scalar, sizeof(double), cudaHostAllocDefault) != cudaSuccess ||
+            cudaMalloc(&s->own_partial, kOwnPartials * sizeof(double)) != cudaSuccess ||
+            cudaMalloc(&s->own_squares, own * sizeof(double)) != cudaSuccess ||
+            cudaHostAlloc(&s->host_own_squares, own * sizeof(double), cudaHostAllocDefault) != cudaSuccess ||
             (stage && cudaMalloc(&s->stage, stage * sizeof(float)) != cudaSuccess))
             rc = bb_fail(BB_ERR_DEVICE, "cuda:%d: cannot create events and buffers for the reducer", s->cuda_device);
         for (int b = 0; rc == BB_OK && a->window_models && b < r->buckets; b++)

@@ -57,6 +57,11 @@ struct device_side {
     int rank, cuda_device, next_bucket; // rank: in the communicator (the job's device number)
     cudaEvent_t ready, done;
     double *scalar, *host_scalar; // the scalar collectives' value: device, pinned host
+    // the noise scale's small batches: each round's (ZeRO-2: micro-step's)
+    // sum of squares of every bucket of this device's own gradients, before
+    // the reduction (rounds × buckets, device and pinned host), and the
+    // block sums they are made of
+    double *own_squares, *host_own_squares, *own_partial;
 };
 
 struct nccl_reducer {

@@ -37,6 +37,7 @@ static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_MICRO_BATCH] = "micro_batch", [BB_TRAIN_STEPS] = "steps",
     [BB_TRAIN_EPOCHS] = "epochs",         [BB_TRAIN_OPTIMIZER] = "optimizer",
     [BB_TRAIN_LR] = "lr",                 [BB_TRAIN_LR_SCHEDULE] = "lr_schedule",
+    [BB_TRAIN_LR_SCALE] = "lr_scale",     [BB_TRAIN_BASE_BATCH] = "base_batch",
     [BB_TRAIN_WARMUP] = "warmup",         [BB_TRAIN_WEIGHT_DECAY] = "weight_decay",
     [BB_TRAIN_MOMENTUM] = "momentum",     [BB_TRAIN_BETA2] = "beta2",
     [BB_TRAIN_TRUST_COEFFICIENT] = "trust_coefficient",
@@ -133,6 +134,8 @@ static void take_optimizer(const bb_checkpoint_info *ck, bb_train_options *out)
     bb_optimizer_config *o = &out->opt;
     if (!is_set(out, BB_TRAIN_OPTIMIZER)) o->kind = c->kind;
     if (!is_set(out, BB_TRAIN_LR)) o->lr = c->lr;
+    if (!is_set(out, BB_TRAIN_LR_SCALE)) o->lr_scale = c->lr_scale;
+    if (!is_set(out, BB_TRAIN_BASE_BATCH)) o->base_batch = c->base_batch;
     if (!is_set(out, BB_TRAIN_LR_SCHEDULE)) o->schedule = c->schedule;
     if (!is_set(out, BB_TRAIN_WARMUP)) o->warmup = c->warmup;
     if (!is_set(out, BB_TRAIN_WEIGHT_DECAY)) o->weight_decay = c->weight_decay;
@@ -215,6 +218,8 @@ static int describe(const bb_train_options *o, agreed *a)
     if (desc) desc->describe(c, own, sizeof own);
     FIELD(OPTIMIZER, "%s (%s)", bb_optimizer_kind_name(c->kind), own);
     FIELD(LR, "%.17g", c->lr);
+    FIELD(LR_SCALE, "%s", bb_lr_scale_name(c->lr_scale));
+    FIELD(BASE_BATCH, "%d", c->base_batch);
     FIELD(LR_SCHEDULE, "%s", bb_lr_schedule_name(c->schedule));
     FIELD(WARMUP, "%llu", (unsigned long long)c->warmup);
     FIELD(WEIGHT_DECAY, "%.17g", c->weight_decay);

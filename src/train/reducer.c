@@ -79,6 +79,7 @@ typedef struct cpu_reducer {
     uint32_t *rounds;             /* per device: rounds it has posted in full (a round: a step, ZeRO-2 a micro-step) */
     uint64_t *span_start, *span_end; /* per bucket, the last step */
     double *squares;              /* per bucket: sum of squares of its average, the last step */
+    double *device_squares;       /* (devices × buckets): each device's own gradient's, the last step's rounds */
     float *acc;                   /* CHUNK floats; a whole bucket with several processes */
     size_t *part_lo, *part_hi;    /* ZeRO-1 over processes: each process's floats of the bucket being gathered */
     int world;                    /* processes of the job (spec->world) */
@@ -163,6 +164,15 @@ static void process_parts(const cpu_reducer *c, int b, size_t base, size_t *part
     }
 }
 
+/* The sums of squares of every device's own gradients of [lo, lo + n) of
+ * the bucket, before they are summed (the noise scale's small batches),
+ * added over the step's rounds. */
+static void add_device_squares(cpu_reducer *c, int bucket, size_t lo, size_t n)
+{
+    for (int d = 0; d < c->base.devices; d++)
+        c->device_squares[(size_t)d * c->base.buckets + bucket] += bb_host_sum_squares(grad_at(c, d, bucket, lo), n);
+}
+
 /* Several processes: this process's devices summed in device order, the
  * sums summed over the processes (MPI, one call per bucket: an all-reduce,
  * or under ZeRO-2 with accumulation a reduce-scatter of the processes'
@@ -173,6 +183,7 @@ static bb_status average_world(cpu_reducer *c, int bucket, size_t lo, size_t hi,
     int devices = c->base.devices;
     size_t n = hi - lo;
     float *acc = c->acc;
+    add_device_squares(c, bucket, lo, n);
     memcpy(acc, grad_at(c, 0, bucket, lo), n * sizeof *acc);
     for (int d = 1; d < devices; d++) {
         const float *g = grad_at(c, d, bucket, lo);
@@ -200,6 +211,7 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi, int micro)
 {
     double *squares = &c->squares[bucket];
     *squares = 0.0;
+    for (int d = 0; micro == 0 && d < c->base.devices; d++) c->device_squares[(size_t)d * c->base.buckets + bucket] = 0;
     if (c->world > 1) {
         if (average_world(c, bucket, lo, hi, micro, squares) != BB_OK) fail_reducer(c);
         return;
@@ -209,6 +221,7 @@ static void average(cpu_reducer *c, int bucket, size_t lo, size_t hi, int micro)
     for (size_t k = lo; k < hi; k += CHUNK) {
         size_t n = hi - k < CHUNK ? hi - k : CHUNK;
         float *acc = c->acc;
+        add_device_squares(c, bucket, k, n);
         memcpy(acc, grad_at(c, 0, bucket, k), n * sizeof *acc);
         for (int d = 1; d < devices; d++) { /* fixed order: the same sum every run */
             const float *g = grad_at(c, d, bucket, k);
@@ -267,7 +280,7 @@ static void cpu_destroy(reducer_t *r)
     }
     bb_reducer_free_buckets(r);
     free(c->slots), free(c->params), free(c->shard_grads), free(c->shard_params), free(c->gather_parts), free(c->shard_at), free((void *)c->posted), free(c->next_bucket), free(c->rounds);
-    free(c->span_start), free(c->span_end), free(c->squares), free(c->acc), free(c->values), free(c->part_lo),
+    free(c->span_start), free(c->span_end), free(c->squares), free(c->device_squares), free(c->acc), free(c->values), free(c->part_lo),
         free(c->part_hi);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
@@ -463,6 +476,16 @@ static bool cpu_sum_squares(const reducer_t *r, double *out)
     return true;
 }
 
+/* After cpu_wait: the device's own sums, in bucket order. */
+static bool cpu_device_squares(const reducer_t *r, int device, double *out)
+{
+    const cpu_reducer *c = (const cpu_reducer *)r;
+    double s = 0.0;
+    for (int b = 0; b < r->buckets; b++) s += c->device_squares[(size_t)device * r->buckets + b];
+    *out = s;
+    return true;
+}
+
 static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .post = cpu_post,
                                     .wait = cpu_wait,
@@ -472,6 +495,7 @@ static const reducer_ops cpu_ops = {.destroy = cpu_destroy,
                                     .broadcast_stop = cpu_broadcast_stop,
                                     .allgather = cpu_allgather,
                                     .sum_squares = cpu_sum_squares,
+                                    .device_squares = cpu_device_squares,
                                     .window_write = cpu_window_write,
                                     .gather = cpu_gather};
 
@@ -507,6 +531,7 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
     c->span_start = calloc((size_t)r->buckets + 1, sizeof *c->span_start);
     c->span_end = calloc((size_t)r->buckets + 1, sizeof *c->span_end);
     c->squares = calloc((size_t)r->buckets + 1, sizeof *c->squares);
+    c->device_squares = calloc((size_t)devices * (size_t)r->buckets + 1, sizeof *c->device_squares);
     size_t acc = CHUNK;
     for (int b = 0; c->world > 1 && b < r->buckets; b++) acc = r->hi[b] - r->lo[b] > acc ? r->hi[b] - r->lo[b] : acc;
     c->acc = malloc(acc * sizeof *c->acc);
@@ -523,6 +548,7 @@ bb_status bb_reducer_create_cpu(const reducer_args *a, reducer_t **out)
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     if (rc == BB_OK && a->shard_params) rc = bb_world_open_channels(devices); /* one a device's gathers */
     if (rc == BB_OK && (!c->slots || !c->params || !c->posted || !c->next_bucket || !c->rounds || !c->span_start || !c->span_end || !c->squares ||
+                        !c->device_squares ||
                         !c->acc || !c->values))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (int d = 0; rc == BB_OK && d < devices; d++) {

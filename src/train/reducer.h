@@ -63,6 +63,7 @@ typedef struct reducer_ops {
     bool (*broadcast_stop)(reducer_t *r, int device, bool stop);
     bool (*allgather)(reducer_t *r, int device);
     bool (*sum_squares)(const reducer_t *r, double *out); /* NULL: not kept */
+    bool (*device_squares)(const reducer_t *r, int device, double *out); /* NULL: not kept */
     void (*window_write)(reducer_t *r, int device, int bucket, size_t final_from); /* NULL: no ZeRO-2 */
     bb_status (*gather)(reducer_t *r, int device, bb_gather_phase phase, int bucket, size_t lo, size_t n,
                         float *slot); /* NULL: no ZeRO-3 */
@@ -178,6 +179,15 @@ static inline bool bb_reducer_allgather(reducer_t *r, int device) { return r->op
 static inline bool bb_reducer_sum_squares(const reducer_t *r, double *out)
 {
     return r->ops->sum_squares && r->ops->sum_squares(r, out);
+}
+/* After bb_reducer_wait: the sum of squares of local device `device`'s
+ * own gradients as the reduction took them, before they were summed, over
+ * the step's rounds (one; under ZeRO-2 with accumulation each micro-step's):
+ * the gradient noise scale's small batches (train.h). False when this
+ * reducer does not keep them. */
+static inline bool bb_reducer_device_squares(const reducer_t *r, int device, double *out)
+{
+    return r->ops->device_squares && r->ops->device_squares(r, device, out);
 }
 /* ZeRO-2, from the model's window hook (model.h): device `device`'s
  * gradients from final_from on are final (posted), and it may write

@@ -55,7 +55,7 @@ static bb_status build_each(trainer *t, const bb_checkpoint_info *resume, float 
         shard.parameters = t->zero == 3;
         if (t->offload) /* the step on the host's cores, as the device's share of them */
             BB_TRY(bb_backend_create_cpu(&(bb_backend_options){.threads = threads}, &r->host));
-        BB_TRY(bb_optimizer_create_offloaded(r->be, r->host, o->host_mem, &o->opt, r->model, t->zero ? &shard : NULL,
+        BB_TRY(bb_optimizer_create_offloaded(r->be, r->host, o->host_mem, &t->opt, r->model, t->zero ? &shard : NULL,
                                              &r->opt));
         if (t->zero == 3) BB_TRY(bb_optimizer_put_params(r->be, &r->opt, *host));
         if (resume) BB_TRY(bb_checkpoint_load_optimizer(resume, r->be, &r->opt, params));

@@ -9,7 +9,7 @@
 #include "trainer.h"
 
 typedef struct step_figures {
-    double loss, lr, grad_norm, seconds, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
+    double loss, lr, grad_norm, noise_scale, seconds, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
     double fwd_ms, bwd_ms, reduce_ms, opt_ms;
     bool has_overlap;
 } step_figures;
@@ -52,8 +52,10 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
     json_t *peaks = json_array();
     for (int d = 0; d < t->spec.count; d++)
         json_array_append_new(peaks, json_integer((json_int_t)bb_backend_peak_bytes(t->replicas[d].be)));
-    json_t *row = json_pack("{s:I, s:o, s:o, s:o, s:o}", "step", (json_int_t)step, "loss", bb_json_real(f->loss, 7),
-                            "lr", bb_json_real(f->lr, 7), "grad_norm", bb_json_real(f->grad_norm, 7), "samples_per_s",
+    json_t *row = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "step", (json_int_t)step, "loss",
+                            bb_json_real(f->loss, 7), "lr", bb_json_real(f->lr, 7), "grad_norm",
+                            bb_json_real(f->grad_norm, 7), "noise_scale", bb_json_real(f->noise_scale, 6),
+                            "samples_per_s",
                             bb_json_fixed(f->samples_per_s, 1));
     if (row && skipped) json_object_set_new(row, "skipped", json_true());
     int fail = !row || json_object_update_new(row, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
@@ -106,6 +108,7 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
     fprintf(p, "%sstep %llu/%llu  loss %.4f  lr %.2e  %s  data-wait %.1f%%", t->tty ? "\r\033[K" : "",
             (unsigned long long)step, (unsigned long long)t->total_steps, f->loss, f->lr, rate, f->data_wait_pct);
     if (t->skipped) fprintf(p, "  skipped %llu", (unsigned long long)t->skipped);
+    if (isfinite(f->noise_scale)) fprintf(p, "  noise %.3g", f->noise_scale);
     if (f->has_overlap) fprintf(p, "  overlap %.0f%%", f->overlap_pct);
     fprintf(p, "  peak");
     for (int d = 0; d < t->spec.count; d++)
@@ -183,7 +186,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
                            .micro_batch = t->micro_batch,
                            .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
-                           .loss = loss, .data = t->o->data,
+                           .loss = loss, .noise = t->noise, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
                            .data_identity = t->data_identity, .tokenizer = t->tokenizer,
                            .save_every = t->o->save_every};
@@ -348,6 +351,10 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     bool nonfinite;
     BB_TRY(record_loss(t, step0, f.loss));
     BB_TRY(check_finite(t, step, &f, &nonfinite));
+    const worker_stats *s0 = &t->replicas[0].stats; /* the same on every device */
+    if (!nonfinite) bb_noise_scale_add(&t->noise, s0->small_squares, s0->b_small, f.grad_norm * f.grad_norm,
+                                       t->global_batch);
+    f.noise_scale = t->result->noise_scale = bb_noise_scale_value(&t->noise);
     t->result->steps_done = step;
     t->result->saved = false;
     bool last = step == t->total_steps || step == o->stop_after;

@@ -60,10 +60,11 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
                        bb_optimizer_kind_name(info->opt.kind), bb_optimizer_kind_name(o->opt.kind));
     /* Hyperparameters may change on purpose; say that the run is no longer exact. */
     const bb_optimizer_config *a = &o->opt, *b = &info->opt;
-    static const bb_train_field fields[] = {BB_TRAIN_LR, BB_TRAIN_WARMUP, BB_TRAIN_LR_SCHEDULE, BB_TRAIN_WEIGHT_DECAY,
-                                            BB_TRAIN_GRAD_CLIP};
-    bool differ[] = {a->lr != b->lr, a->warmup != b->warmup, a->schedule != b->schedule,
-                     a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip};
+    static const bb_train_field fields[] = {BB_TRAIN_LR, BB_TRAIN_LR_SCALE, BB_TRAIN_BASE_BATCH, BB_TRAIN_WARMUP,
+                                            BB_TRAIN_LR_SCHEDULE, BB_TRAIN_WEIGHT_DECAY, BB_TRAIN_GRAD_CLIP};
+    bool differ[] = {a->lr != b->lr, a->lr_scale != b->lr_scale,
+                     a->lr_scale != BB_LR_SCALE_NONE && a->base_batch != b->base_batch, a->warmup != b->warmup,
+                     a->schedule != b->schedule, a->weight_decay != b->weight_decay, a->grad_clip != b->grad_clip};
     for (size_t i = 0; i < sizeof differ / sizeof *differ; i++)
         if (differ[i])
             BB_WARN("%s: %s differs from the checkpoint's; the run continues, but not as the saved run would have",
@@ -183,15 +184,15 @@ static bb_status write_run_line(const trainer *t)
     char describe[160], checkpoint[BB_RECOMPUTE_NAME_MAX];
     bb_model_describe(&t->cfg, describe, sizeof describe);
     bb_model_recompute_name(&t->cfg, checkpoint, sizeof checkpoint);
-    json_t *run = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:s, s:o, s:I, s:I, "
-                            "s:s, s:s, s:s}", "kind", "train", "model", bb_model_kind_name(t->cfg.kind), "describe",
+    json_t *run = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:s, s:o, s:s, s:I, "
+                            "s:I, s:s, s:s, s:s}", "kind", "train", "model", bb_model_kind_name(t->cfg.kind), "describe",
                             describe, "devices", t->devices_text, "device_count", t->spec.count, "processes",
                             t->spec.world > 1 ? t->spec.world : 1, "global_batch", t->global_batch, "accumulation",
                             t->accumulation, "micro_batch", t->micro_batch, "tokens_per_example",
                             bb_model_targets_are_tokens(&t->cfg) ? bb_model_targets_per_example(&t->cfg) : 1,
                             "checkpoint", checkpoint, "precision", bb_precision_name(t->cfg.precision), "zero",
-                            t->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(o->opt.lr, 7),
-                            "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
+                            t->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(bb_lr_peak(&t->opt), 7),
+                            "lr_scale", bb_lr_scale_name(t->opt.lr_scale), "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
                             o->data, "version", BB_VERSION, "commit", bb_commit());
     json_t *line = run ? json_pack("{s:o}", "run", run) : NULL;
     bb_status rc = bb_json_write_line(t->metrics, line);
@@ -315,7 +316,8 @@ static const char *hyperparameter_name(void *ctx, const char *hp)
     static const struct {
         const char *hp;
         bb_train_field field;
-    } fields[] = {{"lr", BB_TRAIN_LR}, {"beta2", BB_TRAIN_BETA2}, {"momentum", BB_TRAIN_MOMENTUM},
+    } fields[] = {{"lr", BB_TRAIN_LR}, {"lr_scale", BB_TRAIN_LR_SCALE}, {"base_batch", BB_TRAIN_BASE_BATCH},
+                  {"beta2", BB_TRAIN_BETA2}, {"momentum", BB_TRAIN_MOMENTUM},
                   {"trust_coefficient", BB_TRAIN_TRUST_COEFFICIENT}};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
         if (!strcmp(hp, fields[i].hp)) return bb_train_option_name(o, fields[i].field);
@@ -402,6 +404,8 @@ static bb_status setup_data(trainer *t)
     const bb_train_options *o = t->o;
     t->micro_batch = o->micro_batch;
     t->global_batch = o->global_batch;
+    t->opt = o->opt;
+    t->opt.batch = t->global_batch;
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
     t->data_identity = bb_dataset_identity(t->data);
@@ -437,6 +441,7 @@ static bb_status setup(trainer *t)
     BB_TRY(setup_devices(t));
     BB_TRY(setup_data(t));
     if (t->resume) BB_TRY(check_resume(t, t->resume));
+    if (t->resume) t->noise = t->resume->noise;
     if (t->resume && t->first_step == t->total_steps) { /* a finished run: nothing to pretend */
         t->finished = true;
         return BB_OK;
@@ -506,6 +511,22 @@ static bb_status setup(trainer *t)
     return start_loader(t);
 }
 
+/* "optimizer lamb, lr 0.001 x 4096/256 = 0.016 (--lr-scale linear from
+ * --base-batch 256), warm-up 100 steps, cosine to a tenth, clip 1". */
+static void print_optimizer(const trainer *t, FILE *p)
+{
+    const bb_train_options *o = t->o;
+    const bb_optimizer_config *c = &t->opt;
+    fprintf(p, "\ntrain: optimizer %s, lr %g", bb_optimizer_kind_name(c->kind), c->lr);
+    if (c->lr_scale != BB_LR_SCALE_NONE)
+        fprintf(p, " x %s%d/%d%s = %g (%s %s from %s %d)", c->lr_scale == BB_LR_SCALE_SQRT ? "sqrt(" : "", c->batch,
+                c->base_batch, c->lr_scale == BB_LR_SCALE_SQRT ? ")" : "", bb_lr_peak(c), NAME(LR_SCALE),
+                bb_lr_scale_name(c->lr_scale), NAME(BASE_BATCH), c->base_batch);
+    if (c->warmup) fprintf(p, ", warm-up %llu step%s", (unsigned long long)c->warmup, c->warmup > 1 ? "s" : "");
+    fprintf(p, ", %s", c->schedule == BB_LR_COSINE ? "cosine to a tenth" : "constant");
+    if (c->grad_clip > 0) fprintf(p, ", clip %g", c->grad_clip);
+}
+
 static void print_start(const trainer *t)
 {
     FILE *p = t->o->progress;
@@ -533,6 +554,7 @@ static void print_start(const trainer *t)
         fprintf(p, "; optimizer offloaded: %s of host memory a device, its step on the host",
                 bb_format_bytes(bb_optimizer_offload_bytes(&t->replicas[0].opt), bytes, sizeof bytes));
     }
+    print_optimizer(t, p);
     char act[24];
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
@@ -659,7 +681,7 @@ bb_status bb_train_run(const bb_train_options *options, bb_train_result *result)
     bb_train_result local;
     bb_train_result *r = result ? result : &local;
     memset(r, 0, sizeof *r);
-    r->val_loss = r->val_accuracy = NAN;
+    r->val_loss = r->val_accuracy = r->noise_scale = NAN;
     trainer *t = calloc(1, sizeof *t);
     if (!t) {
         free(resume);

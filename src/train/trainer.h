@@ -34,6 +34,10 @@ typedef struct worker_stats {
     double grad_norm, lr;
     uint64_t wait_ns, copy_ns, fwd_ns, bwd_ns, reduce_wait_ns, opt_ns;
     uint64_t backward_end_ns; /* end of the last micro-step's backward */
+    /* the noise scale's small batches (train.h): |G_small|² (the mean over
+     * the job's devices) at b_small examples; NaN when none is smaller
+     * than the step's */
+    double small_squares, b_small;
 } worker_stats;
 
 struct trainer;
@@ -46,6 +50,8 @@ typedef struct replica {
     bb_model_t *model;
     bb_optimizer opt;
     bb_backend_t *host;      /* --offload optimizer: the CPU backend its optimizer steps on; else NULL */
+    double *first_micro_squares; /* one device with micro-steps: the first one's gradients' sum of squares
+                                  * (pinned host memory the device writes; the noise scale's); else NULL */
     worker_stats stats;
 } replica;
 
@@ -55,6 +61,8 @@ typedef struct trainer {
     bb_dataset_t *data, *val;
     bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
     int accumulation, micro_batch, global_batch;
+    bb_optimizer_config opt; /* the options', its rate scaled to global_batch (opt.batch) */
+    bb_noise_scale noise;    /* the gradient noise scale's averages (a resumed run's go on) */
     int zero;                /* the ZeRO stage in use: the options', or the planner's under --zero auto */
     bool offload;            /* the optimizer offloaded: the options', or the planner's under --offload auto */
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */

@@ -168,6 +168,8 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
         bb_model_set_grad_ready(m, NULL, NULL);
         bb_model_set_grad_window_hook(m, NULL, NULL);
         BB_TRY(rc);
+        if (k == 0 && !last && r->first_micro_squares) /* one device: the noise scale's small batch (small_batch) */
+            bb_op_sum_squares_into(r->be, bb_model_grads(m), bb_model_param_count(m), r->first_micro_squares);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 2));
         uint64_t t4 = bb_clock_ns();
         st->loss += loss;
@@ -203,6 +205,34 @@ static bb_status step_loss(replica *r, double *loss)
     reducer_t *red = r->t->reducer;
     *loss = red ? bb_reducer_allreduce_scalar(red, r->index, r->stats.loss) : r->stats.loss;
     return red && bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
+}
+
+/* The noise scale's small batches (train.h): each device's own gradients
+ * as the reduction took them, b_small = G / (devices x rounds) examples
+ * (rounds: the reductions of a step, ZeRO-2's micro-steps, else one; each
+ * round's gradient is 1/rounds of the device's mean, hence rounds x the
+ * mean of the rounds' squares); on one device the first micro-step's
+ * (accumulation A: A² x its squares, b_small the micro-batch). NaN where no
+ * batch is smaller than the step's (one device, one micro-step). Every
+ * device calls it. */
+static bb_status small_batch(replica *r)
+{
+    trainer *t = r->t;
+    worker_stats *st = &r->stats;
+    reducer_t *red = t->reducer;
+    st->small_squares = NAN, st->b_small = 0;
+    if (!red) { /* after the step's wait for the device, which wrote it */
+        if (r->first_micro_squares)
+            st->small_squares = (double)t->accumulation * t->accumulation * *r->first_micro_squares,
+            st->b_small = t->micro_batch;
+        return BB_OK;
+    }
+    double own = NAN;
+    if (!bb_reducer_device_squares(red, r->index, &own)) own = NAN;
+    int rounds = t->zero >= 2 ? t->accumulation : 1;
+    st->small_squares = rounds * bb_reducer_allreduce_scalar(red, r->index, own);
+    st->b_small = (double)t->global_batch / ((double)trainer_world_devices(t) * rounds);
+    return bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
 }
 
 static bb_status decide_stop(replica *r, bool *stop)
@@ -272,6 +302,8 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         double loss;
         watch_phase(r, step, "the loss's all-reduce");
         BB_TRY(step_loss(r, &loss));
+        watch_phase(r, step, "the noise scale's all-reduce");
+        BB_TRY(small_batch(r));
         watch_phase(r, step, "the step's first barrier");
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (d == 0) {
@@ -297,9 +329,14 @@ void *bb_trainer_worker_main(void *arg)
     held_batches held = {0};
     bb_status rc = t->trace ? bb_device_clock_init(&clk, r->be, t->accumulation) : BB_OK;
     bb_trainer_window_from_shards(r);
+    /* one device with micro-steps: the first one's squares, which the device writes in place (no wait) */
+    if (rc == BB_OK && !t->reducer && t->accumulation > 1)
+        rc = bb_backend_host_alloc(r->be, sizeof(double), (void **)&r->first_micro_squares);
     if (rc == BB_OK) rc = worker_loop(r, &clk, &held);
     if (rc != BB_OK) bb_trainer_fail(t, rc); /* first: the others stop before this one waits for its device */
     bb_backend_synchronize(r->be);          /* no upload still reads a held slot (it waits even after a failure) */
+    if (r->first_micro_squares) bb_backend_host_free(r->be, r->first_micro_squares, sizeof(double));
+    r->first_micro_squares = NULL;
     release_held(t, &held);
     bb_device_clock_destroy(&clk);
     return NULL;

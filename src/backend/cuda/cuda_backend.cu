@@ -617,6 +617,15 @@ double cuda_sum_squares_ranges(bb_backend_t *b, const float *x, const size_t *lo
     return total;
 }
 
+void cuda_sum_squares_into(bb_backend_t *b, const float *x, size_t n, double *out)
+{
+    use(b);
+    cuda_state *s = state(b);
+    int blocks = 0;
+    BB_CUDA_OP(b, bbk_sum_squares(compute(b), s->partial, kPartials, &blocks, x, n));
+    BB_CUDA_OP(b, bbk_sum_rows(compute(b), out, s->partial, blocks));
+}
+
 void *cuda_native_stream(bb_backend_t *b, bb_stream stream) { return state(b)->stream[stream]; }
 
 bb_backend_vtable make_vtable()
