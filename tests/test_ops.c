@@ -354,17 +354,30 @@ static void case_count_correct(tc *t)
     TC_RUN(t, tc_value(t, "hits", bb_op_count_correct(BE, tc_t(t, logits), tc_p(t, tg), N, V), 0));
 }
 
-/* Three steps; second moments start >= 0. */
+/* An Adam-family step's buffers: parameters, gradients and two moments
+ * (the second ones >= 0), the moments and parameters outputs. */
+typedef struct moments {
+    buf p, g, m, v;
+} moments;
+
+static moments moment_buffers(tc *t, size_t n)
+{
+    moments b = {.p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5), .g = tc_floats(t, "grads", n, 1)};
+    b.m = tc_out(t, tc_floats(t, "m", n, 0.1f), 1e-5);
+    b.v = tc_out(t, tc_floats(t, "v", n, 0.1f), 1e-5);
+    float *vh = t->bufs[b.v].init;
+    for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
+    return b;
+}
+
+/* Three steps. */
 static void case_adamw(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
-    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "m", n, 0.1f), 1e-5);
-    buf v = tc_out(t, tc_floats(t, "v", n, 0.1f), 1e-5);
-    float *vh = t->bufs[v].init;
-    for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
-    TC_RUN(t, for (int step = 1; step <= 3; step++) bb_op_adamw(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), tc_p(t, v), n,
-                                                                1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
+    moments b = moment_buffers(t, n);
+    TC_RUN(t, for (int step = 1; step <= 3; step++)
+                  bb_op_adamw(BE, tc_p(t, b.p), tc_p(t, b.g), tc_p(t, b.m), tc_p(t, b.v), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                              0.1f, step, 0.5f));
 }
 
 static void case_sgd(tc *t)
@@ -381,14 +394,10 @@ static void case_sgd(tc *t)
 static void case_lamb(tc *t)
 {
     size_t n = (size_t)D(0);
-    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-5);
-    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "m", n, 0.1f), 1e-5);
-    buf v = tc_out(t, tc_floats(t, "v", n, 0.1f), 1e-5);
-    float *vh = t->bufs[v].init;
-    for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
-    TC_RUN(t, for (int step = 1; step <= 3; step++) bb_op_lamb(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), tc_p(t, v), n,
-                                                               1e-2f, 0.9f, 0.999f, 1e-6f, D(1) ? 0.1f : 0.0f, step,
-                                                               0.5f));
+    moments b = moment_buffers(t, n);
+    TC_RUN(t, for (int step = 1; step <= 3; step++)
+                  bb_op_lamb(BE, tc_p(t, b.p), tc_p(t, b.g), tc_p(t, b.m), tc_p(t, b.v), n, 1e-2f, 0.9f, 0.999f, 1e-6f,
+                             D(1) ? 0.1f : 0.0f, step, 0.5f));
 }
 
 /* Two steps, adapted (trust coefficient 0.001) or not (0), with momentum or without. */
