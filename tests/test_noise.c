@@ -114,7 +114,7 @@ static void online_against_exact(const char *what, bb_train_options o, int steps
     free(init), free(weights);
 }
 
-Test(noise, the_online_estimate_is_within_20_percent_of_the_exact_one_on_the_mlp, .timeout = 300)
+Test(noise, the_online_estimate_is_within_20_percent_of_the_exact_one_on_the_mlp)
 {
     char *images = make_images("images", 2048, 3);
     online_against_exact("mlp, 4 devices x 8 of 32", mlp_options(images, 4, 8, 32), 400);
@@ -123,7 +123,7 @@ Test(noise, the_online_estimate_is_within_20_percent_of_the_exact_one_on_the_mlp
 }
 
 /* The first 1024 windows of the KJV (data/kjv/train), as a dataset of their own. */
-Test(noise, the_online_estimate_is_within_20_percent_of_the_exact_one_on_the_gpt, .timeout = 600)
+Test(noise, the_online_estimate_is_within_20_percent_of_the_exact_one_on_the_gpt)
 {
     bb_dataset_t *kjv;
     uint64_t count;
