@@ -247,7 +247,8 @@ test: deps check-layers
 	@$(MAKE) --no-print-directory cuda-emu-check
 
 # The CUDA backend on emulated GPUs (tests/cuda_emu): every CUDA test runs.
-CUDA_EMU_TESTS := tests/test_ops.c tests/test_cuda.c tests/test_cuda_train.c tests/test_cuda_emu.c tests/test_backend.c
+CUDA_EMU_TESTS := tests/test_ops.c tests/test_cuda.c tests/test_cuda_train.c tests/test_cuda_costs.c tests/test_cuda_emu.c \
+                  tests/test_backend.c
 CUDA_EMU_VARS := CUDA=emu BUILD=build/cuda-emu BIN_DIR=build/cuda-emu/bin LIB_DIR=build/cuda-emu/lib \
                  TEST_SRC="$(CUDA_EMU_TESTS)"
 cuda-emu: deps

@@ -1,5 +1,6 @@
 // cuda_kernels.cu — the CUDA kernels of the backend ops that are not
-// matrix products (fp32), then their launchers. Every reduction runs in a
+// matrix products (fp32; the optimizers' are in cuda_optim.cu), then their
+// launchers. Every reduction runs in a
 // fixed order, so every op is deterministic: gradients of parameters
 // (bias, LayerNorm weights, position embeddings) loop over rows in order,
 // and the token embedding's gradient sorts positions by token (CUB's
@@ -10,19 +11,10 @@
 
 #include "bigbatch/backend.h"
 #include "cuda_device.cuh"
+#include "cuda_grid.cuh"
 #include "cuda_kernels.h"
 
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned grid_for(size_t n, int threads = kThreads)
-{
-    size_t blocks = (n + threads - 1) / threads;
-    return (unsigned)(blocks < 65535u * 16 ? (blocks ? blocks : 1) : 65535u * 16);
-}
-
-#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 // Sum (or max) over a block of blockDim.x threads (a multiple of 32, at
 // most 1024); every thread gets the result.
@@ -42,25 +34,6 @@ template <bool Max> __device__ float block_reduce(float v)
     __syncthreads();
     float r = result;
     __syncthreads(); // lanes/result may be reused by the next call
-    return r;
-}
-
-__device__ double block_sum_double(double v)
-{
-    __shared__ double lanes[32];
-    __shared__ double result;
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) lanes[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double w = lane < warps ? lanes[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-        if (lane == 0) result = w;
-    }
-    __syncthreads();
-    double r = result;
-    __syncthreads();
     return r;
 }
 
@@ -400,95 +373,6 @@ __global__ void sum_rows_k(double *out, const double *rows, int n)
     if (threadIdx.x == 0) *out = s;
 }
 
-// ---- optimizers --------------------------------------------------------------
-// torch.optim.AdamW (foreach=False): decay, then lr/bias1 · m / (sqrt(v)/bias2_sqrt + eps),
-// on the gradient times `scale` (a clip's factor).
-__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                        float wd, float bias1, float bias2_sqrt, float scale)
-{
-    float step = lr / bias1, decay = 1.0f - lr * wd;
-    GRID_STRIDE(i, n)
-    {
-        float gi = g[i] * scale;
-        float mi = m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bias2_sqrt + eps);
-    }
-}
-
-__global__ void sgd_k(float *p, const float *g, float *buf, size_t n, float lr, float momentum, float wd, float scale)
-{
-    GRID_STRIDE(i, n)
-    {
-        float d = g[i] * scale + wd * p[i];
-        if (momentum != 0.0f) d = buf[i] = momentum * buf[i] + d;
-        p[i] -= lr * d;
-    }
-}
-
-// The layer-wise optimizers (LAMB, LARS): pass one leaves each block's two
-// sums of squares in partial[block] and partial[half + block], which
-// bbk_sum_rows adds in order into sums[0], sums[1]; pass two reads them
-// there and takes the trust ratio, with no wait for the host.
-__device__ void block_sums2(double *partial, int half, double a, double b)
-{
-    a = block_sum_double(a);
-    b = block_sum_double(b);
-    if (threadIdx.x == 0) partial[blockIdx.x] = a, partial[half + blockIdx.x] = b;
-}
-
-// LAMB's direction r = m^/(sqrt(v^) + eps) + wd·p, as the CPU's.
-struct LambArgs {
-    float eps, inv_bias1, inv_bias2, wd, beta1, beta2, scale;
-    __device__ float direction(float m, float v, float p) const { return m * inv_bias1 / (sqrtf(v * inv_bias2) + eps) + wd * p; }
-};
-
-__global__ void lamb_moments_k(float *p, const float *g, float *m, float *v, size_t n, LambArgs a, double *partial,
-                               int half)
-{
-    double wn = 0.0, rn = 0.0;
-    GRID_STRIDE(i, n)
-    {
-        float gi = g[i] * a.scale;
-        float mi = m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
-        float vi = v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
-        float r = a.direction(mi, vi, p[i]);
-        wn += (double)p[i] * p[i], rn += (double)r * r;
-    }
-    block_sums2(partial, half, wn, rn);
-}
-
-__global__ void lamb_apply_k(float *p, const float *m, const float *v, size_t n, LambArgs a, float lr,
-                             const double *sums)
-{
-    float step = lr * bb_lamb_trust(sqrt(sums[0]), sqrt(sums[1]));
-    GRID_STRIDE(i, n) p[i] -= step * a.direction(m[i], v[i], p[i]);
-}
-
-__global__ void lars_norms_k(const float *p, const float *g, size_t n, float scale, double *partial, int half)
-{
-    double wn = 0.0, gn = 0.0;
-    GRID_STRIDE(i, n)
-    {
-        float gi = g[i] * scale;
-        wn += (double)p[i] * p[i], gn += (double)gi * gi;
-    }
-    block_sums2(partial, half, wn, gn);
-}
-
-// sums NULL: trust 1 (a tensor LARS does not adapt).
-__global__ void lars_apply_k(float *p, const float *g, float *buf, size_t n, float lr, float momentum, float wd,
-                             float coefficient, float scale, const double *sums)
-{
-    float trust = sums ? bb_lars_trust(sqrt(sums[0]), sqrt(sums[1]), coefficient, wd) : 1.0f;
-    GRID_STRIDE(i, n)
-    {
-        float d = (g[i] * scale + wd * p[i]) * trust;
-        if (momentum != 0.0f) d = buf[i] = momentum * buf[i] + d;
-        p[i] -= lr * d;
-    }
-}
-
 // The CPU's loop, row by row: the first largest logit wins (a NaN never does).
 __global__ void count_correct_k(int *hits, const float *logits, const int32_t *targets, int N, int V)
 {
@@ -821,66 +705,6 @@ cudaError_t bbk_softmax_crossentropy(cudaStream_t s, bool bf16, bool bf16_logits
 cudaError_t bbk_sum_rows(cudaStream_t s, double *out, const double *rows, int n)
 {
     BB_LAUNCH(sum_rows_k, 1, 1024, 0, s)(out, rows, n);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, float bias1, float bias2_sqrt, float grad_scale)
-{
-    BB_LAUNCH(adamw_k, grid_for(n), kThreads, 0, s)(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias1,
-                                                    bias2_sqrt, grad_scale);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_sgd(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
-                    float weight_decay, float grad_scale)
-{
-    BB_LAUNCH(sgd_k, grid_for(n), kThreads, 0, s)(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
-    return cudaGetLastError();
-}
-
-// The blocks of a layer-wise pass one: at most half of the partials.
-static unsigned norm_blocks(size_t n, int partials)
-{
-    unsigned g = grid_for(n), half = (unsigned)(partials / 2);
-    return g < half ? g : half;
-}
-
-static cudaError_t sum_halves(cudaStream_t s, double *partial, int half, unsigned blocks, double *sums)
-{
-    cudaError_t e = bbk_sum_rows(s, sums, partial, (int)blocks);
-    return e != cudaSuccess ? e : bbk_sum_rows(s, sums + 1, partial + half, (int)blocks);
-}
-
-cudaError_t bbk_lamb(cudaStream_t s, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, float bias1, float bias2, float grad_scale,
-                     double *partial, int partials, double *sums)
-{
-    LambArgs a = {eps, 1.0f / bias1, 1.0f / bias2, weight_decay, beta1, beta2, grad_scale};
-    unsigned blocks = norm_blocks(n, partials);
-    int half = partials / 2;
-    BB_LAUNCH(lamb_moments_k, blocks, kThreads, 0, s)(p, g, m, v, n, a, partial, half);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = sum_halves(s, partial, half, blocks, sums);
-    if (e != cudaSuccess) return e;
-    BB_LAUNCH(lamb_apply_k, grid_for(n), kThreads, 0, s)(p, m, v, n, a, lr, sums);
-    return cudaGetLastError();
-}
-
-cudaError_t bbk_lars(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
-                     float weight_decay, float trust_coefficient, float grad_scale, double *partial, int partials,
-                     double *sums)
-{
-    if (trust_coefficient != 0.0f) {
-        unsigned blocks = norm_blocks(n, partials);
-        int half = partials / 2;
-        BB_LAUNCH(lars_norms_k, blocks, kThreads, 0, s)(p, g, n, grad_scale, partial, half);
-        cudaError_t e = cudaGetLastError();
-        if (e == cudaSuccess) e = sum_halves(s, partial, half, blocks, sums);
-        if (e != cudaSuccess) return e;
-    }
-    BB_LAUNCH(lars_apply_k, grid_for(n), kThreads, 0, s)(p, g, buf, n, lr, momentum, weight_decay, trust_coefficient,
-                                                        grad_scale, trust_coefficient != 0.0f ? sums : nullptr);
     return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 /* cuda_kernels.h — private: launchers of the CUDA kernels in
- * cuda_kernels.cu (attention: cuda_attention.cu), one per backend op that
+ * cuda_kernels.cu (attention: cuda_attention.cu; the optimizers: cuda_optim.cu), one per backend op that
  * is not a matrix product (those go through cuBLAS in cuda_backend.cu).
  * Each takes the stream it runs on; shapes as in backend.h; all pointers
  * are device pointers. They return cudaGetLastError() of their launch. */

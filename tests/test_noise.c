@@ -1,4 +1,6 @@
-/* test_noise.c — the gradient noise scale (train.h): the estimator's
+/* test_noise.c — what large-batch training measures and scales: the
+ * rate scaled to the batch (--lr-scale: the rate it names, to the bit,
+ * kept by a resume), and the gradient noise scale (train.h): the estimator's
  * algebra, and the trainer's online B_simple against tr(Σ) and |G|²
  * computed exactly from every example's gradient (a per-example loop over
  * the whole training set), on the mlp (images) and the gpt (the KJV): the
@@ -162,4 +164,41 @@ Test(noise, a_resumed_run_goes_on_with_the_averages)
     bb_train_result_free(&whole), bb_train_result_free(&first), bb_train_result_free(&second);
     bb_train_result_free(&none);
     free(ckpt), free(images);
+}
+
+/* The same parameters, and the same losses over the steps both ran (b may be resumed). */
+static bool same_run(const bb_train_result *a, const bb_train_result *b)
+{
+    size_t from = b->first_step - a->first_step;
+    return a->steps_done == b->steps_done && a->param_count == b->param_count &&
+           !memcmp(a->losses + from, b->losses, (a->steps_done - b->first_step) * sizeof *a->losses) &&
+           !memcmp(a->params, b->params, a->param_count * sizeof *a->params);
+}
+
+/* --lr-scale: lr 1e-3 given for batch 8, trained at 32, is lr 4e-3
+ * (linear) or 2e-3 (sqrt), to the bit; a resume told neither keeps the
+ * checkpoint's scaling. */
+Test(noise, a_scaled_rate_is_the_rate_it_names_and_a_resume_keeps_it)
+{
+    char *data = make_tokens("tokens", 100), *ckpt = tu_path(tmp, "ckpt");
+    for (int rule = BB_LR_SCALE_LINEAR; rule <= BB_LR_SCALE_SQRT; rule++) {
+        bb_train_options o = gpt_options(data, 2, 4, 32);
+        o.steps = 6, o.opt.warmup = 2;
+        o.opt.lr = rule == BB_LR_SCALE_LINEAR ? 4e-3 : 2e-3;
+        bb_train_result plain = train(&o);
+        o.opt.lr = 1e-3, o.opt.lr_scale = (bb_lr_scale)rule, o.opt.base_batch = 8;
+        bb_train_result scaled = train(&o);
+        cr_assert(same_run(&plain, &scaled), "--lr-scale %s: not the run of the rate it names",
+                  bb_lr_scale_name((bb_lr_scale)rule));
+        o.save_dir = ckpt, o.stop_after = 3, o.force = true;
+        bb_train_result first = train(&o);
+        bb_train_options r = gpt_options(data, 2, 4, 32); /* neither --lr-scale nor --base-batch */
+        r.steps = 6, r.resume_dir = ckpt;
+        bb_train_result second = train(&r);
+        cr_assert_eq(second.first_step, 3);
+        cr_assert(same_run(&scaled, &second), "a scaled rate's run, resumed: not the run that never stopped");
+        bb_train_result_free(&plain), bb_train_result_free(&scaled), bb_train_result_free(&first);
+        bb_train_result_free(&second);
+    }
+    free(ckpt), free(data);
 }

@@ -197,33 +197,6 @@ Test(train, resume_continues_bitwise)
     free(data);
 }
 
-/* --lr-scale: lr 1e-3 given for batch 8, trained at 32, is lr 4e-3
- * (linear) or 2e-3 (sqrt), to the bit; a resume told neither keeps the
- * checkpoint's scaling. */
-Test(train, a_scaled_rate_is_the_rate_it_names_and_a_resume_keeps_it)
-{
-    char *data = make_tokens("tokens", 100), *ckpt = tu_path(tmp, "ckpt");
-    for (int rule = BB_LR_SCALE_LINEAR; rule <= BB_LR_SCALE_SQRT; rule++) {
-        bb_train_options o = gpt_options(data, 2, 4, 32);
-        o.steps = 6, o.opt.warmup = 2;
-        o.opt.lr = rule == BB_LR_SCALE_LINEAR ? 4e-3 : 2e-3;
-        bb_train_result plain = train(&o);
-        o.opt.lr = 1e-3, o.opt.lr_scale = (bb_lr_scale)rule, o.opt.base_batch = 8;
-        bb_train_result scaled = train(&o);
-        assert_bitwise(&plain, &scaled, rule == BB_LR_SCALE_LINEAR ? "--lr-scale linear" : "--lr-scale sqrt");
-        o.save_dir = ckpt, o.stop_after = 3, o.force = true;
-        bb_train_result first = train(&o);
-        bb_train_options r = gpt_options(data, 2, 4, 32); /* neither --lr-scale nor --base-batch */
-        r.steps = 6, r.resume_dir = ckpt;
-        bb_train_result second = train(&r);
-        cr_assert_eq(second.first_step, 3);
-        assert_bitwise(&scaled, &second, "a scaled rate's run, resumed");
-        bb_train_result_free(&plain), bb_train_result_free(&scaled), bb_train_result_free(&first);
-        bb_train_result_free(&second);
-    }
-    free(ckpt), free(data);
-}
-
 /* Selective recompute and per-block plans train the run of `none` to the
  * bit, and a run saved under one plan resumes under another (or, not told,
  * under the plan it recorded) as if it had not stopped. */
