@@ -114,6 +114,13 @@ cudaError_t bbk_lamb(cudaStream_t s, float *p, const float *g, float *m, float *
 cudaError_t bbk_lars(cudaStream_t s, float *p, const float *g, float *buf, size_t n, float lr, float momentum,
                      float weight_decay, float trust_coefficient, float grad_scale, double *partial, int partials,
                      double *sums);
+/* bb_op_muon's element-wise passes: the momentum and the Nesterov
+ * direction into x, scaled to norm 1 (its squares' block sums in partial,
+ * their total in sums[0], device memory: no wait for the host); and
+ * p = p·keep - step·x. */
+cudaError_t bbk_muon_direction(cudaStream_t s, float *x, float *buf, const float *g, size_t n, float momentum,
+                               float grad_scale, double *partial, int partials, double *sums);
+cudaError_t bbk_muon_apply(cudaStream_t s, float *p, const float *x, size_t n, float keep, float step);
 /* *hits += rows whose argmax is their target (see bb_op_count_correct);
  * one thread per row: for classifier heads. */
 cudaError_t bbk_count_correct(cudaStream_t s, int *hits, const float *logits, const int32_t *targets, int N, int V);

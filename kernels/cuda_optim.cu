@@ -1,7 +1,8 @@
 // cuda_optim.cu — the CUDA kernels of the optimizers' steps (fp32 master
-// weights and state: AdamW, SGD, LAMB, LARS), then their launchers. LAMB's
-// and LARS's norms are summed on the device in a fixed order and read
-// there by the update: no wait for the host.
+// weights and state: AdamW, SGD, LAMB, LARS, Muon's element-wise passes),
+// then their launchers. LAMB's, LARS's and Muon's norms are summed on the
+// device in a fixed order and read there by the next kernel: no wait for
+// the host.
 #include <math.h>
 
 #include "bigbatch/backend.h"
@@ -100,6 +101,34 @@ __global__ void lars_apply_k(float *p, const float *g, float *buf, size_t n, flo
     }
 }
 
+// Muon: the momentum and the Nesterov direction into x, each block's sum
+// of x's squares in partial[block]; then x scaled to norm 1 (the total in
+// sums[0]); then the update from the orthogonalized x.
+__global__ void muon_momentum_k(float *x, float *buf, const float *g, size_t n, float momentum, float scale,
+                                double *partial)
+{
+    double squares = 0.0;
+    GRID_STRIDE(i, n)
+    {
+        float gi = g[i] * scale, m = buf[i] = momentum * buf[i] + (1.0f - momentum) * gi;
+        float u = x[i] = (1.0f - momentum) * gi + momentum * m;
+        squares += (double)u * u;
+    }
+    squares = block_sum_double(squares);
+    if (threadIdx.x == 0) partial[blockIdx.x] = squares;
+}
+
+__global__ void muon_normalize_k(float *x, size_t n, const double *sums)
+{
+    float inv = 1.0f / ((float)sqrt(sums[0]) + BB_MUON_EPS);
+    GRID_STRIDE(i, n) x[i] *= inv;
+}
+
+__global__ void muon_apply_k(float *p, const float *x, size_t n, float keep, float step)
+{
+    GRID_STRIDE(i, n) p[i] = p[i] * keep - step * x[i];
+}
+
 } // namespace
 
 extern "C" {
@@ -161,6 +190,24 @@ cudaError_t bbk_lars(cudaStream_t s, float *p, const float *g, float *buf, size_
     }
     BB_LAUNCH(lars_apply_k, grid_for(n), kThreads, 0, s)(p, g, buf, n, lr, momentum, weight_decay, trust_coefficient,
                                                         grad_scale, trust_coefficient != 0.0f ? sums : nullptr);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_muon_direction(cudaStream_t s, float *x, float *buf, const float *g, size_t n, float momentum,
+                               float grad_scale, double *partial, int partials, double *sums)
+{
+    unsigned blocks = norm_blocks(n, 2 * partials); // all the partials: one sum
+    BB_LAUNCH(muon_momentum_k, blocks, kThreads, 0, s)(x, buf, g, n, momentum, grad_scale, partial);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = bbk_sum_rows(s, sums, partial, (int)blocks);
+    if (e != cudaSuccess) return e;
+    BB_LAUNCH(muon_normalize_k, grid_for(n), kThreads, 0, s)(x, n, sums);
+    return cudaGetLastError();
+}
+
+cudaError_t bbk_muon_apply(cudaStream_t s, float *p, const float *x, size_t n, float keep, float step)
+{
+    BB_LAUNCH(muon_apply_k, grid_for(n), kThreads, 0, s)(p, x, n, keep, step);
     return cudaGetLastError();
 }
 

@@ -65,6 +65,8 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"mlp --zero 1 --optimizer sgd", 1, false, NULL, false, 1},
                  {"gpt --zero 1 --optimizer lamb", 0, false, NULL, false, 1},
                  {"mlp --zero 3 --optimizer lars", 1, false, NULL, false, 3},
+                 {"gpt --zero 1 --optimizer muon", 0, false, NULL, false, 1},
+                 {"llama --zero 3 --offload optimizer --optimizer muon", 2, false, NULL, false, 3},
                  {"gpt --zero 2", 0, false, NULL, false, 2},
                  {"gpt --zero 2 --zero-shards tensors --checkpoint selective", 0, false, "selective", false, 2,
                   BB_PARAM_SHARD_TENSORS},
@@ -96,6 +98,7 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
         if (opt) { /* the last flag of the name */
             cr_assert_eq(bb_optimizer_kind_parse(opt + strlen("--optimizer "), &o.opt.kind), BB_OK);
             o.opt.eps = bb_optimizer_defaults_for(o.opt.kind).eps;
+            o.opt.momentum = bb_optimizer_defaults_for(o.opt.kind).momentum;
         }
         if (strstr(cases[i].name, "--offload")) o.offload = BB_OFFLOAD_OPTIMIZER;
         if (cases[i].checkpoint)

@@ -411,6 +411,20 @@ static void case_lars(tc *t)
                              D(1) ? 1e-3f : 0.0f, 0.5f));
 }
 
+/* Two steps of one matrix, wide (rows <= cols: X Xᵀ) or tall (on Xᵀ),
+ * with decay or without; its work is scratch (not compared). */
+static void case_muon(tc *t)
+{
+    int rows = D(0), cols = D(1);
+    size_t n = (size_t)rows * cols;
+    buf p = tc_out(t, tc_floats(t, "params", n, 1), 1e-4);
+    buf g = tc_floats(t, "grads", n, 1), m = tc_out(t, tc_floats(t, "momentum", n, 0.1f), 1e-5);
+    buf work = tc_floats(t, "work", bb_muon_work_floats(rows, cols), 0);
+    TC_RUN(t, for (int step = 0; step < 2; step++)
+                  bb_op_muon(BE, tc_p(t, p), tc_p(t, g), tc_p(t, m), tc_p(t, work), rows, cols, 0.02f, 0.95f,
+                             D(2) ? 0.1f : 0.0f, 0.2f * sqrtf((float)(rows > cols ? rows : cols)), 0.5f));
+}
+
 /* Ranges of a buffer (a shard's): every third 1000 floats, and one range. */
 static void case_sum_squares_ranges(tc *t)
 {
@@ -582,6 +596,8 @@ static const op_case cases[] = {
     {"lamb", case_lamb, 3, {{1, 1}, {5003, 0}, {300007, 1}}},
     /* n, trust coefficient, momentum */
     {"lars", case_lars, 3, {{1, 1, 1}, {5003, 0, 1}, {300007, 1, 0}}},
+    /* rows, cols, weight decay: wide, tall, more than a slice (two on the CPU's pool), one row */
+    {"muon", case_muon, 4, {{8, 24, 1}, {40, 12, 0}, {96, 513, 1}, {1, 7, 0}}},
     /* n, ranges (0: one); more blocks than the GPU's partial sums hold */
     {"sum_squares_ranges", case_sum_squares_ranges, 3, {{10007, 0}, {600001, 0}, {100003, 1}}},
     {"sum_squares_into", case_sum_squares_into, 2, {{1}, {600001}}},

@@ -34,7 +34,7 @@ static bb_model_t *tiny_gpt(void)
 
 Test(optim, every_optimizer_is_one_descriptor)
 {
-    cr_assert_str_eq(bb_optimizer_choices(), "adamw|sgd|lamb|lars");
+    cr_assert_str_eq(bb_optimizer_choices(), "adamw|sgd|lamb|lars|muon");
     cr_assert(strstr(bb_optimizer_help(), "adamw (two moments of state)"), "%s", bb_optimizer_help());
     for (int k = 0; k < BB_OPTIMIZER_COUNT; k++) {
         const bb_optimizer_desc *d = bb_optimizer_desc_of((bb_optimizer_kind)k);
@@ -49,9 +49,11 @@ Test(optim, every_optimizer_is_one_descriptor)
     }
     bb_optimizer_kind k;
     cr_assert_eq(bb_optimizer_kind_parse("lion", &k), BB_ERR_ARG);
-    cr_assert(strstr(bb_error_message(), "adamw|sgd|lamb|lars"), "%s", bb_error_message());
+    cr_assert(strstr(bb_error_message(), "adamw|sgd|lamb|lars|muon"), "%s", bb_error_message());
     cr_assert_eq(bb_optimizer_defaults_for(BB_OPTIMIZER_LAMB).eps, 1e-6, "LAMB's paper's eps");
     cr_assert_eq(bb_optimizer_defaults().eps, 1e-8, "AdamW's (PyTorch's) eps");
+    cr_assert_eq(bb_optimizer_defaults_for(BB_OPTIMIZER_MUON).momentum, 0.95, "modded-nanogpt's momentum");
+    cr_assert_eq(bb_optimizer_defaults().momentum, 0.9, "SGD's (and LARS's) default momentum");
     cr_assert_null(bb_optimizer_desc_of(BB_OPTIMIZER_COUNT));
 }
 
@@ -265,7 +267,8 @@ static void matches_reference(bb_optimizer_kind kind)
     FILE *f = fopen(path, "w");
     for (int t = 0; t < bb_model_tensor_count(m); t++) {
         const bb_tensor_info *ti = bb_model_tensor(m, t);
-        fprintf(f, "%zu %zu %d\n", ti->offset, ti->count, ti->decay ? 1 : 0);
+        fprintf(f, "%zu %zu %d %d %d %d\n", ti->offset, ti->count, ti->decay ? 1 : 0, ti->hidden ? 1 : 0,
+                ti->shape[0], ti->shape[1]);
     }
     cr_assert_eq(fclose(f), 0);
     free(path);
@@ -300,6 +303,7 @@ Test(optim, adamw_matches_torch_optim_adamw, .timeout = 60) { matches_reference(
 Test(optim, sgd_matches_torch_optim_sgd, .timeout = 60) { matches_reference(BB_OPTIMIZER_SGD); }
 Test(optim, lamb_matches_a_reference_written_from_its_paper, .timeout = 60) { matches_reference(BB_OPTIMIZER_LAMB); }
 Test(optim, lars_matches_a_reference_written_from_its_paper, .timeout = 60) { matches_reference(BB_OPTIMIZER_LARS); }
+Test(optim, muon_matches_a_reference_written_as_modded_nanogpt_s, .timeout = 60) { matches_reference(BB_OPTIMIZER_MUON); }
 
 /* optimizer.bin names its optimizer: another's is refused naming both; a
  * file of version 1 (no name: its buffer count says which) still loads. */

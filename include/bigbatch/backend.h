@@ -368,4 +368,20 @@ static inline BB_HOST_DEVICE float bb_lars_trust(double p_norm, double g_norm, f
                : 1.0f;
 }
 
+/* Muon's Newton-Schulz iteration (bb_op_muon): its steps, its quintic's
+ * coefficients (Jordan's, chosen for speed over exactness: the singular
+ * values land in about [0.7, 1.2]), the normalization's epsilon, and the
+ * scratch one matrix's step needs (bb_muon_work_floats): X and the next X (rows·cols each), A and
+ * b A + c A² (s² each, s the smaller side). */
+#define BB_MUON_NS_STEPS 5
+#define BB_MUON_A 3.4445f
+#define BB_MUON_B (-4.7750f)
+#define BB_MUON_C 2.0315f
+#define BB_MUON_EPS 1e-7f
+static inline size_t bb_muon_work_floats(int rows, int cols)
+{
+    size_t s = (size_t)(rows < cols ? rows : cols);
+    return 2 * (size_t)rows * (size_t)cols + 2 * s * s;
+}
+
 #endif /* BIGBATCH_BACKEND_H */

@@ -270,6 +270,8 @@ typedef struct bb_tensor_info {
     int rank;
     int shape[2];
     bool decay;      /* weight decay applies (matrices), not biases and norms */
+    bool hidden;     /* a matrix between the input and the output (a block's products; not the embeddings, the
+                        head, the MLP's first and last layers): what Muon orthogonalizes */
     bool joined;     /* one product writes it with the tensor before (the llama's q, k, v; gate, up):
                         no gradient bucket is cut between them */
 } bb_tensor_info;

@@ -36,6 +36,7 @@ typedef enum bb_optimizer_kind {
     BB_OPTIMIZER_SGD,
     BB_OPTIMIZER_LAMB,
     BB_OPTIMIZER_LARS,
+    BB_OPTIMIZER_MUON,
     BB_OPTIMIZER_COUNT
 } bb_optimizer_kind;
 typedef enum bb_lr_schedule { BB_LR_COSINE = 0, BB_LR_CONSTANT } bb_lr_schedule;
@@ -54,8 +55,8 @@ typedef struct bb_optimizer_config {
     bb_lr_scale lr_scale;  /* none: lr as given */
     int base_batch;        /* B0: the global batch lr was given for (lr_scale needs it) */
     int batch;             /* the global batch trained, which lr_scale scales to (the trainer's); 0: unscaled */
-    double beta1, beta2, eps; /* AdamW, LAMB */
-    double momentum;       /* SGD, LARS */
+    double beta1, beta2, eps; /* AdamW, LAMB, Muon's AdamW part */
+    double momentum;       /* SGD, LARS, Muon */
     double trust_coefficient; /* LARS: the trust ratio's factor */
     double weight_decay;   /* on matrices only (bb_tensor_info.decay) */
     uint64_t warmup;       /* steps of linear warm-up from lr/warmup to lr */
@@ -66,7 +67,7 @@ typedef struct bb_optimizer_config {
 /* The defaults: AdamW at lr 1e-3 (betas 0.9, 0.999, eps 1e-8), SGD's
  * momentum 0.9, LARS's trust coefficient 0.001, no weight decay, cosine
  * schedule, clip at norm 1; and those of optimizer k (its eps: LAMB's
- * 1e-6). Never fail. */
+ * 1e-6; its momentum: Muon's 0.95). Never fail. */
 bb_optimizer_config bb_optimizer_defaults(void);
 bb_optimizer_config bb_optimizer_defaults_for(bb_optimizer_kind k);
 
@@ -89,7 +90,10 @@ typedef struct bb_optimizer_piece {
     const float *grads;
     float *state[BB_OPTIMIZER_MAX_STATE];
     size_t n;
-    bool decay; /* weight decay applies (bb_tensor_info.decay) */
+    bool decay;  /* weight decay applies (bb_tensor_info.decay) */
+    bool hidden; /* a hidden matrix (bb_tensor_info.hidden) */
+    int rows, cols; /* a whole matrix's shape; 0, 0 for a vector or a part of a tensor */
+    float *work; /* the descriptor's work_floats of scratch (device memory); NULL when it needs none */
 } bb_optimizer_piece;
 /* How messages name a hyperparameter ("beta2": "--beta2" on the command
  * line); name NULL, or NULL returned: the optimizer's own words ("AdamW's
@@ -107,6 +111,10 @@ typedef struct bb_optimizer_desc {
     int state_buffers;    /* fp32 state floats per parameter */
     bb_param_shard_rule shard; /* TENSORS: its step needs whole tensors (pieces never cut one) */
     double eps;           /* its default eps (bb_optimizer_defaults_for); 0: it has none */
+    double momentum;      /* its default momentum; 0: SGD's 0.9 */
+    /* The scratch its step needs for tensor t, in floats (one buffer of the
+     * largest is kept: bb_optimizer.work); NULL: none. */
+    size_t (*work_floats)(const bb_tensor_info *t);
     /* Its hyperparameters' bounds (a division by zero, a state that
      * diverges): BB_ERR_ARG naming the hyperparameter (names may be NULL). */
     bb_status (*check)(const bb_optimizer_config *c, const bb_optimizer_names *names);
@@ -120,7 +128,8 @@ typedef struct bb_optimizer_desc {
 } bb_optimizer_desc;
 
 /* The descriptors, one a kind (src/optim/<name>.c). */
-extern const bb_optimizer_desc bb_optimizer_adamw, bb_optimizer_sgd, bb_optimizer_lamb, bb_optimizer_lars;
+extern const bb_optimizer_desc bb_optimizer_adamw, bb_optimizer_sgd, bb_optimizer_lamb, bb_optimizer_lars,
+    bb_optimizer_muon;
 /* What AdamW and LAMB share (adamw.c): the moments' bounds (betas in
  * [0, 1), eps > 0; BB_ERR_ARG naming the one that is not, in d's words),
  * and their words ("beta1 0.9, beta2 0.999, eps 1e-08"). */
@@ -129,11 +138,11 @@ bb_status bb_optimizer_check_moments(const bb_optimizer_desc *d, const bb_optimi
 void bb_optimizer_describe_moments(const bb_optimizer_config *c, char *buf, size_t cap);
 /* The descriptor of kind k; NULL for none. */
 const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k);
-/* "adamw", "sgd", "lamb", "lars" (--optimizer's names), and back:
+/* "adamw", "sgd", "lamb", "lars", "muon" (--optimizer's names), and back:
  * BB_ERR_ARG for another. */
 const char *bb_optimizer_kind_name(bb_optimizer_kind k);
 bb_status bb_optimizer_kind_parse(const char *s, bb_optimizer_kind *out);
-/* "adamw|sgd|lamb|lars" (--optimizer's choices) and "adamw (two moments
+/* "adamw|sgd|lamb|lars|muon" (--optimizer's choices) and "adamw (two moments
  * of state), sgd (momentum), ..." (its help). */
 const char *bb_optimizer_choices(void);
 const char *bb_optimizer_help(void);
@@ -222,6 +231,10 @@ typedef struct bb_optimizer {
      * a window of gathered weights, model.h); offloaded: the fp32 master
      * weights of its ranges in pinned host memory; else NULL */
     float *params;
+    /* The step's scratch (bb_optimizer_desc.work_floats: Muon's), on the
+     * backend the step runs on; else NULL */
+    float *work;
+    size_t work_floats;
     /* Offloaded (bb_optimizer_offload): the host backend the step runs on,
      * the state and params above in pinned host memory, and the gradients'
      * staging there; else NULL */

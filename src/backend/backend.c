@@ -452,6 +452,14 @@ static double range_elements(const size_t *lo, const size_t *hi, int n)
     return elements;
 }
 
+/* Muon's Newton-Schulz products: per step X Xᵀ and (b A + c A²) X (2 s² l
+ * each) and A² (2 s³), s and l the matrix's smaller and larger side. */
+static double muon_flops(int rows, int cols)
+{
+    double s = rows < cols ? rows : cols, l = rows < cols ? cols : rows;
+    return BB_MUON_NS_STEPS * (4.0 * s * s * l + 2.0 * s * s * s);
+}
+
 /* Every op: its `before` (ops.def), the BB_FAULT hook and the profile's
  * mark (its work computed only when one of them is on), its dtypes, then
  * the call unless the backend only counts. */

@@ -1,6 +1,6 @@
 /* cpu_ew.h — private: the CPU backend's element-wise and row-wise ops run
  * over its thread pool (bb_cpu_ew_run in cpu_ops.c; the ranges in
- * cpu_ops.c and cpu_norm.c).
+ * cpu_ops.c, cpu_optim.c and cpu_norm.c).
  *
  *   static void scale_range(const ew_args *a, size_t lo, size_t hi, int slice)
  *   {

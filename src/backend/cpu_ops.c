@@ -78,6 +78,16 @@ static void sgemm(bb_backend_t *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M
     sgemm_bias(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
+/* Below 2^25 multiply-adds the pool's split gained nothing on the 2-core
+ * machines measured (Muon's 128x512 iteration: 14 ms split, 5 ms not). */
+void bb_cpu_sgemm(bb_backend_t *b, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc)
+{
+    CBLAS_TRANSPOSE at = ta ? CblasTrans : CblasNoTrans, bt = tb ? CblasTrans : CblasNoTrans;
+    if ((double)M * N * K < (double)(1 << 25)) cblas_sgemm(CblasRowMajor, at, bt, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else sgemm(b, at, bt, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* The bf16 products (cpu_dnnl.h), split over the pool: the longer of M and
  * N in BF16_SLICES slices of whole 16s, a count that depends on the shape
  * only, so that every element is the same sum on any number of threads. */
@@ -523,159 +533,6 @@ static void add_range(const ew_args *a, size_t lo, size_t hi, int slice)
 void bb_cpu_add(bb_backend_t *b, bb_tensor out, bb_tensor x, bb_tensor y, size_t n)
 {
     ew_run_act(b, &(ew_args){.range = add_range, .x = F32(out), .a = F32(x), .c = F32(y), .n = n}, x.dtype);
-}
-
-static void adamw_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *params = a->x, *m = a->y, *v = a->z;
-    const float *grads = a->a;
-    float beta1 = a->f[0], beta2 = a->f[1], eps = a->f[2], step = a->f[3], decay = a->f[4], bc2_sqrt = a->f[5],
-          scale = a->f[6];
-    for (size_t i = lo; i < hi; i++) {
-        float g = grads[i] * scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float p = params[i] * decay;
-        params[i] = p - step * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
-    }
-}
-
-void bb_cpu_adamw(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
-{
-    /* torch.optim.AdamW's formula (foreach=False), in float: decay, then
-     * step lr/bc1 along m / (sqrt(v)/sqrt(bc2) + eps). */
-    float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    float step = lr / bc1, decay = 1.0f - lr * weight_decay;
-    bb_cpu_ew_run(b, &(ew_args){.range = adamw_range, .x = params, .y = m, .z = v, .a = grads, .n = n,
-                         .f = {beta1, beta2, eps, step, decay, bc2_sqrt, grad_scale}});
-}
-
-static void sgd_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *params = a->x, *momentum_buf = a->y, lr = a->f[0], momentum = a->f[1], weight_decay = a->f[2],
-          scale = a->f[3];
-    const float *grads = a->a;
-    for (size_t i = lo; i < hi; i++) {
-        float d = grads[i] * scale + weight_decay * params[i];
-        if (momentum != 0.0f) d = momentum_buf[i] = momentum * momentum_buf[i] + d;
-        params[i] -= lr * d;
-    }
-}
-
-void bb_cpu_sgd(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-             float momentum, float weight_decay, float grad_scale)
-{
-    bb_cpu_ew_run(b, &(ew_args){.range = sgd_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
-                         .f = {lr, momentum, weight_decay, grad_scale}});
-}
-
-/* ---- the layer-wise optimizers: a tensor's norms, then its update ----------
- * Pass one leaves two sums per slice in parts (2·slice, 2·slice + 1),
- * summed in slice order: the same bits for any thread count. */
-typedef struct two_norms {
-    double a, b;
-    bool ok; /* false: no memory for the parts (noted on the backend) */
-} two_norms;
-
-static two_norms run_norms(bb_backend_t *b, ew_args *a)
-{
-    a->grain = EW_GRAIN;
-    int slices = bb_cpu_ew_slices(a);
-    double few[16], *parts = slices <= 8 ? few : malloc((size_t)slices * 2 * sizeof *parts);
-    if (!parts) {
-        bb_backend_note_error(b, BB_ERR_NOMEM, "a layer-wise step's norms: out of host memory");
-        return (two_norms){0.0, 0.0, false};
-    }
-    a->parts = parts;
-    bb_cpu_ew_run(b, a);
-    two_norms s = {0.0, 0.0};
-    for (int k = 0; k < slices; k++) s.a += parts[2 * k], s.b += parts[2 * k + 1];
-    if (parts != few) free(parts);
-    return (two_norms){sqrt(s.a), sqrt(s.b), true};
-}
-
-/* LAMB's direction r = m^/(sqrt(v^) + eps) + wd·p (f: eps, 1/bc1, 1/bc2, wd). */
-static inline float lamb_direction(const float *f, float m, float v, float p)
-{
-    return m * f[1] / (sqrtf(v * f[2]) + f[0]) + f[3] * p;
-}
-
-static void lamb_moments_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    float *params = a->x, *m = a->y, *v = a->z, beta1 = a->f[4], beta2 = a->f[5], scale = a->f[6];
-    const float *grads = a->a;
-    double wn = 0.0, rn = 0.0;
-    for (size_t i = lo; i < hi; i++) {
-        float g = grads[i] * scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float r = lamb_direction(a->f, m[i], v[i], params[i]);
-        wn += (double)params[i] * params[i], rn += (double)r * r;
-    }
-    a->parts[2 * slice] = wn, a->parts[2 * slice + 1] = rn;
-}
-
-static void lamb_apply_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *params = a->x, step = a->f[4];
-    const float *m = a->y, *v = a->z;
-    for (size_t i = lo; i < hi; i++) params[i] -= step * lamb_direction(a->f, m[i], v[i], params[i]);
-}
-
-void bb_cpu_lamb(bb_backend_t *b, float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale)
-{
-    float f[7] = {eps, 1.0f / (1.0f - powf(beta1, (float)t)), 1.0f / (1.0f - powf(beta2, (float)t)), weight_decay,
-                  beta1, beta2, grad_scale};
-    ew_args a = {.range = lamb_moments_range, .x = params, .y = m, .z = v, .a = grads, .n = n};
-    memcpy(a.f, f, sizeof f);
-    two_norms norms = run_norms(b, &a);
-    if (!norms.ok) return;
-    f[4] = lr * bb_lamb_trust(norms.a, norms.b);
-    a = (ew_args){.range = lamb_apply_range, .x = params, .y = m, .z = v, .n = n};
-    memcpy(a.f, f, sizeof f);
-    bb_cpu_ew_run(b, &a);
-}
-
-static void lars_norms_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    double wn = 0.0, gn = 0.0;
-    for (size_t i = lo; i < hi; i++) {
-        float g = a->a[i] * a->f[0];
-        wn += (double)a->c[i] * a->c[i], gn += (double)g * g;
-    }
-    a->parts[2 * slice] = wn, a->parts[2 * slice + 1] = gn;
-}
-
-static void lars_apply_range(const ew_args *a, size_t lo, size_t hi, int slice)
-{
-    (void)slice;
-    float *params = a->x, *buf = a->y, lr = a->f[0], momentum = a->f[1], weight_decay = a->f[2], trust = a->f[3],
-          scale = a->f[4];
-    const float *grads = a->a;
-    for (size_t i = lo; i < hi; i++) {
-        float d = (grads[i] * scale + weight_decay * params[i]) * trust;
-        if (momentum != 0.0f) d = buf[i] = momentum * buf[i] + d;
-        params[i] -= lr * d;
-    }
-}
-
-void bb_cpu_lars(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                 float momentum, float weight_decay, float trust_coefficient, float grad_scale)
-{
-    float trust = 1.0f;
-    if (trust_coefficient != 0.0f) {
-        two_norms norms = run_norms(b, &(ew_args){.range = lars_norms_range, .a = grads, .c = params, .n = n,
-                                                  .f = {grad_scale}});
-        if (!norms.ok) return;
-        trust = bb_lars_trust(norms.a, norms.b, trust_coefficient, weight_decay);
-    }
-    bb_cpu_ew_run(b, &(ew_args){.range = lars_apply_range, .x = params, .y = momentum_buf, .a = grads, .n = n,
-                                .f = {lr, momentum, weight_decay, trust, grad_scale}});
 }
 
 double bb_host_sum_squares(const float *x, size_t n) { return bb_sum_squares_f32(x, n); }

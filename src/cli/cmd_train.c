@@ -113,9 +113,9 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          GIVEN(WARMUP)},
         {"--weight-decay", BB_OPT_DOUBLE, &o->opt.weight_decay, "WD", "decoupled weight decay on matrices (not "
          "biases, norms)", .min = 0, .max = 1e3, GIVEN(WEIGHT_DECAY)},
-        {"--momentum", BB_OPT_DOUBLE, &o->opt.momentum, "M", "sgd, lars: momentum", .min = 0, .max = 1,
+        {"--momentum", BB_OPT_DOUBLE, &o->opt.momentum, "M", "sgd, lars, muon: momentum (default 0.9; muon's 0.95)", .min = 0, .max = 1,
          GIVEN(MOMENTUM)},
-        {"--beta2", BB_OPT_DOUBLE, &o->opt.beta2, "B2", "adamw, lamb: second-moment decay", .min = 0, .max = 1,
+        {"--beta2", BB_OPT_DOUBLE, &o->opt.beta2, "B2", "adamw, lamb, muon's AdamW part: second-moment decay", .min = 0, .max = 1,
          GIVEN(BETA2)},
         {"--trust-coefficient", BB_OPT_DOUBLE, &o->opt.trust_coefficient, "ETA", "lars: the trust ratio's factor "
          "(default 0.001, the paper's)", .min = 0, .max = 1, GIVEN(TRUST_COEFFICIENT)},
@@ -208,6 +208,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     }
     if (f->given[BB_TRAIN_STEPS]) o->epochs = 0;
     o->opt.eps = bb_optimizer_defaults_for(o->opt.kind).eps; /* no flag: the optimizer's (LAMB's 1e-6) */
+    if (!f->given[BB_TRAIN_MOMENTUM]) o->opt.momentum = bb_optimizer_defaults_for(o->opt.kind).momentum; /* Muon's 0.95 */
     o->skip_nonfinite = f->on_nonfinite == 1;
     for (int i = 0; i < BB_TRAIN_FIELDS; i++)
         if (f->given[i]) o->set |= BB_TRAIN_SET(i);

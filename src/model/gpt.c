@@ -114,6 +114,7 @@ static bb_status add_block_tensors(bb_model_t *m, int l)
         char name[64];
         snprintf(name, sizeof name, "transformer.h.%d.%s", l, block[k].name);
         BB_TRY(bb_model_add_tensor(m, name, block[k].rows * C, block[k].cols * C, block[k].decay));
+        m->tensors[m->tensor_count - 1].hidden = block[k].cols != 0;
     }
     return BB_OK;
 }

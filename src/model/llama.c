@@ -239,6 +239,7 @@ static bb_status add_block_tensors(bb_model_t *m, int l)
         BB_TRY(bb_model_add_tensor(m, name, block[k].rows, block[k].cols, block[k].cols != 0));
         /* k and v: one product with q; up: one with gate */
         m->tensors[m->tensor_count - 1].joined = k == 2 || k == 3 || k == 7;
+        m->tensors[m->tensor_count - 1].hidden = block[k].cols != 0;
     }
     return BB_OK;
 }

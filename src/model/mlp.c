@@ -53,6 +53,7 @@ static bb_status mlp_create(bb_model_t *m)
         char name[64];
         snprintf(name, sizeof name, "fc.%d.weight", i);
         BB_TRY(bb_model_add_tensor(m, name, s->width[i + 1], s->width[i], true));
+        m->tensors[m->tensor_count - 1].hidden = i > 0 && i < s->n - 1;
         snprintf(name, sizeof name, "fc.%d.bias", i);
         BB_TRY(bb_model_add_tensor(m, name, s->width[i + 1], 0, false));
     }

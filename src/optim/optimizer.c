@@ -1,5 +1,5 @@
 /* optimizer.c — the optimizers' table (each descriptor is in a file of its
- * own: adamw.c, sgd.c, lamb.c, lars.c), their configuration and the learning-rate
+ * own: adamw.c, sgd.c, lamb.c, lars.c, muon.c), their configuration and the learning-rate
  * schedule, gradient buckets and ZeRO's cut of them, a replica's state and
  * its step (the clip folded in), and the optimizer state file (optim.h). */
 #include <math.h>
@@ -16,7 +16,8 @@ bb_optimizer_config bb_optimizer_defaults_for(bb_optimizer_kind k)
 {
     const bb_optimizer_desc *d = bb_optimizer_desc_of(k);
     return (bb_optimizer_config){.kind = k, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,
-                                 .eps = d && d->eps > 0 ? d->eps : 1e-8, .momentum = 0.9,
+                                 .eps = d && d->eps > 0 ? d->eps : 1e-8,
+                                 .momentum = d && d->momentum > 0 ? d->momentum : 0.9,
                                  .trust_coefficient = 0.001, .weight_decay = 0.0, .schedule = BB_LR_COSINE,
                                  .grad_clip = 1.0};
 }
@@ -27,6 +28,7 @@ static const bb_optimizer_desc *const optimizers[BB_OPTIMIZER_COUNT] = {
     [BB_OPTIMIZER_SGD] = &bb_optimizer_sgd,
     [BB_OPTIMIZER_LAMB] = &bb_optimizer_lamb,
     [BB_OPTIMIZER_LARS] = &bb_optimizer_lars,
+    [BB_OPTIMIZER_MUON] = &bb_optimizer_muon,
 };
 
 const bb_optimizer_desc *bb_optimizer_desc_of(bb_optimizer_kind k)
@@ -238,6 +240,21 @@ static size_t range_at(const bb_optimizer *o, int r) { return o->shard.ranges ? 
 
 static bb_status offload_state(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap, bb_model_t *m, bb_optimizer *o);
 
+/* The step's scratch, on the backend it runs on: the most any tensor of
+ * o's ranges needs. */
+static bb_status alloc_work(bb_backend_t *be, const bb_model_t *m, bb_optimizer *o)
+{
+    for (int r = 0; o->desc->work_floats && r < ranges_of(o); r++)
+        for (int i = 0; i < bb_model_tensor_count(m); i++) {
+            const bb_tensor_info *t = bb_model_tensor(m, i);
+            size_t need = o->desc->work_floats(t);
+            if (t->offset < range_hi(o, r) && t->offset + t->count > range_lo(o, r) && need > o->work_floats)
+                o->work_floats = need;
+        }
+    return o->work_floats ? bb_backend_alloc(be, o->work_floats * sizeof(float), "optimizer work", (void **)&o->work)
+                          : BB_OK;
+}
+
 bb_status bb_optimizer_create_offloaded(bb_backend_t *be, bb_backend_t *host, uint64_t host_cap,
                                         const bb_optimizer_config *c, bb_model_t *m, bb_param_shard *shard,
                                         bb_optimizer *o)
@@ -258,6 +275,7 @@ bb_status bb_optimizer_create_offloaded(bb_backend_t *be, bb_backend_t *host, ui
         rc = bb_backend_memset(be, o->grads, 0, bytes);
     if (rc == BB_OK && !host && o->shard.parameters)
         rc = bb_backend_alloc(be, bytes, "parameters (ZeRO-3 master shard)", (void **)&o->params);
+    if (rc == BB_OK) rc = alloc_work(host ? host : be, m, o);
     if (rc != BB_OK) bb_optimizer_destroy(be, o);
     return rc;
 }
@@ -272,6 +290,8 @@ static void free_offload(bb_backend_t *be, bb_optimizer *o);
 
 void bb_optimizer_destroy(bb_backend_t *be, bb_optimizer *o)
 {
+    bb_backend_free(o->host ? o->host : be, o->work);
+    o->work = NULL, o->work_floats = 0;
     if (o->host) {
         free_offload(be, o);
     } else {
@@ -331,6 +351,18 @@ double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimi
     return bb_op_sum_squares_ranges(be, bb_model_grads(m), o->shard.lo, o->shard.hi, o->shard.ranges);
 }
 
+/* The step's piece of tensor t: parameters [a, b) at `params`, their
+ * gradients at `grads`, at `at` of o's state. */
+static bb_optimizer_piece piece_of(const bb_optimizer *o, const bb_tensor_info *t, size_t a, size_t b, size_t at,
+                                   float *params, const float *grads)
+{
+    bool matrix = t->rank == 2 && a == t->offset && b == t->offset + t->count;
+    bb_optimizer_piece p = {.params = params, .grads = grads, .n = b - a, .decay = t->decay, .hidden = t->hidden,
+                            .rows = matrix ? t->shape[0] : 0, .cols = matrix ? t->shape[1] : 0, .work = o->work};
+    for (int k = 0; k < o->desc->state_buffers; k++) p.state[k] = o->state[k] + at;
+    return p;
+}
+
 /* ---- offload ------------------------------------------------------------------
  * The offloaded step works in pieces (a range's run of one tensor, cut to
  * OFFLOAD_CHUNK floats where the optimizer updates elements) grouped into
@@ -342,7 +374,7 @@ double bb_optimizer_sum_squares(bb_backend_t *be, bb_model_t *m, const bb_optimi
 
 typedef struct offload_piece {
     size_t lo, at, n; /* the parameters [lo, lo + n), at `at` of the state */
-    bool decay;
+    int tensor;       /* of the model's */
 } offload_piece;
 
 struct offload_plan {
@@ -365,7 +397,7 @@ static bb_status plan_pieces(const bb_model_t *m, const bb_optimizer *o, struct 
                 size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
                 for (; a < b; n++) {
                     size_t len = b - a < cut ? b - a : cut;
-                    if (pass) p->piece[n] = (offload_piece){a, range_at(o, r) + (a - lo), len, t->decay};
+                    if (pass) p->piece[n] = (offload_piece){a, range_at(o, r) + (a - lo), len, i};
                     a += len, in_chunk += len;
                     if (in_chunk >= OFFLOAD_CHUNK) {
                         if (pass) p->chunk_end[chunks] = n + 1;
@@ -471,9 +503,8 @@ static void apply_offloaded(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, fl
         rc = bb_backend_event_synchronize(be, p->down[c]);
         for (; rc == BB_OK && i < p->chunk_end[c]; i++) {
             const offload_piece *q = &p->piece[i];
-            bb_optimizer_piece piece = {.params = o->params + q->at, .grads = o->host_grads + q->at, .n = q->n,
-                                        .decay = q->decay};
-            for (int k = 0; k < o->desc->state_buffers; k++) piece.state[k] = o->state[k] + q->at;
+            bb_optimizer_piece piece = piece_of(o, bb_model_tensor(m, q->tensor), q->lo, q->lo + q->n, q->at,
+                                                o->params + q->at, o->host_grads + q->at);
             o->desc->step(o->host, &o->cfg, &piece, lr, step, scale);
             if (weights)
                 rc = bb_backend_copy_async(be, weights + q->lo, o->params + q->at, q->n * sizeof(float), BB_COPY_H2D,
@@ -505,9 +536,8 @@ void bb_optimizer_apply(bb_backend_t *be, bb_model_t *m, bb_optimizer *o, uint64
             size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
             if (a >= b) continue;
             size_t at = range_at(o, r) + (a - lo);
-            bb_optimizer_piece p = {.params = o->params ? o->params + at : params + a, .grads = o->grads ? o->grads + at : grads + a, .n = b - a,
-                                    .decay = t->decay};
-            for (int k = 0; k < o->desc->state_buffers; k++) p.state[k] = o->state[k] + at;
+            bb_optimizer_piece p = piece_of(o, t, a, b, at, o->params ? o->params + at : params + a,
+                                            o->grads ? o->grads + at : grads + a);
             o->desc->step(be, c, &p, lr, step, scale);
         }
     }

@@ -293,4 +293,36 @@ void cuda_activation_linear_backward(bb_backend_t *b, bb_activation act, bb_tens
     cuda_activation_backward(b, act, dpre, dpre, pre, (size_t)N * IC);
 }
 
+// Muon's step (ops.def) on one row-major matrix, which cuBLAS sees as its
+// transpose (column-major, cols x rows): with X_c that transpose, A = X Xᵀ
+// is X_cᵀ X_c and X B is B X_c (A and B symmetric); on the tall side
+// (rows > cols) A = Xᵀ X is X_c X_cᵀ and X B is X_c B.
+void cuda_muon(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, float *work, int rows, int cols,
+               float lr, float momentum, float weight_decay, float update_scale, float grad_scale)
+{
+    use(b);
+    cuda_state *s = state(b);
+    cudaStream_t st = compute(b);
+    size_t n = (size_t)rows * (size_t)cols;
+    int m = rows < cols ? rows : cols;
+    float *x = work, *y = work + n, *A = work + 2 * n, *B = A + (size_t)m * m;
+    BB_CUDA_OP(b, bbk_muon_direction(st, x, momentum_buf, grads, n, momentum, grad_scale, s->partial, kPartials,
+                                     s->range_sums));
+    bool wide = rows <= cols;
+    for (int k = 0; k < BB_MUON_NS_STEPS && b->error == BB_OK; k++) {
+        if (wide) gemm(b, CUBLAS_OP_T, CUBLAS_OP_N, m, m, cols, 1.0f, x, cols, 0, x, cols, 0, 0.0f, A, m, 0, 1, "muon");
+        else gemm(b, CUBLAS_OP_N, CUBLAS_OP_T, m, m, rows, 1.0f, x, cols, 0, x, cols, 0, 0.0f, A, m, 0, 1, "muon");
+        BB_CUDA_OP(b, cudaMemcpyAsync(B, A, (size_t)m * m * sizeof *B, cudaMemcpyDeviceToDevice, st));
+        gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, BB_MUON_C, A, m, 0, A, m, 0, BB_MUON_B, B, m, 0, 1, "muon");
+        BB_CUDA_OP(b, cudaMemcpyAsync(y, x, n * sizeof *y, cudaMemcpyDeviceToDevice, st));
+        if (wide) gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, rows, 1.0f, x, cols, 0, B, m, 0, BB_MUON_A, y, cols, 0, 1,
+                       "muon");
+        else gemm(b, CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, cols, 1.0f, B, m, 0, x, cols, 0, BB_MUON_A, y, cols, 0, 1,
+                  "muon");
+        float *t = x;
+        x = y, y = t;
+    }
+    BB_CUDA_OP(b, bbk_muon_apply(st, params, x, n, 1.0f - lr * weight_decay, lr * update_scale));
+}
+
 } // namespace bb_cuda

@@ -89,6 +89,8 @@ void cuda_linear_activation_forward(bb_backend_t *b, bb_activation act, bb_tenso
 void cuda_activation_linear_backward(bb_backend_t *b, bb_activation act, bb_tensor dpre, bb_tensor dw, bb_tensor dbias,
                                      bb_tensor dout, bb_tensor in, bb_tensor w, bb_tensor pre, int N, int IC, int OC,
                                      bool accumulate);
+void cuda_muon(bb_backend_t *b, float *params, const float *grads, float *momentum_buf, float *work, int rows, int cols,
+               float lr, float momentum, float weight_decay, float update_scale, float grad_scale);
 void lt_start(bb_backend_t *b);
 const char *cuda_bf16_products(bb_backend_t *b);
 
