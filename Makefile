@@ -328,6 +328,9 @@ tsan-run: $(TSAN_BIN) $(BIN)
 	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 2 --stop-after 4 && \
 	  $(TSAN_ENV) $(BIN) train $$args --resume $$tmp/ck --zero 3 --offload optimizer; rc=$$?; rm -rf $$tmp; \
 	  [ $$rc -eq 0 ] || { echo "FAILED: tsan train"; exit 1; }
+	@echo "== $(BIN) train --devices cpu:3 --global-batch auto (replica 0 moves the batch between a step's barriers)"; \
+	  $(TSAN_ENV) $(BIN) train --data data/kjv --layers 1 --d-model 32 --heads 2 --devices cpu:3 \
+	    --global-batch auto:12..48 --micro-batch 4 --steps 6 --quiet
 	@echo "== $(BIN) pack --threads 4"; tmp=$$(mktemp -d); \
 	  head -c 3000000 /dev/urandom | base64 > $$tmp/in.txt; \
 	  $(TSAN_ENV) $(BIN) pack --format text --in $$tmp/in.txt --seq-len 128 --frame-kib 8 \

@@ -82,6 +82,14 @@ typedef struct bb_train_options {
     bb_precision precision;    /* bf16: gpt activations kept in bf16; on GPUs also bf16 products */
     bb_attention attention;    /* GPUs, bf16: cuDNN's fused attention or bigbatch's kernels (backend.h) */
     int global_batch, micro_batch; /* accumulation = G / (devices * micro_batch) */
+    int ramp_from;             /* --global-batch ramp:B0..B1[:STEPS]: the global batch grows linearly from
+                                  ramp_from (B0) to global_batch (B1) over the first ramp_steps steps (0: all
+                                  of --steps), in whole micro-steps; the data order stays a function of
+                                  (seed, position); 0: a fixed batch */
+    uint64_t ramp_steps;
+    bool auto_batch;           /* --global-batch auto[:B0..B1]: from ramp_from the batch follows the measured
+                                  noise scale B_simple (in whole micro-steps, never shrinking) up to
+                                  global_batch; ramp_steps unused */
     bool auto_micro_batch;     /* --micro-batch auto: the planner picks it (plan.h) */
     bool auto_recompute;      /* --checkpoint auto: the planner picks model.recompute_every */
     uint64_t steps;            /* run ends after step `steps`; 0: use epochs */
@@ -132,6 +140,14 @@ typedef struct bb_train_options {
 typedef enum bb_stop_request { BB_STOP_NONE = 0, BB_STOP_INTERRUPT = 1, BB_STOP_PREEMPT = 2 } bb_stop_request;
 
 void bb_train_defaults(bb_train_options *o);
+/* --global-batch's value (named `flag` in messages): G,
+ * ramp:B0..B1[:STEPS] (1 <= B0 < B1; STEPS >= 1, absent: the whole run,
+ * ramp_steps 0), or auto[:B0..B1] (the batch follows the noise scale from
+ * B0 to at most B1; plain auto: B0 0 and B1 0, which the trainer reads as
+ * two micro-steps of the micro-batch on every device and 64), into
+ * o->global_batch, o->ramp_from, o->ramp_steps and o->auto_batch. Fails
+ * with BB_ERR_ARG naming the flag and what is wrong. */
+bb_status bb_train_parse_global_batch(const char *flag, const char *s, bb_train_options *o);
 /* Field f as o's messages name it (o->field_name, else "global_batch"). */
 const char *bb_train_option_name(const bb_train_options *o, bb_train_field f);
 /* A device list, as --devices takes it: cpu (one device), cpu:N (N CPU
@@ -239,6 +255,12 @@ typedef struct bb_checkpoint_info {
     uint64_t step;             /* steps done */
     uint64_t seed;
     int global_batch;
+    int ramp_from;             /* its batch ramp (bb_train_options.ramp_from, .ramp_steps: the steps it spans,
+                                  resolved); 0 when none (or not recorded) */
+    uint64_t ramp_steps;
+    bool auto_batch;           /* its batch followed the noise scale: */
+    uint64_t auto_chunks;      /* the chunks its steps took (where the data stands) */
+    int auto_accumulation;     /* and the micro-steps of its next step */
     bb_optimizer_config opt;   /* the optimizer (opt.kind) and hyperparameters the run was saved with */
     uint64_t total_steps;      /* its --steps (the schedule's length) */
     char data[4096];           /* its training data */

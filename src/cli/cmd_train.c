@@ -62,7 +62,7 @@ static bb_status train_with_report(bb_train_options *o, const char *report, bb_t
  * were given: given[f] for BB_TRAIN_* field f (bb_train_options.set). */
 typedef struct train_flags {
     model_flags mf;
-    const char *devices, *data, *micro_batch, *report;
+    const char *devices, *data, *global_batch, *micro_batch, *report;
     bool quiet, given[BB_TRAIN_FIELDS];
     int on_nonfinite; /* 0: stop, 1: skip */
 } train_flags;
@@ -90,7 +90,12 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
         DEVICES_FLAG_OPT(f->devices, &f->given[BB_TRAIN_DEVICES]),
         PRECISION_FLAG_OPT(o->precision, &f->given[BB_TRAIN_PRECISION]),
         ATTENTION_FLAG_OPT(o->attention),
-        GLOBAL_BATCH_FLAG_OPT(o->global_batch, &f->given[BB_TRAIN_GLOBAL_BATCH]),
+        {"--global-batch", BB_OPT_STRING, &f->global_batch, "G|ramp:B0..B1[:STEPS]|auto[:B0..B1]", "examples per "
+         "optimizer step (default 64); ramp: from B0 to B1 linearly over the first STEPS steps (default: all of "
+         "--steps), then B1; auto: from B0 (default: one micro-batch on every device, two on one device) the batch "
+         "follows the measured noise scale B_simple, never shrinking, up to B1 (default: 64 micro-steps). Both "
+         "move in whole micro-steps of --micro-batch on every device; the data order stays the positions' order "
+         "(a resume is exact); not with --zero 2 or 3", GIVEN(GLOBAL_BATCH)},
         {"--micro-batch", BB_OPT_STRING, &f->micro_batch, "B|auto", "examples per device per micro-step (what must "
          "fit in memory); auto: the planner's choice for --device-mem (see bigbatch plan)", GIVEN(MICRO_BATCH)},
         {"--steps", BB_OPT_U64, &o->steps, "N", "optimizer steps, counted from step 0 of the run (also when "
@@ -188,6 +193,7 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     f->given[BB_TRAIN_MODEL] = model_flags_shape_given(mf);
     f->given[BB_TRAIN_RECOMPUTE] = mf->checkpoint_given;
     f->given[BB_TRAIN_LOSS_CHUNK] = mf->loss_chunk_given;
+    if (f->global_batch) BB_TRY(bb_train_parse_global_batch("--global-batch", f->global_batch, o));
     if (!strcmp(f->micro_batch, "auto")) {
         o->auto_micro_batch = true;
         o->micro_batch = 0;

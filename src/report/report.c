@@ -65,8 +65,13 @@ static double f_speed(const bb_report_run *r, int i)
 /* Examples (tokens for a gpt) seen by the end of the row's step. */
 static double f_seen(const bb_report_run *r, int i)
 {
-    if (!r->has_config || r->global_batch <= 0) return NAN;
-    return r->rows[i].step * r->global_batch * (r->tokens_per_example > 0 ? r->tokens_per_example : 1);
+    if (!r->has_config) return NAN;
+    return r->rows[i].seen * (r->tokens_per_example > 0 ? r->tokens_per_example : 1);
+}
+/* The step's global batch: a ramp's, else the run's. */
+static double f_batch(const bb_report_run *r, int i)
+{
+    return isfinite(r->rows[i].global_batch) ? r->rows[i].global_batch : r->has_config ? r->global_batch : NAN;
 }
 
 /* A horizontal line across a chart (hline_at NAN: none). */
@@ -75,10 +80,18 @@ typedef struct hline {
     const char *label;
 } hline;
 
+/* A second line of the first run on a chart (y NULL: none). */
+typedef struct second_line {
+    field_fn y;
+    const char *cls, *label;
+} second_line;
+
 /* One chart of field `y` against `x` for every run, series k for run k
- * (and a line at mark.at, when it is a number). */
+ * (and a line at mark.at, when it is a number; and the first run's
+ * `second` line, when given). */
 static void runs_chart_marked(page *p, const char *title, const char *x_title, const char *y_title, field_fn x,
-                              field_fn y, const char *cls, field_fn points_y, bool log_y, hline mark)
+                              field_fn y, const char *cls, field_fn points_y, bool log_y, hline mark,
+                              second_line second)
 {
     double x0, x1, y0, y1, a, b;
     range_of(p, x, &x0, &x1);
@@ -88,6 +101,10 @@ static void runs_chart_marked(page *p, const char *title, const char *x_title, c
         y0 = a < y0 ? a : y0, y1 = b > y1 ? b : y1;
     }
     if (isfinite(mark.at) && isfinite(y0)) y0 = mark.at < y0 ? mark.at : y0, y1 = mark.at > y1 ? mark.at : y1;
+    for (int i = 0; second.y && p->nruns && i < p->runs[0].count; i++) {
+        double v = second.y(&p->runs[0], i);
+        if (isfinite(v) && isfinite(y0)) y0 = v < y0 ? v : y0, y1 = v > y1 ? v : y1;
+    }
     if (!isfinite(x0) || !isfinite(y0)) return;
     if (!log_y) y0 = y0 > 0 && y0 < 0.5 * y1 ? 0 : y0;
     bb_svg_chart c;
@@ -103,6 +120,10 @@ static void runs_chart_marked(page *p, const char *title, const char *x_title, c
         }
         for (int i = 0; i < r->count; i++) xs[i] = x(r, i), ys[i] = y(r, i);
         bb_svg_line(&c, xs, ys, r->count, k, k ? "compare" : cls, run_label(r));
+        if (!k && second.y) {
+            for (int i = 0; i < r->count; i++) ys[i] = second.y(r, i);
+            bb_svg_line(&c, xs, ys, r->count, 1, second.cls, second.label);
+        }
         if (points_y) {
             for (int i = 0; i < r->count; i++) ys[i] = points_y(r, i);
             bb_svg_points(&c, xs, ys, r->count, k, "val", "validation");
@@ -118,7 +139,8 @@ static void runs_chart_marked(page *p, const char *title, const char *x_title, c
 static void runs_chart(page *p, const char *title, const char *x_title, const char *y_title, field_fn x, field_fn y,
                        const char *cls, field_fn points_y, bool log_y)
 {
-    runs_chart_marked(p, title, x_title, y_title, x, y, cls, points_y, log_y, (hline){NAN, NULL});
+    runs_chart_marked(p, title, x_title, y_title, x, y, cls, points_y, log_y, (hline){NAN, NULL},
+                      (second_line){NULL, NULL, NULL});
 }
 
 static void config_row(FILE *out, const char *key, const char *value)
@@ -140,7 +162,8 @@ static void header(page *p)
         snprintf(v, sizeof v, "%s (%d device%s%s)", r->devices, r->device_count, r->device_count == 1 ? "" : "s",
                  r->processes > 1 ? ", several processes" : "");
         config_row(out, "devices", v);
-        snprintf(v, sizeof v, "G = %d = %d devices x %d micro-steps x %d", r->global_batch,
+        int n = r->ramp_from ? snprintf(v, sizeof v, "from %d over %d steps to ", r->ramp_from, r->ramp_steps) : 0;
+        snprintf(v + n, sizeof v - (size_t)n, "G = %d = %d devices x %d micro-steps x %d", r->global_batch,
                  r->device_count * (r->processes > 0 ? r->processes : 1), r->accumulation, r->micro_batch);
         config_row(out, "global batch", v);
         snprintf(v, sizeof v, "%s, %s, lr %g, %llu steps%s", r->checkpoint, r->precision, r->lr,
@@ -294,9 +317,11 @@ static bb_status write_page(page *p, const bb_report_trace *trace, const bb_repo
     range_of(p, f_noise, &a, &b);
     if (isfinite(a)) { /* the batch pays while it is below B_simple (McCandlish et al.) */
         const bb_report_run *r = &p->runs[0];
-        hline batch = {r->has_config && r->global_batch > 0 ? r->global_batch : NAN, "the global batch"};
+        bool ramp = r->count && isfinite(r->rows[0].global_batch); /* the batch changes: a line of it */
+        hline batch = {!ramp && r->has_config && r->global_batch > 0 ? r->global_batch : NAN, "the global batch"};
+        second_line ramped = {ramp ? f_batch : NULL, "batch", "the global batch (its ramp)"};
         runs_chart_marked(p, "Gradient noise scale B_simple (examples) against the batch in use", "step",
-                          "B_simple (examples)", f_step, f_noise, "noise", NULL, true, batch);
+                          "B_simple (examples)", f_step, f_noise, "noise", NULL, true, batch, ramped);
     }
     fprintf(out, "<h2>Time</h2>\n");
     time_chart(p);

@@ -15,6 +15,8 @@ enum { BB_REPORT_MAX_DEVICES = 64 };
 typedef struct bb_report_row {
     double step, loss, lr, grad_norm, noise_scale, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
     double fwd_ms, bwd_ms, reduce_ms, opt_ms, val_loss, val_accuracy; /* NaN: absent or null */
+    double global_batch;     /* a batch ramp's step's batch; NaN: the run's (absent) */
+    double seen;             /* examples seen by the end of the step (the batches summed); NaN: unknown */
     bool skipped;
 } bb_report_row;
 
@@ -25,6 +27,7 @@ typedef struct bb_report_run {
     char model[16], describe[160], devices[48], checkpoint[BB_RECOMPUTE_NAME_MAX], precision[8], optimizer[8], data[256];
     char version[16], commit[48];
     int device_count, processes, global_batch, accumulation, micro_batch, tokens_per_example, zero;
+    int ramp_from, ramp_steps;        /* --global-batch ramp:B0..B1:STEPS: B0 and STEPS; 0: none */
     double lr, device_mem;
     uint64_t steps;
     bb_report_row *rows;

@@ -82,6 +82,8 @@ static void read_config(const json_t *run, bb_report_run *r)
     r->micro_batch = get_int(run, "micro_batch");
     r->tokens_per_example = get_int(run, "tokens_per_example");
     r->zero = get_int(run, "zero");
+    r->ramp_from = get_int(json_object_get(run, "batch_ramp"), "from"); /* 0: no ramp */
+    r->ramp_steps = get_int(json_object_get(run, "batch_ramp"), "steps");
     json_t *steps = json_object_get(run, "steps");
     r->steps = json_is_integer(steps) && json_integer_value(steps) > 0 ? (uint64_t)json_integer_value(steps) : 0;
     r->lr = bb_json_number_or_nan(run, "lr");
@@ -111,6 +113,7 @@ static bool read_row(const json_t *row, bb_report_row *w)
     w->lr = bb_json_number_or_nan(row, "lr");
     w->grad_norm = bb_json_number_or_nan(row, "grad_norm");
     w->noise_scale = bb_json_number_or_nan(row, "noise_scale"); /* absent before the noise scale: NaN */
+    w->global_batch = bb_json_number_or_nan(row, "global_batch"); /* only under a batch ramp */
     w->samples_per_s = bb_json_number_or_nan(row, "samples_per_s");
     w->tokens_per_s = bb_json_number_or_nan(row, "tokens_per_s");
     w->data_wait_pct = bb_json_number_or_nan(row, "data_wait_pct");
@@ -177,6 +180,10 @@ bb_status bb_report_read_run(const char *path, bb_report_run *r)
             break;
         }
         if (r->count && !(w.step > r->rows[r->count - 1].step) && !backwards++) back_line = number;
+        /* examples seen: the steps since the previous row at this row's batch (a ramp's), else the run's */
+        double batch = isfinite(w.global_batch) ? w.global_batch : r->global_batch > 0 ? r->global_batch : NAN;
+        double before = r->count ? r->rows[r->count - 1].seen : 0, from = r->count ? r->rows[r->count - 1].step : 0;
+        w.seen = before + (w.step - from) * batch;
         r->rows[r->count++] = w;
         read_peaks(obj, r);
         json_decref(obj);

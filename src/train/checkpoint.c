@@ -126,6 +126,14 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
                             "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
                             oc->weight_decay, "grad_clip", oc->grad_clip);
+    if (j && st->ramp_from && !st->auto_batch)
+        json_object_set_new(j, "batch_ramp", json_pack("{s:i, s:I}", "from", st->ramp_from, "steps",
+                                                       (json_int_t)st->ramp_steps));
+    if (j && st->auto_batch)
+        json_object_set_new(j, "batch_ramp", json_pack("{s:i, s:I, s:b, s:I, s:i}", "from", st->ramp_from, "steps",
+                                                       (json_int_t)0, "auto", 1, "chunks",
+                                                       (json_int_t)st->auto_chunks, "accumulation",
+                                                       st->auto_accumulation));
     bb_status rc = j && opt ? bb_model_config_to_json(j, c) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK && json_object_update(j, opt)) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);
@@ -415,6 +423,19 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     info->shuffle_frames = (uint32_t)frames;
     BB_TRY(bb_json_opt_int(j, path, "keep", &info->keep));
     BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
+    const json_t *ramp = json_object_get(j, "batch_ramp"); /* only a run with a batch ramp writes one */
+    if (ramp) {
+        BB_TRY(bb_json_req_int(ramp, path, "from", &info->ramp_from));
+        BB_TRY(bb_json_req_u64(ramp, path, "steps", &info->ramp_steps));
+        info->auto_batch = json_is_true(json_object_get(ramp, "auto"));
+        if (info->auto_batch) {
+            BB_TRY(bb_json_req_u64(ramp, path, "chunks", &info->auto_chunks));
+            BB_TRY(bb_json_req_int(ramp, path, "accumulation", &info->auto_accumulation));
+            if (info->auto_accumulation < 1)
+                return bb_fail(BB_ERR_FORMAT, "%s: \"batch_ramp\": \"accumulation\" %d: must be at least 1", path,
+                               info->auto_accumulation);
+        }
+    }
     const json_t *noise = json_object_get(j, "noise_scale"); /* before the noise scale, none was written */
     if (noise) {
         BB_TRY(bb_json_req_double(noise, path, "g2", &info->noise.g2));

@@ -18,6 +18,11 @@
 typedef struct checkpoint_state {
     uint64_t step, epoch, step_in_epoch, seed, total_steps;
     int global_batch, micro_batch;
+    int ramp_from;                /* a batch ramp's B0 and the steps it spans (train.h); 0: none */
+    uint64_t ramp_steps;
+    bool auto_batch;              /* --global-batch auto: the chunks taken and the next step's micro-steps */
+    uint64_t auto_chunks;
+    int auto_accumulation;
     uint32_t shuffle_frames;
     uint64_t data_identity;       /* bb_dataset_identity of the training data */
     int keep;                     /* the run's keep and save_every: a resumed run saves as it did */

@@ -29,6 +29,57 @@ void bb_train_defaults(bb_train_options *o)
     };
 }
 
+/* One whole number of `what` within [lo, hi] from s (which ends at `end`). */
+static bool whole(const char *s, const char *end, int64_t lo, int64_t hi, int64_t *out)
+{
+    char text[32];
+    size_t n = (size_t)(end - s);
+    if (!n || n >= sizeof text) return false;
+    memcpy(text, s, n), text[n] = 0;
+    char *stop;
+    long long v = strtoll(text, &stop, 10);
+    if (*stop || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bb_status bb_train_parse_global_batch(const char *flag, const char *s, bb_train_options *o)
+{
+    int64_t b0, b1, steps = 0;
+    o->auto_batch = false;
+    if (!strcmp(s, "auto")) {
+        o->global_batch = 0, o->ramp_from = 0, o->ramp_steps = 0, o->auto_batch = true;
+        return BB_OK;
+    }
+    if (!strncmp(s, "auto:", 5)) {
+        const char *from = s + 5, *dots = strstr(from, "..");
+        if (!dots || !whole(from, dots, 1, 1 << 30, &b0) || !whole(dots + 2, dots + 2 + strlen(dots + 2), 1, 1 << 30, &b1))
+            return bb_fail(BB_ERR_ARG, "%s %s: expected auto or auto:B0..B1 (e.g. auto:32..4096: from 32 examples, "
+                           "following the noise scale up to 4096)", flag, s);
+        if (b0 >= b1)
+            return bb_fail(BB_ERR_ARG, "%s %s: B0 %lld must be below B1 %lld", flag, s, (long long)b0, (long long)b1);
+        o->global_batch = (int)b1, o->ramp_from = (int)b0, o->ramp_steps = 0, o->auto_batch = true;
+        return BB_OK;
+    }
+    if (strncmp(s, "ramp:", 5)) {
+        BB_TRY(bb_parse_int(flag, s, &b1));
+        if (b1 < 1 || b1 > 1 << 30) return bb_fail(BB_ERR_ARG, "%s %s: must be 1 to %d", flag, s, 1 << 30);
+        o->global_batch = (int)b1, o->ramp_from = 0, o->ramp_steps = 0;
+        return BB_OK;
+    }
+    const char *from = s + 5, *dots = strstr(from, ".."), *to = dots ? dots + 2 : NULL;
+    const char *colon = to ? strchr(to, ':') : NULL, *end = colon ? colon : to ? to + strlen(to) : NULL;
+    if (!dots || !whole(from, dots, 1, 1 << 30, &b0) || !whole(to, end, 1, 1 << 30, &b1) ||
+        (colon && !whole(colon + 1, colon + 1 + strlen(colon + 1), 1, (int64_t)1 << 50, &steps)))
+        return bb_fail(BB_ERR_ARG, "%s %s: expected ramp:B0..B1 or ramp:B0..B1:STEPS (e.g. ramp:32..512:1000: from "
+                       "32 to 512 examples over the first 1000 steps)", flag, s);
+    if (b0 >= b1)
+        return bb_fail(BB_ERR_ARG, "%s %s: a ramp grows: B0 %lld must be below B1 %lld", flag, s, (long long)b0,
+                       (long long)b1);
+    o->global_batch = (int)b1, o->ramp_from = (int)b0, o->ramp_steps = (uint64_t)steps;
+    return BB_OK;
+}
+
 static const char *const field_names[BB_TRAIN_FIELDS] = {
     [BB_TRAIN_MODEL] = "model",           [BB_TRAIN_RECOMPUTE] = "checkpoint",
     [BB_TRAIN_LOSS_CHUNK] = "loss_chunk", [BB_TRAIN_DATA] = "data",
@@ -162,7 +213,9 @@ bb_status bb_train_options_resume(const bb_train_options *given, const bb_checkp
         out->val_data = ck->val_data[0] ? ck->val_data : NULL;
     if (!is_set(out, BB_TRAIN_DEVICES)) BB_TRY(take_devices(ck, out));
     if (!is_set(out, BB_TRAIN_PRECISION)) out->precision = ck->model.precision;
-    if (!is_set(out, BB_TRAIN_GLOBAL_BATCH)) out->global_batch = ck->global_batch;
+    if (!is_set(out, BB_TRAIN_GLOBAL_BATCH))
+        out->global_batch = ck->global_batch, out->ramp_from = ck->ramp_from, out->ramp_steps = ck->ramp_steps,
+        out->auto_batch = ck->auto_batch;
     if (!is_set(out, BB_TRAIN_MICRO_BATCH) && ck->micro_batch > 0)
         out->micro_batch = ck->micro_batch, out->auto_micro_batch = false;
     if (!is_set(out, BB_TRAIN_STEPS)) /* --epochs replaces the run's --steps */
@@ -208,7 +261,8 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
     FIELD(PRECISION, "%s", bb_precision_name(o->precision));
     FIELD(ATTENTION, "%s", bb_attention_name(o->attention));
-    FIELD(GLOBAL_BATCH, "%d", o->global_batch);
+    FIELD(GLOBAL_BATCH, "%d (%s from %d over %llu steps)", o->global_batch, o->auto_batch ? "auto" : "ramp",
+          o->ramp_from, (unsigned long long)o->ramp_steps);
     FIELD(MICRO_BATCH, "%d%s", o->micro_batch, o->auto_micro_batch ? " (auto)" : "");
     FIELD(STEPS, "%llu", (unsigned long long)o->steps);
     FIELD(EPOCHS, "%llu", (unsigned long long)o->epochs);

@@ -10,11 +10,12 @@
 
 typedef struct step_figures {
     double loss, lr, grad_norm, noise_scale, seconds, samples_per_s, tokens_per_s, data_wait_pct, overlap_pct;
+    int batch; /* the step's global batch (a ramp's or auto's moves) */
     double fwd_ms, bwd_ms, reduce_ms, opt_ms;
     bool has_overlap;
 } step_figures;
 
-static step_figures measure(trainer *t, uint64_t now)
+static step_figures measure(trainer *t, uint64_t step0, uint64_t now)
 {
     const worker_stats *s0 = &t->replicas[0].stats;
     /* the loss: the mean of the devices' equal shares, through the reducer (worker.c) */
@@ -31,7 +32,8 @@ static step_figures measure(trainer *t, uint64_t now)
         if (s->backward_end_ns > last_backward) last_backward = s->backward_end_ns;
     }
     f.seconds = (double)(now - t->last_step_end_ns) / 1e9;
-    f.samples_per_s = t->global_batch / f.seconds;
+    f.batch = trainer_batch_at(t, step0);
+    f.samples_per_s = f.batch / f.seconds;
     f.tokens_per_s = bb_model_targets_are_tokens(&t->cfg) ? f.samples_per_s * bb_model_targets_per_example(&t->cfg) : 0;
     f.data_wait_pct = 100.0 * wait / 1e9 / f.seconds;
     if (t->reducer) {
@@ -58,6 +60,7 @@ static bb_status write_metrics(trainer *t, uint64_t step, const step_figures *f,
                             "samples_per_s",
                             bb_json_fixed(f->samples_per_s, 1));
     if (row && skipped) json_object_set_new(row, "skipped", json_true());
+    if (row && t->ramp_accumulation) json_object_set_new(row, "global_batch", json_integer(f->batch));
     int fail = !row || json_object_update_new(row, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
         "tokens_per_s", bb_model_targets_are_tokens(&t->cfg) ? bb_json_fixed(f->tokens_per_s, 1) : json_null(),
         "data_wait_pct", bb_json_fixed(f->data_wait_pct, 3),
@@ -109,6 +112,7 @@ static void progress_line(trainer *t, uint64_t step, const step_figures *f, uint
             (unsigned long long)step, (unsigned long long)t->total_steps, f->loss, f->lr, rate, f->data_wait_pct);
     if (t->skipped) fprintf(p, "  skipped %llu", (unsigned long long)t->skipped);
     if (isfinite(f->noise_scale)) fprintf(p, "  noise %.3g", f->noise_scale);
+    if (t->ramp_accumulation) fprintf(p, "  batch %d", f->batch);
     if (f->has_overlap) fprintf(p, "  overlap %.0f%%", f->overlap_pct);
     fprintf(p, "  peak");
     for (int d = 0; d < t->spec.count; d++)
@@ -184,12 +188,19 @@ static bb_status save(trainer *t, uint64_t step, double loss)
 {
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
+                           .ramp_from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch,
+                           .ramp_steps = t->ramp_steps, .auto_batch = t->auto_batch,
+                           .auto_chunks = t->auto_chunks, .auto_accumulation = t->auto_accumulation,
                            .micro_batch = t->micro_batch,
                            .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
                            .loss = loss, .noise = t->noise, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
                            .data_identity = t->data_identity, .tokenizer = t->tokenizer,
                            .save_every = t->o->save_every};
+    if (t->ramp_accumulation) { /* a ramp: where the data stands, in the loader's chunks */
+        uint64_t chunks = bb_trainer_chunks_before(t, step);
+        st.epoch = chunks / t->chunks_per_epoch, st.step_in_epoch = chunks % t->chunks_per_epoch;
+    }
     uint64_t t0 = bb_clock_ns();
     char name[64];
     /* the optimizer state: replica 0's, or with ZeRO-1 every replica's shard
@@ -345,7 +356,7 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
 {
     const bb_train_options *o = t->o;
     uint64_t step = step0 + 1, now = bb_clock_ns();
-    step_figures f = measure(t, now);
+    step_figures f = measure(t, step0, now);
     int request;
     BB_TRY(agree_stop(t, &request)); /* first: every rank decides the same below */
     bool nonfinite;
@@ -353,8 +364,9 @@ bb_status bb_trainer_end_of_step(trainer *t, uint64_t step0)
     BB_TRY(check_finite(t, step, &f, &nonfinite));
     const worker_stats *s0 = &t->replicas[0].stats; /* the same on every device */
     if (!nonfinite) bb_noise_scale_add(&t->noise, s0->small_squares, s0->b_small, f.grad_norm * f.grad_norm,
-                                       t->global_batch);
+                                       f.batch);
     f.noise_scale = t->result->noise_scale = bb_noise_scale_value(&t->noise);
+    if (t->auto_batch) bb_trainer_follow_noise(t, f.noise_scale); /* before a save, which records where it goes */
     t->result->steps_done = step;
     t->result->saved = false;
     bool last = step == t->total_steps || step == o->stop_after;

@@ -17,26 +17,27 @@
 #define NAME(field) bb_train_option_name(o, BB_TRAIN_##field)
 
 /* `devices`: the job's (every process's). */
-static bb_status check_split(const bb_train_options *o, int devices, int micro_batch, int *accumulation)
+static bb_status check_split(const bb_train_options *o, int global_batch, int devices, int micro_batch,
+                             int *accumulation)
 {
     int per_step = devices * micro_batch;
-    if (o->global_batch > 0 && micro_batch > 0 && o->global_batch % per_step == 0) {
-        *accumulation = o->global_batch / per_step;
+    if (global_batch > 0 && micro_batch > 0 && global_batch % per_step == 0) {
+        *accumulation = global_batch / per_step;
         return BB_OK;
     }
     char valid[512] = "";
     size_t len = 0;
-    for (int b = 1; b <= o->global_batch / devices && len + 16 < sizeof valid; b++)
-        if (o->global_batch % (devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
+    for (int b = 1; b <= global_batch / devices && len + 16 < sizeof valid; b++)
+        if (global_batch % (devices * b) == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", b);
     if (!len) { /* no micro-batch helps: the global batch must change */
-        int below = o->global_batch / devices * devices, above = below + devices;
+        int below = global_batch / devices * devices, above = below + devices;
         return bb_fail(BB_ERR_ARG,
                        "%s %d does not split over %d devices: it must be a multiple of %d (e.g. %d)",
-                       NAME(GLOBAL_BATCH), o->global_batch, devices, devices, below ? below : above);
+                       NAME(GLOBAL_BATCH), global_batch, devices, devices, below ? below : above);
     }
     return bb_fail(BB_ERR_ARG,
                    "%s %d is not a whole number of micro-batches of %d on %d device%s; valid %s values: %s",
-                   NAME(GLOBAL_BATCH), o->global_batch, micro_batch, devices, devices > 1 ? "s" : "", NAME(MICRO_BATCH),
+                   NAME(GLOBAL_BATCH), global_batch, micro_batch, devices, devices > 1 ? "s" : "", NAME(MICRO_BATCH),
                    valid);
 }
 
@@ -51,10 +52,18 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
     if (!bb_model_same_shape(&t->cfg, &info->model))
         return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint holds a %s, the options ask for a %s", NAME(RESUME),
                        o->resume_dir, have, want);
-    if (info->global_batch != o->global_batch)
+    if (info->global_batch != t->global_batch)
         return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint was trained with %s %d, not %d (the data order and the "
                        "step count depend on it)", NAME(RESUME), o->resume_dir, NAME(GLOBAL_BATCH), info->global_batch,
-                       o->global_batch);
+                       t->global_batch);
+    int from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch;
+    if (info->ramp_from != from || info->auto_batch != t->auto_batch ||
+        (from && !t->auto_batch && info->ramp_steps != t->ramp_steps))
+        return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint was trained with %s from %d over %llu steps, this run asks "
+                       "for %s from %d over %llu (B0 0: a fixed batch; the data order depends on it)", NAME(RESUME),
+                       o->resume_dir, info->auto_batch ? "an auto batch" : "a batch ramp", info->ramp_from,
+                       (unsigned long long)info->ramp_steps, t->auto_batch ? "an auto batch" : "a batch ramp", from,
+                       (unsigned long long)t->ramp_steps);
     if (info->opt.kind != o->opt.kind)
         return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint's optimizer is %s, not %s", NAME(RESUME), o->resume_dir,
                        bb_optimizer_kind_name(info->opt.kind), bb_optimizer_kind_name(o->opt.kind));
@@ -194,6 +203,10 @@ static bb_status write_run_line(const trainer *t)
                             t->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(bb_lr_peak(&t->opt), 7),
                             "lr_scale", bb_lr_scale_name(t->opt.lr_scale), "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
                             o->data, "version", BB_VERSION, "commit", bb_commit());
+    if (run && t->ramp_accumulation)
+        json_object_set_new(run, "batch_ramp", json_pack("{s:i, s:I, s:b}", "from",
+                                                         t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch,
+                                                         "steps", (json_int_t)t->ramp_steps, "auto", t->auto_batch));
     json_t *line = run ? json_pack("{s:o}", "run", run) : NULL;
     bb_status rc = bb_json_write_line(t->metrics, line);
     json_decref(line);
@@ -263,7 +276,83 @@ static bb_status start_loader(trainer *t)
     lo.start_epoch = t->first_step / t->steps_per_epoch;
     lo.start_step = t->first_step % t->steps_per_epoch;
     lo.steps = t->total_steps - t->first_step;
+    if (t->ramp_accumulation) { /* a ramp: the loader's steps are chunks, a step takes as many as its micro-steps */
+        uint64_t first = bb_trainer_chunks_before(t, t->first_step);
+        lo.accumulation = 1;
+        lo.start_epoch = first / t->chunks_per_epoch;
+        lo.start_step = first % t->chunks_per_epoch;
+        lo.steps = t->auto_batch ? 0 : bb_trainer_chunks_before(t, t->total_steps) - first; /* auto: until the end */
+    }
     return bb_loader_create(t->data, &lo, &t->loader);
+}
+
+void bb_trainer_follow_noise(trainer *t, double noise)
+{
+    t->auto_chunks += (uint64_t)t->auto_accumulation;
+    double chunk = (double)trainer_world_devices(t) * t->micro_batch, want = ceil(noise / chunk);
+    if (!isfinite(want)) return; /* not measured yet */
+    if (want > t->accumulation) want = t->accumulation;
+    if (want > t->auto_accumulation) t->auto_accumulation = (int)want;
+}
+
+uint64_t bb_trainer_chunks_before(const trainer *t, uint64_t step)
+{
+    if (t->auto_batch) return t->auto_chunks;
+    uint64_t chunks = 0, ramping = step < t->ramp_steps ? step : t->ramp_steps;
+    for (uint64_t s = 0; s < ramping; s++) chunks += (uint64_t)trainer_accumulation_at(t, s);
+    return chunks + (step - ramping) * (uint64_t)t->accumulation;
+}
+
+/* --global-batch ramp:B0..B1[:STEPS]: B0 in whole micro-steps, a stage of
+ * ZeRO that reduces per step, the steps it spans, the loader's chunks and
+ * (with --epochs) the run's length. */
+static bb_status setup_ramp(trainer *t, uint64_t records)
+{
+    const bb_train_options *o = t->o;
+    int chunk = trainer_world_devices(t) * t->micro_batch;
+    int from = o->ramp_from;
+    if (o->auto_batch && !from) from = chunk * (trainer_world_devices(t) > 1 ? 1 : 2);
+    if (o->auto_batch && trainer_world_devices(t) == 1 && from < 2 * chunk)
+        return bb_fail(BB_ERR_ARG, "%s auto measures the noise scale from two batch sizes, and one device has a "
+                       "smaller batch only with micro-steps: start at B0 >= %d (two micro-batches of %d), or train on "
+                       "more devices", NAME(GLOBAL_BATCH), 2 * chunk, t->micro_batch);
+    if (from >= t->global_batch)
+        return bb_fail(BB_ERR_ARG, "%s: B0 %d must be below B1 %d", NAME(GLOBAL_BATCH), from, t->global_batch);
+    if (from % chunk)
+        return bb_fail(BB_ERR_ARG, "%s %s:%d..%d: B0 %d is not a whole number of micro-batches of %d on %d "
+                       "device%s (a multiple of %d)", NAME(GLOBAL_BATCH), o->auto_batch ? "auto" : "ramp", from,
+                       t->global_batch, from,
+                       t->micro_batch, trainer_world_devices(t), trainer_world_devices(t) > 1 ? "s" : "", chunk);
+    if (t->zero >= 2)
+        return bb_fail(BB_ERR_ARG, "%s %s: ZeRO-%d reduces every micro-step into shards in rounds of a fixed "
+                       "count: vary the batch with %s 0 or 1", NAME(GLOBAL_BATCH), o->auto_batch ? "auto" : "ramp",
+                       t->zero, NAME(ZERO));
+    t->ramp_accumulation = from / chunk;
+    t->chunks_per_epoch = records / (uint64_t)chunk;
+    if (o->auto_batch) {
+        if (!o->steps)
+            return bb_fail(BB_ERR_ARG, "%s auto: the steps' batches follow the run, so %s cannot count them: give "
+                           "%s", NAME(GLOBAL_BATCH), NAME(EPOCHS), NAME(STEPS));
+        t->auto_batch = true;
+        t->ramp_steps = 0;
+        t->auto_accumulation = t->resume ? t->resume->auto_accumulation : t->ramp_accumulation;
+        t->auto_chunks = t->resume ? t->resume->auto_chunks : 0;
+        return BB_OK;
+    }
+    if (!o->ramp_steps && !o->steps)
+        return bb_fail(BB_ERR_ARG, "%s ramp:%d..%d spans the run's %s, and %s sets none: give ramp:%d..%d:STEPS",
+                       NAME(GLOBAL_BATCH), o->ramp_from, o->global_batch, NAME(STEPS), NAME(EPOCHS), o->ramp_from,
+                       o->global_batch);
+    t->ramp_steps = o->ramp_steps ? o->ramp_steps : o->steps;
+    if (o->steps) return BB_OK;
+    uint64_t chunks = o->epochs * t->chunks_per_epoch, used = 0, steps = 0; /* the whole steps in --epochs */
+    for (; steps < t->ramp_steps && used + (uint64_t)trainer_accumulation_at(t, steps) <= chunks; steps++)
+        used += (uint64_t)trainer_accumulation_at(t, steps);
+    if (steps == t->ramp_steps) steps += (chunks - used) / (uint64_t)t->accumulation;
+    t->total_steps = steps;
+    if (!steps)
+        return bb_fail(BB_ERR_ARG, "%s %llu hold no step of the ramp", NAME(EPOCHS), (unsigned long long)o->epochs);
+    return BB_OK;
 }
 
 /* --micro-batch auto / --checkpoint auto: the planner's choice (plan.h). */
@@ -329,8 +418,14 @@ static bb_status check_options(const bb_train_options *o)
 {
     if (o->devices < 1 || o->devices > BB_TRAIN_MAX_DEVICES)
         return bb_fail(BB_ERR_ARG, "%s cpu:N needs 1 <= N <= %d", NAME(DEVICES), BB_TRAIN_MAX_DEVICES);
-    if ((o->micro_batch < 1 && !o->auto_micro_batch) || o->global_batch < 1)
+    if ((o->micro_batch < 1 && !o->auto_micro_batch) || (o->global_batch < 1 && !o->auto_batch))
         return bb_fail(BB_ERR_ARG, "%s and %s must be >= 1", NAME(GLOBAL_BATCH), NAME(MICRO_BATCH));
+    if (o->auto_batch && !o->global_batch && o->auto_micro_batch)
+        return bb_fail(BB_ERR_ARG, "%s auto needs a micro-batch to count in: give auto:B0..B1 with %s auto",
+                       NAME(GLOBAL_BATCH), NAME(MICRO_BATCH));
+    if (o->ramp_from < 0 || (o->ramp_from && o->ramp_from >= o->global_batch))
+        return bb_fail(BB_ERR_ARG, "%s ramp:%d..%d: a ramp grows from B0 >= 1 to a larger B1", NAME(GLOBAL_BATCH),
+                       o->ramp_from, o->global_batch);
     if (o->loader_threads < 1) return bb_fail(BB_ERR_ARG, "%s must be >= 1", NAME(LOADER_THREADS));
     if (!(o->bucket_mib > 0)) return bb_fail(BB_ERR_ARG, "%s must be positive", NAME(BUCKET_MIB));
     if (o->zero < 0 || o->zero > BB_ZERO_AUTO)
@@ -423,14 +518,15 @@ static bb_status setup_data(trainer *t)
                        "this MPI library gives no MPI_THREAD_MULTIPLE: use %s 2 (which shards the gradients and the "
                        "optimizer state), or an MPI built with thread support", NAME(ZERO), NAME(ZERO));
     t->gather_saves = t->zero && t->spec.world > 1;
-    BB_TRY(check_split(o, trainer_world_devices(t), t->micro_batch, &t->accumulation));
+    if (o->auto_batch && !o->global_batch) t->global_batch = 64 * trainer_world_devices(t) * t->micro_batch;
+    BB_TRY(check_split(o, t->global_batch, trainer_world_devices(t), t->micro_batch, &t->accumulation));
     uint64_t records = bb_dataset_record_count(t->data);
     t->steps_per_epoch = records / (uint64_t)t->global_batch;
     if (!t->steps_per_epoch)
         return bb_fail(BB_ERR_ARG, "%s holds %llu records, fewer than one %s of %d", o->data,
                        (unsigned long long)records, NAME(GLOBAL_BATCH), t->global_batch);
     t->total_steps = o->steps ? o->steps : o->epochs * t->steps_per_epoch;
-    return BB_OK;
+    return o->ramp_from || o->auto_batch ? setup_ramp(t, records) : BB_OK;
 }
 
 static bb_status setup(trainer *t)
@@ -460,8 +556,6 @@ static bb_status setup(trainer *t)
     if (o->metrics_path) /* opened (and created) once the run is set up */
         BB_TRY(check_run_output(o, t->resume, NAME(METRICS), o->metrics_path, t->metrics_path,
                                 sizeof t->metrics_path));
-    int examples = t->accumulation * t->micro_batch;
-    t->normalizer = (float)examples * (float)bb_model_targets_per_example(&t->cfg);
     int D = t->spec.count;
     if (o->timeout_s > 0 && (D > 1 || t->spec.world > 1)) { /* before NCCL's set-up, which waits for every rank */
         for (int d = 0; d < D; d++) {
@@ -537,12 +631,19 @@ static void print_start(const trainer *t)
     snprintf(params, sizeof params, n >= 1000000 ? "%.2fM" : "%.1fk", n >= 1000000 ? n / 1e6 : n / 1e3);
     fprintf(p, "train: %s, %s parameters, on %s", model, params, t->devices_text);
     if (t->spec.world > 1) fprintf(p, " in each of %d processes", t->spec.world);
-    fprintf(p, "\ntrain: global batch %d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch), steps %llu..%llu",
+    fprintf(p, "\ntrain: global batch ");
+    int from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch;
+    if (t->auto_batch)
+        fprintf(p, "from %d, following the noise scale (in whole micro-steps, never shrinking), at most ", from);
+    else if (t->ramp_accumulation)
+        fprintf(p, "%d..%d over %llu steps (linear, in whole micro-steps), then ", from, t->global_batch,
+                (unsigned long long)t->ramp_steps);
+    fprintf(p, "%d = %d device%s x %d micro-step%s x %d; %llu step%s (%llu per epoch%s), steps %llu..%llu",
             t->global_batch, trainer_world_devices(t), trainer_world_devices(t) > 1 ? "s" : "", t->accumulation,
             t->accumulation > 1 ? "s" : "",
             t->micro_batch, (unsigned long long)t->total_steps, t->total_steps > 1 ? "s" : "",
-            (unsigned long long)t->steps_per_epoch, (unsigned long long)t->first_step + 1,
-            (unsigned long long)t->total_steps);
+            (unsigned long long)t->steps_per_epoch, t->ramp_accumulation ? " at the last batch" : "",
+            (unsigned long long)t->first_step + 1, (unsigned long long)t->total_steps);
     if (t->reducer)
         fprintf(p, "; %d gradient bucket%s%s", bb_reducer_bucket_count(t->reducer), bb_reducer_bucket_count(t->reducer) > 1 ? "s" : "",
                 t->o->no_overlap ? ", no overlap" : "");

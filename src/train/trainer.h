@@ -60,7 +60,20 @@ typedef struct trainer {
     bb_model_config cfg;
     bb_dataset_t *data, *val;
     bb_device_spec spec;     /* the devices: kind, local ids, rank and world */
-    int accumulation, micro_batch, global_batch;
+    int accumulation, micro_batch, global_batch; /* under a ramp: its last step's (the largest) */
+    /* --global-batch ramp:B0..B1[:STEPS]: step s's micro-steps grow from
+     * ramp_accumulation (B0's) to accumulation over ramp_steps steps
+     * (trainer_accumulation_at), and the loader hands out chunks of one
+     * micro-batch on every device of the job, chunks_per_epoch an epoch;
+     * ramp_accumulation 0: no ramp */
+    int ramp_accumulation;
+    uint64_t ramp_steps, chunks_per_epoch;
+    /* --global-batch auto: the current step's micro-steps, which replica 0
+     * moves between a step's barriers (bb_trainer_follow_noise), and the
+     * chunks the steps before it took */
+    bool auto_batch;
+    int auto_accumulation;
+    uint64_t auto_chunks;
     bb_optimizer_config opt; /* the options', its rate scaled to global_batch (opt.batch) */
     bb_noise_scale noise;    /* the gradient noise scale's averages (a resumed run's go on) */
     int zero;                /* the ZeRO stage in use: the options', or the planner's under --zero auto */
@@ -70,7 +83,6 @@ typedef struct trainer {
     uint64_t data_identity;  /* bb_dataset_identity of the training data, once: ranks, resume, saves */
     uint32_t *val_token_bytes; /* the validation data's bytes per token id; NULL: none (bytes) */
     char tokenizer[4200];    /* the training data's tokenizer.json, which saves copy; "" when it has none */
-    float normalizer;        /* each device's share of the examples (tokens) of a step */
     replica replicas[BB_TRAIN_MAX_DEVICES];
     bb_loader_t *loader;
     reducer_t *reducer;      /* NULL with one device in a world of one */
@@ -126,6 +138,38 @@ bb_status bb_device_clock_time(device_clock *c, int i, uint64_t *ns);
 
 /* The job's devices: every process's. */
 static inline int trainer_world_devices(const trainer *t) { return t->spec.count * t->spec.world; }
+
+/* Step `step`'s micro-steps: under a ramp ramp_accumulation + (accumulation
+ * - ramp_accumulation) x step / ramp_steps, rounded down, and accumulation
+ * from step ramp_steps on; under auto the current step's (`step` must be
+ * it); else accumulation. */
+static inline int trainer_accumulation_at(const trainer *t, uint64_t step)
+{
+    if (t->auto_batch) return t->auto_accumulation; /* the current step's */
+    if (!t->ramp_accumulation || step >= t->ramp_steps) return t->accumulation;
+    return t->ramp_accumulation +
+           (int)((uint64_t)(t->accumulation - t->ramp_accumulation) * step / t->ramp_steps);
+}
+/* Its global batch, and each device's share of its examples (tokens): the
+ * loss's normalizer. */
+static inline int trainer_batch_at(const trainer *t, uint64_t step)
+{
+    return trainer_accumulation_at(t, step) * trainer_world_devices(t) * t->micro_batch;
+}
+static inline float trainer_normalizer_at(const trainer *t, uint64_t step)
+{
+    int examples = trainer_accumulation_at(t, step) * t->micro_batch;
+    return (float)examples * (float)bb_model_targets_per_example(&t->cfg);
+}
+/* Under a ramp, the loader's chunks the steps before `step` took (their
+ * micro-steps summed): where step `step`'s data begins (trainer.c; under
+ * auto known for the current step only). */
+uint64_t bb_trainer_chunks_before(const trainer *t, uint64_t step);
+/* --global-batch auto, after the current step (replica 0, between the
+ * barriers; every process decides the same): its chunks are behind, and
+ * the next step's micro-steps are B_simple (`noise`, examples) in whole
+ * chunks, never fewer than now, at most accumulation. */
+void bb_trainer_follow_noise(trainer *t, double noise);
 
 bb_status bb_step_barrier_wait(step_barrier *b);
 /* Records the failure (first one wins) and wakes every thread. */

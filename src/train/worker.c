@@ -143,18 +143,20 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
     worker_stats *st = &r->stats;
     bb_model_t *m = r->model;
     post_ctx post = {t->reducer, d};
+    int accumulation = trainer_accumulation_at(t, step);
+    float normalizer = trainer_normalizer_at(t, step);
     watch_phase(r, step, "the loader's first micro-batch");
     BB_TRY(stage(r, step, 0, h));
-    for (int k = 0; k < t->accumulation; k++) {
+    for (int k = 0; k < accumulation; k++) {
         watch_phase(r, step, "a micro-step (loading, forward and backward)");
         BB_TRY(bb_model_use_staged(m));
-        bool last = k == t->accumulation - 1;
+        bool last = k == accumulation - 1;
         if (!last) BB_TRY(stage(r, step, k + 1, h));
         uint64_t t2 = bb_clock_ns();
         double loss;
         BB_TRY(bb_device_clock_mark(clk, 3 * k));
         bb_trace_range_push("forward");
-        bb_status rc = bb_model_forward(m, t->normalizer, &loss, NULL);
+        bb_status rc = bb_model_forward(m, normalizer, &loss, NULL);
         bb_trace_range_pop();
         BB_TRY(rc);
         BB_TRY(bb_device_clock_mark(clk, 3 * k + 1));
@@ -187,7 +189,7 @@ static bb_status micro_steps(replica *r, uint64_t step, device_clock *clk, held_
 static bb_status device_spans(trainer *t, int d, uint64_t step, device_clock *clk)
 {
     uint64_t at[3];
-    for (int k = 0; k < t->accumulation; k++) {
+    for (int k = 0; k < trainer_accumulation_at(t, step); k++) {
         for (int i = 0; i < 3; i++) BB_TRY(bb_device_clock_time(clk, 3 * k + i, &at[i]));
         span(t, d, "forward", at[0], at[1], step, k);
         span(t, d, "backward", at[1], at[2], step, k);
@@ -215,23 +217,24 @@ static bb_status step_loss(replica *r, double *loss)
  * (accumulation A: A² x its squares, b_small the micro-batch). NaN where no
  * batch is smaller than the step's (one device, one micro-step). Every
  * device calls it. */
-static bb_status small_batch(replica *r)
+static bb_status small_batch(replica *r, uint64_t step)
 {
     trainer *t = r->t;
     worker_stats *st = &r->stats;
     reducer_t *red = t->reducer;
+    int accumulation = trainer_accumulation_at(t, step);
     st->small_squares = NAN, st->b_small = 0;
     if (!red) { /* after the step's wait for the device, which wrote it */
-        if (r->first_micro_squares)
-            st->small_squares = (double)t->accumulation * t->accumulation * *r->first_micro_squares,
+        if (r->first_micro_squares && accumulation > 1)
+            st->small_squares = (double)accumulation * accumulation * *r->first_micro_squares,
             st->b_small = t->micro_batch;
         return BB_OK;
     }
     double own = NAN;
     if (!bb_reducer_device_squares(red, r->index, &own)) own = NAN;
-    int rounds = t->zero >= 2 ? t->accumulation : 1;
+    int rounds = t->zero >= 2 ? accumulation : 1;
     st->small_squares = rounds * bb_reducer_allreduce_scalar(red, r->index, own);
-    st->b_small = (double)t->global_batch / ((double)trainer_world_devices(t) * rounds);
+    st->b_small = (double)trainer_batch_at(t, step) / ((double)trainer_world_devices(t) * rounds);
     return bb_reducer_aborted(red) ? bb_reducer_failure(red) : BB_OK;
 }
 
@@ -259,6 +262,7 @@ static bb_status optimizer_step(replica *r, uint64_t step)
         if (red && t->zero) sum = bb_reducer_allreduce_scalar(red, r->index, sum) * trainer_world_devices(t);
     }
     st->grad_norm = sqrt(sum);
+    r->opt.cfg.batch = trainer_batch_at(t, step); /* --lr-scale scales to the step's batch (a ramp's grows) */
     bb_optimizer_apply(r->be, r->model, &r->opt, step, t->total_steps, st->grad_norm, &st->lr);
     if (red && t->zero && !bb_reducer_allgather(red, r->index)) return bb_reducer_failure(red);
     bb_model_weights_changed(r->model);
@@ -303,7 +307,7 @@ static bb_status worker_loop(replica *r, device_clock *clk, held_batches *h)
         watch_phase(r, step, "the loss's all-reduce");
         BB_TRY(step_loss(r, &loss));
         watch_phase(r, step, "the noise scale's all-reduce");
-        BB_TRY(small_batch(r));
+        BB_TRY(small_batch(r, step));
         watch_phase(r, step, "the step's first barrier");
         BB_TRY(bb_step_barrier_wait(&t->barrier));
         if (d == 0) {
