@@ -16,6 +16,15 @@ static void refused(const bb_train_options *o, const char *message)
     cr_assert(strstr(bb_error_message(), message), "%s", bb_error_message());
 }
 
+/* A run that continues `ckpt` with everything the checkpoint says. */
+static bb_train_options resuming(const char *ckpt)
+{
+    bb_train_options o;
+    bb_train_defaults(&o);
+    o.resume_dir = ckpt, o.progress = NULL, o.loader_threads = 1;
+    return o;
+}
+
 /* 2 devices x micro-batch 4: chunks of 8; from 8 to 32 over 6 steps. */
 static bb_train_options ramped(const char *tokens, uint64_t steps)
 {
@@ -85,9 +94,7 @@ Test(ramp, a_resume_mid_ramp_is_the_run_that_never_stopped)
     bb_train_options first = o;
     first.save_dir = ckpt, first.stop_after = 3; /* at batch 16 of the ramp */
     bb_train_result part = train(&first);
-    bb_train_options rest;
-    bb_train_defaults(&rest);
-    rest.resume_dir = ckpt, rest.progress = NULL, rest.loader_threads = 1;
+    bb_train_options rest = resuming(ckpt);
     bb_train_result second = train(&rest);
     cr_assert_eq(second.first_step, 3);
     cr_assert_eq(second.steps_done, 9, "the resume takes the run's --steps and ramp");
@@ -170,9 +177,7 @@ Test(ramp, auto_follows_the_noise_scale_and_a_resume_is_exact)
     bb_train_options first = o;
     first.save_dir = ckpt, first.stop_after = 5, first.metrics_path = NULL;
     bb_train_result part = train(&first);
-    bb_train_options rest;
-    bb_train_defaults(&rest);
-    rest.resume_dir = ckpt, rest.progress = NULL, rest.loader_threads = 1;
+    bb_train_options rest = resuming(ckpt);
     bb_train_result second = train(&rest);
     cr_assert_eq(second.steps_done, 12);
     cr_assert_eq(memcmp(second.params, straight.params, straight.param_count * sizeof(float)), 0,

@@ -133,6 +133,32 @@ Test(zero, zero2_and_3_train_what_zero0_and_zero1_train_with_the_planned_peak)
     free(tokens), free(images);
 }
 
+/* Ten steps of `o`, and the same saved under --zero 1 at step 5 and
+ * resumed under --zero 0 and 3: bitwise the run that never stopped. */
+static void resumes_across_stages(bb_train_options o, const char *what)
+{
+    o.steps = 10;
+    bb_train_result straight = train(&o);
+    for (int resumed = 0; resumed <= 3; resumed += 3) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%d", what, resumed);
+        char *ckpt = tu_path(tmp, name);
+        bb_train_options s = o;
+        s.zero = 1, s.save_dir = ckpt, s.stop_after = 5;
+        bb_train_result first = train(&s);
+        bb_train_options r = o;
+        r.zero = resumed, r.resume_dir = ckpt;
+        bb_train_result second = train(&r);
+        cr_assert_eq(second.first_step, 5);
+        cr_assert_eq(memcmp(straight.params, second.params, straight.param_count * sizeof(float)), 0,
+                     "%s saved under --zero 1, resumed under --zero %d: not bitwise the run that never stopped", what,
+                     resumed);
+        bb_train_result_free(&first), bb_train_result_free(&second);
+        free(ckpt);
+    }
+    bb_train_result_free(&straight);
+}
+
 /* The layer-wise optimizers (whole-tensor shards: their trust ratios need
  * whole tensors) at every stage, and a run saved under --zero 1 resumes
  * under --zero 0 and --zero 3 as the run that never stopped, bitwise; a
@@ -147,26 +173,7 @@ Test(zero, lamb_and_lars_train_the_same_bits_at_every_stage_and_resume_bitwise)
     lars.opt = bb_optimizer_defaults_for(BB_OPTIMIZER_LARS), lars.opt.lr = 0.5, lars.opt.weight_decay = 1e-4;
     stages_case("mlp lars, 2 devices x 2 micro-steps", lars);
     o = staged(o, 0);
-    o.steps = 10;
-    bb_train_result straight = train(&o);
-    for (int resumed = 0; resumed <= 3; resumed += 3) {
-        char name[32];
-        snprintf(name, sizeof name, "lamb%d", resumed);
-        char *ckpt = tu_path(tmp, name);
-        bb_train_options s = o;
-        s.zero = 1, s.save_dir = ckpt, s.stop_after = 5;
-        bb_train_result first = train(&s);
-        bb_train_options r = o;
-        r.zero = resumed, r.resume_dir = ckpt;
-        bb_train_result second = train(&r);
-        cr_assert_eq(second.first_step, 5);
-        cr_assert_eq(memcmp(straight.params, second.params, straight.param_count * sizeof(float)), 0,
-                     "lamb saved under --zero 1, resumed under --zero %d: not bitwise the run that never stopped",
-                     resumed);
-        bb_train_result_free(&first), bb_train_result_free(&second);
-        free(ckpt);
-    }
-    bb_train_result_free(&straight);
+    resumes_across_stages(o, "lamb");
     o.zero = 1, o.zero_shards = BB_PARAM_SHARD_ELEMENTS;
     bb_train_result refused;
     cr_assert_eq(bb_train_run(&o, &refused), BB_ERR_ARG);
@@ -197,27 +204,7 @@ Test(zero, muon_trains_the_same_bits_at_every_stage_offloaded_too_and_resumes_bi
         cr_assert(same_bits(&a, &b), "muon --zero %d --offload optimizer differs from --zero %d", z, z);
         bb_train_result_free(&a), bb_train_result_free(&b);
     }
-    o = staged(o, 0);
-    o.steps = 10;
-    bb_train_result straight = train(&o);
-    for (int resumed = 3; resumed >= 0; resumed -= 3) {
-        char name[32];
-        snprintf(name, sizeof name, "muon%d", resumed);
-        char *ckpt = tu_path(tmp, name);
-        bb_train_options s = o;
-        s.zero = 1, s.save_dir = ckpt, s.stop_after = 5;
-        bb_train_result first = train(&s);
-        bb_train_options r = o;
-        r.zero = resumed, r.resume_dir = ckpt;
-        bb_train_result second = train(&r);
-        cr_assert_eq(second.first_step, 5);
-        cr_assert_eq(memcmp(straight.params, second.params, straight.param_count * sizeof(float)), 0,
-                     "muon saved under --zero 1, resumed under --zero %d: not bitwise the run that never stopped",
-                     resumed);
-        bb_train_result_free(&first), bb_train_result_free(&second);
-        free(ckpt);
-    }
-    bb_train_result_free(&straight);
+    resumes_across_stages(staged(o, 0), "muon");
     free(tokens), free(images);
 }
 
