@@ -93,6 +93,32 @@ Test(mpi, mlp_losses_match_one_process_and_ranks_agree_bitwise)
 
 /* Saved at step 2 by 2 processes x cpu:2, resumed by 1 x cpu:4 and by
  * 4 x cpu:1: the remaining steps' losses are the uninterrupted run's. */
+/* A ramp and an auto batch over processes: 2 processes x cpu:1 train
+ * what one process with cpu:2 trains (the same chunks, the same batches:
+ * every rank computes the same noise scale and moves the batch alike). */
+Test(mpi, ramp_and_auto_batch_over_processes_train_as_one_process)
+{
+    need_mpi();
+    char *data = make_tokens("tokens", 400), *ref = tu_path(tmp, "ref.jsonl"), *got = tu_path(tmp, "got.jsonl");
+    const char *flags[] = {"--global-batch ramp:4..16:3 --steps 6", "--global-batch auto:4..16 --steps 6"};
+    for (int i = 0; i < 2; i++) {
+        tu_run r = train_job(0, 2, data, ref, flags[i]);
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        tu_run_free(&r);
+        r = train_job(2, 1, data, got, flags[i]);
+        cr_assert_eq(r.exit_code, 0, "%s: %s", flags[i], r.err);
+        cr_assert_not_null(strstr(r.err, "the 2 processes' parameters are identical"), "%s: %s", flags[i], r.err);
+        expect_metrics_losses(ref, got, 1, flags[i]);
+        double a[8], b[8];
+        int n = metric_values(ref, "global_batch", 1, a, 8);
+        cr_assert_eq(n, 6, "%s: a batch per step", flags[i]);
+        cr_assert_eq(metric_values(got, "global_batch", 1, b, 8), n);
+        cr_assert_eq(memcmp(a, b, sizeof a[0] * (size_t)n), 0, "%s: the processes' batches differ", flags[i]);
+        tu_run_free(&r);
+    }
+    free(data), free(ref), free(got);
+}
+
 Test(mpi, resume_under_another_split)
 {
     need_mpi();

@@ -29,6 +29,9 @@ static void on_signal(int sig)
             const char *path = bb_temp_path(i);
             if (path && bb_temp_remove(i)) say(" (removed the unfinished "), say(path), say(")");
         }
+        /* Again: the thread still writing may have made one anew meanwhile
+         * (a file's writer makes its missing directories). */
+        for (int i = 0; i < BB_TEMP_SLOTS; i++) bb_temp_remove(i);
         say("\n");
         _exit(BB_EXIT_INTERRUPTED);
     }

@@ -261,8 +261,11 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(LOSS_CHUNK, "%d", o->model.loss_chunk);
     FIELD(PRECISION, "%s", bb_precision_name(o->precision));
     FIELD(ATTENTION, "%s", bb_attention_name(o->attention));
-    FIELD(GLOBAL_BATCH, "%d (%s from %d over %llu steps)", o->global_batch, o->auto_batch ? "auto" : "ramp",
-          o->ramp_from, (unsigned long long)o->ramp_steps);
+    if (o->ramp_from || o->auto_batch)
+        FIELD(GLOBAL_BATCH, "%s:%d..%d (over %llu steps)", o->auto_batch ? "auto" : "ramp", o->ramp_from,
+              o->global_batch, (unsigned long long)o->ramp_steps);
+    else
+        FIELD(GLOBAL_BATCH, "%d", o->global_batch);
     FIELD(MICRO_BATCH, "%d%s", o->micro_batch, o->auto_micro_batch ? " (auto)" : "");
     FIELD(STEPS, "%llu", (unsigned long long)o->steps);
     FIELD(EPOCHS, "%llu", (unsigned long long)o->epochs);
