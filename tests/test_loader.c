@@ -79,7 +79,7 @@ TestSuite(loader, .init = dataset_up, .fini = dataset_down);
 static uint64_t *epoch_ids(uint64_t seed, uint32_t window, uint64_t epoch)
 {
     bb_sampler_t *s;
-    cr_assert_eq(bb_sampler_create(ds, seed, window, &s), BB_OK);
+    cr_assert_eq(bb_sampler_create(ds, seed, window, BB_ORDER_FIXED_WINDOWS, &s), BB_OK);
     uint64_t *ids = malloc(RECORDS * sizeof *ids);
     cr_assert_eq(bb_sampler_epoch_ids(s, epoch, 0, RECORDS, ids), BB_OK, "%s", bb_error_message());
     bb_sampler_destroy(s);
@@ -109,31 +109,37 @@ Test(sampler, order_is_a_permutation_and_a_function_of_seed_and_epoch)
 Test(sampler, huge_windows_are_the_whole_dataset)
 {
     bb_sampler_t *s;
-    cr_assert_eq(bb_sampler_create(ds, 1, 1, &s), BB_OK);
+    cr_assert_eq(bb_sampler_create(ds, 1, 1, BB_ORDER_CURRENT, &s), BB_OK);
     uint32_t frames = bb_sampler_frame_count(s);
     bb_sampler_destroy(s);
     uint64_t *all = epoch_ids(9, frames, 4), *huge = epoch_ids(9, UINT32_MAX, 4);
     cr_assert_eq(memcmp(all, huge, RECORDS * sizeof *all), 0);
     free(all), free(huge);
-    cr_assert_eq(bb_sampler_create(ds, 1, 0, &s), BB_ERR_ARG);
+    cr_assert_eq(bb_sampler_create(ds, 1, 0, BB_ORDER_CURRENT, &s), BB_ERR_ARG);
 }
 
 /* Window w's positions hold exactly the records of the window's frames: the
  * shuffle stays local, so a loader decompresses a few frames at a time.
- * (Checked through the private order, src/data/sampler.h.) */
-Test(sampler, records_mix_only_within_a_window_of_frames)
+ * Version 1 cuts runs of `window` frames (the remainder last), version 2
+ * balanced windows (sizes within one frame). (Checked through the private
+ * order, src/data/sampler.h.) */
+static void records_mix_within_windows(uint32_t order, uint32_t window)
 {
-    const uint32_t window = 4;
     bb_sampler_t *s;
-    cr_assert_eq(bb_sampler_create(ds, 3, window, &s), BB_OK);
-    uint64_t *ids = epoch_ids(3, window, 2);
+    cr_assert_eq(bb_sampler_create(ds, 3, window, order, &s), BB_OK);
+    uint64_t *ids = malloc(RECORDS * sizeof *ids);
+    cr_assert_eq(bb_sampler_epoch_ids(s, 2, 0, RECORDS, ids), BB_OK);
     bb_epoch_order_t *o;
     cr_assert_eq(bb_epoch_order_create(s, 2, &o), BB_OK);
-    uint32_t frames = bb_sampler_frame_count(s);
-    for (uint32_t w = 0; w * window < frames; w++) {
-        uint32_t first = w * window, end = first + window < frames ? first + window : frames;
-        uint64_t records = 0;
-        for (uint64_t p = o->first_pos[first]; p < o->first_pos[end]; p++, records++) {
+    uint32_t frames = bb_sampler_frame_count(s), windows = bb_sampler_window_count(s), smallest = frames, largest = 0;
+    cr_assert_eq(windows, (frames + window - 1) / window, "ceil(frames / window) windows");
+    cr_assert_eq(bb_sampler_window_first(s, 0), 0);
+    for (uint32_t w = 0; w < windows; w++) {
+        uint32_t first = bb_sampler_window_first(s, w), end = bb_sampler_window_first(s, w + 1);
+        if (order == BB_ORDER_FIXED_WINDOWS)
+            cr_assert_eq(first, w * window, "version 1: window %u starts at frame %u", w, w * window);
+        smallest = end - first < smallest ? end - first : smallest, largest = end - first > largest ? end - first : largest;
+        for (uint64_t p = o->first_pos[first]; p < o->first_pos[end]; p++) {
             bool inside = false;
             for (uint32_t j = first; j < end; j++) {
                 const bb_sampler_frame *f = bb_sampler_frame_at(s, o->frames[j]);
@@ -142,12 +148,55 @@ Test(sampler, records_mix_only_within_a_window_of_frames)
             cr_assert(inside, "position %llu (record %llu) is outside window %u's frames", (unsigned long long)p,
                       (unsigned long long)ids[p], w);
         }
-        cr_assert_gt(records, 0);
     }
+    cr_assert_eq(bb_sampler_window_first(s, windows), frames, "the windows cover every frame");
+    if (order == BB_ORDER_BALANCED)
+        cr_assert_leq(largest - smallest, 1, "balanced windows of %u..%u frames", smallest, largest);
+    else if (frames % window)
+        cr_assert_eq(smallest, frames % window, "version 1 keeps its remainder window");
     cr_assert_eq(o->first_pos[frames], RECORDS);
     bb_epoch_order_destroy(o);
     bb_sampler_destroy(s);
     free(ids);
+}
+
+Test(sampler, records_mix_only_within_a_window_of_frames)
+{
+    bb_sampler_t *s;
+    cr_assert_eq(bb_sampler_create(ds, 1, 1, BB_ORDER_CURRENT, &s), BB_OK);
+    uint32_t frames = bb_sampler_frame_count(s);
+    bb_sampler_destroy(s);
+    cr_assert_gt(frames % 4, 0, "the fixture's %u frames leave a remainder window of 4", frames);
+    for (uint32_t order = BB_ORDER_FIXED_WINDOWS; order <= BB_ORDER_BALANCED; order++) {
+        records_mix_within_windows(order, 4);
+        records_mix_within_windows(order, 3);
+    }
+    cr_assert_eq(bb_sampler_create(ds, 1, 4, 3, &s), BB_ERR_ARG, "an unknown version is refused");
+}
+
+/* The order's statistic: a global shuffle's batches come from nearly every
+ * frame; windows of one frame keep a batch in one or two frames. */
+Test(sampler, the_order_statistic_counts_the_frames_a_batch_draws_from)
+{
+    bb_sampler_t *s;
+    bb_order_stats all, one;
+    cr_assert_eq(bb_sampler_create(ds, 5, UINT32_MAX, BB_ORDER_CURRENT, &s), BB_OK);
+    cr_assert_eq(bb_sampler_order_stats(s, 0, 64, &all), BB_OK);
+    uint32_t frames = all.frames;
+    bb_sampler_destroy(s);
+    cr_assert_eq(bb_sampler_create(ds, 5, 1, BB_ORDER_CURRENT, &s), BB_OK);
+    cr_assert_eq(bb_sampler_order_stats(s, 0, 64, &one), BB_OK);
+    cr_assert_eq(bb_sampler_order_stats(s, 0, 0, &one), BB_ERR_ARG);
+    cr_assert_eq(bb_sampler_order_stats(s, 0, 64, &one), BB_OK);
+    bb_sampler_destroy(s);
+    cr_assert_eq(all.batches, RECORDS / 64);
+    uint32_t could = frames < 64 ? frames : 64; /* the frames a batch of 64 could draw from */
+    cr_assert_geq(all.frames_per_batch_min, could / 2, "a global shuffle: %u of the %u frames it could",
+                  all.frames_per_batch_min, could);
+    cr_assert_leq(one.frames_per_batch_max, 2 + 64 / (RECORDS / frames), "windows of one frame: %u frames",
+                  one.frames_per_batch_max);
+    cr_assert_gt(all.spread_median, 0.5, "a global shuffle spans the source (%.2f)", all.spread_median);
+    cr_assert_lt(one.spread_median, all.spread_median);
 }
 
 /* ---- loader: exactly once, same step sets ------------------------------ */
@@ -173,7 +222,7 @@ static uint64_t consume_and_check(bb_loader_t *l, const bb_loader_options *o, ui
     uint32_t W = o->world_devices ? o->world_devices : o->devices; /* the job's devices; ours from first_device */
     uint64_t G = (uint64_t)W * o->accumulation * o->micro_batch, S = RECORDS / G;
     bb_sampler_t *s;
-    cr_assert_eq(bb_sampler_create(ds, o->seed, o->shuffle_frames, &s), BB_OK);
+    cr_assert_eq(bb_sampler_create(ds, o->seed, o->shuffle_frames, o->order ? o->order : BB_ORDER_CURRENT, &s), BB_OK);
     uint64_t *expect = malloc(G * sizeof *expect), records = 0;
     for (uint64_t n = 0; n < steps; n++, step++) {
         if (step == S) epoch++, step = 0;
@@ -601,6 +650,34 @@ Test(loader, bench_loader_json_and_errors)
     tu_run_free(&r);
     r = tu_bigbatch("bench", "loader", "--data", dir, "--io", "mmap");
     tu_assert_error(&r, "--io", "mmap");
+    tu_run_free(&r);
+}
+
+/* --order: the order's statistic, as the sampler computes it (version 1's
+ * remainder window of one frame is its worst batch). */
+Test(loader, bench_loader_order_reports_the_frames_a_batch_draws_from)
+{
+    tu_run r = tu_bigbatch("bench", "loader", "--data", dir, "--order", "--global-batch", "32", "--shuffle-frames",
+                           "4", "--json");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    bb_sampler_t *s;
+    bb_order_stats want;
+    cr_assert_eq(bb_sampler_create(ds, 1, 4, BB_ORDER_CURRENT, &s), BB_OK);
+    cr_assert_eq(bb_sampler_order_stats(s, 0, 32, &want), BB_OK);
+    bb_sampler_destroy(s);
+    const char *order = strstr(r.out, "\"order\": {");
+    cr_assert_not_null(order, "%s", r.out);
+    cr_assert_eq(json_number(order, "frames_per_batch_min"), want.frames_per_batch_min, "%s", r.out);
+    cr_assert_eq(json_number(order, "frames_per_batch_median"), want.frames_per_batch_median, "%s", r.out);
+    cr_assert_eq(json_number(order, "version"), BB_ORDER_BALANCED);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--order", "--global-batch", "32", "--order-version", "1",
+                    "--shuffle-frames", "4");
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "frames a batch draws from") && strstr(r.out, "order version 1"), "%s", r.out);
+    tu_run_free(&r);
+    r = tu_bigbatch("bench", "loader", "--data", dir, "--order", "--global-batch", "2000");
+    tu_assert_error(&r, "global batch of 2000 from 1000 records");
     tu_run_free(&r);
 }
 

@@ -81,6 +81,7 @@ Test(pack, text_round_trip_with_split_across_files)
     bb_pack_options o = options(out);
     const char *inputs[] = {a, b};
     o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 2, o.seq_len = T, o.val_fraction = 0.2;
+    o.val_split = BB_VAL_TAIL;
     bb_pack_report r;
     cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
     uint64_t total = (N - 1) / T, val = total / 5;
@@ -102,6 +103,71 @@ Test(pack, text_round_trip_with_split_across_files)
     cr_assert_eq(n, val);
     assert_windows(valr, n, total - val, stream, T); /* the tail of the input */
     free(train), free(valr), free(train_dir), free(val_dir), free(a), free(b), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* The record index of a T-window of `stream` (each record is window i:
+ * tokens [i·T, i·T + T]). */
+static uint64_t window_of(const uint8_t *rec, const uint16_t *stream, uint64_t total, uint32_t seq_len)
+{
+    for (uint64_t i = 0; i < total; i++)
+        if (!memcmp(rec, stream + i * seq_len, 2 * (seq_len + 1))) return i;
+    cr_assert_fail("a record that is no window of the input");
+    return 0;
+}
+
+/* --val-split spread (the default): exactly floor(F·N) records, drawn over
+ * the whole input (seeded: the same seed the same split, another seed
+ * another), train and val each in input order and together every record
+ * once. */
+Test(pack, a_spread_validation_split_draws_over_the_whole_input)
+{
+    char *dir = tu_temp_dir();
+    enum { N = 20000, T = 32 };
+    uint8_t text[N];
+    uint16_t stream[N];
+    tu_fill_random(text, N, 21);
+    for (int i = 0; i < N; i++) stream[i] = text[i];
+    char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out"), *other = tu_path(dir, "other");
+    tu_write_file(in, text, N);
+    bb_pack_options o = options(out);
+    const char *inputs[] = {in};
+    o.format = BB_PACK_TEXT, o.inputs = inputs, o.input_count = 1, o.seq_len = T, o.val_fraction = 0.1;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    uint64_t total = (N - 1) / T, val = total / 10;
+    cr_assert_eq(r.val.records, val);
+    cr_assert_eq(r.train.records, total - val);
+    char *train_dir = tu_path(out, "train"), *val_dir = tu_path(out, "val");
+    bb_shard_meta m;
+    uint64_t nt, nv;
+    uint8_t *train = read_all_records(train_dir, &nt, &m), *valr = read_all_records(val_dir, &nv, &m);
+    bool *seen = calloc(total, sizeof *seen);
+    uint64_t prev = 0, lo = total, hi = 0;
+    for (uint64_t k = 0; k < nv; k++) {
+        uint64_t i = window_of(valr + k * 2 * (T + 1), stream, total, T);
+        cr_assert(k == 0 || i > prev, "val out of input order at %llu", (unsigned long long)k);
+        prev = i, seen[i] = true, lo = i < lo ? i : lo, hi = i > hi ? i : hi;
+    }
+    cr_assert(lo < total / 10 && hi > total * 9 / 10, "val spans records %llu..%llu of %llu: not spread",
+              (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)total);
+    for (uint64_t k = 0, last = 0; k < nt; k++) {
+        uint64_t i = window_of(train + k * 2 * (T + 1), stream, total, T);
+        cr_assert(k == 0 || i > last, "train out of input order at %llu", (unsigned long long)k);
+        cr_assert_not(seen[i], "record %llu is in both splits", (unsigned long long)i);
+        seen[i] = true, last = i;
+    }
+    for (uint64_t i = 0; i < total; i++) cr_assert(seen[i], "record %llu is in neither split", (unsigned long long)i);
+    o.out_dir = other, o.val_seed = 2;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    char *other_val = tu_path(other, "val");
+    uint64_t n2;
+    uint8_t *v2 = read_all_records(other_val, &n2, &m);
+    cr_assert_eq(n2, nv);
+    cr_assert_neq(memcmp(v2, valr, nv * 2 * (T + 1)), 0, "another seed drew the same split");
+    free(seen), free(train), free(valr), free(v2), free(train_dir), free(val_dir), free(other_val);
+    free(in), free(out), free(other);
     tu_rm_tree(dir);
     free(dir);
 }

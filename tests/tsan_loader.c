@@ -56,7 +56,7 @@ static void run(const bb_dataset_t *ds, bb_io_mode io, uint32_t threads)
     uint64_t steps = 3 * (RECORDS / 20) + 7; /* into the fourth epoch */
     o.steps = steps;
     bb_sampler_t *s;
-    CHECK(bb_sampler_create(ds, o.seed, o.shuffle_frames, &s) == BB_OK, "sampler");
+    CHECK(bb_sampler_create(ds, o.seed, o.shuffle_frames, BB_ORDER_CURRENT, &s) == BB_OK, "sampler");
     bb_loader_t *l;
     CHECK(bb_loader_create(ds, &o, &l) == BB_OK, "create");
     consumer c[2];

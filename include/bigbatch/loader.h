@@ -19,10 +19,14 @@
  * The epoch order is a pure function of (seed, epoch, dataset layout):
  *   1. the dataset's data frames (all shards, in order) are permuted with a
  *      Fisher-Yates shuffle driven by splitmix64(seed, epoch);
- *   2. consecutive runs of `shuffle_frames` frames of that permutation form
- *      windows; the records of window w are shuffled among themselves
- *      (splitmix64(seed, epoch, w)); the epoch's order is window 0's records,
- *      then window 1's, and so on.
+ *   2. the permutation is cut into W = ceil(F / shuffle_frames) windows of
+ *      consecutive frames whose sizes differ by one frame at most (order
+ *      version 2, BB_ORDER_BALANCED; version 1, BB_ORDER_FIXED_WINDOWS,
+ *      cut runs of exactly shuffle_frames with the remainder last: a run
+ *      resumed from a checkpoint of before keeps it); the records of window
+ *      w are shuffled among themselves (splitmix64(seed, epoch, w)); the
+ *      epoch's order is window 0's records, then window 1's, and so on.
+ *      shuffle_frames >= F is one window: a global record shuffle.
  * Global step s of an epoch owns positions [s*G, (s+1)*G) with
  * G = devices * accumulation * micro_batch; micro-step m of device d takes
  * positions s*G + (m*devices + d)*micro_batch onward. The set of records in a
@@ -37,12 +41,31 @@
 /* ---- the sampler ------------------------------------------------------- */
 typedef struct bb_sampler bb_sampler_t;
 
-/* Describes `ds` (which must outlive the sampler) for ordering. Fails with
- * BB_ERR_ARG when shuffle_frames is 0, BB_ERR_NOMEM. */
-bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuffle_frames,
+/* The order's versions (above); BB_ORDER_CURRENT is what new runs use. */
+enum { BB_ORDER_FIXED_WINDOWS = 1, BB_ORDER_BALANCED = 2, BB_ORDER_CURRENT = BB_ORDER_BALANCED };
+
+/* Describes `ds` (which must outlive the sampler) for ordering under
+ * `order` (a version above). Fails with BB_ERR_ARG when shuffle_frames is
+ * 0 or the version unknown, BB_ERR_NOMEM. */
+bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuffle_frames, uint32_t order,
                             bb_sampler_t **out);
+/* How well one epoch's global batches (G consecutive positions, the last
+ * N mod G records dropped) mix the data: the distinct frames a batch's
+ * records come from (at most min(G, frames)), and how far apart in the
+ * source (dataset-wide record index) they lie, as a share of the dataset. */
+typedef struct bb_order_stats {
+    uint64_t batches;
+    uint32_t frames;                /* the dataset's */
+    uint32_t frames_per_batch_min, frames_per_batch_median, frames_per_batch_max;
+    double spread_min, spread_median; /* (largest - smallest index) / records, per batch */
+} bb_order_stats;
+/* Over epoch `epoch` of `s`. Fails with BB_ERR_ARG when G is 0 or above
+ * the record count, BB_ERR_NOMEM. */
+bb_status bb_sampler_order_stats(const bb_sampler_t *s, uint64_t epoch, uint64_t G, bb_order_stats *out);
 void bb_sampler_destroy(bb_sampler_t *s);
 uint64_t bb_sampler_record_count(const bb_sampler_t *s);
+/* The data frames of a dataset: what a shuffle window counts. */
+uint32_t bb_sampler_frame_count_of(const bb_dataset_t *ds);
 uint32_t bb_sampler_frame_count(const bb_sampler_t *s);
 /* Dataset-wide record indices at positions [first, first + count) of
  * `epoch`'s order. Fails with BB_ERR_ARG past the end, BB_ERR_NOMEM. */
@@ -60,12 +83,18 @@ typedef enum bb_io_mode {
 bb_status bb_io_mode_parse(const char *s, bb_io_mode *out);
 
 #define BB_SHUFFLE_FRAMES_DEFAULT 8 /* frames per shuffle window: the data order depends on it */
+/* What train lets the loader hold for a global shuffle (one window of every
+ * frame) when no window is asked for: 1 GiB, small beside a training
+ * node's RAM, and past Fashion-MNIST (47 MB), CIFAR-10 (150 MB) or 256M
+ * tokens of uint16 (512 MB). */
+#define BB_SHUFFLE_MEMORY_DEFAULT ((uint64_t)1 << 30)
 #define BB_LOADER_THREADS_DEFAULT 2
 #define BB_LOADER_HOLD_TRAINING 3   /* a training device's batches: one in use, two whose uploads may still read them */
 
 typedef struct bb_loader_options {
     uint64_t seed;
     uint32_t shuffle_frames;  /* frames per shuffle window (default BB_SHUFFLE_FRAMES_DEFAULT) */
+    uint32_t order;           /* the order's version (BB_ORDER_*); 0: BB_ORDER_CURRENT */
     uint32_t devices;         /* consumers, one per device (default 1) */
     uint32_t world_devices;   /* the devices of every process of the job; 0: `devices` (alone) */
     uint32_t first_device;    /* this process's first device among world_devices: its devices

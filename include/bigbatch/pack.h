@@ -27,6 +27,12 @@ typedef enum bb_pack_format {
     BB_PACK_LLMC,   /* llm.c .bin (magic 20240520, version 1) -> tokens_u16 */
 } bb_pack_format;
 
+/* --val-split: SPREAD draws floor(F·N) records uniformly over the whole
+ * input (a seeded selection sampling, Knuth's Algorithm S: any input
+ * order, one pass); TAIL takes the last ones (for an input in order — a
+ * book — validation then measures its end only). */
+typedef enum bb_val_split { BB_VAL_SPREAD = 0, BB_VAL_TAIL } bb_val_split;
+
 typedef struct bb_pack_options {
     bb_pack_format format;
     const char *images, *labels;       /* fmnist */
@@ -37,6 +43,8 @@ typedef struct bb_pack_options {
     const char *tokenizer;             /* text: a byte-level BPE tokenizer.json; NULL: bytes */
     const char *out_dir;
     double val_fraction;               /* 0: one dataset in out_dir; else out_dir/{train,val} */
+    bb_val_split val_split;            /* which records go to val (default spread) */
+    uint64_t val_seed;                 /* spread: the draw's seed (default 1) */
     bool force;                        /* replace an existing out_dir that holds only shards */
     bb_writer_options writer;
     const volatile sig_atomic_t *interrupted; /* optional: nonzero aborts with BB_ERR_INTERRUPTED */

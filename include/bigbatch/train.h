@@ -101,7 +101,12 @@ typedef struct bb_train_options {
     int loader_threads;
     bb_io_mode io;             /* how the loader reads frames (loader.h) */
     bool direct;               /* O_DIRECT reads */
-    uint32_t shuffle_frames;   /* frames per shuffle window; 0: the loader's default (8) */
+    uint32_t shuffle_frames;   /* frames per shuffle window; 0: the loader's default (8); not chosen (set) by
+                                  a new run: one window, a global shuffle, when the decompressed dataset fits
+                                  shuffle_memory */
+    uint64_t shuffle_memory;   /* bytes the loader may hold for a global shuffle (default 1 GiB) */
+    uint32_t order;            /* the data order's version (loader.h, BB_ORDER_*); 0: the current one; a
+                                  resume takes its checkpoint's */
     double bucket_mib;         /* reducer bucket size (the first one is 1 MiB, as DDP) */
     bool no_overlap;           /* all-reduce after the whole backward, for comparison */
     double timeout_s;          /* the job ends (one line, exit 1) when no device of a process has moved
@@ -269,6 +274,7 @@ typedef struct bb_checkpoint_info {
     char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
     int micro_batch;           /* 0 when not recorded */
     uint32_t shuffle_frames;   /* 0 when not recorded (then the loader's default) */
+    uint32_t order;            /* the data order's version (loader.h, BB_ORDER_*); 0 when not recorded (1) */
     int keep;                  /* its keep; 0 when not recorded */
     uint64_t save_every;       /* its save_every (0: at the end only, or not recorded) */
     bb_noise_scale noise;      /* the noise scale's averages (zero when not recorded) */

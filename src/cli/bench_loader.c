@@ -24,7 +24,8 @@
 static const char usage[] =
     "bigbatch bench loader --data DIR [--loader-threads N] [--io auto|uring|pread] [--micro-batch B]\n"
     "                      [--seconds S] [--warm | --cold] [--no-scaling] [--direct] [--pinned]\n"
-    "                      [--consumer RATE | --gpus N --tokens-per-s RATE] [--json]";
+    "                      [--consumer RATE | --gpus N --tokens-per-s RATE] [--json]\n"
+    "       bigbatch bench loader --data DIR --order [--global-batch G] [--shuffle-frames W] [--order-version V]";
 static const char summary[] =
     "Runs the loader on DIR with consumers that take and release batches and prints, for\n"
     "every thread count from 1 to --loader-threads, with the page cache warm (--seconds of\n"
@@ -40,7 +41,12 @@ static const char summary[] =
     "they wait < 1% (found by bisection, --seconds per probe).\n"
     "perf/loader_bench.sh runs it beside `zstd -d` and `cat`, perf/loader_peers.sh beside\n"
     "PyTorch's DataLoader, WebDataset, MosaicML Streaming and LitData.\n\n"
+    "--order measures the data order instead of the speed: over epoch 0, how many distinct\n"
+    "frames each global batch of G records draws from (min, median, max; at most min(G,\n"
+    "frames)) and how far apart in the source its records lie (the spread of their indices,\n"
+    "a share of the dataset): what a shuffle window of W frames (--shuffle-frames) gives.\n\n"
     "example: bigbatch bench loader --data data/kjv/train --loader-threads 2\n"
+    "         bigbatch bench loader --data build/kjv-bpe/train --order --global-batch 32\n"
     "         bigbatch bench loader --data data/kjv/train --loader-threads 1 --gpus 8 --tokens-per-s 500000";
 
 /* Drops the shards' pages from the page cache; fails when the kernel refuses. */
@@ -349,13 +355,47 @@ static void simulation_text(const json_t *s)
            unit, most * gpus, gpus, json_number_value(json_object_get(s, "full_speed_per_s")));
 }
 
+/* --order: bb_sampler_order_stats over epoch 0, as text or {"order": {...}}. */
+static bb_status order_statistic(const bb_dataset_t *ds, const char *data, const bb_loader_options *o, uint64_t seed,
+                                 uint64_t G, uint32_t version, bool json)
+{
+    bb_sampler_t *s;
+    bb_order_stats st;
+    BB_TRY(bb_sampler_create(ds, seed, o->shuffle_frames, version, &s));
+    bb_status rc = bb_sampler_order_stats(s, 0, G, &st);
+    bb_sampler_destroy(s);
+    BB_TRY(rc);
+    uint32_t could = G < st.frames ? (uint32_t)G : st.frames;
+    if (!json) {
+        printf("data order: %s, %u frames, shuffle windows of %u frames (order version %u), global batch %llu: "
+               "%llu batches an epoch\n", data, st.frames, o->shuffle_frames, version, (unsigned long long)G,
+               (unsigned long long)st.batches);
+        printf("  frames a batch draws from   min %u  median %u  max %u  (of %u it could)\n", st.frames_per_batch_min,
+               st.frames_per_batch_median, st.frames_per_batch_max, could);
+        printf("  spread in the source        min %.3f  median %.3f  (of the dataset)\n", st.spread_min,
+               st.spread_median);
+        return BB_OK;
+    }
+    json_t *j = json_pack("{s:s, s:{s:I, s:i, s:i, s:i, s:I, s:I, s:i, s:i, s:i, s:f, s:f}}", "data", data, "order",
+                          "global_batch", (json_int_t)G, "version", (int)version, "shuffle_frames",
+                          (int)o->shuffle_frames, "frames", (int)st.frames, "batches", (json_int_t)st.batches,
+                          "frames_possible", (json_int_t)could, "frames_per_batch_min", (int)st.frames_per_batch_min,
+                          "frames_per_batch_median", (int)st.frames_per_batch_median, "frames_per_batch_max",
+                          (int)st.frames_per_batch_max, "spread_min", st.spread_min, "spread_median",
+                          st.spread_median);
+    bb_status wrote = j ? bb_json_write_line(stdout, j) : bb_fail(BB_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    return wrote;
+}
+
 int bb_bench_loader(int argc, char **argv)
 {
     const char *data = NULL;
     int threads = BB_LOADER_THREADS_DEFAULT;
     int64_t micro_batch = 256, seed = 1, prefetch = 0, gpus = 0; /* train's seed */
     double seconds = 3, consumer = 0, tokens_per_s = 0;
-    bool cold = false, warm = false, only = false, json = false, pinned = false;
+    bool cold = false, warm = false, only = false, json = false, pinned = false, order = false;
+    int64_t global_batch = 64, order_version = BB_ORDER_CURRENT;
     bb_loader_options o;
     bb_loader_defaults(&o);
     const bb_opt opts[] = {
@@ -378,7 +418,14 @@ int bb_bench_loader(int argc, char **argv)
         {"--tokens-per-s", BB_OPT_DOUBLE, &tokens_per_s, "RATE", "the same as --consumer RATE", .min = 1e-3,
          .max = 1e15},
         {"--pinned", BB_OPT_FLAG, &pinned, NULL, "batch slots in pinned memory of cuda:0 (as training on GPUs does)"},
-        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object: {\"rows\": [...]} or {\"consumer\": {...}}"},
+        {"--order", BB_OPT_FLAG, &order, NULL, "measure the data order, not the speed (see above)"},
+        {"--global-batch", BB_OPT_INT, &global_batch, "G", "--order: records a step (default 64)", .min = 1,
+         .max = 1 << 30},
+        {"--order-version", BB_OPT_INT, &order_version, "V", "--order: the order's version (1: windows of W frames "
+         "and the remainder; 2: balanced windows, the default)", .min = BB_ORDER_FIXED_WINDOWS,
+         .max = BB_ORDER_BALANCED},
+        {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object: {\"rows\": [...]}, {\"consumer\": {...}} or "
+         "{\"order\": {...}}"},
         {0}};
     bb_dataset_t *ds = NULL;
     bb_backend_t *gpu = NULL;
@@ -395,6 +442,11 @@ int bb_bench_loader(int argc, char **argv)
         rc = bb_fail(BB_ERR_ARG, "the consumer simulation runs warm: --%s does not apply", cold ? "cold" : "warm");
     if (rc == BB_OK && warm && cold) rc = bb_fail(BB_ERR_ARG, "--warm and --cold: give one (or neither for both)");
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
+    if (rc == BB_OK && order) {
+        rc = order_statistic(ds, data, &o, (uint64_t)seed, (uint64_t)global_batch, (uint32_t)order_version, json);
+        bb_dataset_close(ds);
+        return rc == BB_OK ? BB_EXIT_OK : bb_cli_report(rc, usage, summary, opts);
+    }
     if (rc == BB_OK) {
         o.micro_batch = (uint32_t)micro_batch;
         o.seed = (uint64_t)seed;

@@ -18,7 +18,8 @@ static const char summary[] =
     "          dataset (and each split) keeps a copy of it, for sample to decode with\n"
     "  llmc    llm.c .bin token files (magic 20240520, version 1) as u16 tokens\n"
     "A token record holds T+1 tokens (inputs and shifted targets); windows advance\n"
-    "by T. With --val-fraction the last records go to DIR/val, the rest to DIR/train.\n"
+    "by T. With --val-fraction F a share F of the records goes to DIR/val (drawn over the whole\n"
+    "input, or with --val-split tail the last ones), the rest to DIR/train.\n"
     "Output appears at DIR only when everything succeeded.\n\n"
     "example: bigbatch pack --format text --in kjv.txt --seq-len 256 --val-fraction 0.1 --out data/kjv";
 
@@ -87,8 +88,12 @@ int bb_cmd_pack(int argc, char **argv)
         {"--tokenizer", BB_OPT_STRING, &o.tokenizer, "FILE", "text: encode with this byte-level BPE tokenizer.json "
          "(default: bytes)"},
         {"--out", BB_OPT_STRING, &o.out_dir, "DIR", "output directory (created; must not exist or be empty)", .required = true},
-        {"--val-fraction", BB_OPT_DOUBLE, &o.val_fraction, "F", "put the last F of the records in DIR/val, the rest in DIR/train",
-         .min = 0, .max = 0.99},
+        {"--val-fraction", BB_OPT_DOUBLE, &o.val_fraction, "F", "put F of the records in DIR/val (--val-split), the "
+         "rest in DIR/train", .min = 0, .max = 0.99},
+        {"--val-split", BB_OPT_ENUM, &o.val_split, "HOW", "spread: F of the records drawn over the whole input "
+         "(seeded; validation then measures what training sees), or tail: the last F (the input's end only)",
+         .choices = "spread|tail"},
+        {"--val-seed", BB_OPT_U64, &o.val_seed, "S", "spread: the draw's seed", .min = 0, .max = 9.2e18},
         {"--level", BB_OPT_INT, &level, "L", "zstd compression level", .min = -7, .max = 22},
         {"--frame-kib", BB_OPT_INT, &frame_kib, "K", "raw KiB per zstd frame (whole records, at least one)", .min = 1, .max = 65536},
         {"--shard-mib", BB_OPT_INT, &shard_mib, "M", "start a new shard before a file exceeds M MiB", .min = 1, .max = 1 << 20},

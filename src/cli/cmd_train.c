@@ -130,6 +130,9 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "infinite: stop (exit 1 naming the step, its update not applied, nothing of it saved) or skip the step "
          "(counted in the progress line, the metrics and at the end)", .choices = "stop|skip"},
         {"--seed", BB_OPT_U64, &o->seed, "S", "initialisation and data order", .min = 0, .max = 9.2e18, GIVEN(SEED)},
+        {"--shuffle-memory", BB_OPT_BYTES, &o->shuffle_memory, "BYTES", "without --shuffle-frames, shuffle every "
+         "record of the epoch together (one window of every frame) when the decompressed data fits this much host "
+         "memory, which the loader then holds (default 1GiB)"},
         LOADER_FLAG_OPTS(o->loader_threads, o->io, o->direct, o->shuffle_frames,
                          &f->given[BB_TRAIN_LOADER_THREADS], &f->given[BB_TRAIN_SHUFFLE_FRAMES]),
         {"--no-overlap", BB_OPT_FLAG, &o->no_overlap, NULL, "all-reduce only after the whole backward (to measure "

@@ -117,7 +117,7 @@ static bb_status skip_before_start(struct bb_loader *l, epoch_table *t, uint32_t
 {
     uint64_t start = l->opt.start_step * l->global_batch;
     uint64_t window = bb_epoch_order_window_of(t->order, start);
-    *first_claim = (uint32_t)(window * bb_sampler_window_frames(l->sampler));
+    *first_claim = bb_sampler_window_first(l->sampler, window);
     uint64_t window_start = t->order->first_pos[*first_claim];
     return forget_positions(t, window_start, start - window_start);
 }
@@ -369,7 +369,8 @@ bb_status bb_loader_create(const bb_dataset_t *ds, const bb_loader_options *o, b
     l->tables[0].epoch = l->tables[1].epoch = UINT64_MAX;
     bb_status rc;
     uint32_t T = o->threads, D = o->devices;
-    BB_TRY_GOTO(bb_sampler_create(ds, o->seed, o->shuffle_frames, &l->sampler), rc, fail);
+    BB_TRY_GOTO(bb_sampler_create(ds, o->seed, o->shuffle_frames, o->order ? o->order : BB_ORDER_CURRENT,
+                                  &l->sampler), rc, fail);
     l->record_size = bb_dataset_meta(ds)->record_size;
     l->frames = bb_sampler_frame_count(l->sampler);
     l->world_devices = o->world_devices ? o->world_devices : D;

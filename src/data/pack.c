@@ -21,6 +21,7 @@ bb_pack_options bb_pack_defaults(void)
     return (bb_pack_options){
         .format = BB_PACK_TEXT,
         .vocab = 50257,
+        .val_seed = 1,
         .writer = {.level = 3, .frame_bytes = 256u << 10, .shard_bytes = 256ull << 20,
                    .threads = bb_cpu_count() < 32 ? bb_cpu_count() : 32},
     };
@@ -193,12 +194,50 @@ typedef struct split {
     bb_dataset_writer_t *writer;
 } split;
 
+/* --val-split spread: each record of the input in order goes to val with
+ * probability (val left) / (records left) — exactly `val` of them, every
+ * subset as likely — in runs to the two writers. */
+static bb_status stream_spread(const bb_pack_options *o, bb_record_source *src, split *splits, uint8_t *chunk,
+                               uint64_t per_chunk)
+{
+    uint64_t rng = o->val_seed, left = src->record_count, val_left = splits[1].records, done = 0;
+    size_t rs = src->meta.record_size;
+    bool *to_val = malloc(per_chunk * sizeof *to_val);
+    bb_status rc = to_val ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory");
+    while (left > 0 && rc == BB_OK) {
+        if (o->interrupted && *o->interrupted) {
+            rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted; %s was not written", o->out_dir);
+            break;
+        }
+        uint64_t n = left < per_chunk ? left : per_chunk;
+        rc = src->read(src, n, chunk);
+        for (uint64_t i = 0; rc == BB_OK && i < n; i++) {
+            double u = (double)(bb_splitmix64(&rng) >> 11) * 0x1.0p-53; /* uniform in [0, 1) */
+            to_val[i] = u * (double)(left - i) < (double)val_left;
+            val_left -= to_val[i];
+        }
+        for (uint64_t i = 0, j; rc == BB_OK && i < n; i = j) { /* runs bound for one split */
+            for (j = i + 1; j < n && to_val[j] == to_val[i]; j++) {}
+            rc = bb_dataset_writer_add(splits[to_val[i] ? 1 : 0].writer, chunk + i * rs, j - i);
+        }
+        left -= n, done += n;
+        if (rc == BB_OK && o->progress) o->progress(o->progress_ctx, done, src->record_count);
+    }
+    free(to_val);
+    return rc;
+}
+
 static bb_status stream_records(const bb_pack_options *o, bb_record_source *src, split *splits, int nsplits)
 {
     uint64_t per_chunk = CHUNK_BYTES / src->meta.record_size;
     if (per_chunk == 0) per_chunk = 1;
     uint8_t *chunk = malloc(per_chunk * src->meta.record_size);
     if (!chunk) return bb_fail(BB_ERR_NOMEM, "cannot allocate %llu bytes of records", (unsigned long long)(per_chunk * src->meta.record_size));
+    if (nsplits == 2 && o->val_split == BB_VAL_SPREAD) {
+        bb_status rc = stream_spread(o, src, splits, chunk, per_chunk);
+        free(chunk);
+        return rc;
+    }
     bb_status rc = BB_OK;
     uint64_t done = 0;
     for (int s = 0; s < nsplits && rc == BB_OK; s++) {
@@ -240,8 +279,8 @@ bb_status bb_pack(const bb_pack_options *o, bb_pack_report *report)
                          (unsigned long long)src.record_count);
             goto done_src;
         }
-        /* The validation split is the tail of the input: no record of it
-         * comes from the text between two training records. */
+        /* tail: no record of val comes from the text between two training
+         * records; spread: val records sit among them (stream_spread) */
         splits[0] = (split){.dir = "train", .records = src.record_count - val};
         splits[1] = (split){.dir = "val", .records = val};
         nsplits = 2;

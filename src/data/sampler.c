@@ -7,7 +7,9 @@
 
 struct bb_sampler {
     uint64_t seed;
-    uint32_t window_frames;
+    uint32_t order;         /* BB_ORDER_FIXED_WINDOWS or BB_ORDER_BALANCED */
+    uint32_t windows;       /* windows an epoch */
+    uint32_t window_frames; /* the largest window's frames */
     uint32_t frame_count;
     uint64_t record_count;
     bb_sampler_frame *frames;
@@ -39,17 +41,31 @@ static uint64_t draw_below(uint64_t *state, uint64_t n)
 }
 
 /* ---- sampler ----------------------------------------------------------- */
-bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuffle_frames, bb_sampler_t **out)
+uint32_t bb_sampler_frame_count_of(const bb_dataset_t *ds)
+{
+    uint32_t frames = 0;
+    for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++) frames += bb_shard_frame_count(bb_dataset_shard(ds, i));
+    return frames;
+}
+
+bb_status bb_sampler_create(const bb_dataset_t *ds, uint64_t seed, uint32_t shuffle_frames, uint32_t order,
+                            bb_sampler_t **out)
 {
     *out = NULL;
     if (shuffle_frames == 0) return bb_fail(BB_ERR_ARG, "--shuffle-frames must be at least 1");
+    if (order != BB_ORDER_FIXED_WINDOWS && order != BB_ORDER_BALANCED)
+        return bb_fail(BB_ERR_ARG, "data order version %u: this bigbatch knows versions %d and %d", order,
+                       BB_ORDER_FIXED_WINDOWS, BB_ORDER_BALANCED);
     bb_sampler_t *s = calloc(1, sizeof *s);
     if (!s) return bb_fail(BB_ERR_NOMEM, "out of memory");
     s->seed = seed;
-    for (uint32_t i = 0; i < bb_dataset_shard_count(ds); i++)
-        s->frame_count += bb_shard_frame_count(bb_dataset_shard(ds, i));
+    s->order = order;
+    s->frame_count = bb_sampler_frame_count_of(ds);
     /* A window wider than the dataset is the whole dataset: same order. */
-    s->window_frames = shuffle_frames < s->frame_count ? shuffle_frames : s->frame_count;
+    uint32_t w = shuffle_frames < s->frame_count ? shuffle_frames : s->frame_count;
+    s->windows = s->frame_count ? (s->frame_count + w - 1) / w : 0;
+    /* balanced: the windows' sizes differ by one frame at most */
+    s->window_frames = order == BB_ORDER_BALANCED && s->windows ? (s->frame_count + s->windows - 1) / s->windows : w;
     s->frames = malloc((size_t)s->frame_count * sizeof *s->frames);
     if (!s->frames) {
         uint32_t n = s->frame_count;
@@ -82,6 +98,15 @@ void bb_sampler_destroy(bb_sampler_t *s)
 uint64_t bb_sampler_record_count(const bb_sampler_t *s) { return s->record_count; }
 uint32_t bb_sampler_frame_count(const bb_sampler_t *s) { return s->frame_count; }
 uint32_t bb_sampler_window_frames(const bb_sampler_t *s) { return s->window_frames; }
+uint32_t bb_sampler_window_count(const bb_sampler_t *s) { return s->windows; }
+
+uint32_t bb_sampler_window_first(const bb_sampler_t *s, uint64_t w)
+{
+    if (w >= s->windows) return s->frame_count;
+    if (s->order == BB_ORDER_FIXED_WINDOWS) return (uint32_t)(w * s->window_frames);
+    uint32_t base = s->frame_count / s->windows, extra = s->frame_count % s->windows; /* the first `extra` one more */
+    return (uint32_t)(w * base + (w < extra ? w : extra));
+}
 const bb_sampler_frame *bb_sampler_frame_at(const bb_sampler_t *s, uint32_t frame) { return &s->frames[frame]; }
 
 /* ---- epoch order ------------------------------------------------------- */
@@ -143,8 +168,7 @@ static bb_status load_window(bb_order_cursor *c, uint64_t w)
 {
     const bb_epoch_order_t *o = c->order;
     const bb_sampler_t *s = o->sampler;
-    uint64_t first = w * s->window_frames;
-    uint64_t end = first + s->window_frames < s->frame_count ? first + s->window_frames : s->frame_count;
+    uint64_t first = bb_sampler_window_first(s, w), end = bb_sampler_window_first(s, w + 1);
     uint64_t count = o->first_pos[end] - o->first_pos[first];
     if (count > c->capacity) {
         bb_record_ref *r = realloc(c->records, count * sizeof *r);
@@ -174,11 +198,10 @@ static bb_status load_window(bb_order_cursor *c, uint64_t w)
 uint64_t bb_epoch_order_window_of(const bb_epoch_order_t *o, uint64_t p)
 {
     const bb_sampler_t *s = o->sampler;
-    uint64_t windows = ((uint64_t)s->frame_count + s->window_frames - 1) / s->window_frames;
-    uint64_t lo = 0, hi = windows - 1;
+    uint64_t lo = 0, hi = s->windows - 1;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo + 1) / 2;
-        if (o->first_pos[mid * s->window_frames] <= p)
+        if (o->first_pos[bb_sampler_window_first(s, mid)] <= p)
             lo = mid;
         else
             hi = mid - 1;
@@ -221,5 +244,62 @@ bb_status bb_sampler_epoch_ids(const bb_sampler_t *s, uint64_t epoch, uint64_t f
     }
     bb_order_cursor_fini(&c);
     bb_epoch_order_destroy(o);
+    return rc;
+}
+
+static int by_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int by_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+bb_status bb_sampler_order_stats(const bb_sampler_t *s, uint64_t epoch, uint64_t G, bb_order_stats *out)
+{
+    *out = (bb_order_stats){.frames = s->frame_count};
+    if (G == 0 || G > s->record_count)
+        return bb_fail(BB_ERR_ARG, "a global batch of %llu from %llu records", (unsigned long long)G,
+                       (unsigned long long)s->record_count);
+    uint64_t batches = s->record_count / G;
+    bb_epoch_order_t *o;
+    BB_TRY(bb_epoch_order_create(s, epoch, &o));
+    uint64_t *stamp = calloc(s->frame_count, sizeof *stamp); /* the batch (+1) that last saw the frame */
+    uint32_t *distinct = malloc(batches * sizeof *distinct);
+    double *spread = malloc(batches * sizeof *spread);
+    bb_record_ref refs[256];
+    bb_order_cursor c;
+    bb_order_cursor_init(&c, o);
+    bb_status rc = stamp && distinct && spread ? BB_OK : bb_fail(BB_ERR_NOMEM, "out of memory for the order's statistics");
+    for (uint64_t b = 0; rc == BB_OK && b < batches; b++) {
+        uint32_t n = 0;
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (uint64_t done = 0; rc == BB_OK && done < G;) {
+            uint32_t k = G - done < 256 ? (uint32_t)(G - done) : 256;
+            rc = bb_order_cursor_get(&c, b * G + done, k, refs);
+            for (uint32_t i = 0; rc == BB_OK && i < k; i++) {
+                uint64_t id = bb_order_record_id(o, refs[i]);
+                lo = id < lo ? id : lo, hi = id > hi ? id : hi;
+                if (stamp[refs[i].order_frame] != b + 1) stamp[refs[i].order_frame] = b + 1, n++;
+            }
+            done += k;
+        }
+        distinct[b] = n, spread[b] = (double)(hi - lo) / (double)s->record_count;
+    }
+    if (rc == BB_OK) {
+        qsort(distinct, batches, sizeof *distinct, by_u32);
+        qsort(spread, batches, sizeof *spread, by_double);
+        *out = (bb_order_stats){.batches = batches, .frames = s->frame_count, .frames_per_batch_min = distinct[0],
+                                .frames_per_batch_median = distinct[batches / 2],
+                                .frames_per_batch_max = distinct[batches - 1], .spread_min = spread[0],
+                                .spread_median = spread[batches / 2]};
+    }
+    bb_order_cursor_fini(&c);
+    bb_epoch_order_destroy(o);
+    free(stamp), free(distinct), free(spread);
     return rc;
 }

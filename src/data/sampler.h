@@ -32,8 +32,14 @@ typedef struct bb_epoch_order {
 } bb_epoch_order_t;
 
 const bb_sampler_frame *bb_sampler_frame_at(const bb_sampler_t *s, uint32_t frame);
-/* Frames per window: shuffle_frames, or the frame count when smaller. */
+/* The largest window's frames: shuffle_frames (or the frame count when
+ * smaller); under BB_ORDER_BALANCED the frames split evenly over as many
+ * windows, so at most that. */
 uint32_t bb_sampler_window_frames(const bb_sampler_t *s);
+/* Windows an epoch, and the order position of window w's first frame
+ * (the frame count for w at or past the last). */
+uint32_t bb_sampler_window_count(const bb_sampler_t *s);
+uint32_t bb_sampler_window_first(const bb_sampler_t *s, uint64_t w);
 
 /* Computes the frame permutation of `epoch`. Fails with BB_ERR_NOMEM. */
 bb_status bb_epoch_order_create(const bb_sampler_t *s, uint64_t epoch, bb_epoch_order_t **out);

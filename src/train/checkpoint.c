@@ -126,6 +126,7 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                             "warmup", (json_int_t)oc->warmup, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps,
                             "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
                             oc->weight_decay, "grad_clip", oc->grad_clip);
+    if (j) json_object_set_new(j, "order", json_integer(st->order));
     if (j && st->ramp_from && !st->auto_batch)
         json_object_set_new(j, "batch_ramp", json_pack("{s:i, s:I}", "from", st->ramp_from, "steps",
                                                        (json_int_t)st->ramp_steps));
@@ -421,6 +422,12 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     int frames = 0;
     BB_TRY(bb_json_opt_int(j, path, "shuffle_frames", &frames));
     info->shuffle_frames = (uint32_t)frames;
+    int order = 0; /* before versions, the order was version 1 */
+    BB_TRY(bb_json_opt_int(j, path, "order", &order));
+    if (order < 0 || order > BB_ORDER_CURRENT)
+        return bb_fail(BB_ERR_FORMAT, "%s: \"order\" %d: this bigbatch knows data orders 1 to %d", path, order,
+                       BB_ORDER_CURRENT);
+    info->order = (uint32_t)order;
     BB_TRY(bb_json_opt_int(j, path, "keep", &info->keep));
     BB_TRY(bb_json_opt_u64(j, path, "save_every", &info->save_every));
     const json_t *ramp = json_object_get(j, "batch_ramp"); /* only a run with a batch ramp writes one */

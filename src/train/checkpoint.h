@@ -23,7 +23,7 @@ typedef struct checkpoint_state {
     bool auto_batch;              /* --global-batch auto: the chunks taken and the next step's micro-steps */
     uint64_t auto_chunks;
     int auto_accumulation;
-    uint32_t shuffle_frames;
+    uint32_t shuffle_frames, order; /* the data order's window and version (loader.h) */
     uint64_t data_identity;       /* bb_dataset_identity of the training data */
     int keep;                     /* the run's keep and save_every: a resumed run saves as it did */
     uint64_t save_every;

@@ -22,6 +22,7 @@ void bb_train_defaults(bb_train_options *o)
         .seed = 1,
         .loader_threads = BB_LOADER_THREADS_DEFAULT,
         .shuffle_frames = BB_SHUFFLE_FRAMES_DEFAULT,
+        .shuffle_memory = BB_SHUFFLE_MEMORY_DEFAULT,
         .bucket_mib = BB_BUCKET_MIB_DEFAULT,
         .timeout_s = 600, /* PyTorch's collective timeout */
         .log_every = 10,

@@ -192,7 +192,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .ramp_steps = t->ramp_steps, .auto_batch = t->auto_batch,
                            .auto_chunks = t->auto_chunks, .auto_accumulation = t->auto_accumulation,
                            .micro_batch = t->micro_batch,
-                           .shuffle_frames = bb_shuffle_frames_or_default(t->o->shuffle_frames),
+                           .shuffle_frames = t->shuffle_frames, .order = t->order,
                            .loss = loss, .noise = t->noise, .data = t->o->data,
                            .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
                            .data_identity = t->data_identity, .tokenizer = t->tokenizer,

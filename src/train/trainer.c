@@ -99,8 +99,7 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
         BB_WARN("%s: %s holds other records than when the checkpoint was saved (dataset identity %s then, %s now): "
                 "the run continues, but not on the data the saved run would have read", NAME(RESUME), o->data,
                 info->data_identity, identity);
-    uint32_t frames = bb_shuffle_frames_or_default(o->shuffle_frames),
-             saved = bb_shuffle_frames_or_default(info->shuffle_frames);
+    uint32_t frames = t->shuffle_frames, saved = bb_shuffle_frames_or_default(info->shuffle_frames);
     if (frames != saved)
         BB_WARN("%s: the checkpoint's run shuffled windows of %u frames, this one %u: the data order changes",
                 NAME(RESUME), saved, frames);
@@ -272,7 +271,8 @@ static bb_status start_loader(trainer *t)
     lo.accumulation = (uint32_t)t->accumulation;
     lo.io = t->o->io;
     lo.direct = t->o->direct;
-    if (t->o->shuffle_frames) lo.shuffle_frames = t->o->shuffle_frames;
+    lo.shuffle_frames = t->shuffle_frames;
+    lo.order = t->order;
     lo.start_epoch = t->first_step / t->steps_per_epoch;
     lo.start_step = t->first_step % t->steps_per_epoch;
     lo.steps = t->total_steps - t->first_step;
@@ -492,6 +492,22 @@ static bb_status check_same_data(const trainer *t)
     return BB_OK;
 }
 
+/* The data order: a resumed run's as it was (its window, and version 1
+ * when its checkpoint names none); a new run's balanced windows, or one
+ * window of every frame (a global shuffle) when no window was asked for
+ * and the decompressed data fits --shuffle-memory. */
+static void choose_order(trainer *t)
+{
+    const bb_train_options *o = t->o;
+    t->order = t->resume ? (t->resume->order ? t->resume->order : BB_ORDER_FIXED_WINDOWS)
+                         : (o->order ? o->order : BB_ORDER_CURRENT);
+    t->shuffle_frames = bb_shuffle_frames_or_default(o->shuffle_frames);
+    uint32_t frames = bb_sampler_frame_count_of(t->data);
+    uint64_t bytes = bb_dataset_record_count(t->data) * bb_dataset_meta(t->data)->record_size;
+    if (!t->resume && !(o->set & BB_TRAIN_SET(BB_TRAIN_SHUFFLE_FRAMES)) && bytes <= o->shuffle_memory && frames)
+        t->shuffle_frames = frames;
+}
+
 /* The data, the model's configuration from it, the batch split and the
  * run's length. */
 static bb_status setup_data(trainer *t)
@@ -504,6 +520,7 @@ static bb_status setup_data(trainer *t)
     t->seed = o->seed;
     BB_TRY(bb_dataset_open(o->data, &t->data));
     t->data_identity = bb_dataset_identity(t->data);
+    choose_order(t);
     if (!bb_tokenizer_file_of_dataset(o->data, t->tokenizer, sizeof t->tokenizer)) t->tokenizer[0] = '\0';
     BB_TRY(check_same_data(t));
     t->cfg = o->model;
@@ -660,6 +677,13 @@ static void print_start(const trainer *t)
     fprintf(p, "\ntrain: data %s (%s); activations %s per device%s", t->o->data, bb_loader_io_description(t->loader),
             bb_format_bytes(bb_model_activation_bytes(t->replicas[0].model), act, sizeof act),
             t->cfg.precision == BB_PRECISION_BF16 ? " (bf16)" : "");
+    uint32_t frames = bb_sampler_frame_count_of(t->data);
+    if (t->shuffle_frames >= frames)
+        fprintf(p, "\ntrain: order: one shuffle of every record (%u frames)", frames);
+    else
+        fprintf(p, "\ntrain: order: shuffled in %s windows of about %u frames (%u frames)",
+                t->order == BB_ORDER_BALANCED ? "balanced" : "fixed", t->shuffle_frames, frames);
+    if (t->order != BB_ORDER_CURRENT) fprintf(p, ", order version %u (the checkpoint's)", t->order);
     bb_backend_t *be = t->replicas[0].be;
     if (t->cfg.precision == BB_PRECISION_BF16) fprintf(p, "; products: %s", bb_backend_bf16_products(be));
     if (!bb_backend_host_is_device(be)) fprintf(p, "; attention: %s", bb_backend_attention_engine(be));

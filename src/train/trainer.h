@@ -80,6 +80,7 @@ typedef struct trainer {
     bool offload;            /* the optimizer offloaded: the options', or the planner's under --offload auto */
     char devices_text[256];  /* "cpu:2", "cuda:0,1" */
     uint64_t first_step, total_steps, steps_per_epoch, seed;
+    uint32_t shuffle_frames, order; /* the data order: its window (all frames: a global shuffle) and version */
     uint64_t data_identity;  /* bb_dataset_identity of the training data, once: ranks, resume, saves */
     uint32_t *val_token_bytes; /* the validation data's bytes per token id; NULL: none (bytes) */
     char tokenizer[4200];    /* the training data's tokenizer.json, which saves copy; "" when it has none */
