@@ -171,6 +171,16 @@ uint64_t bb_trainer_chunks_before(const trainer *t, uint64_t step);
  * the next step's micro-steps are B_simple (`noise`, examples) in whole
  * chunks, never fewer than now, at most accumulation. */
 void bb_trainer_follow_noise(trainer *t, double noise);
+/* schedule.c, while the trainer is set up: the data order (t->order,
+ * t->shuffle_frames; never fails), and a ramp's or auto's schedule (B0 in
+ * whole micro-steps, a ZeRO stage that allows it, its steps, the loader's
+ * chunks of `records`, and with --epochs the run's length): BB_ERR_ARG
+ * naming the option. */
+void bb_trainer_choose_order(trainer *t);
+bb_status bb_trainer_setup_ramp(trainer *t, uint64_t records);
+/* The loader of the run's data from its first step (schedule.c): fails as
+ * bb_loader_create. */
+bb_status bb_trainer_start_loader(trainer *t);
 
 bb_status bb_step_barrier_wait(step_barrier *b);
 /* Records the failure (first one wins) and wakes every thread. */
