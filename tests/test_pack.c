@@ -67,14 +67,20 @@ static void assert_windows(const uint8_t *records, uint64_t count, uint64_t firs
     }
 }
 
+/* n random bytes of text, and the token stream they are (one token a byte). */
+static void random_text(uint8_t *text, uint16_t *stream, int n, uint64_t seed)
+{
+    tu_fill_random(text, (size_t)n, seed);
+    for (int i = 0; i < n; i++) stream[i] = text[i];
+}
+
 Test(pack, text_round_trip_with_split_across_files)
 {
     char *dir = tu_temp_dir();
     enum { N = 10000, T = 64 };
     uint8_t text[N];
     uint16_t stream[N];
-    tu_fill_random(text, N, 11);
-    for (int i = 0; i < N; i++) stream[i] = text[i];
+    random_text(text, stream, N, 11);
     char *a = tu_path(dir, "a.txt"), *b = tu_path(dir, "b.txt"), *out = tu_path(dir, "out");
     tu_write_file(a, text, 6001);
     tu_write_file(b, text + 6001, N - 6001);
@@ -127,8 +133,7 @@ Test(pack, a_spread_validation_split_draws_over_the_whole_input)
     enum { N = 20000, T = 32 };
     uint8_t text[N];
     uint16_t stream[N];
-    tu_fill_random(text, N, 21);
-    for (int i = 0; i < N; i++) stream[i] = text[i];
+    random_text(text, stream, N, 21);
     char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out"), *other = tu_path(dir, "other");
     tu_write_file(in, text, N);
     bb_pack_options o = options(out);
