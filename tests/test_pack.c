@@ -68,7 +68,7 @@ static void assert_windows(const uint8_t *records, uint64_t count, uint64_t firs
 }
 
 /* n random bytes of text, and the token stream they are (one token a byte). */
-static void random_text(uint8_t *text, uint16_t *stream, int n, uint64_t seed)
+static void random_stream(uint8_t *text, uint16_t *stream, int n, uint64_t seed)
 {
     tu_fill_random(text, (size_t)n, seed);
     for (int i = 0; i < n; i++) stream[i] = text[i];
@@ -80,7 +80,7 @@ Test(pack, text_round_trip_with_split_across_files)
     enum { N = 10000, T = 64 };
     uint8_t text[N];
     uint16_t stream[N];
-    random_text(text, stream, N, 11);
+    random_stream(text, stream, N, 11);
     char *a = tu_path(dir, "a.txt"), *b = tu_path(dir, "b.txt"), *out = tu_path(dir, "out");
     tu_write_file(a, text, 6001);
     tu_write_file(b, text + 6001, N - 6001);
@@ -133,7 +133,7 @@ Test(pack, a_spread_validation_split_draws_over_the_whole_input)
     enum { N = 20000, T = 32 };
     uint8_t text[N];
     uint16_t stream[N];
-    random_text(text, stream, N, 21);
+    random_stream(text, stream, N, 21);
     char *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out"), *other = tu_path(dir, "other");
     tu_write_file(in, text, N);
     bb_pack_options o = options(out);
