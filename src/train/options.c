@@ -286,7 +286,9 @@ static int describe(const bb_train_options *o, agreed *a)
     FIELD(TRUST_COEFFICIENT, "%.17g", c->trust_coefficient);
     FIELD(GRAD_CLIP, "%.17g", c->grad_clip);
     FIELD(SEED, "%llu", (unsigned long long)o->seed);
-    FIELD(SHUFFLE_FRAMES, "%u", bb_shuffle_frames_or_default(o->shuffle_frames));
+    /* not asked for: the global shuffle's budget decides the order too */
+    FIELD(SHUFFLE_FRAMES, "%u (all frames within %llu bytes: %s)", bb_shuffle_frames_or_default(o->shuffle_frames),
+          (unsigned long long)o->shuffle_memory, is_set(o, BB_TRAIN_SHUFFLE_FRAMES) ? "no" : "yes");
     FIELD(ZERO, "%s", o->zero == BB_ZERO_AUTO ? "auto" : (const char *[]){"0", "1", "2", "3"}[o->zero & 3]);
     FIELD(ZERO_SHARDS, "%s", bb_param_shard_rule_name(o->zero_shards));
     FIELD(BUCKET_MIB, "%.17g", o->bucket_mib);
