@@ -67,6 +67,8 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
                  {"mlp --zero 3 --optimizer lars", 1, false, NULL, false, 3},
                  {"gpt --zero 1 --optimizer muon", 0, false, NULL, false, 1},
                  {"llama --zero 3 --offload optimizer --optimizer muon", 2, false, NULL, false, 3},
+                 {"gpt --global-batch ramp:8..16:2", 0, false, NULL, false, 0},
+                 {"mlp --zero 1 --global-batch auto:8..16", 1, false, NULL, false, 1},
                  {"gpt --zero 2", 0, false, NULL, false, 2},
                  {"gpt --zero 2 --zero-shards tensors --checkpoint selective", 0, false, "selective", false, 2,
                   BB_PARAM_SHARD_TENSORS},
@@ -101,6 +103,8 @@ Test(cuda_train, two_gpus_train_as_cpu_2)
             o.opt.momentum = bb_optimizer_defaults_for(o.opt.kind).momentum;
         }
         if (strstr(cases[i].name, "--offload")) o.offload = BB_OFFLOAD_OPTIMIZER;
+        if (strstr(cases[i].name, "--global-batch ramp")) o.ramp_from = 8, o.ramp_steps = 2; /* 8, 8, then 16 */
+        if (strstr(cases[i].name, "--global-batch auto")) o.ramp_from = 8, o.auto_batch = true;
         if (cases[i].checkpoint)
             cr_assert_eq(bb_model_parse_recompute(cases[i].checkpoint, &o.model), BB_OK, "%s", bb_error_message());
         if (cases[i].bf16) o.precision = BB_PRECISION_BF16;
