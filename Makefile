@@ -167,7 +167,7 @@ endif
 # so its thread-locals are initial-exec) and its NCCL, which the reducer dlopens.
 EMU_CXXFLAGS = -std=c++17 $(OPT) $(ARCH) -fPIC -fvisibility=hidden -Wall -Wextra -Werror -I$(EMU_DIR)/include \
                $(shell pkg-config --cflags openblas 2>/dev/null) $(SAN_FLAGS) $(EXTRA_CFLAGS)
-EMU_RUNTIME := $(addprefix $(EMU_DIR)/,runtime.cpp memory.cpp streams.cpp kernels.cpp graphs.cpp cublas.cpp)
+EMU_RUNTIME := $(addprefix $(EMU_DIR)/,runtime.cpp emu_api.cpp memory.cpp streams.cpp kernels.cpp graphs.cpp cublas.cpp)
 $(LIB_DIR)/libbbcudaemu.so: $(EMU_RUNTIME) $(EMU_DIR)/emu.h $(wildcard $(EMU_DIR)/include/*.h) Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) -ftls-model=initial-exec -shared -Wl,-soname,libbbcudaemu.so $(EMU_RUNTIME) \
