@@ -127,14 +127,12 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                             "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
                             oc->weight_decay, "grad_clip", oc->grad_clip);
     if (j) json_object_set_new(j, "order", json_integer(st->order));
-    if (j && st->ramp_from && !st->auto_batch)
-        json_object_set_new(j, "batch_ramp", json_pack("{s:i, s:I}", "from", st->ramp_from, "steps",
-                                                       (json_int_t)st->ramp_steps));
-    if (j && st->auto_batch)
-        json_object_set_new(j, "batch_ramp", json_pack("{s:i, s:I, s:b, s:I, s:i}", "from", st->ramp_from, "steps",
-                                                       (json_int_t)0, "auto", 1, "chunks",
-                                                       (json_int_t)st->auto_chunks, "accumulation",
-                                                       st->auto_accumulation));
+    json_t *ramp = j && st->ramp_from ? json_pack("{s:i, s:I}", "from", st->ramp_from, "steps",
+                                                  (json_int_t)st->ramp_steps) : NULL;
+    if (ramp && st->auto_batch) /* and where it stands: the chunks taken, the next step's micro-steps */
+        json_object_update_new(ramp, json_pack("{s:b, s:I, s:i}", "auto", 1, "chunks", (json_int_t)st->auto_chunks,
+                                               "accumulation", st->auto_accumulation));
+    if (ramp) json_object_set_new(j, "batch_ramp", ramp);
     bb_status rc = j && opt ? bb_model_config_to_json(j, c) : bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK && json_object_update(j, opt)) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
     if (rc == BB_OK) rc = bb_json_write_file(j, path);

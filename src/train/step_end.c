@@ -188,7 +188,7 @@ static bb_status save(trainer *t, uint64_t step, double loss)
 {
     checkpoint_state st = {.step = step, .epoch = step / t->steps_per_epoch, .step_in_epoch = step % t->steps_per_epoch,
                            .seed = t->seed, .total_steps = t->total_steps, .global_batch = t->global_batch,
-                           .ramp_from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch,
+                           .ramp_from = trainer_ramp_from(t),
                            .ramp_steps = t->ramp_steps, .auto_batch = t->auto_batch,
                            .auto_chunks = t->auto_chunks, .auto_accumulation = t->auto_accumulation,
                            .micro_batch = t->micro_batch,

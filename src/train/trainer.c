@@ -56,7 +56,7 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
         return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint was trained with %s %d, not %d (the data order and the "
                        "step count depend on it)", NAME(RESUME), o->resume_dir, NAME(GLOBAL_BATCH), info->global_batch,
                        t->global_batch);
-    int from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch;
+    int from = trainer_ramp_from(t);
     if (info->ramp_from != from || info->auto_batch != t->auto_batch ||
         (from && !t->auto_batch && info->ramp_steps != t->ramp_steps))
         return bb_fail(BB_ERR_ARG, "%s %s: the checkpoint was trained with %s from %d over %llu steps, this run asks "
@@ -204,7 +204,7 @@ static bb_status write_run_line(const trainer *t)
                             o->data, "version", BB_VERSION, "commit", bb_commit());
     if (run && t->ramp_accumulation)
         json_object_set_new(run, "batch_ramp", json_pack("{s:i, s:I, s:b}", "from",
-                                                         t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch,
+                                                         trainer_ramp_from(t),
                                                          "steps", (json_int_t)t->ramp_steps, "auto", t->auto_batch));
     json_t *line = run ? json_pack("{s:o}", "run", run) : NULL;
     bb_status rc = bb_json_write_line(t->metrics, line);
@@ -534,7 +534,7 @@ static void print_start(const trainer *t)
     fprintf(p, "train: %s, %s parameters, on %s", model, params, t->devices_text);
     if (t->spec.world > 1) fprintf(p, " in each of %d processes", t->spec.world);
     fprintf(p, "\ntrain: global batch ");
-    int from = t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch;
+    int from = trainer_ramp_from(t);
     if (t->auto_batch)
         fprintf(p, "from %d, following the noise scale (in whole micro-steps, never shrinking), at most ", from);
     else if (t->ramp_accumulation)

@@ -157,6 +157,11 @@ static inline int trainer_batch_at(const trainer *t, uint64_t step)
 {
     return trainer_accumulation_at(t, step) * trainer_world_devices(t) * t->micro_batch;
 }
+/* A ramp's (or auto's) first batch, B0; 0 without one. */
+static inline int trainer_ramp_from(const trainer *t)
+{
+    return t->ramp_accumulation * trainer_world_devices(t) * t->micro_batch;
+}
 static inline float trainer_normalizer_at(const trainer *t, uint64_t step)
 {
     int examples = trainer_accumulation_at(t, step) * t->micro_batch;
