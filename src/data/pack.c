@@ -22,7 +22,7 @@ bb_pack_options bb_pack_defaults(void)
         .format = BB_PACK_TEXT,
         .vocab = 50257,
         .val_seed = 1,
-        .writer = {.level = 3, .frame_bytes = 256u << 10, .shard_bytes = 256ull << 20,
+        .writer = {.level = BB_PACK_LEVEL_BY_KIND, .frame_bytes = 256u << 10, .shard_bytes = 256ull << 20,
                    .threads = bb_cpu_count() < 32 ? bb_cpu_count() : 32},
     };
 }
@@ -301,7 +301,10 @@ bb_status bb_pack(const bb_pack_options *o, bb_pack_report *report)
             rc = bb_fail_errno(BB_ERR_IO, "%s: cannot create directory", dir);
             goto done_out;
         }
-        BB_TRY_GOTO(bb_dataset_writer_create(dir, &src.meta, &o->writer, &splits[s].writer), rc, done_out);
+        bb_writer_options wo = o->writer;
+        if (wo.level == BB_PACK_LEVEL_BY_KIND)
+            wo.level = src.meta.kind == BB_RECORD_IMAGE_U8 ? BB_PACK_LEVEL_IMAGES : BB_PACK_LEVEL_TOKENS;
+        BB_TRY_GOTO(bb_dataset_writer_create(dir, &src.meta, &wo, &splits[s].writer), rc, done_out);
         char copy[sizeof dir + 32];
         snprintf(copy, sizeof copy, "%s/%s", dir, BB_TOKENIZER_FILE);
         if (o->tokenizer) BB_TRY_GOTO(bb_copy_file(o->tokenizer, copy), rc, done_out); /* every split decodes alone */
