@@ -66,10 +66,12 @@ ifeq ($(USE_CUDA),1)
   endif
 endif
 
-PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8
+PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8 libcurl inih
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev libpcre2-dev \
              libcriterion-dev libopenblas-dev libdnnl-dev zstd bible-kjv python3 python3-pip python3-venv python3-torch clang \
-             openmpi-bin libopenmpi-dev chromium iproute2
+             openmpi-bin libopenmpi-dev chromium iproute2 \
+             libcurl4-openssl-dev libinih-dev nginx-light python3-boto3 python3-flask python3-flask-cors python3-werkzeug \
+             python3-xmltodict python3-responses python3-jinja2 python3-cryptography python3-dateutil python3-yaml
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -128,7 +130,7 @@ TEST_SRC  ?= $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
-.PHONY: FORCE all test check check-tests check-layers cuda-emu cuda-emu-build cuda-emu-test cuda-emu-check demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle hf-deps hf-deps-fetch
+.PHONY: FORCE all test check check-tests check-layers cuda-emu cuda-emu-build cuda-emu-test cuda-emu-check demo deps report-screenshot readme-output docs asan tsan tsan-run fuzz fuzz-run clean data-kjv data-fmnist gpu-bundle hf-deps hf-deps-fetch s3-deps s3-deps-fetch
 .DELETE_ON_ERROR:
 
 all: $(BIN) $(LIB)
@@ -242,6 +244,7 @@ check: check-layers
 # are installed once, here; the rest neither installs nor fetches.
 test: deps check-layers
 	@$(MAKE) --no-print-directory hf-deps-fetch
+	@$(MAKE) --no-print-directory s3-deps-fetch
 	@$(MAKE) --no-print-directory cuda-emu-build
 	@$(MAKE) --no-print-directory check-tests
 	@$(MAKE) --no-print-directory cuda-emu-check
@@ -391,10 +394,23 @@ hf-deps-fetch:
 	  echo "hf-deps: could not install $(HF_PINS) (build/hf/install.log): the tests that compare with them say skipped"; \
 	fi
 
+# moto's S3 server for tests/test_remote.c (SigV4 against the keys it issues):
+# PyPI's moto over Debian's boto3, flask and the rest (DEB_PKGS).
+MOTO_PIN := moto==4.2.14
+s3-deps: deps
+	@$(MAKE) --no-print-directory s3-deps-fetch
+s3-deps-fetch:
+	@if ! build/s3/bin/python -c 'import moto.server' 2>/dev/null; then \
+	  rm -rf build/s3 && /usr/bin/python3 -m venv --system-site-packages build/s3 && \
+	  build/s3/bin/pip install -q --disable-pip-version-check --no-deps $(MOTO_PIN) >build/s3/install.log 2>&1 && \
+	  echo "s3-deps: $(MOTO_PIN) in build/s3" || \
+	  echo "s3-deps: could not install $(MOTO_PIN) (build/s3/install.log): the S3 test says skipped"; \
+	fi
+
 # Rebuilds the embedded default dataset (see data/README.md).
 data-kjv: deps all
 	bible -f gen1:1-rev22:21 > build/kjv.txt
-	$(BIN) pack --format text --in build/kjv.txt --seq-len 256 --val-fraction 0.1 --out data/kjv --force
+	$(BIN) pack --format text --in build/kjv.txt --seq-len 256 --val-fraction 0.1 --val-split tail --out data/kjv --force
 
 data-fmnist: deps all
 	@dpkg-query -W -f='$${Status}' dataset-fashion-mnist 2>/dev/null | grep -q "ok installed" || { \

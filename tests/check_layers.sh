@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # The modules, lowest first, and each public header's module.
 order=(core queue data backend world model optim plan trace train report cli)
 declare -A level header_module=(
-    [core.h]=core [json.h]=core [queue.h]=queue [shard.h]=data [loader.h]=data [pack.h]=data [tokenizer.h]=data
+    [core.h]=core [json.h]=core [queue.h]=queue [shard.h]=data [loader.h]=data [pack.h]=data [tokenizer.h]=data [remote.h]=data
     [backend.h]=backend [ops.def]=backend [world.h]=world [model.h]=model [optim.h]=optim [plan.h]=plan
     [calibrate.h]=plan [roofline.h]=plan [trace.h]=trace [train.h]=train [report.h]=report)
 for i in "${!order[@]}"; do level[${order[$i]}]=$i; done

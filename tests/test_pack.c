@@ -4,6 +4,9 @@
 #include <dirent.h>
 #include <zlib.h>
 
+#include <xxhash.h>
+
+#include "bigbatch/json.h"
 #include "bigbatch/pack.h"
 #include "test_util.h"
 
@@ -464,6 +467,64 @@ Test(pack, a_killed_packs_partial_directory_is_removed_by_the_next_pack)
     cr_assert(!tu_exists(stale), "the killed pack's partial directory stayed");
     cr_assert(tu_exists(notes), "a directory with more than shards was removed");
     free(notes), free(mine), free(shard), free(stale), free(in), free(out);
+    tu_rm_tree(dir);
+    free(dir);
+}
+
+/* Every directory pack makes gets an index.json (what a copy in object
+ * storage is read by, remote.h): its files with their sizes and XXH64, the
+ * splits listed by the top one; `pack --index` writes the same for a dataset
+ * packed without; a directory of no dataset is refused. */
+Test(pack, pack_writes_the_index_of_each_directory)
+{
+    char *dir = tu_temp_dir(), *in = tu_path(dir, "in.txt"), *out = tu_path(dir, "out");
+    const char *inputs[1];
+    bb_pack_options o = random_text(in, out, 31, inputs);
+    o.val_fraction = 0.2;
+    bb_pack_report r;
+    cr_assert_eq(bb_pack(&o, &r), BB_OK, "%s", bb_error_message());
+    char *top = tu_path(out, "index.json"), *train = tu_path(out, "train/index.json");
+    char *text = (char *)tu_read_file(top, NULL);
+    cr_assert_not_null(strstr(text, "\"dirs\": [\n    \"train\",\n    \"val\"\n  ]"), "%s", text);
+    free(text);
+    json_t *ix;
+    cr_assert_eq(bb_json_load_file(train, true, &ix), BB_OK, "%s", bb_error_message());
+    json_t *files = json_object_get(ix, "files");
+    cr_assert_eq(json_array_size(files), 1);
+    json_t *f = json_array_get(files, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(f, "name")), "shard-00000.bbs");
+    char *shard = tu_path(out, "train/shard-00000.bbs");
+    size_t size;
+    uint8_t *bytes = tu_read_file(shard, &size);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH64(bytes, size, 0));
+    cr_assert_eq((size_t)json_integer_value(json_object_get(f, "bytes")), size);
+    cr_assert_str_eq(json_string_value(json_object_get(f, "xxh64")), hex);
+    json_decref(ix);
+    /* an older dataset: the same index from `pack --index` */
+    size_t before_size;
+    uint8_t *before = tu_read_file(train, &before_size);
+    cr_assert_eq(unlink(train), 0);
+    cr_assert_eq(unlink(top), 0);
+    tu_run run = tu_bigbatch("pack", "--index", out);
+    cr_assert_eq(run.exit_code, 0, "%s", run.err);
+    tu_run_free(&run);
+    size_t after_size;
+    uint8_t *after = tu_read_file(train, &after_size);
+    cr_assert(before_size == after_size && !memcmp(before, after, after_size));
+    cr_assert(tu_exists(top));
+    run = tu_bigbatch("pack", "--index", in); /* a file, not a directory */
+    tu_assert_error(&run, in, "cannot list directory");
+    tu_run_free(&run);
+    char *empty = tu_path(dir, "empty");
+    cr_assert_eq(mkdir(empty, 0755), 0);
+    run = tu_bigbatch("pack", "--index", empty);
+    tu_assert_error(&run, empty, "nothing to index");
+    tu_run_free(&run);
+    run = tu_bigbatch("pack", "--index", out, "--level", "3");
+    tu_assert_error(&run, "--index DIR takes no other option");
+    tu_run_free(&run);
+    free(before), free(after), free(bytes), free(shard), free(top), free(train), free(empty), free(in), free(out);
     tu_rm_tree(dir);
     free(dir);
 }

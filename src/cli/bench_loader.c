@@ -19,6 +19,7 @@
 #include "bigbatch/backend.h"
 #include "bigbatch/json.h"
 #include "bigbatch/loader.h"
+#include "data_flags.h"
 #include "model_flags.h"
 
 static const char usage[] =
@@ -398,8 +399,11 @@ int bb_bench_loader(int argc, char **argv)
     int64_t global_batch = 64, order_version = BB_ORDER_CURRENT;
     bb_loader_options o;
     bb_loader_defaults(&o);
+    data_flags df = DATA_FLAGS_DEFAULT;
     const bb_opt opts[] = {
-        {"--data", BB_OPT_STRING, &data, "DIR", "dataset directory (or one shard)", .required = true},
+        {"--data", BB_OPT_STRING, &data, "DIR|URL", "dataset directory (or one shard), or an s3:// or https:// "
+         "dataset (mirrored first: the rates are the cache's)", .required = true},
+        DATA_FLAGS_OPTS(df),
         LOADER_FLAG_OPTS(threads, o.io, o.direct, o.shuffle_frames, NULL, NULL),
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "records per batch", .min = 1, .max = 1 << 24},
         {"--prefetch", BB_OPT_INT, &prefetch, "N", "batches prepared ahead of each consumer (0: 16, fewer for "
@@ -441,6 +445,7 @@ int bb_bench_loader(int argc, char **argv)
     if (rc == BB_OK && rate > 0 && (warm || cold))
         rc = bb_fail(BB_ERR_ARG, "the consumer simulation runs warm: --%s does not apply", cold ? "cold" : "warm");
     if (rc == BB_OK && warm && cold) rc = bb_fail(BB_ERR_ARG, "--warm and --cold: give one (or neither for both)");
+    if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK && order) {
         rc = order_statistic(ds, data, &o, (uint64_t)seed, (uint64_t)global_batch, (uint32_t)order_version, json);

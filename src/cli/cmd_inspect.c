@@ -11,6 +11,7 @@
 #include "bigbatch/json.h"
 #include "bigbatch/tokenizer.h"
 #include "commands.h"
+#include "data_flags.h"
 
 static const char usage[] = "bigbatch inspect PATH [--verify] [--json]";
 static const char summary[] =
@@ -253,15 +254,20 @@ int bb_cmd_inspect(int argc, char **argv)
 {
     bool verify = false, json = false;
     bb_str_list paths = {0};
+    data_flags df = DATA_FLAGS_DEFAULT;
     const bb_opt opts[] = {
         {"--verify", BB_OPT_FLAG, &verify, NULL, "decode every frame and check its checksum"},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object (per PATH) instead of text"},
+        DATA_FLAGS_OPTS(df),
         {0}};
     bb_status rc = bb_cli_parse("inspect", opts, argc, argv, &paths);
     if (rc == BB_OK && paths.count == 0) rc = bb_fail(BB_ERR_ARG, "inspect needs a PATH; see 'bigbatch inspect --help'");
     for (int i = 0; rc == BB_OK && i < paths.count; i++) {
         if (i && !json) printf("\n");
-        rc = inspect_path(paths.items[i], verify, json);
+        const char *path = paths.items[i];
+        df.used = 0; /* one path at a time */
+        rc = data_flags_resolve(&df, &path);
+        if (rc == BB_OK) rc = inspect_path(path, verify, json);
     }
     int code = bb_cli_report(rc, usage, summary, opts);
     bb_cli_free(opts, &paths);

@@ -11,6 +11,7 @@
 #include "bigbatch/tokenizer.h"
 #include "bigbatch/train.h"
 #include "commands.h"
+#include "data_flags.h"
 #include "model_flags.h"
 
 /* A one-device model (on `device`, "cpu" or "cuda:N"; NULL: the CPU) from
@@ -104,6 +105,7 @@ int bb_cmd_eval(int argc, char **argv)
         "dataset or a directory with val/ (or test/) inside; with --ckpt it defaults to the\n"
         "run's validation data (else its training data), as the checkpoint recorded them.";
     model_flags mf = MODEL_FLAGS_DEFAULT;
+    data_flags df = DATA_FLAGS_DEFAULT;
     const char *ckpt = NULL, *init_from = NULL, *data = NULL;
     int64_t micro_batch = 32;
     bool json = false;
@@ -111,8 +113,9 @@ int bb_cmd_eval(int argc, char **argv)
         {"--ckpt", BB_OPT_STRING, &ckpt, "DIR", "a checkpoint directory written by train --save"},
         {"--init-from", BB_OPT_STRING, &init_from, "PATH", "a .safetensors file (with the model flags), or a "
          "transformers GPT2LMHeadModel or LlamaForCausalLM directory"},
-        {"--data", BB_OPT_STRING, &data, "DIR", "the dataset to evaluate on (--ckpt: default the run's validation "
-         "data, else its training data)"},
+        {"--data", BB_OPT_STRING, &data, "DIR|URL", "the dataset to evaluate on, local or s3:// or https:// "
+         "(--ckpt: default the run's validation data, else its training data)"},
+        DATA_FLAGS_OPTS(df),
         {"--micro-batch", BB_OPT_INT, &micro_batch, "B", "examples per forward pass", .min = 1, .max = 1 << 20},
         {"--json", BB_OPT_FLAG, &json, NULL, "print one JSON object: loss, accuracy, records"},
         MODEL_FLAG_OPTS(mf),
@@ -125,6 +128,7 @@ int bb_cmd_eval(int argc, char **argv)
     bb_checkpoint_info info;
     if (rc == BB_OK && !data && ckpt && (rc = bb_checkpoint_read_info(ckpt, &info)) == BB_OK)
         data = info.val_data[0] ? info.val_data : info.data; /* what the run recorded */
+    if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
     if (rc == BB_OK && data) data = eval_split(data); /* none: load_model says --init-from needs it */
     if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, NULL, (int)micro_batch, &be, &m);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);

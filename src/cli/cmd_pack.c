@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include "bigbatch/pack.h"
+#include "bigbatch/remote.h"
 #include "commands.h"
 
 static const char usage[] =
     "bigbatch pack --format fmnist --images FILE --labels FILE --out DIR [options]\n"
+    "       bigbatch pack --index DIR\n"
     "       bigbatch pack --format text|llmc --in FILE... --seq-len T --out DIR [--tokenizer FILE] [options]";
 static const char summary[] =
     "Packs a dataset into .bbs shards: zstd seekable-format files with a checksummed\n"
@@ -71,13 +73,13 @@ static bb_status check_format_flags(const char *format, const bb_pack_options *o
 int bb_cmd_pack(int argc, char **argv)
 {
     bb_pack_options o = bb_pack_defaults();
-    const char *format = NULL;
+    const char *format = NULL, *index_dir = NULL;
     bb_str_list inputs = {0};
     bool has_seq_len = false, has_vocab = false, has_level = false;
     int64_t seq_len = 0, vocab = o.vocab, level = o.writer.level, frame_kib = o.writer.frame_bytes >> 10,
             shard_mib = (int64_t)(o.writer.shard_bytes >> 20), threads = o.writer.threads;
     const bb_opt opts[] = {
-        {"--format", BB_OPT_CHOICE, &format, "F", "input format", .choices = "fmnist|text|llmc", .required = true},
+        {"--format", BB_OPT_CHOICE, &format, "F", "input format (required but with --index)", .choices = "fmnist|text|llmc"},
         {"--images", BB_OPT_STRING, &o.images, "FILE", "fmnist: IDX image file (.gz or plain)"},
         {"--labels", BB_OPT_STRING, &o.labels, "FILE", "fmnist: IDX label file (.gz or plain)"},
         {"--in", BB_OPT_LIST, &inputs, "FILE...", "text, llmc: input files, concatenated in order"},
@@ -87,7 +89,8 @@ int bb_cmd_pack(int argc, char **argv)
          .max = 65536, .given = &has_vocab},
         {"--tokenizer", BB_OPT_STRING, &o.tokenizer, "FILE", "text: encode with this byte-level BPE tokenizer.json "
          "(default: bytes)"},
-        {"--out", BB_OPT_STRING, &o.out_dir, "DIR", "output directory (created; must not exist or be empty)", .required = true},
+        {"--out", BB_OPT_STRING, &o.out_dir, "DIR", "output directory (created; must not exist or be empty) (required but "
+         "with --index)"},
         {"--val-fraction", BB_OPT_DOUBLE, &o.val_fraction, "F", "put F of the records in DIR/val (--val-split), the "
          "rest in DIR/train", .min = 0, .max = 0.99},
         {"--val-split", BB_OPT_ENUM, &o.val_split, "HOW", "spread: F of the records drawn over the whole input "
@@ -101,10 +104,24 @@ int bb_cmd_pack(int argc, char **argv)
         {"--shard-mib", BB_OPT_INT, &shard_mib, "M", "start a new shard before a file exceeds M MiB", .min = 1, .max = 1 << 20},
         {"--threads", BB_OPT_INT, &threads, "N", "frames compressed in parallel (output is identical for any N)", .min = 1, .max = 256},
         {"--force", BB_OPT_FLAG, &o.force, NULL, "replace DIR if it holds only shards from an earlier pack"},
+        {"--index", BB_OPT_STRING, &index_dir, "DIR", "only write DIR/index.json (and its splits' own) for a dataset "
+         "packed before pack wrote them: the list of files and hashes by which `--data s3://...` or `https://...` "
+         "reads a copy of DIR"},
         {0}};
     bb_status rc = bb_cli_parse("pack", opts, argc, argv, NULL);
     o.inputs = inputs.items;
     o.input_count = inputs.count;
+    if (rc == BB_OK && index_dir) {
+        if (argc != 2) rc = bb_fail(BB_ERR_ARG, "--index DIR takes no other option");
+        if (rc == BB_OK) rc = bb_index_write(index_dir, true);
+        if (rc == BB_OK) printf("%s/%s written\n", index_dir, BB_INDEX_FILE);
+        int code = rc == BB_OK ? 0 : bb_cli_report(rc, usage, summary, opts);
+        bb_cli_free(opts, NULL);
+        return code;
+    }
+    if (rc == BB_OK && (!format || !o.out_dir))
+        rc = bb_fail(BB_ERR_ARG, "%s is required (or --index DIR); see 'bigbatch pack --help'",
+                     !format ? "--format F" : "--out DIR");
     if (rc == BB_OK) rc = check_format_flags(format, &o, has_seq_len, has_vocab);
     if (rc != BB_OK) {
         int code = bb_cli_report(rc, usage, summary, opts);

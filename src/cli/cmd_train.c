@@ -8,6 +8,7 @@
 #include "bigbatch/train.h"
 #include "bigbatch/world.h"
 #include "commands.h"
+#include "data_flags.h"
 #include "model_flags.h"
 
 static const char usage[] =
@@ -62,6 +63,7 @@ static bb_status train_with_report(bb_train_options *o, const char *report, bb_t
  * were given: given[f] for BB_TRAIN_* field f (bb_train_options.set). */
 typedef struct train_flags {
     model_flags mf;
+    data_flags df;                      /* --data as a URL */
     const char *devices, *data, *global_batch, *micro_batch, *report;
     bool quiet, given[BB_TRAIN_FIELDS];
     int on_nonfinite; /* 0: stop, 1: skip */
@@ -76,15 +78,17 @@ static const char *flag_of[BB_TRAIN_FIELDS] = {
 static const char *flag_name(bb_train_field f) { return f >= 0 && f < BB_TRAIN_FIELDS ? flag_of[f] : NULL; }
 
 #define GIVEN(field) .given = &f->given[BB_TRAIN_##field]
-enum { TRAIN_OPTS = 64 };
+enum { TRAIN_OPTS = 72 };
 
 /* train's option table into opts (TRAIN_OPTS rows at most, ending in {0}). */
 static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
 {
     const bb_opt rows[] = {
         MODEL_FLAG_OPTS(f->mf),
-        {"--data", BB_OPT_STRING, &f->data, "DIR", "training data: a dataset, or a directory with train/ inside",
-         GIVEN(DATA)},
+        {"--data", BB_OPT_STRING, &f->data, "DIR|URL", "training data: a dataset, or a directory with train/ inside; "
+         "or the same in object storage (s3://bucket/prefix/) or on a web server (https://...), mirrored into "
+         "--cache-dir first", GIVEN(DATA)},
+        DATA_FLAGS_OPTS(f->df),
         {"--val-data", BB_OPT_STRING, &o->val_data, "DIR", "evaluated every --eval-every steps and at the end "
          "(default: val/ or test/ beside train/)", GIVEN(VAL_DATA)},
         DEVICES_FLAG_OPT(f->devices, &f->given[BB_TRAIN_DEVICES]),
@@ -207,6 +211,8 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
         o->micro_batch = (int)b;
     }
     BB_TRY(devices_flag_parse(f->devices, true, &o->devices, &o->device, o->device_ids));
+    BB_TRY(data_flags_resolve(&f->df, &f->data));
+    BB_TRY(data_flags_resolve(&f->df, &o->val_data));
     BB_TRY(default_data_present(f->data, f->given[BB_TRAIN_DATA] || o->resume_dir)); /* resumed: the run's data */
     const char *train = resolve_split(f->data, "train");
     o->data = train ? train : f->data;
@@ -233,7 +239,7 @@ int bb_cmd_train(int argc, char **argv)
     bb_train_defaults(&o);
     /* --resume DIR continues the run as it was: the library takes what the
      * checkpoint recorded for every field not given (bb_train_options_resume). */
-    train_flags f = {.mf = MODEL_FLAGS_DEFAULT, .devices = "cpu:1", .data = "data/kjv", .micro_batch = "8"};
+    train_flags f = {.mf = MODEL_FLAGS_DEFAULT, .df = DATA_FLAGS_DEFAULT, .devices = "cpu:1", .data = "data/kjv", .micro_batch = "8"};
     bb_opt opts[TRAIN_OPTS];
     train_table(&f, &o, opts);
     bb_status rc = bb_cli_parse("train", opts, argc, argv, NULL);

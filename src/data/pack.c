@@ -1,5 +1,6 @@
 /* pack.c — the pack driver: validates the input, streams records into
  * writers under a temporary directory, and renames it into place. */
+#include "bigbatch/remote.h"
 #include "bigbatch/tokenizer.h"
 #include "import.h"
 
@@ -38,7 +39,7 @@ static int remove_tree(const char *path)
     return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* True when `dir` holds only shards (and the tokenizer's copy) and split
+/* True when `dir` holds only shards (the tokenizer's copy, the index) and split
  * directories of them, i.e. output of an earlier pack that --force may
  * replace. */
 static bool holds_only_shards(const char *dir, int depth)
@@ -55,7 +56,8 @@ static bool holds_only_shards(const char *dir, int depth)
         if (lstat(sub, &st) != 0)
             ok = false;
         else if (S_ISREG(st.st_mode))
-            ok = bb_shard_is_file_name(e->d_name) || !strcmp(e->d_name, BB_TOKENIZER_FILE);
+            ok = bb_shard_is_file_name(e->d_name) || !strcmp(e->d_name, BB_TOKENIZER_FILE) ||
+                 !strcmp(e->d_name, BB_INDEX_FILE);
         else
             ok = S_ISDIR(st.st_mode) && depth == 0 && holds_only_shards(sub, 1);
     }
@@ -317,6 +319,7 @@ bb_status bb_pack(const bb_pack_options *o, bb_pack_report *report)
     BB_TRY_GOTO(stream_records(o, &src, splits, nsplits), rc, done_out);
     BB_TRY_GOTO(bb_dataset_writer_finish(splits[0].writer, &report->train), rc, done_out);
     if (nsplits == 2) BB_TRY_GOTO(bb_dataset_writer_finish(splits[1].writer, &report->val), rc, done_out);
+    BB_TRY_GOTO(bb_index_write(plan.temp, true), rc, done_out); /* what a copy in object storage is read by */
     BB_TRY_GOTO(commit_output(&plan), rc, done_out);
     report->unused_tokens = src.unused_tokens;
     report->seconds = bb_clock_seconds() - t0;

@@ -1,0 +1,87 @@
+/* remote.h — datasets in object storage or behind HTTP(S): `--data
+ * s3://bucket/prefix/` or `--data https://host/path/`, mirrored shard by
+ * shard into a local cache, then read as local data (the same order, the
+ * same identity, the same bits).
+ *
+ *   bb_remote_options ro = bb_remote_defaults();
+ *   ro.endpoint = "http://127.0.0.1:9000";            // an S3-compatible store
+ *   char local[4096];
+ *   BB_TRY(bb_remote_mirror("s3://datasets/kjv", &ro, local, sizeof local));
+ *   BB_TRY(bb_dataset_open(local, &ds));               // or train's --data
+ *
+ * What is fetched is listed by `index.json` files, which `bigbatch pack`
+ * writes into every directory it makes (`bb_index_write`; `bigbatch pack
+ * --index DIR` for an older tree): the regular files of the directory with
+ * their sizes and XXH64, and its subdirectories (train/, val/) that have an
+ * index of their own. An object store needs no listing call, a plain web
+ * server (nginx) no directory listing, and every file is checked when it
+ * arrives.
+ *
+ * The cache (--cache-dir, default $XDG_CACHE_HOME/bigbatch or
+ * ~/.cache/bigbatch) holds one directory per URL. A file already there whose
+ * size and hash the index still gives is used as it is; others are
+ * downloaded with libcurl's multi interface (several at once), into
+ * NAME.part, resumed with a range request after a failure, checked
+ * (size, XXH64), then renamed into place. Connection resets, time-outs,
+ * stalls and HTTP 408/429/5xx are retried with exponential backoff until a
+ * failure has lasted the deadline; then, or at once for other HTTP errors
+ * (403, 404), one line names the URL and what the server said. With a size
+ * cap (--cache-limit) whole shards of other datasets are evicted, least
+ * recently used first; a dataset larger than the cap is refused. One lock
+ * file serializes processes sharing a cache (the ranks of one node): the
+ * first downloads, the others find the files. The whole dataset is mirrored
+ * before the first step: an epoch's order draws frames from every shard.
+ *
+ * s3:// URLs are signed with AWS Signature Version 4 (libcurl's
+ * CURLOPT_AWS_SIGV4) from the standard variables and files:
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE,
+ * AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), AWS_CONFIG_FILE
+ * (~/.aws/config), AWS_REGION / AWS_DEFAULT_REGION (else us-east-1), and the
+ * endpoint from --data-endpoint, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
+ * (path-style requests: ENDPOINT/bucket/key), else AWS's virtual-hosted
+ * https://bucket.s3.REGION.amazonaws.com/key. Without credentials requests
+ * go unsigned (a public bucket). */
+#ifndef BIGBATCH_REMOTE_H
+#define BIGBATCH_REMOTE_H
+
+#include <signal.h>
+
+#include "bigbatch/core.h"
+
+#define BB_INDEX_FILE "index.json"
+
+typedef struct bb_remote_options {
+    const char *cache_dir;   /* NULL: $XDG_CACHE_HOME/bigbatch, else $HOME/.cache/bigbatch */
+    uint64_t cache_bytes;    /* cap on the cache's shards; 0: none */
+    const char *endpoint;    /* s3://: base URL of an S3-compatible store; NULL: the environment's, else AWS */
+    double deadline_s;       /* a failure that lasts this long ends the download (default 300) */
+    double stall_s;          /* a transfer that moves no byte this long is retried (default 30) */
+    int parallel;            /* files downloaded at once (default 4) */
+    const volatile sig_atomic_t *interrupted; /* optional: nonzero stops with BB_ERR_INTERRUPTED */
+} bb_remote_options;
+
+bb_remote_options bb_remote_defaults(void);
+
+/* True for "s3://", "http://" and "https://" paths. Never fails. */
+bool bb_remote_is_url(const char *path);
+
+/* Mirrors the tree at `url` (a dataset directory, or one with train/ and
+ * val/ inside, each listed by its index.json) into the cache and writes the
+ * local directory's path to `local` (cap bytes). Fails with BB_ERR_ARG
+ * (a malformed URL or options), BB_ERR_IO (a download that failed past the
+ * deadline or with an HTTP error, naming the URL; the cache unwritable;
+ * the dataset larger than the cache's cap), BB_ERR_CORRUPT (a file whose
+ * size or hash differs from its index), BB_ERR_FORMAT (an index that is not
+ * one), BB_ERR_INTERRUPTED; files already complete stay in the cache and
+ * partial ones resume on the next call. */
+bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char *local, size_t cap);
+
+/* Writes DIR/index.json (through a temporary, renamed into place) listing
+ * DIR's regular files (hidden ones and index.json apart) and, first, the
+ * subdirectories given an index by the same call: with `recursive`, every
+ * subdirectory that holds shards or such a subdirectory. Fails with
+ * BB_ERR_IO naming the file or directory, BB_ERR_FORMAT when DIR holds
+ * neither shards nor such subdirectories. */
+bb_status bb_index_write(const char *dir, bool recursive);
+
+#endif /* BIGBATCH_REMOTE_H */
