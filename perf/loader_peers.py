@@ -9,12 +9,17 @@ bigbatch's loader (perf/loader_peers.sh drives it).
       zstd) and DIR/litdata (LitData's optimize), the last two when their
       package imports.
   loader_peers.py read --peer NAME --dir DIR --record-size N --workers W [--cold]
+                       [--remote s3://BUCKET/PREFIX --local DIR]
       reads one epoch, shuffled, in batches of 256 through a DataLoader with
       W workers and prints one JSON line: records/s counted from the first
       batch to the last (so worker start-up is apart: first_batch_s), the
       records read, and whether the page cache was dropped first
       (posix_fadvise DONTNEED on every file of the peer's copy, as
-      `bigbatch bench loader --cold` does on its shards).
+      `bigbatch bench loader --cold` does on its shards). With --remote
+      (Streaming only) the shards come from object storage (S3_ENDPOINT_URL,
+      the AWS variables) through the local cache DIR, and the line adds
+      records_per_s_from_start: every batch over the whole time, downloads
+      and start-up included (what a cold remote epoch costs).
 
 Each peer is used as its documentation shows; every batch is a uint8 tensor
 of (256, N) — the records' bytes, as bigbatch's loader hands them over.
@@ -93,7 +98,7 @@ def as_tensor(x):
     return torch.frombuffer(bytearray(x), dtype=torch.uint8)
 
 
-def loader(peer, d, workers):
+def loader(peer, d, workers, remote=None, local=None):
     if peer == "dataloader":
         return DataLoader(Memmap(os.path.join(d, "records.npy")), batch_size=BATCH, shuffle=True, num_workers=workers,
                           drop_last=True)
@@ -111,7 +116,10 @@ def loader(peer, d, workers):
         class Records(StreamingDataset):
             def __getitem__(self, i):
                 return as_tensor(super().__getitem__(i)["x"])
-        ds = Records(local=os.path.join(d, "mds"), shuffle=True, batch_size=BATCH)
+        if remote:
+            ds = Records(remote=remote, local=local, shuffle=True, batch_size=BATCH)
+        else:
+            ds = Records(local=os.path.join(d, "mds"), shuffle=True, batch_size=BATCH)
         return DataLoader(ds, batch_size=BATCH, num_workers=workers, drop_last=True)
     if peer == "litdata":
         import litdata
@@ -123,11 +131,13 @@ def loader(peer, d, workers):
 
 def read(args):
     copy = {"dataloader": "records.npy", "webdataset": "wds", "streaming": "mds", "litdata": "litdata"}[args.peer]
-    if args.cold:
+    if args.cold and not args.remote:
         drop_cache(os.path.join(args.dir, copy))
+    if args.remote and args.peer != "streaming":
+        raise SystemExit("loader_peers: --remote is for --peer streaming")
     t0 = time.perf_counter()
     first, records = None, 0
-    for b in loader(args.peer, args.dir, args.workers):
+    for b in loader(args.peer, args.dir, args.workers, args.remote, args.local):
         assert b.dtype == torch.uint8 and b.shape == (BATCH, args.record_size), (b.dtype, b.shape)
         if first is None:
             first = time.perf_counter()
@@ -135,7 +145,8 @@ def read(args):
             records += b.shape[0]
     end = time.perf_counter()
     print(json.dumps({"peer": args.peer, "workers": args.workers, "cold": args.cold, "records": records,
-                      "records_per_s": records / (end - first), "first_batch_s": first - t0}))
+                      "records_per_s": records / (end - first), "first_batch_s": first - t0,
+                      "records_per_s_from_start": (records + BATCH) / (end - t0)}))
 
 
 def main():
@@ -151,6 +162,8 @@ def main():
     b.add_argument("--record-size", type=int, required=True)
     b.add_argument("--workers", type=int, default=1)
     b.add_argument("--cold", action="store_true")
+    b.add_argument("--remote")
+    b.add_argument("--local")
     args = p.parse_args()
     if args.what == "pack":
         global _RAW

@@ -51,14 +51,19 @@ echo
 echo "| data | cache | reader | workers | records/s | per worker | bigbatch per thread / it |"
 echo "|---|---|---|---|---|---|---|"
 
-bench() {
-    local name=$1 src=$2 rs=$3 out=build/peers-data/$2
+prepare() { # the peers' copies of data/SRC/train (RS-byte records), made once
+    local src=$1 rs=$2 out=build/peers-data/$1
     if [ ! -f "$out/records.npy" ]; then
         mkdir -p "$out"
         cat data/"$src"/train/*.bbs | zstd -q -dc > "$out.raw"
         "$PY" perf/loader_peers.py pack --raw "$out.raw" --record-size "$rs" --out "$out" 2>/dev/null
         rm -f "$out.raw"
     fi
+}
+
+bench() {
+    local name=$1 src=$2 rs=$3 out=build/peers-data/$2
+    prepare "$src" "$rs"
     declare -A got
     for ((i = 0; i < RUNS; i++)); do
         for cache in warm cold; do
@@ -95,5 +100,90 @@ bench() {
     done
 }
 
-bench "Fashion-MNIST train" fmnist 785
-bench "KJV train (T 256)" kjv 514
+if [ "${LOCAL:-1}" = 1 ]; then # LOCAL=0: the remote rows only
+    bench "Fashion-MNIST train" fmnist 785
+    bench "KJV train (T 256)" kjv 514
+fi
+
+# ---- remote: the same shards in object storage ------------------------------
+# moto's S3 server (build/s3, as make test installs it) on loopback holds
+# bigbatch's .bbs shards (with their index.json) and Streaming's MDS copy;
+# bigbatch mirrors them into an empty --cache-dir and reads one epoch
+# (cold: records / (mirror_s + the epoch's seconds)); Streaming streams them
+# through an empty local directory (cold: every batch over the time from its
+# start, downloads and start-up included). Warm: the cache already full
+# (bigbatch: 1 s of epochs, the mirror checking the indexes only;
+# Streaming: its local copy complete, counted from the first batch).
+[ "${REMOTE:-1}" = 1 ] || exit 0
+make --no-print-directory s3-deps-fetch >/dev/null
+if ! build/s3/bin/python -c "import moto.server" 2>/dev/null || [ -z "${usable[streaming]:-}" ]; then
+    echo; echo "remote rows not measured: moto (build/s3) or Streaming does not import"; exit 0
+fi
+port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+mkdir -p build/peers-data
+build/s3/bin/python -m moto.server -H 127.0.0.1 -p "$port" > build/peers-data/moto.log 2>&1 &
+moto=$!
+work=$(mktemp -d)
+trap 'kill $moto 2>/dev/null; rm -rf "$work"' EXIT
+export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 S3_ENDPOINT_URL=http://127.0.0.1:$port
+for ((i = 0; i < 100; i++)); do "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null && break; sleep 0.1; done
+for src in fmnist:785 kjv:514; do
+    prepare "${src%:*}" "${src#*:}"
+    [ -f "data/${src%:*}/train/index.json" ] || "$BIN" pack --index "data/${src%:*}/train" > /dev/null
+done
+"$PY" - <<'PYEOF'
+import os, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+s3.create_bucket(Bucket="bench")
+for src in ("fmnist", "kjv"):
+    for prefix, d in (("bbs/" + src, "data/%s/train" % src), ("mds/" + src, "build/peers-data/%s/mds" % src)):
+        for f in os.listdir(d):
+            s3.upload_file(os.path.join(d, f), "bench", prefix + "/" + f)
+PYEOF
+echo
+echo "| data | remote cache | reader | workers | records/s | per worker | bigbatch per thread / it (warm: against local data) |"
+echo "|---|---|---|---|---|---|---|"
+remote() {
+    local name=$1 src=$2 rs=$3
+    declare -A got
+    local warm_bb=$work/warm-bb-$src warm_st=$work/warm-st-$src
+    "$BIN" inspect --data-endpoint "$S3_ENDPOINT_URL" --cache-dir "$warm_bb" "s3://bench/bbs/$src" > /dev/null # fill the caches
+    "$PY" perf/loader_peers.py read --peer streaming --remote "s3://bench/mds/$src" --local "$warm_st" --dir "$work" \
+        --record-size "$rs" > /dev/null 2>&1
+    for ((i = 0; i < RUNS; i++)); do
+        for w in 1 2; do
+            local cache=$work/cold-$i-$w out rate
+            out=$("$BIN" bench loader --data "s3://bench/bbs/$src" --data-endpoint "$S3_ENDPOINT_URL" --cache-dir "$cache" \
+                  --cold --no-scaling --loader-threads "$w" --micro-batch 256 --json)
+            rate=$(echo "$out" | "$PY" -c "import json,sys; d=json.load(sys.stdin); r=d['rows'][0]; print(r['records'] / (d['remote']['mirror_s'] + r['records'] / r['records_per_s']))")
+            got["cold bigbatch $w"]+="$rate "
+            rm -rf "$cache"
+            got["warm bigbatch $w"]+="$("$BIN" bench loader --data "s3://bench/bbs/$src" --data-endpoint "$S3_ENDPOINT_URL" \
+                --cache-dir "$warm_bb" --warm --seconds 1 --no-scaling --loader-threads "$w" --micro-batch 256 --json | field records_per_s) "
+            got["local bigbatch $w"]+="$("$BIN" bench loader --data "data/$src/train" --warm --seconds 1 --no-scaling \
+                --loader-threads "$w" --micro-batch 256 --json | field records_per_s) "
+            got["cold streaming $w"]+="$("$PY" perf/loader_peers.py read --peer streaming --remote "s3://bench/mds/$src" \
+                --local "$work/cold-st-$i-$w" --dir "$work" --record-size "$rs" --workers "$w" 2>/dev/null | field records_per_s_from_start) "
+            rm -rf "$work/cold-st-$i-$w"
+            got["warm streaming $w"]+="$("$PY" perf/loader_peers.py read --peer streaming --remote "s3://bench/mds/$src" \
+                --local "$warm_st" --dir "$work" --record-size "$rs" --workers "$w" 2>/dev/null | field records_per_s) "
+        done
+    done
+    for cache in cold warm; do
+        for w in 1 2; do
+            local ours theirs
+            ours=$(echo "${got["$cache bigbatch $w"]}" | tr ' ' '\n' | grep . | median)
+            theirs=$(echo "${got["$cache streaming $w"]}" | tr ' ' '\n' | grep . | median)
+            local vs_local=""
+            if [ $cache = warm ]; then
+                local here
+                here=$(echo "${got["local bigbatch $w"]}" | tr ' ' '\n' | grep . | median)
+                vs_local="$(awk -v a="$ours" -v b="$here" 'BEGIN {printf "%.2f", a / b}')x local ($here)"
+            fi
+            echo "| $name | $cache | bigbatch | $w | $ours | $((ours / w)) | $vs_local |"
+            echo "| $name | $cache | streaming | $w | $theirs | $((theirs / w)) | $(awk -v a="$ours" -v b="$theirs" 'BEGIN {printf "%.1f", a / b}')x |"
+        done
+    done
+}
+remote "Fashion-MNIST train" fmnist 785
+remote "KJV train (T 256)" kjv 514

@@ -50,6 +50,11 @@
 
 #define BB_INDEX_FILE "index.json"
 
+typedef struct bb_remote_stats {
+    uint64_t files, bytes;   /* downloaded by this call (0 when the cache had everything) */
+    double seconds;          /* the whole call: indexes, downloads, checks */
+} bb_remote_stats;
+
 typedef struct bb_remote_options {
     const char *cache_dir;   /* NULL: $XDG_CACHE_HOME/bigbatch, else $HOME/.cache/bigbatch */
     uint64_t cache_bytes;    /* cap on the cache's shards; 0: none */
@@ -58,6 +63,7 @@ typedef struct bb_remote_options {
     double stall_s;          /* a transfer that moves no byte this long is retried (default 30) */
     int parallel;            /* files downloaded at once (default 4) */
     const volatile sig_atomic_t *interrupted; /* optional: nonzero stops with BB_ERR_INTERRUPTED */
+    bb_remote_stats *stats;  /* optional: filled by a successful mirror */
 } bb_remote_options;
 
 bb_remote_options bb_remote_defaults(void);

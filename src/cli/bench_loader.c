@@ -445,6 +445,7 @@ int bb_bench_loader(int argc, char **argv)
     if (rc == BB_OK && rate > 0 && (warm || cold))
         rc = bb_fail(BB_ERR_ARG, "the consumer simulation runs warm: --%s does not apply", cold ? "cold" : "warm");
     if (rc == BB_OK && warm && cold) rc = bb_fail(BB_ERR_ARG, "--warm and --cold: give one (or neither for both)");
+    const char *url = data;
     if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK && order) {
@@ -472,6 +473,12 @@ int bb_bench_loader(int argc, char **argv)
                m->record_size, bb_record_kind_name(m->kind), (long long)micro_batch,
                (unsigned long long)(bb_dataset_record_count(ds) / (uint64_t)micro_batch),
                (unsigned long long)(bb_dataset_record_count(ds) % (uint64_t)micro_batch));
+        if (df.used) {
+            char b[16];
+            printf("  from %s: %llu files, %s downloaded into the cache in %.3f s (the rates below read the cache)\n",
+                   url, (unsigned long long)df.stats[0].files, bb_format_bytes(df.stats[0].bytes, b, sizeof b),
+                   df.stats[0].seconds);
+        }
         if (!(rate > 0))
             printf("  threads  cache   records/s     tokens/s  raw MB/s  compr. MB/s  first batch   I/O  decompress  "
                    "copy  frame wait  slot wait  data wait\n");
@@ -487,6 +494,11 @@ int bb_bench_loader(int argc, char **argv)
                         "record_bytes", (json_int_t)bb_dataset_meta(ds)->record_size, "tokens_per_record",
                         u.tokens ? json_integer((json_int_t)u.per_record) : json_null());
         if (out) json_object_set_new(out, sim ? "consumer" : "rows", sim ? json_incref(sim) : json_incref(rows));
+        if (out && df.used) /* the mirror before the loader ran: a cold remote epoch costs both */
+            json_object_set_new(out, "remote", json_pack("{s:s, s:I, s:I, s:o}", "url", url, "downloaded_files",
+                                                         (json_int_t)df.stats[0].files, "downloaded_bytes",
+                                                         (json_int_t)df.stats[0].bytes, "mirror_s",
+                                                         bb_json_fixed(df.stats[0].seconds, 3)));
         rc = out ? bb_json_write_line(stdout, out) : bb_fail(BB_ERR_NOMEM, "out of memory");
     } else if (rc == BB_OK && sim) {
         simulation_text(sim);

@@ -10,6 +10,7 @@ bb_status data_flags_resolve(data_flags *d, const char **path)
     d->remote.cache_bytes = (uint64_t)(d->cache_gib * (double)(1ull << 30));
     d->remote.interrupted = &bb_cli_interrupted;
     char *out = d->local[d->used];
+    d->remote.stats = &d->stats[d->used];
     BB_TRY(bb_remote_mirror(*path, &d->remote, out, sizeof d->local[0]));
     d->used++;
     *path = out;

@@ -16,6 +16,7 @@ typedef struct data_flags {
     bb_remote_options remote;
     double cache_gib;         /* --cache-limit; 0: none */
     char local[2][4096];      /* the mirrors of up to two URLs (data, validation) */
+    bb_remote_stats stats[2]; /* what each mirror fetched */
     int used;
 } data_flags;
 

@@ -531,6 +531,7 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, curl_init);
     bb_remote_options o = *opts;
+    double started = bb_clock_seconds();
     if (o.parallel < 1 || o.deadline_s <= 0 || o.stall_s < 1)
         return bb_fail(BB_ERR_ARG, "%s: remote options need parallel >= 1, a positive deadline, stall >= 1 s", url);
     bb_remote_site *site = calloc(1, sizeof *site);
@@ -590,6 +591,8 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
         if (rename(t.indexes[i], to) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", to);
     }
     if (rc == BB_OK && snprintf(local, cap, "%s", dir) >= (int)cap) rc = bb_fail(BB_ERR_ARG, "cache path too long");
+    if (rc == BB_OK && o.stats)
+        *o.stats = (bb_remote_stats){.files = files, .bytes = missing, .seconds = bb_clock_seconds() - started};
     if (lock >= 0) close(lock); /* releases the lock */
     free(t.files);
     free(t.indexes);
