@@ -321,6 +321,13 @@ Test(remote, http_errors_are_one_line)
     long bytes;
     char *part = find_part(cache, 0, &bytes);
     cr_assert_null(part, "a file that failed its check is removed: %s", part);
+    /* shorter than its index says (the file changed after the index): one line at once, not a wait */
+    tu_truncate(shard, 1000);
+    double t0 = now_s();
+    r = tu_bigbatch("inspect", "--cache-dir", cache, url);
+    tu_assert_error(&r, "train/shard-00000.bbs", "ends before", "index is stale");
+    cr_assert_lt(now_s() - t0, 5);
+    tu_run_free(&r);
     r = tu_bigbatch("inspect", "--data-endpoint", "ftp://x", "s3://bucket/ds");
     tu_assert_error(&r, "--data-endpoint ftp://x", "http:// or https://");
     tu_run_free(&r);

@@ -62,7 +62,8 @@ typedef struct job {
     long code;
     char body[200];        /* the start of an error response */
     size_t body_len;
-    bool oversize;
+    bool oversize;         /* the server sent more than `bytes` */
+    int write_errno;       /* the .part file could not be written */
 } job;
 
 typedef struct fetcher {
@@ -86,7 +87,10 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
         return len;
     }
     if (code == 200 && j->resumed) { /* asked for the rest, sent the whole file: start over */
-        if (ftruncate(j->fd, 0) != 0) return 0;
+        if (ftruncate(j->fd, 0) != 0) {
+            j->write_errno = errno;
+            return 0;
+        }
         j->have = 0;
         j->resumed = false;
     }
@@ -98,7 +102,10 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
     for (size_t off = 0; off < len;) {
         ssize_t w = pwrite(j->fd, data + off, len - off, (off_t)(j->have + off));
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return 0;
+        if (w <= 0) {
+            j->write_errno = w < 0 ? errno : ENOSPC;
+            return 0;
+        }
         off += (size_t)w;
     }
     j->have += len;
@@ -126,12 +133,13 @@ static bb_status job_start(fetcher *f, job *j)
     struct stat st;
     if (fstat(j->fd, &st) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot stat", j->part);
     j->have = (uint64_t)st.st_size;
-    if (j->bytes == UINT64_MAX || j->have > j->bytes) { /* an index is small: always fetched whole */
+    if (j->bytes == UINT64_MAX || j->have >= j->bytes) { /* an index is small: fetched whole; so is a full part */
         if (ftruncate(j->fd, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
         j->have = 0;
     }
     j->moved = false;
     j->oversize = false;
+    j->write_errno = 0;
     j->code = 0;
     j->body_len = 0;
     j->body[0] = 0;
@@ -195,13 +203,8 @@ static bb_status job_finish(job *j)
 /* One line of what the server said: "HTTP 403: <Code>AccessDenied</Code>…". */
 static void describe_failure(const job *j, CURLcode cc, char *buf, size_t cap)
 {
-    if (cc != CURLE_OK && !(cc == CURLE_WRITE_ERROR && (j->code >= 400 || j->oversize))) {
+    if (cc != CURLE_OK) {
         snprintf(buf, cap, "%s", curl_easy_strerror(cc));
-        return;
-    }
-    if (j->oversize) {
-        snprintf(buf, cap, "the server sent more than the %llu bytes its index lists",
-                 (unsigned long long)(j->bytes == UINT64_MAX ? INDEX_MAX_BYTES : j->bytes));
         return;
     }
     /* An S3 error is an XML document whose <Code> says it (AccessDenied,
@@ -248,12 +251,21 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
         j->next_try = now;
         return BB_OK;
     }
+    if (j->write_errno)
+        return bb_fail(BB_ERR_IO, "%s: cannot write: %s", j->part, strerror(j->write_errno)); /* a full disk */
+    /* A response the server finished, shorter or longer than the index
+     * says: the file changed after its index was written. Waiting will not
+     * mend it. */
+    if ((cc == CURLE_OK && (j->code == 200 || j->code == 206)) || j->oversize) {
+        unlink(j->part);
+        if (j->bytes == UINT64_MAX)
+            return bb_fail(BB_ERR_FORMAT, "%s: larger than %u MiB: not an index", j->what, INDEX_MAX_BYTES >> 20);
+        return bb_fail(BB_ERR_CORRUPT, "%s: the server's file %s the %llu bytes its index lists: the index is stale "
+                       "(`bigbatch pack --index DIR` writes it again)", j->what, j->oversize ? "exceeds" : "ends before",
+                       (unsigned long long)j->bytes);
+    }
     char why[256];
-    if (cc == CURLE_OK && j->code < 300)
-        snprintf(why, sizeof why, "the transfer ended at byte %llu of %llu", (unsigned long long)j->have,
-                 (unsigned long long)j->bytes);
-    else
-        describe_failure(j, cc, why, sizeof why);
+    describe_failure(j, cc, why, sizeof why);
     if (j->code == 416 && ftruncate(j->fd, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
     if (!retryable(cc, j->code)) return bb_fail(BB_ERR_IO, "%s: %s", j->what, why);
     if (j->moved || !j->fail_since) j->fail_since = now; /* progress restarts the deadline */
