@@ -43,6 +43,7 @@ for p in "${peers[@]}"; do
 done
 
 median() { sort -g | awk '{a[NR]=$1} END {printf "%.0f", a[int((NR+1)/2)]}'; }
+of() { echo "${got["$1"]}" | tr ' ' '\n' | grep . | median; } # the median of the caller's got[KEY]
 field() { grep -o "\"$1\": [0-9.e+]*" | head -1 | awk '{print $2}'; }
 
 echo "# loader_peers: $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD), $(nproc --all) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), RUNS=$RUNS"
@@ -83,7 +84,7 @@ bench() {
     for cache in warm cold; do
         for w in 1 2; do
             local ours per_ours
-            ours=$(echo "${got["$cache bigbatch $w"]}" | tr ' ' '\n' | grep . | median)
+            ours=$(of "$cache bigbatch $w")
             per_ours=$(( ours / w ))
             echo "| $name | $cache | bigbatch | $w | $ours | $per_ours | |"
             for p in "${peers[@]}"; do
@@ -92,7 +93,7 @@ bench() {
                     continue
                 fi
                 local theirs per
-                theirs=$(echo "${got["$cache $p $w"]}" | tr ' ' '\n' | grep . | median)
+                theirs=$(of "$cache $p $w")
                 per=$(( theirs / w ))
                 echo "| $name | $cache | $p | $w | $theirs | $per | $(awk -v a="$per_ours" -v b="$per" 'BEGIN {printf "%.1f", a / b}')x |"
             done
@@ -172,12 +173,12 @@ remote() {
     for cache in cold warm; do
         for w in 1 2; do
             local ours theirs
-            ours=$(echo "${got["$cache bigbatch $w"]}" | tr ' ' '\n' | grep . | median)
-            theirs=$(echo "${got["$cache streaming $w"]}" | tr ' ' '\n' | grep . | median)
+            ours=$(of "$cache bigbatch $w")
+            theirs=$(of "$cache streaming $w")
             local vs_local=""
             if [ $cache = warm ]; then
                 local here
-                here=$(echo "${got["local bigbatch $w"]}" | tr ' ' '\n' | grep . | median)
+                here=$(of "local bigbatch $w")
                 vs_local="$(awk -v a="$ours" -v b="$here" 'BEGIN {printf "%.2f", a / b}')x local ($here)"
             fi
             echo "| $name | $cache | bigbatch | $w | $ours | $((ours / w)) | $vs_local |"
