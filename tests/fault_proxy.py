@@ -128,6 +128,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that hung up: expected
+            super().handle_error(request, client_address)
+
 
 def main():
     server = Server(("127.0.0.1", 0), Handler)
