@@ -101,9 +101,11 @@ bench() {
     done
 }
 
-if [ "${LOCAL:-1}" = 1 ]; then # LOCAL=0: the remote rows only
-    bench "Fashion-MNIST train" fmnist 785
-    bench "KJV train (T 256)" kjv 514
+# LOCAL=0: the remote rows only; REMOTE=0: the local ones only; ONLY=fmnist or kjv: that dataset only
+wanted() { [ -z "${ONLY:-}" ] || [ "$ONLY" = "$1" ]; }
+if [ "${LOCAL:-1}" = 1 ]; then
+    wanted fmnist && bench "Fashion-MNIST train" fmnist 785
+    wanted kjv && bench "KJV train (T 256)" kjv 514
 fi
 
 # ---- remote: the same shards in object storage ------------------------------
@@ -186,5 +188,5 @@ remote() {
         done
     done
 }
-remote "Fashion-MNIST train" fmnist 785
-remote "KJV train (T 256)" kjv 514
+if wanted fmnist; then remote "Fashion-MNIST train" fmnist 785; fi
+if wanted kjv; then remote "KJV train (T 256)" kjv 514; fi
