@@ -238,6 +238,13 @@ Test(remote, mirror_is_the_data_and_is_reused)
     cr_assert_eq(mirror(url, cache, 0, local), BB_OK, "%s", bb_error_message());
     cr_assert_eq(log_count(&s, ".bbs"), 2, "the second mirror fetched shards again");
     cr_assert_eq(log_count(&s, "index.json"), 6, "each mirror reads the three indexes");
+    /* a shard the index no longer lists (the dataset packed again, smaller) would be a foreign shard: removed */
+    char extra[4200];
+    snprintf(extra, sizeof extra, "%s/train/shard-00001.bbs", local);
+    tu_write_file(extra, "old", 3);
+    cr_assert_eq(mirror(url, cache, 0, local), BB_OK, "%s", bb_error_message());
+    cr_assert(!tu_exists(extra));
+    assert_mirror_equals(&s, "ds", local);
     free(cache), free(url);
 }
 

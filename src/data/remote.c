@@ -365,6 +365,32 @@ static bb_status tree_add(tree *t, const char *local, const char *rel, const bb_
     return BB_OK;
 }
 
+/* Removes the files of a mirrored directory that its index no longer lists
+ * (the dataset was packed again with fewer shards: a leftover would be a
+ * foreign shard), and their partial downloads. */
+static bb_status drop_unlisted(const char *local, const bb_index *index)
+{
+    DIR *d = opendir(local);
+    if (!d) return bb_fail_errno(BB_ERR_IO, "%s: cannot list directory", local);
+    bb_status rc = BB_OK;
+    struct dirent *e;
+    while (rc == BB_OK && (e = readdir(d))) {
+        char name[256], path[4096];
+        snprintf(name, sizeof name, "%s", e->d_name);
+        size_t n = strlen(name);
+        if (n > 5 && !strcmp(name + n - 5, ".part")) name[n - 5] = 0; /* a download of `name` */
+        if (e->d_name[0] == '.' || !strncmp(name, BB_INDEX_FILE, strlen(BB_INDEX_FILE)) || bb_index_find(index, name))
+            continue;
+        struct stat st;
+        rc = path_of(path, sizeof path, "%s/%s", local, e->d_name);
+        if (rc != BB_OK || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (unlink(path) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot remove (its index no longer lists it)", path);
+        else BB_INFO("cache: removed %s, which the index no longer lists", path);
+    }
+    closedir(d);
+    return rc;
+}
+
 /* Fetches the index of the directory `rel` ("" or "train/": a path under
  * the tree's root) into local/, lists the files it names and walks its
  * subdirectories. */
@@ -405,6 +431,7 @@ static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, co
                        (uint64_t)st.st_size == f->bytes;
         rc = tree_add(t, path, file_rel, f, present);
     }
+    if (rc == BB_OK) rc = drop_unlisted(local, &now);
     if (rc == BB_OK && now.dir_count && depth >= MAX_DEPTH)
         rc = bb_fail(BB_ERR_FORMAT, "%s: lists directories deeper than %d levels", ij.what, MAX_DEPTH);
     for (size_t i = 0; rc == BB_OK && i < now.dir_count; i++) {
