@@ -437,14 +437,25 @@ Test(remote, training_on_remote_data_is_training_on_local_data)
                            "--eval-every", "3", "--save", ck, "--quiet");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
-    r = tu_bigbatch("train", "--resume", ck, "--data", url, "--cache-dir", cache, "--steps", "6", "--log-every", "1",
-                    "--metrics", m3, "--quiet");
+    /* --resume alone, on "another node": an empty cache elsewhere; the checkpoint's URL is fetched again */
+    char *cache2 = tu_path(s.dir, "cache2");
+    r = tu_bigbatch("train", "--resume", ck, "--cache-dir", cache2, "--steps", "6", "--log-every", "1", "--metrics", m3,
+                    "--quiet");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_str_empty(r.err, "no warning: %s", r.err);
     tu_run_free(&r);
+    char *lock = tu_path(cache2, ".lock");
+    cr_assert(tu_exists(lock), "the resumed run read the data through the new cache");
+    free(lock);
     char *c = losses(m3);
     cr_assert_gt(strlen(c), 10, "losses: %s", c);
     cr_assert_str_eq(a + strlen(a) - strlen(c), c, "resumed %s, uninterrupted %s", c, a);
-    free(c), free(ck), free(m3);
+    /* eval --ckpt: the run's validation split, fetched as the run recorded it */
+    r = tu_bigbatch("eval", "--ckpt", ck, "--cache-dir", cache2, "--json");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.out, "\"loss\""), "%s", r.out);
+    tu_run_free(&r);
+    free(c), free(ck), free(m3), free(cache2);
     free(a), free(b), free(m1), free(m2), free(cache), free(url), free(local);
 }
 

@@ -76,6 +76,9 @@ typedef struct bb_train_options {
     bb_model_config model;
     const char *data;          /* training dataset directory */
     const char *val_data;      /* evaluated every eval_every steps and at the end; NULL: none */
+    const char *data_url;      /* the URL (remote.h) that data (and val_data, its split) was mirrored from; NULL:
+                                * local. Recorded: a resume on a node without the cache fetches it again */
+    const char *val_data_url;  /* the same for a val_data given on its own */
     int devices;               /* worker threads: CPU virtual devices, or GPUs */
     bb_device_kind device;     /* BB_DEVICE_CUDA: GPUs device_ids[0..devices); CPU: virtual devices */
     int device_ids[BB_TRAIN_MAX_DEVICES];
@@ -271,6 +274,8 @@ typedef struct bb_checkpoint_info {
     char data[4096];           /* its training data */
     char data_identity[24];    /* its bb_dataset_identity, hex; "" when not recorded */
     char val_data[4096];       /* its validation data; "" when none (or not recorded) */
+    char data_url[4096];       /* the URLs they were mirrored from; "" when local (or not recorded) */
+    char val_data_url[4096];
     char devices[256];         /* its --devices, e.g. "cpu:2"; "" when not recorded */
     int micro_batch;           /* 0 when not recorded */
     uint32_t shuffle_frames;   /* 0 when not recorded (then the loader's default) */

@@ -64,6 +64,7 @@ static bb_status train_with_report(bb_train_options *o, const char *report, bb_t
 typedef struct train_flags {
     model_flags mf;
     data_flags df;                      /* --data as a URL */
+    char resumed_url[2][4096];          /* --resume alone: the run's data URLs (state.json) */
     const char *devices, *data, *global_batch, *micro_batch, *report;
     bool quiet, given[BB_TRAIN_FIELDS];
     int on_nonfinite; /* 0: stop, 1: skip */
@@ -184,6 +185,26 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
 }
 #undef GIVEN
 
+/* --resume DIR without --data: when the run read remote data, its URLs
+ * (mirrored again: this node's cache may not hold them, or lie elsewhere).
+ * A checkpoint that cannot be read is left to the resume itself to report. */
+static void resumed_urls(train_flags *f, bb_train_options *o)
+{
+    bb_checkpoint_info *info = malloc(sizeof *info);
+    if (info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK && info->data_url[0]) {
+        snprintf(f->resumed_url[0], sizeof f->resumed_url[0], "%s", info->data_url);
+        f->data = f->resumed_url[0];
+        f->given[BB_TRAIN_DATA] = true;
+        if (info->val_data_url[0] && !f->given[BB_TRAIN_VAL_DATA]) {
+            snprintf(f->resumed_url[1], sizeof f->resumed_url[1], "%s", info->val_data_url);
+            o->val_data = f->resumed_url[1];
+            f->given[BB_TRAIN_VAL_DATA] = true;
+        }
+    }
+    bb_error_clear();
+    free(info);
+}
+
 /* The flags into the options: the model, the data's splits, the batch,
  * the devices, and which fields were given (o->set). */
 static bb_status apply_flags(train_flags *f, bb_train_options *o)
@@ -211,6 +232,9 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
         o->micro_batch = (int)b;
     }
     BB_TRY(devices_flag_parse(f->devices, true, &o->devices, &o->device, o->device_ids));
+    if (o->resume_dir && !f->given[BB_TRAIN_DATA]) resumed_urls(f, o);
+    o->data_url = bb_remote_is_url(f->data) ? f->data : NULL; /* recorded as given: train/ is found again */
+    o->val_data_url = bb_remote_is_url(o->val_data) ? o->val_data : NULL;
     BB_TRY(data_flags_resolve(&f->df, &f->data));
     BB_TRY(data_flags_resolve(&f->df, &o->val_data));
     BB_TRY(default_data_present(f->data, f->given[BB_TRAIN_DATA] || o->resume_dir)); /* resumed: the run's data */

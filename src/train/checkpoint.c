@@ -127,6 +127,8 @@ static bb_status write_state(const char *path, const checkpoint_state *st, const
                             "momentum", oc->momentum, "trust_coefficient", oc->trust_coefficient, "weight_decay",
                             oc->weight_decay, "grad_clip", oc->grad_clip);
     if (j) json_object_set_new(j, "order", json_integer(st->order));
+    if (j && st->data_url) json_object_set_new(j, "data_url", json_string(st->data_url)); /* remote data */
+    if (j && st->val_data_url) json_object_set_new(j, "val_data_url", json_string(st->val_data_url));
     json_t *ramp = j && st->ramp_from ? json_pack("{s:i, s:I}", "from", st->ramp_from, "steps",
                                                   (json_int_t)st->ramp_steps) : NULL;
     if (ramp && st->auto_batch) /* and where it stands: the chunks taken, the next step's micro-steps */
@@ -415,6 +417,8 @@ static bb_status read_state(const json_t *j, const char *path, bb_checkpoint_inf
     BB_TRY(bb_json_req_string(j, path, "data", info->data, sizeof info->data));
     BB_TRY(bb_json_opt_string(j, path, "data_identity", info->data_identity, sizeof info->data_identity));
     BB_TRY(bb_json_opt_string(j, path, "val_data", info->val_data, sizeof info->val_data));
+    BB_TRY(bb_json_opt_string(j, path, "data_url", info->data_url, sizeof info->data_url));
+    BB_TRY(bb_json_opt_string(j, path, "val_data_url", info->val_data_url, sizeof info->val_data_url));
     BB_TRY(bb_json_opt_string(j, path, "devices", info->devices, sizeof info->devices));
     BB_TRY(bb_json_opt_int(j, path, "micro_batch", &info->micro_batch));
     int frames = 0;

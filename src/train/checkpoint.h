@@ -30,6 +30,7 @@ typedef struct checkpoint_state {
     double loss;
     bb_noise_scale noise;         /* the noise scale's averages: a resumed run goes on with them */
     const char *data, *val_data, *devices;
+    const char *data_url, *val_data_url; /* where they were mirrored from; NULL: local */
     const char *tokenizer;        /* the training data's tokenizer.json, copied into the checkpoint; NULL/"": none */
     const bb_state_gather *gather; /* ZeRO-1 over MPI: the optimizer state is gathered from every process */
 } checkpoint_state;

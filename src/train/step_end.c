@@ -194,7 +194,8 @@ static bb_status save(trainer *t, uint64_t step, double loss)
                            .micro_batch = t->micro_batch,
                            .shuffle_frames = t->shuffle_frames, .order = t->order,
                            .loss = loss, .noise = t->noise, .data = t->o->data,
-                           .val_data = t->o->val_data, .devices = t->devices_text, .keep = t->o->keep,
+                           .val_data = t->o->val_data, .data_url = t->o->data_url,
+                           .val_data_url = t->o->val_data_url, .devices = t->devices_text, .keep = t->o->keep,
                            .data_identity = t->data_identity, .tokenizer = t->tokenizer,
                            .save_every = t->o->save_every};
     if (t->ramp_accumulation) { /* a ramp: where the data stands, in the loader's chunks */

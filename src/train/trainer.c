@@ -93,7 +93,8 @@ static bb_status check_resume(trainer *t, const bb_checkpoint_info *info)
                 NAME(RESUME), (unsigned long long)info->total_steps, (unsigned long long)t->total_steps);
     char identity[24];
     snprintf(identity, sizeof identity, "%016llx", (unsigned long long)t->data_identity);
-    if (strcmp(info->data, o->data))
+    bool same_url = info->data_url[0] && o->data_url && !strcmp(info->data_url, o->data_url); /* another cache */
+    if (strcmp(info->data, o->data) && !same_url)
         BB_WARN("%s: the checkpoint trained on %s, this run reads %s", NAME(RESUME), info->data, o->data);
     else if (info->data_identity[0] && strcmp(info->data_identity, identity))
         BB_WARN("%s: %s holds other records than when the checkpoint was saved (dataset identity %s then, %s now): "
