@@ -8,8 +8,8 @@
 
 static const char usage[] =
     "bigbatch pack --format fmnist --images FILE --labels FILE --out DIR [options]\n"
-    "       bigbatch pack --index DIR\n"
-    "       bigbatch pack --format text|llmc --in FILE... --seq-len T --out DIR [--tokenizer FILE] [options]";
+    "       bigbatch pack --format text|llmc --in FILE... --seq-len T --out DIR [--tokenizer FILE] [options]\n"
+    "       bigbatch pack --index DIR";
 static const char summary[] =
     "Packs a dataset into .bbs shards: zstd seekable-format files with a checksummed\n"
     "seek table (data/FORMAT.md), readable by `zstd -d`. Records:\n"

@@ -90,7 +90,7 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
          "or the same in object storage (s3://bucket/prefix/) or on a web server (https://...), mirrored into "
          "--cache-dir first", GIVEN(DATA)},
         DATA_FLAGS_OPTS(f->df),
-        {"--val-data", BB_OPT_STRING, &o->val_data, "DIR", "evaluated every --eval-every steps and at the end "
+        {"--val-data", BB_OPT_STRING, &o->val_data, "DIR|URL", "evaluated every --eval-every steps and at the end "
          "(default: val/ or test/ beside train/)", GIVEN(VAL_DATA)},
         DEVICES_FLAG_OPT(f->devices, &f->given[BB_TRAIN_DEVICES]),
         PRECISION_FLAG_OPT(o->precision, &f->given[BB_TRAIN_PRECISION]),
