@@ -430,6 +430,10 @@ Test(remote, training_on_remote_data_is_training_on_local_data)
     char *a = losses(m1), *b = losses(m2);
     cr_assert_gt(strlen(a), 20, "losses: %s", a);
     cr_assert_str_eq(a, b, "the remote run's losses differ from the local run's");
+    char *run_line = (char *)tu_read_file(m2, NULL), want[300];
+    snprintf(want, sizeof want, "\"data_url\": \"%s\"", url);
+    cr_assert_not_null(strstr(run_line, want), "the metrics' run line says where the data came from");
+    free(run_line);
     /* stopped after 3 steps and resumed from the remote data: the uninterrupted run's last steps */
     char *ck = tu_path(s.dir, "ck"), *m3 = tu_path(s.dir, "resumed.jsonl");
     tu_run r = tu_bigbatch("train", "--data", url, "--cache-dir", cache, "--layers", "1", "--d-model", "32", "--heads",

@@ -203,6 +203,7 @@ static bb_status write_run_line(const trainer *t)
                             t->zero, "optimizer", bb_optimizer_kind_name(o->opt.kind), "lr", bb_json_real(bb_lr_peak(&t->opt), 7),
                             "lr_scale", bb_lr_scale_name(t->opt.lr_scale), "steps", (json_int_t)t->total_steps, "device_mem", (json_int_t)o->device_mem, "data",
                             o->data, "version", BB_VERSION, "commit", bb_commit());
+    if (run && o->data_url) json_object_set_new(run, "data_url", json_string(o->data_url)); /* mirrored from */
     if (run && t->ramp_accumulation)
         json_object_set_new(run, "batch_ramp", json_pack("{s:i, s:I, s:b}", "from",
                                                          trainer_ramp_from(t),
