@@ -66,11 +66,11 @@ ifeq ($(USE_CUDA),1)
   endif
 endif
 
-PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8 libcurl inih
+PKGS      := liburing libzstd libxxhash zlib openblas jansson libpcre2-8 libcurl
 DEB_PKGS  := build-essential pkg-config liburing-dev libzstd-dev libxxhash-dev zlib1g-dev libjansson-dev libpcre2-dev \
              libcriterion-dev libopenblas-dev libdnnl-dev zstd bible-kjv python3 python3-pip python3-venv python3-torch clang \
              openmpi-bin libopenmpi-dev chromium iproute2 \
-             libcurl4-openssl-dev libinih-dev nginx-light python3-boto3 python3-flask python3-flask-cors python3-werkzeug \
+             libcurl4-openssl-dev nginx-light python3-boto3 python3-flask python3-flask-cors python3-werkzeug \
              python3-xmltodict python3-responses python3-jinja2 python3-cryptography python3-dateutil python3-yaml
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)

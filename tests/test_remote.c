@@ -362,6 +362,21 @@ static uint64_t shard_bytes(const servers *s, const char *name)
     return total;
 }
 
+/* A mirror made by a process of its own (`inspect`), which marks the
+ * mirror in use while it lives and exits; the local directory in `local`. */
+static void mirror_by_process(char *url, char *cache, uint64_t cap, char *local)
+{
+    char gib[64];
+    snprintf(gib, sizeof gib, "%.12f", (double)cap / (double)(1ull << 30));
+    tu_run r = tu_bigbatch("inspect", "--cache-dir", cache, "--cache-limit", gib, url);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_eq(sscanf(r.out, "%4095[^\n]", local), 1);
+    char *slash = strrchr(local, '/'); /* inspect names DIR/train first */
+    cr_assert_not_null(slash);
+    *slash = 0;
+    tu_run_free(&r);
+}
+
 Test(remote, the_cache_evicts_the_least_recently_used)
 {
     servers s = start_servers();
@@ -369,24 +384,58 @@ Test(remote, the_cache_evicts_the_least_recently_used)
     pack_into(&s, "b", 150000, 6);
     pack_into(&s, "c", 150000, 7);
     uint64_t a = shard_bytes(&s, "a"), b = shard_bytes(&s, "b"), c = shard_bytes(&s, "c");
-    uint64_t cap = a + b + c - 1; /* two of the three fit */
+    uint64_t cap = a + b + c - 1000; /* two of the three fit */
     char *cache = tu_path(s.dir, "cache"), *ua = url_of(&s, "a"), *ub = url_of(&s, "b"), *uc = url_of(&s, "c");
     char la[4096], lb[4096], lc[4096], p[4200];
-    cr_assert_eq(mirror(ua, cache, cap, la), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(mirror(ub, cache, cap, lb), BB_OK, "%s", bb_error_message());
-    cr_assert_eq(mirror(ua, cache, cap, la), BB_OK, "%s", bb_error_message()); /* a used again: b is older */
-    cr_assert_eq(mirror(uc, cache, cap, lc), BB_OK, "%s", bb_error_message());
+    mirror_by_process(ua, cache, cap, la);
+    mirror_by_process(ub, cache, cap, lb);
+    mirror_by_process(ua, cache, cap, la); /* a used again: b is older */
+    mirror_by_process(uc, cache, cap, lc);
     snprintf(p, sizeof p, "%s/train/shard-00000.bbs", lb);
     cr_assert(!tu_exists(p), "b, least recently used, is evicted");
     snprintf(p, sizeof p, "%s/train/shard-00000.bbs", la);
     cr_assert(tu_exists(p), "a, used since, stays");
-    cr_assert_eq(mirror(ub, cache, cap, lb), BB_OK, "%s", bb_error_message()); /* b again: fetched, a goes */
+    mirror_by_process(ub, cache, cap, lb); /* b again: fetched, a goes */
     assert_mirror_equals(&s, "b", lb);
     snprintf(p, sizeof p, "%s/train/shard-00000.bbs", la);
     cr_assert(!tu_exists(p));
+    /* a mirror that a running process uses (this one, through the library) is never evicted, even when it
+     * is the least recently used: c held here, b used after it, a asks for room for one more */
+    char held[4096];
+    cr_assert_eq(mirror(uc, cache, cap, held), BB_OK, "%s", bb_error_message());
+    mirror_by_process(ub, cache, cap, lb);
+    mirror_by_process(ua, cache, a + (b > c ? b : c) + 1000, la);
+    snprintf(p, sizeof p, "%s/train/shard-00000.bbs", held);
+    cr_assert(tu_exists(p), "the mirror this process holds stays");
+    snprintf(p, sizeof p, "%s/train/shard-00000.bbs", lb);
+    cr_assert(!tu_exists(p), "b goes instead");
+    /* a directory of one's own next to the mirrors is never touched */
+    char *own = tu_path(cache, "mine"), *own_shard = tu_path(cache, "mine/shard-00000.bbs");
+    cr_assert_eq(mkdir(own, 0755), 0);
+    tu_write_file(own_shard, "x", 1);
+    mirror_by_process(ua, cache, cap, la);
+    cr_assert(tu_exists(own_shard));
     cr_assert_eq(mirror(ua, cache, a - 1, la), BB_ERR_IO);
     cr_assert_not_null(strstr(bb_error_message(), "do not fit the cache's limit"), "%s", bb_error_message());
-    free(cache), free(ua), free(ub), free(uc);
+    free(own), free(own_shard), free(cache), free(ua), free(ub), free(uc);
+}
+
+/* A mirror that fails keeps what it finished: the next one fetches the rest only. */
+Test(remote, a_failed_mirror_keeps_what_it_finished)
+{
+    servers s = start_servers();
+    pack_into(&s, "ds", 300000, 11);
+    char *cache = tu_path(s.dir, "cache"), *url = url_of(&s, "ds"), *val = tu_path(s.www, "ds/val/shard-00000.bbs");
+    tu_flip_byte(val, 200, 0x10); /* the server's val shard no longer matches its index */
+    tu_run r = tu_bigbatch("inspect", "--cache-dir", cache, url);
+    tu_assert_error(&r, "val/shard-00000.bbs", "XXH64");
+    tu_run_free(&r);
+    tu_flip_byte(val, 200, 0x10); /* mended */
+    r = tu_bigbatch("inspect", "--cache-dir", cache, url);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    cr_assert_eq(log_count(&s, "train/shard-00000.bbs"), 1, "the train shard, finished the first time, is kept");
+    free(cache), free(url), free(val);
 }
 
 /* The "loss" values of a metrics file, in order, as printed. */
@@ -526,6 +575,24 @@ Test(remote, s3_requests_are_signed)
     tu_run r = tu_bigbatch("inspect", "--cache-dir", cache, "--data-endpoint", endpoint, "s3://datasets/ds");
     tu_assert_error(&r, "s3://datasets/ds/index.json", "HTTP 403", "SignatureDoesNotMatch");
     tu_run_free(&r);
-    unsetenv("AWS_ACCESS_KEY_ID"), unsetenv("AWS_SECRET_ACCESS_KEY"), unsetenv("AWS_REGION");
+    unsetenv("AWS_ACCESS_KEY_ID"), unsetenv("AWS_SECRET_ACCESS_KEY");
+    /* the keys from a credentials file whose other profile holds a session token of 1200 bytes */
+    char *creds = tu_path(s.dir, "credentials"), *cache2 = tu_path(s.dir, "cache2"), text[2048];
+    int n = snprintf(text, sizeof text, "# test\n[default]\naws_access_key_id = %s\naws_secret_access_key=%s\n\n"
+                     "[other]\naws_session_token = ", key, secret);
+    memset(text + n, 'T', 1200);
+    tu_write_file(creds, text, (size_t)n + 1200);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", creds, 1);
+    r = tu_bigbatch("inspect", "--cache-dir", cache2, "--data-endpoint", endpoint, "s3://datasets/ds");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    tu_run_free(&r);
+    /* no credentials anywhere: unsigned, refused, and the line says so */
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
+    setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
+    r = tu_bigbatch("inspect", "--cache-dir", cache2, "--data-endpoint", endpoint, "s3://datasets/ds");
+    tu_assert_error(&r, "HTTP 403", "sent unsigned");
+    tu_run_free(&r);
+    unsetenv("AWS_SHARED_CREDENTIALS_FILE"), unsetenv("AWS_CONFIG_FILE"), unsetenv("AWS_REGION");
+    free(creds), free(cache2);
     free(ds), free(keys), free(cache);
 }

@@ -25,12 +25,17 @@
  * (size, XXH64), then renamed into place. Connection resets, time-outs,
  * stalls and HTTP 408/429/5xx are retried with exponential backoff until a
  * failure has lasted the deadline; then, or at once for other HTTP errors
- * (403, 404), one line names the URL and what the server said. With a size
- * cap (--cache-limit) whole shards of other datasets are evicted, least
- * recently used first; a dataset larger than the cap is refused. One lock
- * file serializes processes sharing a cache (the ranks of one node): the
- * first downloads, the others find the files. The whole dataset is mirrored
- * before the first step: an epoch's order draws frames from every shard.
+ * (403, 404), one line names the URL and what the server said. A file the
+ * server finished short of (or past) its index's size fails at once: the
+ * index is stale. With a size cap (--cache-limit) whole shards of other
+ * mirrors are evicted, least recently used first, but never those of a
+ * mirror a living process uses (each holds a shared lock on the mirror's
+ * .inuse until it exits) and nothing that is not a mirror directory
+ * (NAME-<16 hex digits>); a dataset larger than the cap is refused. One
+ * lock file serializes processes sharing a cache (the ranks of one node):
+ * the first downloads, the others find the files. Files the index no
+ * longer lists leave the mirror. The whole dataset is mirrored before the
+ * first step: an epoch's order draws frames from every shard.
  *
  * s3:// URLs are signed with AWS Signature Version 4 (libcurl's
  * CURLOPT_AWS_SIGV4) from the standard variables and files:
@@ -72,14 +77,17 @@ bb_remote_options bb_remote_defaults(void);
 bool bb_remote_is_url(const char *path);
 
 /* Mirrors the tree at `url` (a dataset directory, or one with train/ and
- * val/ inside, each listed by its index.json) into the cache and writes the
- * local directory's path to `local` (cap bytes). Fails with BB_ERR_ARG
- * (a malformed URL or options), BB_ERR_IO (a download that failed past the
- * deadline or with an HTTP error, naming the URL; the cache unwritable;
- * the dataset larger than the cache's cap), BB_ERR_CORRUPT (a file whose
- * size or hash differs from its index), BB_ERR_FORMAT (an index that is not
- * one), BB_ERR_INTERRUPTED; files already complete stay in the cache and
- * partial ones resume on the next call. */
+ * val/ inside, each listed by its index.json) into the cache, marks it in
+ * use for the rest of the process's life, and writes the local directory's
+ * path to `local` (cap bytes). Fails with BB_ERR_ARG (a malformed URL or
+ * options), BB_ERR_IO (a download that failed past the deadline or with an
+ * HTTP error, naming the URL; the cache unwritable; no room under the
+ * cache's cap), BB_ERR_CORRUPT (a file whose size or hash differs from its
+ * index), BB_ERR_FORMAT (an index that is not one, an AWS file that does
+ * not parse), BB_ERR_UNSUPPORTED (signing with a libcurl older than 7.87),
+ * BB_ERR_INTERRUPTED, BB_ERR_NOMEM, BB_ERR_INTERNAL (libcurl refused a
+ * handle); files already complete stay in the cache and partial ones resume
+ * on the next call. */
 bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char *local, size_t cap);
 
 /* Writes DIR/index.json (through a temporary, renamed into place) listing

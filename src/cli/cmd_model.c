@@ -127,9 +127,9 @@ int bb_cmd_eval(int argc, char **argv)
     bb_status rc = bb_cli_parse("eval", opts, argc, argv, NULL);
     bb_checkpoint_info info;
     if (rc == BB_OK && !data && ckpt && (rc = bb_checkpoint_read_info(ckpt, &info)) == BB_OK)
-        data = info.val_data_url[0] ? info.val_data_url /* what the run recorded: remote data fetched again */
+        data = info.val_data_url[0] ? info.val_data_url /* what the run recorded, validation first; */
+               : info.val_data[0]   ? info.val_data     /* remote data fetched again */
                : info.data_url[0]   ? info.data_url
-               : info.val_data[0]   ? info.val_data
                                     : info.data;
     if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
     if (rc == BB_OK && data) data = eval_split(data); /* none: load_model says --init-from needs it */

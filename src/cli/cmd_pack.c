@@ -113,7 +113,7 @@ int bb_cmd_pack(int argc, char **argv)
     o.inputs = inputs.items;
     o.input_count = inputs.count;
     if (rc == BB_OK && index_dir) {
-        if (argc != 2) rc = bb_fail(BB_ERR_ARG, "--index DIR takes no other option");
+        if (argc != (strncmp(argv[0], "--index=", 8) ? 2 : 1)) rc = bb_fail(BB_ERR_ARG, "--index DIR takes no other option");
         if (rc == BB_OK) rc = bb_index_write(index_dir, true);
         if (rc == BB_OK) printf("%s/%s written\n", index_dir, BB_INDEX_FILE);
         int code = rc == BB_OK ? 0 : bb_cli_report(rc, usage, summary, opts);

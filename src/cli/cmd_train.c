@@ -65,6 +65,7 @@ typedef struct train_flags {
     model_flags mf;
     data_flags df;                      /* --data as a URL */
     char resumed_url[2][4096];          /* --resume alone: the run's data URLs (state.json) */
+    char split_url[4096];               /* the URL of the split taken as validation data */
     const char *devices, *data, *global_batch, *micro_batch, *report;
     bool quiet, given[BB_TRAIN_FIELDS];
     int on_nonfinite; /* 0: stop, 1: skip */
@@ -191,10 +192,12 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
 static void resumed_urls(train_flags *f, bb_train_options *o)
 {
     bb_checkpoint_info *info = malloc(sizeof *info);
-    if (info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK && info->data_url[0]) {
-        snprintf(f->resumed_url[0], sizeof f->resumed_url[0], "%s", info->data_url);
-        f->data = f->resumed_url[0];
-        f->given[BB_TRAIN_DATA] = true;
+    if (info && bb_checkpoint_read_info(o->resume_dir, info) == BB_OK) {
+        if (info->data_url[0]) {
+            snprintf(f->resumed_url[0], sizeof f->resumed_url[0], "%s", info->data_url);
+            f->data = f->resumed_url[0];
+            f->given[BB_TRAIN_DATA] = true;
+        }
         if (info->val_data_url[0] && !f->given[BB_TRAIN_VAL_DATA]) {
             snprintf(f->resumed_url[1], sizeof f->resumed_url[1], "%s", info->val_data_url);
             o->val_data = f->resumed_url[1];
@@ -241,9 +244,16 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     const char *train = resolve_split(f->data, "train");
     o->data = train ? train : f->data;
     if (!f->given[BB_TRAIN_VAL_DATA] && train) { /* the data's own: chosen with it */
-        o->val_data = resolve_split(f->data, "val");
-        if (!o->val_data) o->val_data = resolve_split(f->data, "test");
+        const char *split = "val";
+        o->val_data = resolve_split(f->data, split);
+        if (!o->val_data) o->val_data = resolve_split(f->data, split = "test");
         f->given[BB_TRAIN_VAL_DATA] = f->given[BB_TRAIN_DATA];
+        if (o->val_data && o->data_url) { /* recorded as the split's own URL: eval --ckpt, a resume elsewhere */
+            size_t n = strlen(o->data_url);
+            snprintf(f->split_url, sizeof f->split_url, "%s%s%s/", o->data_url, n && o->data_url[n - 1] == '/' ? "" : "/",
+                     split);
+            o->val_data_url = f->split_url;
+        }
     }
     if (f->given[BB_TRAIN_STEPS]) o->epochs = 0;
     o->opt.eps = bb_optimizer_defaults_for(o->opt.kind).eps; /* no flag: the optimizer's (LAMB's 1e-6) */

@@ -53,9 +53,13 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A name an index may list: no hidden file, nothing the mirror makes
+ * itself (index.json, index.json.new, *.part), no path, room for ".part". */
 static bool index_entry_name(const char *name)
 {
-    return name[0] != '.' && strcmp(name, BB_INDEX_FILE) && !strstr(name, ".part");
+    size_t n = strlen(name);
+    return n && n <= 200 && name[0] != '.' && strncmp(name, BB_INDEX_FILE, strlen(BB_INDEX_FILE)) &&
+           !strchr(name, '/') && !(n > 5 && !strcmp(name + n - 5, ".part"));
 }
 
 /* The names in dir passing `want` (regular files, or directories), sorted. */
@@ -177,10 +181,12 @@ bb_status bb_index_load(const char *path, const char *what, bb_index *out)
     if (!out->dirs || !out->files) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", what);
     for (size_t i = 0; rc == BB_OK && i < out->dir_count; i++) {
         const char *name = json_string_value(json_array_get(dirs, i));
-        if (!name || !*name || strchr(name, '/') || !index_entry_name(name))
+        if (!name || !index_entry_name(name))
             rc = bb_fail(BB_ERR_FORMAT, "%s: dirs[%zu] is not a plain directory name", what, i);
-        else
-            out->dirs[i] = strdup(name);
+        else if (!(out->dirs[i] = strdup(name)))
+            rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", what);
+        for (size_t k = 0; rc == BB_OK && k < i; k++)
+            if (!strcmp(out->dirs[k], name)) rc = bb_fail(BB_ERR_FORMAT, "%s: dirs lists %s twice", what, name);
     }
     for (size_t i = 0; rc == BB_OK && i < out->file_count; i++) {
         const json_t *f = json_array_get(files, i);
@@ -188,8 +194,7 @@ bb_status bb_index_load(const char *path, const char *what, bb_index *out)
         uint64_t bytes = 0;
         if (bb_json_req_string(f, what, "name", name, sizeof name) != BB_OK ||
             bb_json_req_u64(f, what, "bytes", &bytes) != BB_OK ||
-            bb_json_req_string(f, what, "xxh64", hex, sizeof hex) != BB_OK || !*name || strchr(name, '/') ||
-            !index_entry_name(name)) {
+            bb_json_req_string(f, what, "xxh64", hex, sizeof hex) != BB_OK || !index_entry_name(name)) {
             bb_error_clear();
             rc = bb_fail(BB_ERR_FORMAT, "%s: files[%zu] needs a plain name, bytes and a 16-digit xxh64", what, i);
             break;
@@ -199,7 +204,12 @@ bb_status bb_index_load(const char *path, const char *what, bb_index *out)
             rc = bb_fail(BB_ERR_FORMAT, "%s: files[%zu] (%s): xxh64 \"%s\" is not 16 hex digits", what, i, name, hex);
             break;
         }
+        if (bb_index_find(out, name)) {
+            rc = bb_fail(BB_ERR_FORMAT, "%s: files lists %s twice", what, name);
+            break;
+        }
         out->files[i] = (bb_index_file){.name = strdup(name), .bytes = bytes, .xxh64 = hash};
+        if (!out->files[i].name) rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", what);
     }
     json_decref(root);
     if (rc != BB_OK) bb_index_free(out);

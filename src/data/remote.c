@@ -54,7 +54,8 @@ typedef struct job {
     CURL *easy;
     struct curl_slist *headers;
     int attempts, bad_hashes;
-    bool moved;            /* this attempt wrote bytes */
+    uint64_t high;         /* the most bytes the .part ever held: progress is passing it */
+    uint64_t received;     /* body bytes of this attempt */
     bool resumed;          /* this attempt asked for the bytes past `have` */
     bool done;
     double fail_since;     /* when the current run of failures began; 0: none */
@@ -63,6 +64,7 @@ typedef struct job {
     char body[200];        /* the start of an error response */
     size_t body_len;
     bool oversize;         /* the server sent more than `bytes` */
+    bool complete;         /* the .part held every byte before a transfer started */
     int write_errno;       /* the .part file could not be written */
 } job;
 
@@ -109,7 +111,7 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
         off += (size_t)w;
     }
     j->have += len;
-    j->moved = true;
+    j->received += len;
     return len;
 }
 
@@ -133,11 +135,15 @@ static bb_status job_start(fetcher *f, job *j)
     struct stat st;
     if (fstat(j->fd, &st) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot stat", j->part);
     j->have = (uint64_t)st.st_size;
-    if (j->bytes == UINT64_MAX || j->have >= j->bytes) { /* an index is small: fetched whole; so is a full part */
+    if (j->bytes != UINT64_MAX && j->have == j->bytes) { /* an earlier run got it all: checked, not fetched */
+        j->complete = true;
+        return BB_OK;
+    }
+    if (j->bytes == UINT64_MAX || j->have > j->bytes) { /* an index is small: fetched whole */
         if (ftruncate(j->fd, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
         j->have = 0;
     }
-    j->moved = false;
+    j->received = 0;
     j->oversize = false;
     j->write_errno = 0;
     j->code = 0;
@@ -231,15 +237,18 @@ static bool retryable(CURLcode cc, long code)
     if (cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_LOGIN_DENIED ||
         cc == CURLE_REMOTE_ACCESS_DENIED || cc == CURLE_PEER_FAILED_VERIFICATION)
         return false;
-    if (code >= 400) return code == 408 || code == 416 || code == 429 || code >= 500;
-    return true;
+    if (code > 0 && code != 200 && code != 206) /* an answer: only these may change by waiting */
+        return code == 408 || code == 416 || code == 429 || code >= 500;
+    return true; /* no answer, or one cut short: resets, time-outs, stalls */
 }
 
 /* A transfer ended (cc, HTTP code): finish it, schedule a retry, or fail. */
 static bb_status job_done(fetcher *f, job *j, CURLcode cc)
 {
     double now = bb_clock_seconds();
+    curl_off_t announced = -1;
     curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &j->code);
+    curl_easy_getinfo(j->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &announced);
     job_release(f, j);
     bool whole = j->bytes == UINT64_MAX || j->have == j->bytes;
     if (cc == CURLE_OK && (j->code == 200 || j->code == 206) && whole) {
@@ -256,7 +265,9 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
     /* A response the server finished, shorter or longer than the index
      * says: the file changed after its index was written. Waiting will not
      * mend it. */
-    if ((cc == CURLE_OK && (j->code == 200 || j->code == 206)) || j->oversize) {
+    bool finished = cc == CURLE_OK && (j->code == 200 || j->code == 206) && announced >= 0 &&
+                    (uint64_t)announced == j->received; /* all it said it would send, not all the index lists */
+    if (finished || j->oversize) {
         unlink(j->part);
         if (j->bytes == UINT64_MAX)
             return bb_fail(BB_ERR_FORMAT, "%s: larger than %u MiB: not an index", j->what, INDEX_MAX_BYTES >> 20);
@@ -267,8 +278,12 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
     char why[256];
     describe_failure(j, cc, why, sizeof why);
     if (j->code == 416 && ftruncate(j->fd, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
-    if (!retryable(cc, j->code)) return bb_fail(BB_ERR_IO, "%s: %s", j->what, why);
-    if (j->moved || !j->fail_since) j->fail_since = now; /* progress restarts the deadline */
+    if (!retryable(cc, j->code))
+        return bb_fail(BB_ERR_IO, "%s: %s%s", j->what, why,
+                       j->code == 403 && f->site->s3 && !f->site->signed_s3
+                           ? " (sent unsigned: no AWS credentials in the environment or ~/.aws)" : "");
+    if (j->have > j->high || !j->fail_since) j->fail_since = now; /* progress restarts the deadline */
+    if (j->have > j->high) j->high = j->have;
     j->attempts++;
     if (now - j->fail_since > f->o->deadline_s)
         return bb_fail(BB_ERR_IO, "%s: gave up after %d attempts over %.0f s (--data-deadline): %s", j->what,
@@ -290,7 +305,7 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
     size_t finished = 0;
     while (rc == BB_OK && finished < n) {
         if (o->interrupted && *o->interrupted) {
-            rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted while downloading %s", site->base);
+            rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted while downloading %s", site->shown);
             break;
         }
         double now = bb_clock_seconds(), wake = now + 0.5;
@@ -304,6 +319,13 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
                 continue;
             }
             rc = job_start(&f, j);
+            if (rc == BB_OK && j->complete) { /* no transfer: check it, rename it, or fetch it again */
+                j->complete = false;
+                rc = job_finish(j);
+                if (rc == BB_OK) finished++;
+                if (rc == BB_ERR_CORRUPT) bb_error_clear(), rc = BB_OK;
+                continue;
+            }
             active++;
         }
         if (rc != BB_OK) break;
@@ -365,9 +387,10 @@ static bb_status tree_add(tree *t, const char *local, const char *rel, const bb_
     return BB_OK;
 }
 
-/* Removes the files of a mirrored directory that its index no longer lists
- * (the dataset was packed again with fewer shards: a leftover would be a
- * foreign shard), and their partial downloads. */
+/* Removes what a mirrored directory holds that its index no longer lists
+ * (the dataset was packed again: a leftover shard would be a foreign one,
+ * a leftover split a wrong one), partial downloads included; with a NULL
+ * index, everything (a split no longer listed, whose own index goes too). */
 static bb_status drop_unlisted(const char *local, const bb_index *index)
 {
     DIR *d = opendir(local);
@@ -379,13 +402,22 @@ static bb_status drop_unlisted(const char *local, const bb_index *index)
         snprintf(name, sizeof name, "%s", e->d_name);
         size_t n = strlen(name);
         if (n > 5 && !strcmp(name + n - 5, ".part")) name[n - 5] = 0; /* a download of `name` */
-        if (e->d_name[0] == '.' || !strncmp(name, BB_INDEX_FILE, strlen(BB_INDEX_FILE)) || bb_index_find(index, name))
+        bool listed = false;
+        for (size_t i = 0; index && i < index->dir_count; i++) listed |= !strcmp(index->dirs[i], e->d_name);
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || (e->d_name[0] == '.' && index) || listed ||
+            (index && (!strncmp(name, BB_INDEX_FILE, strlen(BB_INDEX_FILE)) || bb_index_find(index, name))))
             continue;
         struct stat st;
         rc = path_of(path, sizeof path, "%s/%s", local, e->d_name);
-        if (rc != BB_OK || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        if (unlink(path) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot remove (its index no longer lists it)", path);
-        else BB_INFO("cache: removed %s, which the index no longer lists", path);
+        if (rc != BB_OK || lstat(path, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            rc = drop_unlisted(path, NULL);
+            if (rc == BB_OK && rmdir(path) != 0)
+                rc = bb_fail_errno(BB_ERR_IO, "%s: cannot remove (its index no longer lists it)", path);
+        } else if (unlink(path) != 0) {
+            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot remove (its index no longer lists it)", path);
+        }
+        if (rc == BB_OK) BB_INFO("cache: removed %s, which the index no longer lists", path);
     }
     closedir(d);
     return rc;
@@ -427,8 +459,13 @@ static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, co
         if (rc == BB_OK) rc = path_of(file_rel, sizeof file_rel, "%s%s", rel, f->name);
         if (rc != BB_OK) break;
         struct stat st;
-        bool present = was && was->bytes == f->bytes && was->xxh64 == f->xxh64 && stat(path, &st) == 0 &&
-                       (uint64_t)st.st_size == f->bytes;
+        bool sized = stat(path, &st) == 0 && (uint64_t)st.st_size == f->bytes;
+        bool present = sized && was && was->bytes == f->bytes && was->xxh64 == f->xxh64;
+        if (sized && !present) { /* renamed into place by a mirror that did not finish: its index never came */
+            uint64_t bytes, hash;
+            present = bb_index_hash_file(path, &bytes, &hash) == BB_OK && bytes == f->bytes && hash == f->xxh64;
+            bb_error_clear();
+        }
         rc = tree_add(t, path, file_rel, f, present);
     }
     if (rc == BB_OK) rc = drop_unlisted(local, &now);
@@ -458,14 +495,53 @@ static int by_use(const void *a, const void *b)
     return (x->used.tv_nsec > y->used.tv_nsec) - (x->used.tv_nsec < y->used.tv_nsec);
 }
 
-/* Shards (and partial downloads) under dir, two levels deep at most, other
- * than those under `mine`. */
-static bb_status scan_cache(const char *dir, const char *mine, int depth, cached **list, size_t *n, size_t *cap,
-                            uint64_t *total)
+/* A mirror directory's name: NAME-<16 hex digits> (mirror_dir). Nothing
+ * else in a cache directory is ever evicted: --cache-dir pointed at a
+ * directory of one's own datasets loses none of them. */
+static bool is_mirror_name(const char *name)
 {
-    if (!strcmp(dir, mine)) return BB_OK;
+    size_t n = strlen(name);
+    if (n < 18 || name[n - 17] != '-') return false;
+    for (size_t i = n - 16; i < n; i++)
+        if (!isxdigit((unsigned char)name[i])) return false;
+    return true;
+}
+
+/* A process that uses a mirror holds a shared lock on its .inuse file
+ * until it exits; eviction passes over a mirror it cannot lock alone. */
+static bool mirror_in_use(const char *dir)
+{
+    char path[4200];
+    if (path_of(path, sizeof path, "%s/.inuse", dir) != BB_OK) return true; /* cannot tell: spared */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd); /* releases the probe's lock */
+    return busy;
+}
+
+static void mark_in_use(const char *dir)
+{
+    char path[4200];
+    int fd = path_of(path, sizeof path, "%s/.inuse", dir) == BB_OK ? open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644)
+                                                                    : -1;
+    if (fd >= 0 && flock(fd, LOCK_SH) != 0) close(fd), fd = -1;
+    if (fd < 0) BB_WARN("%s: cannot mark the mirror in use (%s): another job's --cache-limit may evict it", dir,
+                        strerror(errno));
+    /* else the descriptor stays open, and the lock held, for the process's life */
+}
+
+static bool is_cached_file(const char *name)
+{
+    size_t n = strlen(name);
+    return bb_shard_is_file_name(name) || (n > 5 && !strcmp(name + n - 5, ".part"));
+}
+
+/* The shards (and partial downloads) of one mirror, itself and its splits. */
+static bb_status scan_mirror(const char *dir, int depth, cached **list, size_t *n, size_t *cap, uint64_t *total)
+{
     DIR *d = opendir(dir);
-    if (!d) return BB_OK; /* evicted or never made */
+    if (!d) return BB_OK; /* removed meanwhile */
     struct dirent *e;
     bb_status rc = BB_OK;
     while (rc == BB_OK && (e = readdir(d))) {
@@ -474,11 +550,11 @@ static bb_status scan_cache(const char *dir, const char *mine, int depth, cached
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(path, &st) != 0) continue;
-        if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH + 1) {
-            rc = scan_cache(path, mine, depth + 1, list, n, cap, total);
+        if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH) {
+            rc = scan_mirror(path, depth + 1, list, n, cap, total);
             continue;
         }
-        if (!S_ISREG(st.st_mode) || (!bb_shard_is_file_name(e->d_name) && !strstr(e->d_name, ".part"))) continue;
+        if (!S_ISREG(st.st_mode) || !is_cached_file(e->d_name)) continue;
         *total += (uint64_t)st.st_size;
         if (*n == *cap) {
             *cap = *cap ? 2 * *cap : 64;
@@ -498,22 +574,35 @@ static bb_status scan_cache(const char *dir, const char *mine, int depth, cached
     return rc;
 }
 
-/* Makes room for `need` bytes of this mirror under the cap: other datasets'
- * shards go, least recently used first. */
+/* Makes room for `need` bytes of this mirror under the cap: the shards of
+ * other mirrors that no process uses go, least recently used first. */
 static bb_status make_room(const bb_remote_options *o, const char *cache, const char *mine, const char *url,
                            uint64_t need)
 {
     if (!o->cache_bytes) return BB_OK;
-    char a[16], b[16];
+    char a[16], b[16], c[16];
     if (need > o->cache_bytes)
         return bb_fail(BB_ERR_IO, "%s: the dataset's %s do not fit the cache's limit of %s (--cache-limit) in %s",
                        url, bb_format_bytes(need, a, sizeof a), bb_format_bytes(o->cache_bytes, b, sizeof b), cache);
-    cached *list = NULL;
-    size_t n = 0, cap = 0;
-    uint64_t total = 0;
-    bb_status rc = scan_cache(cache, mine, 0, &list, &n, &cap, &total);
+    cached *list = NULL, *busy = NULL;
+    size_t n = 0, cap = 0, nbusy = 0, busy_cap = 0;
+    uint64_t total = 0, in_use = 0;
+    bb_status rc = BB_OK;
+    DIR *d = opendir(cache);
+    struct dirent *e;
+    while (rc == BB_OK && d && (e = readdir(d))) {
+        char dir[4096];
+        if (!is_mirror_name(e->d_name) || path_of(dir, sizeof dir, "%s/%s", cache, e->d_name) != BB_OK ||
+            !strcmp(dir, mine))
+            continue;
+        if (mirror_in_use(dir))
+            rc = scan_mirror(dir, 0, &busy, &nbusy, &busy_cap, &in_use);
+        else
+            rc = scan_mirror(dir, 0, &list, &n, &cap, &total);
+    }
+    if (d) closedir(d);
     if (rc == BB_OK && n) qsort(list, n, sizeof *list, by_use);
-    for (size_t i = 0; rc == BB_OK && i < n && total + need > o->cache_bytes; i++) {
+    for (size_t i = 0; rc == BB_OK && i < n && total + in_use + need > o->cache_bytes; i++) {
         if (unlink(list[i].path) != 0 && errno != ENOENT) {
             rc = bb_fail_errno(BB_ERR_IO, "%s: cannot evict", list[i].path);
             break;
@@ -522,7 +611,12 @@ static bb_status make_room(const bb_remote_options *o, const char *cache, const 
                 bb_format_bytes(list[i].bytes, a, sizeof a));
         total -= list[i].bytes;
     }
+    if (rc == BB_OK && total + in_use + need > o->cache_bytes)
+        rc = bb_fail(BB_ERR_IO, "%s: no room for the dataset's %s under the cache's limit of %s (--cache-limit) in %s: "
+                     "%s of it belong to datasets that running jobs use", url, bb_format_bytes(need, a, sizeof a),
+                     bb_format_bytes(o->cache_bytes, b, sizeof b), cache, bb_format_bytes(in_use, c, sizeof c));
     free(list);
+    free(busy);
     return rc;
 }
 
@@ -588,17 +682,18 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
     }
     if (rc == BB_OK) {
         double t0 = bb_clock_seconds();
-        while (flock(lock, LOCK_EX) != 0)
-            if (errno != EINTR || (o.interrupted && *o.interrupted)) {
+        while (rc == BB_OK && flock(lock, LOCK_EX) != 0) {
+            if (errno == EINTR && o.interrupted && *o.interrupted)
+                rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted while waiting for the cache %s", cache);
+            else if (errno != EINTR)
                 rc = bb_fail_errno(BB_ERR_IO, "%s: cannot lock the cache", lockpath);
-                break;
-            }
+        }
         if (bb_clock_seconds() - t0 > 1) BB_INFO("cache: waited %.0f s for another process", bb_clock_seconds() - t0);
     }
     if (rc == BB_OK) rc = walk(&o, site, "", dir, 0, &t);
     uint64_t need = 0, missing = 0, files = 0;
     for (size_t i = 0; i < t.count; i++) {
-        need += t.files[i].bytes;
+        need = need + t.files[i].bytes < need ? UINT64_MAX : need + t.files[i].bytes; /* an absurd index: no wrap */
         if (!t.files[i].present) missing += t.files[i].bytes, files++;
     }
     if (rc == BB_OK) rc = make_room(&o, cache, dir, url, need);
@@ -630,6 +725,7 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
         if (rename(t.indexes[i], to) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", to);
     }
     if (rc == BB_OK && snprintf(local, cap, "%s", dir) >= (int)cap) rc = bb_fail(BB_ERR_ARG, "cache path too long");
+    if (rc == BB_OK) mark_in_use(dir);
     if (rc == BB_OK && o.stats)
         *o.stats = (bb_remote_stats){.files = files, .bytes = missing, .seconds = bb_clock_seconds() - started};
     if (lock >= 0) close(lock); /* releases the lock */

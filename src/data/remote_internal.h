@@ -17,8 +17,9 @@
 typedef struct bb_remote_site {
     char base[2048];  /* URL of the tree's root, ending in '/' */
     char shown[2048]; /* the same as the user wrote it (s3://bucket/prefix/), for messages */
+    bool s3;          /* an s3:// URL */
     bool signed_s3;   /* requests carry SigV4 */
-    char key[128], secret[256], token[2048], region[64];
+    char key[128], secret[256], token[4096], region[64];
 } bb_remote_site;
 
 /* Resolves `url` (http(s):// as it is; s3:// through `endpoint`, the

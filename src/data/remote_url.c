@@ -1,10 +1,11 @@
 /* remote_url.c — where a remote dataset's files are fetched from, and how
  * requests to it are signed: http(s) URLs as given; s3:// URLs mapped to an
  * endpoint and signed with SigV4 from the standard AWS variables and files
- * (read with inih). See remote.h. */
+ * (read by hand: see read_aws_file). See remote.h. */
 #include "remote_internal.h"
 
-#include <ini.h>
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,23 +18,21 @@ bool bb_remote_is_url(const char *path)
 /* One profile's keys from an AWS credentials or config file. */
 typedef struct ini_pick {
     const char *section;  /* "default", "profile x" or "x" */
-    const char *section2; /* an alternative spelling, or NULL */
-    char key[128], secret[256], token[2048], region[64];
+    char key[128], secret[256], token[4096], region[64];
 } ini_pick;
 
-static int on_ini(void *user, const char *section, const char *name, const char *value)
+static char *trim(char *s)
 {
-    ini_pick *p = user;
-    if (strcmp(section, p->section) && (!p->section2 || strcmp(section, p->section2))) return 1;
-    if (!strcmp(name, "aws_access_key_id")) snprintf(p->key, sizeof p->key, "%s", value);
-    else if (!strcmp(name, "aws_secret_access_key")) snprintf(p->secret, sizeof p->secret, "%s", value);
-    else if (!strcmp(name, "aws_session_token")) snprintf(p->token, sizeof p->token, "%s", value);
-    else if (!strcmp(name, "region")) snprintf(p->region, sizeof p->region, "%s", value);
-    return 1;
+    while (isspace((unsigned char)*s)) s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    return s;
 }
 
-/* Reads `file` (or $HOME/.aws/`fallback`) into pick; an absent file is no
- * error, one that does not parse is. */
+/* Reads `file` (or $HOME/.aws/`fallback`) into pick: [section] lines and
+ * `key = value` lines, `#` and `;` comments. By hand: Debian's libinih cuts
+ * lines at 200 bytes, and a session token is longer. An absent file is no
+ * error; a line that is none of these is. */
 static bb_status read_aws_file(const char *file, const char *fallback, ini_pick *pick)
 {
     char path[4096];
@@ -44,10 +43,32 @@ static bb_status read_aws_file(const char *file, const char *fallback, ini_pick 
         snprintf(path, sizeof path, "%s/.aws/%s", home, fallback);
     else
         return BB_OK;
-    int line = ini_parse(path, on_ini, pick);
-    if (line > 0) return bb_fail(BB_ERR_FORMAT, "%s: line %d: not an AWS configuration line", path, line);
-    if (line == -2) return bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
-    return BB_OK; /* -1: no such file */
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? BB_OK : bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+    char *line = NULL, section[256] = "";
+    size_t cap = 0;
+    bb_status rc = BB_OK;
+    for (int number = 1; rc == BB_OK && getline(&line, &cap, f) >= 0; number++) {
+        char *t = trim(line), *eq = strchr(t, '=');
+        size_t n = strlen(t);
+        if (!*t || *t == '#' || *t == ';') continue;
+        if (*t == '[' && t[n - 1] == ']') {
+            t[n - 1] = 0;
+            snprintf(section, sizeof section, "%s", trim(t + 1));
+        } else if (!eq) {
+            rc = bb_fail(BB_ERR_FORMAT, "%s: line %d: not an AWS configuration line", path, number);
+        } else if (!strcmp(section, pick->section)) {
+            *eq = 0;
+            const char *k = trim(t), *v = trim(eq + 1);
+            if (!strcmp(k, "aws_access_key_id")) snprintf(pick->key, sizeof pick->key, "%s", v);
+            else if (!strcmp(k, "aws_secret_access_key")) snprintf(pick->secret, sizeof pick->secret, "%s", v);
+            else if (!strcmp(k, "aws_session_token")) snprintf(pick->token, sizeof pick->token, "%s", v);
+            else if (!strcmp(k, "region")) snprintf(pick->region, sizeof pick->region, "%s", v);
+        }
+    }
+    free(line);
+    fclose(f);
+    return rc;
 }
 
 static const char *env(const char *name)
@@ -80,9 +101,12 @@ bb_status bb_remote_site_init(bb_remote_site *s, const char *url, const char *en
     char config_section[160];
     snprintf(config_section, sizeof config_section, "profile %s", profile);
     ini_pick creds = {.section = profile}, config = {.section = strcmp(profile, "default") ? config_section : "default"};
-    BB_TRY(read_aws_file(env("AWS_SHARED_CREDENTIALS_FILE"), "credentials", &creds));
-    BB_TRY(read_aws_file(env("AWS_CONFIG_FILE"), "config", &config));
-    if (env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY")) {
+    bool from_env = env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY");
+    bool need_region = !env("AWS_REGION") && !env("AWS_DEFAULT_REGION");
+    if (!from_env) BB_TRY(read_aws_file(env("AWS_SHARED_CREDENTIALS_FILE"), "credentials", &creds));
+    if (need_region || (!from_env && !*creds.key)) /* the files are read only for what the environment lacks */
+        BB_TRY(read_aws_file(env("AWS_CONFIG_FILE"), "config", &config));
+    if (from_env) {
         snprintf(s->key, sizeof s->key, "%s", env("AWS_ACCESS_KEY_ID"));
         snprintf(s->secret, sizeof s->secret, "%s", env("AWS_SECRET_ACCESS_KEY"));
         snprintf(s->token, sizeof s->token, "%s", env("AWS_SESSION_TOKEN") ? env("AWS_SESSION_TOKEN") : "");
@@ -100,6 +124,7 @@ bb_status bb_remote_site_init(bb_remote_site *s, const char *url, const char *en
                          : *config.region            ? config.region
                                                      : "us-east-1";
     snprintf(s->region, sizeof s->region, "%s", region);
+    s->s3 = true;
     s->signed_s3 = *s->key != 0;
     if (!endpoint) endpoint = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
     int w;
@@ -122,6 +147,10 @@ bb_status bb_remote_site_setup(const bb_remote_site *s, CURL *easy, struct curl_
     *headers = NULL;
     curl_easy_setopt(easy, CURLOPT_USERAGENT, "bigbatch");
     if (!s->signed_s3) return BB_OK;
+#if LIBCURL_VERSION_NUM < 0x075700 /* 7.87: the payload hash taken from x-amz-content-sha256 (curl PR 9804) */
+    return bb_fail(BB_ERR_UNSUPPORTED, "%s: signing S3 requests needs libcurl 7.87 or later (this one is %s)", s->shown,
+                   LIBCURL_VERSION);
+#endif
     char sigv4[128], userpwd[sizeof s->key + sizeof s->secret + 2], token[sizeof s->token + 32];
     snprintf(sigv4, sizeof sigv4, "aws:amz:%s:s3", s->region);
     snprintf(userpwd, sizeof userpwd, "%s:%s", s->key, s->secret);
