@@ -476,6 +476,10 @@ Test(remote, training_on_remote_data_is_training_on_local_data)
         cr_assert_eq(r.exit_code, 0, "%s", r.err);
         tu_run_free(&r);
     }
+    tu_run plan = tu_bigbatch("plan", "--data", url, "--cache-dir", cache, "--layers", "1", "--d-model", "32", "--heads",
+                              "2", "--global-batch", "8", "--json");
+    cr_assert_eq(plan.exit_code, 0, "plan --data URL: %s", plan.err);
+    tu_run_free(&plan);
     char *a = losses(m1), *b = losses(m2);
     cr_assert_gt(strlen(a), 20, "losses: %s", a);
     cr_assert_str_eq(a, b, "the remote run's losses differ from the local run's");

@@ -7,6 +7,7 @@
 #include "bigbatch/json.h"
 #include "bigbatch/plan.h"
 #include "commands.h"
+#include "data_flags.h"
 #include "model_flags.h"
 
 static const char usage[] =
@@ -190,12 +191,14 @@ int bb_cmd_plan(int argc, char **argv)
     bb_precision precision = BB_PRECISION_FP32;
     bool json = false, data_given = false, calibrate = false, seq_given = false, vocab_given = false, largest = false;
     int64_t seq_len = 0, vocab = 0;
+    data_flags df = DATA_FLAGS_DEFAULT;
     bb_plan_request q = {.global_batch = 64, .optimizer = BB_OPTIMIZER_ADAMW,
                          .bucket_mib = BB_BUCKET_MIB_DEFAULT};
     const bb_opt opts[] = {
         MODEL_FLAG_OPTS(mf),
-        {"--data", BB_OPT_STRING, &data, "DIR", "the training data (gives the model's input and output sizes)",
-         .given = &data_given},
+        {"--data", BB_OPT_STRING, &data, "DIR|URL", "the training data (gives the model's input and output sizes; "
+         "a URL is mirrored first, as train does)", .given = &data_given},
+        DATA_FLAGS_OPTS(df),
         {"--seq-len", BB_OPT_INT, &seq_len, "T", "gpt, llama: plan for this context length, no data read",
          .min = 1, .max = 1 << 24, .given = &seq_given},
         {"--vocab", BB_OPT_INT, &vocab, "V", "with --seq-len: the vocabulary (default: the preset's, else 50257)",
@@ -230,7 +233,8 @@ int bb_cmd_plan(int argc, char **argv)
         q.record_size = f.record_size;
         rc = bb_model_config_from_data(&q.model, &f, "--seq-len");
     } else if (rc == BB_OK) {
-        rc = default_data_present(data, data_given);
+        rc = data_flags_resolve(&df, &data);
+        if (rc == BB_OK) rc = default_data_present(data, data_given);
         const char *train = rc == BB_OK ? resolve_split(data, "train") : NULL;
         if (rc == BB_OK) rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);
     }
