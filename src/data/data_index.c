@@ -204,8 +204,9 @@ bb_status bb_index_load(const char *path, const char *what, bb_index *out)
             rc = bb_fail(BB_ERR_FORMAT, "%s: files[%zu] (%s): xxh64 \"%s\" is not 16 hex digits", what, i, name, hex);
             break;
         }
-        if (bb_index_find(out, name)) {
-            rc = bb_fail(BB_ERR_FORMAT, "%s: files lists %s twice", what, name);
+        if (i && strcmp(out->files[i - 1].name, name) >= 0) { /* sorted (FORMAT.md): no name twice, found by halves */
+            rc = bb_fail(BB_ERR_FORMAT, "%s: files[%zu] (%s) does not sort after %s: names sorted, each once", what, i,
+                         name, out->files[i - 1].name);
             break;
         }
         out->files[i] = (bb_index_file){.name = strdup(name), .bytes = bytes, .xxh64 = hash};
@@ -225,9 +226,13 @@ void bb_index_free(bb_index *index)
     *index = (bb_index){0};
 }
 
+static int by_file_name(const void *key, const void *entry)
+{
+    return strcmp(key, ((const bb_index_file *)entry)->name);
+}
+
 const bb_index_file *bb_index_find(const bb_index *index, const char *name)
 {
-    for (size_t i = 0; i < index->file_count; i++)
-        if (index->files[i].name && !strcmp(index->files[i].name, name)) return &index->files[i];
-    return NULL;
+    return index->file_count ? bsearch(name, index->files, index->file_count, sizeof *index->files, by_file_name)
+                             : NULL;
 }

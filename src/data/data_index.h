@@ -26,11 +26,12 @@ typedef struct bb_index {
 
 /* Loads the index at `path`; `what` names it in errors (its URL). Fails
  * with BB_ERR_IO (cannot read), BB_ERR_FORMAT (not JSON, not an index,
- * a name with a slash or a hidden one, a malformed hash), BB_ERR_NOMEM. */
+ * a name with a slash or a hidden one, files not sorted by name or one
+ * twice, a malformed hash), BB_ERR_NOMEM. */
 bb_status bb_index_load(const char *path, const char *what, bb_index *out);
 /* Frees what load allocated; accepts a zeroed index. */
 void bb_index_free(bb_index *index);
-/* The entry called `name`, or NULL. */
+/* The entry called `name` (a binary search: load keeps them sorted), or NULL. */
 const bb_index_file *bb_index_find(const bb_index *index, const char *name);
 /* Size and XXH64 (seed 0) of a whole file. Fails with BB_ERR_IO naming it. */
 bb_status bb_index_hash_file(const char *path, uint64_t *bytes, uint64_t *hash);

@@ -255,9 +255,7 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
         bb_status rc = job_finish(j);
         if (rc != BB_ERR_CORRUPT || ++j->bad_hashes > 1) return rc;
         BB_INFO("%s (downloading again)", bb_error_message()); /* a resume across two versions of the file */
-        j->fd = open(j->part, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (j->fd < 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", j->part);
-        j->next_try = now;
+        j->next_try = now; /* job_start makes a new part */
         return BB_OK;
     }
     if (j->write_errno)
@@ -356,8 +354,7 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
 /* ---- the tree and the cache --------------------------------------------- */
 
 typedef struct entry {
-    char local[4096];
-    char rel[4096]; /* under the tree's root: "train/shard-00000.bbs" */
+    char rel[4096]; /* under the tree's root (and the mirror's directory): "train/shard-00000.bbs" */
     uint64_t bytes, xxh64;
     bool present; /* already in the cache, as the index gives it */
 } entry;
@@ -369,7 +366,7 @@ typedef struct tree {
     size_t index_count;
 } tree;
 
-static bb_status tree_add(tree *t, const char *local, const char *rel, const bb_index_file *f, bool present)
+static bb_status tree_add(tree *t, const char *rel, const bb_index_file *f, bool present)
 {
     if (t->count == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 64;
@@ -379,7 +376,6 @@ static bb_status tree_add(tree *t, const char *local, const char *rel, const bb_
         t->cap = cap;
     }
     entry *e = &t->files[t->count++];
-    snprintf(e->local, sizeof e->local, "%s", local);
     snprintf(e->rel, sizeof e->rel, "%s", rel);
     e->bytes = f->bytes;
     e->xxh64 = f->xxh64;
@@ -466,7 +462,7 @@ static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, co
             present = bb_index_hash_file(path, &bytes, &hash) == BB_OK && bytes == f->bytes && hash == f->xxh64;
             bb_error_clear();
         }
-        rc = tree_add(t, path, file_rel, f, present);
+        rc = tree_add(t, file_rel, f, present);
     }
     if (rc == BB_OK) rc = drop_unlisted(local, &now);
     if (rc == BB_OK && now.dir_count && depth >= MAX_DEPTH)
@@ -537,7 +533,8 @@ static bool is_cached_file(const char *name)
     return bb_shard_is_file_name(name) || (n > 5 && !strcmp(name + n - 5, ".part"));
 }
 
-/* The shards (and partial downloads) of one mirror, itself and its splits. */
+/* The shards (and partial downloads) of one mirror, itself and its splits:
+ * their bytes added to *total and, unless list is NULL, each appended. */
 static bb_status scan_mirror(const char *dir, int depth, cached **list, size_t *n, size_t *cap, uint64_t *total)
 {
     DIR *d = opendir(dir);
@@ -556,6 +553,7 @@ static bb_status scan_mirror(const char *dir, int depth, cached **list, size_t *
         }
         if (!S_ISREG(st.st_mode) || !is_cached_file(e->d_name)) continue;
         *total += (uint64_t)st.st_size;
+        if (!list) continue;
         if (*n == *cap) {
             *cap = *cap ? 2 * *cap : 64;
             cached *grown = realloc(*list, *cap * sizeof *grown);
@@ -584,8 +582,8 @@ static bb_status make_room(const bb_remote_options *o, const char *cache, const 
     if (need > o->cache_bytes)
         return bb_fail(BB_ERR_IO, "%s: the dataset's %s do not fit the cache's limit of %s (--cache-limit) in %s",
                        url, bb_format_bytes(need, a, sizeof a), bb_format_bytes(o->cache_bytes, b, sizeof b), cache);
-    cached *list = NULL, *busy = NULL;
-    size_t n = 0, cap = 0, nbusy = 0, busy_cap = 0;
+    cached *list = NULL;
+    size_t n = 0, cap = 0;
     uint64_t total = 0, in_use = 0;
     bb_status rc = BB_OK;
     DIR *d = opendir(cache);
@@ -596,7 +594,7 @@ static bb_status make_room(const bb_remote_options *o, const char *cache, const 
             !strcmp(dir, mine))
             continue;
         if (mirror_in_use(dir))
-            rc = scan_mirror(dir, 0, &busy, &nbusy, &busy_cap, &in_use);
+            rc = scan_mirror(dir, 0, NULL, NULL, NULL, &in_use); /* counted, never a candidate */
         else
             rc = scan_mirror(dir, 0, &list, &n, &cap, &total);
     }
@@ -616,7 +614,6 @@ static bb_status make_room(const bb_remote_options *o, const char *cache, const 
                      "%s of it belong to datasets that running jobs use", url, bb_format_bytes(need, a, sizeof a),
                      bb_format_bytes(o->cache_bytes, b, sizeof b), cache, bb_format_bytes(in_use, c, sizeof c));
     free(list);
-    free(busy);
     return rc;
 }
 
@@ -707,8 +704,10 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
         size_t k = 0;
         for (size_t i = 0; rc == BB_OK && i < t.count; i++) {
             const entry *e = &t.files[i];
+            char dest[4096];
             if (e->present) continue;
-            rc = job_init(&jobs[k++], site, e->rel, e->local, e->bytes, e->xxh64, true);
+            rc = path_of(dest, sizeof dest, "%s/%s", dir, e->rel);
+            if (rc == BB_OK) rc = job_init(&jobs[k++], site, e->rel, dest, e->bytes, e->xxh64, true);
         }
         double t0 = bb_clock_seconds();
         if (rc == BB_OK) rc = fetch_all(&o, site, jobs, files);
@@ -716,9 +715,12 @@ bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char 
             BB_INFO("%s: %s in %.2f s", url, bb_format_bytes(missing, a, sizeof a), bb_clock_seconds() - t0);
     }
     free(jobs);
-    for (size_t i = 0; rc == BB_OK && i < t.count; i++) /* used now: last to be evicted */
-        if (utimensat(AT_FDCWD, t.files[i].local, NULL, 0) != 0)
-            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot touch", t.files[i].local);
+    for (size_t i = 0; rc == BB_OK && i < t.count; i++) { /* used now: last to be evicted */
+        char path[4096];
+        rc = path_of(path, sizeof path, "%s/%s", dir, t.files[i].rel);
+        if (rc == BB_OK && utimensat(AT_FDCWD, path, NULL, 0) != 0)
+            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot touch", path);
+    }
     for (size_t i = 0; rc == BB_OK && i < t.index_count; i++) { /* the index that says what is here, last */
         char to[4096];
         snprintf(to, sizeof to, "%.*s", (int)(strlen(t.indexes[i]) - 4), t.indexes[i]);
