@@ -516,6 +516,91 @@ Test(remote, training_on_remote_data_is_training_on_local_data)
     free(a), free(b), free(m1), free(m2), free(cache), free(url), free(local);
 }
 
+/* Training on a URL streams the training shards: the first step runs once
+ * its frames are in, before the last chunk arrives; chunks come by range
+ * requests, resets and 503s on the way are waited out, and the losses are
+ * the local run's. */
+Test(remote, training_streams_its_shards)
+{
+    servers s = start_servers();
+    pack_into(&s, "ds", 6000000, 12);
+    char *cache = tu_path(s.dir, "cache"), *url = url_of(&s, "ds"), *local = tu_path(s.www, "ds");
+    char *m1 = tu_path(s.dir, "local.jsonl"), *m2 = tu_path(s.dir, "remote.jsonl");
+    char *argv[40];
+    for (int run = 0; run < 2; run++) {
+        if (run) fault(&s, "rate=1000000"), fault(&s, "reset=2&after=300000"), fault(&s, "status=2&code=503");
+        int n = 0;
+        const char *args[] = {tu_bigbatch_bin(), "train", "--data", run ? url : local, "--metrics", run ? m2 : m1,
+                              "--cache-dir", cache, "--layers", "1", "--d-model", "32", "--heads", "2",
+                              "--global-batch", "8", "--micro-batch", "8", "--steps", "3", "--eval-every", "0",
+                              "--log-every", "1", "--data-deadline", "30", "--shuffle-frames", "8"};
+        for (size_t i = 0; i < sizeof args / sizeof *args; i++) argv[n++] = (char *)args[i];
+        argv[n] = NULL;
+        setenv("BB_LOG", "info", 1); /* the stream's lines */
+        tu_run r = tu_run_argv(argv);
+        unsetenv("BB_LOG");
+        cr_assert_eq(r.exit_code, 0, "%s", r.err);
+        if (run) {
+            const char *step = strstr(r.err, "step 1/"), *done = strstr(r.err, "streamed shards are complete");
+            if (!done) done = strstr(r.err, "streamed shards incomplete");
+            cr_assert_not_null(strstr(r.err, "streaming 1 shards"), "%s", r.err);
+            cr_assert(step && done && step < done, "the first step ran before the last chunk came: %s", r.err);
+        }
+        tu_run_free(&r);
+    }
+    char *a = losses(m1), *b = losses(m2);
+    cr_assert_gt(strlen(a), 5, "losses: %s", a);
+    cr_assert_str_eq(a, b, "the streamed run's losses differ from the local run's");
+    cr_assert_gt(log_lines(&s, "train/shard-00000.bbs bytes=", " 206"), 5, "the shard came in ranges");
+    cr_assert_eq(log_lines(&s, "train/shard-00000.bbs -", NULL), 0, "never as a whole file");
+    free(a), free(b), free(m1), free(m2), free(cache), free(url), free(local);
+}
+
+static tu_run train_streaming(char *url, char *cache, char *deadline)
+{
+    setenv("BB_LOG", "info", 1);
+    tu_run r = tu_bigbatch("train", "--data", url, "--cache-dir", cache, "--layers", "1", "--d-model", "32",
+                           "--heads", "2", "--global-batch", "8", "--micro-batch", "8", "--steps", "3",
+                           "--eval-every", "0", "--shuffle-frames", "8", "--data-deadline", deadline);
+    unsetenv("BB_LOG");
+    return r;
+}
+
+/* A run that ends before its shards do keeps the chunks it got for the
+ * next run; a store down while the shards' metadata is read ends the run
+ * with one line after the deadline. */
+Test(remote, a_partial_stream_is_kept_for_the_next_run)
+{
+    servers s = start_servers();
+    pack_into(&s, "ds", 6000000, 13);
+    char *cache = tu_path(s.dir, "cache"), *url = url_of(&s, "ds");
+    fault(&s, "rate=40000"); /* the shard takes 40 s; 3 steps and the final evaluation far less */
+    tu_run r = train_streaming(url, cache, "30");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "streamed shards incomplete"), "ended before the shard: %s", r.err);
+    tu_run_free(&r);
+    int first = log_lines(&s, "train/shard-00000.bbs bytes=", " 206");
+    fault(&s, "clear=1");
+    fault(&s, "reset=1&after=100&then=503");
+    r = train_streaming(url, cache, "1");
+    cr_assert_eq(r.exit_code, 1, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "gave up after"), "%s", r.err);
+    tu_run_free(&r);
+    fault(&s, "clear=1");
+    int before = log_lines(&s, "train/shard-00000.bbs bytes=", " 206");
+    r = train_streaming(url, cache, "30");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *kept = strstr(r.err, "chunks kept from a run before");
+    cr_assert(kept && kept[-2] != '(' && strstr(r.err, "(0 chunks kept") == NULL, "chunks kept: %s", r.err);
+    tu_run_free(&r);
+    int again = log_lines(&s, "train/shard-00000.bbs bytes=", " 206") - before;
+    cr_assert_lt(again, 64 + 2, "the kept chunks are not fetched again (%d requests, %d before)", again, first);
+    char local[4096];
+    cr_assert_eq(mirror(url, cache, 0, local), BB_OK, "%s", bb_error_message());
+    assert_mirror_equals(&s, "ds", local);
+    free(cache), free(url);
+}
+
 /* The processes of a node share the cache: the first downloads while the
  * others wait on its lock, then find the files (each shard fetched once). */
 Test(remote, processes_sharing_a_cache_download_once)

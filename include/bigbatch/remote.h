@@ -34,8 +34,21 @@
  * (NAME-<16 hex digits>); a dataset larger than the cap is refused. One
  * lock file serializes processes sharing a cache (the ranks of one node):
  * the first downloads, the others find the files. Files the index no
- * longer lists leave the mirror. The whole dataset is mirrored before the
- * first step: an epoch's order draws frames from every shard.
+ * longer lists leave the mirror.
+ *
+ * bb_remote_stream_open mirrors as bb_remote_mirror does, except for the
+ * shards of the training split (train/ when the tree has one, else the
+ * tree's own) that the cache lacks: those are streamed. Training starts as
+ * soon as their metadata and seek tables have arrived (two small range
+ * requests per shard); a thread downloads the rest in chunks (a 64th of
+ * the shard, 64 KiB to 1 MiB), 4 at once (parallel), the
+ * chunks the loader waits for first, then the frames of the epoch's order
+ * in that order, then everything else, and each shard, once complete and
+ * checked against its index, joins the mirror. The dataset to open lies in
+ * a staging tree beside the mirror (MIRROR/.stream); the loader reads a
+ * frame once its bytes are there, so the order, the identity and the bits
+ * are those of local data. A process filling a mirror locks it: another
+ * process wanting the same URL waits until the shards are complete.
  *
  * s3:// URLs are signed with AWS Signature Version 4 (libcurl's
  * CURLOPT_AWS_SIGV4) from the standard variables and files:
@@ -89,6 +102,20 @@ bool bb_remote_is_url(const char *path);
  * handle); files already complete stay in the cache and partial ones resume
  * on the next call. */
 bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char *local, size_t cap);
+
+typedef struct bb_remote_stream bb_remote_stream_t;
+
+/* As bb_remote_mirror, streaming the training split's missing shards (see
+ * above): `local` receives the directory to open (the staging tree, or the
+ * mirror when nothing needed streaming, *out then NULL). Fails as
+ * bb_remote_mirror, before any shard byte past the metadata has come; a
+ * failure while streaming reaches the reader (bb_dataset_await_frame). */
+bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, char *local, size_t cap,
+                                bb_remote_stream_t **out);
+/* Stops the downloads (what is complete stays in the mirror, partial
+ * shards are dropped), removes the staging tree and unlocks the mirror.
+ * Every dataset opened in it must be closed first. Accepts NULL. */
+void bb_remote_stream_close(bb_remote_stream_t *s);
 
 /* Writes DIR/index.json (through a temporary, renamed into place) listing
  * DIR's regular files (hidden ones and index.json apart) and, first, the

@@ -446,7 +446,7 @@ int bb_bench_loader(int argc, char **argv)
         rc = bb_fail(BB_ERR_ARG, "the consumer simulation runs warm: --%s does not apply", cold ? "cold" : "warm");
     if (rc == BB_OK && warm && cold) rc = bb_fail(BB_ERR_ARG, "--warm and --cold: give one (or neither for both)");
     const char *url = data;
-    if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
+    if (rc == BB_OK) rc = data_flags_resolve(&df, &data, false);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);
     if (rc == BB_OK && order) {
         rc = order_statistic(ds, data, &o, (uint64_t)seed, (uint64_t)global_batch, (uint32_t)order_version, json);

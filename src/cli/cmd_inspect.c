@@ -266,7 +266,7 @@ int bb_cmd_inspect(int argc, char **argv)
         if (i && !json) printf("\n");
         const char *path = paths.items[i];
         df.used = 0; /* one path at a time */
-        rc = data_flags_resolve(&df, &path);
+        rc = data_flags_resolve(&df, &path, false);
         if (rc == BB_OK) rc = inspect_path(path, verify, json);
     }
     int code = bb_cli_report(rc, usage, summary, opts);

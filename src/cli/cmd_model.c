@@ -131,7 +131,7 @@ int bb_cmd_eval(int argc, char **argv)
                : info.val_data[0]   ? info.val_data     /* remote data fetched again */
                : info.data_url[0]   ? info.data_url
                                     : info.data;
-    if (rc == BB_OK) rc = data_flags_resolve(&df, &data);
+    if (rc == BB_OK) rc = data_flags_resolve(&df, &data, false);
     if (rc == BB_OK && data) data = eval_split(data); /* none: load_model says --init-from needs it */
     if (rc == BB_OK) rc = load_model(ckpt, init_from, &mf, data, NULL, (int)micro_batch, &be, &m);
     if (rc == BB_OK) rc = bb_dataset_open(data, &ds);

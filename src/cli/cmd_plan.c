@@ -233,7 +233,7 @@ int bb_cmd_plan(int argc, char **argv)
         q.record_size = f.record_size;
         rc = bb_model_config_from_data(&q.model, &f, "--seq-len");
     } else if (rc == BB_OK) {
-        rc = data_flags_resolve(&df, &data);
+        rc = data_flags_resolve(&df, &data, false);
         if (rc == BB_OK) rc = default_data_present(data, data_given);
         const char *train = rc == BB_OK ? resolve_split(data, "train") : NULL;
         if (rc == BB_OK) rc = model_config_from_data(train ? train : data, &q.model, &q.record_size);

@@ -89,8 +89,9 @@ static void train_table(train_flags *f, bb_train_options *o, bb_opt *opts)
         MODEL_FLAG_OPTS(f->mf),
         {"--data", BB_OPT_STRING, &f->data, "DIR|URL", "training data: a dataset, or a directory with train/ inside; "
          "or the same in object storage (s3://bucket/prefix/) or on a web server (https://...), mirrored into "
-         "--cache-dir first", GIVEN(DATA)},
+         "--cache-dir, the training shards while training reads them", GIVEN(DATA)},
         DATA_FLAGS_OPTS(f->df),
+        DATA_FLAGS_WAIT_OPT(f->df),
         {"--val-data", BB_OPT_STRING, &o->val_data, "DIR|URL", "evaluated every --eval-every steps and at the end "
          "(default: val/ or test/ beside train/)", GIVEN(VAL_DATA)},
         DEVICES_FLAG_OPT(f->devices, &f->given[BB_TRAIN_DEVICES]),
@@ -238,8 +239,8 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     if (o->resume_dir && !f->given[BB_TRAIN_DATA]) resumed_urls(f, o);
     o->data_url = bb_remote_is_url(f->data) ? f->data : NULL; /* recorded as given: train/ is found again */
     o->val_data_url = bb_remote_is_url(o->val_data) ? o->val_data : NULL;
-    BB_TRY(data_flags_resolve(&f->df, &f->data));
-    BB_TRY(data_flags_resolve(&f->df, &o->val_data));
+    BB_TRY(data_flags_resolve(&f->df, &f->data, true));
+    BB_TRY(data_flags_resolve(&f->df, &o->val_data, false));
     BB_TRY(default_data_present(f->data, f->given[BB_TRAIN_DATA] || o->resume_dir)); /* resumed: the run's data */
     const char *train = resolve_split(f->data, "train");
     o->data = train ? train : f->data;
@@ -280,6 +281,7 @@ int bb_cmd_train(int argc, char **argv)
     if (rc == BB_OK) rc = apply_flags(&f, &o);
     bb_train_result r = {0};
     if (rc == BB_OK) rc = train_with_report(&o, f.report, &r);
+    data_flags_close(&f.df);
     int code;
     if (rc == BB_ERR_INTERRUPTED && r.preempted) { /* rank 0 says how to continue; every rank exits 75 */
         if (bb_world_get()->rank == 0) fprintf(stderr, "bigbatch: %s\n", bb_error_message());

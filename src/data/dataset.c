@@ -1,5 +1,6 @@
 /* dataset.c — a dataset is a directory of shards that agree on their records. */
 #include "shard_format.h"
+#include "stream.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -15,6 +16,8 @@ struct bb_dataset {
     uint32_t shard_count;
     uint64_t record_count;
     bb_record_format format; /* the first shard's */
+    bb_remote_stream_t *stream;  /* the shards are being downloaded (stream.h); else NULL */
+    uint32_t *stream_file;       /* (shards) each one's file in the stream; UINT32_MAX: whole */
 };
 
 bool bb_shard_is_file_name(const char *name)
@@ -112,6 +115,13 @@ bb_status bb_dataset_open(const char *path, bb_dataset_t **out)
         if (is_dir) BB_TRY_GOTO(check_consistent(ds, i), rc, fail);
         ds->record_count += bb_shard_get_meta(ds->shards[i])->record_count;
     }
+    if ((ds->stream = bb_stream_of(path))) {
+        if (!(ds->stream_file = malloc(n * sizeof *ds->stream_file))) {
+            rc = bb_fail(BB_ERR_NOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < n; i++) ds->stream_file[i] = bb_stream_file(ds->stream, bb_shard_path(ds->shards[i]));
+    }
     *out = ds;
 fail:
     for (int i = 0; i < count; i++) free(names[i]);
@@ -125,6 +135,7 @@ void bb_dataset_close(bb_dataset_t *ds)
     if (!ds) return;
     for (uint32_t i = 0; i < ds->shard_count; i++) bb_shard_close(ds->shards[i]);
     free(ds->shards);
+    free(ds->stream_file);
     free(ds->path);
     free(ds);
 }
@@ -159,4 +170,18 @@ const bb_record_format *bb_dataset_format(const bb_dataset_t *ds) { return &ds->
 const bb_shard_t *bb_dataset_shard(const bb_dataset_t *ds, uint32_t index)
 {
     return index < ds->shard_count ? ds->shards[index] : NULL;
+}
+
+void bb_dataset_want_frame(const bb_dataset_t *ds, uint32_t shard, uint32_t frame)
+{
+    if (!ds->stream || ds->stream_file[shard] == UINT32_MAX) return;
+    const bb_shard_frame *f = bb_shard_frame_at(ds->shards[shard], frame);
+    bb_stream_want(ds->stream, ds->stream_file[shard], f->offset, f->compressed_size);
+}
+
+bb_status bb_dataset_await_frame(const bb_dataset_t *ds, uint32_t shard, uint32_t frame, const _Atomic bool *stop)
+{
+    if (!ds->stream || ds->stream_file[shard] == UINT32_MAX) return BB_OK;
+    const bb_shard_frame *f = bb_shard_frame_at(ds->shards[shard], frame);
+    return bb_stream_await(ds->stream, ds->stream_file[shard], f->offset, f->compressed_size, stop);
 }

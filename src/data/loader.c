@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "loader_internal.h"
+#include "stream.h"
 
 bb_status bb_io_mode_parse(const char *s, bb_io_mode *out)
 {
@@ -164,6 +165,11 @@ static bb_status reset_table(struct bb_loader *l, epoch_table *t, uint64_t epoch
     BB_TRY(forget_foreign(l, t, resumed ? l->opt.start_step : 0));
     atomic_store_explicit(&t->claim_cursor, first_claim, memory_order_relaxed);
     t->epoch = epoch;
+    for (uint32_t j = first_claim; j < l->frames; j++) { /* a streamed dataset downloads in this order */
+        const bb_sampler_frame *f = bb_sampler_frame_at(l->sampler, t->order->frames[j]);
+        if (atomic_load_explicit(&t->entries[j].remaining, memory_order_relaxed))
+            bb_dataset_want_frame(l->ds, f->shard, f->frame);
+    }
     return BB_OK;
 }
 

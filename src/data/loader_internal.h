@@ -11,9 +11,10 @@
  * by the threads: a thread that needs a frame nobody has claimed claims the
  * next few frames of the epoch's frame order (a CAS on `claim_cursor`),
  * reads them in one io batch and publishes each as READY; threads needing a
- * claimed frame sleep on its state word. A claimer never waits for anything
- * while it holds claims, so frame waits never form a cycle (and epoch waits
- * cannot either, see bb_loader_enter_epoch). Each frame counts the records
+ * claimed frame sleep on its state word. A claimer waits for nothing but a
+ * streamed shard's bytes while it holds claims (bb_dataset_await_frame:
+ * the download waits on no loader thread), so frame waits never form a
+ * cycle (and epoch waits cannot either, see bb_loader_enter_epoch). Each frame counts the records
  * still to be copied out of it and is freed when that reaches 0.
  */
 #ifndef BIGBATCH_DATA_LOADER_INTERNAL_H

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "loader_internal.h"
+#include "stream.h"
 
 /* Per-thread scratch for one unit. */
 typedef struct unit_scratch {
@@ -82,15 +83,20 @@ static bb_status load_frames(thread_state *ts, epoch_table *table, unit_scratch 
             .fd = l->direct_fds ? l->direct_fds[f->shard] : bb_shard_fd(shard),
             .offset = sf->offset, .length = sf->compressed_size, .path = bb_shard_path(shard), .frame = f->frame};
     }
+    bb_status rc = BB_OK;
+    for (uint32_t i = 0; i < m && rc == BB_OK; i++) { /* a streamed shard's bytes: there, or waited for */
+        const bb_sampler_frame *f = bb_sampler_frame_at(l->sampler, table->order->frames[u->request_frames[i]]);
+        rc = bb_dataset_await_frame(l->ds, f->shard, f->frame, &l->stopping);
+    }
     read_ctx ctx = {ts, table, u};
     /* the reads' time: bb_io_read's, less the decompression its callbacks did */
     uint64_t t0 = bb_clock_ns(), decompressed = atomic_load_explicit(&ts->decompress_ns, memory_order_relaxed);
-    bb_status rc = bb_io_read(ts->io, u->requests, m, on_frame_read, &ctx);
+    if (rc == BB_OK) rc = bb_io_read(ts->io, u->requests, m, on_frame_read, &ctx);
     uint64_t spent = bb_clock_ns() - t0;
     uint64_t in_callbacks = atomic_load_explicit(&ts->decompress_ns, memory_order_relaxed) - decompressed;
     atomic_fetch_add_explicit(&ts->io_ns, spent > in_callbacks ? spent - in_callbacks : 0, memory_order_relaxed);
     if (rc != BB_OK) {
-        bb_loader_record_error(l, rc);
+        if (rc != BB_ERR_CLOSED) bb_loader_record_error(l, rc); /* closed: the loader is stopping */
         for (uint32_t i = 0; i < m; i++) {
             frame_entry *e = &table->entries[u->request_frames[i]];
             if (atomic_load_explicit(&e->state, memory_order_relaxed) != FRAME_READY) {
@@ -248,6 +254,7 @@ void *bb_loader_thread_main(void *arg)
             }
         }
         if (rc == BB_OK) rc = fill_slot(ts, table, &u, s);
+        if (rc == BB_ERR_CLOSED) break;
         if (rc != BB_OK) bb_loader_record_error(l, rc);
         s->status = rc;
         if (bb_spsc_push(&p->ready, s) != BB_OK) break;

@@ -8,9 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,17 +28,6 @@ bb_remote_options bb_remote_defaults(void)
     return (bb_remote_options){.deadline_s = 300, .stall_s = 30, .parallel = 4};
 }
 
-/* snprintf that fails, naming the start of the path, where it would cut. */
-__attribute__((format(printf, 3, 4))) static bb_status path_of(char *out, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out, cap, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= cap) return bb_fail(BB_ERR_ARG, "%.80s...: path or URL too long", out);
-    return BB_OK;
-}
-
 /* ---- transfers ----------------------------------------------------------- */
 
 typedef struct job {
@@ -53,16 +40,12 @@ typedef struct job {
     uint64_t have;         /* bytes in the .part file */
     CURL *easy;
     struct curl_slist *headers;
-    int attempts, bad_hashes;
-    uint64_t high;         /* the most bytes the .part ever held: progress is passing it */
+    int bad_hashes;
+    bb_remote_retry retry;
     uint64_t received;     /* body bytes of this attempt */
     bool resumed;          /* this attempt asked for the bytes past `have` */
     bool done;
-    double fail_since;     /* when the current run of failures began; 0: none */
-    double next_try;
-    long code;
-    char body[200];        /* the start of an error response */
-    size_t body_len;
+    bb_remote_answer answer;
     bool oversize;         /* the server sent more than `bytes` */
     bool complete;         /* the .part held every byte before a transfer started */
     int write_errno;       /* the .part file could not be written */
@@ -82,10 +65,7 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
     long code = 0;
     curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &code);
     if (code != 200 && code != 206) { /* keep the start of what the server said */
-        size_t room = sizeof j->body - 1 - j->body_len, take = len < room ? len : room;
-        memcpy(j->body + j->body_len, data, take);
-        j->body_len += take;
-        j->body[j->body_len] = 0;
+        bb_remote_answer_keep(&j->answer, data, len);
         return len;
     }
     if (code == 200 && j->resumed) { /* asked for the rest, sent the whole file: start over */
@@ -120,10 +100,10 @@ static bb_status job_init(job *j, const bb_remote_site *site, const char *rel, c
                           uint64_t xxh64, bool verify)
 {
     *j = (job){.bytes = bytes, .xxh64 = xxh64, .verify = verify, .fd = -1};
-    BB_TRY(path_of(j->url, sizeof j->url, "%s%s", site->base, rel));
-    BB_TRY(path_of(j->what, sizeof j->what, "%s%s", site->shown, rel));
-    BB_TRY(path_of(j->dest, sizeof j->dest, "%s", dest));
-    return path_of(j->part, sizeof j->part, "%s.part", dest);
+    BB_TRY(bb_remote_path_of(j->url, sizeof j->url, "%s%s", site->base, rel));
+    BB_TRY(bb_remote_path_of(j->what, sizeof j->what, "%s%s", site->shown, rel));
+    BB_TRY(bb_remote_path_of(j->dest, sizeof j->dest, "%s", dest));
+    return bb_remote_path_of(j->part, sizeof j->part, "%s.part", dest);
 }
 
 static bb_status job_start(fetcher *f, job *j)
@@ -146,28 +126,11 @@ static bb_status job_start(fetcher *f, job *j)
     j->received = 0;
     j->oversize = false;
     j->write_errno = 0;
-    j->code = 0;
-    j->body_len = 0;
-    j->body[0] = 0;
-    if (!(j->easy = curl_easy_init())) return bb_fail(BB_ERR_NOMEM, "%s: cannot start a transfer", j->what);
-    curl_easy_setopt(j->easy, CURLOPT_URL, j->url);
-    curl_easy_setopt(j->easy, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(j->easy, CURLOPT_WRITEDATA, j);
-    curl_easy_setopt(j->easy, CURLOPT_PRIVATE, j);
-    curl_easy_setopt(j->easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(j->easy, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(j->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-    curl_easy_setopt(j->easy, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stall: no byte for stall_s */
-    curl_easy_setopt(j->easy, CURLOPT_LOW_SPEED_TIME, (long)ceil(f->o->stall_s));
-    curl_easy_setopt(j->easy, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(j->easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    j->answer = (bb_remote_answer){0};
     char range[48];
     j->resumed = j->have > 0 && j->have < j->bytes;
-    if (j->resumed) {
-        snprintf(range, sizeof range, "%llu-", (unsigned long long)j->have);
-        curl_easy_setopt(j->easy, CURLOPT_RANGE, range);
-    }
-    BB_TRY(bb_remote_site_setup(f->site, j->easy, &j->headers));
+    snprintf(range, sizeof range, "%llu-", (unsigned long long)j->have);
+    BB_TRY(bb_remote_request(f->site, f->o, j->url, on_data, j, j->resumed ? range : NULL, &j->easy, &j->headers));
     if (curl_multi_add_handle(f->multi, j->easy) != CURLM_OK)
         return bb_fail(BB_ERR_INTERNAL, "%s: curl_multi_add_handle failed", j->what);
     return BB_OK;
@@ -206,56 +169,19 @@ static bb_status job_finish(job *j)
     return BB_OK;
 }
 
-/* One line of what the server said: "HTTP 403: <Code>AccessDenied</Code>…". */
-static void describe_failure(const job *j, CURLcode cc, char *buf, size_t cap)
-{
-    if (cc != CURLE_OK) {
-        snprintf(buf, cap, "%s", curl_easy_strerror(cc));
-        return;
-    }
-    /* An S3 error is an XML document whose <Code> says it (AccessDenied,
-     * SignatureDoesNotMatch, NoSuchKey): that element's text, else the body's
-     * start on one line. Only a message is made of it. */
-    const char *code = strstr(j->body, "<Code>"), *end = code ? strstr(code, "</Code>") : NULL;
-    if (code && end) {
-        snprintf(buf, cap, "HTTP %ld: %.*s", j->code, (int)(end - code - 6), code + 6);
-        return;
-    }
-    char body[sizeof j->body];
-    size_t n = 0;
-    for (size_t i = 0; i < j->body_len && n + 1 < sizeof body; i++) { /* whitespace runs become one space */
-        bool space = isspace((unsigned char)j->body[i]);
-        if (!space || (n && body[n - 1] != ' ')) body[n++] = space ? ' ' : j->body[i];
-    }
-    while (n && body[n - 1] == ' ') n--;
-    body[n] = 0;
-    snprintf(buf, cap, "HTTP %ld%s%.120s", j->code, n ? ": " : "", body);
-}
-
-static bool retryable(CURLcode cc, long code)
-{
-    if (cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_LOGIN_DENIED ||
-        cc == CURLE_REMOTE_ACCESS_DENIED || cc == CURLE_PEER_FAILED_VERIFICATION)
-        return false;
-    if (code > 0 && code != 200 && code != 206) /* an answer: only these may change by waiting */
-        return code == 408 || code == 416 || code == 429 || code >= 500;
-    return true; /* no answer, or one cut short: resets, time-outs, stalls */
-}
-
 /* A transfer ended (cc, HTTP code): finish it, schedule a retry, or fail. */
 static bb_status job_done(fetcher *f, job *j, CURLcode cc)
 {
-    double now = bb_clock_seconds();
     curl_off_t announced = -1;
-    curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &j->code);
+    curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &j->answer.code);
     curl_easy_getinfo(j->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &announced);
     job_release(f, j);
     bool whole = j->bytes == UINT64_MAX || j->have == j->bytes;
-    if (cc == CURLE_OK && (j->code == 200 || j->code == 206) && whole) {
+    if (cc == CURLE_OK && (j->answer.code == 200 || j->answer.code == 206) && whole) {
         bb_status rc = job_finish(j);
         if (rc != BB_ERR_CORRUPT || ++j->bad_hashes > 1) return rc;
         BB_INFO("%s (downloading again)", bb_error_message()); /* a resume across two versions of the file */
-        j->next_try = now; /* job_start makes a new part */
+        j->retry.next_try = bb_clock_seconds(); /* job_start makes a new part */
         return BB_OK;
     }
     if (j->write_errno)
@@ -263,7 +189,7 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
     /* A response the server finished, shorter or longer than the index
      * says: the file changed after its index was written. Waiting will not
      * mend it. */
-    bool finished = cc == CURLE_OK && (j->code == 200 || j->code == 206) && announced >= 0 &&
+    bool finished = cc == CURLE_OK && (j->answer.code == 200 || j->answer.code == 206) && announced >= 0 &&
                     (uint64_t)announced == j->received; /* all it said it would send, not all the index lists */
     if (finished || j->oversize) {
         unlink(j->part);
@@ -274,23 +200,14 @@ static bb_status job_done(fetcher *f, job *j, CURLcode cc)
                        (unsigned long long)j->bytes);
     }
     char why[256];
-    describe_failure(j, cc, why, sizeof why);
-    if (j->code == 416 && ftruncate(j->fd, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
-    if (!retryable(cc, j->code))
+    bb_remote_answer_describe(&j->answer, cc, why, sizeof why);
+    if (j->answer.code == 416 && ftruncate(j->fd, 0) != 0)
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot truncate", j->part);
+    if (!bb_remote_retryable(cc, j->answer.code))
         return bb_fail(BB_ERR_IO, "%s: %s%s", j->what, why,
-                       j->code == 403 && f->site->s3 && !f->site->signed_s3
+                       j->answer.code == 403 && f->site->s3 && !f->site->signed_s3
                            ? " (sent unsigned: no AWS credentials in the environment or ~/.aws)" : "");
-    if (j->have > j->high || !j->fail_since) j->fail_since = now; /* progress restarts the deadline */
-    if (j->have > j->high) j->high = j->have;
-    j->attempts++;
-    if (now - j->fail_since > f->o->deadline_s)
-        return bb_fail(BB_ERR_IO, "%s: gave up after %d attempts over %.0f s (--data-deadline): %s", j->what,
-                       j->attempts, now - j->fail_since, why);
-    double backoff = 0.1 * ldexp(1.0, j->attempts - 1 < 6 ? j->attempts - 1 : 6); /* 0.1 s .. 6.4 s */
-    double jitter = 0.5 + 0.5 * (double)(bb_splitmix64(&f->seed) >> 11) / 9007199254740992.0;
-    j->next_try = now + backoff * jitter;
-    BB_INFO("%s: %s; retrying in %.1f s", j->what, why, backoff * jitter);
-    return BB_OK;
+    return bb_remote_retry_after(&j->retry, f->o, &f->seed, j->have, j->what, why);
 }
 
 /* Downloads every job, `parallel` at a time. On failure the transfers stop;
@@ -312,8 +229,8 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
         for (size_t i = 0; rc == BB_OK && i < n && active < o->parallel; i++) {
             job *j = &jobs[i];
             if (j->done || j->easy) continue;
-            if (j->next_try > now) {
-                if (j->next_try < wake) wake = j->next_try;
+            if (j->retry.next_try > now) {
+                if (j->retry.next_try < wake) wake = j->retry.next_try;
                 continue;
             }
             rc = job_start(&f, j);
@@ -353,29 +270,16 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
 
 /* ---- the tree and the cache --------------------------------------------- */
 
-typedef struct entry {
-    char rel[4096]; /* under the tree's root (and the mirror's directory): "train/shard-00000.bbs" */
-    uint64_t bytes, xxh64;
-    bool present; /* already in the cache, as the index gives it */
-} entry;
-
-typedef struct tree {
-    entry *files;
-    size_t count, cap;
-    char (*indexes)[4096]; /* the index.json.new files to publish at the end */
-    size_t index_count;
-} tree;
-
-static bb_status tree_add(tree *t, const char *rel, const bb_index_file *f, bool present)
+static bb_status add_file(bb_remote_session *t, const char *rel, const bb_index_file *f, bool present)
 {
     if (t->count == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 64;
-        entry *grown = realloc(t->files, cap * sizeof *grown);
+        bb_remote_file *grown = realloc(t->files, cap * sizeof *grown);
         if (!grown) return bb_fail(BB_ERR_NOMEM, "out of memory for the file list");
         t->files = grown;
         t->cap = cap;
     }
-    entry *e = &t->files[t->count++];
+    bb_remote_file *e = &t->files[t->count++];
     snprintf(e->rel, sizeof e->rel, "%s", rel);
     e->bytes = f->bytes;
     e->xxh64 = f->xxh64;
@@ -404,7 +308,7 @@ static bb_status drop_unlisted(const char *local, const bb_index *index)
             (index && (!strncmp(name, BB_INDEX_FILE, strlen(BB_INDEX_FILE)) || bb_index_find(index, name))))
             continue;
         struct stat st;
-        rc = path_of(path, sizeof path, "%s/%s", local, e->d_name);
+        rc = bb_remote_path_of(path, sizeof path, "%s/%s", local, e->d_name);
         if (rc != BB_OK || lstat(path, &st) != 0) continue;
         if (S_ISDIR(st.st_mode)) {
             rc = drop_unlisted(path, NULL);
@@ -422,17 +326,18 @@ static bb_status drop_unlisted(const char *local, const bb_index *index)
 /* Fetches the index of the directory `rel` ("" or "train/": a path under
  * the tree's root) into local/, lists the files it names and walks its
  * subdirectories. */
-static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, const char *rel, const char *local,
-                      int depth, tree *t)
+static bb_status walk(bb_remote_session *t, const char *rel, const char *local, int depth)
 {
+    const bb_remote_options *o = &t->o;
+    const bb_remote_site *site = t->site;
     if (mkdir(local, 0755) != 0 && errno != EEXIST) return bb_fail_errno(BB_ERR_IO, "%s: cannot create", local);
     job ij;
     char name[4096], dest[4096];
-    BB_TRY(path_of(name, sizeof name, "%s%s", rel, BB_INDEX_FILE));
-    BB_TRY(path_of(dest, sizeof dest, "%s/%s.new", local, BB_INDEX_FILE));
+    BB_TRY(bb_remote_path_of(name, sizeof name, "%s%s", rel, BB_INDEX_FILE));
+    BB_TRY(bb_remote_path_of(dest, sizeof dest, "%s/%s.new", local, BB_INDEX_FILE));
     BB_TRY(job_init(&ij, site, name, dest, UINT64_MAX, 0, false));
     bb_status rc = fetch_all(o, site, &ij, 1);
-    if (rc == BB_ERR_IO && ij.code == 404)
+    if (rc == BB_ERR_IO && ij.answer.code == 404)
         return bb_fail(BB_ERR_IO, "%s: HTTP 404: no dataset index here (`bigbatch pack` writes index.json beside "
                        "the shards; `bigbatch pack --index DIR` writes one for an older dataset before upload)",
                        ij.what);
@@ -446,13 +351,13 @@ static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, co
     bb_index now, before = {0};
     BB_TRY(bb_index_load(ij.dest, ij.what, &now));
     char old[4096];
-    BB_TRY(path_of(old, sizeof old, "%s/%s", local, BB_INDEX_FILE));
+    BB_TRY(bb_remote_path_of(old, sizeof old, "%s/%s", local, BB_INDEX_FILE));
     if (access(old, F_OK) == 0 && bb_index_load(old, old, &before) != BB_OK) bb_error_clear(); /* refetch all */
     for (size_t i = 0; rc == BB_OK && i < now.file_count; i++) {
         const bb_index_file *f = &now.files[i], *was = bb_index_find(&before, f->name);
         char path[4096], file_rel[4096];
-        rc = path_of(path, sizeof path, "%s/%s", local, f->name);
-        if (rc == BB_OK) rc = path_of(file_rel, sizeof file_rel, "%s%s", rel, f->name);
+        rc = bb_remote_path_of(path, sizeof path, "%s/%s", local, f->name);
+        if (rc == BB_OK) rc = bb_remote_path_of(file_rel, sizeof file_rel, "%s%s", rel, f->name);
         if (rc != BB_OK) break;
         struct stat st;
         bool sized = stat(path, &st) == 0 && (uint64_t)st.st_size == f->bytes;
@@ -462,16 +367,16 @@ static bb_status walk(const bb_remote_options *o, const bb_remote_site *site, co
             present = bb_index_hash_file(path, &bytes, &hash) == BB_OK && bytes == f->bytes && hash == f->xxh64;
             bb_error_clear();
         }
-        rc = tree_add(t, file_rel, f, present);
+        rc = add_file(t, file_rel, f, present);
     }
     if (rc == BB_OK) rc = drop_unlisted(local, &now);
     if (rc == BB_OK && now.dir_count && depth >= MAX_DEPTH)
         rc = bb_fail(BB_ERR_FORMAT, "%s: lists directories deeper than %d levels", ij.what, MAX_DEPTH);
     for (size_t i = 0; rc == BB_OK && i < now.dir_count; i++) {
         char sub_rel[4096], sub_local[4096];
-        rc = path_of(sub_rel, sizeof sub_rel, "%s%s/", rel, now.dirs[i]);
-        if (rc == BB_OK) rc = path_of(sub_local, sizeof sub_local, "%s/%s", local, now.dirs[i]);
-        if (rc == BB_OK) rc = walk(o, site, sub_rel, sub_local, depth + 1, t);
+        rc = bb_remote_path_of(sub_rel, sizeof sub_rel, "%s%s/", rel, now.dirs[i]);
+        if (rc == BB_OK) rc = bb_remote_path_of(sub_local, sizeof sub_local, "%s/%s", local, now.dirs[i]);
+        if (rc == BB_OK) rc = walk(t, sub_rel, sub_local, depth + 1);
     }
     bb_index_free(&now);
     bb_index_free(&before);
@@ -508,7 +413,7 @@ static bool is_mirror_name(const char *name)
 static bool mirror_in_use(const char *dir)
 {
     char path[4200];
-    if (path_of(path, sizeof path, "%s/.inuse", dir) != BB_OK) return true; /* cannot tell: spared */
+    if (bb_remote_path_of(path, sizeof path, "%s/.inuse", dir) != BB_OK) return true; /* cannot tell: spared */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
     bool busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
@@ -519,7 +424,7 @@ static bool mirror_in_use(const char *dir)
 static void mark_in_use(const char *dir)
 {
     char path[4200];
-    int fd = path_of(path, sizeof path, "%s/.inuse", dir) == BB_OK ? open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644)
+    int fd = bb_remote_path_of(path, sizeof path, "%s/.inuse", dir) == BB_OK ? open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644)
                                                                     : -1;
     if (fd >= 0 && flock(fd, LOCK_SH) != 0) close(fd), fd = -1;
     if (fd < 0) BB_WARN("%s: cannot mark the mirror in use (%s): another job's --cache-limit may evict it", dir,
@@ -533,25 +438,30 @@ static bool is_cached_file(const char *name)
     return bb_shard_is_file_name(name) || (n > 5 && !strcmp(name + n - 5, ".part"));
 }
 
-/* The shards (and partial downloads) of one mirror, itself and its splits:
- * their bytes added to *total and, unless list is NULL, each appended. */
-static bb_status scan_mirror(const char *dir, int depth, cached **list, size_t *n, size_t *cap, uint64_t *total)
+/* The shards (and partial downloads) of one mirror, itself, its splits and
+ * its staging tree: their bytes added to *total and, unless list is NULL,
+ * each appended. */
+
+static bb_status scan_tree(const char *dir, int depth, bool staged, cached **list, size_t *n, size_t *cap,
+                           uint64_t *total)
 {
     DIR *d = opendir(dir);
     if (!d) return BB_OK; /* removed meanwhile */
     struct dirent *e;
     bb_status rc = BB_OK;
     while (rc == BB_OK && (e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
+        bool staging = depth == 0 && !strcmp(e->d_name, ".stream"); /* partial shards a stream left */
+        if (e->d_name[0] == '.' && !staging) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(path, &st) != 0) continue;
         if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH) {
-            rc = scan_mirror(path, depth + 1, list, n, cap, total);
+            rc = scan_tree(path, staging ? MAX_DEPTH - 1 : depth + 1, staged || staging, list, n, cap, total);
             continue;
         }
-        if (!S_ISREG(st.st_mode) || !is_cached_file(e->d_name)) continue;
+        /* a staged file linked to the mirror's own (nlink 2) is counted there */
+        if (!S_ISREG(st.st_mode) || !is_cached_file(e->d_name) || (staged && st.st_nlink > 1)) continue;
         *total += (uint64_t)st.st_size;
         if (!list) continue;
         if (*n == *cap) {
@@ -590,13 +500,13 @@ static bb_status make_room(const bb_remote_options *o, const char *cache, const 
     struct dirent *e;
     while (rc == BB_OK && d && (e = readdir(d))) {
         char dir[4096];
-        if (!is_mirror_name(e->d_name) || path_of(dir, sizeof dir, "%s/%s", cache, e->d_name) != BB_OK ||
+        if (!is_mirror_name(e->d_name) || bb_remote_path_of(dir, sizeof dir, "%s/%s", cache, e->d_name) != BB_OK ||
             !strcmp(dir, mine))
             continue;
         if (mirror_in_use(dir))
-            rc = scan_mirror(dir, 0, NULL, NULL, NULL, &in_use); /* counted, never a candidate */
+            rc = scan_tree(dir, 0, false, NULL, NULL, NULL, &in_use); /* counted, never a candidate */
         else
-            rc = scan_mirror(dir, 0, &list, &n, &cap, &total);
+            rc = scan_tree(dir, 0, false, &list, &n, &cap, &total);
     }
     if (d) closedir(d);
     if (rc == BB_OK && n) qsort(list, n, sizeof *list, by_use);
@@ -656,83 +566,117 @@ static void mirror_dir(const char *cache, const bb_remote_site *site, char *out,
 
 static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char *local, size_t cap)
+/* flock that waits, unless interrupted; says so when it waited long. */
+static bb_status lock_waiting(const bb_remote_options *o, int fd, const char *path, const char *whom)
+{
+    double t0 = bb_clock_seconds();
+    while (flock(fd, LOCK_EX) != 0) {
+        if (errno == EINTR && o->interrupted && *o->interrupted)
+            return bb_fail(BB_ERR_INTERRUPTED, "interrupted while waiting for %s", path);
+        if (errno != EINTR) return bb_fail_errno(BB_ERR_IO, "%s: cannot lock", path);
+    }
+    if (bb_clock_seconds() - t0 > 1) BB_INFO("cache: waited %.0f s for %s", bb_clock_seconds() - t0, whom);
+    return BB_OK;
+}
+
+bb_status bb_remote_begin(bb_remote_session *s, const char *url, const bb_remote_options *opts)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, curl_init);
-    bb_remote_options o = *opts;
-    double started = bb_clock_seconds();
-    if (o.parallel < 1 || o.deadline_s <= 0 || o.stall_s < 1)
+    *s = (bb_remote_session){.o = *opts, .url = url, .lock = -1, .dir_lock = -1, .started = bb_clock_seconds()};
+    const bb_remote_options *o = &s->o;
+    if (o->parallel < 1 || o->deadline_s <= 0 || o->stall_s < 1)
         return bb_fail(BB_ERR_ARG, "%s: remote options need parallel >= 1, a positive deadline, stall >= 1 s", url);
-    bb_remote_site *site = calloc(1, sizeof *site);
-    if (!site) return bb_fail(BB_ERR_NOMEM, "out of memory");
-    char cache[4096], dir[4200], lockpath[4200];
-    tree t = {0};
-    int lock = -1;
-    bb_status rc = bb_remote_site_init(site, url, o.endpoint);
-    if (rc == BB_OK) rc = cache_root(&o, cache, sizeof cache);
-    if (rc == BB_OK) {
-        mirror_dir(cache, site, dir, sizeof dir);
-        snprintf(lockpath, sizeof lockpath, "%s/.lock", cache);
-        lock = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (lock < 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot open the cache's lock", lockpath);
+    if (!(s->site = calloc(1, sizeof *s->site))) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    BB_TRY(bb_remote_site_init(s->site, url, o->endpoint));
+    BB_TRY(cache_root(o, s->cache, sizeof s->cache));
+    mirror_dir(s->cache, s->site, s->dir, sizeof s->dir);
+    /* The mirror's lock first (a process streaming into it holds it until
+     * its shards are complete), then the cache's: always in this order. */
+    char path[4300];
+    BB_TRY(bb_remote_path_of(path, sizeof path, "%s/.lock", s->dir));
+    BB_TRY(bb_make_parents(path, NULL));
+    if ((s->dir_lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot open the mirror's lock", path);
+    BB_TRY(lock_waiting(o, s->dir_lock, path, "another process filling this mirror"));
+    BB_TRY(bb_remote_path_of(path, sizeof path, "%s/.lock", s->cache));
+    if ((s->lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+        return bb_fail_errno(BB_ERR_IO, "%s: cannot open the cache's lock", path);
+    BB_TRY(lock_waiting(o, s->lock, path, "another process"));
+    BB_TRY(walk(s, "", s->dir, 0));
+    uint64_t need = 0;
+    for (size_t i = 0; i < s->count; i++) /* an absurd index: no wrap */
+        need = need + s->files[i].bytes < need ? UINT64_MAX : need + s->files[i].bytes;
+    return make_room(o, s->cache, s->dir, url, need);
+}
+
+bb_status bb_remote_fetch_files(bb_remote_session *s, const bool *skip, uint64_t *files, uint64_t *bytes)
+{
+    *files = *bytes = 0;
+    for (size_t i = 0; i < s->count; i++)
+        if (!s->files[i].present && !(skip && skip[i])) *bytes += s->files[i].bytes, ++*files;
+    if (!*files) return BB_OK;
+    char a[16];
+    BB_INFO("%s: downloading %llu files, %s, into %s", s->url, (unsigned long long)*files,
+            bb_format_bytes(*bytes, a, sizeof a), s->dir);
+    job *jobs = calloc(*files, sizeof *jobs);
+    if (!jobs) return bb_fail(BB_ERR_NOMEM, "out of memory");
+    bb_status rc = BB_OK;
+    size_t k = 0;
+    for (size_t i = 0; rc == BB_OK && i < s->count; i++) {
+        const bb_remote_file *e = &s->files[i];
+        char dest[4096];
+        if (e->present || (skip && skip[i])) continue;
+        rc = bb_remote_path_of(dest, sizeof dest, "%s/%s", s->dir, e->rel);
+        if (rc == BB_OK) rc = job_init(&jobs[k++], s->site, e->rel, dest, e->bytes, e->xxh64, true);
     }
-    if (rc == BB_OK) {
-        double t0 = bb_clock_seconds();
-        while (rc == BB_OK && flock(lock, LOCK_EX) != 0) {
-            if (errno == EINTR && o.interrupted && *o.interrupted)
-                rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted while waiting for the cache %s", cache);
-            else if (errno != EINTR)
-                rc = bb_fail_errno(BB_ERR_IO, "%s: cannot lock the cache", lockpath);
-        }
-        if (bb_clock_seconds() - t0 > 1) BB_INFO("cache: waited %.0f s for another process", bb_clock_seconds() - t0);
-    }
-    if (rc == BB_OK) rc = walk(&o, site, "", dir, 0, &t);
-    uint64_t need = 0, missing = 0, files = 0;
-    for (size_t i = 0; i < t.count; i++) {
-        need = need + t.files[i].bytes < need ? UINT64_MAX : need + t.files[i].bytes; /* an absurd index: no wrap */
-        if (!t.files[i].present) missing += t.files[i].bytes, files++;
-    }
-    if (rc == BB_OK) rc = make_room(&o, cache, dir, url, need);
-    job *jobs = NULL;
-    if (rc == BB_OK && files) {
-        char a[16];
-        BB_INFO("%s: downloading %llu files, %s, into %s", url, (unsigned long long)files,
-                bb_format_bytes(missing, a, sizeof a), dir);
-        jobs = calloc(files, sizeof *jobs);
-        if (!jobs) rc = bb_fail(BB_ERR_NOMEM, "out of memory");
-        size_t k = 0;
-        for (size_t i = 0; rc == BB_OK && i < t.count; i++) {
-            const entry *e = &t.files[i];
-            char dest[4096];
-            if (e->present) continue;
-            rc = path_of(dest, sizeof dest, "%s/%s", dir, e->rel);
-            if (rc == BB_OK) rc = job_init(&jobs[k++], site, e->rel, dest, e->bytes, e->xxh64, true);
-        }
-        double t0 = bb_clock_seconds();
-        if (rc == BB_OK) rc = fetch_all(&o, site, jobs, files);
-        if (rc == BB_OK)
-            BB_INFO("%s: %s in %.2f s", url, bb_format_bytes(missing, a, sizeof a), bb_clock_seconds() - t0);
-    }
+    double t0 = bb_clock_seconds();
+    if (rc == BB_OK) rc = fetch_all(&s->o, s->site, jobs, *files);
+    if (rc == BB_OK)
+        BB_INFO("%s: %s in %.2f s", s->url, bb_format_bytes(*bytes, a, sizeof a), bb_clock_seconds() - t0);
+    for (size_t i = 0; rc == BB_OK && i < s->count; i++) s->files[i].present |= !(skip && skip[i]);
     free(jobs);
-    for (size_t i = 0; rc == BB_OK && i < t.count; i++) { /* used now: last to be evicted */
+    return rc;
+}
+
+bb_status bb_remote_publish(bb_remote_session *s)
+{
+    for (size_t i = 0; i < s->count; i++) { /* used now: last to be evicted */
         char path[4096];
-        rc = path_of(path, sizeof path, "%s/%s", dir, t.files[i].rel);
-        if (rc == BB_OK && utimensat(AT_FDCWD, path, NULL, 0) != 0)
-            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot touch", path);
+        if (!s->files[i].present) continue;
+        BB_TRY(bb_remote_path_of(path, sizeof path, "%s/%s", s->dir, s->files[i].rel));
+        if (utimensat(AT_FDCWD, path, NULL, 0) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot touch", path);
     }
-    for (size_t i = 0; rc == BB_OK && i < t.index_count; i++) { /* the index that says what is here, last */
+    for (size_t i = 0; i < s->index_count; i++) { /* the index that says what is here, last */
         char to[4096];
-        snprintf(to, sizeof to, "%.*s", (int)(strlen(t.indexes[i]) - 4), t.indexes[i]);
-        if (rename(t.indexes[i], to) != 0) rc = bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", to);
+        snprintf(to, sizeof to, "%.*s", (int)(strlen(s->indexes[i]) - 4), s->indexes[i]);
+        if (rename(s->indexes[i], to) != 0) return bb_fail_errno(BB_ERR_IO, "%s: cannot rename into place", to);
     }
-    if (rc == BB_OK && snprintf(local, cap, "%s", dir) >= (int)cap) rc = bb_fail(BB_ERR_ARG, "cache path too long");
-    if (rc == BB_OK) mark_in_use(dir);
-    if (rc == BB_OK && o.stats)
-        *o.stats = (bb_remote_stats){.files = files, .bytes = missing, .seconds = bb_clock_seconds() - started};
-    if (lock >= 0) close(lock); /* releases the lock */
-    free(t.files);
-    free(t.indexes);
-    free(site);
+    s->index_count = 0;
+    mark_in_use(s->dir);
+    return BB_OK;
+}
+
+void bb_remote_end(bb_remote_session *s)
+{
+    if (s->lock >= 0) close(s->lock); /* releases the locks */
+    if (s->dir_lock >= 0) close(s->dir_lock);
+    free(s->files);
+    free(s->indexes);
+    free(s->site);
+    *s = (bb_remote_session){.lock = -1, .dir_lock = -1};
+}
+
+bb_status bb_remote_mirror(const char *url, const bb_remote_options *opts, char *local, size_t cap)
+{
+    bb_remote_session s;
+    uint64_t files = 0, bytes = 0;
+    bb_status rc = bb_remote_begin(&s, url, opts);
+    if (rc == BB_OK) rc = bb_remote_fetch_files(&s, NULL, &files, &bytes);
+    if (rc == BB_OK) rc = bb_remote_publish(&s);
+    if (rc == BB_OK && snprintf(local, cap, "%s", s.dir) >= (int)cap) rc = bb_fail(BB_ERR_ARG, "cache path too long");
+    if (rc == BB_OK && opts->stats)
+        *opts->stats = (bb_remote_stats){.files = files, .bytes = bytes, .seconds = bb_clock_seconds() - s.started};
+    bb_remote_end(&s);
     return rc;
 }

@@ -6,6 +6,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,5 +169,99 @@ bb_status bb_remote_site_setup(const bb_remote_site *s, CURL *easy, struct curl_
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(easy, CURLOPT_AWS_SIGV4, sigv4);
     curl_easy_setopt(easy, CURLOPT_USERPWD, userpwd); /* curl copies option strings */
+    return BB_OK;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+bb_status bb_remote_path_of(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap) return bb_fail(BB_ERR_ARG, "%.80s...: path or URL too long", out);
+    return BB_OK;
+}
+
+bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o, const char *url,
+                            curl_write_callback write, void *ctx, const char *range, CURL **easy,
+                            struct curl_slist **headers)
+{
+    *headers = NULL;
+    CURL *e = *easy = curl_easy_init();
+    if (!e) return bb_fail(BB_ERR_NOMEM, "%s: cannot start a transfer", url);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, ctx);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, ctx);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stall: no byte for stall_s */
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)ceil(o->stall_s));
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    if (range) curl_easy_setopt(e, CURLOPT_RANGE, range);
+    return bb_remote_site_setup(s, e, headers);
+}
+
+void bb_remote_answer_keep(bb_remote_answer *a, const char *data, size_t len)
+{
+    size_t room = sizeof a->body - 1 - a->body_len, take = len < room ? len : room;
+    memcpy(a->body + a->body_len, data, take);
+    a->body_len += take;
+    a->body[a->body_len] = 0;
+}
+
+void bb_remote_answer_describe(const bb_remote_answer *a, CURLcode cc, char *buf, size_t cap)
+{
+    if (cc != CURLE_OK) {
+        snprintf(buf, cap, "%s", curl_easy_strerror(cc));
+        return;
+    }
+    /* An S3 error is an XML document whose <Code> says it (AccessDenied,
+     * SignatureDoesNotMatch, NoSuchKey): that element's text, else the body's
+     * start on one line. Only a message is made of it. */
+    const char *code = strstr(a->body, "<Code>"), *end = code ? strstr(code, "</Code>") : NULL;
+    if (code && end) {
+        snprintf(buf, cap, "HTTP %ld: %.*s", a->code, (int)(end - code - 6), code + 6);
+        return;
+    }
+    char body[sizeof a->body];
+    size_t n = 0;
+    for (size_t i = 0; i < a->body_len && n + 1 < sizeof body; i++) { /* whitespace runs become one space */
+        bool space = isspace((unsigned char)a->body[i]);
+        if (!space || (n && body[n - 1] != ' ')) body[n++] = space ? ' ' : a->body[i];
+    }
+    while (n && body[n - 1] == ' ') n--;
+    body[n] = 0;
+    snprintf(buf, cap, "HTTP %ld%s%.120s", a->code, n ? ": " : "", body);
+}
+
+bool bb_remote_retryable(CURLcode cc, long code)
+{
+    if (cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_LOGIN_DENIED ||
+        cc == CURLE_REMOTE_ACCESS_DENIED || cc == CURLE_PEER_FAILED_VERIFICATION)
+        return false;
+    if (code > 0 && code != 200 && code != 206) /* an answer: only these may change by waiting */
+        return code == 408 || code == 416 || code == 429 || code >= 500;
+    return true; /* no answer, or one cut short: resets, time-outs, stalls */
+}
+
+bb_status bb_remote_retry_after(bb_remote_retry *r, const bb_remote_options *o, uint64_t *seed, uint64_t have,
+                                const char *what, const char *why)
+{
+    double now = bb_clock_seconds();
+    if (have > r->high || !r->fail_since) r->fail_since = now; /* progress restarts the deadline */
+    if (have > r->high) r->high = have;
+    r->attempts++;
+    if (now - r->fail_since > o->deadline_s)
+        return bb_fail(BB_ERR_IO, "%s: gave up after %d attempts over %.0f s (--data-deadline): %s", what,
+                       r->attempts, now - r->fail_since, why);
+    double backoff = 0.1 * ldexp(1.0, r->attempts - 1 < 6 ? r->attempts - 1 : 6); /* 0.1 s .. 6.4 s */
+    double jitter = 0.5 + 0.5 * (double)(bb_splitmix64(seed) >> 11) / 9007199254740992.0;
+    r->next_try = now + backoff * jitter;
+    BB_INFO("%s: %s; retrying in %.1f s", what, why, backoff * jitter);
     return BB_OK;
 }
