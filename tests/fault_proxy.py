@@ -7,14 +7,15 @@ dataset must survive, for tests/test_remote.c:
                   with a TCP reset (SO_LINGER 0): a connection lost mid-frame;
                   with then=CODE every request after the last reset gets
                   HTTP CODE (a store that goes down mid-transfer)
-  status N CODE   the next N requests get HTTP CODE (503: a busy store)
+  status N CODE   the next N requests get HTTP CODE (503: a busy store);
+                  with skip=K, once K more file responses were served
   stall N SECONDS the next N file responses send half their body, then
                   nothing for SECONDS (a link that stops moving)
   rate BYTES      every response from now on trickles at BYTES per second
                   (a slow link; 0: full speed)
   clear           no more faults
 
-A fault is set by GET /__fault?reset=2&after=100000 (or status=3&code=503,
+A fault is set by GET /__fault?reset=2&after=100000 (or status=3&code=503&skip=2,
 stall=1&seconds=5, rate=2000000, clear=1); GET /__log returns one line per
 request served so far ("GET /path range status"). The proxy prints its port
 on stdout once it listens, then serves until killed.
@@ -32,7 +33,8 @@ import urllib.parse
 
 UPSTREAM = int(sys.argv[1])
 lock = threading.Lock()
-faults = {"reset": 0, "after": 0, "then": 0, "status": 0, "code": 503, "stall": 0, "seconds": 0.0, "rate": 0}
+faults = {"reset": 0, "after": 0, "then": 0, "status": 0, "code": 503, "skip": 0, "stall": 0, "seconds": 0.0,
+          "rate": 0}
 log = []
 
 
@@ -55,8 +57,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         q = {k: v[0] for k, v in urllib.parse.parse_qs(query).items()}
         with lock:
             if "clear" in q:
-                faults.update(reset=0, then=0, status=0, stall=0, rate=0)
-            for key in ("reset", "after", "then", "status", "code", "stall", "rate"):
+                faults.update(reset=0, then=0, status=0, skip=0, stall=0, rate=0)
+            for key in ("reset", "after", "then", "status", "code", "skip", "stall", "rate"):
                 if key in q:
                     faults[key] = int(q[key])
             if "seconds" in q:
@@ -80,7 +82,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 text = "".join(line + "\n" for line in log)
             return self.reply(200, text.encode())
         rng = self.headers.get("Range", "-")
-        if take("status"):
+        with lock:
+            skipping = faults["skip"] > 0
+            if skipping and not path.endswith("index.json"):
+                faults["skip"] -= 1
+        if not skipping and take("status"):
             with lock:
                 log.append(f"GET {path} {rng} {faults['code']}")
             return self.reply(faults["code"], b"injected\n")

@@ -601,6 +601,67 @@ Test(remote, a_partial_stream_is_kept_for_the_next_run)
     free(cache), free(url);
 }
 
+/* Ctrl-C while a step waits for bytes that keep failing (503s, retried for
+ * the 300 s deadline) ends the run at once. */
+Test(remote, ctrl_c_ends_a_wait_for_streamed_data)
+{
+    servers s = start_servers();
+    pack_into(&s, "ds", 3000000, 14);
+    char *cache = tu_path(s.dir, "cache"), *url = url_of(&s, "ds"), *err = tu_path(s.dir, "err.txt");
+    fault(&s, "status=1000000000&code=503&skip=3"); /* the val shard and the train shard's metadata, then 503s */
+    int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = spawn((char *const[]){(char *)tu_bigbatch_bin(), "train", "--data", url, "--cache-dir", cache, "--layers",
+                                      "1", "--d-model", "32", "--heads", "2", "--global-batch", "8", "--micro-batch",
+                                      "8", "--steps", "3", "--shuffle-frames", "8", "--quiet", NULL},
+                      fd, true);
+    close(fd);
+    for (double t0 = now_s(); !log_lines(&s, "train/shard-00000.bbs bytes=", " 503");) { /* it waits for a chunk */
+        cr_assert_lt(now_s() - t0, 30, "no chunk was asked for");
+        usleep(20000);
+    }
+    kill(pid, SIGINT);
+    double t0 = now_s();
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (now_s() - t0 > 10) {
+            kill(pid, SIGKILL);
+            cr_assert_fail("still waiting 10 s after Ctrl-C");
+        }
+        usleep(20000);
+    }
+    char *text = (char *)tu_read_file(err, NULL);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s", text);
+    cr_assert_not_null(strstr(text, "interrupted while"), "%s", text);
+    free(text), free(err), free(cache), free(url);
+}
+
+/* What a killed run leaves (the staging tree's hard link to the mirror's
+ * shard) is never truncated or written through when the dataset, packed
+ * again, streams: the mirror ends as the server's files. */
+Test(remote, a_stream_never_writes_through_the_mirror)
+{
+    servers s = start_servers();
+    pack_into(&s, "ds", 3000000, 15);
+    char *cache = tu_path(s.dir, "cache"), *url = url_of(&s, "ds"), local[4096], from[4200], to[4200];
+    cr_assert_eq(mirror(url, cache, 0, local), BB_OK, "%s", bb_error_message());
+    snprintf(from, sizeof from, "%s/train/shard-00000.bbs", local);
+    snprintf(to, sizeof to, "%s/.stream/train/shard-00000.bbs", local);
+    cr_assert_eq(bb_make_parents(to, NULL), BB_OK);
+    cr_assert_eq(link(from, to), 0);
+    char *www_ds = tu_path(s.www, "ds");
+    tu_rm_tree(www_ds);
+    pack_into(&s, "ds", 3000000, 16);
+    fault(&s, "rate=40000"); /* ends before the shard does */
+    tu_run r = train_streaming(url, cache, "30");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "streamed shards incomplete"), "%s", r.err);
+    tu_run_free(&r);
+    fault(&s, "clear=1");
+    cr_assert_eq(mirror(url, cache, 0, local), BB_OK, "%s", bb_error_message());
+    assert_mirror_equals(&s, "ds", local);
+    free(www_ds), free(cache), free(url);
+}
+
 /* The processes of a node share the cache: the first downloads while the
  * others wait on its lock, then find the files (each shard fetched once). */
 Test(remote, processes_sharing_a_cache_download_once)

@@ -48,7 +48,13 @@
  * a staging tree beside the mirror (MIRROR/.stream); the loader reads a
  * frame once its bytes are there, so the order, the identity and the bits
  * are those of local data. A process filling a mirror locks it: another
- * process wanting the same URL waits until the shards are complete.
+ * process wanting the same URL waits until the shards are complete (or
+ * the stream failed); the staging tree stays one process's until it
+ * exits, and another that still needs shards then downloads them whole.
+ * A run that ends first keeps its partial shards' chunks for the next. A
+ * stream's error (a download past the deadline, an HTTP error, a shard
+ * whose hash differs from its index) reaches the loader thread that waits
+ * for its bytes; Ctrl-C ends such a wait.
  *
  * s3:// URLs are signed with AWS Signature Version 4 (libcurl's
  * CURLOPT_AWS_SIGV4) from the standard variables and files:
@@ -112,9 +118,11 @@ typedef struct bb_remote_stream bb_remote_stream_t;
  * failure while streaming reaches the reader (bb_dataset_await_frame). */
 bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, char *local, size_t cap,
                                 bb_remote_stream_t **out);
-/* Stops the downloads (what is complete stays in the mirror, partial
- * shards are dropped), removes the staging tree and unlocks the mirror.
- * Every dataset opened in it must be closed first. Accepts NULL. */
+/* Stops the downloads (what is complete stays in the mirror; a partial
+ * shard stays in the staging tree with the list of its chunks, for the
+ * next stream of the URL), empties the rest of the staging tree and
+ * unlocks it. Every dataset opened in it must be closed first. Accepts
+ * NULL. */
 void bb_remote_stream_close(bb_remote_stream_t *s);
 
 /* Writes DIR/index.json (through a temporary, renamed into place) listing

@@ -239,8 +239,10 @@ static bb_status apply_flags(train_flags *f, bb_train_options *o)
     if (o->resume_dir && !f->given[BB_TRAIN_DATA]) resumed_urls(f, o);
     o->data_url = bb_remote_is_url(f->data) ? f->data : NULL; /* recorded as given: train/ is found again */
     o->val_data_url = bb_remote_is_url(o->val_data) ? o->val_data : NULL;
-    BB_TRY(data_flags_resolve(&f->df, &f->data, true));
+    /* the validation URL first: a stream holds its mirror's lock, and waiting for another mirror's lock
+     * while holding it could wait on a job that waits on this one */
     BB_TRY(data_flags_resolve(&f->df, &o->val_data, false));
+    BB_TRY(data_flags_resolve(&f->df, &f->data, true));
     BB_TRY(default_data_present(f->data, f->given[BB_TRAIN_DATA] || o->resume_dir)); /* resumed: the run's data */
     const char *train = resolve_split(f->data, "train");
     o->data = train ? train : f->data;
@@ -281,7 +283,6 @@ int bb_cmd_train(int argc, char **argv)
     if (rc == BB_OK) rc = apply_flags(&f, &o);
     bb_train_result r = {0};
     if (rc == BB_OK) rc = train_with_report(&o, f.report, &r);
-    data_flags_close(&f.df);
     int code;
     if (rc == BB_ERR_INTERRUPTED && r.preempted) { /* rank 0 says how to continue; every rank exits 75 */
         if (bb_world_get()->rank == 0) fprintf(stderr, "bigbatch: %s\n", bb_error_message());
@@ -289,6 +290,7 @@ int bb_cmd_train(int argc, char **argv)
     } else {
         code = bb_cli_report(rc, usage, summary, opts);
     }
+    data_flags_close(&f.df); /* after the report: what it says is the run's */
     bb_train_result_free(&r);
     bb_cli_free(opts, NULL);
     return code;

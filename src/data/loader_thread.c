@@ -156,7 +156,8 @@ static bb_status frames_ready(thread_state *ts, epoch_table *table, unit_scratch
             bb_futex_wait(&e->state, FRAME_EMPTY);
         }
         if (t0) atomic_fetch_add_explicit(&ts->frame_wait_ns, bb_clock_ns() - t0, memory_order_relaxed);
-        if (state == FRAME_FAILED) return loader_error(ts->loader);
+        if (state == FRAME_FAILED) /* no error recorded: its reader stopped with the loader */
+            return atomic_load(&ts->loader->failed) ? loader_error(ts->loader) : BB_ERR_CLOSED;
     }
     return BB_OK;
 }

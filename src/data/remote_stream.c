@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,7 +66,8 @@ struct bb_remote_stream {
     sfile *files;
     uint32_t count;
     uint32_t *by_path;          /* file indices sorted by path */
-    int dir_lock;
+    int dir_lock;               /* the mirror's: held until the shards are complete */
+    int stage_lock;             /* the staging tree's: held until close */
     CURLM *multi;
     xfer *xfers;
     uint64_t seed;
@@ -104,7 +106,7 @@ bb_remote_stream_t *bb_stream_of(const char *path)
     return found;
 }
 
-static const bb_remote_stream_t *sort_stream; /* qsort has no context argument */
+static const bb_remote_stream_t *sort_stream; /* qsort has no context argument: under registry_lock */
 static int by_path(const void *a, const void *b)
 {
     return strcmp(sort_stream->files[*(const uint32_t *)a].path, sort_stream->files[*(const uint32_t *)b].path);
@@ -175,6 +177,8 @@ bb_status bb_stream_await(bb_remote_stream_t *s, uint32_t file, uint64_t offset,
                 rc = bb_fail(s->error, "%s", s->message);
             } else if (stop && atomic_load_explicit(stop, memory_order_acquire)) {
                 rc = BB_ERR_CLOSED;
+            } else if (s->o.interrupted && *s->o.interrupted) { /* Ctrl-C during a long retry */
+                rc = bb_fail(BB_ERR_INTERRUPTED, "interrupted while waiting for %s%s", s->site.shown, f->rel);
             } else {
                 if (!asked) { /* the whole range jumps the queue at once */
                     for (uint64_t d = c; d <= last; d++)
@@ -304,7 +308,9 @@ static bb_status xfer_done(bb_remote_stream_t *s, xfer *x, CURLcode cc)
                        (unsigned long long)(x->end - 1), x->oversize ? "sent more" : "ends before them");
     char why[256];
     bb_remote_answer_describe(&x->answer, cc, why, sizeof why);
-    if (!bb_remote_retryable(cc, x->answer.code)) return bb_fail(BB_ERR_IO, "%s: %s", x->what, why);
+    if (!bb_remote_retryable(cc, x->answer.code))
+        return bb_fail(BB_ERR_IO, "%s: %s%s", x->what, why, x->answer.code == 403 && s->site.s3 && !s->site.signed_s3
+                       ? " (sent unsigned: no AWS credentials in the environment or ~/.aws)" : "");
     return bb_remote_retry_after(&x->retry, &s->o, &s->seed, x->got, x->what, why);
 }
 
@@ -382,10 +388,12 @@ static void *stream_main(void *arg)
     for (int i = 0; i < parallel; i++) xfer_release(s, &s->xfers[i]);
     pthread_mutex_lock(&s->lock);
     if (rc != BB_OK) set_error(s, rc);
-    if (!s->files_left && s->dir_lock >= 0) { /* complete: other processes may use the mirror */
+    if (!s->files_left) {
         char a[16];
         BB_INFO("%s: the %u streamed shards are complete (%s in %.2f s)", s->url, s->count,
                 bb_format_bytes(s->total_bytes, a, sizeof a), bb_clock_seconds() - s->opened);
+    }
+    if (s->dir_lock >= 0) { /* complete or failed: other processes may fill the mirror (not the staging tree) */
         close(s->dir_lock);
         s->dir_lock = -1;
     }
@@ -421,7 +429,7 @@ static void save_have(const sfile *f)
               bb_write_all(fd, tmp, bits, f->chunks, -1) == BB_OK && fdatasync(fd) == 0;
     if (fd >= 0) close(fd);
     ok = ok && rename(tmp, path) == 0;
-    if (!ok) unlink(tmp), unlink(path), bb_error_clear(); /* the next run fetches the shard again */
+    if (!ok) unlink(tmp), unlink(path); /* the next run fetches the shard again */
     free(bits);
 }
 
@@ -439,6 +447,7 @@ static void load_have(sfile *f)
     for (int i = 0; ok && i < 5; i++) ok = bb_le64(header + 8 * i) == want[i];
     ok = ok && bb_pread_all(fd, path, f->state, f->chunks, HAVE_HEADER) == BB_OK;
     if (fd >= 0) close(fd);
+    if (!ok) unlink(path); /* of another file, or of a version of this one gone */
     bb_error_clear();
     f->have = 0;
     for (uint64_t c = 0; c < f->chunks; c++) {
@@ -447,14 +456,14 @@ static void load_have(sfile *f)
     }
 }
 
-/* What stays in the staging tree (nftw has no context argument; the
- * mirror's lock makes the stream the only one touching it). */
+/* What stays in the staging tree (nftw has no context argument: under
+ * registry_lock; the staging tree's own lock keeps other processes out). */
 static const bb_remote_stream_t *sweeping;
 static bool sweep_keeps_partials;
 
 static int sweep_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-    (void)st, (void)ftw;
+    (void)ftw;
     if (flag == FTW_DP) {
         rmdir(path); /* fails while something is kept inside */
         return 0;
@@ -464,7 +473,8 @@ static int sweep_entry(const char *path, const struct stat *st, int flag, struct
     size_t n = strlen(base);
     if (n > 5 && !strcmp(base + n - 5, ".have")) base[n - 5] = 0;
     uint32_t i = sweep_keeps_partials && sweeping ? bb_stream_file(sweeping, base) : UINT32_MAX;
-    if (i == UINT32_MAX || sweeping->files[i].complete) unlink(path);
+    /* a hard link shares its inode with the mirror's file: never written through, only unlinked */
+    if (i == UINT32_MAX || sweeping->files[i].complete || flag != FTW_F || st->st_nlink != 1) unlink(path);
     return 0;
 }
 
@@ -472,9 +482,11 @@ static int sweep_entry(const char *path, const struct stat *st, int flag, struct
  * chunk lists) when keep_partials. */
 static void sweep(const bb_remote_stream_t *s, bool keep_partials)
 {
+    pthread_mutex_lock(&registry_lock);
     sweeping = s, sweep_keeps_partials = keep_partials;
     nftw(s->root, sweep_entry, 16, FTW_DEPTH | FTW_PHYS);
     sweeping = NULL;
+    pthread_mutex_unlock(&registry_lock);
 }
 
 /* Fetches exact ranges of files (under s->lock's discipline) and waits. */
@@ -526,9 +538,10 @@ static bb_status fetch_metadata(bb_remote_stream_t *s)
     for (uint32_t i = 0; rc == BB_OK && i < s->count; i++) {
         uint8_t footer[BB_SHARD_FOOTER_SIZE];
         uint64_t bytes = s->files[i].bytes;
-        if (s->files[i].complete || bytes < TAIL_BYTES || bytes < sizeof footer) continue; /* all of it is there, or not a shard: open says */
+        if (s->files[i].complete || bytes <= TAIL_BYTES) continue; /* all of it is there */
         rc = bb_pread_all(s->files[i].fd, s->files[i].path, footer, sizeof footer, bytes - sizeof footer);
-        uint64_t table = 8 + (uint64_t)bb_le32(footer) * BB_SHARD_ENTRY_SIZE + BB_SHARD_FOOTER_SIZE;
+        uint32_t entries = bb_le32(footer) < BB_SHARD_MAX_FRAMES ? bb_le32(footer) : 0; /* else open says */
+        uint64_t table = 8 + (uint64_t)entries * BB_SHARD_ENTRY_SIZE + BB_SHARD_FOOTER_SIZE;
         if (table > TAIL_BYTES) r[n++] = (range){i, table < bytes ? bytes - table : 0, bytes - TAIL_BYTES};
     }
     if (rc == BB_OK && n) rc = fetch_ranges(s, r, n);
@@ -562,8 +575,10 @@ static bb_status stage(bb_remote_stream_t *s, const bb_remote_session *m, const 
     s->by_path = malloc((s->count ? s->count : 1) * sizeof *s->by_path);
     if (!s->by_path) return bb_fail(BB_ERR_NOMEM, "out of memory");
     for (uint32_t i = 0; i < s->count; i++) s->by_path[i] = i;
+    pthread_mutex_lock(&registry_lock);
     sort_stream = s;
     qsort(s->by_path, s->count, sizeof *s->by_path, by_path);
+    pthread_mutex_unlock(&registry_lock);
     sweep(s, true); /* what an earlier run left, but for the partial shards it streamed */
     s->files_left = s->count;
     for (uint32_t i = 0; i < s->count; i++) {
@@ -640,11 +655,29 @@ bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, 
     bb_remote_stream_t *s = NULL;
     bool *streamed = NULL;
     uint64_t files = 0, bytes = 0, stream_bytes = 0, stream_files = 0;
+    int stage_lock = -1;
     bb_status rc = bb_remote_begin(&m, url, opts);
     if (rc == BB_OK && !(streamed = calloc(m.count ? m.count : 1, sizeof *streamed)))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
     for (size_t i = 0; rc == BB_OK && i < m.count; i++)
         if ((streamed[i] = is_streamed(&m, &m.files[i]))) stream_bytes += m.files[i].bytes, stream_files++;
+    if (rc == BB_OK && stream_files) { /* the staging tree is one process's until it exits */
+        char path[4300];
+        rc = bb_remote_path_of(path, sizeof path, "%s/%s.lock", m.dir, STAGING);
+        if (rc == BB_OK && (stage_lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+            rc = bb_fail_errno(BB_ERR_IO, "%s: cannot open", path);
+        if (rc == BB_OK && flock(stage_lock, LOCK_EX | LOCK_NB) != 0) {
+            BB_INFO("%s: another process reads %s/%s: downloading whole shards instead", url, m.dir, STAGING);
+            memset(streamed, 0, m.count * sizeof *streamed);
+            stream_files = stream_bytes = 0;
+        }
+    }
+    for (size_t i = 0; rc == BB_OK && i < m.count; i++) { /* what the published index would vouch for */
+        char path[8192];
+        if (!streamed[i]) continue;
+        rc = bb_remote_path_of(path, sizeof path, "%s/%s.part", m.dir, m.files[i].rel);
+        if (rc == BB_OK) unlink(path), path[strlen(path) - 5] = 0, unlink(path);
+    }
     if (rc == BB_OK) rc = bb_remote_fetch_files(&m, streamed, &files, &bytes);
     if (rc == BB_OK) rc = bb_remote_publish(&m);
     if (rc == BB_OK && stream_files) {
@@ -653,8 +686,11 @@ bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, 
             pthread_mutex_init(&s->lock, NULL);
             pthread_cond_init(&s->changed, NULL);
             s->o = *opts, s->o.stats = NULL;
+            s->stage_lock = -1;
             s->dir_lock = m.dir_lock; /* held until the shards are complete */
             m.dir_lock = -1;
+            s->stage_lock = stage_lock; /* until close */
+            stage_lock = -1;
             rc = start(s, &m, streamed);
         }
         char a[16];
@@ -670,9 +706,12 @@ bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, 
                                          .seconds = bb_clock_seconds() - m.started};
     bb_remote_end(&m);
     free(streamed);
+    if (stage_lock >= 0) close(stage_lock);
     if (rc != BB_OK) {
+        char message[600]; /* close may say more: the first failure is the one to report */
+        snprintf(message, sizeof message, "%s", bb_error_message());
         bb_remote_stream_close(s);
-        return rc;
+        return bb_fail(rc, "%s", message);
     }
     *out = s;
     return BB_OK;
@@ -710,6 +749,7 @@ void bb_remote_stream_close(bb_remote_stream_t *s)
     }
     if (s->multi) curl_multi_cleanup(s->multi);
     if (s->dir_lock >= 0) close(s->dir_lock);
+    if (s->stage_lock >= 0) close(s->stage_lock);
     free(s->files), free(s->xfers), free(s->by_path), free(s->meta);
     free(s->demand.keys), free(s->hints.keys);
     pthread_mutex_destroy(&s->lock);
