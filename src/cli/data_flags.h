@@ -33,7 +33,7 @@ typedef struct data_flags {
      "least recently used first (default: none)", .min = 0.0001, .max = 1e9},                                     \
     {"--data-deadline", BB_OPT_DOUBLE, &(d).remote.deadline_s, "S", "a download that keeps failing this long "   \
      "(resets, 503s, stalls; retried with backoff) ends the command", .min = 1, .max = 1e7}
-/* For the commands that stream (train, bench loader). */
+/* For the command that streams (train). */
 #define DATA_FLAGS_WAIT_OPT(d)                                                                                    \
     {"--wait-for-data", BB_OPT_FLAG, &(d).wait, NULL, "s3:// and https:// training data: download every shard "  \
      "before the first step (default: stream them; the first step runs once its frames are in)"}

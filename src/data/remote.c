@@ -130,22 +130,11 @@ static bb_status job_start(fetcher *f, job *j)
     char range[48];
     j->resumed = j->have > 0 && j->have < j->bytes;
     snprintf(range, sizeof range, "%llu-", (unsigned long long)j->have);
-    BB_TRY(bb_remote_request(f->site, f->o, j->url, on_data, j, j->resumed ? range : NULL, &j->easy, &j->headers));
-    if (curl_multi_add_handle(f->multi, j->easy) != CURLM_OK)
-        return bb_fail(BB_ERR_INTERNAL, "%s: curl_multi_add_handle failed", j->what);
-    return BB_OK;
+    return bb_remote_request(f->site, f->o, f->multi, j->url, on_data, j, j->resumed ? range : NULL, &j->easy,
+                             &j->headers);
 }
 
-static void job_release(fetcher *f, job *j)
-{
-    if (j->easy) {
-        curl_multi_remove_handle(f->multi, j->easy);
-        curl_easy_cleanup(j->easy);
-        j->easy = NULL;
-    }
-    curl_slist_free_all(j->headers);
-    j->headers = NULL;
-}
+static void job_release(fetcher *f, job *j) { bb_remote_request_end(f->multi, &j->easy, &j->headers); }
 
 /* The whole file arrived: check it and rename it into place. Returns
  * BB_ERR_CORRUPT (the part removed) when its hash differs. */
@@ -424,8 +413,8 @@ static bool mirror_in_use(const char *dir)
 static void mark_in_use(const char *dir)
 {
     char path[4200];
-    int fd = bb_remote_path_of(path, sizeof path, "%s/.inuse", dir) == BB_OK ? open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644)
-                                                                    : -1;
+    bool named = bb_remote_path_of(path, sizeof path, "%s/.inuse", dir) == BB_OK;
+    int fd = named ? open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (fd >= 0 && flock(fd, LOCK_SH) != 0) close(fd), fd = -1;
     if (fd < 0) BB_WARN("%s: cannot mark the mirror in use (%s): another job's --cache-limit may evict it", dir,
                         strerror(errno));

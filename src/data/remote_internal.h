@@ -35,15 +35,18 @@ bb_status bb_remote_site_init(bb_remote_site *s, const char *url, const char *en
  * with BB_ERR_NOMEM. */
 bb_status bb_remote_site_setup(const bb_remote_site *s, CURL *easy, struct curl_slist **headers);
 
-/* A transfer of `url` with what every request carries: the user agent,
- * SigV4 for signed s3://, redirects over http(s) only, a 10 s connect
- * limit, a stall of o->stall_s without a byte ending it; `write` receives
- * the body (its `ctx` is also CURLOPT_PRIVATE); `range` ("a-b", "a-") or
- * NULL. *headers lives until the transfer ends. Fails with BB_ERR_NOMEM,
- * BB_ERR_UNSUPPORTED (signing with an old libcurl). */
-bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o, const char *url,
+/* Starts a transfer of `url` on `multi` with what every request carries:
+ * the user agent, SigV4 for signed s3://, redirects over http(s) only, a
+ * 10 s connect limit, a stall of o->stall_s without a byte ending it;
+ * `write` receives the body (its `ctx` is also CURLOPT_PRIVATE); `range`
+ * ("a-b", "a-") or NULL. End it with bb_remote_request_end, whatever
+ * happened. Fails with BB_ERR_NOMEM, BB_ERR_UNSUPPORTED (signing with an
+ * old libcurl), BB_ERR_INTERNAL (libcurl refused the handle). */
+bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o, CURLM *multi, const char *url,
                             curl_write_callback write, void *ctx, const char *range, CURL **easy,
                             struct curl_slist **headers);
+/* Takes the transfer off `multi` and frees it; accepts one never started. */
+void bb_remote_request_end(CURLM *multi, CURL **easy, struct curl_slist **headers);
 
 /* What a server answered: its status and the start of an error's body. */
 typedef struct bb_remote_answer {

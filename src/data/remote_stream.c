@@ -1,7 +1,8 @@
 /* remote_stream.c — the training split's shards downloaded while the loader
  * reads them: a staging tree of sparse shards, one thread driving libcurl's
- * multi interface over 1 MiB chunks in the order readers need them. See
- * remote.h (what) and stream.h (how the loader asks). */
+ * multi interface over chunks of them in the order readers need them, the
+ * chunks a partial shard holds listed for the next run. See remote.h (what)
+ * and stream.h (how the loader asks). */
 #include "data_index.h"
 #include "remote_internal.h"
 #include "shard_format.h"
@@ -66,7 +67,7 @@ struct bb_remote_stream {
     sfile *files;
     uint32_t count;
     uint32_t *by_path;          /* file indices sorted by path */
-    int dir_lock;               /* the mirror's: held until the shards are complete */
+    int dir_lock;               /* the mirror's: held until the thread ends (complete or failed) */
     int stage_lock;             /* the staging tree's: held until close */
     CURLM *multi;
     xfer *xfers;
@@ -237,22 +238,10 @@ static bb_status xfer_start(bb_remote_stream_t *s, xfer *x)
     x->answer = (bb_remote_answer){0};
     x->write_errno = 0;
     x->oversize = false;
-    BB_TRY(bb_remote_request(&s->site, &s->o, url, on_data, x, range, &x->easy, &x->headers));
-    if (curl_multi_add_handle(s->multi, x->easy) != CURLM_OK)
-        return bb_fail(BB_ERR_INTERNAL, "%s: curl_multi_add_handle failed", x->what);
-    return BB_OK;
+    return bb_remote_request(&s->site, &s->o, s->multi, url, on_data, x, range, &x->easy, &x->headers);
 }
 
-static void xfer_release(bb_remote_stream_t *s, xfer *x)
-{
-    if (x->easy) {
-        curl_multi_remove_handle(s->multi, x->easy);
-        curl_easy_cleanup(x->easy);
-        x->easy = NULL;
-    }
-    curl_slist_free_all(x->headers);
-    x->headers = NULL;
-}
+static void xfer_release(bb_remote_stream_t *s, xfer *x) { bb_remote_request_end(s->multi, &x->easy, &x->headers); }
 
 /* A file's last chunk arrived: its hash checked against the index, then
  * linked into the mirror under its own name (the staging name stays the
@@ -567,8 +556,8 @@ static bb_status stage(bb_remote_stream_t *s, const bb_remote_session *m, const 
         BB_TRY(bb_remote_path_of(f->final, 8192, "%s/%s", m->dir, e->rel));
         f->bytes = e->bytes, f->xxh64 = e->xxh64;
         s->total_bytes += f->bytes;
-        f->chunk_bytes = f->bytes / CHUNKS_PER_FILE;
-        f->chunk_bytes = f->chunk_bytes < CHUNK_MIN ? CHUNK_MIN : f->chunk_bytes > CHUNK_MAX ? CHUNK_MAX : f->chunk_bytes;
+        uint64_t chunk = f->bytes / CHUNKS_PER_FILE;
+        f->chunk_bytes = chunk < CHUNK_MIN ? CHUNK_MIN : chunk > CHUNK_MAX ? CHUNK_MAX : chunk;
         f->chunks = (f->bytes + f->chunk_bytes - 1) / f->chunk_bytes;
         if (!(f->state = calloc(f->chunks ? f->chunks : 1, 1))) return bb_fail(BB_ERR_NOMEM, "out of memory");
     }

@@ -184,7 +184,7 @@ bb_status bb_remote_path_of(char *out, size_t cap, const char *fmt, ...)
     return BB_OK;
 }
 
-bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o, const char *url,
+bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o, CURLM *multi, const char *url,
                             curl_write_callback write, void *ctx, const char *range, CURL **easy,
                             struct curl_slist **headers)
 {
@@ -203,7 +203,21 @@ bb_status bb_remote_request(const bb_remote_site *s, const bb_remote_options *o,
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     if (range) curl_easy_setopt(e, CURLOPT_RANGE, range);
-    return bb_remote_site_setup(s, e, headers);
+    BB_TRY(bb_remote_site_setup(s, e, headers));
+    if (curl_multi_add_handle(multi, e) != CURLM_OK)
+        return bb_fail(BB_ERR_INTERNAL, "%s: curl_multi_add_handle failed", url);
+    return BB_OK;
+}
+
+void bb_remote_request_end(CURLM *multi, CURL **easy, struct curl_slist **headers)
+{
+    if (*easy) {
+        curl_multi_remove_handle(multi, *easy);
+        curl_easy_cleanup(*easy);
+        *easy = NULL;
+    }
+    curl_slist_free_all(*headers);
+    *headers = NULL;
 }
 
 void bb_remote_answer_keep(bb_remote_answer *a, const char *data, size_t len)
