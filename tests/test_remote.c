@@ -736,6 +736,17 @@ Test(remote, s3_requests_are_signed)
     r = tu_bigbatch("inspect", "--cache-dir", cache2, "--data-endpoint", endpoint, "s3://datasets/ds");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     tu_run_free(&r);
+    /* training streams the shards by signed range requests */
+    char *cache3 = tu_path(s.dir, "cache3");
+    setenv("BB_LOG", "info", 1);
+    r = tu_bigbatch("train", "--data", "s3://datasets/ds", "--data-endpoint", endpoint, "--cache-dir", cache3,
+                    "--layers", "1", "--d-model", "32", "--heads", "2", "--global-batch", "8", "--micro-batch", "8",
+                    "--steps", "2", "--shuffle-frames", "8");
+    unsetenv("BB_LOG");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_not_null(strstr(r.err, "streaming 1 shards"), "%s", r.err);
+    tu_run_free(&r);
+    free(cache3);
     /* no credentials anywhere: unsigned, refused, and the line says so */
     setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
     setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);

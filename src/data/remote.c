@@ -237,16 +237,18 @@ static bb_status fetch_all(const bb_remote_options *o, const bb_remote_site *sit
         curl_multi_perform(f.multi, &running);
         CURLMsg *m;
         int left;
+        bool ended = false; /* a slot may be free: fill it before sleeping */
         while (rc == BB_OK && (m = curl_multi_info_read(f.multi, &left))) {
             if (m->msg != CURLMSG_DONE) continue;
             job *j;
             curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&j);
             rc = job_done(&f, j, m->data.result);
             if (rc == BB_OK && j->done) finished++;
+            ended = true;
         }
         if (rc != BB_OK || finished == n) break;
         int wait_ms = (int)((wake - bb_clock_seconds()) * 1000);
-        curl_multi_poll(f.multi, NULL, 0, wait_ms < 1 ? 1 : wait_ms > 200 ? 200 : wait_ms, NULL);
+        if (!ended) curl_multi_poll(f.multi, NULL, 0, wait_ms < 1 ? 1 : wait_ms > 200 ? 200 : wait_ms, NULL);
     }
     for (size_t i = 0; i < n; i++) {
         job_release(&f, &jobs[i]);

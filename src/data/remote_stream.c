@@ -365,14 +365,17 @@ static void *stream_main(void *arg)
         curl_multi_perform(s->multi, &running);
         CURLMsg *m;
         int left;
+        bool ended = false; /* a slot may be free: fill it before sleeping */
         while (rc == BB_OK && (m = curl_multi_info_read(s->multi, &left))) {
             if (m->msg != CURLMSG_DONE) continue;
             xfer *x;
             curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
             rc = xfer_done(s, x, m->data.result);
+            ended = true;
         }
         int wait_ms = (int)((wake - bb_clock_seconds()) * 1000);
-        if (rc == BB_OK) curl_multi_poll(s->multi, NULL, 0, wait_ms < 1 ? 1 : wait_ms > 200 ? 200 : wait_ms, NULL);
+        if (rc == BB_OK && !ended)
+            curl_multi_poll(s->multi, NULL, 0, wait_ms < 1 ? 1 : wait_ms > 200 ? 200 : wait_ms, NULL);
     }
     for (int i = 0; i < parallel; i++) xfer_release(s, &s->xfers[i]);
     pthread_mutex_lock(&s->lock);
