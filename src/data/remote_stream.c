@@ -85,7 +85,7 @@ struct bb_remote_stream {
     uint32_t files_left;
     uint64_t total_bytes, kept_chunks;
     double opened;
-    bool metadata_done;         /* the thread may end once nothing is left */
+    bool metadata_done;         /* chunks may come now, and the thread end once none is left */
     bool closing;
     bb_status error;
     char message[600];
@@ -313,6 +313,10 @@ static bool pick(bb_remote_stream_t *s, xfer *x)
         x->exact = true, x->file = r.file, x->start = r.start, x->end = r.end;
         return true;
     }
+    if (!s->metadata_done) { /* every shard's metadata first: training starts on it */
+        x->busy = false;
+        return false;
+    }
     uint64_t key = UINT64_MAX;
     for (queue *q = &s->demand; key == UINT64_MAX && q; q = q == &s->demand ? &s->hints : NULL)
         while (q->head < q->len && key == UINT64_MAX) {
@@ -451,7 +455,6 @@ static void load_have(sfile *f)
 /* What stays in the staging tree (nftw has no context argument: under
  * registry_lock; the staging tree's own lock keeps other processes out). */
 static const bb_remote_stream_t *sweeping;
-static bool sweep_keeps_partials;
 
 static int sweep_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -464,18 +467,18 @@ static int sweep_entry(const char *path, const struct stat *st, int flag, struct
     snprintf(base, sizeof base, "%s", path);
     size_t n = strlen(base);
     if (n > 5 && !strcmp(base + n - 5, ".have")) base[n - 5] = 0;
-    uint32_t i = sweep_keeps_partials && sweeping ? bb_stream_file(sweeping, base) : UINT32_MAX;
+    uint32_t i = bb_stream_file(sweeping, base);
     /* a hard link shares its inode with the mirror's file: never written through, only unlinked */
     if (i == UINT32_MAX || sweeping->files[i].complete || flag != FTW_F || st->st_nlink != 1) unlink(path);
     return 0;
 }
 
 /* Empties the staging tree but for the partial shards of s (and their
- * chunk lists) when keep_partials. */
-static void sweep(const bb_remote_stream_t *s, bool keep_partials)
+ * chunk lists). */
+static void sweep(const bb_remote_stream_t *s)
 {
     pthread_mutex_lock(&registry_lock);
-    sweeping = s, sweep_keeps_partials = keep_partials;
+    sweeping = s;
     nftw(s->root, sweep_entry, 16, FTW_DEPTH | FTW_PHYS);
     sweeping = NULL;
     pthread_mutex_unlock(&registry_lock);
@@ -571,7 +574,7 @@ static bb_status stage(bb_remote_stream_t *s, const bb_remote_session *m, const 
     sort_stream = s;
     qsort(s->by_path, s->count, sizeof *s->by_path, by_path);
     pthread_mutex_unlock(&registry_lock);
-    sweep(s, true); /* what an earlier run left, but for the partial shards it streamed */
+    sweep(s); /* what an earlier run left, but for the partial shards it streamed */
     s->files_left = s->count;
     for (uint32_t i = 0; i < s->count; i++) {
         sfile *f = &s->files[i];
@@ -733,7 +736,7 @@ void bb_remote_stream_close(bb_remote_stream_t *s)
     if (s->files_left && s->count)
         BB_INFO("%s: %u of %u streamed shards incomplete (%llu of %llu chunks kept for the next run)", s->url,
                 s->files_left, s->count, (unsigned long long)have, (unsigned long long)chunks);
-    if (s->root[0] && s->by_path) sweep(s, true); /* the links go; the partial shards stay */
+    if (s->root[0] && s->by_path) sweep(s); /* the links go; the partial shards stay */
     for (uint32_t i = 0; i < s->count; i++) {
         sfile *f = &s->files[i];
         if (f->fd >= 0) close(f->fd);
