@@ -81,15 +81,7 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
         j->oversize = true;
         return 0; /* aborts the transfer */
     }
-    for (size_t off = 0; off < len;) {
-        ssize_t w = pwrite(j->fd, data + off, len - off, (off_t)(j->have + off));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            j->write_errno = w < 0 ? errno : ENOSPC;
-            return 0;
-        }
-        off += (size_t)w;
-    }
+    if ((j->write_errno = bb_remote_pwrite(j->fd, data, len, j->have))) return 0;
     j->have += len;
     j->received += len;
     return len;

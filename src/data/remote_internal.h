@@ -78,6 +78,10 @@ typedef struct bb_remote_retry {
 bb_status bb_remote_retry_after(bb_remote_retry *r, const bb_remote_options *o, uint64_t *seed, uint64_t have,
                                 const char *what, const char *why);
 
+/* Writes what a transfer received at `offset` of `fd`, retrying short
+ * writes: 0, or the errno (ENOSPC for a write of nothing). */
+int bb_remote_pwrite(int fd, const void *data, size_t len, uint64_t offset);
+
 /* snprintf into `out` that fails with BB_ERR_ARG where it would cut. */
 __attribute__((format(printf, 3, 4))) bb_status bb_remote_path_of(char *out, size_t cap, const char *fmt, ...);
 

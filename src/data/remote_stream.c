@@ -214,15 +214,7 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
         x->oversize = true;
         return 0; /* more than asked: the transfer fails */
     }
-    for (size_t off = 0; off < len;) {
-        ssize_t w = pwrite(x->s->files[x->file].fd, data + off, len - off, (off_t)(x->start + x->got + off));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            x->write_errno = w < 0 ? errno : ENOSPC;
-            return 0;
-        }
-        off += (size_t)w;
-    }
+    if ((x->write_errno = bb_remote_pwrite(x->s->files[x->file].fd, data, len, x->start + x->got))) return 0;
     x->got += len;
     return len;
 }
@@ -556,10 +548,11 @@ static bb_status stage(bb_remote_stream_t *s, const bb_remote_session *m, const 
         if (!streamed[i]) continue;
         sfile *f = &s->files[s->count++];
         f->fd = -1;
-        if (!(f->rel = strdup(e->rel)) || !(f->path = malloc(8192)) || !(f->final = malloc(8192)))
+        char path[8192], final[8192];
+        BB_TRY(bb_remote_path_of(path, sizeof path, "%s/%s", s->root, e->rel));
+        BB_TRY(bb_remote_path_of(final, sizeof final, "%s/%s", m->dir, e->rel));
+        if (!(f->rel = strdup(e->rel)) || !(f->path = strdup(path)) || !(f->final = strdup(final)))
             return bb_fail(BB_ERR_NOMEM, "out of memory");
-        BB_TRY(bb_remote_path_of(f->path, 8192, "%s/%s", s->root, e->rel));
-        BB_TRY(bb_remote_path_of(f->final, 8192, "%s/%s", m->dir, e->rel));
         f->bytes = e->bytes, f->xxh64 = e->xxh64;
         s->total_bytes += f->bytes;
         uint64_t chunk = f->bytes / CHUNKS_PER_FILE;
@@ -609,11 +602,10 @@ static bb_status stage(bb_remote_stream_t *s, const bb_remote_session *m, const 
     return BB_OK;
 }
 
-/* The training split's shards: train/'s when the tree has one, else its own. */
-static bool is_streamed(const bb_remote_session *m, const bb_remote_file *e)
+/* Whether e is one of the training split's shards (train/'s when the tree
+ * has a train/ split, else the tree's own) that the cache lacks. */
+static bool is_streamed(const bb_remote_file *e, bool split)
 {
-    bool split = false;
-    for (size_t i = 0; i < m->count && !split; i++) split = !strncmp(m->files[i].rel, "train/", 6);
     const char *name = split ? (strncmp(e->rel, "train/", 6) ? NULL : e->rel + 6) : e->rel;
     return !e->present && name && !strchr(name, '/') && bb_shard_is_file_name(name);
 }
@@ -654,8 +646,10 @@ bb_status bb_remote_stream_open(const char *url, const bb_remote_options *opts, 
     bb_status rc = bb_remote_begin(&m, url, opts);
     if (rc == BB_OK && !(streamed = calloc(m.count ? m.count : 1, sizeof *streamed)))
         rc = bb_fail(BB_ERR_NOMEM, "out of memory");
+    bool split = false; /* the tree has a train/ split */
+    for (size_t i = 0; i < m.count && !split; i++) split = !strncmp(m.files[i].rel, "train/", 6);
     for (size_t i = 0; rc == BB_OK && i < m.count; i++)
-        if ((streamed[i] = is_streamed(&m, &m.files[i]))) stream_bytes += m.files[i].bytes, stream_files++;
+        if ((streamed[i] = is_streamed(&m.files[i], split))) stream_bytes += m.files[i].bytes, stream_files++;
     if (rc == BB_OK && stream_files) { /* the staging tree is one process's until it exits */
         char path[4300];
         rc = bb_remote_path_of(path, sizeof path, "%s/%s.lock", m.dir, STAGING);

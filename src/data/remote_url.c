@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 bool bb_remote_is_url(const char *path)
 {
@@ -218,6 +219,17 @@ void bb_remote_request_end(CURLM *multi, CURL **easy, struct curl_slist **header
     }
     curl_slist_free_all(*headers);
     *headers = NULL;
+}
+
+int bb_remote_pwrite(int fd, const void *data, size_t len, uint64_t offset)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t w = pwrite(fd, (const char *)data + off, len - off, (off_t)(offset + off));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
+        off += (size_t)w;
+    }
+    return 0;
 }
 
 void bb_remote_answer_keep(bb_remote_answer *a, const char *data, size_t len)
